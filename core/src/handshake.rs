@@ -1,0 +1,500 @@
+//! The session handshake: Noise through `snow`, with the network secret as PSK.
+//!
+//! ```text
+//! first contact (XXpsk3)              known static key (IKpsk2)
+//! I -> R  init   e                    I -> R  init   e, es, s, ss   + hello(I)
+//! R -> I  resp   e, ee, s, es + hello(R)  R -> I  resp   e, ee, se, psk + hello(R)
+//! I -> R  finish s, se, psk + hello(I)
+//! ```
+//!
+//! Both hellos carry the sender's cipher and overlay address; the data keys are the
+//! Noise split run through HKDF bound to the handshake hash. This module holds no
+//! sockets and reads no clock; `snow` draws the ephemeral keys from the OS RNG.
+
+use std::fmt;
+use std::net::Ipv4Addr;
+
+use ring::hkdf;
+use snow::{Builder, HandshakeState};
+use thiserror::Error;
+
+use crate::crypto::Cipher;
+use crate::wire::Pattern;
+
+const XX: &str = "Noise_XXpsk3_25519_ChaChaPoly_BLAKE2s";
+const IK: &str = "Noise_IKpsk2_25519_ChaChaPoly_BLAKE2s";
+const PROLOGUE: &[u8] = b"weft/v1\0";
+const HELLO_VERSION: u8 = 1;
+/// Upper bound of any handshake message we send or accept.
+pub const MAX_HANDSHAKE_MSG: usize = 1024;
+
+/// Errors from a handshake.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum HandshakeError {
+    /// A Noise message did not authenticate or decode: wrong network secret or name,
+    /// stale static key, or garbage.
+    #[error("handshake message did not authenticate (network name or secret differs?)")]
+    Auth(#[source] snow::Error),
+    /// The hello inside the handshake could not be parsed.
+    #[error("malformed hello payload")]
+    BadPayload,
+    /// The message arrived in a state that does not expect it.
+    #[error("unexpected handshake message")]
+    Unexpected,
+    /// snow refused to build the state (invalid key material).
+    #[error("cannot set up noise state")]
+    Setup(#[source] snow::Error),
+}
+
+/// The pre-shared key of a network: HKDF of the secret, bound to the network name.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Psk([u8; 32]);
+
+impl fmt::Debug for Psk {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Psk(<redacted>)")
+    }
+}
+
+impl Psk {
+    /// Derives the PSK from the network name and secret.
+    pub fn derive(network_name: &str, secret: &str) -> Self {
+        let salt = hkdf::Salt::new(hkdf::HKDF_SHA256, b"weft/v1/network-psk");
+        let prk = salt.extract(secret.as_bytes());
+        let info = [network_name.as_bytes()];
+        let mut out = [0u8; 32];
+        // HKDF-SHA256 can emit up to 255*32 bytes; 32 is always within that limit.
+        #[allow(clippy::unwrap_used)]
+        prk.expand(&info, Len32).unwrap().fill(&mut out).unwrap();
+        Self(out)
+    }
+}
+
+struct Len32;
+impl hkdf::KeyType for Len32 {
+    fn len(&self) -> usize {
+        32
+    }
+}
+
+/// A node's static X25519 key pair.
+#[derive(Clone)]
+pub struct StaticKey {
+    private: [u8; 32],
+    /// The public half; the node id derives from it.
+    pub public: [u8; 32],
+}
+
+impl fmt::Debug for StaticKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StaticKey").field("public", &self.public).finish_non_exhaustive()
+    }
+}
+
+impl StaticKey {
+    /// Generates a fresh key pair from the OS RNG.
+    pub fn generate() -> Result<Self, HandshakeError> {
+        let kp = builder(XX).generate_keypair().map_err(HandshakeError::Setup)?;
+        Self::from_parts(&kp.private, &kp.public).ok_or(HandshakeError::Unexpected)
+    }
+
+    /// Rebuilds a key pair from its two halves (as stored on disk).
+    pub fn from_parts(private: &[u8], public: &[u8]) -> Option<Self> {
+        Some(Self { private: private.try_into().ok()?, public: public.try_into().ok()? })
+    }
+
+    /// The private half, for writing to the key file.
+    pub fn private_bytes(&self) -> &[u8; 32] {
+        &self.private
+    }
+}
+
+/// What each side tells the other inside the handshake.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hello {
+    /// The data cipher the sender uses.
+    pub cipher: Cipher,
+    /// The sender's overlay address.
+    pub ipv4: Ipv4Addr,
+    /// The prefix length of the sender's overlay network.
+    pub prefix: u8,
+    /// The sender's host name (at most 255 bytes, UTF-8).
+    pub hostname: String,
+}
+
+impl Hello {
+    /// Appends the encoded hello to `out`.
+    pub fn emit(&self, out: &mut Vec<u8>) {
+        let name = truncate_utf8(&self.hostname, 255);
+        out.push(HELLO_VERSION);
+        out.push(self.cipher.wire_id());
+        out.extend_from_slice(&self.ipv4.octets());
+        out.push(self.prefix);
+        out.push(name.len() as u8);
+        out.extend_from_slice(name.as_bytes());
+    }
+
+    /// Parses a hello; unknown trailing bytes are ignored for forward compatibility.
+    pub fn parse(b: &[u8]) -> Result<Self, HandshakeError> {
+        let bad = HandshakeError::BadPayload;
+        if b.len() < 8 || b[0] != HELLO_VERSION {
+            return Err(bad);
+        }
+        let cipher = Cipher::from_wire_id(b[1]).ok_or(HandshakeError::BadPayload)?;
+        let ipv4 = Ipv4Addr::new(b[2], b[3], b[4], b[5]);
+        let prefix = b[6];
+        if prefix > 32 {
+            return Err(bad);
+        }
+        let n = b[7] as usize;
+        let name = b.get(8..8 + n).ok_or(HandshakeError::BadPayload)?;
+        let hostname = std::str::from_utf8(name).map_err(|_| HandshakeError::BadPayload)?.to_owned();
+        Ok(Self { cipher, ipv4, prefix, hostname })
+    }
+}
+
+fn truncate_utf8(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// Key material for one session, one key per direction.
+pub struct SessionKeys {
+    /// Key for packets this side sends.
+    pub send: [u8; 32],
+    /// Key for packets this side receives.
+    pub recv: [u8; 32],
+}
+
+impl fmt::Debug for SessionKeys {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SessionKeys(<redacted>)")
+    }
+}
+
+/// A finished handshake.
+#[derive(Debug)]
+pub struct Completed {
+    /// The peer's hello.
+    pub hello: Hello,
+    /// The peer's static public key.
+    pub remote_static: [u8; 32],
+    /// Data keys.
+    pub keys: SessionKeys,
+}
+
+/// Shared inputs of both roles.
+#[derive(Debug, Clone)]
+pub struct Params {
+    /// Our static key.
+    pub local: StaticKey,
+    /// The network PSK.
+    pub psk: Psk,
+    /// The network name, bound into the prologue.
+    pub network_name: String,
+    /// Our hello.
+    pub hello: Hello,
+}
+
+/// The initiator's side of a handshake in flight.
+pub struct Initiator {
+    state: HandshakeState,
+    pattern: Pattern,
+}
+
+impl fmt::Debug for Initiator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Initiator").field("pattern", &self.pattern).finish_non_exhaustive()
+    }
+}
+
+impl Initiator {
+    /// Starts a handshake. With `remote` known it uses IK, else XX. Returns the state
+    /// and the Noise bytes of the first message.
+    pub fn start(p: &Params, remote: Option<&[u8; 32]>) -> Result<(Self, Vec<u8>), HandshakeError> {
+        let (pattern, name, loc) = match remote {
+            Some(_) => (Pattern::Ik, IK, 2),
+            None => (Pattern::Xx, XX, 3),
+        };
+        let prologue = prologue(&p.network_name);
+        let mut b = builder(name)
+            .local_private_key(&p.local.private)
+            .and_then(|b| b.psk(loc, &p.psk.0))
+            .and_then(|b| b.prologue(&prologue))
+            .map_err(HandshakeError::Setup)?;
+        if let Some(rs) = remote {
+            b = b.remote_public_key(rs).map_err(HandshakeError::Setup)?;
+        }
+        let mut state = b.build_initiator().map_err(HandshakeError::Setup)?;
+        let mut payload = Vec::new();
+        if pattern == Pattern::Ik {
+            p.hello.emit(&mut payload);
+        }
+        let mut out = vec![0u8; MAX_HANDSHAKE_MSG];
+        let n = state.write_message(&payload, &mut out).map_err(HandshakeError::Setup)?;
+        out.truncate(n);
+        Ok((Self { state, pattern }, out))
+    }
+
+    /// The pattern in use.
+    pub fn pattern(&self) -> Pattern {
+        self.pattern
+    }
+
+    /// Consumes the response. For XX also returns the finish message to send.
+    pub fn read_response(
+        mut self,
+        p: &Params,
+        msg: &[u8],
+    ) -> Result<(Completed, Option<Vec<u8>>), HandshakeError> {
+        let mut payload = vec![0u8; MAX_HANDSHAKE_MSG];
+        let n = self.state.read_message(msg, &mut payload).map_err(HandshakeError::Auth)?;
+        let hello = Hello::parse(&payload[..n])?;
+        let finish = if self.pattern == Pattern::Xx {
+            let mut mine = Vec::new();
+            p.hello.emit(&mut mine);
+            let mut out = vec![0u8; MAX_HANDSHAKE_MSG];
+            let n = self.state.write_message(&mine, &mut out).map_err(HandshakeError::Setup)?;
+            out.truncate(n);
+            Some(out)
+        } else {
+            None
+        };
+        let done = complete(&mut self.state, hello, true)?;
+        Ok((done, finish))
+    }
+}
+
+/// The responder's side of an XX handshake waiting for its finish message.
+pub struct Responder {
+    state: HandshakeState,
+}
+
+impl fmt::Debug for Responder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Responder")
+    }
+}
+
+/// What the responder does after reading an init message.
+#[derive(Debug)]
+pub enum Responded {
+    /// IK: done; send the response bytes.
+    Completed(Completed, Vec<u8>),
+    /// XX: send the response bytes and wait for the finish message.
+    Pending(Responder, Vec<u8>),
+}
+
+impl Responder {
+    /// Reads an init message of the given pattern and writes the response.
+    pub fn respond(p: &Params, pattern: Pattern, msg: &[u8]) -> Result<Responded, HandshakeError> {
+        let (name, loc) = match pattern {
+            Pattern::Ik => (IK, 2),
+            Pattern::Xx => (XX, 3),
+        };
+        let prologue = prologue(&p.network_name);
+        let mut state = builder(name)
+            .local_private_key(&p.local.private)
+            .and_then(|b| b.psk(loc, &p.psk.0))
+            .and_then(|b| b.prologue(&prologue))
+            .and_then(|b| b.build_responder())
+            .map_err(HandshakeError::Setup)?;
+        let mut payload = vec![0u8; MAX_HANDSHAKE_MSG];
+        let n = state.read_message(msg, &mut payload).map_err(HandshakeError::Auth)?;
+        let peer_hello = match pattern {
+            Pattern::Ik => Some(Hello::parse(&payload[..n])?),
+            Pattern::Xx => None,
+        };
+        let mut mine = Vec::new();
+        p.hello.emit(&mut mine);
+        let mut out = vec![0u8; MAX_HANDSHAKE_MSG];
+        let m = state.write_message(&mine, &mut out).map_err(HandshakeError::Setup)?;
+        out.truncate(m);
+        match peer_hello {
+            Some(hello) => Ok(Responded::Completed(complete(&mut state, hello, false)?, out)),
+            None => Ok(Responded::Pending(Self { state }, out)),
+        }
+    }
+
+    /// Reads the XX finish message.
+    pub fn finish(mut self, msg: &[u8]) -> Result<Completed, HandshakeError> {
+        let mut payload = vec![0u8; MAX_HANDSHAKE_MSG];
+        let n = self.state.read_message(msg, &mut payload).map_err(HandshakeError::Auth)?;
+        let hello = Hello::parse(&payload[..n])?;
+        complete(&mut self.state, hello, false)
+    }
+}
+
+fn builder(name: &str) -> Builder<'static> {
+    // Both pattern strings are constants that snow supports; parse cannot fail.
+    #[allow(clippy::unwrap_used)]
+    Builder::new(name.parse().unwrap())
+}
+
+fn prologue(network_name: &str) -> Vec<u8> {
+    let mut v = PROLOGUE.to_vec();
+    v.extend_from_slice(network_name.as_bytes());
+    v
+}
+
+fn complete(state: &mut HandshakeState, hello: Hello, initiator: bool) -> Result<Completed, HandshakeError> {
+    if !state.is_handshake_finished() {
+        return Err(HandshakeError::Unexpected);
+    }
+    let remote_static: [u8; 32] = state
+        .get_remote_static()
+        .and_then(|k| k.try_into().ok())
+        .ok_or(HandshakeError::Unexpected)?;
+    let hash = state.get_handshake_hash().to_vec();
+    let (i2r, r2i) = state.dangerously_get_raw_split();
+    let i2r = expand(&hash, &i2r, b"weft/v1/data/i2r");
+    let r2i = expand(&hash, &r2i, b"weft/v1/data/r2i");
+    let keys = if initiator {
+        SessionKeys { send: i2r, recv: r2i }
+    } else {
+        SessionKeys { send: r2i, recv: i2r }
+    };
+    Ok(Completed { hello, remote_static, keys })
+}
+
+fn expand(hash: &[u8], key: &[u8; 32], label: &[u8]) -> [u8; 32] {
+    let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, hash).extract(key);
+    let info = [label];
+    let mut out = [0u8; 32];
+    // 32 bytes is within HKDF-SHA256's output limit.
+    #[allow(clippy::unwrap_used)]
+    prk.expand(&info, Len32).unwrap().fill(&mut out).unwrap();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(name: &str, secret: &str, ip: [u8; 4], cipher: Cipher) -> Params {
+        Params {
+            local: StaticKey::generate().unwrap(),
+            psk: Psk::derive(name, secret),
+            network_name: name.into(),
+            hello: Hello { cipher, ipv4: ip.into(), prefix: 24, hostname: format!("h{}", ip[3]) },
+        }
+    }
+
+    fn xx(a: &Params, b: &Params) -> Result<(Completed, Completed), HandshakeError> {
+        let (init, m1) = Initiator::start(a, None)?;
+        let Responded::Pending(resp, m2) = Responder::respond(b, Pattern::Xx, &m1)? else {
+            panic!("XX must wait for the finish message")
+        };
+        let (a_done, m3) = init.read_response(a, &m2)?;
+        let b_done = resp.finish(&m3.unwrap())?;
+        Ok((a_done, b_done))
+    }
+
+    #[test]
+    fn xx_then_ik_agree_on_keys_and_hellos() {
+        let a = params("office", "s3cret", [10, 0, 0, 1], Cipher::Aes128Gcm);
+        let b = params("office", "s3cret", [10, 0, 0, 2], Cipher::Aes128Gcm);
+        let (ad, bd) = xx(&a, &b).unwrap();
+        assert_eq!(ad.keys.send, bd.keys.recv);
+        assert_eq!(ad.keys.recv, bd.keys.send);
+        assert_ne!(ad.keys.send, ad.keys.recv);
+        assert_eq!(ad.hello, b.hello);
+        assert_eq!(bd.hello, a.hello);
+        assert_eq!(ad.remote_static, b.local.public);
+        assert_eq!(bd.remote_static, a.local.public);
+
+        // Second contact: IK with the learned key.
+        let (init, m1) = Initiator::start(&a, Some(&ad.remote_static)).unwrap();
+        assert_eq!(init.pattern(), Pattern::Ik);
+        let Responded::Completed(bd2, m2) = Responder::respond(&b, Pattern::Ik, &m1).unwrap() else {
+            panic!("IK completes on the responder after message one")
+        };
+        let (ad2, fin) = init.read_response(&a, &m2).unwrap();
+        assert!(fin.is_none());
+        assert_eq!(ad2.keys.send, bd2.keys.recv);
+        assert_ne!(ad2.keys.send, ad.keys.send, "fresh keys per session");
+        assert_eq!(bd2.hello, a.hello);
+    }
+
+    #[test]
+    fn wrong_secret_fails_xx_at_responder() {
+        let a = params("office", "s3cret", [10, 0, 0, 1], Cipher::Aes128Gcm);
+        let b = params("office", "other", [10, 0, 0, 2], Cipher::Aes128Gcm);
+        let (init, m1) = Initiator::start(&a, None).unwrap();
+        let Responded::Pending(resp, m2) = Responder::respond(&b, Pattern::Xx, &m1).unwrap() else {
+            panic!()
+        };
+        let (_, m3) = init.read_response(&a, &m2).unwrap();
+        assert!(matches!(resp.finish(&m3.unwrap()), Err(HandshakeError::Auth(_))));
+    }
+
+    #[test]
+    fn wrong_secret_fails_ik_at_initiator() {
+        let a = params("office", "s3cret", [10, 0, 0, 1], Cipher::Aes128Gcm);
+        let b = params("office", "other", [10, 0, 0, 2], Cipher::Aes128Gcm);
+        let (init, m1) = Initiator::start(&a, Some(&b.local.public)).unwrap();
+        // psk2 is mixed after message one, so the responder cannot tell yet...
+        let Responded::Completed(_, m2) = Responder::respond(&b, Pattern::Ik, &m1).unwrap() else {
+            panic!()
+        };
+        // ...but the initiator can.
+        assert!(matches!(init.read_response(&a, &m2), Err(HandshakeError::Auth(_))));
+    }
+
+    #[test]
+    fn wrong_network_name_fails() {
+        let a = params("office", "s3cret", [10, 0, 0, 1], Cipher::Aes128Gcm);
+        let b = params("lab", "s3cret", [10, 0, 0, 2], Cipher::Aes128Gcm);
+        assert!(matches!(xx(&a, &b), Err(HandshakeError::Auth(_))));
+    }
+
+    #[test]
+    fn stale_static_key_fails_ik() {
+        let a = params("office", "s3cret", [10, 0, 0, 1], Cipher::Aes128Gcm);
+        let b = params("office", "s3cret", [10, 0, 0, 2], Cipher::Aes128Gcm);
+        let old = StaticKey::generate().unwrap();
+        let (_, m1) = Initiator::start(&a, Some(&old.public)).unwrap();
+        assert!(matches!(Responder::respond(&b, Pattern::Ik, &m1), Err(HandshakeError::Auth(_))));
+    }
+
+    #[test]
+    fn garbage_is_rejected() {
+        let b = params("office", "s3cret", [10, 0, 0, 2], Cipher::Aes128Gcm);
+        for len in [0, 1, 31, 32, 48, 96, 200] {
+            let junk = vec![0x5au8; len];
+            assert!(Responder::respond(&b, Pattern::Ik, &junk).is_err());
+        }
+    }
+
+    #[test]
+    fn hello_round_trip_and_bad_input() {
+        let h = Hello { cipher: Cipher::ChaCha20Poly1305, ipv4: [10, 1, 2, 3].into(), prefix: 16, hostname: "node-α".into() };
+        let mut b = Vec::new();
+        h.emit(&mut b);
+        assert_eq!(&b[..8], &[1, 2, 10, 1, 2, 3, 16, 7]);
+        assert_eq!(Hello::parse(&b).unwrap(), h);
+        assert!(Hello::parse(&b[..b.len() - 1]).is_err());
+        let mut bad = b.clone();
+        bad[1] = 9;
+        assert!(Hello::parse(&bad).is_err());
+        let mut bad = b.clone();
+        bad[6] = 33;
+        assert!(Hello::parse(&bad).is_err());
+        let long = Hello { hostname: "é".repeat(200), ..h };
+        let mut b = Vec::new();
+        long.emit(&mut b);
+        assert!(Hello::parse(&b).unwrap().hostname.len() <= 255);
+    }
+
+    #[test]
+    fn psk_depends_on_name_and_secret() {
+        assert_eq!(Psk::derive("a", "s"), Psk::derive("a", "s"));
+        assert_ne!(Psk::derive("a", "s"), Psk::derive("b", "s"));
+        assert_ne!(Psk::derive("a", "s"), Psk::derive("a", "t"));
+        assert_eq!(format!("{:?}", Psk::derive("a", "s")), "Psk(<redacted>)");
+    }
+}

@@ -1,0 +1,136 @@
+//! Counters shared between the data plane (writers) and the control plane (readers).
+//!
+//! Plain `AtomicU64`s with `Relaxed` ordering: each counter is independent and only
+//! ever summed for display. Writers add once per batch where they can.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Why the data plane dropped a packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DropReason {
+    /// Authentication tag did not verify (tampered or forged).
+    AuthFailed,
+    /// The control queue to the handshake engine was full.
+    ControlQueueFull,
+    /// Datagram too short, unknown type, or a bad header field.
+    Malformed,
+    /// No session for the destination overlay address.
+    NoRoute,
+    /// The inner packet is not IPv4 (IPv6 is not routed yet).
+    NotIpv4,
+    /// Counter already seen, or too old for the replay window.
+    Replay,
+    /// The inner source address is not one the sending peer owns.
+    Spoofed,
+    /// A TUN read or write failed for this packet or batch.
+    Tun,
+    /// A UDP send failed.
+    UdpSend,
+    /// Data for a session index we do not hold (stale or forged).
+    UnknownSession,
+}
+
+impl DropReason {
+    /// All reasons, in counter order.
+    pub const ALL: [Self; 10] = [
+        Self::AuthFailed,
+        Self::ControlQueueFull,
+        Self::Malformed,
+        Self::NoRoute,
+        Self::NotIpv4,
+        Self::Replay,
+        Self::Spoofed,
+        Self::Tun,
+        Self::UdpSend,
+        Self::UnknownSession,
+    ];
+
+    /// The snake_case name used in status output.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::AuthFailed => "auth_failed",
+            Self::ControlQueueFull => "control_queue_full",
+            Self::Malformed => "malformed",
+            Self::NoRoute => "no_route",
+            Self::NotIpv4 => "not_ipv4",
+            Self::Replay => "replay",
+            Self::Spoofed => "spoofed_source",
+            Self::Tun => "tun_io",
+            Self::UdpSend => "udp_send",
+            Self::UnknownSession => "unknown_session",
+        }
+    }
+
+    fn slot(self) -> usize {
+        Self::ALL.iter().position(|r| *r == self).unwrap_or(0)
+    }
+}
+
+/// One counter per [`DropReason`].
+#[derive(Debug, Default)]
+pub struct DropCounters([AtomicU64; DropReason::ALL.len()]);
+
+impl DropCounters {
+    /// Adds `n` drops for `reason`.
+    pub fn add(&self, reason: DropReason, n: u64) {
+        self.0[reason.slot()].fetch_add(n, Relaxed);
+    }
+
+    /// Current count for `reason`.
+    pub fn get(&self, reason: DropReason) -> u64 {
+        self.0[reason.slot()].load(Relaxed)
+    }
+
+    /// Non-zero counters by name.
+    pub fn nonzero(&self) -> Vec<(&'static str, u64)> {
+        DropReason::ALL.iter().map(|r| (r.name(), self.get(*r))).filter(|(_, n)| *n > 0).collect()
+    }
+}
+
+/// Traffic of one remote peer, kept across its sessions.
+#[derive(Debug, Default)]
+pub struct PeerStats {
+    /// Bytes of plaintext delivered to the TUN from this peer.
+    pub rx_bytes: AtomicU64,
+    /// Packets delivered from this peer.
+    pub rx_packets: AtomicU64,
+    /// Bytes of plaintext sent to this peer.
+    pub tx_bytes: AtomicU64,
+    /// Packets sent to this peer.
+    pub tx_packets: AtomicU64,
+    /// Packets from this peer that were dropped, by reason.
+    pub drops: DropCounters,
+}
+
+impl PeerStats {
+    /// Records a received batch.
+    pub fn add_rx(&self, packets: u64, bytes: u64) {
+        self.rx_packets.fetch_add(packets, Relaxed);
+        self.rx_bytes.fetch_add(bytes, Relaxed);
+    }
+
+    /// Records a sent batch.
+    pub fn add_tx(&self, packets: u64, bytes: u64) {
+        self.tx_packets.fetch_add(packets, Relaxed);
+        self.tx_bytes.fetch_add(bytes, Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drop_counters_count_per_reason() {
+        let d = DropCounters::default();
+        d.add(DropReason::Replay, 2);
+        d.add(DropReason::Malformed, 1);
+        d.add(DropReason::Replay, 1);
+        assert_eq!(d.get(DropReason::Replay), 3);
+        assert_eq!(d.get(DropReason::AuthFailed), 0);
+        assert_eq!(d.nonzero(), vec![("malformed", 1), ("replay", 3)]);
+        let names: std::collections::HashSet<_> = DropReason::ALL.iter().map(|r| r.name()).collect();
+        assert_eq!(names.len(), DropReason::ALL.len());
+    }
+}

@@ -1,0 +1,318 @@
+//! The wire format: fixed 16-byte headers in front of every datagram.
+//!
+//! ```text
+//! data        | type=4 | flags | lane u16 | receiver_index u32 | counter u64 | ciphertext | tag 16 |
+//! handshake   | type=1..3 | pattern | 0u16 | sender_index u32 | receiver_index u32 | noise message |
+//! reject      | type=5 | reason | detail | 0 | receiver_index u32 |
+//! ```
+//!
+//! All integers are little-endian. Views borrow the buffer (`Packet<T: AsRef<[u8]>>`,
+//! smoltcp style); `Repr`s are the parsed, owned form and know how to emit themselves.
+
+use thiserror::Error;
+
+/// Length of the data header, which is also the AAD of the AEAD.
+pub const DATA_HEADER_LEN: usize = 16;
+/// Length of the handshake header in front of a Noise message.
+pub const HANDSHAKE_HEADER_LEN: usize = 12;
+/// Length of a reject message.
+pub const REJECT_LEN: usize = 8;
+/// Largest datagram Weft accepts or emits.
+pub const MAX_DATAGRAM: usize = 65535;
+
+/// First byte of every datagram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum MessageType {
+    /// First handshake message (XX msg 1 or IK msg 1).
+    HandshakeInit = 1,
+    /// Second handshake message.
+    HandshakeResponse = 2,
+    /// Third handshake message (XX only).
+    HandshakeFinish = 3,
+    /// Sealed tunnel data or keepalive.
+    Data = 4,
+    /// Unauthenticated notice that a handshake was refused, with a reason.
+    Reject = 5,
+}
+
+impl MessageType {
+    /// Classifies a datagram by its first byte.
+    pub fn of(datagram: &[u8]) -> Option<Self> {
+        Some(match *datagram.first()? {
+            1 => Self::HandshakeInit,
+            2 => Self::HandshakeResponse,
+            3 => Self::HandshakeFinish,
+            4 => Self::Data,
+            5 => Self::Reject,
+            _ => return None,
+        })
+    }
+}
+
+/// Errors from parsing a datagram header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum WireError {
+    /// Shorter than its fixed header.
+    #[error("datagram truncated")]
+    Truncated,
+    /// First byte names no known message type, or the wrong one for this view.
+    #[error("unknown message type")]
+    UnknownType,
+    /// A field holds a value that is not allowed.
+    #[error("invalid field value")]
+    Invalid,
+}
+
+/// The 16-byte header in front of sealed data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DataHeader {
+    /// Reserved flag bits, authenticated; zero today.
+    pub flags: u8,
+    /// Lane for multi-socket paths; zero today.
+    pub lane: u16,
+    /// The receiver's session index.
+    pub receiver_index: u32,
+    /// Per-session packet counter, also the AEAD nonce.
+    pub counter: u64,
+}
+
+impl DataHeader {
+    /// Parses the header at the start of `buf`.
+    pub fn parse(buf: &[u8]) -> Result<Self, WireError> {
+        let h: &[u8; DATA_HEADER_LEN] = buf
+            .get(..DATA_HEADER_LEN)
+            .and_then(|b| b.try_into().ok())
+            .ok_or(WireError::Truncated)?;
+        if h[0] != MessageType::Data as u8 {
+            return Err(WireError::UnknownType);
+        }
+        Ok(Self {
+            flags: h[1],
+            lane: u16::from_le_bytes([h[2], h[3]]),
+            receiver_index: u32::from_le_bytes([h[4], h[5], h[6], h[7]]),
+            counter: u64::from_le_bytes([h[8], h[9], h[10], h[11], h[12], h[13], h[14], h[15]]),
+        })
+    }
+
+    /// Writes the header into the first 16 bytes of `buf`.
+    pub fn emit(&self, buf: &mut [u8; DATA_HEADER_LEN]) {
+        buf[0] = MessageType::Data as u8;
+        buf[1] = self.flags;
+        buf[2..4].copy_from_slice(&self.lane.to_le_bytes());
+        buf[4..8].copy_from_slice(&self.receiver_index.to_le_bytes());
+        buf[8..16].copy_from_slice(&self.counter.to_le_bytes());
+    }
+}
+
+/// Which Noise pattern a handshake message belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Pattern {
+    /// Noise_IKpsk2: the initiator knows the responder's static key.
+    Ik = 1,
+    /// Noise_XXpsk3: first contact, static keys exchanged in the handshake.
+    Xx = 0,
+}
+
+/// The header of a handshake message; the Noise message follows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HandshakeHeader {
+    /// Which of the three handshake messages this is.
+    pub kind: MessageType,
+    /// Noise pattern.
+    pub pattern: Pattern,
+    /// The sender's session index.
+    pub sender_index: u32,
+    /// The receiver's session index, zero in an init message.
+    pub receiver_index: u32,
+}
+
+impl HandshakeHeader {
+    /// Parses a handshake header and returns it with the Noise message after it.
+    pub fn parse(buf: &[u8]) -> Result<(Self, &[u8]), WireError> {
+        if buf.len() < HANDSHAKE_HEADER_LEN {
+            return Err(WireError::Truncated);
+        }
+        let kind = match MessageType::of(buf) {
+            Some(
+                k @ (MessageType::HandshakeInit
+                | MessageType::HandshakeResponse
+                | MessageType::HandshakeFinish),
+            ) => k,
+            _ => return Err(WireError::UnknownType),
+        };
+        let pattern = match buf[1] {
+            0 => Pattern::Xx,
+            1 => Pattern::Ik,
+            _ => return Err(WireError::Invalid),
+        };
+        if pattern == Pattern::Ik && kind == MessageType::HandshakeFinish {
+            return Err(WireError::Invalid);
+        }
+        if buf[2] != 0 || buf[3] != 0 {
+            return Err(WireError::Invalid);
+        }
+        let hdr = Self {
+            kind,
+            pattern,
+            sender_index: u32::from_le_bytes([buf[4], buf[5], buf[6], buf[7]]),
+            receiver_index: u32::from_le_bytes([buf[8], buf[9], buf[10], buf[11]]),
+        };
+        Ok((hdr, &buf[HANDSHAKE_HEADER_LEN..]))
+    }
+
+    /// Appends the header to `out`.
+    pub fn emit(&self, out: &mut Vec<u8>) {
+        out.push(self.kind as u8);
+        out.push(self.pattern as u8);
+        out.extend_from_slice(&[0, 0]);
+        out.extend_from_slice(&self.sender_index.to_le_bytes());
+        out.extend_from_slice(&self.receiver_index.to_le_bytes());
+    }
+}
+
+/// Why a node refused a handshake. Sent unauthenticated, so it only informs status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum RejectReason {
+    /// The Noise message did not authenticate: the network secret (or name) differs,
+    /// or the initiator used a stale static key.
+    AuthFailed = 1,
+    /// The payload could not be parsed (version skew).
+    BadPayload = 2,
+}
+
+/// A reject message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RejectRepr {
+    /// Why.
+    pub reason: RejectReason,
+    /// The sender index of the refused handshake message.
+    pub receiver_index: u32,
+}
+
+impl RejectRepr {
+    /// Parses a reject message.
+    pub fn parse(buf: &[u8]) -> Result<Self, WireError> {
+        let b: &[u8; REJECT_LEN] = buf
+            .get(..REJECT_LEN)
+            .and_then(|b| b.try_into().ok())
+            .ok_or(WireError::Truncated)?;
+        if b[0] != MessageType::Reject as u8 {
+            return Err(WireError::UnknownType);
+        }
+        let reason = match b[1] {
+            1 => RejectReason::AuthFailed,
+            2 => RejectReason::BadPayload,
+            _ => return Err(WireError::Invalid),
+        };
+        Ok(Self { reason, receiver_index: u32::from_le_bytes([b[4], b[5], b[6], b[7]]) })
+    }
+
+    /// Returns the encoded message.
+    pub fn emit(&self) -> [u8; REJECT_LEN] {
+        let i = self.receiver_index.to_le_bytes();
+        [MessageType::Reject as u8, self.reason as u8, 0, 0, i[0], i[1], i[2], i[3]]
+    }
+}
+
+/// Source and destination of an IPv4 packet, or `None` if `pkt` is not a
+/// well-formed IPv4 header.
+pub fn ipv4_addrs(pkt: &[u8]) -> Option<(std::net::Ipv4Addr, std::net::Ipv4Addr)> {
+    if pkt.len() < 20 || pkt[0] >> 4 != 4 {
+        return None;
+    }
+    let src = std::net::Ipv4Addr::new(pkt[12], pkt[13], pkt[14], pkt[15]);
+    let dst = std::net::Ipv4Addr::new(pkt[16], pkt[17], pkt[18], pkt[19]);
+    Some((src, dst))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    static DATA_BYTES: [u8; 16] = [
+        0x04, 0x00, 0x00, 0x00, 0x78, 0x56, 0x34, 0x12, 0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02,
+        0x01,
+    ];
+
+    #[test]
+    fn data_header_vector() {
+        let h = DataHeader::parse(&DATA_BYTES).unwrap();
+        assert_eq!(
+            h,
+            DataHeader { flags: 0, lane: 0, receiver_index: 0x1234_5678, counter: 0x0102_0304_0506_0708 }
+        );
+        let mut out = [0u8; 16];
+        h.emit(&mut out);
+        assert_eq!(out, DATA_BYTES);
+    }
+
+    #[test]
+    fn data_header_rejects_short_and_wrong_type() {
+        assert_eq!(DataHeader::parse(&DATA_BYTES[..15]), Err(WireError::Truncated));
+        let mut b = DATA_BYTES;
+        b[0] = 1;
+        assert_eq!(DataHeader::parse(&b), Err(WireError::UnknownType));
+    }
+
+    static INIT_BYTES: [u8; 14] = [
+        0x01, 0x01, 0x00, 0x00, 0xef, 0xbe, 0xad, 0xde, 0x00, 0x00, 0x00, 0x00, 0xaa, 0xbb,
+    ];
+
+    #[test]
+    fn handshake_header_vector() {
+        let (h, rest) = HandshakeHeader::parse(&INIT_BYTES).unwrap();
+        assert_eq!(
+            h,
+            HandshakeHeader {
+                kind: MessageType::HandshakeInit,
+                pattern: Pattern::Ik,
+                sender_index: 0xdead_beef,
+                receiver_index: 0
+            }
+        );
+        assert_eq!(rest, &[0xaa, 0xbb]);
+        let mut out = Vec::new();
+        h.emit(&mut out);
+        assert_eq!(out, &INIT_BYTES[..12]);
+    }
+
+    #[test]
+    fn handshake_header_rejects_bad_fields() {
+        assert_eq!(HandshakeHeader::parse(&INIT_BYTES[..11]), Err(WireError::Truncated));
+        let mut b = INIT_BYTES;
+        b[1] = 7;
+        assert_eq!(HandshakeHeader::parse(&b), Err(WireError::Invalid));
+        let mut b = INIT_BYTES;
+        b[0] = 3; // IK has no finish message
+        assert_eq!(HandshakeHeader::parse(&b), Err(WireError::Invalid));
+        let mut b = INIT_BYTES;
+        b[0] = 9;
+        assert_eq!(HandshakeHeader::parse(&b), Err(WireError::UnknownType));
+    }
+
+    #[test]
+    fn reject_round_trip() {
+        let r = RejectRepr { reason: RejectReason::AuthFailed, receiver_index: 7 };
+        let b = r.emit();
+        assert_eq!(b, [5, 1, 0, 0, 7, 0, 0, 0]);
+        assert_eq!(RejectRepr::parse(&b), Ok(r));
+        assert_eq!(RejectRepr::parse(&b[..7]), Err(WireError::Truncated));
+        assert_eq!(RejectRepr::parse(&[5, 9, 0, 0, 0, 0, 0, 0]), Err(WireError::Invalid));
+    }
+
+    #[test]
+    fn ipv4_addrs_parses_and_rejects() {
+        let mut p = [0u8; 20];
+        p[0] = 0x45;
+        p[12..16].copy_from_slice(&[10, 0, 0, 1]);
+        p[16..20].copy_from_slice(&[10, 0, 0, 2]);
+        assert_eq!(ipv4_addrs(&p), Some(([10, 0, 0, 1].into(), [10, 0, 0, 2].into())));
+        assert_eq!(ipv4_addrs(&p[..19]), None);
+        p[0] = 0x60;
+        assert_eq!(ipv4_addrs(&p), None);
+    }
+}

@@ -1,0 +1,22 @@
+//! weft-peers: the control plane of Weft, written sans-IO.
+//!
+//! A [`Node`] takes facts ([`Input`]: a handshake datagram arrived, a session got its
+//! first packet) and the passage of time ([`Node::handle_timeout`] with an explicit
+//! `now`), and returns orders ([`Action`]: send these bytes, publish this route
+//! snapshot). It never reads the clock, opens a socket or spawns a task, so the same
+//! code runs in the daemon and in many-node simulations with a virtual clock.
+//!
+//! ```text
+//!  runtime --Input/now--> Node --Action::Send--------> UDP
+//!                             \--Action::PublishRoutes--> pipelines (ArcSwap)
+//! ```
+#![warn(missing_docs)]
+#![forbid(unsafe_code)]
+
+pub mod identity;
+pub mod node;
+mod peer;
+pub mod status;
+
+pub use identity::NodeId;
+pub use node::{Action, Config, Input, Node, Timers};

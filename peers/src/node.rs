@@ -1,0 +1,712 @@
+//! The session engine of one node, sans-IO.
+//!
+//! It owns every handshake and session decision: whom to dial, when to retry, when to
+//! rekey, when a peer is dead, which session carries traffic to which overlay address.
+//! It never reads the clock (every call takes `now`), never touches a socket (it emits
+//! [`Action::Send`]) and never blocks; the runtime feeds it [`Input`]s and carries out
+//! its actions.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::RngCore;
+use tracing::{debug, info, warn};
+use weft_core::crypto::Cipher;
+use weft_core::handshake::{Completed, HandshakeError, Initiator, Params, Responded, Responder};
+use weft_core::route::RouteSnapshot;
+use weft_core::session::{Session, SessionParams};
+use weft_core::stats::PeerStats;
+use weft_core::wire::{
+    DATA_HEADER_LEN, HandshakeHeader, MessageType, Pattern, RejectReason, RejectRepr,
+};
+
+use crate::identity::NodeId;
+use crate::peer::{Driver, Peer, SessionEntry};
+use crate::status::{DialStatus, InboundFailure, NodeStatus, PeerState, PeerStatus};
+
+/// Timing of the session engine.
+#[derive(Debug, Clone, Copy)]
+pub struct Timers {
+    /// Start a new handshake when the session is this old.
+    pub rekey_after: Duration,
+    /// Send a keepalive when nothing was sent for this long.
+    pub keepalive: Duration,
+    /// Declare a peer dead when nothing was received for this long.
+    pub dead_after: Duration,
+    /// First handshake retry delay; doubles up to `max_backoff`.
+    pub initial_backoff: Duration,
+    /// Largest handshake retry delay.
+    pub max_backoff: Duration,
+    /// How long a peer that we did not dial is retried after it went silent.
+    pub learned_retry: Duration,
+}
+
+impl Default for Timers {
+    fn default() -> Self {
+        Self {
+            rekey_after: Duration::from_secs(120),
+            keepalive: Duration::from_secs(2),
+            dead_after: Duration::from_secs(6),
+            initial_backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(8),
+            learned_retry: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Rekey once a session has sent this many packets (about 47 GB at 1420 bytes), well
+/// inside AES-GCM's usage limit.
+pub const REKEY_AFTER_PACKETS: u64 = 1 << 25;
+/// How often the node wants [`Node::handle_timeout`].
+pub const TICK: Duration = Duration::from_millis(200);
+/// Sessions kept per peer (current plus the ones in-flight packets may still use).
+const MAX_SESSIONS: usize = 3;
+/// An unconfirmed responder session is abandoned after this.
+const CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
+/// An older session is retired once it has been idle this long.
+const RETIRE_IDLE: Duration = Duration::from_secs(10);
+/// Failed inbound handshakes remembered for status.
+const MAX_INBOUND_FAILURES: usize = 32;
+
+/// Static inputs of a node.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Handshake parameters: our key, the PSK, the network name and our hello.
+    pub handshake: Params,
+    /// Endpoints to dial and keep connected forever (`--peer`).
+    pub dial: Vec<SocketAddr>,
+    /// Origin of the millisecond clock the pipelines store in sessions.
+    pub epoch: Instant,
+    /// Timing.
+    pub timers: Timers,
+}
+
+/// A fact the runtime reports.
+#[derive(Debug)]
+pub enum Input<'a> {
+    /// A handshake or reject datagram arrived.
+    Datagram {
+        /// Sender.
+        from: SocketAddr,
+        /// The datagram.
+        bytes: &'a [u8],
+    },
+    /// A session's first authenticated data packet arrived.
+    Confirmed {
+        /// The session's local index.
+        local_index: u32,
+    },
+}
+
+/// An order for the runtime.
+#[derive(Debug)]
+pub enum Action {
+    /// Publish a new route snapshot to the pipelines.
+    PublishRoutes(Arc<RouteSnapshot>),
+    /// Send a datagram.
+    Send {
+        /// Destination.
+        to: SocketAddr,
+        /// The datagram.
+        bytes: Vec<u8>,
+    },
+}
+
+/// What a handshake we started was for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Target {
+    /// A configured endpoint whose key we do not know (yet).
+    Dial(usize),
+    /// A known peer.
+    Peer([u8; 32]),
+}
+
+struct PendingInit {
+    initiator: Initiator,
+    target: Target,
+    to: SocketAddr,
+    started: Instant,
+}
+
+struct PendingResp {
+    responder: Responder,
+    from: SocketAddr,
+    remote_index: u32,
+    started: Instant,
+}
+
+struct Dial {
+    endpoint: SocketAddr,
+    key: Option<[u8; 32]>,
+    driver: Driver,
+}
+
+/// The session engine.
+pub struct Node {
+    cfg: Config,
+    id: NodeId,
+    rng: Box<dyn RngCore + Send>,
+    dials: Vec<Dial>,
+    peers: HashMap<[u8; 32], Peer>,
+    pending_init: HashMap<u32, PendingInit>,
+    pending_resp: HashMap<u32, PendingResp>,
+    inbound_failures: VecDeque<InboundFailure>,
+    actions: VecDeque<Action>,
+    routes_dirty: bool,
+    next_tick: Option<Instant>,
+}
+
+impl Node {
+    /// Creates the engine. `rng` draws session indices and jitter.
+    pub fn new(cfg: Config, rng: Box<dyn RngCore + Send>) -> Self {
+        let id = NodeId::from_public(&cfg.handshake.local.public);
+        let dials = cfg.dial.iter().map(|&endpoint| Dial { endpoint, key: None, driver: Driver::default() }).collect();
+        Self {
+            cfg,
+            id,
+            rng,
+            dials,
+            peers: HashMap::new(),
+            pending_init: HashMap::new(),
+            pending_resp: HashMap::new(),
+            inbound_failures: VecDeque::new(),
+            actions: VecDeque::new(),
+            routes_dirty: true,
+            next_tick: None,
+        }
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    /// Handles one input.
+    pub fn handle(&mut self, now: Instant, input: Input<'_>) {
+        match input {
+            Input::Datagram { from, bytes } => self.handle_datagram(now, from, bytes),
+            Input::Confirmed { local_index } => self.handle_confirmed(local_index),
+        }
+        self.finish_step();
+    }
+
+    /// Runs the timers: retries, keepalives, rekeys, dead-peer detection.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.next_tick = Some(now + TICK);
+        self.expire_pending(now);
+        self.drive_dials(now);
+        let keys: Vec<[u8; 32]> = self.peers.keys().copied().collect();
+        for key in keys {
+            self.drive_peer(now, key);
+        }
+        self.finish_step();
+    }
+
+    /// The next action to carry out, if any.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    /// When the node next wants [`Node::handle_timeout`].
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.next_tick
+    }
+
+    /// A summary for status output.
+    pub fn status(&self, now: Instant) -> NodeStatus {
+        let mut peers: Vec<PeerStatus> = self.peers.values().map(|p| p.status(now, &self.cfg)).collect();
+        peers.sort_by_key(|p| p.overlay);
+        let dials = self
+            .dials
+            .iter()
+            .filter(|d| d.key.is_none_or(|k| !self.peers.contains_key(&k)))
+            .map(|d| DialStatus { endpoint: d.endpoint, error: d.driver.error.clone(), attempts: d.driver.failures })
+            .collect();
+        NodeStatus {
+            node_id: self.id,
+            peers,
+            dials,
+            inbound_failures: self.inbound_failures.iter().cloned().collect(),
+        }
+    }
+
+    // ----- inputs -----
+
+    fn handle_datagram(&mut self, now: Instant, from: SocketAddr, bytes: &[u8]) {
+        match MessageType::of(bytes) {
+            Some(MessageType::Reject) => {
+                if let Ok(r) = RejectRepr::parse(bytes) {
+                    self.handle_reject(now, from, r);
+                }
+            }
+            Some(MessageType::Data) | None => {}
+            Some(_) => {
+                let Ok((hdr, noise)) = HandshakeHeader::parse(bytes) else { return };
+                match hdr.kind {
+                    MessageType::HandshakeInit => self.handle_init(now, from, hdr, noise),
+                    MessageType::HandshakeResponse => self.handle_response(now, from, hdr, noise),
+                    MessageType::HandshakeFinish => self.handle_finish(now, from, hdr, noise),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    fn handle_init(&mut self, now: Instant, from: SocketAddr, hdr: HandshakeHeader, noise: &[u8]) {
+        match Responder::respond(&self.cfg.handshake, hdr.pattern, noise) {
+            Err(e) => self.refuse_inbound(now, from, hdr.sender_index, &e),
+            Ok(Responded::Pending(responder, msg)) => {
+                let local = self.new_index();
+                self.send_handshake(from, MessageType::HandshakeResponse, hdr.pattern, local, hdr.sender_index, &msg);
+                self.pending_resp.insert(local, PendingResp { responder, from, remote_index: hdr.sender_index, started: now });
+            }
+            Ok(Responded::Completed(done, msg)) => {
+                let local = self.new_index();
+                self.send_handshake(from, MessageType::HandshakeResponse, hdr.pattern, local, hdr.sender_index, &msg);
+                // IK responder: the PSK is only proven by the initiator's first data packet.
+                self.install(now, done, from, local, hdr.sender_index, false, false);
+            }
+        }
+    }
+
+    fn handle_response(&mut self, now: Instant, from: SocketAddr, hdr: HandshakeHeader, noise: &[u8]) {
+        let Some(p) = self.pending_init.remove(&hdr.receiver_index) else { return };
+        let pattern = p.initiator.pattern();
+        match p.initiator.read_response(&self.cfg.handshake, noise) {
+            Err(e) => {
+                // Only IK can fail here for a secret mismatch (psk2 is mixed into the
+                // response); tell the responder so its status says why too.
+                let reject = RejectRepr { reason: reason_of(&e), receiver_index: hdr.sender_index };
+                self.actions.push_back(Action::Send { to: from, bytes: reject.emit().to_vec() });
+                let msg = format!("handshake response from {from} did not authenticate: network secret or name differs");
+                warn!(peer = %from, "{msg}");
+                self.handshake_failed(now, p.target, msg);
+            }
+            Ok((done, finish)) => {
+                if let Some(fin) = finish {
+                    self.send_handshake(from, MessageType::HandshakeFinish, pattern, hdr.receiver_index, hdr.sender_index, &fin);
+                }
+                if let Target::Dial(i) = p.target {
+                    self.dials[i].key = Some(done.remote_static);
+                    self.dials[i].driver.succeeded();
+                }
+                // IK: the response proves the responder holds the PSK. XX: the
+                // responder proves it with its first data packet.
+                let confirmed = pattern == Pattern::Ik;
+                self.install(now, done, from, hdr.receiver_index, hdr.sender_index, true, confirmed);
+                let _ = p.to;
+            }
+        }
+    }
+
+    fn handle_finish(&mut self, now: Instant, from: SocketAddr, hdr: HandshakeHeader, noise: &[u8]) {
+        let Some(p) = self.pending_resp.remove(&hdr.receiver_index) else { return };
+        match p.responder.finish(noise) {
+            Err(e) => self.refuse_inbound(now, from, p.remote_index, &e),
+            Ok(done) => {
+                // XXpsk3: reading the finish message proves the initiator holds the PSK.
+                self.install(now, done, p.from, hdr.receiver_index, p.remote_index, false, true);
+            }
+        }
+    }
+
+    fn handle_reject(&mut self, now: Instant, from: SocketAddr, r: RejectRepr) {
+        let why = match r.reason {
+            RejectReason::AuthFailed => "authentication failed: network secret or name differs",
+            RejectReason::BadPayload => "malformed hello (version mismatch?)",
+        };
+        if let Some(p) = self.pending_init.remove(&r.receiver_index) {
+            let msg = format!("peer {from} rejected our handshake: {why}");
+            warn!("{msg}");
+            self.handshake_failed(now, p.target, msg);
+            return;
+        }
+        // A reject for a responder session we created: the initiator could not verify
+        // our response (IK with a wrong secret).
+        for peer in self.peers.values_mut() {
+            if let Some(pos) = peer.sessions.iter().position(|s| s.session.local_index == r.receiver_index && !s.session.is_confirmed()) {
+                peer.sessions.remove(pos);
+                let msg = format!("peer {from} rejected our handshake response: {why}");
+                warn!("{msg}");
+                peer.error = Some(msg);
+                self.routes_dirty = true;
+                return;
+            }
+        }
+    }
+
+    fn handle_confirmed(&mut self, local_index: u32) {
+        for peer in self.peers.values_mut() {
+            if peer.sessions.iter().any(|s| s.session.local_index == local_index) {
+                debug!(peer = %peer.id, local_index, "session confirmed");
+                peer.error = None;
+                self.routes_dirty = true;
+            }
+        }
+    }
+
+    // ----- sessions -----
+
+    #[allow(clippy::too_many_arguments)]
+    fn install(&mut self, now: Instant, done: Completed, from: SocketAddr, local: u32, remote: u32, initiator: bool, confirmed: bool) {
+        let ours = &self.cfg.handshake.hello;
+        let key = done.remote_static;
+        let id = NodeId::from_public(&key);
+        let mismatch = if done.hello.cipher != ours.cipher {
+            Some(format!("cipher mismatch: we use {}, peer {id} uses {}", ours.cipher, done.hello.cipher))
+        } else if done.hello.ipv4 == ours.ipv4 {
+            Some(format!("address conflict: peer {id} also claims {}", ours.ipv4))
+        } else {
+            None
+        };
+        // A node that came back with a new key at the same endpoint replaces its old entry.
+        let stale: Vec<[u8; 32]> = self
+            .peers
+            .iter()
+            .filter(|(k, p)| **k != key && (p.endpoint == from || p.hello.ipv4 == done.hello.ipv4) && !p.is_up(now, &self.cfg))
+            .map(|(k, _)| *k)
+            .collect();
+        for k in stale {
+            info!(old = %NodeId::from_public(&k), new = %id, "peer replaced by a node with a new key");
+            self.peers.remove(&k);
+        }
+        let configured = self.dials.iter().any(|d| d.key == Some(key));
+        let peer = self.peers.entry(key).or_insert_with(|| Peer::new(key, done.hello.clone(), from, now));
+        peer.configured |= configured;
+        peer.hello = done.hello.clone();
+        peer.endpoint = from;
+        if let Some(msg) = mismatch {
+            warn!(peer = %id, "{msg}");
+            peer.error = Some(msg);
+            peer.driver.failed(now, &self.cfg.timers, self.rng.next_u32());
+            return;
+        }
+        let session = Arc::new(Session::new(SessionParams {
+            local_index: local,
+            remote_index: remote,
+            cipher: ours.cipher,
+            keys: done.keys,
+            endpoint: from,
+            peer_addr: done.hello.ipv4,
+            confirmed,
+            stats: peer.stats.clone(),
+        }));
+        info!(peer = %id, addr = %done.hello.ipv4, endpoint = %from, initiator, "session established");
+        peer.sessions.insert(0, SessionEntry { session: session.clone(), created: now, initiator });
+        peer.sessions.truncate(MAX_SESSIONS);
+        peer.last_handshake = Some(now);
+        peer.error = None;
+        peer.driver.succeeded();
+        // Whoever has proof of the peer's keys but the peer has none of ours yet,
+        // sends a keepalive at once so the peer can confirm.
+        if confirmed {
+            let ka = keepalive(&session, now, self.cfg.epoch);
+            self.actions.push_back(Action::Send { to: from, bytes: ka });
+        }
+        self.routes_dirty = true;
+    }
+
+    fn refuse_inbound(&mut self, now: Instant, from: SocketAddr, sender_index: u32, e: &HandshakeError) {
+        let reject = RejectRepr { reason: reason_of(e), receiver_index: sender_index };
+        self.actions.push_back(Action::Send { to: from, bytes: reject.emit().to_vec() });
+        debug!(peer = %from, error = %e, "inbound handshake refused");
+        let reason = e.to_string();
+        if let Some(f) = self.inbound_failures.iter_mut().find(|f| f.from == from) {
+            f.count += 1;
+            f.last = now;
+            f.reason = reason;
+        } else {
+            if self.inbound_failures.len() == MAX_INBOUND_FAILURES {
+                self.inbound_failures.pop_front();
+            }
+            self.inbound_failures.push_back(InboundFailure { from, reason, count: 1, last: now });
+        }
+    }
+
+    fn handshake_failed(&mut self, now: Instant, target: Target, msg: String) {
+        let t = self.cfg.timers;
+        let jitter = self.rng.next_u32();
+        match target {
+            Target::Dial(i) => {
+                let d = &mut self.dials[i].driver;
+                d.in_flight = None;
+                d.error = Some(msg);
+                d.failed(now, &t, jitter);
+            }
+            Target::Peer(k) => {
+                if let Some(p) = self.peers.get_mut(&k) {
+                    p.driver.in_flight = None;
+                    p.error = Some(msg);
+                    p.driver.failed(now, &t, jitter);
+                }
+            }
+        }
+    }
+
+    // ----- timers -----
+
+    fn expire_pending(&mut self, now: Instant) {
+        let timed_out: Vec<u32> = self
+            .pending_init
+            .iter()
+            .filter(|(_, p)| now.duration_since(p.started) >= self.handshake_timeout(p.target))
+            .map(|(i, _)| *i)
+            .collect();
+        for i in timed_out {
+            if let Some(p) = self.pending_init.remove(&i) {
+                let hint = if p.initiator.pattern() == Pattern::Xx {
+                    " (unreachable, not running, or the network secret differs)"
+                } else {
+                    ""
+                };
+                self.handshake_failed(now, p.target, format!("no handshake response from {}{hint}", p.to));
+            }
+        }
+        self.pending_resp.retain(|_, p| now.duration_since(p.started) < CONFIRM_TIMEOUT);
+    }
+
+    fn handshake_timeout(&self, target: Target) -> Duration {
+        let d = match target {
+            Target::Dial(i) => &self.dials[i].driver,
+            Target::Peer(k) => match self.peers.get(&k) {
+                Some(p) => &p.driver,
+                None => return self.cfg.timers.initial_backoff,
+            },
+        };
+        d.backoff.max(self.cfg.timers.initial_backoff)
+    }
+
+    fn drive_dials(&mut self, now: Instant) {
+        for i in 0..self.dials.len() {
+            let d = &self.dials[i];
+            if d.key.is_some_and(|k| self.peers.contains_key(&k)) {
+                if let Some(p) = d.key.and_then(|k| self.peers.get_mut(&k)) {
+                    p.configured = true;
+                }
+                continue;
+            }
+            if d.driver.in_flight.is_some() || now < d.driver.next_attempt.unwrap_or(now) {
+                continue;
+            }
+            let to = d.endpoint;
+            self.start_handshake(now, Target::Dial(i), to, None);
+        }
+    }
+
+    fn drive_peer(&mut self, now: Instant, key: [u8; 32]) {
+        let t = self.cfg.timers;
+        let epoch = self.cfg.epoch;
+        let Some(peer) = self.peers.get_mut(&key) else { return };
+        let now_ms = ms_since(epoch, now);
+        // Retire sessions that are superseded and idle, or never confirmed.
+        let newest_confirmed = peer.sessions.iter().position(|s| s.session.is_confirmed());
+        let before = peer.sessions.len();
+        let mut i = 0;
+        peer.sessions.retain(|s| {
+            let idx = i;
+            i += 1;
+            let age = now.duration_since(s.created);
+            if !s.session.is_confirmed() {
+                return age < CONFIRM_TIMEOUT;
+            }
+            match newest_confirmed {
+                Some(n) if idx > n => {
+                    let idle = now_ms.saturating_sub(s.session.last_rx_ms().max(ms_since(epoch, s.created)));
+                    idle < RETIRE_IDLE.as_millis() as u64
+                }
+                _ => true,
+            }
+        });
+        if peer.sessions.len() != before {
+            self.routes_dirty = true;
+        }
+        let tx = peer.sessions.iter().find(|s| s.session.is_confirmed()).cloned();
+        let mut want_handshake = false;
+        if let Some(tx) = &tx {
+            let last_rx = peer.sessions.iter().map(|s| s.session.last_rx_ms()).max().unwrap_or(0);
+            let silent = now_ms.saturating_sub(last_rx.max(ms_since(epoch, tx.created)));
+            if silent >= t.dead_after.as_millis() as u64 {
+                let msg = format!("peer not responding: nothing received for {} s", silent / 1000);
+                warn!(peer = %peer.id, "{msg}");
+                peer.error = Some(msg);
+                peer.sessions.clear();
+                peer.down_since = Some(now);
+                peer.driver = Driver::default();
+                self.routes_dirty = true;
+                want_handshake = true;
+            } else {
+                let age = now.duration_since(tx.created);
+                let due = if tx.initiator { t.rekey_after } else { t.rekey_after + t.rekey_after / 4 };
+                if (age >= due || tx.session.sent_packets() >= REKEY_AFTER_PACKETS) && peer.driver.in_flight.is_none()
+                    && now >= peer.driver.next_attempt.unwrap_or(now)
+                {
+                    debug!(peer = %peer.id, "rekeying");
+                    want_handshake = true;
+                }
+                let last_tx = tx.session.last_tx_ms().max(ms_since(epoch, tx.created));
+                if now_ms.saturating_sub(last_tx) >= t.keepalive.as_millis() as u64 {
+                    let ka = keepalive(&tx.session, now, epoch);
+                    self.actions.push_back(Action::Send { to: tx.session.endpoint, bytes: ka });
+                }
+            }
+        } else if peer.driver.in_flight.is_none() && now >= peer.driver.next_attempt.unwrap_or(now) {
+            let down_for = now.duration_since(peer.down_since.unwrap_or(peer.first_seen));
+            if peer.configured || down_for < t.learned_retry {
+                want_handshake = true;
+            } else if peer.sessions.is_empty() {
+                info!(peer = %peer.id, "forgetting silent peer");
+                self.peers.remove(&key);
+                self.routes_dirty = true;
+                return;
+            }
+        }
+        if want_handshake {
+            let (to, use_ik) = (peer.endpoint, peer.driver.failures < 2);
+            self.start_handshake(now, Target::Peer(key), to, use_ik.then_some(key));
+        }
+    }
+
+    fn start_handshake(&mut self, now: Instant, target: Target, to: SocketAddr, remote: Option<[u8; 32]>) {
+        let (initiator, msg) = match Initiator::start(&self.cfg.handshake, remote.as_ref()) {
+            Ok(x) => x,
+            Err(e) => {
+                warn!(error = %e, "cannot start handshake");
+                return;
+            }
+        };
+        let local = self.new_index();
+        let pattern = initiator.pattern();
+        self.send_handshake(to, MessageType::HandshakeInit, pattern, local, 0, &msg);
+        self.pending_init.insert(local, PendingInit { initiator, target, to, started: now });
+        let driver = match target {
+            Target::Dial(i) => &mut self.dials[i].driver,
+            Target::Peer(k) => match self.peers.get_mut(&k) {
+                Some(p) => &mut p.driver,
+                None => return,
+            },
+        };
+        if let Some(old) = driver.in_flight.replace(local) {
+            self.pending_init.remove(&old);
+        }
+        debug!(%to, ?pattern, local, "handshake started");
+    }
+
+    fn send_handshake(&mut self, to: SocketAddr, kind: MessageType, pattern: Pattern, sender: u32, receiver: u32, msg: &[u8]) {
+        let mut bytes = Vec::with_capacity(12 + msg.len());
+        HandshakeHeader { kind, pattern, sender_index: sender, receiver_index: receiver }.emit(&mut bytes);
+        bytes.extend_from_slice(msg);
+        self.actions.push_back(Action::Send { to, bytes });
+    }
+
+    fn new_index(&mut self) -> u32 {
+        loop {
+            let i = self.rng.next_u32();
+            let used = i == 0
+                || self.pending_init.contains_key(&i)
+                || self.pending_resp.contains_key(&i)
+                || self.peers.values().any(|p| p.sessions.iter().any(|s| s.session.local_index == i));
+            if !used {
+                return i;
+            }
+        }
+    }
+
+    fn finish_step(&mut self) {
+        // Clear in-flight markers whose pending handshake is gone (completed or expired).
+        for d in &mut self.dials {
+            if d.driver.in_flight.is_some_and(|i| !self.pending_init.contains_key(&i)) {
+                d.driver.in_flight = None;
+            }
+        }
+        for p in self.peers.values_mut() {
+            if p.driver.in_flight.is_some_and(|i| !self.pending_init.contains_key(&i)) {
+                p.driver.in_flight = None;
+            }
+        }
+        if self.routes_dirty {
+            self.routes_dirty = false;
+            self.actions.push_back(Action::PublishRoutes(Arc::new(self.snapshot())));
+        }
+    }
+
+    fn snapshot(&self) -> RouteSnapshot {
+        let routes = self.peers.values().filter_map(|p| {
+            let tx = p.sessions.iter().find(|s| s.session.is_confirmed())?;
+            Some((p.hello.ipv4, tx.session.clone()))
+        });
+        let receiving = self.peers.values().flat_map(|p| p.sessions.iter().map(|s| s.session.clone()));
+        RouteSnapshot::new(routes, receiving)
+    }
+
+    /// Addresses currently routed, for tests.
+    pub fn routed(&self) -> Vec<Ipv4Addr> {
+        let mut v: Vec<Ipv4Addr> = self
+            .peers
+            .values()
+            .filter(|p| p.sessions.iter().any(|s| s.session.is_confirmed()))
+            .map(|p| p.hello.ipv4)
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// The data cipher of this node.
+    pub fn cipher(&self) -> Cipher {
+        self.cfg.handshake.hello.cipher
+    }
+
+    /// The peer stats handle for a peer, for tests.
+    pub fn peer_stats(&self, addr: Ipv4Addr) -> Option<Arc<PeerStats>> {
+        self.peers.values().find(|p| p.hello.ipv4 == addr).map(|p| p.stats.clone())
+    }
+}
+
+fn reason_of(e: &HandshakeError) -> RejectReason {
+    match e {
+        HandshakeError::BadPayload => RejectReason::BadPayload,
+        _ => RejectReason::AuthFailed,
+    }
+}
+
+/// Milliseconds from `epoch` to `now` on the pipeline clock (0 means "never").
+pub(crate) fn ms_since(epoch: Instant, now: Instant) -> u64 {
+    now.saturating_duration_since(epoch).as_millis() as u64 + 1
+}
+
+/// Seals an empty data packet on `session`.
+fn keepalive(session: &Session, now: Instant, epoch: Instant) -> Vec<u8> {
+    let mut buf = vec![0u8; DATA_HEADER_LEN + 16];
+    let n = session.seal(&mut buf, 0).unwrap_or(0);
+    buf.truncate(n);
+    session.touch_tx(ms_since(epoch, now));
+    buf
+}
+
+impl Peer {
+    fn status(&self, now: Instant, cfg: &Config) -> PeerStatus {
+        let state = if self.is_up(now, cfg) {
+            PeerState::Established
+        } else if self.sessions.is_empty() && self.error.is_some() {
+            PeerState::Down
+        } else {
+            PeerState::Connecting
+        };
+        PeerStatus {
+            node_id: NodeId::from_public(&self.key),
+            hostname: self.hello.hostname.clone(),
+            overlay: self.hello.ipv4,
+            endpoint: self.endpoint,
+            state,
+            last_handshake: self.last_handshake.map(|t| now.saturating_duration_since(t)),
+            sessions: self.sessions.len(),
+            error: self.error.clone(),
+            stats: self.stats.clone(),
+        }
+    }
+
+    fn is_up(&self, _now: Instant, _cfg: &Config) -> bool {
+        self.sessions.iter().any(|s| s.session.is_confirmed())
+    }
+}

@@ -1,0 +1,88 @@
+//! Per-peer state of the session engine.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use weft_core::handshake::Hello;
+use weft_core::session::Session;
+use weft_core::stats::PeerStats;
+
+use crate::identity::NodeId;
+use crate::node::Timers;
+
+/// Handshake retry state: what is in flight and when to try next.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Driver {
+    /// Local index of the handshake we are waiting on.
+    pub(crate) in_flight: Option<u32>,
+    /// Do not start another handshake before this.
+    pub(crate) next_attempt: Option<Instant>,
+    /// Current retry delay (zero before the first failure).
+    pub(crate) backoff: Duration,
+    /// Consecutive failures.
+    pub(crate) failures: u32,
+    /// Why the last attempt failed.
+    pub(crate) error: Option<String>,
+}
+
+impl Driver {
+    pub(crate) fn failed(&mut self, now: Instant, t: &Timers, jitter: u32) {
+        self.failures += 1;
+        self.backoff = if self.backoff.is_zero() { t.initial_backoff } else { (self.backoff * 2).min(t.max_backoff) };
+        // Up to 25 % jitter so that many nodes do not retry in lockstep.
+        let spread = self.backoff.as_millis() as u64 / 4;
+        let j = if spread == 0 { 0 } else { u64::from(jitter) % spread };
+        self.next_attempt = Some(now + self.backoff + Duration::from_millis(j));
+    }
+
+    pub(crate) fn succeeded(&mut self) {
+        *self = Self::default();
+    }
+}
+
+/// A session with what the engine knows about it.
+#[derive(Debug, Clone)]
+pub(crate) struct SessionEntry {
+    pub(crate) session: Arc<Session>,
+    pub(crate) created: Instant,
+    pub(crate) initiator: bool,
+}
+
+/// A remote node, keyed by its static public key.
+#[derive(Debug)]
+pub(crate) struct Peer {
+    pub(crate) key: [u8; 32],
+    pub(crate) id: NodeId,
+    pub(crate) hello: Hello,
+    pub(crate) endpoint: SocketAddr,
+    pub(crate) stats: Arc<PeerStats>,
+    /// Newest first.
+    pub(crate) sessions: Vec<SessionEntry>,
+    pub(crate) driver: Driver,
+    pub(crate) last_handshake: Option<Instant>,
+    pub(crate) error: Option<String>,
+    /// Dialled from the configuration: retried forever.
+    pub(crate) configured: bool,
+    pub(crate) first_seen: Instant,
+    pub(crate) down_since: Option<Instant>,
+}
+
+impl Peer {
+    pub(crate) fn new(key: [u8; 32], hello: Hello, endpoint: SocketAddr, now: Instant) -> Self {
+        Self {
+            key,
+            id: NodeId::from_public(&key),
+            hello,
+            endpoint,
+            stats: Arc::default(),
+            sessions: Vec::new(),
+            driver: Driver::default(),
+            last_handshake: None,
+            error: None,
+            configured: false,
+            first_seen: now,
+            down_since: None,
+        }
+    }
+}

@@ -1,0 +1,91 @@
+//! What the engine reports about itself.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use weft_core::stats::PeerStats;
+
+use crate::identity::NodeId;
+
+/// State of one peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerState {
+    /// Handshaking, or waiting for the peer to confirm.
+    Connecting,
+    /// The last session died or failed; retrying.
+    Down,
+    /// A confirmed session carries traffic.
+    Established,
+}
+
+impl PeerState {
+    /// Lowercase name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Connecting => "connecting",
+            Self::Down => "down",
+            Self::Established => "established",
+        }
+    }
+}
+
+/// One peer in status.
+#[derive(Debug, Clone)]
+pub struct PeerStatus {
+    /// Its node id.
+    pub node_id: NodeId,
+    /// Its host name.
+    pub hostname: String,
+    /// Its overlay address.
+    pub overlay: Ipv4Addr,
+    /// Where we reach it.
+    pub endpoint: SocketAddr,
+    /// Session state.
+    pub state: PeerState,
+    /// Time since the last completed handshake.
+    pub last_handshake: Option<Duration>,
+    /// Live sessions (current and draining).
+    pub sessions: usize,
+    /// Why it is not established, if it is not.
+    pub error: Option<String>,
+    /// Traffic counters.
+    pub stats: Arc<PeerStats>,
+}
+
+/// A configured endpoint that has not yet produced a peer.
+#[derive(Debug, Clone)]
+pub struct DialStatus {
+    /// The endpoint.
+    pub endpoint: SocketAddr,
+    /// Why the last attempt failed.
+    pub error: Option<String>,
+    /// Consecutive failed attempts.
+    pub attempts: u32,
+}
+
+/// Someone whose handshakes we refused.
+#[derive(Debug, Clone)]
+pub struct InboundFailure {
+    /// Where they came from.
+    pub from: SocketAddr,
+    /// Why we refused.
+    pub reason: String,
+    /// How many times.
+    pub count: u64,
+    /// When last.
+    pub last: Instant,
+}
+
+/// The engine's view of itself.
+#[derive(Debug, Clone)]
+pub struct NodeStatus {
+    /// Our node id.
+    pub node_id: NodeId,
+    /// Known peers, by overlay address.
+    pub peers: Vec<PeerStatus>,
+    /// Configured endpoints not yet connected.
+    pub dials: Vec<DialStatus>,
+    /// Refused inbound handshakes.
+    pub inbound_failures: Vec<InboundFailure>,
+}
