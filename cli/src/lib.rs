@@ -1,1 +1,56 @@
-//! x
+//! weft: the node runtime and command line of Weft.
+//!
+//! This crate is the composition root: [`node`] owns the tokio runtime, the TUN, the
+//! sockets and the pipeline threads, and drives the sans-IO engine of `weft-peers`;
+//! [`control`] is the Unix-socket API that `weft status` (and later the GUI) use;
+//! [`config`] turns flags, environment and the TOML file into one typed config.
+//!
+//! ```text
+//!  flags/env/file --config--> NodeConfig --node::run--> TUN + UDP + pipelines (weft-core)
+//!                                               \--> engine (weft-peers) <--> control socket
+//! ```
+#![warn(missing_docs)]
+
+pub mod args;
+pub mod config;
+pub mod control;
+pub mod node;
+mod show;
+pub mod state;
+
+use anyhow::Result;
+use tracing_subscriber::EnvFilter;
+
+use crate::args::{Cli, Command};
+use crate::config::{NodeConfig, UsageError};
+
+/// Runs a parsed command line.
+pub fn run(cli: Cli) -> Result<()> {
+    let filter = cli
+        .log_level
+        .clone()
+        .map(EnvFilter::new)
+        .unwrap_or_else(|| EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).init();
+    match cli.command {
+        Command::Up(args) => {
+            let cfg = NodeConfig::resolve(&args)?;
+            node::run(cfg)
+        }
+        Command::Status(q) => {
+            let reply = control::request(&q.control, &control::Request::Status)?;
+            match reply {
+                control::Reply::Status(s) if q.json => println!("{}", serde_json::to_string_pretty(&s)?),
+                control::Reply::Status(s) => print!("{}", show::status(&s)),
+                control::Reply::Error { message } => anyhow::bail!("node refused the request: {message}"),
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Exit status for an error: 2 for bad input, 1 for everything else.
+pub fn exit_code(e: &anyhow::Error) -> u8 {
+    if e.downcast_ref::<UsageError>().is_some() { 2 } else { 1 }
+}

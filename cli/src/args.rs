@@ -1,0 +1,91 @@
+//! The command line (clap). These spellings are a stable interface.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Default control socket.
+pub const DEFAULT_CONTROL: &str = "/run/weft/weft.sock";
+
+/// Weft: a peer-to-peer mesh VPN node.
+#[derive(Debug, Parser)]
+#[command(name = "weft", version, about, propagate_version = true)]
+pub struct Cli {
+    /// Log filter (tracing EnvFilter syntax, e.g. `info` or `weft=debug`); RUST_LOG also works.
+    #[arg(long, global = true, env = "WEFT_LOG_LEVEL")]
+    pub log_level: Option<String>,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Start a node and join a network.
+    Up(Box<UpArgs>),
+    /// Show this node, its peers and their sessions.
+    Status(QueryArgs),
+}
+
+/// `weft up`. Every value may also come from the config file; flags win, then
+/// environment, then the file, then defaults.
+#[derive(Debug, Args, Default)]
+pub struct UpArgs {
+    /// TOML config file with the same keys as the flags (kebab-case).
+    #[arg(long, value_name = "FILE", env = "WEFT_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Name of the network to join.
+    #[arg(long, value_name = "NAME")]
+    pub network_name: Option<String>,
+    /// Shared secret of the network (prefer WEFT_NETWORK_SECRET or the config file, which stay out of `ps`).
+    #[arg(long, value_name = "SECRET", env = "WEFT_NETWORK_SECRET", hide_env_values = true)]
+    pub network_secret: Option<String>,
+    /// Overlay address of this node, with the network's prefix length.
+    #[arg(short = 'i', long, value_name = "ADDR/PREFIX")]
+    pub ipv4: Option<String>,
+    /// Listener URI (default udp://0.0.0.0:11010).
+    #[arg(short = 'l', long = "listen", value_name = "URI")]
+    pub listen: Vec<String>,
+    /// Peer to dial and keep connected; repeatable.
+    #[arg(short = 'p', long = "peer", value_name = "URI")]
+    pub peer: Vec<String>,
+    /// Data cipher: aes-128-gcm (default), chacha20-poly1305, or none (insecure: plaintext data).
+    #[arg(long, value_name = "CIPHER")]
+    pub cipher: Option<String>,
+    /// Forwarding pipelines (thread pairs); default one per core.
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+    /// TUN device name (default weft0).
+    #[arg(long, value_name = "NAME")]
+    pub dev_name: Option<String>,
+    /// Inner MTU of the TUN device (default 1420).
+    #[arg(long, value_name = "N")]
+    pub mtu: Option<u16>,
+    /// Control socket path (default /run/weft/weft.sock).
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
+    /// State directory holding the node key (default /var/lib/weft).
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Host name announced to peers (default: the system host name).
+    #[arg(long, value_name = "NAME")]
+    pub hostname: Option<String>,
+    /// Turn TUN offload (TSO/GRO through virtio-net headers) off.
+    #[arg(long, env = "WEFT_NO_OFFLOAD", value_parser = clap::builder::FalseyValueParser::new())]
+    pub no_offload: bool,
+    /// Rekey interval in seconds (default 120); for testing.
+    #[arg(long, value_name = "SECS", hide = true)]
+    pub rekey_after: Option<u64>,
+}
+
+/// Options of the query commands.
+#[derive(Debug, Args)]
+pub struct QueryArgs {
+    /// Control socket of the node to ask.
+    #[arg(long, value_name = "PATH", env = "WEFT_CONTROL", default_value = DEFAULT_CONTROL)]
+    pub control: PathBuf,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}

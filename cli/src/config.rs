@@ -1,0 +1,322 @@
+//! Configuration: the TOML file, the environment and the flags merged into one typed
+//! [`NodeConfig`]. Parse, don't validate: nothing past this module sees a raw string.
+
+use std::fmt;
+use std::net::{Ipv4Addr, SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use serde::Deserialize;
+use weft_core::crypto::Cipher;
+
+use crate::args::{DEFAULT_CONTROL, UpArgs};
+
+/// A problem with what the user asked for; exits with status 2.
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl fmt::Display for UsageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+fn usage<T>(msg: impl Into<String>) -> Result<T, UsageError> {
+    Err(UsageError(msg.into()))
+}
+
+/// The config file. Same keys as the flags.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct FileConfig {
+    network_name: Option<String>,
+    network_secret: Option<String>,
+    ipv4: Option<String>,
+    #[serde(default)]
+    listen: Vec<String>,
+    #[serde(default)]
+    peer: Vec<String>,
+    cipher: Option<String>,
+    threads: Option<usize>,
+    dev_name: Option<String>,
+    mtu: Option<u16>,
+    control: Option<PathBuf>,
+    state_dir: Option<PathBuf>,
+    hostname: Option<String>,
+    no_offload: Option<bool>,
+}
+
+impl FileConfig {
+    /// Reads and parses a config file.
+    pub fn load(path: &Path) -> Result<Self, UsageError> {
+        let text = std::fs::read_to_string(path)
+            .or_else(|e| usage(format!("cannot read config file {}: {e}", path.display())))?;
+        toml::from_str(&text).or_else(|e: toml::de::Error| {
+            usage(format!("bad config file {}: {}", path.display(), e.message().trim()))
+        })
+    }
+}
+
+/// An overlay address with its prefix, e.g. 10.126.126.2/24.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ipv4Net {
+    /// The address.
+    pub addr: Ipv4Addr,
+    /// The prefix length.
+    pub prefix: u8,
+}
+
+impl FromStr for Ipv4Net {
+    type Err = UsageError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || UsageError(format!("invalid overlay address {s:?}: expected ADDR/PREFIX such as 10.126.126.2/24"));
+        let (a, p) = s.split_once('/').ok_or_else(bad)?;
+        let addr: Ipv4Addr = a.parse().map_err(|_| bad())?;
+        let prefix: u8 = p.parse().map_err(|_| bad())?;
+        if !(1..=32).contains(&prefix) || addr.is_unspecified() || addr.is_multicast() || addr.is_broadcast() {
+            return Err(bad());
+        }
+        Ok(Self { addr, prefix })
+    }
+}
+
+impl fmt::Display for Ipv4Net {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
+    }
+}
+
+/// A transport URI such as udp://203.0.113.7:11010.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerUri {
+    /// The host and port as written.
+    pub authority: String,
+}
+
+impl PeerUri {
+    /// Resolves the host (names go through the system resolver).
+    pub fn resolve(&self) -> Result<SocketAddr, UsageError> {
+        let mut addrs = self
+            .authority
+            .to_socket_addrs()
+            .or_else(|e| usage(format!("cannot resolve udp://{}: {e}", self.authority)))?;
+        addrs.next().ok_or_else(|| UsageError(format!("udp://{} resolves to no address", self.authority)))
+    }
+}
+
+impl FromStr for PeerUri {
+    type Err = UsageError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let Some((scheme, rest)) = s.split_once("://") else {
+            return usage(format!("invalid URI {s:?}: expected udp://HOST:PORT"));
+        };
+        match scheme {
+            "udp" => {}
+            "tcp" | "ws" | "wss" | "quic" => {
+                return usage(format!("invalid URI {s:?}: transport {scheme}:// is not supported yet (only udp://)"));
+            }
+            _ => return usage(format!("invalid URI {s:?}: unknown scheme {scheme:?} (expected udp://HOST:PORT)")),
+        }
+        let (host, port) = rest
+            .rsplit_once(':')
+            .ok_or_else(|| UsageError(format!("invalid URI {s:?}: missing :PORT")))?;
+        let host_ok = !host.is_empty() && !host.contains('/') && !host.contains(char::is_whitespace);
+        if !host_ok || port.parse::<u16>().is_err() {
+            return usage(format!("invalid URI {s:?}: expected udp://HOST:PORT"));
+        }
+        Ok(Self { authority: rest.to_owned() })
+    }
+}
+
+/// Everything `weft up` needs, typed.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// Network name.
+    pub network_name: String,
+    /// Network secret (never logged).
+    pub network_secret: Secret,
+    /// Overlay address.
+    pub ipv4: Ipv4Net,
+    /// UDP listen address.
+    pub listen: SocketAddr,
+    /// Peers to dial.
+    pub peers: Vec<PeerUri>,
+    /// Data cipher.
+    pub cipher: Cipher,
+    /// Pipelines.
+    pub threads: usize,
+    /// TUN name.
+    pub dev_name: String,
+    /// TUN MTU.
+    pub mtu: u16,
+    /// Control socket.
+    pub control: PathBuf,
+    /// State directory.
+    pub state_dir: PathBuf,
+    /// Announced host name.
+    pub hostname: String,
+    /// TUN offload wanted.
+    pub offload: bool,
+    /// Rekey interval.
+    pub rekey_after: std::time::Duration,
+}
+
+/// A secret string with a redacted Debug.
+#[derive(Clone)]
+pub struct Secret(pub String);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+impl NodeConfig {
+    /// Merges flags (which already include the environment) over the file over defaults.
+    pub fn resolve(args: &UpArgs) -> Result<Self, UsageError> {
+        let file = match &args.config {
+            Some(p) => FileConfig::load(p)?,
+            None => FileConfig::default(),
+        };
+        let network_name = args
+            .network_name
+            .clone()
+            .or(file.network_name)
+            .ok_or_else(|| UsageError("missing network name: pass --network-name NAME".into()))?;
+        if network_name.is_empty() || network_name.len() > 64 {
+            return usage(format!("invalid network name {network_name:?}: 1 to 64 bytes"));
+        }
+        let secret = args.network_secret.clone().or(file.network_secret).ok_or_else(|| {
+            UsageError("missing network secret: set WEFT_NETWORK_SECRET, pass --network-secret, or put network-secret in the config file".into())
+        })?;
+        if secret.is_empty() {
+            return usage("invalid network secret: it is empty");
+        }
+        let ipv4: Ipv4Net = args
+            .ipv4
+            .clone()
+            .or(file.ipv4)
+            .ok_or_else(|| UsageError("missing overlay address: pass -i/--ipv4 ADDR/PREFIX, e.g. -i 10.126.126.2/24".into()))?
+            .parse()?;
+        let listen_uris = if args.listen.is_empty() { file.listen } else { args.listen.clone() };
+        let listen = match listen_uris.as_slice() {
+            [] => SocketAddr::from(([0, 0, 0, 0], 11010)),
+            [one] => one.parse::<PeerUri>()?.resolve()?,
+            [_, extra, ..] => return usage(format!("extra listener {extra:?}: only one udp:// listener is supported yet")),
+        };
+        let peer_uris = if args.peer.is_empty() { file.peer } else { args.peer.clone() };
+        let peers = peer_uris.iter().map(|p| p.parse()).collect::<Result<Vec<PeerUri>, _>>()?;
+        let cipher = match args.cipher.clone().or(file.cipher) {
+            Some(c) => c.parse::<Cipher>().map_err(|e| UsageError(format!("invalid --cipher: {e}")))?,
+            None => Cipher::default(),
+        };
+        let threads = match args.threads.or(file.threads) {
+            Some(0) => return usage("invalid --threads 0: need at least one pipeline"),
+            Some(n) if n > 64 => return usage(format!("invalid --threads {n}: at most 64")),
+            Some(n) => n,
+            None => std::thread::available_parallelism().map_or(1, |n| n.get()).min(8),
+        };
+        let dev_name = args.dev_name.clone().or(file.dev_name).unwrap_or_else(|| "weft0".into());
+        if dev_name.is_empty() || dev_name.len() > 15 || dev_name.contains(['/', ' ']) {
+            return usage(format!("invalid --dev-name {dev_name:?}: 1 to 15 characters, no '/' or spaces"));
+        }
+        let mtu = args.mtu.or(file.mtu).unwrap_or(1420);
+        if !(576..=9000).contains(&mtu) {
+            return usage(format!("invalid --mtu {mtu}: expected 576 to 9000"));
+        }
+        let hostname = args.hostname.clone().or(file.hostname).unwrap_or_else(system_hostname);
+        Ok(Self {
+            network_name,
+            network_secret: Secret(secret),
+            ipv4,
+            listen,
+            peers,
+            cipher,
+            threads,
+            dev_name,
+            mtu,
+            control: args.control.clone().or(file.control).unwrap_or_else(|| DEFAULT_CONTROL.into()),
+            state_dir: args.state_dir.clone().or(file.state_dir).unwrap_or_else(|| "/var/lib/weft".into()),
+            hostname,
+            offload: !(args.no_offload || file.no_offload.unwrap_or(false)),
+            rekey_after: std::time::Duration::from_secs(args.rekey_after.unwrap_or(120).max(1)),
+        })
+    }
+}
+
+fn system_hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_owned()).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args() -> UpArgs {
+        UpArgs {
+            network_name: Some("office".into()),
+            network_secret: Some("s3cret".into()),
+            ipv4: Some("10.126.126.2/24".into()),
+            ..UpArgs::default()
+        }
+    }
+
+    #[test]
+    fn defaults() {
+        let c = NodeConfig::resolve(&args()).unwrap();
+        assert_eq!(c.listen, "0.0.0.0:11010".parse().unwrap());
+        assert_eq!(c.cipher, Cipher::Aes128Gcm);
+        assert_eq!(c.dev_name, "weft0");
+        assert_eq!(c.mtu, 1420);
+        assert_eq!(c.ipv4, Ipv4Net { addr: [10, 126, 126, 2].into(), prefix: 24 });
+        assert!(c.offload);
+    }
+
+    #[test]
+    fn bad_values_name_themselves() {
+        for (field, value, needle) in [
+            ("ipv4", "10.0.0.300/24", "10.0.0.300/24"),
+            ("ipv4", "10.0.0.1", "10.0.0.1"),
+            ("ipv4", "10.0.0.1/33", "10.0.0.1/33"),
+            ("peer", "udp://1.2.3.4", "missing :PORT"),
+            ("peer", "tcp://1.2.3.4:1", "not supported yet"),
+            ("peer", "gopher://x:1", "gopher"),
+            ("peer", "1.2.3.4:11010", "1.2.3.4:11010"),
+            ("cipher", "xor", "xor"),
+        ] {
+            let mut a = args();
+            match field {
+                "ipv4" => a.ipv4 = Some(value.into()),
+                "peer" => a.peer = vec![value.into()],
+                _ => a.cipher = Some(value.into()),
+            }
+            let e = NodeConfig::resolve(&a).unwrap_err().to_string();
+            assert!(e.contains(needle), "{field}={value}: {e}");
+        }
+    }
+
+    #[test]
+    fn file_values_apply_and_flags_win() {
+        let dir = std::env::temp_dir().join(format!("weft-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("weft.toml");
+        std::fs::write(&path, "network-name = \"lab\"\nnetwork-secret = \"x\"\nipv4 = \"10.1.1.1/16\"\nmtu = 1380\npeer = [\"udp://127.0.0.1:5\"]\n").unwrap();
+        let a = UpArgs { config: Some(path.clone()), mtu: Some(1400), ..UpArgs::default() };
+        let c = NodeConfig::resolve(&a).unwrap();
+        assert_eq!(c.network_name, "lab");
+        assert_eq!(c.mtu, 1400);
+        assert_eq!(c.peers.len(), 1);
+        std::fs::write(&path, "network-name = \"lab\"\nbogus-key = 1\n").unwrap();
+        let e = NodeConfig::resolve(&a).unwrap_err().to_string();
+        assert!(e.contains("bogus-key"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn secret_is_redacted() {
+        let c = NodeConfig::resolve(&args()).unwrap();
+        assert!(!format!("{c:?}").contains("s3cret"));
+    }
+}

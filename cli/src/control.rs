@@ -1,0 +1,139 @@
+//! The control socket: one JSON request per line, one JSON reply per line, over a
+//! Unix socket (mode 0660). The reply types double as the `--json` output.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+
+/// A request.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "kebab-case")]
+pub enum Request {
+    /// Node and peers.
+    Status,
+}
+
+/// A reply.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "result")]
+pub enum Reply {
+    /// Status.
+    Status(Box<StatusJson>),
+    /// The request failed.
+    Error {
+        /// Why.
+        message: String,
+    },
+}
+
+/// `weft status --json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StatusJson {
+    /// Our node id.
+    pub node_id: String,
+    /// Network name.
+    pub network_name: String,
+    /// Host name.
+    pub hostname: String,
+    /// Overlay address with prefix.
+    pub overlay: String,
+    /// Data cipher.
+    pub cipher: String,
+    /// Listener URIs.
+    pub listeners: Vec<String>,
+    /// TUN device name.
+    pub dev_name: String,
+    /// Whether TUN offload is on.
+    pub tun_offload: bool,
+    /// Forwarding pipelines.
+    pub threads: usize,
+    /// Seconds since start.
+    pub uptime_secs: u64,
+    /// Drops by reason: the node's own plus every peer's.
+    pub drops: std::collections::BTreeMap<String, u64>,
+    /// Known peers.
+    pub peers: Vec<PeerJson>,
+    /// Configured peers that have not answered yet.
+    pub pending_peers: Vec<PendingJson>,
+    /// Handshakes we refused, by source.
+    pub refused_handshakes: Vec<RefusedJson>,
+}
+
+/// One peer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PeerJson {
+    /// Its node id.
+    pub node_id: String,
+    /// Its host name.
+    pub hostname: String,
+    /// Its overlay address.
+    pub overlay: String,
+    /// Its UDP endpoint.
+    pub endpoint: String,
+    /// connecting, established or down.
+    pub state: String,
+    /// Seconds since the last handshake.
+    pub last_handshake_secs: Option<u64>,
+    /// Bytes received.
+    pub rx_bytes: u64,
+    /// Packets received.
+    pub rx_packets: u64,
+    /// Bytes sent.
+    pub tx_bytes: u64,
+    /// Packets sent.
+    pub tx_packets: u64,
+    /// Drops of this peer's packets by reason.
+    pub drops: std::collections::BTreeMap<String, u64>,
+    /// Why it is not established.
+    pub error: Option<String>,
+}
+
+/// A configured peer not yet connected.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PendingJson {
+    /// Endpoint.
+    pub endpoint: String,
+    /// Failed attempts.
+    pub attempts: u32,
+    /// Last error.
+    pub error: Option<String>,
+}
+
+/// Refused inbound handshakes from one source.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RefusedJson {
+    /// Source.
+    pub from: String,
+    /// Reason.
+    pub reason: String,
+    /// How many.
+    pub count: u64,
+    /// Seconds since the last.
+    pub last_secs: u64,
+}
+
+/// Sends one request to the node at `path` and returns its reply.
+pub fn request(path: &Path, req: &Request) -> Result<Reply> {
+    let mut s = UnixStream::connect(path).map_err(|e| {
+        let hint = match e.kind() {
+            std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => " (is `weft up` running?)",
+            std::io::ErrorKind::PermissionDenied => " (run as root or as a member of the socket's group)",
+            _ => "",
+        };
+        anyhow::anyhow!("cannot connect to control socket {}: {e}{hint}", path.display())
+    })?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut line = serde_json::to_string(req)?;
+    line.push('\n');
+    s.write_all(line.as_bytes())?;
+    let mut reply = String::new();
+    BufReader::new(s).read_line(&mut reply).context("no reply from the node")?;
+    if reply.is_empty() {
+        bail!("the node closed the control connection without replying");
+    }
+    serde_json::from_str(&reply).context("malformed reply from the node")
+}

@@ -1,0 +1,295 @@
+//! The node runtime: the only place that owns tokio tasks. It opens the TUN and the
+//! sockets, starts the pipeline threads, feeds the sans-IO engine and carries out its
+//! actions, and serves the control socket.
+
+use std::collections::BTreeMap;
+use std::net::UdpSocket;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use arc_swap::ArcSwap;
+use rand::SeedableRng;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{mpsc, oneshot};
+use tracing::{debug, error, info, warn};
+use weft_core::crypto::Cipher;
+use weft_core::handshake::{Hello, Params, Psk};
+use weft_core::pipeline::{self, ControlEvent, ControlSink, PipelineConfig, Shared};
+use weft_core::route::RouteSnapshot;
+use weft_core::stats::{DropCounters, DropReason};
+use weft_core::transport::udp;
+use weft_core::tun::{Tun, TunConfig};
+use weft_peers::node::{Action, Config, Input, Node, Timers};
+use weft_peers::status::NodeStatus;
+
+use crate::config::NodeConfig;
+use crate::control::{PeerJson, PendingJson, RefusedJson, Reply, Request, StatusJson};
+use crate::state;
+
+/// Depth of the data plane -> control plane queue.
+const CONTROL_QUEUE: usize = 1024;
+
+struct QueueSink(mpsc::Sender<ControlEvent>);
+
+impl ControlSink for QueueSink {
+    fn try_push(&self, ev: ControlEvent) -> bool {
+        self.0.try_send(ev).is_ok()
+    }
+}
+
+type StatusRequest = (Request, oneshot::Sender<Reply>);
+
+/// Runs a node until SIGINT or SIGTERM.
+pub fn run(cfg: NodeConfig) -> Result<()> {
+    let key = state::load_or_create_key(&cfg.state_dir)?;
+    if cfg.cipher == Cipher::InsecureNone {
+        warn!("cipher none: tunnel data travels unencrypted and unauthenticated; use only on trusted links");
+    }
+    let tun = Tun::open(&TunConfig {
+        name: cfg.dev_name.clone(),
+        ipv4: cfg.ipv4.addr,
+        prefix: cfg.ipv4.prefix,
+        mtu: cfg.mtu,
+        queues: cfg.threads,
+        offload: cfg.offload,
+    })?;
+    let socks = udp::bind_reuseport(cfg.listen, cfg.threads, Duration::from_millis(500))
+        .with_context(|| format!("cannot listen on udp://{}", cfg.listen))?;
+    let sender = socks[0].try_clone().context("cannot duplicate the UDP socket")?;
+    let dial = cfg.peers.iter().map(|p| p.resolve()).collect::<Result<Vec<_>, _>>()?;
+
+    let epoch = Instant::now();
+    let (ctl_tx, ctl_rx) = mpsc::channel(CONTROL_QUEUE);
+    let shared = Shared {
+        routes: Arc::new(ArcSwap::from_pointee(RouteSnapshot::default())),
+        drops: Arc::new(DropCounters::default()),
+        control: Arc::new(QueueSink(ctl_tx)),
+        epoch,
+        stop: Arc::new(AtomicBool::new(false)),
+    };
+    let pcfg = PipelineConfig { mtu: cfg.mtu, offload: tun.offload };
+    let offload = tun.offload;
+    for (i, (q, s)) in tun.queues.into_iter().zip(socks).enumerate() {
+        pipeline::spawn(i, q, s, pcfg, shared.clone()).context("cannot start pipeline threads")?;
+    }
+
+    let engine = Node::new(
+        Config {
+            handshake: Params {
+                local: key,
+                psk: Psk::derive(&cfg.network_name, &cfg.network_secret.0),
+                network_name: cfg.network_name.clone(),
+                hello: Hello {
+                    cipher: cfg.cipher,
+                    ipv4: cfg.ipv4.addr,
+                    prefix: cfg.ipv4.prefix,
+                    hostname: cfg.hostname.clone(),
+                },
+            },
+            dial,
+            epoch,
+            timers: Timers { rekey_after: cfg.rekey_after, ..Timers::default() },
+        },
+        Box::new(rand::rngs::StdRng::from_entropy()),
+    );
+    info!(node_id = %engine.id(), addr = %cfg.ipv4, listen = %cfg.listen, cipher = %cfg.cipher, threads = cfg.threads, "node starting");
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .thread_name("weft-ctl")
+        .build()
+        .context("cannot start the control runtime")?;
+    let runtime = Runtime { cfg, engine, shared, sender, started: epoch, offload };
+    let result = rt.block_on(runtime.serve(ctl_rx));
+    // Pipeline threads block in TUN reads; the process exit ends them.
+    rt.shutdown_timeout(Duration::from_millis(200));
+    result
+}
+
+struct Runtime {
+    cfg: NodeConfig,
+    engine: Node,
+    shared: Shared,
+    sender: UdpSocket,
+    started: Instant,
+    offload: bool,
+}
+
+impl Runtime {
+    async fn serve(mut self, mut events: mpsc::Receiver<ControlEvent>) -> Result<()> {
+        let listener = bind_control(&self.cfg.control)?;
+        let (req_tx, mut requests) = mpsc::channel::<StatusRequest>(16);
+        let accept = tokio::spawn(accept_loop(listener, req_tx));
+        let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        self.engine.handle_timeout(Instant::now());
+        self.drain();
+        loop {
+            let deadline = self.engine.poll_timeout().unwrap_or_else(|| Instant::now() + weft_peers::node::TICK);
+            tokio::select! {
+                ev = events.recv() => {
+                    let Some(ev) = ev else { break };
+                    let now = Instant::now();
+                    match ev {
+                        ControlEvent::Datagram { from, bytes } => self.engine.handle(now, Input::Datagram { from, bytes: &bytes }),
+                        ControlEvent::Confirmed { local_index } => self.engine.handle(now, Input::Confirmed { local_index }),
+                    }
+                }
+                () = tokio::time::sleep_until(deadline.into()) => self.engine.handle_timeout(Instant::now()),
+                req = requests.recv() => {
+                    if let Some((Request::Status, reply)) = req {
+                        let _ = reply.send(Reply::Status(Box::new(self.status())));
+                    }
+                }
+                _ = tokio::signal::ctrl_c() => { info!("interrupted; shutting down"); break }
+                _ = sigterm.recv() => { info!("terminated; shutting down"); break }
+            }
+            self.drain();
+        }
+        self.shared.stop.store(true, Ordering::Relaxed);
+        accept.abort();
+        let _ = std::fs::remove_file(&self.cfg.control);
+        Ok(())
+    }
+
+    fn drain(&mut self) {
+        while let Some(action) = self.engine.poll_action() {
+            match action {
+                Action::PublishRoutes(snap) => {
+                    debug!(routes = snap.route_count(), "publishing routes");
+                    self.shared.routes.store(snap);
+                }
+                Action::Send { to, bytes } => {
+                    if let Err(e) = self.sender.send_to(&bytes, to) {
+                        debug!(%to, error = %e, "control send failed");
+                        self.shared.drops.add(DropReason::UdpSend, 1);
+                    }
+                }
+            }
+        }
+    }
+
+    fn status(&self) -> StatusJson {
+        let now = Instant::now();
+        let st: NodeStatus = self.engine.status(now);
+        let mut drops = counters(&self.shared.drops);
+        let peers = st
+            .peers
+            .iter()
+            .map(|p| {
+                let pd = counters(&p.stats.drops);
+                for (k, v) in &pd {
+                    *drops.entry(k.clone()).or_default() += v;
+                }
+                PeerJson {
+                    node_id: p.node_id.to_string(),
+                    hostname: p.hostname.clone(),
+                    overlay: p.overlay.to_string(),
+                    endpoint: p.endpoint.to_string(),
+                    state: p.state.name().into(),
+                    last_handshake_secs: p.last_handshake.map(|d| d.as_secs()),
+                    rx_bytes: p.stats.rx_bytes.load(Ordering::Relaxed),
+                    rx_packets: p.stats.rx_packets.load(Ordering::Relaxed),
+                    tx_bytes: p.stats.tx_bytes.load(Ordering::Relaxed),
+                    tx_packets: p.stats.tx_packets.load(Ordering::Relaxed),
+                    drops: pd,
+                    error: p.error.clone(),
+                }
+            })
+            .collect();
+        StatusJson {
+            node_id: st.node_id.to_string(),
+            network_name: self.cfg.network_name.clone(),
+            hostname: self.cfg.hostname.clone(),
+            overlay: self.cfg.ipv4.to_string(),
+            cipher: self.cfg.cipher.to_string(),
+            listeners: vec![format!("udp://{}", self.cfg.listen)],
+            dev_name: self.cfg.dev_name.clone(),
+            tun_offload: self.offload,
+            threads: self.cfg.threads,
+            uptime_secs: now.duration_since(self.started).as_secs(),
+            drops,
+            peers,
+            pending_peers: st
+                .dials
+                .iter()
+                .map(|d| PendingJson { endpoint: d.endpoint.to_string(), attempts: d.attempts, error: d.error.clone() })
+                .collect(),
+            refused_handshakes: st
+                .inbound_failures
+                .iter()
+                .map(|f| RefusedJson {
+                    from: f.from.to_string(),
+                    reason: f.reason.clone(),
+                    count: f.count,
+                    last_secs: now.saturating_duration_since(f.last).as_secs(),
+                })
+                .collect(),
+        }
+    }
+}
+
+fn counters(d: &DropCounters) -> BTreeMap<String, u64> {
+    d.nonzero().into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
+}
+
+fn bind_control(path: &Path) -> Result<UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    if path.exists() {
+        // A socket nobody answers on is a leftover from a crash; a live one is another node.
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            anyhow::bail!("control socket {} is in use: another weft node is running (pass --control to run a second one)", path.display());
+        }
+        std::fs::remove_file(path).with_context(|| format!("cannot remove stale control socket {}", path.display()))?;
+    }
+    let l = UnixListener::bind(path).with_context(|| format!("cannot bind control socket {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
+    Ok(l)
+}
+
+async fn accept_loop(listener: UnixListener, requests: mpsc::Sender<StatusRequest>) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                tokio::spawn(serve_client(stream, requests.clone()));
+            }
+            Err(e) => {
+                error!(error = %e, "control socket accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+async fn serve_client(stream: UnixStream, requests: mpsc::Sender<StatusRequest>) {
+    let (r, mut w) = stream.into_split();
+    let mut lines = BufReader::new(r).lines();
+    let read = tokio::time::timeout(Duration::from_secs(5), lines.next_line()).await;
+    let reply = match read {
+        Ok(Ok(Some(line))) => match serde_json::from_str::<Request>(&line) {
+            Ok(req) => {
+                let (tx, rx) = oneshot::channel();
+                if requests.send((req, tx)).await.is_err() {
+                    return;
+                }
+                match rx.await {
+                    Ok(r) => r,
+                    Err(_) => return,
+                }
+            }
+            Err(e) => Reply::Error { message: format!("bad request: {e}") },
+        },
+        _ => return,
+    };
+    if let Ok(mut text) = serde_json::to_string(&reply) {
+        text.push('\n');
+        let _ = w.write_all(text.as_bytes()).await;
+    }
+}

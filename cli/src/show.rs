@@ -1,0 +1,109 @@
+//! Tables for people.
+
+use std::fmt::Write;
+
+use crate::control::StatusJson;
+
+/// Renders `weft status`.
+pub(crate) fn status(s: &StatusJson) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "node      {} ({})", s.node_id, s.hostname);
+    let _ = writeln!(o, "network   {}", s.network_name);
+    let _ = writeln!(o, "address   {} on {}", s.overlay, s.dev_name);
+    let _ = writeln!(o, "cipher    {}", s.cipher);
+    let _ = writeln!(o, "listen    {}", s.listeners.join(", "));
+    let _ = writeln!(o, "pipelines {} (tun offload {})", s.threads, if s.tun_offload { "on" } else { "off" });
+    let _ = writeln!(o, "uptime    {}", human_secs(s.uptime_secs));
+    if !s.drops.is_empty() {
+        let d: Vec<String> = s.drops.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let _ = writeln!(o, "drops     {}", d.join(" "));
+    }
+    let _ = writeln!(o);
+    let rows: Vec<[String; 8]> = s
+        .peers
+        .iter()
+        .map(|p| {
+            [
+                p.overlay.clone(),
+                p.node_id.clone(),
+                p.hostname.clone(),
+                p.endpoint.clone(),
+                p.state.clone(),
+                p.last_handshake_secs.map_or("-".into(), |x| format!("{} ago", human_secs(x))),
+                format!("{} / {}", human_bytes(p.rx_bytes), human_bytes(p.tx_bytes)),
+                p.error.clone().unwrap_or_default(),
+            ]
+        })
+        .collect();
+    if rows.is_empty() {
+        let _ = writeln!(o, "no peers");
+    } else {
+        table(&mut o, ["OVERLAY", "NODE", "HOST", "ENDPOINT", "STATE", "HANDSHAKE", "RX / TX", "NOTE"], &rows);
+    }
+    for p in &s.pending_peers {
+        let _ = writeln!(
+            o,
+            "pending   udp://{} after {} attempts: {}",
+            p.endpoint,
+            p.attempts,
+            p.error.as_deref().unwrap_or("connecting")
+        );
+    }
+    for r in &s.refused_handshakes {
+        let _ = writeln!(o, "refused   {} x{} ({} ago): {}", r.from, r.count, human_secs(r.last_secs), r.reason);
+    }
+    o
+}
+
+fn table<const N: usize>(o: &mut String, head: [&str; N], rows: &[[String; N]]) {
+    let mut w: [usize; N] = head.map(str::len);
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            w[i] = w[i].max(c.chars().count());
+        }
+    }
+    let line = |o: &mut String, cells: &[&str]| {
+        let mut s = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            let _ = write!(s, "{c:<width$}  ", width = w[i]);
+        }
+        let _ = writeln!(o, "{}", s.trim_end());
+    };
+    line(o, &head);
+    for r in rows {
+        let cells: Vec<&str> = r.iter().map(String::as_str).collect();
+        line(o, &cells);
+    }
+}
+
+fn human_secs(s: u64) -> String {
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
+fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 { format!("{b} B") } else { format!("{v:.1} {}", UNITS[u]) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn units() {
+        assert_eq!(human_bytes(5), "5 B");
+        assert_eq!(human_bytes(2048), "2.0 KiB");
+        assert_eq!(human_secs(61), "1m01s");
+        assert_eq!(human_secs(7300), "2h01m");
+    }
+}

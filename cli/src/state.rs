@@ -1,0 +1,80 @@
+//! The state directory: the node's static key, created on first start (mode 0600).
+
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use tracing::{info, warn};
+use weft_core::handshake::StaticKey;
+
+const KEY_FILE: &str = "node.key";
+
+/// Loads the node key from `dir`, creating the directory and the key if needed.
+pub fn load_or_create_key(dir: &Path) -> Result<StaticKey> {
+    fs::create_dir_all(dir).with_context(|| format!("cannot create state directory {}", dir.display()))?;
+    let path = dir.join(KEY_FILE);
+    match fs::read_to_string(&path) {
+        Ok(text) => {
+            let mode = fs::metadata(&path)?.permissions().mode();
+            if mode & 0o077 != 0 {
+                warn!(path = %path.display(), mode = format!("{:o}", mode & 0o777), "node key is readable by others; fixing to 0600");
+                fs::set_permissions(&path, fs::Permissions::from_mode(0o600))?;
+            }
+            parse_key(&text).with_context(|| format!("corrupt node key {} (delete it to make a new identity)", path.display()))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let key = StaticKey::generate().context("cannot generate node key")?;
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)
+                .with_context(|| format!("cannot write node key {}", path.display()))?;
+            writeln!(f, "{}\n{}", hex(key.private_bytes()), hex(&key.public))?;
+            f.sync_all()?;
+            info!(path = %path.display(), "created node key");
+            Ok(key)
+        }
+        Err(e) => Err(e).with_context(|| format!("cannot read node key {}", path.display())),
+    }
+}
+
+fn parse_key(text: &str) -> Result<StaticKey> {
+    let mut lines = text.lines();
+    let (Some(private), Some(public)) = (lines.next(), lines.next()) else { bail!("expected two hex lines") };
+    let private = unhex(private.trim())?;
+    let public = unhex(public.trim())?;
+    StaticKey::from_parts(&private, &public).context("expected 32-byte keys")
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Result<Vec<u8>> {
+    if s.len() % 2 != 0 {
+        bail!("odd hex length");
+    }
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).context("bad hex")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_is_created_private_and_reused() {
+        let dir = std::env::temp_dir().join(format!("weft-state-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let a = load_or_create_key(&dir).unwrap();
+        let mode = fs::metadata(dir.join(KEY_FILE)).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let b = load_or_create_key(&dir).unwrap();
+        assert_eq!(a.public, b.public);
+        fs::write(dir.join(KEY_FILE), "zz\n").unwrap();
+        assert!(load_or_create_key(&dir).is_err());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}
