@@ -63,8 +63,10 @@ pub const REKEY_AFTER_PACKETS: u64 = 1 << 25;
 pub const TICK: Duration = Duration::from_millis(200);
 /// Sessions kept per peer (current plus the ones in-flight packets may still use).
 const MAX_SESSIONS: usize = 3;
-/// An unconfirmed responder session is abandoned after this.
+/// An XX responder waiting for the finish message gives up after this.
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
+/// A finished handshake whose peer never proves the PSK is dropped after this.
+const HELD_TIMEOUT: Duration = Duration::from_secs(5);
 /// An older session is retired once it has been idle this long.
 const RETIRE_IDLE: Duration = Duration::from_secs(10);
 /// Failed inbound handshakes remembered for status.
@@ -137,6 +139,16 @@ struct PendingResp {
     started: Instant,
 }
 
+/// A finished handshake waiting for the peer's proof of the PSK.
+struct Held {
+    key: [u8; 32],
+    hello: weft_core::handshake::Hello,
+    from: SocketAddr,
+    entry: SessionEntry,
+    /// What we dialled, when we were the initiator.
+    target: Option<Target>,
+}
+
 struct Dial {
     endpoint: SocketAddr,
     key: Option<[u8; 32]>,
@@ -152,6 +164,7 @@ pub struct Node {
     peers: HashMap<[u8; 32], Peer>,
     pending_init: HashMap<u32, PendingInit>,
     pending_resp: HashMap<u32, PendingResp>,
+    held: HashMap<u32, Held>,
     inbound_failures: VecDeque<InboundFailure>,
     actions: VecDeque<Action>,
     routes_dirty: bool,
@@ -171,6 +184,7 @@ impl Node {
             peers: HashMap::new(),
             pending_init: HashMap::new(),
             pending_resp: HashMap::new(),
+            held: HashMap::new(),
             inbound_failures: VecDeque::new(),
             actions: VecDeque::new(),
             routes_dirty: true,
@@ -187,7 +201,7 @@ impl Node {
     pub fn handle(&mut self, now: Instant, input: Input<'_>) {
         match input {
             Input::Datagram { from, bytes } => self.handle_datagram(now, from, bytes),
-            Input::Confirmed { local_index } => self.handle_confirmed(local_index),
+            Input::Confirmed { local_index } => self.handle_confirmed(now, local_index),
         }
         self.finish_step();
     }
@@ -266,7 +280,7 @@ impl Node {
                 let local = self.new_index();
                 self.send_handshake(from, MessageType::HandshakeResponse, hdr.pattern, local, hdr.sender_index, &msg);
                 // IK responder: the PSK is only proven by the initiator's first data packet.
-                self.install(now, done, from, local, hdr.sender_index, false, false);
+                self.complete(now, done, from, local, hdr.sender_index, None, false);
             }
         }
     }
@@ -285,18 +299,15 @@ impl Node {
                 self.handshake_failed(now, p.target, msg);
             }
             Ok((done, finish)) => {
+                // XX: send the finish message even on a cipher mismatch, so that the
+                // responder learns of it through an authenticated handshake too.
                 if let Some(fin) = finish {
                     self.send_handshake(from, MessageType::HandshakeFinish, pattern, hdr.receiver_index, hdr.sender_index, &fin);
-                }
-                if let Target::Dial(i) = p.target {
-                    self.dials[i].key = Some(done.remote_static);
-                    self.dials[i].driver.succeeded();
                 }
                 // IK: the response proves the responder holds the PSK. XX: the
                 // responder proves it with its first data packet.
                 let confirmed = pattern == Pattern::Ik;
-                self.install(now, done, from, hdr.receiver_index, hdr.sender_index, true, confirmed);
-                let _ = p.to;
+                self.complete(now, done, from, hdr.receiver_index, hdr.sender_index, Some(p.target), confirmed);
             }
         }
     }
@@ -307,7 +318,7 @@ impl Node {
             Err(e) => self.refuse_inbound(now, from, p.remote_index, &e),
             Ok(done) => {
                 // XXpsk3: reading the finish message proves the initiator holds the PSK.
-                self.install(now, done, p.from, hdr.receiver_index, p.remote_index, false, true);
+                self.complete(now, done, p.from, hdr.receiver_index, p.remote_index, None, true);
             }
         }
     }
@@ -323,21 +334,28 @@ impl Node {
             self.handshake_failed(now, p.target, msg);
             return;
         }
-        // A reject for a responder session we created: the initiator could not verify
-        // our response (IK with a wrong secret).
-        for peer in self.peers.values_mut() {
-            if let Some(pos) = peer.sessions.iter().position(|s| s.session.local_index == r.receiver_index && !s.session.is_confirmed()) {
-                peer.sessions.remove(pos);
-                let msg = format!("peer {from} rejected our handshake response: {why}");
-                warn!("{msg}");
-                peer.error = Some(msg);
-                self.routes_dirty = true;
-                return;
+        // A reject for a session still waiting for its confirmation.
+        if let Some(h) = self.held.remove(&r.receiver_index) {
+            self.routes_dirty = true;
+            match h.target {
+                Some(target) => {
+                    let msg = format!("peer {from} rejected our handshake: {why}");
+                    warn!("{msg}");
+                    self.handshake_failed(now, target, msg);
+                }
+                None => {
+                    let reason = format!("peer could not authenticate our handshake response: {why}");
+                    self.record_inbound_failure(now, from, reason);
+                }
             }
         }
     }
 
-    fn handle_confirmed(&mut self, local_index: u32) {
+    fn handle_confirmed(&mut self, now: Instant, local_index: u32) {
+        if let Some(h) = self.held.remove(&local_index) {
+            self.promote(now, h);
+            return;
+        }
         for peer in self.peers.values_mut() {
             if peer.sessions.iter().any(|s| s.session.local_index == local_index) {
                 debug!(peer = %peer.id, local_index, "session confirmed");
@@ -349,40 +367,39 @@ impl Node {
 
     // ----- sessions -----
 
+    /// A handshake finished. The session is held until the peer has proven it knows
+    /// the PSK (`confirmed`, or later its first data packet); only then does the peer
+    /// exist for routing and status, so that nodes without the secret leave no trace
+    /// beyond a refused-handshake record.
     #[allow(clippy::too_many_arguments)]
-    fn install(&mut self, now: Instant, done: Completed, from: SocketAddr, local: u32, remote: u32, initiator: bool, confirmed: bool) {
+    fn complete(
+        &mut self,
+        now: Instant,
+        done: Completed,
+        from: SocketAddr,
+        local: u32,
+        remote: u32,
+        target: Option<Target>,
+        confirmed: bool,
+    ) {
         let ours = &self.cfg.handshake.hello;
-        let key = done.remote_static;
-        let id = NodeId::from_public(&key);
+        let id = NodeId::from_public(&done.remote_static);
         let mismatch = if done.hello.cipher != ours.cipher {
-            Some(format!("cipher mismatch: we use {}, peer {id} uses {}", ours.cipher, done.hello.cipher))
+            Some(format!("cipher mismatch: we use {}, peer {id} at {from} uses {}", ours.cipher, done.hello.cipher))
         } else if done.hello.ipv4 == ours.ipv4 {
-            Some(format!("address conflict: peer {id} also claims {}", ours.ipv4))
+            Some(format!("address conflict: peer {id} at {from} also claims {}", ours.ipv4))
         } else {
             None
         };
-        // A node that came back with a new key at the same endpoint replaces its old entry.
-        let stale: Vec<[u8; 32]> = self
-            .peers
-            .iter()
-            .filter(|(k, p)| **k != key && (p.endpoint == from || p.hello.ipv4 == done.hello.ipv4) && !p.is_up(now, &self.cfg))
-            .map(|(k, _)| *k)
-            .collect();
-        for k in stale {
-            info!(old = %NodeId::from_public(&k), new = %id, "peer replaced by a node with a new key");
-            self.peers.remove(&k);
-        }
-        let configured = self.dials.iter().any(|d| d.key == Some(key));
-        let peer = self.peers.entry(key).or_insert_with(|| Peer::new(key, done.hello.clone(), from, now));
-        peer.configured |= configured;
-        peer.hello = done.hello.clone();
-        peer.endpoint = from;
         if let Some(msg) = mismatch {
             warn!(peer = %id, "{msg}");
-            peer.error = Some(msg);
-            peer.driver.failed(now, &self.cfg.timers, self.rng.next_u32());
+            match target {
+                Some(t) => self.handshake_failed(now, t, msg),
+                None => self.record_inbound_failure(now, from, msg),
+            }
             return;
         }
+        let stats = self.peers.get(&done.remote_static).map(|p| p.stats.clone()).unwrap_or_default();
         let session = Arc::new(Session::new(SessionParams {
             local_index: local,
             remote_index: remote,
@@ -391,20 +408,69 @@ impl Node {
             endpoint: from,
             peer_addr: done.hello.ipv4,
             confirmed,
-            stats: peer.stats.clone(),
+            stats,
         }));
-        info!(peer = %id, addr = %done.hello.ipv4, endpoint = %from, initiator, "session established");
-        peer.sessions.insert(0, SessionEntry { session: session.clone(), created: now, initiator });
+        let held = Held {
+            key: done.remote_static,
+            hello: done.hello,
+            from,
+            entry: SessionEntry { session: session.clone(), created: now, initiator: target.is_some() },
+            target,
+        };
+        self.routes_dirty = true;
+        if confirmed {
+            // We have proof of the peer's keys but it has none of ours yet: a keepalive
+            // at once lets it confirm.
+            let ka = keepalive(&session, now, self.cfg.epoch);
+            self.actions.push_back(Action::Send { to: from, bytes: ka });
+            self.promote(now, held);
+        } else {
+            self.held.insert(local, held);
+        }
+    }
+
+    /// Moves a confirmed session into its peer, creating the peer if it is new.
+    fn promote(&mut self, now: Instant, h: Held) {
+        let Held { key, hello, from, entry, target } = h;
+        let id = NodeId::from_public(&key);
+        // A node that came back with a new key at the same endpoint replaces its old entry:
+        // once the old entry is down, or at once if it claims the old entry's endpoint
+        // and address (a restart faster than dead_after).
+        let stale: Vec<[u8; 32]> = self
+            .peers
+            .iter()
+            .filter(|(k, p)| {
+                let (same_endpoint, same_addr) = (p.endpoint == from, p.hello.ipv4 == hello.ipv4);
+                **k != key && (same_endpoint || same_addr) && (!p.is_up(now, &self.cfg) || (same_endpoint && same_addr))
+            })
+            .map(|(k, _)| *k)
+            .collect();
+        for k in stale {
+            info!(old = %NodeId::from_public(&k), new = %id, "peer replaced by a node with a new key");
+            self.peers.remove(&k);
+            for d in &mut self.dials {
+                if d.key == Some(k) {
+                    d.key = None;
+                }
+            }
+        }
+        if let Some(Target::Dial(i)) = target {
+            self.dials[i].key = Some(key);
+            self.dials[i].driver.succeeded();
+        }
+        let configured = self.dials.iter().any(|d| d.key == Some(key));
+        let stats = entry.session.stats.clone();
+        let peer = self.peers.entry(key).or_insert_with(|| Peer::new(key, hello.clone(), from, now, stats));
+        peer.configured |= configured;
+        peer.hello = hello;
+        peer.endpoint = from;
+        info!(peer = %id, addr = %peer.hello.ipv4, endpoint = %from, initiator = entry.initiator, "session established");
+        peer.sessions.insert(0, entry);
         peer.sessions.truncate(MAX_SESSIONS);
         peer.last_handshake = Some(now);
         peer.error = None;
+        peer.down_since = None;
         peer.driver.succeeded();
-        // Whoever has proof of the peer's keys but the peer has none of ours yet,
-        // sends a keepalive at once so the peer can confirm.
-        if confirmed {
-            let ka = keepalive(&session, now, self.cfg.epoch);
-            self.actions.push_back(Action::Send { to: from, bytes: ka });
-        }
         self.routes_dirty = true;
     }
 
@@ -412,7 +478,10 @@ impl Node {
         let reject = RejectRepr { reason: reason_of(e), receiver_index: sender_index };
         self.actions.push_back(Action::Send { to: from, bytes: reject.emit().to_vec() });
         debug!(peer = %from, error = %e, "inbound handshake refused");
-        let reason = e.to_string();
+        self.record_inbound_failure(now, from, e.to_string());
+    }
+
+    fn record_inbound_failure(&mut self, now: Instant, from: SocketAddr, reason: String) {
         if let Some(f) = self.inbound_failures.iter_mut().find(|f| f.from == from) {
             f.count += 1;
             f.last = now;
@@ -465,6 +534,21 @@ impl Node {
             }
         }
         self.pending_resp.retain(|_, p| now.duration_since(p.started) < CONFIRM_TIMEOUT);
+        let unconfirmed: Vec<u32> = self
+            .held
+            .iter()
+            .filter(|(_, h)| now.duration_since(h.entry.created) >= HELD_TIMEOUT)
+            .map(|(i, _)| *i)
+            .collect();
+        for i in unconfirmed {
+            let Some(h) = self.held.remove(&i) else { continue };
+            self.routes_dirty = true;
+            let msg = format!("peer {} never confirmed the session (network secret differs?)", h.from);
+            match h.target {
+                Some(t) => self.handshake_failed(now, t, msg),
+                None => self.record_inbound_failure(now, h.from, msg),
+            }
+        }
     }
 
     fn handshake_timeout(&self, target: Target) -> Duration {
@@ -606,6 +690,7 @@ impl Node {
             let used = i == 0
                 || self.pending_init.contains_key(&i)
                 || self.pending_resp.contains_key(&i)
+                || self.held.contains_key(&i)
                 || self.peers.values().any(|p| p.sessions.iter().any(|s| s.session.local_index == i));
             if !used {
                 return i;
@@ -614,14 +699,15 @@ impl Node {
     }
 
     fn finish_step(&mut self) {
-        // Clear in-flight markers whose pending handshake is gone (completed or expired).
+        // Clear in-flight markers whose handshake is gone (confirmed, failed or expired).
+        let busy = |i: u32| self.pending_init.contains_key(&i) || self.held.contains_key(&i);
         for d in &mut self.dials {
-            if d.driver.in_flight.is_some_and(|i| !self.pending_init.contains_key(&i)) {
+            if d.driver.in_flight.is_some_and(|i| !busy(i)) {
                 d.driver.in_flight = None;
             }
         }
         for p in self.peers.values_mut() {
-            if p.driver.in_flight.is_some_and(|i| !self.pending_init.contains_key(&i)) {
+            if p.driver.in_flight.is_some_and(|i| !busy(i)) {
                 p.driver.in_flight = None;
             }
         }
@@ -636,7 +722,11 @@ impl Node {
             let tx = p.sessions.iter().find(|s| s.session.is_confirmed())?;
             Some((p.hello.ipv4, tx.session.clone()))
         });
-        let receiving = self.peers.values().flat_map(|p| p.sessions.iter().map(|s| s.session.clone()));
+        let receiving = self
+            .peers
+            .values()
+            .flat_map(|p| p.sessions.iter().map(|s| s.session.clone()))
+            .chain(self.held.values().map(|h| h.entry.session.clone()));
         RouteSnapshot::new(routes, receiving)
     }
 

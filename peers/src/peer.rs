@@ -69,13 +69,13 @@ pub(crate) struct Peer {
 }
 
 impl Peer {
-    pub(crate) fn new(key: [u8; 32], hello: Hello, endpoint: SocketAddr, now: Instant) -> Self {
+    pub(crate) fn new(key: [u8; 32], hello: Hello, endpoint: SocketAddr, now: Instant, stats: Arc<PeerStats>) -> Self {
         Self {
             key,
             id: NodeId::from_public(&key),
             hello,
             endpoint,
-            stats: Arc::default(),
+            stats,
             sessions: Vec::new(),
             driver: Driver::default(),
             last_handshake: None,

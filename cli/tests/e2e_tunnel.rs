@@ -1,0 +1,319 @@
+//! End-to-end: real `weft` processes and TUN devices in network namespaces.
+//!
+//! Two nodes on a LAN: ping both ways, a 64 MiB checksummed TCP transfer per cipher
+//! (with TUN offload on and off, and under constant rekeying), a wrong-secret node that
+//! gets nothing through, a cipher mismatch reported on both sides, a restarted node that
+//! comes back, and garbage at the listener that is dropped and counted.
+#![allow(unsafe_code, unreachable_pub)]
+
+mod netns;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream, UdpSocket};
+use std::time::{Duration, Instant};
+
+use netns::{Lan, Netns, Node, TempDir, ping, require_root, wait_until};
+use ring::digest;
+
+const NET: [&str; 4] = ["--network-name", "e2e", "--network-secret", "correct horse"];
+const A_IP: &str = "10.126.126.1";
+const B_IP: &str = "10.126.126.2";
+
+fn node_args<'a>(ip: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut v = NET.to_vec();
+    v.extend(["-i", ip, "--threads", "2"]);
+    v.extend(extra);
+    v
+}
+
+/// Two nodes: A listens, B dials A. Returns once both see each other established.
+fn pair(lan: &Lan, dir: &TempDir, a_extra: &[&str], b_extra: &[&str]) -> (Node, Node) {
+    let a = Node::start(&lan.hosts[0], &dir.0, "a", &node_args("10.126.126.1/24", a_extra));
+    let peer = format!("udp://{}:11010", lan.addrs[0]);
+    let mut b_args = node_args("10.126.126.2/24", b_extra);
+    b_args.extend(["-p", &peer]);
+    let b = Node::start(&lan.hosts[1], &dir.0, "b", &b_args);
+    wait_until(Duration::from_secs(10), "session A<->B", || a.peer_established(B_IP) && b.peer_established(A_IP));
+    (a, b)
+}
+
+/// Sends `len` pseudo-random bytes over TCP from `from` to `to_ip:port` inside `to`;
+/// returns the SHA-256 of what was sent and of what arrived.
+fn transfer(from: &Netns, to: &Netns, to_ip: &str, len: usize) -> (Vec<u8>, Vec<u8>, Duration) {
+    let addr = format!("{to_ip}:5001");
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        let rx = s.spawn(|| {
+            to.within(|| {
+                let l = TcpListener::bind(&addr).expect("bind receiver");
+                ready_tx.send(()).unwrap();
+                let (mut c, _) = l.accept().unwrap();
+                c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+                let mut ctx = digest::Context::new(&digest::SHA256);
+                let mut buf = vec![0u8; 1 << 16];
+                let mut total = 0;
+                loop {
+                    let n = c.read(&mut buf).expect("receive");
+                    if n == 0 {
+                        break;
+                    }
+                    total += n;
+                    ctx.update(&buf[..n]);
+                }
+                assert_eq!(total, len, "received byte count");
+                ctx.finish().as_ref().to_vec()
+            })
+        });
+        ready_rx.recv_timeout(Duration::from_secs(10)).expect("receiver ready");
+        let sent = from.within(|| {
+            let mut c = TcpStream::connect_timeout(&addr.parse().unwrap(), Duration::from_secs(10)).expect("connect");
+            c.set_write_timeout(Some(Duration::from_secs(60))).unwrap();
+            let mut ctx = digest::Context::new(&digest::SHA256);
+            let mut state = 0x9e37_79b9_7f4a_7c15u64;
+            let mut buf = vec![0u8; 1 << 16];
+            let start = Instant::now();
+            let mut left = len;
+            while left > 0 {
+                for chunk in buf.chunks_mut(8) {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    chunk.copy_from_slice(&state.to_le_bytes()[..chunk.len()]);
+                }
+                let n = left.min(buf.len());
+                c.write_all(&buf[..n]).expect("send");
+                ctx.update(&buf[..n]);
+                left -= n;
+            }
+            c.shutdown(std::net::Shutdown::Write).unwrap();
+            (ctx.finish().as_ref().to_vec(), start)
+        });
+        let got = rx.join().expect("receiver thread");
+        (sent.0, got, sent.1.elapsed())
+    })
+}
+
+fn ping_both_ways(lan: &Lan) {
+    assert!(ping(&lan.hosts[0], B_IP), "A -> B ping");
+    assert!(ping(&lan.hosts[1], A_IP), "B -> A ping");
+}
+
+fn check_transfer(lan: &Lan, label: &str) {
+    let (sent, got, took) = transfer(&lan.hosts[0], &lan.hosts[1], B_IP, 64 << 20);
+    assert_eq!(sent, got, "{label}: SHA-256 of the 64 MiB transfer differs");
+    eprintln!("{label}: 64 MiB in {took:?} ({:.0} Mbit/s)", 64.0 * 8.0 * 1.048_576 / took.as_secs_f64());
+}
+
+#[test]
+fn ping_and_transfer_aes_128_gcm() {
+    require_root();
+    let (lan, dir) = (Lan::new(2), TempDir::new());
+    let (a, b) = pair(&lan, &dir, &[], &[]);
+    ping_both_ways(&lan);
+    check_transfer(&lan, "aes-128-gcm");
+    let s = b.status();
+    assert_eq!(s["cipher"], "aes-128-gcm");
+    let p = b.peer(A_IP).unwrap();
+    assert!(p["rx_bytes"].as_u64().unwrap() > 64 << 20, "B's rx counter: {p}");
+    assert_eq!(p["node_id"], a.status()["node_id"]);
+    let p = a.peer(B_IP).unwrap();
+    assert!(p["tx_bytes"].as_u64().unwrap() > 64 << 20, "A's tx counter: {p}");
+}
+
+#[test]
+fn ping_and_transfer_chacha20_poly1305_while_rekeying() {
+    require_root();
+    let (lan, dir) = (Lan::new(2), TempDir::new());
+    let rekey = ["--cipher", "chacha20-poly1305", "--rekey-after", "1"];
+    let (_a, b) = pair(&lan, &dir, &rekey, &rekey);
+    ping_both_ways(&lan);
+    let before = b.peer(A_IP).unwrap()["last_handshake_secs"].clone();
+    check_transfer(&lan, "chacha20-poly1305 rekeying every second");
+    std::thread::sleep(Duration::from_millis(1500));
+    let p = b.peer(A_IP).unwrap();
+    assert!(p["last_handshake_secs"].as_u64().unwrap() <= 2, "rekeys happened: {p} (before {before})");
+    assert_eq!(p["state"], "established");
+}
+
+#[test]
+fn ping_and_transfer_insecure_none() {
+    require_root();
+    let (lan, dir) = (Lan::new(2), TempDir::new());
+    let (_a, _b) = pair(&lan, &dir, &["--cipher", "none"], &["--cipher", "none"]);
+    ping_both_ways(&lan);
+    check_transfer(&lan, "none");
+}
+
+#[test]
+fn ping_and_transfer_without_offload() {
+    require_root();
+    let (lan, dir) = (Lan::new(2), TempDir::new());
+    let (a, _b) = pair(&lan, &dir, &["--no-offload"], &["--no-offload"]);
+    assert_eq!(a.status()["tun_offload"], false);
+    ping_both_ways(&lan);
+    check_transfer(&lan, "aes-128-gcm, offload off");
+}
+
+#[test]
+fn wrong_secret_gets_nothing_through() {
+    require_root();
+    let (lan, dir) = (Lan::new(3), TempDir::new());
+    let (a, b) = pair(&lan, &dir, &[], &[]);
+    let peer_a = format!("udp://{}:11010", lan.addrs[0]);
+    let peer_b = format!("udp://{}:11010", lan.addrs[1]);
+    let c = Node::start(
+        &lan.hosts[2],
+        &dir.0,
+        "c",
+        &["--network-name", "e2e", "--network-secret", "wrong", "-i", "10.126.126.3/24", "-p", &peer_a, "-p", &peer_b],
+    );
+    wait_until(Duration::from_secs(10), "A refuses C", || {
+        a.status()["refused_handshakes"].as_array().is_some_and(|r| !r.is_empty())
+    });
+    for target in [A_IP, B_IP] {
+        assert!(!ping(&lan.hosts[2], target), "C reached {target} with the wrong secret");
+    }
+    assert!(!ping(&lan.hosts[0], "10.126.126.3"), "A reached C");
+    let refused = &a.status()["refused_handshakes"][0];
+    assert_eq!(refused["from"], format!("{}:11010", lan.addrs[2]));
+    assert!(refused["reason"].as_str().unwrap().contains("secret"), "{refused}");
+    let cs = c.status();
+    assert!(cs["peers"].as_array().unwrap().is_empty(), "C has peers: {cs}");
+    let pending = cs["pending_peers"].as_array().unwrap();
+    assert_eq!(pending.len(), 2);
+    for p in pending {
+        assert!(p["error"].as_str().unwrap_or("").contains("secret"), "C's status says why: {p}");
+    }
+    for n in [&a, &b] {
+        assert!(n.peer("10.126.126.3").is_none(), "C became a peer");
+    }
+    ping_both_ways(&lan);
+}
+
+#[test]
+fn cipher_mismatch_is_reported_on_both_sides() {
+    require_root();
+    let (lan, dir) = (Lan::new(2), TempDir::new());
+    let a = Node::start(&lan.hosts[0], &dir.0, "a", &node_args("10.126.126.1/24", &[]));
+    let peer = format!("udp://{}:11010", lan.addrs[0]);
+    let b = Node::start(&lan.hosts[1], &dir.0, "b", &node_args("10.126.126.2/24", &["--cipher", "chacha20-poly1305", "-p", &peer]));
+    // Neither side lets the other in; A (responder) lists a refused handshake, B
+    // (initiator) a failed dial, and both name the two ciphers.
+    let refused = || a.status()["refused_handshakes"][0]["reason"].as_str().unwrap_or("").to_owned();
+    let pending = || b.status()["pending_peers"][0]["error"].as_str().unwrap_or("").to_owned();
+    wait_until(Duration::from_secs(10), "mismatch on both sides", || {
+        refused().contains("cipher mismatch") && pending().contains("cipher mismatch")
+    });
+    for text in [refused(), pending()] {
+        assert!(text.contains("aes-128-gcm") && text.contains("chacha20-poly1305"), "{text}");
+    }
+    assert!(a.peer(B_IP).is_none() && b.peer(A_IP).is_none());
+    assert!(!ping(&lan.hosts[1], A_IP));
+}
+
+#[test]
+fn restarted_node_comes_back_without_touching_the_other() {
+    require_root();
+    let (lan, dir) = (Lan::new(2), TempDir::new());
+    // A dials B this time, so B (restarted) is the passive side and A must notice.
+    let b = Node::start(&lan.hosts[1], &dir.0, "b", &node_args("10.126.126.2/24", &[]));
+    let peer = format!("udp://{}:11010", lan.addrs[1]);
+    let mut a = Node::start(&lan.hosts[0], &dir.0, "a", &node_args("10.126.126.1/24", &["-p", &peer]));
+    wait_until(Duration::from_secs(10), "session", || a.peer_established(B_IP));
+    let mut b = b;
+    let a_pid = a.pid();
+    let b_id = b.status()["node_id"].clone();
+    b.stop();
+    std::thread::sleep(Duration::from_secs(1));
+    b.restart();
+    assert_eq!(b.status()["node_id"], b_id, "same key, same node id after restart");
+    let took = wait_until(Duration::from_secs(10), "A reaches restarted B", || ping(&lan.hosts[0], B_IP));
+    eprintln!("restarted node reachable again after {took:?}");
+    assert!(a.is_running() && a.pid() == a_pid, "A was not touched");
+    wait_until(Duration::from_secs(5), "B sees A", || b.peer_established(A_IP));
+}
+
+/// Parses a pcap file (Ethernet link type) and returns the UDP payloads in it.
+fn pcap_udp_payloads(data: &[u8]) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let le = data[..4] == [0xd4, 0xc3, 0xb2, 0xa1] || data[..4] == [0x4d, 0x3c, 0xb2, 0xa1];
+    let u32at = |b: &[u8]| {
+        let a = [b[0], b[1], b[2], b[3]];
+        if le { u32::from_le_bytes(a) } else { u32::from_be_bytes(a) }
+    };
+    let mut off = 24;
+    while off + 16 <= data.len() {
+        let incl = u32at(&data[off + 8..]) as usize;
+        let frame = &data[off + 16..(off + 16 + incl).min(data.len())];
+        off += 16 + incl;
+        if frame.len() < 14 + 20 + 8 || frame[12..14] != [0x08, 0x00] {
+            continue;
+        }
+        let ip = &frame[14..];
+        let ihl = usize::from(ip[0] & 0x0f) * 4;
+        if ip[9] != 17 || ip.len() < ihl + 8 {
+            continue;
+        }
+        out.push(ip[ihl + 8..].to_vec());
+    }
+    out
+}
+
+#[test]
+fn garbage_at_the_listener_is_dropped_and_counted() {
+    require_root();
+    let (lan, dir) = (Lan::new(2), TempDir::new());
+    let (a, _b) = pair(&lan, &dir, &[], &[]);
+    // Capture real sealed packets from B to A, to replay and tamper with.
+    let pcap = dir.0.join("b.pcap");
+    let pcap_s = pcap.to_str().unwrap();
+    let filter = format!("udp and dst host {} and dst port 11010", lan.addrs[0]);
+    let mut dump = lan.hosts[1]
+        .cmd("tcpdump")
+        .args(["-i", "eth0", "-U", "-n", "-c", "10", "-w", pcap_s, &filter])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("tcpdump");
+    std::thread::sleep(Duration::from_millis(500));
+    lan.hosts[1].exec_ok(&["ping", "-c", "10", "-i", "0.05", A_IP]);
+    wait_until(Duration::from_secs(10), "capture", || matches!(dump.try_wait(), Ok(Some(_))));
+    let captured: Vec<Vec<u8>> =
+        pcap_udp_payloads(&std::fs::read(&pcap).unwrap()).into_iter().filter(|p| p.first() == Some(&4) && p.len() > 32).collect();
+    assert!(captured.len() >= 5, "captured {} data packets", captured.len());
+
+    let target = format!("{}:11010", lan.addrs[0]);
+    lan.hosts[1].within(|| {
+        let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+        let mut x = 0x1234_5678_9abc_def0u64;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for p in &captured {
+            s.send_to(p, &target).unwrap(); // replay
+            let mut t = p.clone();
+            t[8..16].copy_from_slice(&(1u64 << 40).to_le_bytes()); // fresh counter, bad tag
+            s.send_to(&t, &target).unwrap();
+            s.send_to(&p[..10], &target).unwrap(); // truncated
+        }
+        for i in 0..2000 {
+            let len = (rnd() % 1500) as usize;
+            let mut g: Vec<u8> = (0..len).map(|_| rnd() as u8).collect();
+            if i % 2 == 0 && !g.is_empty() {
+                g[0] = 4; // data type with a random session index
+            }
+            s.send_to(&g, &target).unwrap();
+        }
+        let big = vec![4u8; 9000];
+        s.send_to(&big, &target).unwrap();
+    });
+    let drops = |k: &str| a.status()["drops"][k].as_u64().unwrap_or(0);
+    wait_until(Duration::from_secs(5), "drop counters", || {
+        drops("replay") >= 5 && drops("auth_failed") >= 5 && drops("malformed") >= 5 && drops("unknown_session") >= 100
+    });
+    eprintln!("drops after garbage: {}", a.status()["drops"]);
+    ping_both_ways(&lan);
+    check_transfer(&lan, "after garbage");
+}

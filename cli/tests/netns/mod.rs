@@ -1,0 +1,281 @@
+//! Test topologies in network namespaces, made and removed by the test.
+//!
+//! Every namespace is named `wt-<pid>-<n>` and deleted when its guard drops, on every
+//! exit path including panics. Links live between namespaces; the root namespace is
+//! never a bridge or router and no test traffic leaves the namespaces made here.
+#![allow(dead_code, unsafe_code, unreachable_pub)]
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+/// Runs a command and panics with its output unless it succeeds.
+pub fn run(cmd: &mut Command) -> Output {
+    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}): {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// `ip ARGS`, checked.
+pub fn ip(args: &[&str]) {
+    run(Command::new("ip").args(args));
+}
+
+/// Whether e2e tests can run here (root, with `ip netns`).
+pub fn require_root() {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(euid, 0, "the end-to-end tests need root (network namespaces, TUN devices)");
+}
+
+/// A network namespace that is deleted on drop.
+pub struct Netns {
+    pub name: String,
+}
+
+impl Netns {
+    pub fn new() -> Self {
+        let name = format!("wt-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
+        ip(&["netns", "add", &name]);
+        let ns = Self { name };
+        ns.exec_ok(&["ip", "link", "set", "lo", "up"]);
+        ns
+    }
+
+    /// A command that runs inside this namespace.
+    pub fn cmd(&self, prog: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.name, prog]);
+        c
+    }
+
+    /// Runs a program inside, panicking on failure.
+    pub fn exec_ok(&self, argv: &[&str]) -> Output {
+        run(self.cmd(argv[0]).args(&argv[1..]))
+    }
+
+    /// Runs a program inside and returns whether it succeeded.
+    pub fn exec_status(&self, argv: &[&str]) -> bool {
+        self.cmd(argv[0])
+            .args(&argv[1..])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    /// Runs `f` on a thread that has entered this namespace, so that sockets it opens
+    /// live here.
+    pub fn within<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        let path = format!("/run/netns/{}", self.name);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let fd = File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
+                // SAFETY: fd is a valid namespace file; setns only changes this thread's
+                // network namespace, and the thread ends with the scope.
+                let r = unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) };
+                assert_eq!(r, 0, "setns {path}: {}", std::io::Error::last_os_error());
+                f()
+            })
+            .join()
+            .expect("thread in namespace panicked")
+        })
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
+    }
+}
+
+/// A LAN: a bridge inside its own "switch" namespace and hosts hanging off it by veth.
+pub struct Lan {
+    pub switch: Netns,
+    pub hosts: Vec<Netns>,
+    pub addrs: Vec<String>,
+}
+
+impl Lan {
+    /// `n` hosts with underlay addresses 192.0.2.(i+1)/24.
+    pub fn new(n: usize) -> Self {
+        let switch = Netns::new();
+        switch.exec_ok(&["ip", "link", "add", "br0", "type", "bridge"]);
+        switch.exec_ok(&["ip", "link", "set", "br0", "up"]);
+        let mut hosts = Vec::new();
+        let mut addrs = Vec::new();
+        for i in 0..n {
+            let h = Netns::new();
+            let sw_end = format!("p{i}");
+            ip(&["link", "add", "eth0", "netns", &h.name, "type", "veth", "peer", "name", &sw_end, "netns", &switch.name]);
+            switch.exec_ok(&["ip", "link", "set", &sw_end, "master", "br0"]);
+            switch.exec_ok(&["ip", "link", "set", &sw_end, "up"]);
+            let addr = format!("192.0.2.{}", i + 1);
+            h.exec_ok(&["ip", "addr", "add", &format!("{addr}/24"), "dev", "eth0"]);
+            h.exec_ok(&["ip", "link", "set", "eth0", "up"]);
+            hosts.push(h);
+            addrs.push(addr);
+        }
+        Self { switch, hosts, addrs }
+    }
+}
+
+/// A scratch directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new() -> Self {
+        let p = std::env::temp_dir().join(format!("weft-e2e-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
+        std::fs::create_dir_all(&p).unwrap();
+        Self(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub fn weft_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_weft")
+}
+
+/// A running `weft up`, killed (by its own PID) on drop.
+pub struct Node {
+    pub child: Child,
+    pub control: PathBuf,
+    pub state: PathBuf,
+    pub log: PathBuf,
+    pub ns: String,
+    args: Vec<String>,
+}
+
+impl Node {
+    /// Starts `weft up` in `ns` with the given extra arguments. `dir` holds the state
+    /// directory, control socket and log of node `name`.
+    pub fn start(ns: &Netns, dir: &Path, name: &str, args: &[&str]) -> Self {
+        let state = dir.join(format!("{name}-state"));
+        let control = dir.join(format!("{name}.sock"));
+        let log = dir.join(format!("{name}.log"));
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let mut n = Self { child: spawn(&ns.name, &state, &control, &log, &args), control, state, log, ns: ns.name.clone(), args };
+        n.wait_for_socket();
+        n
+    }
+
+    /// Stops the node and starts it again with the same arguments and state.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.child = spawn(&self.ns, &self.state, &self.control, &self.log, &self.args);
+        self.wait_for_socket();
+    }
+
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    fn wait_for_socket(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if self.try_status().is_some() {
+                return;
+            }
+            if let Ok(Some(st)) = self.child.try_wait() {
+                panic!("weft exited early ({st}): {}", self.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("weft control socket never came up: {}", self.log_text());
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// `weft status --json`, or None while the socket is not up.
+    pub fn try_status(&self) -> Option<Value> {
+        let out = Command::new(weft_bin())
+            .args(["status", "--json", "--control"])
+            .arg(&self.control)
+            .output()
+            .ok()?;
+        if !out.status.success() {
+            return None;
+        }
+        serde_json::from_slice(&out.stdout).ok()
+    }
+
+    pub fn status(&self) -> Value {
+        self.try_status().unwrap_or_else(|| panic!("no status: {}", self.log_text()))
+    }
+
+    /// The status entry of the peer with overlay address `addr`.
+    pub fn peer(&self, addr: &str) -> Option<Value> {
+        self.status()["peers"].as_array()?.iter().find(|p| p["overlay"] == addr).cloned()
+    }
+
+    pub fn peer_established(&self, addr: &str) -> bool {
+        self.peer(addr).is_some_and(|p| p["state"] == "established")
+    }
+}
+
+fn spawn(ns: &str, state: &Path, control: &Path, log: &Path, args: &[String]) -> Child {
+    let log_file = File::options().create(true).append(true).open(log).unwrap();
+    Command::new("ip")
+        .args(["netns", "exec", ns, weft_bin(), "up", "--state-dir"])
+        .arg(state)
+        .arg("--control")
+        .arg(control)
+        .args(args)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(log_file)
+        .spawn()
+        .expect("spawn weft")
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Polls `cond` every 100 ms until it holds or `limit` passes; returns the time taken.
+pub fn wait_until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if cond() {
+            return start.elapsed();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("timed out after {limit:?} waiting for {what}");
+}
+
+/// Whether one ping from `ns` to `addr` gets an answer within a second.
+pub fn ping(ns: &Netns, addr: &str) -> bool {
+    ns.exec_status(&["ping", "-c", "1", "-W", "1", addr])
+}
