@@ -53,9 +53,8 @@ impl FileConfig {
     pub fn load(path: &Path) -> Result<Self, UsageError> {
         let text = std::fs::read_to_string(path)
             .or_else(|e| usage(format!("cannot read config file {}: {e}", path.display())))?;
-        toml::from_str(&text).or_else(|e: toml::de::Error| {
-            usage(format!("bad config file {}: {}", path.display(), e.message().trim()))
-        })
+        toml::from_str(&text)
+            .or_else(|e: toml::de::Error| usage(format!("bad config file {}: {}", path.display(), e.message().trim())))
     }
 }
 
@@ -119,9 +118,8 @@ impl FromStr for PeerUri {
             }
             _ => return usage(format!("invalid URI {s:?}: unknown scheme {scheme:?} (expected udp://HOST:PORT)")),
         }
-        let (host, port) = rest
-            .rsplit_once(':')
-            .ok_or_else(|| UsageError(format!("invalid URI {s:?}: missing :PORT")))?;
+        let (host, port) =
+            rest.rsplit_once(':').ok_or_else(|| UsageError(format!("invalid URI {s:?}: missing :PORT")))?;
         let host_ok = !host.is_empty() && !host.contains('/') && !host.contains(char::is_whitespace);
         if !host_ok || port.parse::<u16>().is_err() {
             return usage(format!("invalid URI {s:?}: expected udp://HOST:PORT"));
@@ -198,13 +196,17 @@ impl NodeConfig {
             .ipv4
             .clone()
             .or(file.ipv4)
-            .ok_or_else(|| UsageError("missing overlay address: pass -i/--ipv4 ADDR/PREFIX, e.g. -i 10.126.126.2/24".into()))?
+            .ok_or_else(|| {
+                UsageError("missing overlay address: pass -i/--ipv4 ADDR/PREFIX, e.g. -i 10.126.126.2/24".into())
+            })?
             .parse()?;
         let listen_uris = if args.listen.is_empty() { file.listen } else { args.listen.clone() };
         let listen = match listen_uris.as_slice() {
             [] => SocketAddr::from(([0, 0, 0, 0], 11010)),
             [one] => one.parse::<PeerUri>()?.resolve()?,
-            [_, extra, ..] => return usage(format!("extra listener {extra:?}: only one udp:// listener is supported yet")),
+            [_, extra, ..] => {
+                return usage(format!("extra listener {extra:?}: only one udp:// listener is supported yet"));
+            }
         };
         let peer_uris = if args.peer.is_empty() { file.peer } else { args.peer.clone() };
         let peers = peer_uris.iter().map(|p| p.parse()).collect::<Result<Vec<PeerUri>, _>>()?;

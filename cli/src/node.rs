@@ -245,7 +245,10 @@ fn bind_control(path: &Path) -> Result<UnixListener> {
     if path.exists() {
         // A socket nobody answers on is a leftover from a crash; a live one is another node.
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            anyhow::bail!("control socket {} is in use: another weft node is running (pass --control to run a second one)", path.display());
+            anyhow::bail!(
+                "control socket {} is in use: another weft node is running (pass --control to run a second one)",
+                path.display()
+            );
         }
         std::fs::remove_file(path).with_context(|| format!("cannot remove stale control socket {}", path.display()))?;
     }

@@ -29,7 +29,7 @@ pub(crate) fn status(s: &StatusJson) -> String {
                 p.hostname.clone(),
                 p.endpoint.clone(),
                 p.state.clone(),
-                p.last_handshake_secs.map_or("-".into(), |x| format!("{} ago", human_secs(x))),
+                p.last_handshake_secs.map_or_else(|| "-".into(), |x| format!("{} ago", human_secs(x))),
                 format!("{} / {}", human_bytes(p.rx_bytes), human_bytes(p.tx_bytes)),
                 p.error.clone().unwrap_or_default(),
             ]

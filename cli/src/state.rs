@@ -22,7 +22,8 @@ pub fn load_or_create_key(dir: &Path) -> Result<StaticKey> {
                 warn!(path = %path.display(), mode = format!("{:o}", mode & 0o777), "node key is readable by others; fixing to 0600");
                 fs::set_permissions(&path, fs::Permissions::from_mode(0o600))?;
             }
-            parse_key(&text).with_context(|| format!("corrupt node key {} (delete it to make a new identity)", path.display()))
+            parse_key(&text)
+                .with_context(|| format!("corrupt node key {} (delete it to make a new identity)", path.display()))
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let key = StaticKey::generate().context("cannot generate node key")?;
@@ -54,7 +55,7 @@ fn hex(b: &[u8]) -> String {
 }
 
 fn unhex(s: &str) -> Result<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         bail!("odd hex length");
     }
     (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).context("bad hex")).collect()

@@ -4,7 +4,7 @@
 //! (with TUN offload on and off, and under constant rekeying), a wrong-secret node that
 //! gets nothing through, a cipher mismatch reported on both sides, a restarted node that
 //! comes back, and garbage at the listener that is dropped and counted.
-#![allow(unsafe_code, unreachable_pub)]
+#![allow(unsafe_code, unreachable_pub, clippy::unwrap_used)]
 
 mod netns;
 
@@ -196,7 +196,12 @@ fn cipher_mismatch_is_reported_on_both_sides() {
     let (lan, dir) = (Lan::new(2), TempDir::new());
     let a = Node::start(&lan.hosts[0], &dir.0, "a", &node_args("10.126.126.1/24", &[]));
     let peer = format!("udp://{}:11010", lan.addrs[0]);
-    let b = Node::start(&lan.hosts[1], &dir.0, "b", &node_args("10.126.126.2/24", &["--cipher", "chacha20-poly1305", "-p", &peer]));
+    let b = Node::start(
+        &lan.hosts[1],
+        &dir.0,
+        "b",
+        &node_args("10.126.126.2/24", &["--cipher", "chacha20-poly1305", "-p", &peer]),
+    );
     // Neither side lets the other in; A (responder) lists a refused handshake, B
     // (initiator) a failed dial, and both name the two ciphers.
     let refused = || a.status()["refused_handshakes"][0]["reason"].as_str().unwrap_or("").to_owned();
@@ -270,15 +275,20 @@ fn garbage_at_the_listener_is_dropped_and_counted() {
     let filter = format!("udp and dst host {} and dst port 11010", lan.addrs[0]);
     let mut dump = lan.hosts[1]
         .cmd("tcpdump")
-        .args(["-i", "eth0", "-U", "-n", "-c", "10", "-w", pcap_s, &filter])
-        .stderr(std::process::Stdio::null())
+        .args(["-Z", "root", "-i", "eth0", "-U", "-n", "-c", "10", "-w", pcap_s, &filter])
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("tcpdump");
-    std::thread::sleep(Duration::from_millis(500));
+    // tcpdump says "listening on eth0" once its capture is armed.
+    let mut banner = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(dump.stderr.take().unwrap()), &mut banner).unwrap();
+    assert!(banner.contains("listening"), "tcpdump: {banner}");
     lan.hosts[1].exec_ok(&["ping", "-c", "10", "-i", "0.05", A_IP]);
     wait_until(Duration::from_secs(10), "capture", || matches!(dump.try_wait(), Ok(Some(_))));
-    let captured: Vec<Vec<u8>> =
-        pcap_udp_payloads(&std::fs::read(&pcap).unwrap()).into_iter().filter(|p| p.first() == Some(&4) && p.len() > 32).collect();
+    let captured: Vec<Vec<u8>> = pcap_udp_payloads(&std::fs::read(&pcap).unwrap())
+        .into_iter()
+        .filter(|p| p.first() == Some(&4) && p.len() > 32)
+        .collect();
     assert!(captured.len() >= 5, "captured {} data packets", captured.len());
 
     let target = format!("{}:11010", lan.addrs[0]);

@@ -131,9 +131,8 @@ impl DataKey {
             return Err(CryptoError::Short);
         }
         let (body, rest) = buf.split_at_mut(len);
-        let tag = key
-            .seal_in_place_separate_tag(nonce(counter), Aad::from(aad), body)
-            .map_err(|_| CryptoError::Short)?;
+        let tag =
+            key.seal_in_place_separate_tag(nonce(counter), Aad::from(aad), body).map_err(|_| CryptoError::Short)?;
         rest[..TAG_LEN].copy_from_slice(tag.as_ref());
         Ok(len + TAG_LEN)
     }
@@ -144,9 +143,7 @@ impl DataKey {
         if buf.len() < TAG_LEN {
             return Err(CryptoError::Short);
         }
-        key.open_in_place(nonce(counter), Aad::from(aad), buf)
-            .map(|p| p.len())
-            .map_err(|_| CryptoError::Auth)
+        key.open_in_place(nonce(counter), Aad::from(aad), buf).map(|p| p.len()).map_err(|_| CryptoError::Auth)
     }
 }
 
@@ -219,9 +216,7 @@ mod tests {
         n[0] = 7;
         n[4..].copy_from_slice(&0x4746_4544_4342_4140u64.to_le_bytes());
         let mut buf = plain.to_vec();
-        let tag = k
-            .seal_in_place_separate_tag(Nonce::assume_unique_for_key(n), Aad::from(&aad), &mut buf)
-            .unwrap();
+        let tag = k.seal_in_place_separate_tag(Nonce::assume_unique_for_key(n), Aad::from(&aad), &mut buf).unwrap();
         assert_eq!(&buf[..8], &[0xd3, 0x1a, 0x8d, 0x34, 0x64, 0x8e, 0x60, 0xdb]);
         assert_eq!(
             tag.as_ref(),

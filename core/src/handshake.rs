@@ -246,11 +246,7 @@ impl Initiator {
     }
 
     /// Consumes the response. For XX also returns the finish message to send.
-    pub fn read_response(
-        mut self,
-        p: &Params,
-        msg: &[u8],
-    ) -> Result<(Completed, Option<Vec<u8>>), HandshakeError> {
+    pub fn read_response(mut self, p: &Params, msg: &[u8]) -> Result<(Completed, Option<Vec<u8>>), HandshakeError> {
         let mut payload = vec![0u8; MAX_HANDSHAKE_MSG];
         let n = self.state.read_message(msg, &mut payload).map_err(HandshakeError::Auth)?;
         let hello = Hello::parse(&payload[..n])?;
@@ -286,7 +282,7 @@ pub enum Responded {
     /// IK: done; send the response bytes.
     Completed(Completed, Vec<u8>),
     /// XX: send the response bytes and wait for the finish message.
-    Pending(Responder, Vec<u8>),
+    Pending(Box<Responder>, Vec<u8>),
 }
 
 impl Responder {
@@ -316,7 +312,7 @@ impl Responder {
         out.truncate(m);
         match peer_hello {
             Some(hello) => Ok(Responded::Completed(complete(&mut state, hello, false)?, out)),
-            None => Ok(Responded::Pending(Self { state }, out)),
+            None => Ok(Responded::Pending(Box::new(Self { state }), out)),
         }
     }
 
@@ -345,19 +341,13 @@ fn complete(state: &mut HandshakeState, hello: Hello, initiator: bool) -> Result
     if !state.is_handshake_finished() {
         return Err(HandshakeError::Unexpected);
     }
-    let remote_static: [u8; 32] = state
-        .get_remote_static()
-        .and_then(|k| k.try_into().ok())
-        .ok_or(HandshakeError::Unexpected)?;
+    let remote_static: [u8; 32] =
+        state.get_remote_static().and_then(|k| k.try_into().ok()).ok_or(HandshakeError::Unexpected)?;
     let hash = state.get_handshake_hash().to_vec();
     let (i2r, r2i) = state.dangerously_get_raw_split();
     let i2r = expand(&hash, &i2r, b"weft/v1/data/i2r");
     let r2i = expand(&hash, &r2i, b"weft/v1/data/r2i");
-    let keys = if initiator {
-        SessionKeys { send: i2r, recv: r2i }
-    } else {
-        SessionKeys { send: r2i, recv: i2r }
-    };
+    let keys = if initiator { SessionKeys { send: i2r, recv: r2i } } else { SessionKeys { send: r2i, recv: i2r } };
     Ok(Completed { hello, remote_static, keys })
 }
 
@@ -425,9 +415,7 @@ mod tests {
         let a = params("office", "s3cret", [10, 0, 0, 1], Cipher::Aes128Gcm);
         let b = params("office", "other", [10, 0, 0, 2], Cipher::Aes128Gcm);
         let (init, m1) = Initiator::start(&a, None).unwrap();
-        let Responded::Pending(resp, m2) = Responder::respond(&b, Pattern::Xx, &m1).unwrap() else {
-            panic!()
-        };
+        let Responded::Pending(resp, m2) = Responder::respond(&b, Pattern::Xx, &m1).unwrap() else { panic!() };
         let (_, m3) = init.read_response(&a, &m2).unwrap();
         assert!(matches!(resp.finish(&m3.unwrap()), Err(HandshakeError::Auth(_))));
     }
@@ -438,9 +426,7 @@ mod tests {
         let b = params("office", "other", [10, 0, 0, 2], Cipher::Aes128Gcm);
         let (init, m1) = Initiator::start(&a, Some(&b.local.public)).unwrap();
         // psk2 is mixed after message one, so the responder cannot tell yet...
-        let Responded::Completed(_, m2) = Responder::respond(&b, Pattern::Ik, &m1).unwrap() else {
-            panic!()
-        };
+        let Responded::Completed(_, m2) = Responder::respond(&b, Pattern::Ik, &m1).unwrap() else { panic!() };
         // ...but the initiator can.
         assert!(matches!(init.read_response(&a, &m2), Err(HandshakeError::Auth(_))));
     }
@@ -472,7 +458,12 @@ mod tests {
 
     #[test]
     fn hello_round_trip_and_bad_input() {
-        let h = Hello { cipher: Cipher::ChaCha20Poly1305, ipv4: [10, 1, 2, 3].into(), prefix: 16, hostname: "node-α".into() };
+        let h = Hello {
+            cipher: Cipher::ChaCha20Poly1305,
+            ipv4: [10, 1, 2, 3].into(),
+            prefix: 16,
+            hostname: "node-α".into(),
+        };
         let mut b = Vec::new();
         h.emit(&mut b);
         assert_eq!(&b[..8], &[1, 2, 10, 1, 2, 3, 16, 7]);

@@ -86,9 +86,8 @@ pub fn spawn(
     let tun = Arc::new(tun);
     let sock = Arc::new(sock);
     let (t2, s2, sh2) = (tun.clone(), sock.clone(), shared.clone());
-    let tx = std::thread::Builder::new()
-        .name(format!("weft-tx-{id}"))
-        .spawn(move || Tx::new(cfg).run(&t2, &s2, &sh2))?;
+    let tx =
+        std::thread::Builder::new().name(format!("weft-tx-{id}")).spawn(move || Tx::new(cfg).run(&t2, &s2, &sh2))?;
     let rx = std::thread::Builder::new()
         .name(format!("weft-rx-{id}"))
         .spawn(move || Rx::new(cfg).run(&tun, &sock, &shared))?;
@@ -245,7 +244,14 @@ impl Rx {
         while !shared.stop.load(Ordering::Relaxed) {
             let n = match udp::recv_batch(sock, &mut self.slab, self.slot, &mut self.metas) {
                 Ok(n) => n,
-                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted) => continue,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+                    ) =>
+                {
+                    continue;
+                }
                 Err(e) => {
                     warn!(error = %e, "UDP receive failed");
                     std::thread::sleep(Duration::from_millis(10));
@@ -299,7 +305,9 @@ impl Rx {
                 }
             };
             session.touch_rx(now);
-            if session.confirm() && !shared.control.try_push(ControlEvent::Confirmed { local_index: session.local_index }) {
+            if session.confirm()
+                && !shared.control.try_push(ControlEvent::Confirmed { local_index: session.local_index })
+            {
                 shared.drops.add(DropReason::ControlQueueFull, 1);
             }
             if len == 0 {

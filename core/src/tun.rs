@@ -6,8 +6,8 @@ use std::net::Ipv4Addr;
 
 use thiserror::Error;
 use tracing::{info, warn};
-pub use tun_rs::SyncDevice;
 use tun_rs::DeviceBuilder;
+pub use tun_rs::SyncDevice;
 
 /// What to create.
 #[derive(Debug, Clone)]
@@ -31,7 +31,9 @@ pub struct TunConfig {
 #[non_exhaustive]
 pub enum TunError {
     /// `/dev/net/tun` is missing.
-    #[error("TUN unavailable: /dev/net/tun does not exist (load the tun module, or pass the device into the container)")]
+    #[error(
+        "TUN unavailable: /dev/net/tun does not exist (load the tun module, or pass the device into the container)"
+    )]
     Unavailable(#[source] io::Error),
     /// Not root and no CAP_NET_ADMIN.
     #[error("permission denied creating TUN device {name:?}: run as root or grant CAP_NET_ADMIN")]

@@ -81,10 +81,8 @@ pub struct DataHeader {
 impl DataHeader {
     /// Parses the header at the start of `buf`.
     pub fn parse(buf: &[u8]) -> Result<Self, WireError> {
-        let h: &[u8; DATA_HEADER_LEN] = buf
-            .get(..DATA_HEADER_LEN)
-            .and_then(|b| b.try_into().ok())
-            .ok_or(WireError::Truncated)?;
+        let h: &[u8; DATA_HEADER_LEN] =
+            buf.get(..DATA_HEADER_LEN).and_then(|b| b.try_into().ok()).ok_or(WireError::Truncated)?;
         if h[0] != MessageType::Data as u8 {
             return Err(WireError::UnknownType);
         }
@@ -135,13 +133,10 @@ impl HandshakeHeader {
         if buf.len() < HANDSHAKE_HEADER_LEN {
             return Err(WireError::Truncated);
         }
-        let kind = match MessageType::of(buf) {
-            Some(
-                k @ (MessageType::HandshakeInit
-                | MessageType::HandshakeResponse
-                | MessageType::HandshakeFinish),
-            ) => k,
-            _ => return Err(WireError::UnknownType),
+        let Some(kind @ (MessageType::HandshakeInit | MessageType::HandshakeResponse | MessageType::HandshakeFinish)) =
+            MessageType::of(buf)
+        else {
+            return Err(WireError::UnknownType);
         };
         let pattern = match buf[1] {
             0 => Pattern::Xx,
@@ -196,10 +191,7 @@ pub struct RejectRepr {
 impl RejectRepr {
     /// Parses a reject message.
     pub fn parse(buf: &[u8]) -> Result<Self, WireError> {
-        let b: &[u8; REJECT_LEN] = buf
-            .get(..REJECT_LEN)
-            .and_then(|b| b.try_into().ok())
-            .ok_or(WireError::Truncated)?;
+        let b: &[u8; REJECT_LEN] = buf.get(..REJECT_LEN).and_then(|b| b.try_into().ok()).ok_or(WireError::Truncated)?;
         if b[0] != MessageType::Reject as u8 {
             return Err(WireError::UnknownType);
         }
@@ -233,18 +225,13 @@ pub fn ipv4_addrs(pkt: &[u8]) -> Option<(std::net::Ipv4Addr, std::net::Ipv4Addr)
 mod tests {
     use super::*;
 
-    static DATA_BYTES: [u8; 16] = [
-        0x04, 0x00, 0x00, 0x00, 0x78, 0x56, 0x34, 0x12, 0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02,
-        0x01,
-    ];
+    static DATA_BYTES: [u8; 16] =
+        [0x04, 0x00, 0x00, 0x00, 0x78, 0x56, 0x34, 0x12, 0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01];
 
     #[test]
     fn data_header_vector() {
         let h = DataHeader::parse(&DATA_BYTES).unwrap();
-        assert_eq!(
-            h,
-            DataHeader { flags: 0, lane: 0, receiver_index: 0x1234_5678, counter: 0x0102_0304_0506_0708 }
-        );
+        assert_eq!(h, DataHeader { flags: 0, lane: 0, receiver_index: 0x1234_5678, counter: 0x0102_0304_0506_0708 });
         let mut out = [0u8; 16];
         h.emit(&mut out);
         assert_eq!(out, DATA_BYTES);
@@ -258,9 +245,7 @@ mod tests {
         assert_eq!(DataHeader::parse(&b), Err(WireError::UnknownType));
     }
 
-    static INIT_BYTES: [u8; 14] = [
-        0x01, 0x01, 0x00, 0x00, 0xef, 0xbe, 0xad, 0xde, 0x00, 0x00, 0x00, 0x00, 0xaa, 0xbb,
-    ];
+    static INIT_BYTES: [u8; 14] = [0x01, 0x01, 0x00, 0x00, 0xef, 0xbe, 0xad, 0xde, 0x00, 0x00, 0x00, 0x00, 0xaa, 0xbb];
 
     #[test]
     fn handshake_header_vector() {

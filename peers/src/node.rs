@@ -18,9 +18,7 @@ use weft_core::handshake::{Completed, HandshakeError, Initiator, Params, Respond
 use weft_core::route::RouteSnapshot;
 use weft_core::session::{Session, SessionParams};
 use weft_core::stats::PeerStats;
-use weft_core::wire::{
-    DATA_HEADER_LEN, HandshakeHeader, MessageType, Pattern, RejectReason, RejectRepr,
-};
+use weft_core::wire::{DATA_HEADER_LEN, HandshakeHeader, MessageType, Pattern, RejectReason, RejectRepr};
 
 use crate::identity::NodeId;
 use crate::peer::{Driver, Peer, SessionEntry};
@@ -133,7 +131,7 @@ struct PendingInit {
 }
 
 struct PendingResp {
-    responder: Responder,
+    responder: Box<Responder>,
     from: SocketAddr,
     remote_index: u32,
     started: Instant,
@@ -238,12 +236,7 @@ impl Node {
             .filter(|d| d.key.is_none_or(|k| !self.peers.contains_key(&k)))
             .map(|d| DialStatus { endpoint: d.endpoint, error: d.driver.error.clone(), attempts: d.driver.failures })
             .collect();
-        NodeStatus {
-            node_id: self.id,
-            peers,
-            dials,
-            inbound_failures: self.inbound_failures.iter().cloned().collect(),
-        }
+        NodeStatus { node_id: self.id, peers, dials, inbound_failures: self.inbound_failures.iter().cloned().collect() }
     }
 
     // ----- inputs -----
@@ -274,7 +267,8 @@ impl Node {
             Ok(Responded::Pending(responder, msg)) => {
                 let local = self.new_index();
                 self.send_handshake(from, MessageType::HandshakeResponse, hdr.pattern, local, hdr.sender_index, &msg);
-                self.pending_resp.insert(local, PendingResp { responder, from, remote_index: hdr.sender_index, started: now });
+                self.pending_resp
+                    .insert(local, PendingResp { responder, from, remote_index: hdr.sender_index, started: now });
             }
             Ok(Responded::Completed(done, msg)) => {
                 let local = self.new_index();
@@ -294,7 +288,8 @@ impl Node {
                 // response); tell the responder so its status says why too.
                 let reject = RejectRepr { reason: reason_of(&e), receiver_index: hdr.sender_index };
                 self.actions.push_back(Action::Send { to: from, bytes: reject.emit().to_vec() });
-                let msg = format!("handshake response from {from} did not authenticate: network secret or name differs");
+                let msg =
+                    format!("handshake response from {from} did not authenticate: network secret or name differs");
                 warn!(peer = %from, "{msg}");
                 self.handshake_failed(now, p.target, msg);
             }
@@ -302,7 +297,14 @@ impl Node {
                 // XX: send the finish message even on a cipher mismatch, so that the
                 // responder learns of it through an authenticated handshake too.
                 if let Some(fin) = finish {
-                    self.send_handshake(from, MessageType::HandshakeFinish, pattern, hdr.receiver_index, hdr.sender_index, &fin);
+                    self.send_handshake(
+                        from,
+                        MessageType::HandshakeFinish,
+                        pattern,
+                        hdr.receiver_index,
+                        hdr.sender_index,
+                        &fin,
+                    );
                 }
                 // IK: the response proves the responder holds the PSK. XX: the
                 // responder proves it with its first data packet.
@@ -623,7 +625,8 @@ impl Node {
             } else {
                 let age = now.duration_since(tx.created);
                 let due = if tx.initiator { t.rekey_after } else { t.rekey_after + t.rekey_after / 4 };
-                if (age >= due || tx.session.sent_packets() >= REKEY_AFTER_PACKETS) && peer.driver.in_flight.is_none()
+                if (age >= due || tx.session.sent_packets() >= REKEY_AFTER_PACKETS)
+                    && peer.driver.in_flight.is_none()
                     && now >= peer.driver.next_attempt.unwrap_or(now)
                 {
                     debug!(peer = %peer.id, "rekeying");
@@ -677,7 +680,15 @@ impl Node {
         debug!(%to, ?pattern, local, "handshake started");
     }
 
-    fn send_handshake(&mut self, to: SocketAddr, kind: MessageType, pattern: Pattern, sender: u32, receiver: u32, msg: &[u8]) {
+    fn send_handshake(
+        &mut self,
+        to: SocketAddr,
+        kind: MessageType,
+        pattern: Pattern,
+        sender: u32,
+        receiver: u32,
+        msg: &[u8],
+    ) {
         let mut bytes = Vec::with_capacity(12 + msg.len());
         HandshakeHeader { kind, pattern, sender_index: sender, receiver_index: receiver }.emit(&mut bytes);
         bytes.extend_from_slice(msg);

@@ -3,7 +3,7 @@
 //! Every namespace is named `wt-<pid>-<n>` and deleted when its guard drops, on every
 //! exit path including panics. Links live between namespaces; the root namespace is
 //! never a bridge or router and no test traffic leaves the namespaces made here.
-#![allow(dead_code, unsafe_code, unreachable_pub)]
+#![allow(dead_code, unsafe_code, unreachable_pub, clippy::unwrap_used)]
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -120,7 +120,20 @@ impl Lan {
         for i in 0..n {
             let h = Netns::new();
             let sw_end = format!("p{i}");
-            ip(&["link", "add", "eth0", "netns", &h.name, "type", "veth", "peer", "name", &sw_end, "netns", &switch.name]);
+            ip(&[
+                "link",
+                "add",
+                "eth0",
+                "netns",
+                &h.name,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                &sw_end,
+                "netns",
+                &switch.name,
+            ]);
             switch.exec_ok(&["ip", "link", "set", &sw_end, "master", "br0"]);
             switch.exec_ok(&["ip", "link", "set", &sw_end, "up"]);
             let addr = format!("192.0.2.{}", i + 1);
@@ -138,7 +151,11 @@ pub struct TempDir(pub PathBuf);
 
 impl TempDir {
     pub fn new() -> Self {
-        let p = std::env::temp_dir().join(format!("weft-e2e-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
+        let p = std::env::temp_dir().join(format!(
+            "weft-e2e-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
         std::fs::create_dir_all(&p).unwrap();
         Self(p)
     }
@@ -172,7 +189,14 @@ impl Node {
         let control = dir.join(format!("{name}.sock"));
         let log = dir.join(format!("{name}.log"));
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-        let mut n = Self { child: spawn(&ns.name, &state, &control, &log, &args), control, state, log, ns: ns.name.clone(), args };
+        let mut n = Self {
+            child: spawn(&ns.name, &state, &control, &log, &args),
+            control,
+            state,
+            log,
+            ns: ns.name.clone(),
+            args,
+        };
         n.wait_for_socket();
         n
     }
@@ -217,11 +241,7 @@ impl Node {
 
     /// `weft status --json`, or None while the socket is not up.
     pub fn try_status(&self) -> Option<Value> {
-        let out = Command::new(weft_bin())
-            .args(["status", "--json", "--control"])
-            .arg(&self.control)
-            .output()
-            .ok()?;
+        let out = Command::new(weft_bin()).args(["status", "--json", "--control"]).arg(&self.control).output().ok()?;
         if !out.status.success() {
             return None;
         }

@@ -154,12 +154,7 @@ pub fn send_batch<B: AsRef<[u8]>>(sock: &UdpSocket, bufs: &[B], out: &[Outgoing]
             // iovecs and caller buffers that are alive for the whole call; the kernel
             // only reads them.
             let r = unsafe {
-                libc::sendmmsg(
-                    sock.as_raw_fd(),
-                    hdrs.as_mut_ptr().add(done).cast(),
-                    (n - done) as libc::c_uint,
-                    0,
-                )
+                libc::sendmmsg(sock.as_raw_fd(), hdrs.as_mut_ptr().add(done).cast(), (n - done) as libc::c_uint, 0)
             };
             if r <= 0 {
                 let e = io::Error::last_os_error();
@@ -200,7 +195,12 @@ unsafe fn sockaddr_to_std(ptr: *const libc::sockaddr_storage, len: libc::socklen
         libc::AF_INET6 if len as usize >= size_of::<libc::sockaddr_in6>() => {
             // SAFETY: the family says this is a sockaddr_in6 and len covers it.
             let a = unsafe { &*ptr.cast::<libc::sockaddr_in6>() };
-            let v6 = SocketAddrV6::new(a.sin6_addr.s6_addr.into(), u16::from_be(a.sin6_port), a.sin6_flowinfo, a.sin6_scope_id);
+            let v6 = SocketAddrV6::new(
+                a.sin6_addr.s6_addr.into(),
+                u16::from_be(a.sin6_port),
+                a.sin6_flowinfo,
+                a.sin6_scope_id,
+            );
             // Report IPv4-mapped senders as plain IPv4.
             Some(match v6.ip().to_ipv4_mapped() {
                 Some(v4) => SocketAddr::V4(SocketAddrV4::new(v4, v6.port())),

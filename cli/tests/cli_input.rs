@@ -1,0 +1,102 @@
+//! Bad input: each mistake exits non-zero with a one-line message naming the value.
+#![allow(unsafe_code, unreachable_pub, clippy::unwrap_used)]
+
+mod netns;
+
+use std::process::{Command, Output};
+
+use netns::{TempDir, require_root, weft_bin};
+
+fn weft(args: &[&str]) -> Output {
+    Command::new(weft_bin()).args(args).env_remove("WEFT_NETWORK_SECRET").output().expect("run weft")
+}
+
+fn up(extra: &[&str]) -> Output {
+    let mut a = vec!["up", "--network-name", "t", "--network-secret", "s", "-i", "10.126.126.9/24"];
+    a.extend(extra);
+    weft(&a)
+}
+
+fn assert_fails(out: &Output, code: i32, needle: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "exit status for {needle:?}; stderr: {err}");
+    assert!(err.contains(needle), "stderr should name {needle:?}: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn malformed_values_exit_2_naming_the_value() {
+    assert_fails(&up(&["-p", "udp//10.0.0.1:11010"]), 2, "udp//10.0.0.1:11010");
+    assert_fails(&up(&["-p", "udp://10.0.0.1"]), 2, "udp://10.0.0.1");
+    assert_fails(&up(&["-p", "tcp://10.0.0.1:11010"]), 2, "not supported yet");
+    assert_fails(&up(&["-l", "udp://0.0.0.0:99999"]), 2, "udp://0.0.0.0:99999");
+    assert_fails(&up(&["--cipher", "xor"]), 2, "xor");
+    assert_fails(&up(&["--mtu", "100"]), 2, "100");
+    assert_fails(&up(&["--threads", "0"]), 2, "--threads 0");
+    assert_fails(
+        &weft(&["up", "--network-name", "t", "--network-secret", "s", "-i", "10.126.126.300/24"]),
+        2,
+        "10.126.126.300/24",
+    );
+    assert_fails(&weft(&["up", "--network-name", "t", "--network-secret", "s", "-i", "10.1.1.1"]), 2, "10.1.1.1");
+    assert_fails(&weft(&["up", "--network-name", "t", "-i", "10.1.1.1/24"]), 2, "network secret");
+    assert_fails(&weft(&["up", "--bogus-flag"]), 2, "--bogus-flag");
+}
+
+#[test]
+fn config_file_errors_exit_2() {
+    let dir = TempDir::new();
+    let cfg = dir.0.join("weft.toml");
+    std::fs::write(&cfg, "network-name = \"t\"\nnetwork-secret = \"s\"\nipv4 = \"10.1.1.1/24\"\nlisten-port = 5\n")
+        .unwrap();
+    assert_fails(&weft(&["up", "--config", cfg.to_str().unwrap()]), 2, "listen-port");
+    std::fs::write(&cfg, "network-name = \"t\"\nnetwork-secret = \"s\"\nipv4 = \"nope\"\n").unwrap();
+    assert_fails(&weft(&["up", "--config", cfg.to_str().unwrap()]), 2, "nope");
+    assert_fails(&weft(&["up", "--config", "/nonexistent/weft.toml"]), 2, "/nonexistent/weft.toml");
+}
+
+#[test]
+fn status_without_a_node_says_so() {
+    let dir = TempDir::new();
+    let sock = dir.0.join("none.sock");
+    assert_fails(&weft(&["status", "--control", sock.to_str().unwrap()]), 1, "is `weft up` running?");
+}
+
+#[test]
+fn missing_privileges_is_a_clear_error() {
+    require_root();
+    let dir = TempDir::new();
+    // Drop to nobody: no CAP_NET_ADMIN, so the TUN device cannot be created.
+    let state = dir.0.join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    run_ok(Command::new("chown").args(["nobody", state.to_str().unwrap(), dir.0.to_str().unwrap()]));
+    let out = Command::new("setpriv")
+        .args(["--reuid", "nobody", "--regid", "nogroup", "--clear-groups", "--inh-caps=-all", weft_bin()])
+        .args(["up", "--network-name", "t", "--network-secret", "s", "-i", "10.126.126.9/24", "--dev-name", "wtperm0"])
+        .args(["--state-dir", state.to_str().unwrap(), "--control", dir.0.join("c.sock").to_str().unwrap()])
+        .output()
+        .expect("setpriv");
+    assert_fails(&out, 1, "CAP_NET_ADMIN");
+}
+
+#[test]
+fn missing_tun_device_is_a_clear_error() {
+    require_root();
+    let dir = TempDir::new();
+    // A private mount namespace with an empty /dev/net: the host's device stays put.
+    let script = format!(
+        "mount -t tmpfs none /dev/net && exec {} up --network-name t --network-secret s -i 10.126.126.9/24 --dev-name wtnotun0 --state-dir {}/s --control {}/c.sock",
+        weft_bin(),
+        dir.0.display(),
+        dir.0.display()
+    );
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .output()
+        .expect("unshare");
+    assert_fails(&out, 1, "/dev/net/tun");
+}
+
+fn run_ok(c: &mut Command) {
+    assert!(c.status().expect("run").success(), "{c:?}");
+}

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The whole test suite: unit, sans-IO, and end-to-end tests in network namespaces.
+# Run as root on Debian 12: it installs the few tools the e2e tests drive (ip, ping,
+# tcpdump, setpriv, unshare) when they are missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "error: the end-to-end tests create network namespaces and TUN devices; run as root" >&2
+    exit 2
+fi
+need=()
+for tool in ip:iproute2 ping:iputils-ping tcpdump:tcpdump setpriv:util-linux unshare:util-linux nft:nftables iperf3:iperf3; do
+    command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool##*:}")
+done
+if [ ${#need[@]} -gt 0 ]; then
+    echo "installing: ${need[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+exec cargo test --workspace --locked "$@"
