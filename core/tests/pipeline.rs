@@ -187,7 +187,7 @@ fn rx_drops_hostile_datagrams_by_reason() {
 fn rx_hands_handshakes_to_the_control_plane() {
     let mut e = ends(Cipher::Aes128Gcm);
     let hs = vec![1u8, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0, 42];
-    assert!(deliver(&mut e, &[hs.clone()]).is_empty());
+    assert!(deliver(&mut e, std::slice::from_ref(&hs)).is_empty());
     let evs = e.sink.0.lock();
     assert!(matches!(&evs[..], [ControlEvent::Datagram { bytes, .. }] if *bytes == hs));
 }
