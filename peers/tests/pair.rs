@@ -1,0 +1,826 @@
+//! L2 "pair" tests: two or three [`Node`]s exchanging datagrams in memory on a
+//! virtual clock.
+//!
+//! The harness plays the runtime: it drains every node's actions, delivers
+//! `Action::Send` datagrams to the node owning the destination address, keeps the
+//! latest `Action::PublishRoutes` snapshot per node, and emulates the data plane for
+//! data datagrams (look the receiver index up in the snapshot, open, `touch_rx`,
+//! report `Input::Confirmed` on the first authenticated packet). Time only moves when
+//! the test says so, in steps of [`TICK`], and every live node gets
+//! `handle_timeout` on every step.
+
+use std::collections::{HashSet, VecDeque};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::{Rng, RngCore, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use weft_core::crypto::Cipher;
+use weft_core::handshake::{Hello, Initiator, Params, Psk, StaticKey};
+use weft_core::route::RouteSnapshot;
+use weft_core::session::Session;
+use weft_core::wire::{DATA_HEADER_LEN, DataHeader, MessageType};
+use weft_peers::node::TICK;
+use weft_peers::status::{PeerState, PeerStatus};
+use weft_peers::{Action, Config, Input, Node, NodeId, Timers};
+
+const NET: &str = "pairnet";
+const SECRET: &str = "correct horse battery staple";
+const A: usize = 0;
+const B: usize = 1;
+const C: usize = 2;
+/// Deliveries per pump before the harness calls it a datagram storm.
+const STORM: usize = 100_000;
+
+fn addr(i: usize) -> SocketAddr {
+    SocketAddr::from(([192, 0, 2, i as u8 + 1], 11010))
+}
+
+fn overlay(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 77, 0, i as u8 + 1)
+}
+
+fn params(i: usize, cipher: Cipher, secret: &str) -> Params {
+    Params {
+        local: StaticKey::generate().expect("static key"),
+        psk: Psk::derive(NET, secret),
+        network_name: NET.into(),
+        hello: Hello { cipher, ipv4: overlay(i), prefix: 24, hostname: format!("node{i}") },
+    }
+}
+
+/// A fake IPv4 packet from `src` to `dst` with `extra` payload bytes.
+fn ip_packet(src: Ipv4Addr, dst: Ipv4Addr, extra: usize) -> Vec<u8> {
+    let mut p = vec![0u8; 20 + extra];
+    p[0] = 0x45;
+    p[12..16].copy_from_slice(&src.octets());
+    p[16..20].copy_from_slice(&dst.octets());
+    p
+}
+
+/// Seals `payload` on `session` as the TX pipeline would.
+fn seal(session: &Session, payload: &[u8]) -> Vec<u8> {
+    let mut buf = vec![0u8; DATA_HEADER_LEN + payload.len() + 16];
+    buf[DATA_HEADER_LEN..DATA_HEADER_LEN + payload.len()].copy_from_slice(payload);
+    let n = session.seal(&mut buf, payload.len()).expect("seal");
+    buf.truncate(n);
+    buf
+}
+
+/// One datagram a node emitted.
+#[derive(Debug)]
+struct Sent {
+    /// Virtual time since the epoch.
+    at: Duration,
+    from: usize,
+    to: SocketAddr,
+    bytes: Vec<u8>,
+    delivered: bool,
+}
+
+impl Sent {
+    fn kind(&self) -> Option<MessageType> {
+        MessageType::of(&self.bytes)
+    }
+}
+
+struct Slot {
+    addr: SocketAddr,
+    params: Params,
+    dial: Vec<usize>,
+    timers: Timers,
+    seed: u64,
+    node: Option<Node>,
+    routes: Arc<RouteSnapshot>,
+}
+
+struct Sim {
+    epoch: Instant,
+    now: Instant,
+    slots: Vec<Slot>,
+    /// Unordered pairs of nodes whose traffic is dropped.
+    cut: HashSet<(usize, usize)>,
+    log: Vec<Sent>,
+    /// Data datagrams the emulated data plane could not open.
+    data_drops: u64,
+    boots: u64,
+}
+
+type Queue = VecDeque<(usize, SocketAddr, Vec<u8>)>;
+
+impl Sim {
+    /// Builds the nodes (`(params, dials, timers)` each) and runs the first tick at
+    /// virtual time zero.
+    fn new(specs: Vec<(Params, Vec<usize>, Timers)>) -> Self {
+        let epoch = Instant::now();
+        let slots = specs
+            .into_iter()
+            .enumerate()
+            .map(|(i, (params, dial, timers))| Slot {
+                addr: addr(i),
+                params,
+                dial,
+                timers,
+                seed: 0x5eed_0000 + i as u64,
+                node: None,
+                routes: Arc::default(),
+            })
+            .collect();
+        let mut sim = Self { epoch, now: epoch, slots, cut: HashSet::new(), log: Vec::new(), data_drops: 0, boots: 0 };
+        for i in 0..sim.slots.len() {
+            sim.boot(i);
+        }
+        sim.tick();
+        sim
+    }
+
+    /// A dials B, same secret and cipher.
+    fn pair(timers: Timers) -> Self {
+        Self::new(vec![
+            (params(A, Cipher::Aes128Gcm, SECRET), vec![B], timers),
+            (params(B, Cipher::Aes128Gcm, SECRET), vec![], timers),
+        ])
+    }
+
+    fn boot(&mut self, i: usize) {
+        self.boots += 1;
+        let s = &mut self.slots[i];
+        let cfg = Config {
+            handshake: s.params.clone(),
+            dial: s.dial.iter().map(|&j| addr(j)).collect(),
+            epoch: self.epoch,
+            timers: s.timers,
+        };
+        let rng: Box<dyn RngCore + Send> = Box::new(ChaCha8Rng::seed_from_u64(s.seed + 1000 * self.boots));
+        s.node = Some(Node::new(cfg, rng));
+        s.routes = Arc::default();
+    }
+
+    /// Stops node `i`: its state is gone and traffic to it is dropped.
+    fn kill(&mut self, i: usize) {
+        self.slots[i].node = None;
+        self.slots[i].routes = Arc::default();
+    }
+
+    /// Starts a fresh node `i` at the same address with the given key and dials.
+    fn restart(&mut self, i: usize, local: StaticKey, dial: Vec<usize>) {
+        let params = Params { local, ..self.slots[i].params.clone() };
+        self.restart_with(i, params, dial);
+    }
+
+    /// Starts a fresh node `i` at the same address with new parameters.
+    fn restart_with(&mut self, i: usize, params: Params, dial: Vec<usize>) {
+        self.slots[i].params = params;
+        self.slots[i].dial = dial;
+        self.boot(i);
+        let mut q = Queue::new();
+        self.collect(i, &mut q);
+        self.pump(q);
+    }
+
+    fn partition(&mut self, i: usize, j: usize) {
+        self.cut.insert((i.min(j), i.max(j)));
+    }
+
+    fn heal(&mut self, i: usize, j: usize) {
+        self.cut.remove(&(i.min(j), i.max(j)));
+    }
+
+    fn elapsed(&self) -> Duration {
+        self.now - self.epoch
+    }
+
+    /// The pipeline clock: milliseconds since the epoch, plus one (0 means never).
+    fn ms(&self) -> u64 {
+        self.elapsed().as_millis() as u64 + 1
+    }
+
+    fn node(&self, i: usize) -> &Node {
+        self.slots[i].node.as_ref().expect("node is running")
+    }
+
+    fn id(&self, i: usize) -> NodeId {
+        NodeId::from_public(&self.slots[i].params.local.public)
+    }
+
+    /// `handle_timeout` on every live node at the current time, then deliver.
+    fn tick(&mut self) {
+        let mut q = Queue::new();
+        for i in 0..self.slots.len() {
+            let now = self.now;
+            if let Some(n) = self.slots[i].node.as_mut() {
+                n.handle_timeout(now);
+            }
+            self.collect(i, &mut q);
+        }
+        self.pump(q);
+    }
+
+    fn step(&mut self) {
+        self.now += TICK;
+        self.tick();
+    }
+
+    fn run(&mut self, d: Duration) {
+        let end = self.now + d;
+        while self.now < end {
+            self.step();
+        }
+    }
+
+    /// Steps until `pred` holds (checked now and after each step) or `max` passed.
+    /// Returns how long it took.
+    fn run_until(&mut self, max: Duration, mut pred: impl FnMut(&Self) -> bool) -> Option<Duration> {
+        let start = self.now;
+        loop {
+            if pred(self) {
+                return Some(self.now - start);
+            }
+            if self.now - start >= max {
+                return None;
+            }
+            self.step();
+        }
+    }
+
+    /// Drains node `i`'s actions: snapshots are applied at once, datagrams queued.
+    fn collect(&mut self, i: usize, q: &mut Queue) {
+        let slot = &mut self.slots[i];
+        let Some(node) = slot.node.as_mut() else { return };
+        while let Some(a) = node.poll_action() {
+            match a {
+                Action::PublishRoutes(r) => slot.routes = r,
+                Action::Send { to, bytes } => q.push_back((i, to, bytes)),
+            }
+        }
+    }
+
+    fn pump(&mut self, mut q: Queue) {
+        let mut n = 0;
+        while let Some((from, to, bytes)) = q.pop_front() {
+            n += 1;
+            assert!(n < STORM, "datagram storm at {:?}", self.elapsed());
+            let dst = self.slots.iter().position(|s| s.addr == to);
+            let delivered = dst.is_some_and(|j| {
+                self.slots[j].node.is_some()
+                    && self.slots[from].node.is_some()
+                    && !self.cut.contains(&(from.min(j), from.max(j)))
+            });
+            let at = self.elapsed();
+            if let (true, Some(j)) = (delivered, dst) {
+                let src = self.slots[from].addr;
+                self.receive(j, src, &bytes);
+                self.collect(j, &mut q);
+            }
+            self.log.push(Sent { at, from, to, bytes, delivered });
+        }
+    }
+
+    /// Node `j` receives `bytes` from `src`: data goes through the emulated data plane,
+    /// everything else to the node.
+    fn receive(&mut self, j: usize, src: SocketAddr, bytes: &[u8]) {
+        if MessageType::of(bytes) == Some(MessageType::Data) {
+            if self.data_plane(j, bytes).is_err() {
+                self.data_drops += 1;
+            }
+        } else {
+            let now = self.now;
+            if let Some(n) = self.slots[j].node.as_mut() {
+                n.handle(now, Input::Datagram { from: src, bytes });
+            }
+        }
+    }
+
+    /// The RX pipeline of node `j`: returns the plaintext length or why it dropped.
+    fn data_plane(&mut self, j: usize, bytes: &[u8]) -> Result<usize, &'static str> {
+        let hdr = DataHeader::parse(bytes).map_err(|_| "malformed")?;
+        let session = self.slots[j].routes.session_by_index(hdr.receiver_index).cloned().ok_or("unknown session")?;
+        let mut buf = bytes.to_vec();
+        let n = session.open(&hdr, &mut buf).map_err(|_| "open failed")?;
+        session.touch_rx(self.ms());
+        if session.confirm() {
+            let now = self.now;
+            if let Some(node) = self.slots[j].node.as_mut() {
+                node.handle(now, Input::Confirmed { local_index: session.local_index });
+            }
+        }
+        Ok(n)
+    }
+
+    /// Delivers a data datagram to `j` out of band and returns what its data plane did.
+    fn inject_data(&mut self, j: usize, bytes: &[u8]) -> Result<usize, &'static str> {
+        let r = self.data_plane(j, bytes);
+        let mut q = Queue::new();
+        self.collect(j, &mut q);
+        self.pump(q);
+        r
+    }
+
+    /// Feeds `bytes` from `src` to node `j` as an `Input::Datagram`, then delivers
+    /// whatever it sends.
+    fn inject_raw(&mut self, j: usize, src: SocketAddr, bytes: &[u8]) {
+        let now = self.now;
+        self.slots[j].node.as_mut().expect("running").handle(now, Input::Datagram { from: src, bytes });
+        let mut q = Queue::new();
+        self.collect(j, &mut q);
+        self.pump(q);
+    }
+
+    /// Every reason node `i`'s status gives: dial errors, peer errors, refused
+    /// inbound handshakes.
+    fn reasons(&self, i: usize) -> Vec<String> {
+        let st = self.node(i).status(self.now);
+        st.dials
+            .into_iter()
+            .filter_map(|d| d.error)
+            .chain(st.peers.into_iter().filter_map(|p| p.error))
+            .chain(st.inbound_failures.into_iter().map(|f| f.reason))
+            .collect()
+    }
+
+    fn routed(&self, i: usize) -> Vec<Ipv4Addr> {
+        self.node(i).routed()
+    }
+
+    fn peer_status(&self, i: usize, j: usize) -> Option<PeerStatus> {
+        let id = self.id(j);
+        self.node(i).status(self.now).peers.into_iter().find(|p| p.node_id == id)
+    }
+
+    fn state(&self, i: usize, j: usize) -> Option<PeerState> {
+        self.peer_status(i, j).map(|p| p.state)
+    }
+
+    /// `i` routes `j`'s overlay address and reports it established.
+    fn established(&self, i: usize, j: usize) -> bool {
+        self.slots[i].node.is_some()
+            && self.routed(i).contains(&overlay(j))
+            && self.state(i, j) == Some(PeerState::Established)
+            && self.route(i, j).is_some()
+    }
+
+    /// The session `i`'s latest snapshot sends to `j` on.
+    fn route(&self, i: usize, j: usize) -> Option<Arc<Session>> {
+        self.slots[i].routes.session_for(overlay(j)).cloned()
+    }
+
+    /// Seals a packet on `i`'s route to `j`, delivers it to `j`'s data plane.
+    fn send_data(&mut self, i: usize, j: usize) -> Result<usize, &'static str> {
+        let s = self.route(i, j).ok_or("no route")?;
+        let dg = seal(&s, &ip_packet(overlay(i), overlay(j), 64));
+        self.inject_data(j, &dg)
+    }
+
+    /// Handshake init datagrams sent by `from` from log position `since` on.
+    fn inits(&self, from: usize, since: usize) -> impl Iterator<Item = &Sent> {
+        self.log[since..].iter().filter(move |s| s.from == from && s.kind() == Some(MessageType::HandshakeInit))
+    }
+}
+
+fn default_pair_established() -> Sim {
+    let mut sim = Sim::pair(Timers::default());
+    let t = sim.run_until(Duration::from_secs(1), |s| s.established(A, B) && s.established(B, A));
+    assert!(t.is_some(), "pair did not come up: {:?} / {:?}", sim.peer_status(A, B), sim.peer_status(B, A));
+    sim
+}
+
+// ----- 1 -----
+
+#[test]
+fn xx_first_contact_establishes_both_sides() {
+    let mut sim = Sim::pair(Timers::default());
+    let t = sim.run_until(Duration::from_secs(1), |s| s.established(A, B) && s.established(B, A));
+    assert!(
+        t.is_some(),
+        "not established within 1 s: A sees {:?}, B sees {:?}",
+        sim.peer_status(A, B),
+        sim.peer_status(B, A)
+    );
+    assert_eq!(sim.routed(A), vec![overlay(B)]);
+    assert_eq!(sim.routed(B), vec![overlay(A)]);
+
+    // First contact is XX (pattern byte 0), and took the three messages.
+    let first = sim.inits(A, 0).next().expect("A sent an init");
+    assert_eq!(first.bytes[1], 0, "first contact must use XX");
+    assert_eq!(first.to, addr(B));
+    assert!(sim.log.iter().any(|s| s.from == A && s.kind() == Some(MessageType::HandshakeFinish)));
+
+    // Status carries what each learned from the other's hello.
+    let ab = sim.peer_status(A, B).expect("A knows B");
+    assert_eq!(ab.overlay, overlay(B));
+    assert_eq!(ab.hostname, "node1");
+    assert_eq!(ab.endpoint, addr(B));
+    assert!(ab.error.is_none(), "{:?}", ab.error);
+    let ba = sim.peer_status(B, A).expect("B knows A");
+    assert_eq!(ba.endpoint, addr(A));
+    assert!(sim.node(A).status(sim.now).dials.is_empty(), "a connected dial is not listed");
+
+    // Both directions carry data.
+    assert_eq!(sim.send_data(A, B), Ok(84));
+    assert_eq!(sim.send_data(B, A), Ok(84));
+
+    // And it stays up on keepalives alone.
+    sim.run(Duration::from_secs(30));
+    assert!(sim.established(A, B) && sim.established(B, A));
+    assert_eq!(sim.data_drops, 0);
+}
+
+// ----- 2 -----
+
+#[test]
+fn wrong_secret_never_routes_and_says_why() {
+    let timers = Timers::default();
+    let mut sim = Sim::new(vec![
+        (params(A, Cipher::Aes128Gcm, SECRET), vec![B], timers),
+        (params(B, Cipher::Aes128Gcm, "another secret"), vec![], timers),
+    ]);
+    let mut steps = 0;
+    while sim.elapsed() < Duration::from_secs(30) {
+        assert!(sim.routed(A).is_empty(), "A routed {:?} at {:?}", sim.routed(A), sim.elapsed());
+        assert!(sim.routed(B).is_empty(), "B routed {:?} at {:?}", sim.routed(B), sim.elapsed());
+        assert!(sim.route(A, B).is_none() && sim.route(B, A).is_none(), "a snapshot routes");
+        assert_ne!(sim.state(B, A), Some(PeerState::Established));
+        assert_ne!(sim.state(A, B), Some(PeerState::Established));
+        sim.step();
+        steps += 1;
+    }
+    assert!(steps >= 150);
+    // Both keep retrying, but back off instead of handshaking on every tick.
+    let (ia, ib) = (sim.inits(A, 0).count(), sim.inits(B, 0).count());
+    assert!(ia >= 3, "A gave up: {ia} inits");
+    assert!(ia + ib <= 30, "handshake storm: {ia} + {ib} inits in 30 s");
+
+    let st = sim.node(A).status(sim.now);
+    let reasons: Vec<String> = st
+        .dials
+        .iter()
+        .filter_map(|d| d.error.clone())
+        .chain(st.peers.iter().filter_map(|p| p.error.clone()))
+        .collect();
+    assert!(!reasons.is_empty(), "A gives no reason: {st:?}");
+    assert!(reasons.iter().any(|r| r.contains("secret")), "A's reasons do not mention the secret: {reasons:?}");
+
+    let fails = sim.node(B).status(sim.now).inbound_failures;
+    let f = fails.iter().find(|f| f.from == addr(A)).expect("B records A's refused handshakes");
+    assert!(f.reason.contains("secret"), "{}", f.reason);
+    assert!(f.count >= 1);
+    assert_eq!(sim.data_drops, 0, "no data ever opened or was even attempted");
+}
+
+#[test]
+fn known_peer_back_with_another_secret_is_refused_over_ik() {
+    // The IK responder cannot check the PSK itself (psk2 is mixed in its own
+    // response); it must not route the initiator before the initiator proves it.
+    let mut sim = default_pair_established();
+    sim.run(Duration::from_secs(3));
+    sim.kill(B);
+    sim.run(Duration::from_secs(1));
+    let changed = Params { psk: Psk::derive(NET, "rotated secret"), ..sim.slots[B].params.clone() };
+    sim.restart_with(B, changed, vec![]);
+    let mark = sim.log.len();
+    while sim.elapsed() < Duration::from_secs(40) {
+        sim.step();
+        assert!(sim.routed(B).is_empty(), "B routed {:?} at {:?}", sim.routed(B), sim.elapsed());
+        assert!(sim.route(B, A).is_none());
+        assert_ne!(sim.state(B, A), Some(PeerState::Established));
+    }
+    assert!(sim.routed(A).is_empty(), "A still routes B");
+    assert_ne!(sim.state(A, B), Some(PeerState::Established));
+    let ik = sim.inits(A, mark).filter(|s| s.delivered && s.bytes[1] == 1).count();
+    assert!(ik >= 1, "A never tried IK against the changed node");
+    for i in [A, B] {
+        let reasons = sim.reasons(i);
+        assert!(reasons.iter().any(|r| r.contains("secret")), "node {i} does not say why: {reasons:?}");
+    }
+}
+
+// ----- 3 -----
+
+#[test]
+fn cipher_mismatch_never_routes_and_says_why() {
+    let timers = Timers::default();
+    let mut sim = Sim::new(vec![
+        (params(A, Cipher::Aes128Gcm, SECRET), vec![B], timers),
+        (params(B, Cipher::ChaCha20Poly1305, SECRET), vec![], timers),
+    ]);
+    for _ in 0..50 {
+        sim.step();
+        assert!(sim.routed(A).is_empty() && sim.routed(B).is_empty(), "routed at {:?}", sim.elapsed());
+        assert!(sim.route(A, B).is_none() && sim.route(B, A).is_none());
+    }
+    for (i, j) in [(A, B), (B, A)] {
+        // The reason shows up in status: on the peer entry if the engine keeps one,
+        // else on the dial (initiator) or the refused-handshake list (responder).
+        let reasons = sim.reasons(i);
+        assert!(reasons.iter().any(|r| r.contains("cipher mismatch")), "node {i} does not say why: {reasons:?}");
+        if let Some(p) = sim.peer_status(i, j) {
+            let err = p.error.unwrap_or_default();
+            assert!(err.contains("cipher mismatch"), "node {i}: {err:?}");
+            assert_ne!(p.state, PeerState::Established);
+            assert_eq!(p.sessions, 0);
+        }
+    }
+}
+
+// ----- 4 -----
+
+#[test]
+fn rekey_keeps_routes_and_old_session_drains() {
+    let timers = Timers { rekey_after: Duration::from_secs(10), ..Timers::default() };
+    let mut sim = Sim::pair(timers);
+    assert!(sim.run_until(Duration::from_secs(1), |s| s.established(A, B) && s.established(B, A)).is_some());
+    let first_a = sim.route(A, B).expect("A routes B").local_index;
+    let first_b = sim.route(B, A).expect("B routes A").local_index;
+
+    let mut a_indices = vec![first_a];
+    let mut b_indices = vec![first_b];
+    let mut drained = 0;
+    while sim.elapsed() < Duration::from_secs(35) {
+        // A packet sealed on the current session just before the step that may rekey.
+        let old = sim.route(A, B).expect("A routes B throughout");
+        let late = seal(&old, &ip_packet(overlay(A), overlay(B), 10));
+        sim.step();
+        assert!(sim.established(A, B) && sim.established(B, A), "dropped out at {:?}", sim.elapsed());
+        let cur = sim.route(A, B).expect("A routes B");
+        if cur.local_index != old.local_index {
+            a_indices.push(cur.local_index);
+            // The receiver still knows the old session right after the rekey...
+            let known = sim.slots[B].routes.session_by_index(old.remote_index).cloned();
+            let known = known.unwrap_or_else(|| panic!("B forgot the old session at {:?}", sim.elapsed()));
+            assert_eq!(known.remote_index, old.local_index);
+            // ...and the in-flight packet still opens there.
+            assert_eq!(sim.inject_data(B, &late), Ok(30), "old-session packet lost at {:?}", sim.elapsed());
+            // So does one that was delayed (or sealed by a pipeline still holding the
+            // previous snapshot) and arrives a second later.
+            let delayed = seal(&old, &ip_packet(overlay(A), overlay(B), 10));
+            sim.run(Duration::from_secs(1));
+            assert_eq!(sim.inject_data(B, &delayed), Ok(30), "old session retired too early at {:?}", sim.elapsed());
+            drained += 1;
+        }
+        let b_cur = sim.route(B, A).expect("B routes A").local_index;
+        if b_indices.last() != Some(&b_cur) {
+            b_indices.push(b_cur);
+        }
+    }
+    assert!(a_indices.len() >= 3, "expected at least 2 rekeys on A, saw sessions {a_indices:?}");
+    assert!(b_indices.len() >= 3, "expected at least 2 rekeys on B, saw sessions {b_indices:?}");
+    assert_eq!(drained, a_indices.len() - 1);
+    assert!(sim.established(A, B) && sim.established(B, A));
+    assert_eq!(sim.send_data(A, B), Ok(84));
+    assert_eq!(sim.send_data(B, A), Ok(84));
+    for (i, j) in [(A, B), (B, A)] {
+        let p = sim.peer_status(i, j).expect("known");
+        assert!(p.error.is_none(), "node {i}: {:?}", p.error);
+        assert!(p.sessions <= 3);
+    }
+    // Rekeys after first contact are IK.
+    assert!(sim.inits(A, 0).skip(1).all(|s| s.bytes[1] == 1));
+    assert_eq!(sim.data_drops, 0);
+}
+
+// ----- 5 -----
+
+#[test]
+fn dead_peer_detected_and_restarted_peer_reconnects() {
+    let timers = Timers::default();
+    let mut sim = default_pair_established();
+    sim.run(Duration::from_secs(3));
+    assert!(sim.established(A, B));
+    let b_key = sim.slots[B].params.local.clone();
+
+    sim.kill(B);
+    let kill_at = sim.now;
+    let t =
+        sim.run_until(timers.dead_after + Duration::from_secs(1), |s| s.state(A, B) != Some(PeerState::Established));
+    assert!(t.is_some(), "A still thinks B is up {:?} after it died", sim.now - kill_at);
+    let st = sim.peer_status(A, B).expect("A keeps the configured peer");
+    assert!(matches!(st.state, PeerState::Down | PeerState::Connecting), "{:?}", st.state);
+    assert!(!sim.routed(A).contains(&overlay(B)));
+    assert!(sim.route(A, B).is_none(), "snapshot still routes to the dead peer");
+    assert!(st.error.is_some(), "no reason given");
+
+    // Stay dead for 10 s in all; A keeps trying and never comes up.
+    while sim.now - kill_at < Duration::from_secs(10) {
+        sim.step();
+        assert_ne!(sim.state(A, B), Some(PeerState::Established));
+    }
+
+    sim.restart(B, b_key, vec![]);
+    let t = sim.run_until(Duration::from_secs(10), |s| s.established(A, B) && s.established(B, A));
+    assert!(t.is_some(), "no reconnect within 10 s of the restart: {:?}", sim.peer_status(A, B));
+    assert_eq!(sim.send_data(A, B), Ok(84));
+    assert_eq!(sim.send_data(B, A), Ok(84));
+    sim.run(Duration::from_secs(10));
+    assert!(sim.established(A, B) && sim.established(B, A));
+}
+
+// ----- 6 -----
+
+#[test]
+fn dialer_restarted_with_new_key_replaces_stale_entry() {
+    let mut sim = default_pair_established();
+    sim.run(Duration::from_secs(3));
+    let old_id = sim.id(A);
+
+    // A restarts quickly (well inside dead_after) with a brand-new identity.
+    sim.kill(A);
+    sim.run(Duration::from_secs(1));
+    sim.restart(A, StaticKey::generate().expect("key"), vec![B]);
+    let new_id = sim.id(A);
+    assert_ne!(old_id, new_id);
+
+    let t = sim.run_until(Duration::from_secs(5), |s| s.established(B, A) && s.established(A, B));
+    assert!(t.is_some(), "B did not accept the new A: {:?}", sim.node(B).status(sim.now).peers);
+    let check = |sim: &Sim| {
+        let peers = sim.node(B).status(sim.now).peers;
+        let ids: Vec<NodeId> = peers.iter().map(|p| p.node_id).collect();
+        assert_eq!(ids, vec![new_id], "stale entry {old_id} not replaced at {:?}", sim.elapsed());
+        assert_eq!(sim.routed(B), vec![overlay(A)]);
+    };
+    check(&sim);
+    // B's route for A's address leads to the new node.
+    assert_eq!(sim.send_data(B, A), Ok(84));
+    assert_eq!(sim.send_data(A, B), Ok(84));
+
+    // Over the next minute nobody chases the old identity.
+    for _ in 0..350 {
+        sim.step();
+        check(&sim);
+    }
+    assert!(sim.established(A, B) && sim.established(B, A));
+    assert!(
+        sim.node(A).status(sim.now).inbound_failures.is_empty(),
+        "B kept handshaking with the old key: {:?}",
+        sim.node(A).status(sim.now).inbound_failures
+    );
+    assert_eq!(sim.send_data(B, A), Ok(84));
+}
+
+// ----- 7 -----
+
+#[test]
+fn garbage_never_panics_nor_disturbs_a_session() {
+    let mut sim = default_pair_established();
+    sim.run(Duration::from_secs(1));
+    let sa = sim.route(A, B).expect("route").local_index;
+    let sb = sim.route(B, A).expect("route").local_index;
+
+    // Real handshake messages of the first contact, plus an IK init from A to B.
+    let mut samples: Vec<(usize, Vec<u8>)> = sim
+        .log
+        .iter()
+        .filter(|s| {
+            matches!(
+                s.kind(),
+                Some(MessageType::HandshakeInit | MessageType::HandshakeResponse | MessageType::HandshakeFinish)
+            )
+        })
+        .map(|s| (s.from, s.bytes.clone()))
+        .collect();
+    assert!(samples.len() >= 3);
+    let (_, ik) = Initiator::start(&sim.slots[A].params, Some(&sim.slots[B].params.local.public)).expect("ik");
+    let mut ik_dg = vec![1u8, 1, 0, 0, 9, 9, 9, 9, 0, 0, 0, 0];
+    ik_dg.extend_from_slice(&ik);
+    samples.push((A, ik_dg));
+
+    let stranger: SocketAddr = "198.51.100.7:4444".parse().expect("addr");
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let mut fed = 0;
+    for round in 0..4 {
+        // Every strict prefix of every real message, to the other node, from its peer
+        // and from a stranger.
+        for (from, msg) in &samples {
+            let to = if *from == A { B } else { A };
+            for len in 0..msg.len() {
+                let src = if round % 2 == 0 { addr(*from) } else { stranger };
+                sim.inject_raw(to, src, &msg[..len]);
+                fed += 1;
+            }
+            // A bit-flipped full copy.
+            let mut flipped = msg.clone();
+            let k = rng.gen_range(12..flipped.len());
+            flipped[k] ^= 1 << rng.gen_range(0..8);
+            sim.inject_raw(to, addr(*from), &flipped);
+            fed += 1;
+        }
+        // Random datagrams, most with a plausible header.
+        for _ in 0..500 {
+            let len = rng.gen_range(0..300);
+            let mut junk = vec![0u8; len];
+            rng.fill_bytes(&mut junk);
+            if len >= 4 && rng.gen_bool(0.7) {
+                junk[0] = rng.gen_range(0..=6);
+                junk[1] = rng.gen_range(0..=2);
+                junk[2] = 0;
+                junk[3] = 0;
+            }
+            let to = if rng.gen_bool(0.5) { A } else { B };
+            let src = match rng.gen_range(0..3) {
+                0 => addr(1 - to),
+                1 => stranger,
+                _ => SocketAddr::from(([203, 0, 113, rng.r#gen()], rng.r#gen())),
+            };
+            sim.inject_raw(to, src, &junk);
+            fed += 1;
+        }
+        // Forged rejects for random and for live indices.
+        for idx in [rng.next_u32(), sa, sb] {
+            let r = [5u8, 1, 0, 0, idx as u8, (idx >> 8) as u8, (idx >> 16) as u8, (idx >> 24) as u8];
+            sim.inject_raw(A, addr(B), &r);
+            sim.inject_raw(B, addr(A), &r);
+            fed += 2;
+        }
+        // Junk data straight into the data plane, including live indices.
+        for idx in [sa, sb, rng.next_u32()] {
+            let mut d = vec![0u8; 16 + rng.gen_range(0..80)];
+            rng.fill_bytes(&mut d);
+            DataHeader { flags: 0, lane: 0, receiver_index: idx, counter: rng.next_u64() >> 8 }
+                .emit((&mut d[..16]).try_into().expect("16 bytes"));
+            assert!(sim.inject_data(A, &d).is_err());
+            assert!(sim.inject_data(B, &d).is_err());
+        }
+        assert!(sim.established(A, B) && sim.established(B, A), "garbage broke the session in round {round}");
+        assert_eq!(sim.route(A, B).expect("route").local_index, sa);
+        assert_eq!(sim.route(B, A).expect("route").local_index, sb);
+        sim.step();
+    }
+    assert!(fed > 2000);
+
+    // The session carries on as before: same indices, data in both directions, and
+    // the peers keep each other alive past dead_after.
+    sim.run(Duration::from_secs(15));
+    assert!(sim.established(A, B) && sim.established(B, A));
+    assert_eq!(sim.route(A, B).expect("route").local_index, sa);
+    assert_eq!(sim.route(B, A).expect("route").local_index, sb);
+    assert_eq!(sim.send_data(A, B), Ok(84));
+    assert_eq!(sim.send_data(B, A), Ok(84));
+    for (i, j) in [(A, B), (B, A)] {
+        assert_eq!(sim.routed(i), vec![overlay(j)], "garbage created peers on {i}");
+    }
+}
+
+// ----- 8 -----
+
+#[test]
+fn rehandshake_after_partition_uses_ik() {
+    let timers = Timers::default();
+    let mut sim = default_pair_established();
+    sim.run(Duration::from_secs(3));
+    assert_eq!(sim.inits(A, 0).next().expect("first contact").bytes[1], 0, "first contact is XX");
+    let before = sim.route(A, B).expect("route").local_index;
+
+    sim.partition(A, B);
+    let mark = sim.log.len();
+    let t =
+        sim.run_until(timers.dead_after + Duration::from_secs(1), |s| s.state(A, B) != Some(PeerState::Established));
+    assert!(t.is_some(), "partition not noticed");
+    let first = sim.inits(A, mark).next().expect("A retried during the partition");
+    assert!(!first.delivered);
+    assert_eq!(first.bytes[1], 1, "the re-handshake after first contact must be IK");
+
+    sim.heal(A, B);
+    let t = sim.run_until(Duration::from_secs(10), |s| s.established(A, B) && s.established(B, A));
+    assert!(t.is_some(), "no re-establishment after healing: {:?}", sim.peer_status(A, B));
+    assert_ne!(sim.route(A, B).expect("route").local_index, before, "a new session");
+    let patterns: Vec<(usize, u8, bool, Duration)> = sim.log[mark..]
+        .iter()
+        .filter(|s| s.kind() == Some(MessageType::HandshakeInit))
+        .map(|s| (s.from, s.bytes[1], s.delivered, s.at))
+        .collect();
+    assert!(patterns.iter().any(|&(_, _, d, _)| d), "no init got through: {patterns:?}");
+    assert!(patterns.iter().all(|&(_, p, _, _)| p == 1), "XX used after first contact: {patterns:?}");
+    assert!(
+        !sim.log[mark..].iter().any(|s| s.kind() == Some(MessageType::HandshakeFinish)),
+        "an XX finish was sent after first contact"
+    );
+    assert_eq!(sim.send_data(A, B), Ok(84));
+    assert_eq!(sim.send_data(B, A), Ok(84));
+}
+
+// ----- three nodes -----
+
+#[test]
+fn three_nodes_mesh_and_one_dies() {
+    let timers = Timers::default();
+    let mut sim = Sim::new(vec![
+        (params(A, Cipher::ChaCha20Poly1305, SECRET), vec![B, C], timers),
+        (params(B, Cipher::ChaCha20Poly1305, SECRET), vec![C], timers),
+        (params(C, Cipher::ChaCha20Poly1305, SECRET), vec![], timers),
+    ]);
+    let all = |s: &Sim| (0..3).all(|i| (0..3).all(|j| i == j || s.established(i, j)));
+    assert!(sim.run_until(Duration::from_secs(1), all).is_some());
+    for i in 0..3 {
+        let mut want: Vec<Ipv4Addr> = (0..3).filter(|&j| j != i).map(overlay).collect();
+        want.sort();
+        assert_eq!(sim.routed(i), want);
+    }
+    sim.kill(C);
+    let gone = |s: &Sim| s.state(A, C) != Some(PeerState::Established) && s.state(B, C) != Some(PeerState::Established);
+    assert!(sim.run_until(timers.dead_after + Duration::from_secs(1), gone).is_some());
+    sim.run(Duration::from_secs(20));
+    assert!(sim.established(A, B) && sim.established(B, A), "A-B suffered from C's death");
+    assert_eq!(sim.routed(A), vec![overlay(B)]);
+    assert_eq!(sim.routed(B), vec![overlay(A)]);
+    assert_eq!(sim.send_data(A, B), Ok(84));
+}
