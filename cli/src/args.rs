@@ -71,9 +71,21 @@ pub struct UpArgs {
     /// Host name announced to peers (default: the system host name).
     #[arg(long, value_name = "NAME")]
     pub hostname: Option<String>,
-    /// Turn TUN offload (TSO/GRO through virtio-net headers) off.
+    /// Turn every offload off (TUN TSO/GRO, UDP GSO, UDP GRO).
     #[arg(long, env = "WEFT_NO_OFFLOAD", value_parser = clap::builder::FalseyValueParser::new())]
     pub no_offload: bool,
+    /// Turn TUN offload (TSO/GRO through virtio-net headers) off.
+    #[arg(long, env = "WEFT_NO_TUN_OFFLOAD", value_parser = clap::builder::FalseyValueParser::new())]
+    pub no_tun_offload: bool,
+    /// Turn UDP GSO (UDP_SEGMENT) on send off.
+    #[arg(long, env = "WEFT_NO_UDP_GSO", value_parser = clap::builder::FalseyValueParser::new())]
+    pub no_udp_gso: bool,
+    /// Turn UDP GRO on receive off.
+    #[arg(long, env = "WEFT_NO_UDP_GRO", value_parser = clap::builder::FalseyValueParser::new())]
+    pub no_udp_gro: bool,
+    /// Do not pin pipeline threads to cores.
+    #[arg(long, env = "WEFT_NO_PIN", value_parser = clap::builder::FalseyValueParser::new())]
+    pub no_pin: bool,
     /// Rekey interval in seconds (default 120); for testing.
     #[arg(long, value_name = "SECS", hide = true)]
     pub rekey_after: Option<u64>,

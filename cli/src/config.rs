@@ -46,6 +46,10 @@ pub struct FileConfig {
     state_dir: Option<PathBuf>,
     hostname: Option<String>,
     no_offload: Option<bool>,
+    no_tun_offload: Option<bool>,
+    no_udp_gso: Option<bool>,
+    no_udp_gro: Option<bool>,
+    no_pin: Option<bool>,
 }
 
 impl FileConfig {
@@ -155,10 +159,23 @@ pub struct NodeConfig {
     pub state_dir: PathBuf,
     /// Announced host name.
     pub hostname: String,
-    /// TUN offload wanted.
-    pub offload: bool,
+    /// Offloads wanted (each is probed at start-up and may still be refused).
+    pub offload: OffloadWanted,
+    /// Pin pipeline threads to cores.
+    pub pin: bool,
     /// Rekey interval.
     pub rekey_after: std::time::Duration,
+}
+
+/// Which offloads the user allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OffloadWanted {
+    /// TUN virtio-net offload (TSO split on read, GRO on write).
+    pub tun: bool,
+    /// UDP GSO on send.
+    pub udp_gso: bool,
+    /// UDP GRO on receive.
+    pub udp_gro: bool,
 }
 
 /// A secret string with a redacted Debug.
@@ -242,7 +259,15 @@ impl NodeConfig {
             control: args.control.clone().or(file.control).unwrap_or_else(|| DEFAULT_CONTROL.into()),
             state_dir: args.state_dir.clone().or(file.state_dir).unwrap_or_else(|| "/var/lib/weft".into()),
             hostname,
-            offload: !(args.no_offload || file.no_offload.unwrap_or(false)),
+            offload: {
+                let all_off = args.no_offload || file.no_offload.unwrap_or(false);
+                OffloadWanted {
+                    tun: !(all_off || args.no_tun_offload || file.no_tun_offload.unwrap_or(false)),
+                    udp_gso: !(all_off || args.no_udp_gso || file.no_udp_gso.unwrap_or(false)),
+                    udp_gro: !(all_off || args.no_udp_gro || file.no_udp_gro.unwrap_or(false)),
+                }
+            },
+            pin: !(args.no_pin || file.no_pin.unwrap_or(false)),
             rekey_after: std::time::Duration::from_secs(args.rekey_after.unwrap_or(120).max(1)),
         })
     }
@@ -273,7 +298,8 @@ mod tests {
         assert_eq!(c.dev_name, "weft0");
         assert_eq!(c.mtu, 1420);
         assert_eq!(c.ipv4, Ipv4Net { addr: [10, 126, 126, 2].into(), prefix: 24 });
-        assert!(c.offload);
+        assert_eq!(c.offload, OffloadWanted { tun: true, udp_gso: true, udp_gro: true });
+        assert!(c.pin);
     }
 
     #[test]

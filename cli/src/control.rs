@@ -47,8 +47,12 @@ pub struct StatusJson {
     pub listeners: Vec<String>,
     /// TUN device name.
     pub dev_name: String,
-    /// Whether TUN offload is on.
+    /// Whether TUN offload is on (also in `offloads`).
     pub tun_offload: bool,
+    /// Which offloads are in use.
+    pub offloads: OffloadJson,
+    /// Counters of each forwarding pipeline.
+    pub pipelines: Vec<PipelineJson>,
     /// Forwarding pipelines.
     pub threads: usize,
     /// Seconds since start.
@@ -61,6 +65,36 @@ pub struct StatusJson {
     pub pending_peers: Vec<PendingJson>,
     /// Handshakes we refused, by source.
     pub refused_handshakes: Vec<RefusedJson>,
+}
+
+/// Offloads in use.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OffloadJson {
+    /// TUN virtio-net offload.
+    pub tun: bool,
+    /// UDP GSO on send (may turn off at run time if the kernel refuses it).
+    pub udp_gso: bool,
+    /// UDP GRO on receive.
+    pub udp_gro: bool,
+}
+
+/// Counters of one pipeline.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PipelineJson {
+    /// Packets sent.
+    pub tx_packets: u64,
+    /// Plaintext bytes sent.
+    pub tx_bytes: u64,
+    /// TUN read batches.
+    pub tx_batches: u64,
+    /// Packets delivered.
+    pub rx_packets: u64,
+    /// Plaintext bytes delivered.
+    pub rx_bytes: u64,
+    /// recvmmsg batches.
+    pub rx_batches: u64,
+    /// Drops by reason that belong to no peer.
+    pub drops: std::collections::BTreeMap<String, u64>,
 }
 
 /// One peer.

@@ -19,16 +19,16 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, error, info, warn};
 use weft_core::crypto::Cipher;
 use weft_core::handshake::{Hello, Params, Psk};
-use weft_core::pipeline::{self, ControlEvent, ControlSink, PipelineConfig, Shared};
+use weft_core::pipeline::{self, ControlEvent, ControlSink, PipelineConfig, PipelineStats, Shared};
 use weft_core::route::RouteSnapshot;
 use weft_core::stats::{DropCounters, DropReason};
-use weft_core::transport::udp;
+use weft_core::transport::udp::{self, Offload};
 use weft_core::tun::{Tun, TunConfig};
 use weft_peers::node::{Action, Config, Input, Node, Timers};
 use weft_peers::status::NodeStatus;
 
 use crate::config::NodeConfig;
-use crate::control::{PeerJson, PendingJson, RefusedJson, Reply, Request, StatusJson};
+use crate::control::{OffloadJson, PeerJson, PendingJson, PipelineJson, RefusedJson, Reply, Request, StatusJson};
 use crate::state;
 
 /// Depth of the data plane -> control plane queue.
@@ -56,10 +56,25 @@ pub fn run(cfg: NodeConfig) -> Result<()> {
         prefix: cfg.ipv4.prefix,
         mtu: cfg.mtu,
         queues: cfg.threads,
-        offload: cfg.offload,
+        offload: cfg.offload.tun,
     })?;
     let socks = udp::bind_reuseport(cfg.listen, cfg.threads, Duration::from_millis(500))
         .with_context(|| format!("cannot listen on udp://{}", cfg.listen))?;
+    // Probe every offload; a refusal falls back and is logged, never fatal.
+    let udp_gso = cfg.offload.udp_gso && udp::probe_gso(&socks[0]);
+    let gro_per_socket: Vec<bool> = socks.iter().map(|s| cfg.offload.udp_gro && udp::enable_gro(s)).collect();
+    let udp_gro = cfg.offload.udp_gro && gro_per_socket.iter().all(|g| *g);
+    for (what, wanted, got) in [
+        ("tun", cfg.offload.tun, tun.offload),
+        ("udp-gso", cfg.offload.udp_gso, udp_gso),
+        ("udp-gro", cfg.offload.udp_gro, udp_gro),
+    ] {
+        match (wanted, got) {
+            (true, true) => info!(offload = what, "offload on"),
+            (true, false) => warn!(offload = what, "offload refused by the kernel; running without it"),
+            (false, _) => info!(offload = what, "offload switched off by configuration"),
+        }
+    }
     let sender = socks[0].try_clone().context("cannot duplicate the UDP socket")?;
     let dial = cfg.peers.iter().map(|p| p.resolve()).collect::<Result<Vec<_>, _>>()?;
 
@@ -67,15 +82,20 @@ pub fn run(cfg: NodeConfig) -> Result<()> {
     let (ctl_tx, ctl_rx) = mpsc::channel(CONTROL_QUEUE);
     let shared = Shared {
         routes: Arc::new(ArcSwap::from_pointee(RouteSnapshot::default())),
-        drops: Arc::new(DropCounters::default()),
         control: Arc::new(QueueSink(ctl_tx)),
         epoch,
         stop: Arc::new(AtomicBool::new(false)),
+        offload: Arc::new(Offload::new(udp_gso, udp_gro)),
     };
-    let pcfg = PipelineConfig { mtu: cfg.mtu, offload: tun.offload };
-    let offload = tun.offload;
-    for (i, (q, s)) in tun.queues.into_iter().zip(socks).enumerate() {
-        pipeline::spawn(i, q, s, pcfg, shared.clone()).context("cannot start pipeline threads")?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let tun_offload = tun.offload;
+    let mut pipelines = Vec::with_capacity(cfg.threads);
+    for (i, ((q, s), gro)) in tun.queues.into_iter().zip(socks).zip(gro_per_socket).enumerate() {
+        let pin = (cfg.pin && cfg.threads <= cores).then_some(i % cores);
+        let pcfg = PipelineConfig { mtu: cfg.mtu, offload: tun_offload, udp_gro: gro, pin };
+        let stats = Arc::new(PipelineStats::default());
+        pipeline::spawn(i, q, s, pcfg, shared.clone(), stats.clone()).context("cannot start pipeline threads")?;
+        pipelines.push(stats);
     }
 
     let engine = Node::new(
@@ -105,7 +125,8 @@ pub fn run(cfg: NodeConfig) -> Result<()> {
         .thread_name("weft-ctl")
         .build()
         .context("cannot start the control runtime")?;
-    let runtime = Runtime { cfg, engine, shared, sender, started: epoch, offload };
+    let runtime =
+        Runtime { cfg, engine, shared, sender, started: epoch, tun_offload, pipelines, drops: DropCounters::default() };
     let result = rt.block_on(runtime.serve(ctl_rx));
     // Pipeline threads block in TUN reads; the process exit ends them.
     rt.shutdown_timeout(Duration::from_millis(200));
@@ -118,7 +139,10 @@ struct Runtime {
     shared: Shared,
     sender: UdpSocket,
     started: Instant,
-    offload: bool,
+    tun_offload: bool,
+    pipelines: Vec<Arc<PipelineStats>>,
+    /// Drops of the control plane's own sends.
+    drops: DropCounters,
 }
 
 impl Runtime {
@@ -167,7 +191,7 @@ impl Runtime {
                 Action::Send { to, bytes } => {
                     if let Err(e) = self.sender.send_to(&bytes, to) {
                         debug!(%to, error = %e, "control send failed");
-                        self.shared.drops.add(DropReason::UdpSend, 1);
+                        self.drops.add(DropReason::UdpSend, 1);
                     }
                 }
             }
@@ -177,7 +201,12 @@ impl Runtime {
     fn status(&self) -> StatusJson {
         let now = Instant::now();
         let st: NodeStatus = self.engine.status(now);
-        let mut drops = counters(&self.shared.drops);
+        let mut drops = counters(&self.drops);
+        for p in &self.pipelines {
+            for (k, v) in counters(&p.drops) {
+                *drops.entry(k).or_default() += v;
+            }
+        }
         let peers = st
             .peers
             .iter()
@@ -210,7 +239,28 @@ impl Runtime {
             cipher: self.cfg.cipher.to_string(),
             listeners: vec![format!("udp://{}", self.cfg.listen)],
             dev_name: self.cfg.dev_name.clone(),
-            tun_offload: self.offload,
+            tun_offload: self.tun_offload,
+            offloads: OffloadJson {
+                tun: self.tun_offload,
+                udp_gso: self.shared.offload.gso(),
+                udp_gro: self.shared.offload.gro(),
+            },
+            pipelines: self
+                .pipelines
+                .iter()
+                .map(|p| {
+                    let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+                    PipelineJson {
+                        tx_packets: l(&p.tx_packets),
+                        tx_bytes: l(&p.tx_bytes),
+                        tx_batches: l(&p.tx_batches),
+                        rx_packets: l(&p.rx_packets),
+                        rx_bytes: l(&p.rx_bytes),
+                        rx_batches: l(&p.rx_batches),
+                        drops: counters(&p.drops),
+                    }
+                })
+                .collect(),
             threads: self.cfg.threads,
             uptime_secs: now.duration_since(self.started).as_secs(),
             drops,

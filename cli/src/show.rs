@@ -12,7 +12,15 @@ pub(crate) fn status(s: &StatusJson) -> String {
     let _ = writeln!(o, "address   {} on {}", s.overlay, s.dev_name);
     let _ = writeln!(o, "cipher    {}", s.cipher);
     let _ = writeln!(o, "listen    {}", s.listeners.join(", "));
-    let _ = writeln!(o, "pipelines {} (tun offload {})", s.threads, if s.tun_offload { "on" } else { "off" });
+    let onoff = |b: bool| if b { "on" } else { "off" };
+    let _ = writeln!(
+        o,
+        "pipelines {} (offload: tun {}, udp-gso {}, udp-gro {})",
+        s.threads,
+        onoff(s.offloads.tun),
+        onoff(s.offloads.udp_gso),
+        onoff(s.offloads.udp_gro)
+    );
     let _ = writeln!(o, "uptime    {}", human_secs(s.uptime_secs));
     if !s.drops.is_empty() {
         let d: Vec<String> = s.drops.iter().map(|(k, v)| format!("{k}={v}")).collect();

@@ -13,7 +13,7 @@
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -25,7 +25,7 @@ use crate::crypto::TAG_LEN;
 use crate::route::RouteSnapshot;
 use crate::session::Session;
 use crate::stats::{DropCounters, DropReason};
-use crate::transport::udp::{self, Outgoing, RecvMeta};
+use crate::transport::udp::{self, Offload, Outgoing, RecvMeta};
 use crate::wire::{DATA_HEADER_LEN, DataHeader, MessageType, ipv4_addrs};
 
 /// Where the data plane hands what it cannot handle itself.
@@ -56,14 +56,46 @@ pub enum ControlEvent {
 pub struct Shared {
     /// The current route snapshot.
     pub routes: Arc<ArcSwap<RouteSnapshot>>,
-    /// Drops that belong to no peer.
-    pub drops: Arc<DropCounters>,
     /// Control-plane queue.
     pub control: Arc<dyn ControlSink>,
     /// Origin of the millisecond clock stored in sessions.
     pub epoch: Instant,
     /// Set to stop the RX loops (TX loops end with the process).
     pub stop: Arc<AtomicBool>,
+    /// UDP offload state (GSO can be switched off at run time).
+    pub offload: Arc<Offload>,
+}
+
+/// Counters of one pipeline, written once per batch by its own threads.
+#[derive(Debug, Default)]
+pub struct PipelineStats {
+    /// Packets read from the TUN and sent.
+    pub tx_packets: AtomicU64,
+    /// Plaintext bytes sent.
+    pub tx_bytes: AtomicU64,
+    /// TUN reads that produced packets.
+    pub tx_batches: AtomicU64,
+    /// Packets written to the TUN.
+    pub rx_packets: AtomicU64,
+    /// Plaintext bytes written to the TUN.
+    pub rx_bytes: AtomicU64,
+    /// recvmmsg calls that returned datagrams.
+    pub rx_batches: AtomicU64,
+    /// Drops that belong to no peer, by reason.
+    pub drops: DropCounters,
+}
+
+/// Where RX writes decrypted packets: the TUN queue, or a collector in tests.
+pub trait TunWriter {
+    /// Writes `bufs` (each with `VIRTIO_NET_HDR_LEN` bytes of headroom), coalescing
+    /// where it can. Errors are counted by the caller.
+    fn write_batch(&mut self, gro: &mut GROTable, bufs: &mut [Vec<u8>]) -> io::Result<()>;
+}
+
+impl TunWriter for &SyncDevice {
+    fn write_batch(&mut self, gro: &mut GROTable, bufs: &mut [Vec<u8>]) -> io::Result<()> {
+        self.send_multiple(gro, bufs, VIRTIO_NET_HDR_LEN).map(|_| ())
+    }
 }
 
 /// Sizes of one pipeline.
@@ -73,6 +105,10 @@ pub struct PipelineConfig {
     pub mtu: u16,
     /// Whether the TUN has virtio-net offload.
     pub offload: bool,
+    /// Whether the UDP socket has GRO on (receive slots must then hold 64 KiB).
+    pub udp_gro: bool,
+    /// Core to pin this pipeline's threads to, if any.
+    pub pin: Option<usize>,
 }
 
 /// Starts the TX and RX thread of pipeline `id`.
@@ -82,16 +118,30 @@ pub fn spawn(
     sock: UdpSocket,
     cfg: PipelineConfig,
     shared: Shared,
+    stats: Arc<PipelineStats>,
 ) -> io::Result<[JoinHandle<()>; 2]> {
     let tun = Arc::new(tun);
     let sock = Arc::new(sock);
-    let (t2, s2, sh2) = (tun.clone(), sock.clone(), shared.clone());
-    let tx =
-        std::thread::Builder::new().name(format!("weft-tx-{id}")).spawn(move || Tx::new(cfg).run(&t2, &s2, &sh2))?;
-    let rx = std::thread::Builder::new()
-        .name(format!("weft-rx-{id}"))
-        .spawn(move || Rx::new(cfg).run(&tun, &sock, &shared))?;
+    let (t2, s2, sh2, st2) = (tun.clone(), sock.clone(), shared.clone(), stats.clone());
+    let tx = std::thread::Builder::new().name(format!("weft-tx-{id}")).spawn(move || {
+        pin(cfg.pin);
+        Tx::new(cfg).run(&t2, &s2, &sh2, &st2)
+    })?;
+    let rx = std::thread::Builder::new().name(format!("weft-rx-{id}")).spawn(move || {
+        pin(cfg.pin);
+        Rx::new(cfg).run(&tun, &sock, &shared, &stats)
+    })?;
     Ok([tx, rx])
+}
+
+fn pin(core: Option<usize>) {
+    let Some(core) = core else { return };
+    let ok = core_affinity::get_core_ids()
+        .and_then(|ids| ids.into_iter().find(|c| c.id == core))
+        .is_some_and(core_affinity::set_for_current);
+    if !ok {
+        debug!(core, "could not pin pipeline thread");
+    }
 }
 
 fn now_ms(epoch: Instant) -> u64 {
@@ -153,12 +203,12 @@ impl Tx {
         }
     }
 
-    fn run(mut self, tun: &SyncDevice, sock: &UdpSocket, shared: &Shared) {
+    fn run(mut self, tun: &SyncDevice, sock: &UdpSocket, shared: &Shared, stats: &PipelineStats) {
         loop {
             let n = match tun.recv_multiple(&mut self.original, &mut self.bufs, &mut self.sizes, DATA_HEADER_LEN) {
                 Ok(n) => n,
                 Err(e) => {
-                    shared.drops.add(DropReason::Tun, 1);
+                    stats.drops.add(DropReason::Tun, 1);
                     if e.raw_os_error() == Some(libc::EBADFD) || e.raw_os_error() == Some(libc::EBADF) {
                         warn!(error = %e, "TUN queue closed; TX pipeline stops");
                         return;
@@ -168,11 +218,14 @@ impl Tx {
                 }
             };
             let routes = shared.routes.load();
-            self.process(&routes, &shared.drops, n, now_ms(shared.epoch));
-            let failed = udp::send_batch(sock, &self.bufs, &self.out);
+            self.process(&routes, &stats.drops, n, now_ms(shared.epoch));
+            let failed = udp::send_batch(sock, &self.bufs, &self.out, &shared.offload);
             if failed > 0 {
-                shared.drops.add(DropReason::UdpSend, failed as u64);
+                stats.drops.add(DropReason::UdpSend, failed as u64);
             }
+            stats.tx_batches.fetch_add(1, Relaxed);
+            stats.tx_packets.fetch_add(self.out.len() as u64, Relaxed);
+            stats.tx_bytes.fetch_add(self.sizes[..n].iter().sum::<usize>() as u64, Relaxed);
         }
     }
 
@@ -212,7 +265,11 @@ impl Tx {
     }
 }
 
+/// Receive slots without GRO: one datagram each.
 const RX_SLOTS: usize = 64;
+/// Receive slots with GRO: up to 64 coalesced datagrams each.
+const RX_SLOTS_GRO: usize = 16;
+const GRO_SLOT: usize = 65536;
 
 /// UDP -> TUN.
 pub struct Rx {
@@ -227,21 +284,26 @@ pub struct Rx {
 impl Rx {
     /// Allocates the thread's buffers once.
     pub fn new(cfg: PipelineConfig) -> Self {
-        let slot = (DATA_HEADER_LEN + usize::from(cfg.mtu) + TAG_LEN + 64).max(2048);
-        // GRO only coalesces into a head buffer with room for the whole super-packet.
-        let cap = if cfg.offload { 2 * VIRTIO_NET_HDR_LEN + 65535 + 64 } else { VIRTIO_NET_HDR_LEN + slot };
+        let (slot, slots) = if cfg.udp_gro {
+            (GRO_SLOT, RX_SLOTS_GRO)
+        } else {
+            ((DATA_HEADER_LEN + usize::from(cfg.mtu) + TAG_LEN + 64).max(2048), RX_SLOTS)
+        };
+        // TUN GRO only coalesces into a head buffer with room for the whole super-packet.
+        let cap = if cfg.offload { 2 * VIRTIO_NET_HDR_LEN + 65535 + 64 } else { VIRTIO_NET_HDR_LEN + 65535 };
         Self {
-            slab: vec![0u8; slot * RX_SLOTS],
+            slab: vec![0u8; slot * slots],
             slot,
-            metas: vec![RecvMeta::default(); RX_SLOTS],
+            metas: vec![RecvMeta::default(); slots],
             coal: (0..IDEAL_BATCH_SIZE).map(|_| Vec::with_capacity(cap)).collect(),
             gro: GROTable::default(),
             pending: 0,
         }
     }
 
-    fn run(mut self, tun: &SyncDevice, sock: &UdpSocket, shared: &Shared) {
-        while !shared.stop.load(Ordering::Relaxed) {
+    fn run(mut self, tun: &SyncDevice, sock: &UdpSocket, shared: &Shared, stats: &PipelineStats) {
+        let mut writer = tun;
+        while !shared.stop.load(Relaxed) {
             let n = match udp::recv_batch(sock, &mut self.slab, self.slot, &mut self.metas) {
                 Ok(n) => n,
                 Err(e)
@@ -259,106 +321,126 @@ impl Rx {
                 }
             };
             let routes = shared.routes.load();
-            self.process(&routes, shared, n);
-            self.flush(tun, &shared.drops);
+            stats.rx_batches.fetch_add(1, Relaxed);
+            self.process(&routes, shared, stats, n, &mut writer);
         }
     }
 
-    /// Handles `n` datagrams already in the slab.
-    pub fn process(&mut self, routes: &RouteSnapshot, shared: &Shared, n: usize) {
+    /// Handles `n` received messages already in the slab, writing the packets that
+    /// pass to `out`.
+    pub fn process(
+        &mut self,
+        routes: &RouteSnapshot,
+        shared: &Shared,
+        stats: &PipelineStats,
+        n: usize,
+        out: &mut impl TunWriter,
+    ) {
         let now = now_ms(shared.epoch);
         let mut tally = Tally::new();
+        let (mut packets, mut bytes) = (0u64, 0u64);
         for i in 0..n {
             let meta = self.metas[i];
-            let data = &mut self.slab[i * self.slot..i * self.slot + meta.len];
-            if meta.truncated {
-                shared.drops.add(DropReason::Malformed, 1);
+            if meta.truncated || meta.len == 0 {
+                stats.drops.add(DropReason::Malformed, 1);
                 continue;
             }
-            match MessageType::of(data) {
-                Some(MessageType::Data) => {}
-                Some(_) => {
-                    let ev = ControlEvent::Datagram { from: meta.from, bytes: data.to_vec() };
-                    if !shared.control.try_push(ev) {
-                        shared.drops.add(DropReason::ControlQueueFull, 1);
-                    }
-                    continue;
-                }
-                None => {
-                    shared.drops.add(DropReason::Malformed, 1);
-                    continue;
-                }
-            }
-            let Ok(hdr) = DataHeader::parse(data) else {
-                shared.drops.add(DropReason::Malformed, 1);
-                continue;
-            };
-            let Some(session) = routes.session_by_index(hdr.receiver_index) else {
-                shared.drops.add(DropReason::UnknownSession, 1);
-                continue;
-            };
-            let len = match session.open(&hdr, data) {
-                Ok(len) => len,
-                Err(reason) => {
-                    session.stats.drops.add(reason, 1);
-                    continue;
-                }
-            };
-            session.touch_rx(now);
-            if session.confirm()
-                && !shared.control.try_push(ControlEvent::Confirmed { local_index: session.local_index })
-            {
-                shared.drops.add(DropReason::ControlQueueFull, 1);
-            }
-            if len == 0 {
-                continue; // keepalive
-            }
-            let plain = &data[DATA_HEADER_LEN..DATA_HEADER_LEN + len];
-            match ipv4_addrs(plain) {
-                Some((src, _)) if src == session.peer_addr => {}
-                Some(_) => {
-                    session.stats.drops.add(DropReason::Spoofed, 1);
-                    continue;
-                }
-                None => {
-                    session.stats.drops.add(DropReason::NotIpv4, 1);
-                    continue;
+            let slot = &mut self.slab[i * self.slot..i * self.slot + meta.len];
+            for data in slot.chunks_mut(meta.stride.max(1)) {
+                let Some((session, len)) = open(routes, shared, stats, meta.from, data, now) else { continue };
+                let plain = &data[DATA_HEADER_LEN..DATA_HEADER_LEN + len];
+                let buf = &mut self.coal[self.pending];
+                buf.clear();
+                buf.resize(VIRTIO_NET_HDR_LEN, 0);
+                buf.extend_from_slice(plain);
+                self.pending += 1;
+                packets += 1;
+                bytes += len as u64;
+                tally.add(session, len, true, now);
+                if self.pending == self.coal.len() {
+                    Self::write(&mut self.coal[..self.pending], &mut self.gro, stats, out);
+                    self.pending = 0;
                 }
             }
-            let out = &mut self.coal[self.pending];
-            out.clear();
-            out.resize(VIRTIO_NET_HDR_LEN, 0);
-            out.extend_from_slice(plain);
-            self.pending += 1;
-            tally.add(session, len, true, now);
         }
         tally.flush(true, now);
+        if self.pending > 0 {
+            Self::write(&mut self.coal[..self.pending], &mut self.gro, stats, out);
+            self.pending = 0;
+        }
+        stats.rx_packets.fetch_add(packets, Relaxed);
+        stats.rx_bytes.fetch_add(bytes, Relaxed);
     }
 
-    /// Writes the packets gathered by [`Rx::process`] to the TUN, coalescing them.
-    fn flush(&mut self, tun: &SyncDevice, drops: &DropCounters) {
-        if self.pending == 0 {
-            return;
-        }
-        if let Err(e) = tun.send_multiple(&mut self.gro, &mut self.coal[..self.pending], VIRTIO_NET_HDR_LEN) {
+    fn write(bufs: &mut [Vec<u8>], gro: &mut GROTable, stats: &PipelineStats, out: &mut impl TunWriter) {
+        if let Err(e) = out.write_batch(gro, bufs) {
             debug!(error = %e, "TUN write failed");
-            drops.add(DropReason::Tun, 1);
+            stats.drops.add(DropReason::Tun, 1);
         }
-        self.pending = 0;
     }
 
     /// The slab and metadata, for feeding datagrams without a socket (tests, benches).
     pub fn slab(&mut self) -> (&mut [u8], usize, &mut [RecvMeta]) {
         (&mut self.slab, self.slot, &mut self.metas)
     }
-
-    /// Plaintext packets gathered by the last [`Rx::process`] and not yet written;
-    /// taking them clears the batch.
-    pub fn take_pending(&mut self) -> impl Iterator<Item = &[u8]> {
-        let n = std::mem::take(&mut self.pending);
-        self.coal[..n].iter().map(|b| &b[VIRTIO_NET_HDR_LEN..])
-    }
 }
 
-// One received datagram yields at most one packet, so a batch never overflows `coal`.
-const _: () = assert!(RX_SLOTS <= IDEAL_BATCH_SIZE);
+/// Classifies, authenticates and checks one datagram. Returns the session it belongs
+/// to and the plaintext length (plaintext at `data[16..]`) for a packet to deliver;
+/// `None` for anything else (handed to the control plane, a keepalive, or a drop).
+fn open<'r>(
+    routes: &'r RouteSnapshot,
+    shared: &Shared,
+    stats: &PipelineStats,
+    from: SocketAddr,
+    data: &mut [u8],
+    now: u64,
+) -> Option<(&'r Arc<Session>, usize)> {
+    match MessageType::of(data) {
+        Some(MessageType::Data) => {}
+        Some(_) => {
+            let ev = ControlEvent::Datagram { from, bytes: data.to_vec() };
+            if !shared.control.try_push(ev) {
+                stats.drops.add(DropReason::ControlQueueFull, 1);
+            }
+            return None;
+        }
+        None => {
+            stats.drops.add(DropReason::Malformed, 1);
+            return None;
+        }
+    }
+    let Ok(hdr) = DataHeader::parse(data) else {
+        stats.drops.add(DropReason::Malformed, 1);
+        return None;
+    };
+    let Some(session) = routes.session_by_index(hdr.receiver_index) else {
+        stats.drops.add(DropReason::UnknownSession, 1);
+        return None;
+    };
+    let len = match session.open(&hdr, data) {
+        Ok(len) => len,
+        Err(reason) => {
+            session.stats.drops.add(reason, 1);
+            return None;
+        }
+    };
+    session.touch_rx(now);
+    if session.confirm() && !shared.control.try_push(ControlEvent::Confirmed { local_index: session.local_index }) {
+        stats.drops.add(DropReason::ControlQueueFull, 1);
+    }
+    if len == 0 {
+        return None; // keepalive
+    }
+    match ipv4_addrs(&data[DATA_HEADER_LEN..DATA_HEADER_LEN + len]) {
+        Some((src, _)) if src == session.peer_addr => Some((session, len)),
+        Some(_) => {
+            session.stats.drops.add(DropReason::Spoofed, 1);
+            None
+        }
+        None => {
+            session.stats.drops.add(DropReason::NotIpv4, 1);
+            None
+        }
+    }
+}

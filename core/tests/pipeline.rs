@@ -9,13 +9,14 @@ use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
+use tun_rs::GROTable;
 use weft_core::crypto::Cipher;
 use weft_core::handshake::SessionKeys;
-use weft_core::pipeline::{ControlEvent, ControlSink, PipelineConfig, Rx, Shared, Tx};
+use weft_core::pipeline::{ControlEvent, ControlSink, PipelineConfig, PipelineStats, Rx, Shared, TunWriter, Tx};
 use weft_core::route::RouteSnapshot;
 use weft_core::session::{Session, SessionParams};
 use weft_core::stats::{DropCounters, DropReason};
-use weft_core::transport::udp::RecvMeta;
+use weft_core::transport::udp::{Offload, RecvMeta};
 
 #[derive(Default)]
 struct Sink(Mutex<Vec<ControlEvent>>);
@@ -49,6 +50,7 @@ struct Ends {
     a_to_b: Arc<Session>,
     b_from_a: Arc<Session>,
     shared_b: Shared,
+    stats_b: PipelineStats,
     sink: Arc<Sink>,
     routes_a: RouteSnapshot,
 }
@@ -73,12 +75,12 @@ fn ends(cipher: Cipher) -> Ends {
     let sink = Arc::new(Sink::default());
     let shared_b = Shared {
         routes: Arc::new(ArcSwap::from_pointee(RouteSnapshot::new([(A, b_from_a.clone())], [b_from_a.clone()]))),
-        drops: Arc::new(DropCounters::default()),
         control: sink.clone(),
         epoch: Instant::now(),
         stop: Arc::new(AtomicBool::new(false)),
+        offload: Arc::new(Offload::new(false, false)),
     };
-    let cfg = PipelineConfig { mtu: 1420, offload: false };
+    let cfg = PipelineConfig { mtu: 1420, offload: false, udp_gro: false, pin: None };
     Ends {
         tx: Tx::new(cfg),
         rx: Rx::new(cfg),
@@ -86,6 +88,7 @@ fn ends(cipher: Cipher) -> Ends {
         a_to_b,
         b_from_a,
         shared_b,
+        stats_b: PipelineStats::default(),
         sink,
     }
 }
@@ -108,11 +111,22 @@ fn deliver(e: &mut Ends, dgrams: &[Vec<u8>]) -> Vec<Vec<u8>> {
     for (i, d) in dgrams.iter().enumerate() {
         let n = d.len().min(slot);
         slab[i * slot..i * slot + n].copy_from_slice(&d[..n]);
-        metas[i] = RecvMeta { from: "192.0.2.1:11010".parse().unwrap(), len: n, truncated: d.len() > slot };
+        metas[i] = RecvMeta { from: "192.0.2.1:11010".parse().unwrap(), len: n, stride: n, truncated: d.len() > slot };
     }
     let routes = e.shared_b.routes.load();
-    e.rx.process(&routes, &e.shared_b, dgrams.len());
-    e.rx.take_pending().map(<[u8]>::to_vec).collect()
+    let mut out = Collect(Vec::new());
+    e.rx.process(&routes, &e.shared_b, &e.stats_b, dgrams.len(), &mut out);
+    out.0
+}
+
+/// Stands in for the TUN: keeps what RX would write.
+struct Collect(Vec<Vec<u8>>);
+
+impl TunWriter for Collect {
+    fn write_batch(&mut self, _gro: &mut GROTable, bufs: &mut [Vec<u8>]) -> std::io::Result<()> {
+        self.0.extend(bufs.iter().map(|b| b[10..].to_vec()));
+        Ok(())
+    }
 }
 
 #[test]
@@ -175,7 +189,7 @@ fn rx_drops_hostile_datagrams_by_reason() {
     assert_eq!(peer.get(DropReason::Replay), 1);
     assert_eq!(peer.get(DropReason::AuthFailed), 1);
     assert_eq!(peer.get(DropReason::Spoofed), 1);
-    let node = &e.shared_b.drops;
+    let node = &e.stats_b.drops;
     assert_eq!(node.get(DropReason::UnknownSession), 1);
     assert_eq!(node.get(DropReason::Malformed), 4, "truncated, junk, empty, oversize");
     // Still works afterwards.
