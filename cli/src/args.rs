@@ -83,9 +83,10 @@ pub struct UpArgs {
     /// Turn UDP GRO on receive off.
     #[arg(long, env = "WEFT_NO_UDP_GRO", value_parser = clap::builder::FalseyValueParser::new())]
     pub no_udp_gro: bool,
-    /// Do not pin pipeline threads to cores.
-    #[arg(long, env = "WEFT_NO_PIN", value_parser = clap::builder::FalseyValueParser::new())]
-    pub no_pin: bool,
+    /// Pin each pipeline's threads to one core (off by default: on small machines the
+    /// scheduler spreads TX, RX and the applications better; see bench/RESULTS.md).
+    #[arg(long, env = "WEFT_PIN", value_parser = clap::builder::FalseyValueParser::new())]
+    pub pin: bool,
     /// Rekey interval in seconds (default 120); for testing.
     #[arg(long, value_name = "SECS", hide = true)]
     pub rekey_after: Option<u64>,

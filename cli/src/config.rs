@@ -49,7 +49,7 @@ pub struct FileConfig {
     no_tun_offload: Option<bool>,
     no_udp_gso: Option<bool>,
     no_udp_gro: Option<bool>,
-    no_pin: Option<bool>,
+    pin: Option<bool>,
 }
 
 impl FileConfig {
@@ -267,7 +267,7 @@ impl NodeConfig {
                     udp_gro: !(all_off || args.no_udp_gro || file.no_udp_gro.unwrap_or(false)),
                 }
             },
-            pin: !(args.no_pin || file.no_pin.unwrap_or(false)),
+            pin: args.pin || file.pin.unwrap_or(false),
             rekey_after: std::time::Duration::from_secs(args.rekey_after.unwrap_or(120).max(1)),
         })
     }
@@ -299,7 +299,7 @@ mod tests {
         assert_eq!(c.mtu, 1420);
         assert_eq!(c.ipv4, Ipv4Net { addr: [10, 126, 126, 2].into(), prefix: 24 });
         assert_eq!(c.offload, OffloadWanted { tun: true, udp_gso: true, udp_gro: true });
-        assert!(c.pin);
+        assert!(!c.pin);
     }
 
     #[test]
