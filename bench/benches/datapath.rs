@@ -15,7 +15,9 @@ use tun_rs::{GROTable, VIRTIO_NET_HDR_LEN, VirtioNetHdr};
 use weft_bench::{HEADERS, tcp4_packet};
 use weft_core::crypto::{Cipher, DataKey, TAG_LEN};
 use weft_core::handshake::SessionKeys;
-use weft_core::pipeline::{ControlEvent, ControlSink, PipelineConfig, PipelineStats, Rx, Shared, TunWriter, Tx};
+use weft_core::pipeline::{
+    ControlEvent, ControlSink, PipelineConfig, PipelineStats, Rx, Shared, TX_HEADROOM, TunWriter, Tx,
+};
 use weft_core::replay::ReplayWindow;
 use weft_core::route::RouteSnapshot;
 use weft_core::session::{Session, SessionParams};
@@ -203,7 +205,7 @@ fn pipeline(c: &mut Criterion) {
             b.iter(|| {
                 input.copy_from_slice(&pkt);
                 let (bufs, sizes) = tx.buffers();
-                let n = tun_rs::gso_split(&mut input, hdr, bufs, sizes, DATA_HEADER_LEN, false).unwrap();
+                let n = tun_rs::gso_split(&mut input, hdr, bufs, sizes, TX_HEADROOM, false).unwrap();
                 tx.process(&routes, &drops, n, 1);
                 black_box(tx.outgoing().1.len())
             });
@@ -212,7 +214,7 @@ fn pipeline(c: &mut Criterion) {
         // The datagrams TX produced, to feed RX with a fresh receiving session each
         // round (its replay window would refuse a second delivery).
         let (bufs, out) = tx.outgoing();
-        let dgrams: Vec<Vec<u8>> = out.iter().map(|o| bufs[o.buf][..o.len].to_vec()).collect();
+        let dgrams: Vec<Vec<u8>> = out.iter().map(|o| bufs[o.buf][o.start..o.start + o.len].to_vec()).collect();
         let mut rx = Rx::new(cfg);
         let stats = PipelineStats::default();
         g.bench_function(BenchmarkId::new("rx_64KiB", cipher), |b| {

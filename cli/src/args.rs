@@ -7,9 +7,13 @@ use clap::{Args, Parser, Subcommand};
 /// Default control socket.
 pub const DEFAULT_CONTROL: &str = "/run/weft/weft.sock";
 
+/// What `weft --version` prints after the name: the crate version and the git commit
+/// it was built from (`unknown` outside a git checkout; see `build.rs`).
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("WEFT_GIT_COMMIT"), ")");
+
 /// Weft: a peer-to-peer mesh VPN node.
 #[derive(Debug, Parser)]
-#[command(name = "weft", version, about, propagate_version = true)]
+#[command(name = "weft", version = VERSION, about, propagate_version = true)]
 pub struct Cli {
     /// Log filter (tracing EnvFilter syntax, e.g. `info` or `weft=debug`); RUST_LOG also works.
     #[arg(long, global = true, env = "WEFT_LOG_LEVEL")]
@@ -26,6 +30,15 @@ pub enum Command {
     Up(Box<UpArgs>),
     /// Show this node, its peers and their sessions.
     Status(QueryArgs),
+    /// Show every peer: path (direct or relayed), latency, loss, traffic.
+    Peers(QueryArgs),
+    /// Show the route to every member of the mesh.
+    Routes(QueryArgs),
+    /// Print a shell completion script to stdout.
+    Completions(CompletionsArgs),
+    /// Print a man page (roff) to stdout, for packaging.
+    #[command(hide = true)]
+    Man(ManArgs),
 }
 
 /// `weft up`. Every value may also come from the config file; flags win, then
@@ -87,6 +100,9 @@ pub struct UpArgs {
     /// scheduler spreads TX, RX and the applications better; see bench/RESULTS.md).
     #[arg(long, env = "WEFT_PIN", value_parser = clap::builder::FalseyValueParser::new())]
     pub pin: bool,
+    /// Prefer the path with the lowest latency over the one with the fewest hops.
+    #[arg(long)]
+    pub latency_first: bool,
     /// Rekey interval in seconds (default 120); for testing.
     #[arg(long, value_name = "SECS", hide = true)]
     pub rekey_after: Option<u64>,
@@ -101,4 +117,20 @@ pub struct QueryArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `weft completions`.
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// Shell to complete for, e.g. `weft completions bash > /usr/share/bash-completion/completions/weft`.
+    #[arg(value_enum, value_name = "SHELL")]
+    pub shell: clap_complete::Shell,
+}
+
+/// `weft man`.
+#[derive(Debug, Args)]
+pub struct ManArgs {
+    /// Print the page of this subcommand (weft-COMMAND(1)) instead of weft(1).
+    #[arg(value_name = "COMMAND")]
+    pub command: Option<String>,
 }

@@ -50,6 +50,7 @@ pub struct FileConfig {
     no_udp_gso: Option<bool>,
     no_udp_gro: Option<bool>,
     pin: Option<bool>,
+    latency_first: Option<bool>,
 }
 
 impl FileConfig {
@@ -163,6 +164,8 @@ pub struct NodeConfig {
     pub offload: OffloadWanted,
     /// Pin pipeline threads to cores.
     pub pin: bool,
+    /// Route by latency rather than hop count.
+    pub latency_first: bool,
     /// Rekey interval.
     pub rekey_after: std::time::Duration,
 }
@@ -268,6 +271,7 @@ impl NodeConfig {
                 }
             },
             pin: args.pin || file.pin.unwrap_or(false),
+            latency_first: args.latency_first || file.latency_first.unwrap_or(false),
             rekey_after: std::time::Duration::from_secs(args.rekey_after.unwrap_or(120).max(1)),
         })
     }

@@ -61,6 +61,8 @@ pub struct StatusJson {
     pub drops: std::collections::BTreeMap<String, u64>,
     /// Known peers.
     pub peers: Vec<PeerJson>,
+    /// Routes to every member of the mesh.
+    pub routes: Vec<RouteJson>,
     /// Configured peers that have not answered yet.
     pub pending_peers: Vec<PendingJson>,
     /// Handshakes we refused, by source.
@@ -106,8 +108,22 @@ pub struct PeerJson {
     pub hostname: String,
     /// Its overlay address.
     pub overlay: String,
-    /// Its UDP endpoint.
-    pub endpoint: String,
+    /// Its direct UDP endpoint, if known.
+    pub endpoint: Option<String>,
+    /// direct, relay or none.
+    pub path: String,
+    /// The first relay's node id, when relayed.
+    pub via: Option<String>,
+    /// The first relay's host name, when relayed.
+    pub via_hostname: Option<String>,
+    /// Links on the path.
+    pub hops: u32,
+    /// Transport of the path.
+    pub transport: String,
+    /// Smoothed round-trip time of the end-to-end session, in milliseconds.
+    pub rtt_ms: Option<f64>,
+    /// Fraction of recent probes lost, 0.0 to 1.0.
+    pub loss: Option<f32>,
     /// connecting, established or down.
     pub state: String,
     /// Seconds since the last handshake.
@@ -124,6 +140,29 @@ pub struct PeerJson {
     pub drops: std::collections::BTreeMap<String, u64>,
     /// Why it is not established.
     pub error: Option<String>,
+}
+
+/// One route.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RouteJson {
+    /// Destination node id.
+    pub node_id: String,
+    /// Destination host name.
+    pub hostname: String,
+    /// Destination overlay address.
+    pub overlay: String,
+    /// First hop's node id (the destination itself when direct).
+    pub next_hop: String,
+    /// First hop's host name.
+    pub next_hop_hostname: Option<String>,
+    /// Links on the path.
+    pub hops: u32,
+    /// Sum of link latencies, in milliseconds.
+    pub latency_ms: u32,
+    /// Whether an end-to-end session with the destination is up.
+    pub session: bool,
+    /// Subnets the destination proxies.
+    pub proxied: Vec<String>,
 }
 
 /// A configured peer not yet connected.

@@ -14,6 +14,7 @@
 pub mod args;
 pub mod config;
 pub mod control;
+mod meta;
 pub mod node;
 mod show;
 pub mod state;
@@ -38,16 +39,22 @@ pub fn run(cli: Cli) -> Result<()> {
             let cfg = NodeConfig::resolve(&args)?;
             node::run(cfg)
         }
-        Command::Status(q) => {
-            let reply = control::request(&q.control, &control::Request::Status)?;
-            match reply {
-                control::Reply::Status(s) if q.json => println!("{}", serde_json::to_string_pretty(&s)?),
-                control::Reply::Status(s) => print!("{}", show::status(&s)),
-                control::Reply::Error { message } => anyhow::bail!("node refused the request: {message}"),
-            }
-            Ok(())
-        }
+        Command::Status(q) => query(&q, show::status),
+        Command::Peers(q) => query(&q, show::peers),
+        Command::Routes(q) => query(&q, show::routes),
+        Command::Completions(a) => meta::completions(a.shell),
+        Command::Man(a) => meta::man(a.command.as_deref()),
     }
+}
+
+/// Asks the node for its status and prints it as JSON or with `table`.
+fn query(q: &args::QueryArgs, table: fn(&control::StatusJson) -> String) -> Result<()> {
+    match control::request(&q.control, &control::Request::Status)? {
+        control::Reply::Status(s) if q.json => println!("{}", serde_json::to_string_pretty(&s)?),
+        control::Reply::Status(s) => print!("{}", table(&s)),
+        control::Reply::Error { message } => anyhow::bail!("node refused the request: {message}"),
+    }
+    Ok(())
 }
 
 /// Exit status for an error: 2 for bad input, 1 for everything else.

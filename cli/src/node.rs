@@ -24,11 +24,14 @@ use weft_core::route::RouteSnapshot;
 use weft_core::stats::{DropCounters, DropReason};
 use weft_core::transport::udp::{self, Offload};
 use weft_core::tun::{Tun, TunConfig};
+use weft_peers::NodeId;
 use weft_peers::node::{Action, Config, Input, Node, Timers};
-use weft_peers::status::NodeStatus;
+use weft_peers::status::{NodeStatus, PathStatus};
 
 use crate::config::NodeConfig;
-use crate::control::{OffloadJson, PeerJson, PendingJson, PipelineJson, RefusedJson, Reply, Request, StatusJson};
+use crate::control::{
+    OffloadJson, PeerJson, PendingJson, PipelineJson, RefusedJson, Reply, Request, RouteJson, StatusJson,
+};
 use crate::state;
 
 /// Depth of the data plane -> control plane queue.
@@ -114,6 +117,8 @@ pub fn run(cfg: NodeConfig) -> Result<()> {
             dial,
             epoch,
             timers: Timers { rekey_after: cfg.rekey_after, ..Timers::default() },
+            endpoints: local_endpoints(cfg.listen, cfg.ipv4.addr),
+            latency_first: cfg.latency_first,
         },
         Box::new(rand::rngs::StdRng::from_entropy()),
     );
@@ -160,8 +165,13 @@ impl Runtime {
                     let Some(ev) = ev else { break };
                     let now = Instant::now();
                     match ev {
-                        ControlEvent::Datagram { from, bytes } => self.engine.handle(now, Input::Datagram { from, bytes: &bytes }),
+                        ControlEvent::Datagram { from, via, bytes } => {
+                            let via = via.map(NodeId::from_bytes);
+                            self.engine.handle(now, Input::Datagram { from, via, bytes: &bytes })
+                        }
                         ControlEvent::Confirmed { local_index } => self.engine.handle(now, Input::Confirmed { local_index }),
+                        ControlEvent::Message { local_index, bytes } => self.engine.handle(now, Input::Message { local_index, bytes: &bytes }),
+                        ControlEvent::Direct { local_index, from } => self.engine.handle(now, Input::Direct { local_index, from }),
                     }
                 }
                 () = tokio::time::sleep_until(deadline.into()) => self.engine.handle_timeout(Instant::now()),
@@ -215,11 +225,25 @@ impl Runtime {
                 for (k, v) in &pd {
                     *drops.entry(k.clone()).or_default() += v;
                 }
+                let (path, via, hops) = match p.path {
+                    PathStatus::Direct => ("direct", None, 1),
+                    PathStatus::Relay { via, hops } => ("relay", Some(via), hops),
+                    PathStatus::None => ("none", None, 0),
+                };
                 PeerJson {
                     node_id: p.node_id.to_string(),
                     hostname: p.hostname.clone(),
                     overlay: p.overlay.to_string(),
-                    endpoint: p.endpoint.to_string(),
+                    endpoint: p.endpoint.map(|e| e.to_string()),
+                    path: path.into(),
+                    via: via.map(|v| v.to_string()),
+                    via_hostname: via
+                        .and_then(|v| st.peers.iter().find(|q| q.node_id == v))
+                        .map(|q| q.hostname.clone()),
+                    hops,
+                    transport: "udp".into(),
+                    rtt_ms: p.rtt.map(|r| r.as_secs_f64() * 1000.0),
+                    loss: p.loss,
                     state: p.state.name().into(),
                     last_handshake_secs: p.last_handshake.map(|d| d.as_secs()),
                     rx_bytes: p.stats.rx_bytes.load(Ordering::Relaxed),
@@ -265,6 +289,21 @@ impl Runtime {
             uptime_secs: now.duration_since(self.started).as_secs(),
             drops,
             peers,
+            routes: st
+                .routes
+                .iter()
+                .map(|r| RouteJson {
+                    node_id: r.node.to_string(),
+                    hostname: r.hostname.clone(),
+                    overlay: r.overlay.to_string(),
+                    next_hop: r.next_hop.to_string(),
+                    next_hop_hostname: st.peers.iter().find(|q| q.node_id == r.next_hop).map(|q| q.hostname.clone()),
+                    hops: r.hops,
+                    latency_ms: r.latency_ms,
+                    session: r.session,
+                    proxied: Vec::new(),
+                })
+                .collect(),
             pending_peers: st
                 .dials
                 .iter()
@@ -345,4 +384,22 @@ async fn serve_client(stream: UnixStream, requests: mpsc::Sender<StatusRequest>)
         text.push('\n');
         let _ = w.write_all(text.as_bytes()).await;
     }
+}
+
+/// The addresses peers may reach this node at: the listen address, or with a wildcard
+/// listener every non-loopback IPv4 interface address except the overlay's own.
+fn local_endpoints(listen: std::net::SocketAddr, overlay: std::net::Ipv4Addr) -> Vec<std::net::SocketAddr> {
+    if !listen.ip().is_unspecified() {
+        return vec![listen];
+    }
+    let Ok(ifs) = if_addrs::get_if_addrs() else { return Vec::new() };
+    ifs.into_iter()
+        .filter(|i| !i.is_loopback())
+        .filter_map(|i| match i.ip() {
+            std::net::IpAddr::V4(v4) if v4 != overlay && !v4.is_link_local() => {
+                Some(std::net::SocketAddr::new(v4.into(), listen.port()))
+            }
+            _ => None,
+        })
+        .collect()
 }

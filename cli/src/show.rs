@@ -27,26 +27,10 @@ pub(crate) fn status(s: &StatusJson) -> String {
         let _ = writeln!(o, "drops     {}", d.join(" "));
     }
     let _ = writeln!(o);
-    let rows: Vec<[String; 8]> = s
-        .peers
-        .iter()
-        .map(|p| {
-            [
-                p.overlay.clone(),
-                p.node_id.clone(),
-                p.hostname.clone(),
-                p.endpoint.clone(),
-                p.state.clone(),
-                p.last_handshake_secs.map_or_else(|| "-".into(), |x| format!("{} ago", human_secs(x))),
-                format!("{} / {}", human_bytes(p.rx_bytes), human_bytes(p.tx_bytes)),
-                p.error.clone().unwrap_or_default(),
-            ]
-        })
-        .collect();
-    if rows.is_empty() {
+    if s.peers.is_empty() {
         let _ = writeln!(o, "no peers");
     } else {
-        table(&mut o, ["OVERLAY", "NODE", "HOST", "ENDPOINT", "STATE", "HANDSHAKE", "RX / TX", "NOTE"], &rows);
+        o.push_str(&peers(s));
     }
     for p in &s.pending_peers {
         let _ = writeln!(
@@ -59,6 +43,66 @@ pub(crate) fn status(s: &StatusJson) -> String {
     }
     for r in &s.refused_handshakes {
         let _ = writeln!(o, "refused   {} x{} ({} ago): {}", r.from, r.count, human_secs(r.last_secs), r.reason);
+    }
+    o
+}
+
+/// Renders `weft peers`.
+pub(crate) fn peers(s: &StatusJson) -> String {
+    let rows: Vec<[String; 10]> = s
+        .peers
+        .iter()
+        .map(|p| {
+            let path = match (p.path.as_str(), &p.via_hostname, &p.via) {
+                ("relay", Some(h), _) if !h.is_empty() => format!("relay via {h} ({} hops)", p.hops),
+                ("relay", _, Some(v)) => format!("relay via {v} ({} hops)", p.hops),
+                (other, _, _) => other.to_owned(),
+            };
+            [
+                p.overlay.clone(),
+                p.hostname.clone(),
+                p.state.clone(),
+                path,
+                p.rtt_ms.map_or_else(|| "-".into(), |r| format!("{r:.1} ms")),
+                p.loss.map_or_else(|| "-".into(), |l| format!("{:.0}%", l * 100.0)),
+                format!("{} / {}", human_bytes(p.rx_bytes), human_bytes(p.tx_bytes)),
+                format!("{} {}", p.transport, p.endpoint.as_deref().unwrap_or("-")),
+                p.last_handshake_secs.map_or_else(|| "-".into(), |x| format!("{} ago", human_secs(x))),
+                p.error.clone().unwrap_or_default(),
+            ]
+        })
+        .collect();
+    let mut o = String::new();
+    if rows.is_empty() {
+        o.push_str("no peers\n");
+    } else {
+        let head = ["OVERLAY", "HOST", "STATE", "PATH", "LATENCY", "LOSS", "RX / TX", "ENDPOINT", "HANDSHAKE", "NOTE"];
+        table(&mut o, head, &rows);
+    }
+    o
+}
+
+/// Renders `weft routes`.
+pub(crate) fn routes(s: &StatusJson) -> String {
+    let rows: Vec<[String; 6]> = s
+        .routes
+        .iter()
+        .map(|r| {
+            [
+                r.overlay.clone(),
+                r.hostname.clone(),
+                r.next_hop_hostname.clone().unwrap_or_else(|| r.next_hop.clone()),
+                r.hops.to_string(),
+                format!("{} ms", r.latency_ms),
+                if r.proxied.is_empty() { "-".into() } else { r.proxied.join(",") },
+            ]
+        })
+        .collect();
+    let mut o = String::new();
+    if rows.is_empty() {
+        o.push_str("no routes\n");
+    } else {
+        table(&mut o, ["DESTINATION", "HOST", "NEXT HOP", "HOPS", "LATENCY", "PROXIED"], &rows);
     }
     o
 }

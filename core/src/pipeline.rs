@@ -25,8 +25,8 @@ use crate::crypto::TAG_LEN;
 use crate::route::RouteSnapshot;
 use crate::session::Session;
 use crate::stats::{DropCounters, DropReason};
-use crate::transport::udp::{self, Offload, Outgoing, RecvMeta};
-use crate::wire::{DATA_HEADER_LEN, DataHeader, MessageType, ipv4_addrs};
+use crate::transport::udp::{self, MAX_BATCH, Offload, Outgoing, RecvMeta};
+use crate::wire::{DATA_HEADER_LEN, DataHeader, FLAG_CONTROL, MessageType, RELAY_HEADER_LEN, RelayHeader, ipv4_addrs};
 
 /// Where the data plane hands what it cannot handle itself.
 pub trait ControlSink: Send + Sync + 'static {
@@ -39,10 +39,27 @@ pub trait ControlSink: Send + Sync + 'static {
 pub enum ControlEvent {
     /// A handshake or reject datagram.
     Datagram {
-        /// Sender.
+        /// Sender (the last relay when `via` is set).
         from: SocketAddr,
+        /// The node that sent it through relays, if it was relayed.
+        via: Option<[u8; 8]>,
         /// The datagram.
         bytes: Vec<u8>,
+    },
+    /// A control message arrived inside a session.
+    Message {
+        /// The session's local index.
+        local_index: u32,
+        /// The decrypted message.
+        bytes: Vec<u8>,
+    },
+    /// Authenticated packets of a session arrive directly from `from` (reported at most
+    /// once a second per session): a direct path exists, or the peer roamed.
+    Direct {
+        /// The session's local index.
+        local_index: u32,
+        /// Where they come from.
+        from: SocketAddr,
     },
     /// The first authenticated packet arrived on a session that was not yet confirmed.
     Confirmed {
@@ -193,7 +210,7 @@ pub struct Tx {
 impl Tx {
     /// Allocates the thread's buffers once.
     pub fn new(cfg: PipelineConfig) -> Self {
-        let slot = DATA_HEADER_LEN + usize::from(cfg.mtu).max(1500) + TAG_LEN + 64;
+        let slot = TX_HEADROOM + usize::from(cfg.mtu).max(1500) + TAG_LEN + 64;
         let original = if cfg.offload { vec![0u8; VIRTIO_NET_HDR_LEN + 65535] } else { Vec::new() };
         Self {
             original,
@@ -205,7 +222,7 @@ impl Tx {
 
     fn run(mut self, tun: &SyncDevice, sock: &UdpSocket, shared: &Shared, stats: &PipelineStats) {
         loop {
-            let n = match tun.recv_multiple(&mut self.original, &mut self.bufs, &mut self.sizes, DATA_HEADER_LEN) {
+            let n = match tun.recv_multiple(&mut self.original, &mut self.bufs, &mut self.sizes, TX_HEADROOM) {
                 Ok(n) => n,
                 Err(e) => {
                     stats.drops.add(DropReason::Tun, 1);
@@ -229,27 +246,37 @@ impl Tx {
         }
     }
 
-    /// Seals the `n` packets read into the buffers and lists the datagrams to send.
+    /// Seals the `n` packets read into the buffers (at [`TX_HEADROOM`]) and lists the
+    /// datagrams to send.
     pub fn process(&mut self, routes: &RouteSnapshot, drops: &DropCounters, n: usize, now: u64) {
         self.out.clear();
         let mut tally = Tally::new();
         for i in 0..n {
             let len = self.sizes[i];
             let buf = &mut self.bufs[i];
-            let Some((_, dst)) = buf.get(DATA_HEADER_LEN..DATA_HEADER_LEN + len).and_then(ipv4_addrs) else {
+            let Some((_, dst)) = buf.get(TX_HEADROOM..TX_HEADROOM + len).and_then(ipv4_addrs) else {
                 drops.add(DropReason::NotIpv4, 1);
                 continue;
             };
-            let Some(session) = routes.session_for(dst) else {
+            let Some(route) = routes.route_for(dst) else {
                 drops.add(DropReason::NoRoute, 1);
                 continue;
             };
-            let Some(total) = session.seal(buf, len) else {
+            let Some(sealed) = route.session.seal(&mut buf[RELAY_HEADER_LEN..], len) else {
                 drops.add(DropReason::Malformed, 1);
                 continue;
             };
-            tally.add(session, len, false, now);
-            self.out.push(Outgoing { buf: i, len: total, to: session.endpoint });
+            let start = match &route.relay {
+                Some(h) => {
+                    if let Some(head) = buf.first_chunk_mut::<RELAY_HEADER_LEN>() {
+                        h.emit(head);
+                    }
+                    0
+                }
+                None => RELAY_HEADER_LEN,
+            };
+            tally.add(&route.session, len, false, now);
+            self.out.push(Outgoing { buf: i, start, len: RELAY_HEADER_LEN - start + sealed, to: route.target });
         }
         tally.flush(false, now);
     }
@@ -265,6 +292,9 @@ impl Tx {
     }
 }
 
+/// Room TX leaves in front of each packet it reads: a relay header and a data header.
+pub const TX_HEADROOM: usize = RELAY_HEADER_LEN + DATA_HEADER_LEN;
+
 /// Receive slots without GRO: one datagram each.
 const RX_SLOTS: usize = 64;
 /// Receive slots with GRO: up to 64 coalesced datagrams each.
@@ -279,6 +309,8 @@ pub struct Rx {
     coal: Vec<Vec<u8>>,
     gro: GROTable,
     pending: usize,
+    /// Relayed frames to forward, as offsets into the slab.
+    fwd: Vec<Outgoing>,
 }
 
 impl Rx {
@@ -298,6 +330,7 @@ impl Rx {
             coal: (0..IDEAL_BATCH_SIZE).map(|_| Vec::with_capacity(cap)).collect(),
             gro: GROTable::default(),
             pending: 0,
+            fwd: Vec::with_capacity(MAX_BATCH),
         }
     }
 
@@ -323,6 +356,10 @@ impl Rx {
             let routes = shared.routes.load();
             stats.rx_batches.fetch_add(1, Relaxed);
             self.process(&routes, shared, stats, n, &mut writer);
+            if !self.fwd.is_empty() {
+                let failed = udp::send_batch(sock, &[&self.slab[..]], &self.fwd, &shared.offload);
+                stats.drops.add(DropReason::UdpSend, failed as u64);
+            }
         }
     }
 
@@ -339,16 +376,32 @@ impl Rx {
         let now = now_ms(shared.epoch);
         let mut tally = Tally::new();
         let (mut packets, mut bytes) = (0u64, 0u64);
+        self.fwd.clear();
         for i in 0..n {
             let meta = self.metas[i];
             if meta.truncated || meta.len == 0 {
                 stats.drops.add(DropReason::Malformed, 1);
                 continue;
             }
-            let slot = &mut self.slab[i * self.slot..i * self.slot + meta.len];
-            for data in slot.chunks_mut(meta.stride.max(1)) {
-                let Some((session, len)) = open(routes, shared, stats, meta.from, data, now) else { continue };
-                let plain = &data[DATA_HEADER_LEN..DATA_HEADER_LEN + len];
+            let base = i * self.slot;
+            let stride = meta.stride.max(1);
+            let mut off = 0;
+            while off < meta.len {
+                let seg = stride.min(meta.len - off);
+                let start = base + off;
+                off += seg;
+                let data = &mut self.slab[start..start + seg];
+                let delivered = match relay_or_local(routes, stats, meta.from, data) {
+                    Hop::Local(skip, via) => open(routes, shared, stats, meta.from, via, &mut data[skip..], now)
+                        .map(|(s, len)| (s, skip, len)),
+                    Hop::Forward(to) => {
+                        self.fwd.push(Outgoing { buf: 0, start, len: seg, to });
+                        None
+                    }
+                    Hop::Drop => None,
+                };
+                let Some((session, skip, len)) = delivered else { continue };
+                let plain = &self.slab[start + skip + DATA_HEADER_LEN..start + skip + DATA_HEADER_LEN + len];
                 let buf = &mut self.coal[self.pending];
                 buf.clear();
                 buf.resize(VIRTIO_NET_HDR_LEN, 0);
@@ -379,10 +432,58 @@ impl Rx {
         }
     }
 
+    /// Relayed frames the last [`Rx::process`] would forward: (destination, frame).
+    pub fn forwarded(&self) -> impl Iterator<Item = (SocketAddr, &[u8])> {
+        self.fwd.iter().map(|o| (o.to, &self.slab[o.start..o.start + o.len]))
+    }
+
     /// The slab and metadata, for feeding datagrams without a socket (tests, benches).
     pub fn slab(&mut self) -> (&mut [u8], usize, &mut [RecvMeta]) {
         (&mut self.slab, self.slot, &mut self.metas)
     }
+}
+
+enum Hop {
+    /// For us: the inner datagram starts at this offset; relayed by this node.
+    Local(usize, Option<[u8; 8]>),
+    /// A relayed frame for someone else, hop limit already decremented.
+    Forward(SocketAddr),
+    /// Dropped and counted.
+    Drop,
+}
+
+/// Unwraps a relay header addressed to us, or decides where a frame for someone else
+/// goes. Relayed frames are accepted only from direct neighbours.
+fn relay_or_local(routes: &RouteSnapshot, stats: &PipelineStats, from: SocketAddr, data: &mut [u8]) -> Hop {
+    if MessageType::of(data) != Some(MessageType::Relay) {
+        return Hop::Local(0, None);
+    }
+    if !routes.is_neighbour(&from) {
+        stats.drops.add(DropReason::RelayRefused, 1);
+        return Hop::Drop;
+    }
+    let Ok(h) = RelayHeader::parse(data) else {
+        stats.drops.add(DropReason::Malformed, 1);
+        return Hop::Drop;
+    };
+    if &h.dst == routes.local() {
+        // A relay inside a relay is never produced by a correct node.
+        if MessageType::of(&data[RELAY_HEADER_LEN..]) == Some(MessageType::Relay) {
+            stats.drops.add(DropReason::Malformed, 1);
+            return Hop::Drop;
+        }
+        return Hop::Local(RELAY_HEADER_LEN, Some(h.src));
+    }
+    if h.hop_limit == 0 {
+        stats.drops.add(DropReason::HopLimit, 1);
+        return Hop::Drop;
+    }
+    let Some(next) = routes.next_hop(&h.dst) else {
+        stats.drops.add(DropReason::NoRoute, 1);
+        return Hop::Drop;
+    };
+    data[1] = h.hop_limit - 1;
+    Hop::Forward(next)
 }
 
 /// Classifies, authenticates and checks one datagram. Returns the session it belongs
@@ -393,13 +494,14 @@ fn open<'r>(
     shared: &Shared,
     stats: &PipelineStats,
     from: SocketAddr,
+    via: Option<[u8; 8]>,
     data: &mut [u8],
     now: u64,
 ) -> Option<(&'r Arc<Session>, usize)> {
     match MessageType::of(data) {
         Some(MessageType::Data) => {}
         Some(_) => {
-            let ev = ControlEvent::Datagram { from, bytes: data.to_vec() };
+            let ev = ControlEvent::Datagram { from, via, bytes: data.to_vec() };
             if !shared.control.try_push(ev) {
                 stats.drops.add(DropReason::ControlQueueFull, 1);
             }
@@ -428,6 +530,21 @@ fn open<'r>(
     session.touch_rx(now);
     if session.confirm() && !shared.control.try_push(ControlEvent::Confirmed { local_index: session.local_index }) {
         stats.drops.add(DropReason::ControlQueueFull, 1);
+    }
+    if via.is_none() {
+        session.touch_direct(now);
+        if session.should_report_roam(now)
+            && !shared.control.try_push(ControlEvent::Direct { local_index: session.local_index, from })
+        {
+            stats.drops.add(DropReason::ControlQueueFull, 1);
+        }
+    }
+    if hdr.flags & FLAG_CONTROL != 0 {
+        let bytes = data[DATA_HEADER_LEN..DATA_HEADER_LEN + len].to_vec();
+        if !shared.control.try_push(ControlEvent::Message { local_index: session.local_index, bytes }) {
+            stats.drops.add(DropReason::ControlQueueFull, 1);
+        }
+        return None;
     }
     if len == 0 {
         return None; // keepalive

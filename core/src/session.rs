@@ -55,6 +55,8 @@ pub struct Session {
     confirmed: AtomicBool,
     last_rx_ms: AtomicU64,
     last_tx_ms: AtomicU64,
+    last_direct_rx_ms: AtomicU64,
+    roam_reported_ms: AtomicU64,
 }
 
 impl Session {
@@ -73,6 +75,8 @@ impl Session {
             confirmed: AtomicBool::new(p.confirmed),
             last_rx_ms: AtomicU64::new(0),
             last_tx_ms: AtomicU64::new(0),
+            last_direct_rx_ms: AtomicU64::new(0),
+            roam_reported_ms: AtomicU64::new(0),
         }
     }
 
@@ -84,10 +88,15 @@ impl Session {
     /// Seals the payload at `buf[16..16 + len]` in place: writes the header, encrypts,
     /// appends the tag. Returns the datagram length, or `None` if `buf` is too short.
     pub fn seal(&self, buf: &mut [u8], len: usize) -> Option<usize> {
+        self.seal_with_flags(buf, len, 0)
+    }
+
+    /// [`Session::seal`] with header flags (e.g. [`crate::wire::FLAG_CONTROL`]).
+    pub fn seal_with_flags(&self, buf: &mut [u8], len: usize, flags: u8) -> Option<usize> {
         let counter = self.tx_counter.fetch_add(1, Relaxed);
         let (hdr, body) = buf.split_at_mut_checked(DATA_HEADER_LEN)?;
         let hdr: &mut [u8; DATA_HEADER_LEN] = hdr.try_into().ok()?;
-        DataHeader { flags: 0, lane: 0, receiver_index: self.remote_index, counter }.emit(hdr);
+        DataHeader { flags, lane: 0, receiver_index: self.remote_index, counter }.emit(hdr);
         let n = self.tx.seal(counter, hdr, body, len).ok()?;
         Some(DATA_HEADER_LEN + n)
     }
@@ -136,6 +145,24 @@ impl Session {
     /// Last send time in ms on the pipeline clock; 0 if never.
     pub fn last_tx_ms(&self) -> u64 {
         self.last_tx_ms.load(Relaxed)
+    }
+
+    /// Records an authenticated packet that arrived directly (not relayed).
+    pub fn touch_direct(&self, now_ms: u64) {
+        self.last_direct_rx_ms.store(now_ms, Relaxed);
+    }
+
+    /// Last direct (not relayed) receive time; 0 if never.
+    pub fn last_direct_rx_ms(&self) -> u64 {
+        self.last_direct_rx_ms.load(Relaxed)
+    }
+
+    /// Whether to tell the control plane about a packet from an unexpected address
+    /// now: at most once per second per session.
+    pub fn should_report_roam(&self, now_ms: u64) -> bool {
+        let last = self.roam_reported_ms.load(Relaxed);
+        now_ms.saturating_sub(last) >= 1000
+            && self.roam_reported_ms.compare_exchange(last, now_ms, Relaxed, Relaxed).is_ok()
     }
 
     /// Packets sealed so far (the next counter).

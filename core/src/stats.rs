@@ -13,12 +13,16 @@ pub enum DropReason {
     AuthFailed,
     /// The control queue to the handshake engine was full.
     ControlQueueFull,
+    /// A relayed frame ran out of hops (a routing loop, or a path too long).
+    HopLimit,
     /// Datagram too short, unknown type, or a bad header field.
     Malformed,
     /// No session for the destination overlay address.
     NoRoute,
     /// The inner packet is not IPv4 (IPv6 is not routed yet).
     NotIpv4,
+    /// A relayed frame from an address that is not a direct neighbour.
+    RelayRefused,
     /// Counter already seen, or too old for the replay window.
     Replay,
     /// The inner source address is not one the sending peer owns.
@@ -33,12 +37,14 @@ pub enum DropReason {
 
 impl DropReason {
     /// All reasons, in counter order.
-    pub const ALL: [Self; 10] = [
+    pub const ALL: [Self; 12] = [
         Self::AuthFailed,
         Self::ControlQueueFull,
+        Self::HopLimit,
         Self::Malformed,
         Self::NoRoute,
         Self::NotIpv4,
+        Self::RelayRefused,
         Self::Replay,
         Self::Spoofed,
         Self::Tun,
@@ -51,9 +57,11 @@ impl DropReason {
         match self {
             Self::AuthFailed => "auth_failed",
             Self::ControlQueueFull => "control_queue_full",
+            Self::HopLimit => "hop_limit",
             Self::Malformed => "malformed",
             Self::NoRoute => "no_route",
             Self::NotIpv4 => "not_ipv4",
+            Self::RelayRefused => "relay_refused",
             Self::Replay => "replay",
             Self::Spoofed => "spoofed_source",
             Self::Tun => "tun_io",

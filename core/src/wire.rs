@@ -15,6 +15,13 @@ use thiserror::Error;
 pub const DATA_HEADER_LEN: usize = 16;
 /// Length of the handshake header in front of a Noise message.
 pub const HANDSHAKE_HEADER_LEN: usize = 12;
+/// Length of the relay header in front of a forwarded datagram.
+pub const RELAY_HEADER_LEN: usize = 20;
+/// Hop limit of a fresh relay header.
+pub const MAX_HOPS: u8 = 16;
+/// Data header flag: the plaintext is a control message for the peer's control
+/// plane, not an IP packet.
+pub const FLAG_CONTROL: u8 = 0x01;
 /// Length of a reject message.
 pub const REJECT_LEN: usize = 8;
 /// Largest datagram Weft accepts or emits.
@@ -34,6 +41,9 @@ pub enum MessageType {
     Data = 4,
     /// Unauthenticated notice that a handshake was refused, with a reason.
     Reject = 5,
+    /// A datagram for another node, forwarded hop by hop; the inner datagram stays
+    /// sealed end to end.
+    Relay = 6,
 }
 
 impl MessageType {
@@ -45,6 +55,7 @@ impl MessageType {
             3 => Self::HandshakeFinish,
             4 => Self::Data,
             5 => Self::Reject,
+            6 => Self::Relay,
             _ => return None,
         })
     }
@@ -210,6 +221,57 @@ impl RejectRepr {
     }
 }
 
+/// The header in front of a relayed datagram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RelayHeader {
+    /// Hops left; a relay drops a frame whose limit is zero and decrements otherwise.
+    pub hop_limit: u8,
+    /// Node id of the final receiver.
+    pub dst: [u8; 8],
+    /// Node id of the original sender.
+    pub src: [u8; 8],
+}
+
+impl RelayHeader {
+    /// Parses the header at the start of `buf`.
+    pub fn parse(buf: &[u8]) -> Result<Self, WireError> {
+        let b: &[u8; RELAY_HEADER_LEN] =
+            buf.get(..RELAY_HEADER_LEN).and_then(|b| b.try_into().ok()).ok_or(WireError::Truncated)?;
+        if b[0] != MessageType::Relay as u8 {
+            return Err(WireError::UnknownType);
+        }
+        if b[2] != 0 || b[3] != 0 {
+            return Err(WireError::Invalid);
+        }
+        let mut dst = [0u8; 8];
+        let mut src = [0u8; 8];
+        dst.copy_from_slice(&b[4..12]);
+        src.copy_from_slice(&b[12..20]);
+        Ok(Self { hop_limit: b[1], dst, src })
+    }
+
+    /// Writes the header into the first 20 bytes of `buf`.
+    pub fn emit(&self, buf: &mut [u8; RELAY_HEADER_LEN]) {
+        buf[0] = MessageType::Relay as u8;
+        buf[1] = self.hop_limit;
+        buf[2] = 0;
+        buf[3] = 0;
+        buf[4..12].copy_from_slice(&self.dst);
+        buf[12..20].copy_from_slice(&self.src);
+    }
+
+    /// Returns `inner` wrapped in this header.
+    pub fn wrap(&self, inner: &[u8]) -> Vec<u8> {
+        let mut out = vec![0u8; RELAY_HEADER_LEN + inner.len()];
+        let (h, rest) = out.split_at_mut(RELAY_HEADER_LEN);
+        if let Ok(h) = <&mut [u8; RELAY_HEADER_LEN]>::try_from(h) {
+            self.emit(h);
+        }
+        rest.copy_from_slice(inner);
+        out
+    }
+}
+
 /// Source and destination of an IPv4 packet, or `None` if `pkt` is not a
 /// well-formed IPv4 header.
 pub fn ipv4_addrs(pkt: &[u8]) -> Option<(std::net::Ipv4Addr, std::net::Ipv4Addr)> {
@@ -287,6 +349,25 @@ mod tests {
         assert_eq!(RejectRepr::parse(&b), Ok(r));
         assert_eq!(RejectRepr::parse(&b[..7]), Err(WireError::Truncated));
         assert_eq!(RejectRepr::parse(&[5, 9, 0, 0, 0, 0, 0, 0]), Err(WireError::Invalid));
+    }
+
+    static RELAY_BYTES: [u8; 20] = [6, 5, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16];
+
+    #[test]
+    fn relay_header_vector() {
+        let h = RelayHeader::parse(&RELAY_BYTES).unwrap();
+        assert_eq!(
+            h,
+            RelayHeader { hop_limit: 5, dst: [1, 2, 3, 4, 5, 6, 7, 8], src: [9, 10, 11, 12, 13, 14, 15, 16] }
+        );
+        let mut out = [0u8; 20];
+        h.emit(&mut out);
+        assert_eq!(out, RELAY_BYTES);
+        assert_eq!(RelayHeader::parse(&RELAY_BYTES[..19]), Err(WireError::Truncated));
+        let mut bad = RELAY_BYTES;
+        bad[2] = 1;
+        assert_eq!(RelayHeader::parse(&bad), Err(WireError::Invalid));
+        assert_eq!(&h.wrap(&[0xaa])[..], &[&RELAY_BYTES[..], &[0xaa]].concat()[..]);
     }
 
     #[test]

@@ -12,7 +12,9 @@ use parking_lot::Mutex;
 use tun_rs::GROTable;
 use weft_core::crypto::Cipher;
 use weft_core::handshake::SessionKeys;
-use weft_core::pipeline::{ControlEvent, ControlSink, PipelineConfig, PipelineStats, Rx, Shared, TunWriter, Tx};
+use weft_core::pipeline::{
+    ControlEvent, ControlSink, PipelineConfig, PipelineStats, Rx, Shared, TX_HEADROOM, TunWriter, Tx,
+};
 use weft_core::route::RouteSnapshot;
 use weft_core::session::{Session, SessionParams};
 use weft_core::stats::{DropCounters, DropReason};
@@ -97,12 +99,12 @@ fn ends(cipher: Cipher) -> Ends {
 fn seal(e: &mut Ends, packets: &[Vec<u8>], drops: &DropCounters) -> Vec<Vec<u8>> {
     let (bufs, sizes) = e.tx.buffers();
     for (i, p) in packets.iter().enumerate() {
-        bufs[i][16..16 + p.len()].copy_from_slice(p);
+        bufs[i][TX_HEADROOM..TX_HEADROOM + p.len()].copy_from_slice(p);
         sizes[i] = p.len();
     }
     e.tx.process(&e.routes_a, drops, packets.len(), 1);
     let (bufs, out) = e.tx.outgoing();
-    out.iter().map(|o| bufs[o.buf][..o.len].to_vec()).collect()
+    out.iter().map(|o| bufs[o.buf][o.start..o.start + o.len].to_vec()).collect()
 }
 
 /// Feeds datagrams into B's Rx and returns the packets it would write to its TUN.

@@ -16,6 +16,16 @@ impl NodeId {
         id.copy_from_slice(&d.as_ref()[..8]);
         Self(id)
     }
+
+    /// The raw 8 bytes (as carried in relay headers and records).
+    pub fn to_bytes(self) -> [u8; 8] {
+        self.0
+    }
+
+    /// Rebuilds an id from its 8 bytes.
+    pub fn from_bytes(b: [u8; 8]) -> Self {
+        Self(b)
+    }
 }
 
 impl fmt::Display for NodeId {

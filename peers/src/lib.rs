@@ -14,9 +14,11 @@
 #![forbid(unsafe_code)]
 
 pub mod identity;
+mod mesh;
 pub mod node;
 mod peer;
 pub mod status;
+pub mod topology;
 
 pub use identity::NodeId;
 pub use node::{Action, Config, Input, Node, Timers};

@@ -18,11 +18,14 @@ use weft_core::handshake::{Completed, HandshakeError, Initiator, Params, Respond
 use weft_core::route::RouteSnapshot;
 use weft_core::session::{Session, SessionParams};
 use weft_core::stats::PeerStats;
-use weft_core::wire::{DATA_HEADER_LEN, HandshakeHeader, MessageType, Pattern, RejectReason, RejectRepr};
+use weft_core::wire::{
+    DATA_HEADER_LEN, HandshakeHeader, MAX_HOPS, MessageType, Pattern, RejectReason, RejectRepr, RelayHeader,
+};
 
 use crate::identity::NodeId;
 use crate::peer::{Driver, Peer, SessionEntry};
-use crate::status::{DialStatus, InboundFailure, NodeStatus, PeerState, PeerStatus};
+use crate::status::{DialStatus, InboundFailure, NodeStatus, PathStatus, PeerState, PeerStatus};
+use crate::topology::{Path, Topology};
 
 /// Timing of the session engine.
 #[derive(Debug, Clone, Copy)]
@@ -81,6 +84,10 @@ pub struct Config {
     pub epoch: Instant,
     /// Timing.
     pub timers: Timers,
+    /// Addresses this node can be reached at (announced in its topology record).
+    pub endpoints: Vec<SocketAddr>,
+    /// Prefer the path with the lowest latency over the one with fewest hops.
+    pub latency_first: bool,
 }
 
 /// A fact the runtime reports.
@@ -88,8 +95,10 @@ pub struct Config {
 pub enum Input<'a> {
     /// A handshake or reject datagram arrived.
     Datagram {
-        /// Sender.
+        /// Sender (the last relay when `via` is set).
         from: SocketAddr,
+        /// The node that sent it through relays, if it was relayed.
+        via: Option<NodeId>,
         /// The datagram.
         bytes: &'a [u8],
     },
@@ -98,6 +107,49 @@ pub enum Input<'a> {
         /// The session's local index.
         local_index: u32,
     },
+    /// A control message arrived inside a session.
+    Message {
+        /// The session's local index.
+        local_index: u32,
+        /// The decrypted message.
+        bytes: &'a [u8],
+    },
+    /// Authenticated packets of a session arrive directly from `from`.
+    Direct {
+        /// The session's local index.
+        local_index: u32,
+        /// Their source address.
+        from: SocketAddr,
+    },
+}
+
+/// Where a datagram goes: straight to an address, or through relays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Dest {
+    pub(crate) to: SocketAddr,
+    pub(crate) relay: Option<RelayHeader>,
+}
+
+impl Dest {
+    pub(crate) fn direct(to: SocketAddr) -> Self {
+        Self { to, relay: None }
+    }
+
+    /// The way back to whoever sent us something from `from` (through `via` if relayed).
+    pub(crate) fn reply(from: SocketAddr, via: Option<NodeId>, local: NodeId) -> Self {
+        Self {
+            to: from,
+            relay: via.map(|v| RelayHeader { hop_limit: MAX_HOPS, dst: v.to_bytes(), src: local.to_bytes() }),
+        }
+    }
+
+    pub(crate) fn send(&self, bytes: Vec<u8>) -> Action {
+        let bytes = match &self.relay {
+            Some(h) => h.wrap(&bytes),
+            None => bytes,
+        };
+        Action::Send { to: self.to, bytes }
+    }
 }
 
 /// An order for the runtime.
@@ -126,47 +178,54 @@ enum Target {
 struct PendingInit {
     initiator: Initiator,
     target: Target,
-    to: SocketAddr,
+    to: Dest,
     started: Instant,
 }
 
 struct PendingResp {
     responder: Box<Responder>,
     from: SocketAddr,
+    via: Option<NodeId>,
     remote_index: u32,
     started: Instant,
 }
 
 /// A finished handshake waiting for the peer's proof of the PSK.
-struct Held {
+pub(crate) struct Held {
     key: [u8; 32],
     hello: weft_core::handshake::Hello,
     from: SocketAddr,
-    entry: SessionEntry,
+    via: Option<NodeId>,
+    pub(crate) entry: SessionEntry,
     /// What we dialled, when we were the initiator.
     target: Option<Target>,
 }
 
-struct Dial {
-    endpoint: SocketAddr,
-    key: Option<[u8; 32]>,
+pub(crate) struct Dial {
+    pub(crate) endpoint: SocketAddr,
+    pub(crate) key: Option<[u8; 32]>,
     driver: Driver,
 }
 
 /// The session engine.
 pub struct Node {
-    cfg: Config,
-    id: NodeId,
-    rng: Box<dyn RngCore + Send>,
-    dials: Vec<Dial>,
-    peers: HashMap<[u8; 32], Peer>,
+    pub(crate) cfg: Config,
+    pub(crate) id: NodeId,
+    pub(crate) rng: Box<dyn RngCore + Send>,
+    pub(crate) dials: Vec<Dial>,
+    pub(crate) peers: HashMap<[u8; 32], Peer>,
     pending_init: HashMap<u32, PendingInit>,
     pending_resp: HashMap<u32, PendingResp>,
-    held: HashMap<u32, Held>,
+    pub(crate) held: HashMap<u32, Held>,
     inbound_failures: VecDeque<InboundFailure>,
-    actions: VecDeque<Action>,
-    routes_dirty: bool,
+    pub(crate) actions: VecDeque<Action>,
+    pub(crate) routes_dirty: bool,
     next_tick: Option<Instant>,
+    pub(crate) topology: Topology,
+    pub(crate) paths: HashMap<NodeId, Path>,
+    pub(crate) seq: u64,
+    pub(crate) record_dirty: bool,
+    pub(crate) next_publish: Option<Instant>,
 }
 
 impl Node {
@@ -187,6 +246,11 @@ impl Node {
             actions: VecDeque::new(),
             routes_dirty: true,
             next_tick: None,
+            topology: Topology::default(),
+            paths: HashMap::new(),
+            seq: 0,
+            record_dirty: true,
+            next_publish: None,
         }
     }
 
@@ -198,8 +262,10 @@ impl Node {
     /// Handles one input.
     pub fn handle(&mut self, now: Instant, input: Input<'_>) {
         match input {
-            Input::Datagram { from, bytes } => self.handle_datagram(now, from, bytes),
+            Input::Datagram { from, via, bytes } => self.handle_datagram(now, from, via, bytes),
             Input::Confirmed { local_index } => self.handle_confirmed(now, local_index),
+            Input::Message { local_index, bytes } => self.handle_message(now, local_index, bytes),
+            Input::Direct { local_index, from } => self.handle_direct(now, local_index, from),
         }
         self.finish_step();
     }
@@ -208,6 +274,7 @@ impl Node {
     pub fn handle_timeout(&mut self, now: Instant) {
         self.next_tick = Some(now + TICK);
         self.expire_pending(now);
+        self.drive_mesh(now);
         self.drive_dials(now);
         let keys: Vec<[u8; 32]> = self.peers.keys().copied().collect();
         for key in keys {
@@ -228,7 +295,8 @@ impl Node {
 
     /// A summary for status output.
     pub fn status(&self, now: Instant) -> NodeStatus {
-        let mut peers: Vec<PeerStatus> = self.peers.values().map(|p| p.status(now, &self.cfg)).collect();
+        let mut peers: Vec<PeerStatus> =
+            self.peers.values().map(|p| p.status(now, &self.cfg, self.path_status(p))).collect();
         peers.sort_by_key(|p| p.overlay);
         let dials = self
             .dials
@@ -236,12 +304,18 @@ impl Node {
             .filter(|d| d.key.is_none_or(|k| !self.peers.contains_key(&k)))
             .map(|d| DialStatus { endpoint: d.endpoint, error: d.driver.error.clone(), attempts: d.driver.failures })
             .collect();
-        NodeStatus { node_id: self.id, peers, dials, inbound_failures: self.inbound_failures.iter().cloned().collect() }
+        NodeStatus {
+            node_id: self.id,
+            routes: self.route_status(),
+            peers,
+            dials,
+            inbound_failures: self.inbound_failures.iter().cloned().collect(),
+        }
     }
 
     // ----- inputs -----
 
-    fn handle_datagram(&mut self, now: Instant, from: SocketAddr, bytes: &[u8]) {
+    fn handle_datagram(&mut self, now: Instant, from: SocketAddr, via: Option<NodeId>, bytes: &[u8]) {
         match MessageType::of(bytes) {
             Some(MessageType::Reject) => {
                 if let Ok(r) = RejectRepr::parse(bytes) {
@@ -252,8 +326,8 @@ impl Node {
             Some(_) => {
                 let Ok((hdr, noise)) = HandshakeHeader::parse(bytes) else { return };
                 match hdr.kind {
-                    MessageType::HandshakeInit => self.handle_init(now, from, hdr, noise),
-                    MessageType::HandshakeResponse => self.handle_response(now, from, hdr, noise),
+                    MessageType::HandshakeInit => self.handle_init(now, from, via, hdr, noise),
+                    MessageType::HandshakeResponse => self.handle_response(now, from, via, hdr, noise),
                     MessageType::HandshakeFinish => self.handle_finish(now, from, hdr, noise),
                     _ => {}
                 }
@@ -261,33 +335,42 @@ impl Node {
         }
     }
 
-    fn handle_init(&mut self, now: Instant, from: SocketAddr, hdr: HandshakeHeader, noise: &[u8]) {
+    fn handle_init(&mut self, now: Instant, from: SocketAddr, via: Option<NodeId>, hdr: HandshakeHeader, noise: &[u8]) {
+        let back = Dest::reply(from, via, self.id);
         match Responder::respond(&self.cfg.handshake, hdr.pattern, noise) {
-            Err(e) => self.refuse_inbound(now, from, hdr.sender_index, &e),
+            Err(e) => self.refuse_inbound(now, back, hdr.sender_index, &e),
             Ok(Responded::Pending(responder, msg)) => {
                 let local = self.new_index();
-                self.send_handshake(from, MessageType::HandshakeResponse, hdr.pattern, local, hdr.sender_index, &msg);
+                self.send_handshake(&back, MessageType::HandshakeResponse, hdr.pattern, local, hdr.sender_index, &msg);
                 self.pending_resp
-                    .insert(local, PendingResp { responder, from, remote_index: hdr.sender_index, started: now });
+                    .insert(local, PendingResp { responder, from, via, remote_index: hdr.sender_index, started: now });
             }
             Ok(Responded::Completed(done, msg)) => {
                 let local = self.new_index();
-                self.send_handshake(from, MessageType::HandshakeResponse, hdr.pattern, local, hdr.sender_index, &msg);
+                self.send_handshake(&back, MessageType::HandshakeResponse, hdr.pattern, local, hdr.sender_index, &msg);
                 // IK responder: the PSK is only proven by the initiator's first data packet.
-                self.complete(now, done, from, local, hdr.sender_index, None, false);
+                self.complete(now, done, from, via, local, hdr.sender_index, None, false);
             }
         }
     }
 
-    fn handle_response(&mut self, now: Instant, from: SocketAddr, hdr: HandshakeHeader, noise: &[u8]) {
+    fn handle_response(
+        &mut self,
+        now: Instant,
+        from: SocketAddr,
+        via: Option<NodeId>,
+        hdr: HandshakeHeader,
+        noise: &[u8],
+    ) {
         let Some(p) = self.pending_init.remove(&hdr.receiver_index) else { return };
+        let back = Dest::reply(from, via, self.id);
         let pattern = p.initiator.pattern();
         match p.initiator.read_response(&self.cfg.handshake, noise) {
             Err(e) => {
                 // Only IK can fail here for a secret mismatch (psk2 is mixed into the
                 // response); tell the responder so its status says why too.
                 let reject = RejectRepr { reason: reason_of(&e), receiver_index: hdr.sender_index };
-                self.actions.push_back(Action::Send { to: from, bytes: reject.emit().to_vec() });
+                self.actions.push_back(back.send(reject.emit().to_vec()));
                 let msg =
                     format!("handshake response from {from} did not authenticate: network secret or name differs");
                 warn!(peer = %from, "{msg}");
@@ -298,7 +381,7 @@ impl Node {
                 // responder learns of it through an authenticated handshake too.
                 if let Some(fin) = finish {
                     self.send_handshake(
-                        from,
+                        &back,
                         MessageType::HandshakeFinish,
                         pattern,
                         hdr.receiver_index,
@@ -309,7 +392,7 @@ impl Node {
                 // IK: the response proves the responder holds the PSK. XX: the
                 // responder proves it with its first data packet.
                 let confirmed = pattern == Pattern::Ik;
-                self.complete(now, done, from, hdr.receiver_index, hdr.sender_index, Some(p.target), confirmed);
+                self.complete(now, done, from, via, hdr.receiver_index, hdr.sender_index, Some(p.target), confirmed);
             }
         }
     }
@@ -317,10 +400,10 @@ impl Node {
     fn handle_finish(&mut self, now: Instant, from: SocketAddr, hdr: HandshakeHeader, noise: &[u8]) {
         let Some(p) = self.pending_resp.remove(&hdr.receiver_index) else { return };
         match p.responder.finish(noise) {
-            Err(e) => self.refuse_inbound(now, from, p.remote_index, &e),
+            Err(e) => self.refuse_inbound(now, Dest::reply(from, p.via, self.id), p.remote_index, &e),
             Ok(done) => {
                 // XXpsk3: reading the finish message proves the initiator holds the PSK.
-                self.complete(now, done, p.from, hdr.receiver_index, p.remote_index, None, true);
+                self.complete(now, done, p.from, p.via, hdr.receiver_index, p.remote_index, None, true);
             }
         }
     }
@@ -379,6 +462,7 @@ impl Node {
         now: Instant,
         done: Completed,
         from: SocketAddr,
+        via: Option<NodeId>,
         local: u32,
         remote: u32,
         target: Option<Target>,
@@ -416,6 +500,7 @@ impl Node {
             key: done.remote_static,
             hello: done.hello,
             from,
+            via,
             entry: SessionEntry { session: session.clone(), created: now, initiator: target.is_some() },
             target,
         };
@@ -424,7 +509,7 @@ impl Node {
             // We have proof of the peer's keys but it has none of ours yet: a keepalive
             // at once lets it confirm.
             let ka = keepalive(&session, now, self.cfg.epoch);
-            self.actions.push_back(Action::Send { to: from, bytes: ka });
+            self.actions.push_back(Dest::reply(from, via, self.id).send(ka));
             self.promote(now, held);
         } else {
             self.held.insert(local, held);
@@ -433,7 +518,7 @@ impl Node {
 
     /// Moves a confirmed session into its peer, creating the peer if it is new.
     fn promote(&mut self, now: Instant, h: Held) {
-        let Held { key, hello, from, entry, target } = h;
+        let Held { key, hello, from, via, entry, target } = h;
         let id = NodeId::from_public(&key);
         // A node that came back with a new key at the same endpoint replaces its old entry:
         // once the old entry is down, or at once if it claims the old entry's endpoint
@@ -442,7 +527,8 @@ impl Node {
             .peers
             .iter()
             .filter(|(k, p)| {
-                let (same_endpoint, same_addr) = (p.endpoint == from, p.hello.ipv4 == hello.ipv4);
+                let same_endpoint = via.is_none() && p.endpoint == Some(from);
+                let same_addr = p.hello.ipv4 == hello.ipv4;
                 **k != key && (same_endpoint || same_addr) && (!p.is_up(now, &self.cfg) || (same_endpoint && same_addr))
             })
             .map(|(k, _)| *k)
@@ -462,11 +548,20 @@ impl Node {
         }
         let configured = self.dials.iter().any(|d| d.key == Some(key));
         let stats = entry.session.stats.clone();
-        let peer = self.peers.entry(key).or_insert_with(|| Peer::new(key, hello.clone(), from, now, stats));
+        let peer = self.peers.entry(key).or_insert_with(|| Peer::new(key, hello.clone(), None, now, stats));
         peer.configured |= configured;
         peer.hello = hello;
-        peer.endpoint = from;
-        info!(peer = %id, addr = %peer.hello.ipv4, endpoint = %from, initiator = entry.initiator, "session established");
+        // A handshake that arrived straight from the peer proves a direct path.
+        if via.is_none() {
+            if !peer.direct || peer.endpoint != Some(from) {
+                self.record_dirty = true;
+            }
+            peer.endpoint = Some(from);
+            peer.direct = true;
+        }
+        let first_session = !peer.sessions.iter().any(|s| s.session.is_confirmed());
+        let direct = peer.direct;
+        info!(peer = %id, addr = %peer.hello.ipv4, %from, relayed = via.is_some(), initiator = entry.initiator, "session established");
         peer.sessions.insert(0, entry);
         peer.sessions.truncate(MAX_SESSIONS);
         peer.last_handshake = Some(now);
@@ -474,13 +569,17 @@ impl Node {
         peer.down_since = None;
         peer.driver.succeeded();
         self.routes_dirty = true;
+        if first_session && direct {
+            // A new neighbour: tell it everything we know about the mesh.
+            self.sync_topology(key);
+        }
     }
 
-    fn refuse_inbound(&mut self, now: Instant, from: SocketAddr, sender_index: u32, e: &HandshakeError) {
+    fn refuse_inbound(&mut self, now: Instant, back: Dest, sender_index: u32, e: &HandshakeError) {
         let reject = RejectRepr { reason: reason_of(e), receiver_index: sender_index };
-        self.actions.push_back(Action::Send { to: from, bytes: reject.emit().to_vec() });
-        debug!(peer = %from, error = %e, "inbound handshake refused");
-        self.record_inbound_failure(now, from, e.to_string());
+        self.actions.push_back(back.send(reject.emit().to_vec()));
+        debug!(peer = %back.to, error = %e, "inbound handshake refused");
+        self.record_inbound_failure(now, back.to, e.to_string());
     }
 
     fn record_inbound_failure(&mut self, now: Instant, from: SocketAddr, reason: String) {
@@ -532,7 +631,8 @@ impl Node {
                 } else {
                     ""
                 };
-                self.handshake_failed(now, p.target, format!("no handshake response from {}{hint}", p.to));
+                let how = if p.to.relay.is_some() { " via relay" } else { "" };
+                self.handshake_failed(now, p.target, format!("no handshake response from {}{how}{hint}", p.to.to));
             }
         }
         self.pending_resp.retain(|_, p| now.duration_since(p.started) < CONFIRM_TIMEOUT);
@@ -576,7 +676,7 @@ impl Node {
             if d.driver.in_flight.is_some() || now < d.driver.next_attempt.unwrap_or(now) {
                 continue;
             }
-            let to = d.endpoint;
+            let to = Dest::direct(d.endpoint);
             self.start_handshake(now, Target::Dial(i), to, None);
         }
     }
@@ -610,6 +710,7 @@ impl Node {
         }
         let tx = peer.sessions.iter().find(|s| s.session.is_confirmed()).cloned();
         let mut want_handshake = false;
+        let mut ka_out = None;
         if let Some(tx) = &tx {
             let last_rx = peer.sessions.iter().map(|s| s.session.last_rx_ms()).max().unwrap_or(0);
             let silent = now_ms.saturating_sub(last_rx.max(ms_since(epoch, tx.created)));
@@ -634,13 +735,13 @@ impl Node {
                 }
                 let last_tx = tx.session.last_tx_ms().max(ms_since(epoch, tx.created));
                 if now_ms.saturating_sub(last_tx) >= t.keepalive.as_millis() as u64 {
-                    let ka = keepalive(&tx.session, now, epoch);
-                    self.actions.push_back(Action::Send { to: tx.session.endpoint, bytes: ka });
+                    ka_out = Some(keepalive(&tx.session, now, epoch));
                 }
             }
         } else if peer.driver.in_flight.is_none() && now >= peer.driver.next_attempt.unwrap_or(now) {
             let down_for = now.duration_since(peer.down_since.unwrap_or(peer.first_seen));
-            if peer.configured || down_for < t.learned_retry {
+            let in_mesh = self.paths.contains_key(&peer.id);
+            if peer.configured || in_mesh || down_for < t.learned_retry {
                 want_handshake = true;
             } else if peer.sessions.is_empty() {
                 info!(peer = %peer.id, "forgetting silent peer");
@@ -649,13 +750,18 @@ impl Node {
                 return;
             }
         }
-        if want_handshake {
-            let (to, use_ik) = (peer.endpoint, peer.driver.failures < 2);
+        let use_ik = peer.driver.failures < 2;
+        if let Some(ka) = ka_out
+            && let Some(d) = self.dest_for(&key)
+        {
+            self.actions.push_back(d.send(ka));
+        }
+        if want_handshake && let Some(to) = self.dest_for(&key) {
             self.start_handshake(now, Target::Peer(key), to, use_ik.then_some(key));
         }
     }
 
-    fn start_handshake(&mut self, now: Instant, target: Target, to: SocketAddr, remote: Option<[u8; 32]>) {
+    fn start_handshake(&mut self, now: Instant, target: Target, to: Dest, remote: Option<[u8; 32]>) {
         let (initiator, msg) = match Initiator::start(&self.cfg.handshake, remote.as_ref()) {
             Ok(x) => x,
             Err(e) => {
@@ -665,7 +771,7 @@ impl Node {
         };
         let local = self.new_index();
         let pattern = initiator.pattern();
-        self.send_handshake(to, MessageType::HandshakeInit, pattern, local, 0, &msg);
+        self.send_handshake(&to, MessageType::HandshakeInit, pattern, local, 0, &msg);
         self.pending_init.insert(local, PendingInit { initiator, target, to, started: now });
         let driver = match target {
             Target::Dial(i) => &mut self.dials[i].driver,
@@ -677,12 +783,12 @@ impl Node {
         if let Some(old) = driver.in_flight.replace(local) {
             self.pending_init.remove(&old);
         }
-        debug!(%to, ?pattern, local, "handshake started");
+        debug!(to = %to.to, relayed = to.relay.is_some(), ?pattern, local, "handshake started");
     }
 
     fn send_handshake(
         &mut self,
-        to: SocketAddr,
+        to: &Dest,
         kind: MessageType,
         pattern: Pattern,
         sender: u32,
@@ -692,7 +798,7 @@ impl Node {
         let mut bytes = Vec::with_capacity(12 + msg.len());
         HandshakeHeader { kind, pattern, sender_index: sender, receiver_index: receiver }.emit(&mut bytes);
         bytes.extend_from_slice(msg);
-        self.actions.push_back(Action::Send { to, bytes });
+        self.actions.push_back(to.send(bytes));
     }
 
     fn new_index(&mut self) -> u32 {
@@ -726,19 +832,6 @@ impl Node {
             self.routes_dirty = false;
             self.actions.push_back(Action::PublishRoutes(Arc::new(self.snapshot())));
         }
-    }
-
-    fn snapshot(&self) -> RouteSnapshot {
-        let routes = self.peers.values().filter_map(|p| {
-            let tx = p.sessions.iter().find(|s| s.session.is_confirmed())?;
-            Some((p.hello.ipv4, tx.session.clone()))
-        });
-        let receiving = self
-            .peers
-            .values()
-            .flat_map(|p| p.sessions.iter().map(|s| s.session.clone()))
-            .chain(self.held.values().map(|h| h.entry.session.clone()));
-        RouteSnapshot::new(routes, receiving)
     }
 
     /// Addresses currently routed, for tests.
@@ -777,7 +870,7 @@ pub(crate) fn ms_since(epoch: Instant, now: Instant) -> u64 {
 }
 
 /// Seals an empty data packet on `session`.
-fn keepalive(session: &Session, now: Instant, epoch: Instant) -> Vec<u8> {
+pub(crate) fn keepalive(session: &Session, now: Instant, epoch: Instant) -> Vec<u8> {
     let mut buf = vec![0u8; DATA_HEADER_LEN + 16];
     let n = session.seal(&mut buf, 0).unwrap_or(0);
     buf.truncate(n);
@@ -786,7 +879,7 @@ fn keepalive(session: &Session, now: Instant, epoch: Instant) -> Vec<u8> {
 }
 
 impl Peer {
-    fn status(&self, now: Instant, cfg: &Config) -> PeerStatus {
+    fn status(&self, now: Instant, cfg: &Config, path: PathStatus) -> PeerStatus {
         let state = if self.is_up(now, cfg) {
             PeerState::Established
         } else if self.sessions.is_empty() && self.error.is_some() {
@@ -799,6 +892,9 @@ impl Peer {
             hostname: self.hello.hostname.clone(),
             overlay: self.hello.ipv4,
             endpoint: self.endpoint,
+            path,
+            rtt: self.probe.rtt,
+            loss: self.probe.loss(now),
             state,
             last_handshake: self.last_handshake.map(|t| now.saturating_duration_since(t)),
             sessions: self.sessions.len(),

@@ -55,8 +55,15 @@ pub(crate) struct Peer {
     pub(crate) key: [u8; 32],
     pub(crate) id: NodeId,
     pub(crate) hello: Hello,
-    pub(crate) endpoint: SocketAddr,
+    /// Where the peer is reached directly (observed or configured), if anywhere.
+    pub(crate) endpoint: Option<SocketAddr>,
+    /// Whether the direct endpoint currently works (authenticated packets arrive on it).
+    pub(crate) direct: bool,
     pub(crate) stats: Arc<PeerStats>,
+    /// Latency and loss probes.
+    pub(crate) probe: Probe,
+    /// Hole punching towards a relayed peer.
+    pub(crate) punch: Driver,
     /// Newest first.
     pub(crate) sessions: Vec<SessionEntry>,
     pub(crate) driver: Driver,
@@ -69,13 +76,22 @@ pub(crate) struct Peer {
 }
 
 impl Peer {
-    pub(crate) fn new(key: [u8; 32], hello: Hello, endpoint: SocketAddr, now: Instant, stats: Arc<PeerStats>) -> Self {
+    pub(crate) fn new(
+        key: [u8; 32],
+        hello: Hello,
+        endpoint: Option<SocketAddr>,
+        now: Instant,
+        stats: Arc<PeerStats>,
+    ) -> Self {
         Self {
             key,
             id: NodeId::from_public(&key),
             hello,
             endpoint,
+            direct: false,
             stats,
+            probe: Probe::default(),
+            punch: Driver::default(),
             sessions: Vec::new(),
             driver: Driver::default(),
             last_handshake: None,
@@ -84,5 +100,53 @@ impl Peer {
             first_seen: now,
             down_since: None,
         }
+    }
+}
+
+/// Round-trip probes of one peer: a ping every few seconds, the last ten remembered.
+#[derive(Debug, Default)]
+pub(crate) struct Probe {
+    /// (nonce, sent at, answered) of recent pings, oldest first.
+    pub(crate) recent: std::collections::VecDeque<(u64, Instant, bool)>,
+    /// Smoothed round-trip time.
+    pub(crate) rtt: Option<Duration>,
+    pub(crate) next: Option<Instant>,
+}
+
+impl Probe {
+    const KEEP: usize = 10;
+    /// A ping unanswered for this long counts as lost.
+    pub(crate) const LOST_AFTER: Duration = Duration::from_secs(3);
+
+    pub(crate) fn sent(&mut self, nonce: u64, now: Instant) {
+        if self.recent.len() == Self::KEEP {
+            self.recent.pop_front();
+        }
+        self.recent.push_back((nonce, now, false));
+    }
+
+    pub(crate) fn answered(&mut self, nonce: u64, now: Instant) -> bool {
+        let Some(e) = self.recent.iter_mut().find(|e| e.0 == nonce && !e.2) else { return false };
+        e.2 = true;
+        let sample = now.saturating_duration_since(e.1);
+        self.rtt = Some(match self.rtt {
+            Some(r) => (r * 7 + sample) / 8,
+            None => sample,
+        });
+        true
+    }
+
+    /// Fraction of decided pings (answered, or older than LOST_AFTER) that were lost.
+    pub(crate) fn loss(&self, now: Instant) -> Option<f32> {
+        let decided: Vec<bool> = self
+            .recent
+            .iter()
+            .filter(|(_, at, ok)| *ok || now.saturating_duration_since(*at) >= Self::LOST_AFTER)
+            .map(|(_, _, ok)| *ok)
+            .collect();
+        if decided.is_empty() {
+            return None;
+        }
+        Some(decided.iter().filter(|ok| !**ok).count() as f32 / decided.len() as f32)
     }
 }

@@ -39,8 +39,14 @@ pub struct PeerStatus {
     pub hostname: String,
     /// Its overlay address.
     pub overlay: Ipv4Addr,
-    /// Where we reach it.
-    pub endpoint: SocketAddr,
+    /// Its direct address, if known.
+    pub endpoint: Option<SocketAddr>,
+    /// How traffic reaches it.
+    pub path: PathStatus,
+    /// Smoothed round-trip time of the end-to-end session.
+    pub rtt: Option<Duration>,
+    /// Fraction of recent probes lost (0.0 to 1.0).
+    pub loss: Option<f32>,
     /// Session state.
     pub state: PeerState,
     /// Time since the last completed handshake.
@@ -51,6 +57,41 @@ pub struct PeerStatus {
     pub error: Option<String>,
     /// Traffic counters.
     pub stats: Arc<PeerStats>,
+}
+
+/// How traffic reaches a peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathStatus {
+    /// Straight to its endpoint.
+    Direct,
+    /// Through relays, starting with `via`, over `hops` links.
+    Relay {
+        /// The first relay.
+        via: NodeId,
+        /// Links on the path.
+        hops: u32,
+    },
+    /// No usable path right now.
+    None,
+}
+
+/// One route of the table.
+#[derive(Debug, Clone)]
+pub struct RouteStatus {
+    /// Destination node.
+    pub node: NodeId,
+    /// Its host name.
+    pub hostname: String,
+    /// Its overlay address.
+    pub overlay: Ipv4Addr,
+    /// First hop (the node itself when direct).
+    pub next_hop: NodeId,
+    /// Links on the path.
+    pub hops: u32,
+    /// Sum of link latencies on the path, in milliseconds.
+    pub latency_ms: u32,
+    /// Whether an end-to-end session is up.
+    pub session: bool,
 }
 
 /// A configured endpoint that has not yet produced a peer.
@@ -84,6 +125,8 @@ pub struct NodeStatus {
     pub node_id: NodeId,
     /// Known peers, by overlay address.
     pub peers: Vec<PeerStatus>,
+    /// Routes to every reachable node of the mesh.
+    pub routes: Vec<RouteStatus>,
     /// Configured endpoints not yet connected.
     pub dials: Vec<DialStatus>,
     /// Refused inbound handshakes.

@@ -202,12 +202,14 @@ unsafe fn gro_stride(h: &libc::msghdr) -> Option<usize> {
     None
 }
 
-/// One datagram to send: `len` bytes at the start of buffer `buf` of the batch.
+/// One datagram to send: `len` bytes at offset `start` of buffer `buf` of the batch.
 #[derive(Debug, Clone, Copy)]
 pub struct Outgoing {
     /// Index into the buffer array.
     pub buf: usize,
-    /// Bytes to send from the start of that buffer.
+    /// Offset of the datagram in that buffer.
+    pub start: usize,
+    /// Bytes to send.
     pub len: usize,
     /// Destination.
     pub to: SocketAddr,
@@ -263,7 +265,7 @@ fn send_chunk<B: AsRef<[u8]>>(
     let mut i = 0;
     while i < out.len() {
         let first = out[i];
-        let Some(data) = bufs.get(first.buf).and_then(|b| b.as_ref().get(..first.len)) else {
+        let Some(data) = bufs.get(first.buf).and_then(|b| b.as_ref().get(first.start..first.start + first.len)) else {
             failed += 1;
             i += 1;
             continue;
@@ -280,7 +282,7 @@ fn send_chunk<B: AsRef<[u8]>>(
             if o.to != first.to || o.len > first.len {
                 break;
             }
-            let Some(d) = bufs.get(o.buf).and_then(|b| b.as_ref().get(..o.len)) else { break };
+            let Some(d) = bufs.get(o.buf).and_then(|b| b.as_ref().get(o.start..o.start + o.len)) else { break };
             iovs[niov].write(libc::iovec { iov_base: d.as_ptr() as *mut _, iov_len: d.len() });
             niov += 1;
             count += 1;
@@ -395,7 +397,7 @@ mod tests {
         let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
         let to = rx[0].local_addr().unwrap();
         let bufs: Vec<Vec<u8>> = (0..10u8).map(|i| vec![i; 100 + i as usize]).collect();
-        let out: Vec<Outgoing> = (0..10).map(|i| Outgoing { buf: i, len: 100 + i, to }).collect();
+        let out: Vec<Outgoing> = (0..10).map(|i| Outgoing { buf: i, start: 0, len: 100 + i, to }).collect();
         assert_eq!(send_batch(&tx, &bufs, &out, &Offload::new(false, false)), 0);
         let slot = 2048;
         let mut slab = vec![0u8; slot * 16];
@@ -459,7 +461,7 @@ mod gso_tests {
         let to = rx[0].local_addr().unwrap();
         let mut bufs: Vec<Vec<u8>> = (0..41u8).map(|i| vec![i; 1200]).collect();
         bufs[40].truncate(300);
-        let out: Vec<Outgoing> = (0..41).map(|i| Outgoing { buf: i, len: bufs[i].len(), to }).collect();
+        let out: Vec<Outgoing> = (0..41).map(|i| Outgoing { buf: i, start: 0, len: bufs[i].len(), to }).collect();
         assert_eq!(send_batch(&tx[0], &bufs, &out, &off), 0);
         let slot = 65536;
         let mut slab = vec![0u8; slot * 8];
@@ -488,7 +490,7 @@ mod gso_tests {
         let (ta, tb) = (a[0].local_addr().unwrap(), b[0].local_addr().unwrap());
         let bufs: Vec<Vec<u8>> = (0..6u8).map(|i| vec![i; 500 + usize::from(i % 2) * 100]).collect();
         let to = [ta, ta, tb, tb, ta, tb];
-        let out: Vec<Outgoing> = (0..6).map(|i| Outgoing { buf: i, len: bufs[i].len(), to: to[i] }).collect();
+        let out: Vec<Outgoing> = (0..6).map(|i| Outgoing { buf: i, start: 0, len: bufs[i].len(), to: to[i] }).collect();
         assert_eq!(send_batch(&tx, &bufs, &out, &off), 0);
         for (sock, want) in [(&a[0], vec![0u8, 1, 4]), (&b[0], vec![2u8, 3, 5])] {
             let mut slab = vec![0u8; 2048 * 8];

@@ -1,0 +1,221 @@
+//! End-to-end mesh tests in network namespaces: relaying through a member that cannot
+//! read the traffic, NAT hole punching to a direct path, and rerouting around a dead
+//! relay.
+#![allow(unsafe_code, unreachable_pub, clippy::unwrap_used)]
+
+mod netns;
+
+use std::net::UdpSocket;
+use std::time::Duration;
+
+use netns::{Netns, Node, TempDir, ip, ping, require_root, wait_until};
+
+const NET: [&str; 4] = ["--network-name", "mesh", "--network-secret", "mesh secret"];
+
+fn args<'a>(overlay: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut v = NET.to_vec();
+    v.extend(["-i", overlay, "--threads", "1"]);
+    v.extend(extra);
+    v
+}
+
+/// Links two namespaces with a veth pair and addresses.
+fn link(a: &Netns, a_if: &str, a_addr: &str, b: &Netns, b_if: &str, b_addr: &str) {
+    ip(&["link", "add", "name", a_if, "netns", &a.name, "type", "veth", "peer", "name", b_if, "netns", &b.name]);
+    a.exec_ok(&["ip", "addr", "add", a_addr, "dev", a_if]);
+    b.exec_ok(&["ip", "addr", "add", b_addr, "dev", b_if]);
+    a.exec_ok(&["ip", "link", "set", "dev", a_if, "up"]);
+    b.exec_ok(&["ip", "link", "set", "dev", b_if, "up"]);
+}
+
+fn peer_path(n: &Node, overlay: &str) -> String {
+    n.peer(overlay).map(|p| p["path"].as_str().unwrap_or("").to_owned()).unwrap_or_default()
+}
+
+fn via_host(n: &Node, overlay: &str) -> Option<String> {
+    n.peer(overlay).and_then(|p| p["via"].as_str().map(str::to_owned))
+}
+
+#[test]
+fn chain_relays_sealed_traffic_it_cannot_read() {
+    require_root();
+    let dir = TempDir::new();
+    let (a, b, c) = (Netns::new(), Netns::new(), Netns::new());
+    link(&a, "eth0", "192.0.2.1/24", &b, "eth0", "192.0.2.2/24");
+    link(&b, "eth1", "198.51.100.2/24", &c, "eth0", "198.51.100.3/24");
+    let nb = Node::start(&b, &dir.0, "b", &args("10.126.126.2/24", &[]));
+    let na = Node::start(&a, &dir.0, "a", &args("10.126.126.1/24", &["-p", "udp://192.0.2.2:11010"]));
+    let nc = Node::start(&c, &dir.0, "c", &args("10.126.126.3/24", &["-p", "udp://198.51.100.2:11010"]));
+    wait_until(Duration::from_secs(15), "A and C through B", || {
+        na.peer_established("10.126.126.3") && nc.peer_established("10.126.126.1")
+    });
+    assert!(ping(&a, "10.126.126.3"), "A -> C through B");
+    assert!(ping(&c, "10.126.126.1"), "C -> A through B");
+    assert_eq!(peer_path(&na, "10.126.126.3"), "relay");
+    assert_eq!(via_host(&na, "10.126.126.3"), Some(nb.status()["node_id"].as_str().unwrap().to_owned()));
+    let routes = na.status()["routes"].as_array().unwrap().clone();
+    let to_c = routes.iter().find(|r| r["overlay"] == "10.126.126.3").expect("route to C");
+    assert_eq!(to_c["hops"], 2);
+
+    // A known plaintext marker from A to C must not appear on B's wire.
+    let marker = b"WEFT-PLAINTEXT-MARKER-7f3a9c";
+    let pcap = dir.0.join("b.pcap");
+    let mut dump = b
+        .cmd("tcpdump")
+        .args([
+            "-Z",
+            "root",
+            "-i",
+            "eth1",
+            "-U",
+            "--immediate-mode",
+            "-n",
+            "-s",
+            "0",
+            "-w",
+            pcap.to_str().unwrap(),
+            "udp",
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut banner = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(dump.stderr.take().unwrap()), &mut banner).unwrap();
+    let got = c.within(|| {
+        let rx = UdpSocket::bind("10.126.126.3:7777").unwrap();
+        rx.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        a.within(|| {
+            let tx = UdpSocket::bind("10.126.126.1:0").unwrap();
+            for _ in 0..20 {
+                tx.send_to(marker, "10.126.126.3:7777").unwrap();
+            }
+        });
+        let mut buf = [0u8; 64];
+        let (n, _) = rx.recv_from(&mut buf).unwrap();
+        buf[..n].to_vec()
+    });
+    assert_eq!(got, marker, "C received the marker");
+    // SIGINT lets tcpdump flush and close the file.
+    netns::run(std::process::Command::new("kill").args(["-INT", &dump.id().to_string()]));
+    let _ = dump.wait();
+    let captured = std::fs::read(&pcap).unwrap();
+    assert!(captured.len() > 24 + 20 * 40, "the capture saw the relayed packets ({} bytes)", captured.len());
+    assert!(!captured.windows(marker.len()).any(|w| w == marker), "plaintext marker visible on the relay's link");
+    assert!(nb.peer("10.126.126.1").is_some() && nb.peer("10.126.126.3").is_some());
+}
+
+/// A home-router namespace: masquerade out of `wan`, and a stateful firewall that drops
+/// unsolicited inbound packets (so they leave no conntrack entry behind that would
+/// make the NAT pick a new port for the punch, as a bare masquerade does).
+fn nat_router(r: &Netns) {
+    r.exec_ok(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+    let rules = concat!(
+        "table ip nat {\n chain post {\n  type nat hook postrouting priority 100;\n  oifname \"wan\" masquerade\n }\n}\n",
+        "table inet filter {\n chain input {\n  type filter hook input priority 0;\n  iifname \"wan\" ct state new drop\n }\n",
+        " chain forward {\n  type filter hook forward priority 0;\n  iifname \"wan\" ct state new drop\n }\n}\n"
+    );
+    let path = std::env::temp_dir().join(format!("weft-nat-{}-{}.nft", std::process::id(), r.name));
+    std::fs::write(&path, rules).unwrap();
+    r.exec_ok(&["nft", "-f", path.to_str().unwrap()]);
+    let _ = std::fs::remove_file(path);
+}
+
+#[test]
+fn nodes_behind_nat_punch_through_to_a_direct_path() {
+    require_root();
+    let dir = TempDir::new();
+    // Public side: a bridge in a switch namespace with B, and the two routers' WANs.
+    let sw = Netns::new();
+    sw.exec_ok(&["ip", "link", "add", "br0", "type", "bridge"]);
+    sw.exec_ok(&["ip", "link", "set", "br0", "up"]);
+    let (b, ra, rc, a, c) = (Netns::new(), Netns::new(), Netns::new(), Netns::new(), Netns::new());
+    for (ns, ifname, addr, port) in [
+        (&b, "eth0", "203.0.113.2/24", "pb"),
+        (&ra, "wan", "203.0.113.1/24", "pa"),
+        (&rc, "wan", "203.0.113.3/24", "pc"),
+    ] {
+        ip(&["link", "add", ifname, "netns", &ns.name, "type", "veth", "peer", "name", port, "netns", &sw.name]);
+        sw.exec_ok(&["ip", "link", "set", port, "master", "br0"]);
+        sw.exec_ok(&["ip", "link", "set", port, "up"]);
+        ns.exec_ok(&["ip", "addr", "add", addr, "dev", ifname]);
+        ns.exec_ok(&["ip", "link", "set", ifname, "up"]);
+    }
+    link(&ra, "lan", "10.1.0.1/24", &a, "eth0", "10.1.0.2/24");
+    link(&rc, "lan", "10.2.0.1/24", &c, "eth0", "10.2.0.2/24");
+    a.exec_ok(&["ip", "route", "add", "default", "via", "10.1.0.1"]);
+    c.exec_ok(&["ip", "route", "add", "default", "via", "10.2.0.1"]);
+    nat_router(&ra);
+    nat_router(&rc);
+
+    let nb = Node::start(&b, &dir.0, "b", &args("10.126.126.2/24", &[]));
+    let na = Node::start(&a, &dir.0, "a", &args("10.126.126.1/24", &["-p", "udp://203.0.113.2:11010"]));
+    let nc = Node::start(&c, &dir.0, "c", &args("10.126.126.3/24", &["-p", "udp://203.0.113.2:11010"]));
+    wait_until(Duration::from_secs(15), "A and C meet through B", || {
+        na.peer_established("10.126.126.3") && nc.peer_established("10.126.126.1")
+    });
+    assert!(ping(&a, "10.126.126.3"), "A -> C works at once, relayed if need be");
+    let took = wait_until(Duration::from_secs(30), "A and C go direct", || {
+        peer_path(&na, "10.126.126.3") == "direct" && peer_path(&nc, "10.126.126.1") == "direct"
+    });
+    eprintln!("direct path after {took:?}");
+    // The direct endpoint A uses for C is C's router, not B.
+    let ep = na.peer("10.126.126.3").unwrap()["endpoint"].as_str().unwrap().to_owned();
+    assert!(ep.starts_with("203.0.113.3:"), "A reaches C at its NAT's public address, got {ep}");
+
+    // Traffic between A and C no longer crosses B.
+    let b_packets = || {
+        let out = b.exec_ok(&["cat", "/sys/class/net/eth0/statistics/rx_packets"]);
+        String::from_utf8_lossy(&out.stdout).trim().parse::<u64>().unwrap()
+    };
+    let before = b_packets();
+    a.exec_ok(&["ping", "-c", "200", "-i", "0.01", "-q", "10.126.126.3"]);
+    let crossed = b_packets() - before;
+    assert!(crossed < 60, "{crossed} packets crossed B during 200 pings (keepalives and probes only)");
+    drop(nb);
+}
+
+#[test]
+fn dead_relay_is_routed_around() {
+    require_root();
+    let dir = TempDir::new();
+    // A and C share no link; B and D each connect both.
+    let (a, b, c, d) = (Netns::new(), Netns::new(), Netns::new(), Netns::new());
+    link(&a, "a2b", "192.0.2.1/30", &b, "b2a", "192.0.2.2/30");
+    link(&b, "b2c", "192.0.2.5/30", &c, "c2b", "192.0.2.6/30");
+    link(&a, "a2d", "192.0.2.9/30", &d, "d2a", "192.0.2.10/30");
+    link(&d, "d2c", "192.0.2.13/30", &c, "c2d", "192.0.2.14/30");
+    let mut nb = Node::start(&b, &dir.0, "b", &args("10.126.126.2/24", &[]));
+    let mut nd = Node::start(&d, &dir.0, "d", &args("10.126.126.4/24", &[]));
+    let na = Node::start(
+        &a,
+        &dir.0,
+        "a",
+        &args("10.126.126.1/24", &["-p", "udp://192.0.2.2:11010", "-p", "udp://192.0.2.10:11010"]),
+    );
+    let _nc = Node::start(
+        &c,
+        &dir.0,
+        "c",
+        &args("10.126.126.3/24", &["-p", "udp://192.0.2.5:11010", "-p", "udp://192.0.2.13:11010"]),
+    );
+    wait_until(Duration::from_secs(15), "A and C through a relay", || {
+        na.peer_established("10.126.126.3") && ping(&a, "10.126.126.3")
+    });
+    let via = via_host(&na, "10.126.126.3").expect("relayed");
+    let b_id = nb.status()["node_id"].as_str().unwrap().to_owned();
+    let d_id = nd.status()["node_id"].as_str().unwrap().to_owned();
+    let other = if via == b_id {
+        nb.stop();
+        d_id
+    } else {
+        assert_eq!(via, d_id);
+        nd.stop();
+        b_id
+    };
+    let took = wait_until(Duration::from_secs(15), "A reaches C around the dead relay", || ping(&a, "10.126.126.3"));
+    eprintln!("rerouted after {took:?}");
+    wait_until(Duration::from_secs(5), "status shows the other relay", || {
+        via_host(&na, "10.126.126.3").as_deref() == Some(other.as_str())
+    });
+    assert!(ping(&c, "10.126.126.1"));
+}

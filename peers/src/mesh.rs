@@ -1,0 +1,463 @@
+//! The mesh half of the engine: topology records flooded over sessions, shortest
+//! paths, relayed sessions with every member, latency probes, and hole punching that
+//! moves a relayed peer to a direct path.
+//!
+//! Control messages travel inside sessions (data packets flagged
+//! [`FLAG_CONTROL`]), so only members that proved the PSK can flood records.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::RngCore;
+use tracing::{debug, info};
+use weft_core::handshake::Hello;
+use weft_core::route::{Route, RouteSnapshot};
+use weft_core::wire::{DATA_HEADER_LEN, FLAG_CONTROL, MAX_HOPS, RelayHeader};
+
+use crate::identity::NodeId;
+use crate::node::{Dest, Node, ms_since};
+use crate::peer::Peer;
+use crate::status::{PathStatus, RouteStatus};
+use crate::topology::{Neighbour, REFRESH, Record};
+
+/// How often each peer is probed for latency and loss.
+const PING_EVERY: Duration = Duration::from_secs(5);
+/// First hole-punching retry delay (doubles up to `PUNCH_MAX`).
+const PUNCH_FIRST: Duration = Duration::from_secs(2);
+const PUNCH_MAX: Duration = Duration::from_secs(30);
+/// Most candidate endpoints tried per punch.
+const MAX_CANDIDATES: usize = 8;
+
+/// A control message inside a session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Msg {
+    /// A topology record (ours or one we forward).
+    Record(Record),
+    /// Latency probe.
+    Ping(u64),
+    /// Answer to a probe.
+    Pong(u64),
+    /// "Send to me directly at these addresses now": the other half of a hole punch.
+    Punch(Vec<SocketAddr>),
+}
+
+impl Msg {
+    pub(crate) fn emit(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        match self {
+            Self::Record(r) => {
+                out.push(1);
+                r.emit(&mut out);
+            }
+            Self::Ping(n) => {
+                out.push(2);
+                out.extend_from_slice(&n.to_le_bytes());
+            }
+            Self::Pong(n) => {
+                out.push(3);
+                out.extend_from_slice(&n.to_le_bytes());
+            }
+            Self::Punch(eps) => {
+                out.push(4);
+                // A record with only endpoints reuses the address encoding.
+                let r = Record {
+                    key: [0; 32],
+                    seq: 0,
+                    hostname: String::new(),
+                    overlay: [0, 0, 0, 0].into(),
+                    endpoints: eps.clone(),
+                    neighbours: Vec::new(),
+                };
+                r.emit(&mut out);
+            }
+        }
+        out
+    }
+
+    pub(crate) fn parse(b: &[u8]) -> Option<Self> {
+        let (&kind, rest) = b.split_first()?;
+        Some(match kind {
+            1 => Self::Record(Record::parse(rest).ok()?),
+            2 => Self::Ping(u64::from_le_bytes(rest.get(..8)?.try_into().ok()?)),
+            3 => Self::Pong(u64::from_le_bytes(rest.get(..8)?.try_into().ok()?)),
+            4 => Self::Punch(Record::parse(rest).ok()?.endpoints),
+            _ => return None,
+        })
+    }
+}
+
+impl Node {
+    pub(crate) fn handle_message(&mut self, now: Instant, local_index: u32, bytes: &[u8]) {
+        let Some(key) = self.key_of_session(local_index) else { return };
+        let Some(msg) = Msg::parse(bytes) else {
+            debug!(local_index, "malformed control message");
+            return;
+        };
+        match msg {
+            Msg::Record(rec) => self.handle_record(now, key, rec),
+            Msg::Ping(n) => self.send_msg(&key, &Msg::Pong(n), now),
+            Msg::Pong(n) => {
+                // Link latencies reach the mesh with the next periodic record.
+                if let Some(p) = self.peers.get_mut(&key) {
+                    p.probe.answered(n, now);
+                }
+            }
+            Msg::Punch(eps) => {
+                debug!(peer = %NodeId::from_public(&key), candidates = eps.len(), "punch request");
+                self.punch_to(now, &key, &eps);
+            }
+        }
+    }
+
+    /// Authenticated packets of a session arrive straight from `from`: that address is
+    /// a working direct path to the peer (a hole punch succeeded, or it roamed).
+    pub(crate) fn handle_direct(&mut self, _now: Instant, local_index: u32, from: SocketAddr) {
+        let Some(key) = self.key_of_session(local_index) else { return };
+        let Some(p) = self.peers.get_mut(&key) else { return };
+        if p.direct && p.endpoint == Some(from) {
+            return;
+        }
+        info!(peer = %p.id, %from, "direct path up");
+        p.endpoint = Some(from);
+        p.direct = true;
+        p.punch = Default::default();
+        self.record_dirty = true;
+        self.routes_dirty = true;
+        self.sync_topology(key);
+    }
+
+    fn handle_record(&mut self, now: Instant, from_key: [u8; 32], rec: Record) {
+        let node = rec.node();
+        if node == self.id {
+            // Our own record came back: never older than what we publish, unless we
+            // restarted; jump past it so ours wins.
+            if rec.seq >= self.seq {
+                self.seq = rec.seq + 1;
+                self.record_dirty = true;
+            }
+            return;
+        }
+        let overlay = rec.overlay;
+        let hostname = rec.hostname.clone();
+        let key = rec.key;
+        if !self.topology.apply(rec.clone(), now) {
+            return;
+        }
+        // A member we have not met: it exists for routing and status from now on.
+        if !self.peers.contains_key(&key) {
+            let ours = &self.cfg.handshake.hello;
+            let hello = Hello { cipher: ours.cipher, ipv4: overlay, prefix: ours.prefix, hostname };
+            self.peers.insert(key, Peer::new(key, hello, None, now, Arc::default()));
+            debug!(peer = %node, %overlay, "learned member from topology");
+        }
+        self.recompute_paths();
+        // Flood on to every other direct neighbour.
+        let from_id = NodeId::from_public(&from_key);
+        let msg = Msg::Record(rec);
+        let targets: Vec<[u8; 32]> =
+            self.direct_neighbours().filter(|k| NodeId::from_public(k) != from_id && *k != key).collect();
+        for k in targets {
+            self.send_msg(&k, &msg, now);
+        }
+    }
+
+    /// Periodic mesh work: publish our record, expire old ones, probe, punch.
+    pub(crate) fn drive_mesh(&mut self, now: Instant) {
+        let t = self.cfg.timers;
+        let epoch = self.cfg.epoch;
+        let now_ms = ms_since(epoch, now);
+        // A direct path that went silent falls back to relaying.
+        for p in self.peers.values_mut() {
+            if !p.direct {
+                continue;
+            }
+            let Some(tx) = p.sessions.iter().find(|s| s.session.is_confirmed()) else { continue };
+            let last = p.sessions.iter().map(|s| s.session.last_direct_rx_ms()).max().unwrap_or(0);
+            let silent = now_ms.saturating_sub(last.max(ms_since(epoch, tx.created)));
+            if silent >= t.dead_after.as_millis() as u64 {
+                info!(peer = %p.id, "direct path silent; falling back to relay");
+                p.direct = false;
+                self.record_dirty = true;
+                self.routes_dirty = true;
+            }
+        }
+        let expired = self.topology.expire(now, self.id);
+        if !expired.is_empty() {
+            debug!(count = expired.len(), "topology records aged out");
+            self.recompute_paths();
+        }
+        if self.record_dirty || self.next_publish.is_none_or(|t| now >= t) {
+            self.publish_record(now);
+        }
+        self.probe_peers(now);
+        self.punch_relayed(now);
+    }
+
+    fn publish_record(&mut self, now: Instant) {
+        self.seq += 1;
+        self.record_dirty = false;
+        self.next_publish = Some(now + REFRESH);
+        let rec = self.own_record();
+        self.topology.apply(rec.clone(), now);
+        self.recompute_paths();
+        let msg = Msg::Record(rec);
+        let targets: Vec<[u8; 32]> = self.direct_neighbours().collect();
+        for k in targets {
+            self.send_msg(&k, &msg, now);
+        }
+    }
+
+    fn own_record(&self) -> Record {
+        let hello = &self.cfg.handshake.hello;
+        let mut neighbours: Vec<Neighbour> = self
+            .peers
+            .values()
+            .filter(|p| p.direct && p.sessions.iter().any(|s| s.session.is_confirmed()))
+            .filter_map(|p| {
+                Some(Neighbour {
+                    node: p.id,
+                    rtt_ms: p.probe.rtt.map_or(0, |r| r.as_millis().min(u128::from(u32::MAX)) as u32),
+                    observed: p.endpoint?,
+                })
+            })
+            .collect();
+        neighbours.sort_by_key(|n| n.node);
+        Record {
+            key: self.cfg.handshake.local.public,
+            seq: self.seq,
+            hostname: hello.hostname.clone(),
+            overlay: hello.ipv4,
+            endpoints: self.cfg.endpoints.clone(),
+            neighbours,
+        }
+    }
+
+    /// Sends every record we know to a new neighbour.
+    pub(crate) fn sync_topology(&mut self, key: [u8; 32]) {
+        let mut recs: Vec<Record> = self.topology.records().cloned().collect();
+        if !recs.iter().any(|r| r.node() == self.id) {
+            recs.push(self.own_record());
+        }
+        // Our own record may be stale in the table when a neighbour just appeared.
+        self.record_dirty = true;
+        let now = self.cfg.epoch; // the time only stamps last_tx; any instant works
+        for r in recs {
+            self.send_msg(&key, &Msg::Record(r), now);
+        }
+    }
+
+    pub(crate) fn recompute_paths(&mut self) {
+        self.paths = self.topology.paths(self.id, self.cfg.latency_first);
+        self.routes_dirty = true;
+    }
+
+    fn probe_peers(&mut self, now: Instant) {
+        let due: Vec<[u8; 32]> = self
+            .peers
+            .values()
+            .filter(|p| p.sessions.iter().any(|s| s.session.is_confirmed()))
+            .filter(|p| p.probe.next.is_none_or(|t| now >= t))
+            .map(|p| p.key)
+            .collect();
+        for key in due {
+            let nonce = self.rng.next_u64();
+            if let Some(p) = self.peers.get_mut(&key) {
+                p.probe.sent(nonce, now);
+                p.probe.next = Some(now + PING_EVERY);
+            }
+            self.send_msg(&key, &Msg::Ping(nonce), now);
+        }
+    }
+
+    /// For relayed peers: send to their known addresses directly and ask them (through
+    /// the relay) to do the same towards ours, so both NATs open at once.
+    fn punch_relayed(&mut self, now: Instant) {
+        let due: Vec<[u8; 32]> = self
+            .peers
+            .values()
+            .filter(|p| !p.direct && p.sessions.iter().any(|s| s.session.is_confirmed()))
+            .filter(|p| p.punch.next_attempt.is_none_or(|t| now >= t))
+            .map(|p| p.key)
+            .collect();
+        for key in due {
+            let theirs = self.candidates(&key);
+            let ours = self.candidates(&self.cfg.handshake.local.public);
+            if theirs.is_empty() && ours.is_empty() {
+                continue;
+            }
+            let jitter = self.rng.next_u32();
+            if let Some(p) = self.peers.get_mut(&key) {
+                let d = &mut p.punch;
+                d.backoff = if d.backoff.is_zero() { PUNCH_FIRST } else { (d.backoff * 2).min(PUNCH_MAX) };
+                let spread = d.backoff.as_millis() as u64 / 4;
+                d.next_attempt = Some(now + d.backoff + Duration::from_millis(u64::from(jitter) % spread.max(1)));
+            }
+            self.send_msg(&key, &Msg::Punch(ours), now);
+            self.punch_to(now, &key, &theirs);
+        }
+    }
+
+    /// Sends a keepalive of `key`'s session straight to each address.
+    fn punch_to(&mut self, now: Instant, key: &[u8; 32], eps: &[SocketAddr]) {
+        let Some(p) = self.peers.get(key) else { return };
+        let Some(tx) = p.sessions.iter().find(|s| s.session.is_confirmed()) else { return };
+        let session = tx.session.clone();
+        for ep in eps.iter().take(MAX_CANDIDATES) {
+            let ka = crate::node::keepalive(&session, now, self.cfg.epoch);
+            self.actions.push_back(Dest::direct(*ep).send(ka));
+        }
+    }
+
+    /// Where a node may be reachable directly: the endpoints it announces and the
+    /// addresses its neighbours observe for it.
+    fn candidates(&self, key: &[u8; 32]) -> Vec<SocketAddr> {
+        let id = NodeId::from_public(key);
+        let mut out: Vec<SocketAddr> = Vec::new();
+        for r in self.topology.records() {
+            for n in &r.neighbours {
+                if n.node == id && !out.contains(&n.observed) {
+                    out.push(n.observed);
+                }
+            }
+        }
+        if let Some(r) = self.topology.get(&id) {
+            for e in &r.endpoints {
+                if !out.contains(e) {
+                    out.push(*e);
+                }
+            }
+        }
+        out.truncate(MAX_CANDIDATES);
+        out
+    }
+
+    /// Seals a control message on the peer's session and sends it along its path.
+    pub(crate) fn send_msg(&mut self, key: &[u8; 32], msg: &Msg, now: Instant) {
+        let Some(dest) = self.dest_for(key) else { return };
+        let Some(p) = self.peers.get(key) else { return };
+        let Some(tx) = p.sessions.iter().find(|s| s.session.is_confirmed()) else { return };
+        let body = msg.emit();
+        let mut buf = vec![0u8; DATA_HEADER_LEN + body.len() + 16];
+        buf[DATA_HEADER_LEN..DATA_HEADER_LEN + body.len()].copy_from_slice(&body);
+        let Some(n) = tx.session.seal_with_flags(&mut buf, body.len(), FLAG_CONTROL) else { return };
+        buf.truncate(n);
+        tx.session.touch_tx(ms_since(self.cfg.epoch, now));
+        self.actions.push_back(dest.send(buf));
+    }
+
+    /// How to reach a peer right now: directly when its direct path works (or it is
+    /// a configured endpoint with no relay path), else through the first relay.
+    pub(crate) fn dest_for(&self, key: &[u8; 32]) -> Option<Dest> {
+        let p = self.peers.get(key)?;
+        if p.direct
+            && let Some(e) = p.endpoint
+        {
+            return Some(Dest::direct(e));
+        }
+        if let Some(path) = self.paths.get(&p.id)
+            && path.next_hop != p.id
+            && let Some(hop) = self.peer_by_id(path.next_hop)
+            && hop.direct
+            && let Some(to) = hop.endpoint
+        {
+            let relay = RelayHeader { hop_limit: MAX_HOPS, dst: p.id.to_bytes(), src: self.id.to_bytes() };
+            return Some(Dest { to, relay: Some(relay) });
+        }
+        p.endpoint.map(Dest::direct)
+    }
+
+    pub(crate) fn snapshot(&self) -> RouteSnapshot {
+        let mut routes = Vec::new();
+        for p in self.peers.values() {
+            let Some(tx) = p.sessions.iter().find(|s| s.session.is_confirmed()) else { continue };
+            let Some(dest) = self.dest_for(&p.key) else { continue };
+            routes.push((p.hello.ipv4, Route { session: tx.session.clone(), target: dest.to, relay: dest.relay }));
+        }
+        let receiving = self
+            .peers
+            .values()
+            .flat_map(|p| p.sessions.iter().map(|s| s.session.clone()))
+            .chain(self.held.values().map(|h| h.entry.session.clone()));
+        // Forwarding table for relayed frames: every reachable node through its first hop.
+        let mut next_hops: HashMap<[u8; 8], SocketAddr> = HashMap::new();
+        for (id, path) in &self.paths {
+            if let Some(hop) = self.peer_by_id(path.next_hop)
+                && hop.direct
+                && let Some(e) = hop.endpoint
+            {
+                next_hops.insert(id.to_bytes(), e);
+            }
+        }
+        for p in self.peers.values().filter(|p| p.direct) {
+            if let Some(e) = p.endpoint {
+                next_hops.insert(p.id.to_bytes(), e);
+            }
+        }
+        let neighbours: Vec<SocketAddr> =
+            self.peers.values().filter(|p| p.direct && !p.sessions.is_empty()).filter_map(|p| p.endpoint).collect();
+        RouteSnapshot::with_relays(self.id.to_bytes(), routes, receiving, next_hops, neighbours)
+    }
+
+    pub(crate) fn path_status(&self, p: &Peer) -> PathStatus {
+        match self.dest_for(&p.key) {
+            Some(Dest { relay: None, .. }) if p.direct => PathStatus::Direct,
+            Some(Dest { relay: Some(_), .. }) => {
+                let path = self.paths.get(&p.id);
+                PathStatus::Relay { via: path.map_or(p.id, |x| x.next_hop), hops: path.map_or(0, |x| x.hops) }
+            }
+            _ => PathStatus::None,
+        }
+    }
+
+    pub(crate) fn route_status(&self) -> Vec<RouteStatus> {
+        let mut v: Vec<RouteStatus> = self
+            .paths
+            .iter()
+            .filter_map(|(id, path)| {
+                let rec = self.topology.get(id)?;
+                let session =
+                    self.peers.get(&rec.key).is_some_and(|p| p.sessions.iter().any(|s| s.session.is_confirmed()));
+                Some(RouteStatus {
+                    node: *id,
+                    hostname: rec.hostname.clone(),
+                    overlay: rec.overlay,
+                    next_hop: path.next_hop,
+                    hops: path.hops,
+                    latency_ms: path.latency_ms,
+                    session,
+                })
+            })
+            .collect();
+        v.sort_by_key(|r| r.overlay);
+        v
+    }
+
+    fn direct_neighbours(&self) -> impl Iterator<Item = [u8; 32]> + '_ {
+        self.peers.values().filter(|p| p.direct && p.sessions.iter().any(|s| s.session.is_confirmed())).map(|p| p.key)
+    }
+
+    fn peer_by_id(&self, id: NodeId) -> Option<&Peer> {
+        self.peers.values().find(|p| p.id == id)
+    }
+
+    fn key_of_session(&self, local_index: u32) -> Option<[u8; 32]> {
+        self.peers.values().find(|p| p.sessions.iter().any(|s| s.session.local_index == local_index)).map(|p| p.key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_round_trip() {
+        for m in [Msg::Ping(7), Msg::Pong(u64::MAX), Msg::Punch(vec!["203.0.113.5:11010".parse().unwrap()])] {
+            assert_eq!(Msg::parse(&m.emit()), Some(m));
+        }
+        assert_eq!(Msg::parse(&[]), None);
+        assert_eq!(Msg::parse(&[9, 1, 2]), None);
+        assert_eq!(Msg::parse(&[2, 1]), None);
+    }
+}

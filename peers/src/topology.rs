@@ -1,0 +1,354 @@
+//! The topology database: every node's self-description, flooded through the mesh,
+//! and the shortest paths computed from it.
+//!
+//! Each node publishes a [`Record`] with a sequence number: who it is, its overlay
+//! address, where it can be reached, and its direct neighbours with measured latency.
+//! A record replaces an older one from the same node; records not refreshed within
+//! [`RECORD_TTL`] age out. Links count only when both ends list each other.
+
+use std::collections::{BinaryHeap, HashMap};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use thiserror::Error;
+
+use crate::identity::NodeId;
+
+/// A record not refreshed for this long is dropped.
+pub const RECORD_TTL: Duration = Duration::from_secs(90);
+/// Nodes republish their record at least this often.
+pub const REFRESH: Duration = Duration::from_secs(30);
+/// Most neighbours or endpoints a record may carry.
+const MAX_LIST: usize = 255;
+const RECORD_VERSION: u8 = 1;
+
+/// A direct neighbour in a record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Neighbour {
+    /// Its id.
+    pub node: NodeId,
+    /// Smoothed round-trip time in milliseconds (0 if not measured yet).
+    pub rtt_ms: u32,
+    /// The address we see it at (its public side, behind NAT).
+    pub observed: SocketAddr,
+}
+
+/// One node's self-description.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// The node's static public key (its id derives from it).
+    pub key: [u8; 32],
+    /// Increases with every change; the highest wins.
+    pub seq: u64,
+    /// Host name.
+    pub hostname: String,
+    /// Overlay address.
+    pub overlay: Ipv4Addr,
+    /// Addresses the node listens on (as it knows them).
+    pub endpoints: Vec<SocketAddr>,
+    /// Direct neighbours.
+    pub neighbours: Vec<Neighbour>,
+}
+
+/// A record that does not parse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+#[error("malformed topology record")]
+pub struct BadRecord;
+
+impl Record {
+    /// The node's id.
+    pub fn node(&self) -> NodeId {
+        NodeId::from_public(&self.key)
+    }
+
+    /// Appends the encoding to `out`.
+    pub fn emit(&self, out: &mut Vec<u8>) {
+        out.push(RECORD_VERSION);
+        out.extend_from_slice(&self.key);
+        out.extend_from_slice(&self.seq.to_le_bytes());
+        let name = &self.hostname.as_bytes()[..self.hostname.len().min(255)];
+        let name = match std::str::from_utf8(name) {
+            Ok(s) => s.as_bytes(),
+            Err(e) => &name[..e.valid_up_to()],
+        };
+        out.push(name.len() as u8);
+        out.extend_from_slice(name);
+        out.extend_from_slice(&self.overlay.octets());
+        let eps = &self.endpoints[..self.endpoints.len().min(MAX_LIST)];
+        out.push(eps.len() as u8);
+        for e in eps {
+            emit_addr(e, out);
+        }
+        let ns = &self.neighbours[..self.neighbours.len().min(MAX_LIST)];
+        out.push(ns.len() as u8);
+        for n in ns {
+            out.extend_from_slice(&n.node.to_bytes());
+            out.extend_from_slice(&n.rtt_ms.to_le_bytes());
+            emit_addr(&n.observed, out);
+        }
+    }
+
+    /// Parses a record.
+    pub fn parse(b: &[u8]) -> Result<Self, BadRecord> {
+        let mut r = Reader(b);
+        if r.u8()? != RECORD_VERSION {
+            return Err(BadRecord);
+        }
+        let key: [u8; 32] = r.take(32)?.try_into().map_err(|_| BadRecord)?;
+        let seq = u64::from_le_bytes(r.take(8)?.try_into().map_err(|_| BadRecord)?);
+        let n = usize::from(r.u8()?);
+        let hostname = std::str::from_utf8(r.take(n)?).map_err(|_| BadRecord)?.to_owned();
+        let o = r.take(4)?;
+        let overlay = Ipv4Addr::new(o[0], o[1], o[2], o[3]);
+        let endpoints = (0..r.u8()?).map(|_| r.addr()).collect::<Result<_, _>>()?;
+        let neighbours = (0..r.u8()?)
+            .map(|_| {
+                let node = NodeId::from_bytes(r.take(8)?.try_into().map_err(|_| BadRecord)?);
+                let rtt_ms = u32::from_le_bytes(r.take(4)?.try_into().map_err(|_| BadRecord)?);
+                Ok(Neighbour { node, rtt_ms, observed: r.addr()? })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self { key, seq, hostname, overlay, endpoints, neighbours })
+    }
+}
+
+fn emit_addr(a: &SocketAddr, out: &mut Vec<u8>) {
+    match a {
+        SocketAddr::V4(v4) => {
+            out.push(4);
+            out.extend_from_slice(&v4.ip().octets());
+        }
+        SocketAddr::V6(v6) => {
+            out.push(6);
+            out.extend_from_slice(&v6.ip().octets());
+        }
+    }
+    out.extend_from_slice(&a.port().to_le_bytes());
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], BadRecord> {
+        if self.0.len() < n {
+            return Err(BadRecord);
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Ok(a)
+    }
+    fn u8(&mut self) -> Result<u8, BadRecord> {
+        Ok(self.take(1)?[0])
+    }
+    fn addr(&mut self) -> Result<SocketAddr, BadRecord> {
+        let ip: std::net::IpAddr = match self.u8()? {
+            4 => <[u8; 4]>::try_from(self.take(4)?).map_err(|_| BadRecord)?.into(),
+            6 => <[u8; 16]>::try_from(self.take(16)?).map_err(|_| BadRecord)?.into(),
+            _ => return Err(BadRecord),
+        };
+        let port = u16::from_le_bytes(self.take(2)?.try_into().map_err(|_| BadRecord)?);
+        Ok(SocketAddr::new(ip, port))
+    }
+}
+
+/// How to reach one destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Path {
+    /// The first hop (the destination itself when direct).
+    pub next_hop: NodeId,
+    /// Number of links.
+    pub hops: u32,
+    /// Sum of the links' round-trip times in milliseconds.
+    pub latency_ms: u32,
+}
+
+/// All records a node knows.
+#[derive(Debug, Default)]
+pub struct Topology {
+    records: HashMap<NodeId, (Record, Instant)>,
+}
+
+impl Topology {
+    /// Stores `rec` if it is newer than what we have. Returns true if it was.
+    pub fn apply(&mut self, rec: Record, now: Instant) -> bool {
+        let id = rec.node();
+        match self.records.get(&id) {
+            Some((old, _)) if old.seq >= rec.seq => false,
+            _ => {
+                self.records.insert(id, (rec, now));
+                true
+            }
+        }
+    }
+
+    /// Drops records not refreshed within [`RECORD_TTL`]; returns the ids dropped.
+    pub fn expire(&mut self, now: Instant, keep: NodeId) -> Vec<NodeId> {
+        let old: Vec<NodeId> = self
+            .records
+            .iter()
+            .filter(|(id, (_, at))| **id != keep && now.saturating_duration_since(*at) >= RECORD_TTL)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &old {
+            self.records.remove(id);
+        }
+        old
+    }
+
+    /// The record of `id`.
+    pub fn get(&self, id: &NodeId) -> Option<&Record> {
+        self.records.get(id).map(|(r, _)| r)
+    }
+
+    /// Every record.
+    pub fn records(&self) -> impl Iterator<Item = &Record> {
+        self.records.values().map(|(r, _)| r)
+    }
+
+    /// Number of records.
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// Whether no record is known.
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// Shortest paths from `from` to every reachable node: fewest hops (ties broken by
+    /// latency), or lowest latency with `latency_first` (ties broken by hops). A link
+    /// counts only if both ends list each other.
+    pub fn paths(&self, from: NodeId, latency_first: bool) -> HashMap<NodeId, Path> {
+        let mut best: HashMap<NodeId, (u64, Path)> = HashMap::new();
+        let mut heap = BinaryHeap::new();
+        heap.push(std::cmp::Reverse((0u64, 0u32, from, from)));
+        let cost = |hops: u32, lat: u32| -> u64 {
+            if latency_first {
+                (u64::from(lat) << 16) + u64::from(hops)
+            } else {
+                (u64::from(hops) << 32) + u64::from(lat)
+            }
+        };
+        let mut done: HashMap<NodeId, ()> = HashMap::new();
+        // Entries: (cost, latency, node, first hop).
+        while let Some(std::cmp::Reverse((c, lat, node, first))) = heap.pop() {
+            if done.insert(node, ()).is_some() {
+                continue;
+            }
+            let hops = if node == from { 0 } else { best.get(&node).map_or(0, |(_, p)| p.hops) };
+            let Some((rec, _)) = self.records.get(&node) else { continue };
+            for n in &rec.neighbours {
+                if done.contains_key(&n.node) || !self.lists(n.node, node) {
+                    continue;
+                }
+                let nh = hops + 1;
+                let nlat = lat.saturating_add(n.rtt_ms.max(1));
+                let nc = cost(nh, nlat);
+                let first_hop = if node == from { n.node } else { first };
+                let better = best.get(&n.node).is_none_or(|(bc, _)| nc < *bc);
+                if better {
+                    best.insert(n.node, (nc, Path { next_hop: first_hop, hops: nh, latency_ms: nlat }));
+                    heap.push(std::cmp::Reverse((nc, nlat, n.node, first_hop)));
+                }
+            }
+            let _ = c;
+        }
+        best.into_iter().filter(|(id, _)| *id != from).map(|(id, (_, p))| (id, p)).collect()
+    }
+
+    fn lists(&self, who: NodeId, whom: NodeId) -> bool {
+        self.records.get(&who).is_some_and(|(r, _)| r.neighbours.iter().any(|n| n.node == whom))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(i: u8) -> [u8; 32] {
+        [i; 32]
+    }
+
+    fn rec(i: u8, seq: u64, ns: &[(u8, u32)]) -> Record {
+        Record {
+            key: key(i),
+            seq,
+            hostname: format!("n{i}"),
+            overlay: Ipv4Addr::new(10, 0, 0, i),
+            endpoints: vec![SocketAddr::from(([192, 0, 2, i], 11010))],
+            neighbours: ns
+                .iter()
+                .map(|(j, rtt)| Neighbour {
+                    node: NodeId::from_public(&key(*j)),
+                    rtt_ms: *rtt,
+                    observed: SocketAddr::from(([198, 51, 100, *j], 11010)),
+                })
+                .collect(),
+        }
+    }
+
+    fn id(i: u8) -> NodeId {
+        NodeId::from_public(&key(i))
+    }
+
+    #[test]
+    fn record_round_trip_and_truncation() {
+        let mut r = rec(1, 7, &[(2, 5), (3, 9)]);
+        r.endpoints.push("[2001:db8::1]:11010".parse().unwrap());
+        let mut b = Vec::new();
+        r.emit(&mut b);
+        assert_eq!(Record::parse(&b).unwrap(), r);
+        for cut in 0..b.len() {
+            assert!(Record::parse(&b[..cut]).is_err(), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn newer_sequence_wins() {
+        let mut t = Topology::default();
+        let now = Instant::now();
+        assert!(t.apply(rec(1, 2, &[]), now));
+        assert!(!t.apply(rec(1, 1, &[(2, 1)]), now));
+        assert!(!t.apply(rec(1, 2, &[(2, 1)]), now));
+        assert!(t.apply(rec(1, 3, &[(2, 1)]), now));
+        assert_eq!(t.get(&id(1)).unwrap().neighbours.len(), 1);
+    }
+
+    #[test]
+    fn chain_routes_through_the_middle_and_links_need_both_ends() {
+        let mut t = Topology::default();
+        let now = Instant::now();
+        t.apply(rec(1, 1, &[(2, 1)]), now);
+        t.apply(rec(2, 1, &[(1, 1), (3, 1)]), now);
+        t.apply(rec(3, 1, &[(2, 1), (4, 1)]), now); // 4 does not list 3
+        t.apply(rec(4, 1, &[]), now);
+        let p = t.paths(id(1), false);
+        assert_eq!(p[&id(2)], Path { next_hop: id(2), hops: 1, latency_ms: 1 });
+        assert_eq!(p[&id(3)], Path { next_hop: id(2), hops: 2, latency_ms: 2 });
+        assert!(!p.contains_key(&id(4)), "one-sided link must not count");
+    }
+
+    #[test]
+    fn hops_versus_latency_first() {
+        // 1-2 direct but slow (100 ms); 1-3-2 fast (2 + 2 ms).
+        let mut t = Topology::default();
+        let now = Instant::now();
+        t.apply(rec(1, 1, &[(2, 100), (3, 2)]), now);
+        t.apply(rec(2, 1, &[(1, 100), (3, 2)]), now);
+        t.apply(rec(3, 1, &[(1, 2), (2, 2)]), now);
+        assert_eq!(t.paths(id(1), false)[&id(2)].next_hop, id(2));
+        let lf = t.paths(id(1), true)[&id(2)];
+        assert_eq!((lf.next_hop, lf.hops, lf.latency_ms), (id(3), 2, 4));
+    }
+
+    #[test]
+    fn records_age_out() {
+        let mut t = Topology::default();
+        let now = Instant::now();
+        t.apply(rec(1, 1, &[]), now);
+        t.apply(rec(2, 1, &[]), now);
+        assert!(t.expire(now + RECORD_TTL / 2, id(1)).is_empty());
+        assert_eq!(t.expire(now + RECORD_TTL, id(1)), vec![id(2)]);
+        assert_eq!(t.len(), 1);
+    }
+}
