@@ -100,6 +100,9 @@ pub struct UpArgs {
     /// scheduler spreads TX, RX and the applications better; see bench/RESULTS.md).
     #[arg(long, env = "WEFT_PIN", value_parser = clap::builder::FalseyValueParser::new())]
     pub pin: bool,
+    /// Advertise a subnet behind this node to the mesh and forward for it; repeatable.
+    #[arg(long = "proxy-network", value_name = "CIDR")]
+    pub proxy_network: Vec<String>,
     /// Prefer the path with the lowest latency over the one with the fewest hops.
     #[arg(long)]
     pub latency_first: bool,

@@ -51,6 +51,8 @@ pub struct FileConfig {
     no_udp_gro: Option<bool>,
     pin: Option<bool>,
     latency_first: Option<bool>,
+    #[serde(default)]
+    proxy_network: Vec<String>,
 }
 
 impl FileConfig {
@@ -166,6 +168,8 @@ pub struct NodeConfig {
     pub pin: bool,
     /// Route by latency rather than hop count.
     pub latency_first: bool,
+    /// Subnets this node proxies for the mesh.
+    pub proxy_networks: Vec<Ipv4Net>,
     /// Rekey interval.
     pub rekey_after: std::time::Duration,
 }
@@ -272,9 +276,32 @@ impl NodeConfig {
             },
             pin: args.pin || file.pin.unwrap_or(false),
             latency_first: args.latency_first || file.latency_first.unwrap_or(false),
+            proxy_networks: proxy_networks(if args.proxy_network.is_empty() {
+                &file.proxy_network
+            } else {
+                &args.proxy_network
+            })?,
             rekey_after: std::time::Duration::from_secs(args.rekey_after.unwrap_or(120).max(1)),
         })
     }
+}
+
+fn proxy_networks(values: &[String]) -> Result<Vec<Ipv4Net>, UsageError> {
+    values
+        .iter()
+        .map(|v| {
+            let bad = || UsageError(format!("invalid --proxy-network {v:?}: expected a CIDR such as 192.168.1.0/24"));
+            let (a, p) = v.split_once('/').ok_or_else(bad)?;
+            let addr: Ipv4Addr = a.parse().map_err(|_| bad())?;
+            let prefix: u8 = p.parse().map_err(|_| bad())?;
+            if prefix > 32 {
+                return Err(bad());
+            }
+            // Keep the network address, whatever host bits were given.
+            let mask = if prefix == 0 { 0 } else { u32::MAX << (32 - u32::from(prefix)) };
+            Ok(Ipv4Net { addr: Ipv4Addr::from(u32::from(addr) & mask), prefix })
+        })
+        .collect()
 }
 
 fn system_hostname() -> String {
@@ -317,11 +344,14 @@ mod tests {
             ("peer", "gopher://x:1", "gopher"),
             ("peer", "1.2.3.4:11010", "1.2.3.4:11010"),
             ("cipher", "xor", "xor"),
+            ("proxy", "192.168.1.0", "192.168.1.0"),
+            ("proxy", "192.168.1.0/40", "192.168.1.0/40"),
         ] {
             let mut a = args();
             match field {
                 "ipv4" => a.ipv4 = Some(value.into()),
                 "peer" => a.peer = vec![value.into()],
+                "proxy" => a.proxy_network = vec![value.into()],
                 _ => a.cipher = Some(value.into()),
             }
             let e = NodeConfig::resolve(&a).unwrap_err().to_string();

@@ -63,6 +63,10 @@ pub struct StatusJson {
     pub peers: Vec<PeerJson>,
     /// Routes to every member of the mesh.
     pub routes: Vec<RouteJson>,
+    /// Members that claim this node's overlay address.
+    pub address_conflicts: Vec<String>,
+    /// Subnets this node proxies.
+    pub proxy_networks: Vec<String>,
     /// Configured peers that have not answered yet.
     pub pending_peers: Vec<PendingJson>,
     /// Handshakes we refused, by source.

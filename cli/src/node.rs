@@ -81,6 +81,13 @@ pub fn run(cfg: NodeConfig) -> Result<()> {
     let sender = socks[0].try_clone().context("cannot duplicate the UDP socket")?;
     let dial = cfg.peers.iter().map(|p| p.resolve()).collect::<Result<Vec<_>, _>>()?;
 
+    if !cfg.proxy_networks.is_empty() {
+        // The kernel forwards between the TUN and the proxied LAN.
+        match std::fs::write("/proc/sys/net/ipv4/ip_forward", "1") {
+            Ok(()) => info!("IPv4 forwarding enabled for --proxy-network"),
+            Err(e) => warn!(error = %e, "cannot enable IPv4 forwarding; proxied subnets will not be reachable"),
+        }
+    }
     let epoch = Instant::now();
     let (ctl_tx, ctl_rx) = mpsc::channel(CONTROL_QUEUE);
     let shared = Shared {
@@ -119,6 +126,7 @@ pub fn run(cfg: NodeConfig) -> Result<()> {
             timers: Timers { rekey_after: cfg.rekey_after, ..Timers::default() },
             endpoints: local_endpoints(cfg.listen, cfg.ipv4.addr),
             latency_first: cfg.latency_first,
+            proxied: cfg.proxy_networks.iter().map(|n| (n.addr, n.prefix)).collect(),
         },
         Box::new(rand::rngs::StdRng::from_entropy()),
     );
@@ -130,8 +138,17 @@ pub fn run(cfg: NodeConfig) -> Result<()> {
         .thread_name("weft-ctl")
         .build()
         .context("cannot start the control runtime")?;
-    let runtime =
-        Runtime { cfg, engine, shared, sender, started: epoch, tun_offload, pipelines, drops: DropCounters::default() };
+    let runtime = Runtime {
+        cfg,
+        engine,
+        shared,
+        sender,
+        started: epoch,
+        tun_offload,
+        pipelines,
+        drops: DropCounters::default(),
+        kernel_routes: Vec::new(),
+    };
     let result = rt.block_on(runtime.serve(ctl_rx));
     // Pipeline threads block in TUN reads; the process exit ends them.
     rt.shutdown_timeout(Duration::from_millis(200));
@@ -148,6 +165,8 @@ struct Runtime {
     pipelines: Vec<Arc<PipelineStats>>,
     /// Drops of the control plane's own sends.
     drops: DropCounters,
+    /// Proxied subnets currently routed into the TUN.
+    kernel_routes: Vec<(std::net::Ipv4Addr, u8)>,
 }
 
 impl Runtime {
@@ -198,6 +217,7 @@ impl Runtime {
                     debug!(routes = snap.route_count(), "publishing routes");
                     self.shared.routes.store(snap);
                 }
+                Action::InstallRoutes(subnets) => self.install_routes(subnets),
                 Action::Send { to, bytes } => {
                     if let Err(e) = self.sender.send_to(&bytes, to) {
                         debug!(%to, error = %e, "control send failed");
@@ -206,6 +226,19 @@ impl Runtime {
                 }
             }
         }
+    }
+
+    /// Routes the subnets other members proxy into our TUN (and removes stale ones).
+    fn install_routes(&mut self, subnets: Vec<(std::net::Ipv4Addr, u8)>) {
+        let dev = self.cfg.dev_name.clone();
+        let own: Vec<(std::net::Ipv4Addr, u8)> = self.cfg.proxy_networks.iter().map(|n| (n.addr, n.prefix)).collect();
+        for (a, p) in self.kernel_routes.iter().filter(|r| !subnets.contains(r)) {
+            run_ip(&["route", "del", &format!("{a}/{p}"), "dev", &dev]);
+        }
+        for (a, p) in subnets.iter().filter(|r| !own.contains(r)) {
+            run_ip(&["route", "replace", &format!("{a}/{p}"), "dev", &dev]);
+        }
+        self.kernel_routes = subnets;
     }
 
     fn status(&self) -> StatusJson {
@@ -301,9 +334,15 @@ impl Runtime {
                     hops: r.hops,
                     latency_ms: r.latency_ms,
                     session: r.session,
-                    proxied: Vec::new(),
+                    proxied: r.proxied.iter().map(|(a, p)| format!("{a}/{p}")).collect(),
                 })
                 .collect(),
+            address_conflicts: st
+                .conflicts
+                .iter()
+                .map(|(id, host)| format!("{id} ({host}) also claims {}", self.cfg.ipv4.addr))
+                .collect(),
+            proxy_networks: self.cfg.proxy_networks.iter().map(ToString::to_string).collect(),
             pending_peers: st
                 .dials
                 .iter()
@@ -402,4 +441,14 @@ fn local_endpoints(listen: std::net::SocketAddr, overlay: std::net::Ipv4Addr) ->
             _ => None,
         })
         .collect()
+}
+
+/// Runs `ip ARGS`, logging a failure (route changes are best effort: the mesh works
+/// without them, only the proxied subnets would be unreachable).
+fn run_ip(args: &[&str]) {
+    match std::process::Command::new("ip").args(args).output() {
+        Ok(o) if o.status.success() => debug!(?args, "ip"),
+        Ok(o) => warn!(?args, stderr = %String::from_utf8_lossy(&o.stderr).trim(), "ip command failed"),
+        Err(e) => warn!(?args, error = %e, "cannot run ip"),
+    }
 }

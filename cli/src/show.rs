@@ -22,6 +22,12 @@ pub(crate) fn status(s: &StatusJson) -> String {
         onoff(s.offloads.udp_gro)
     );
     let _ = writeln!(o, "uptime    {}", human_secs(s.uptime_secs));
+    if !s.proxy_networks.is_empty() {
+        let _ = writeln!(o, "proxies   {}", s.proxy_networks.join(", "));
+    }
+    for c in &s.address_conflicts {
+        let _ = writeln!(o, "CONFLICT  {c}");
+    }
     if !s.drops.is_empty() {
         let d: Vec<String> = s.drops.iter().map(|(k, v)| format!("{k}={v}")).collect();
         let _ = writeln!(o, "drops     {}", d.join(" "));

@@ -219,3 +219,40 @@ fn dead_relay_is_routed_around() {
     });
     assert!(ping(&c, "10.126.126.1"));
 }
+
+#[test]
+fn proxy_network_reaches_a_lan_host_behind_a_node() {
+    require_root();
+    let dir = TempDir::new();
+    let (a, p, h) = (Netns::new(), Netns::new(), Netns::new());
+    link(&a, "eth0", "192.0.2.1/24", &p, "eth0", "192.0.2.2/24");
+    link(&p, "lan", "172.16.5.1/24", &h, "eth0", "172.16.5.2/24");
+    h.exec_ok(&["ip", "route", "add", "default", "via", "172.16.5.1"]);
+    let np = Node::start(&p, &dir.0, "p", &args("10.126.126.2/24", &["--proxy-network", "172.16.5.0/24"]));
+    let na = Node::start(&a, &dir.0, "a", &args("10.126.126.1/24", &["-p", "udp://192.0.2.2:11010"]));
+    wait_until(Duration::from_secs(15), "A learns the proxied subnet", || {
+        na.status()["routes"].as_array().is_some_and(|r| {
+            r.iter().any(|r| r["proxied"].as_array().is_some_and(|p| p.iter().any(|x| x == "172.16.5.0/24")))
+        })
+    });
+    assert!(ping(&a, "172.16.5.2"), "A reaches the LAN host behind P through the tunnel");
+    let route = a.exec_ok(&["ip", "route", "get", "172.16.5.2"]);
+    assert!(String::from_utf8_lossy(&route.stdout).contains("dev weft0"), "the subnet is routed into the TUN");
+    assert_eq!(np.status()["proxy_networks"][0], "172.16.5.0/24");
+}
+
+#[test]
+fn duplicate_static_address_is_reported_on_both_nodes() {
+    require_root();
+    let dir = TempDir::new();
+    let (a, b, c) = (Netns::new(), Netns::new(), Netns::new());
+    link(&a, "eth0", "192.0.2.1/24", &b, "eth0", "192.0.2.2/24");
+    link(&b, "eth1", "198.51.100.2/24", &c, "eth0", "198.51.100.3/24");
+    let _nb = Node::start(&b, &dir.0, "b", &args("10.126.126.2/24", &[]));
+    let na = Node::start(&a, &dir.0, "a", &args("10.126.126.7/24", &["-p", "udp://192.0.2.2:11010"]));
+    let nc = Node::start(&c, &dir.0, "c", &args("10.126.126.7/24", &["-p", "udp://198.51.100.2:11010"]));
+    let conflict = |n: &Node| n.status()["address_conflicts"].as_array().is_some_and(|c| !c.is_empty());
+    wait_until(Duration::from_secs(15), "both report the conflict", || conflict(&na) && conflict(&nc));
+    let text = na.status()["address_conflicts"][0].as_str().unwrap().to_owned();
+    assert!(text.contains(nc.status()["node_id"].as_str().unwrap()) && text.contains("10.126.126.7"), "{text}");
+}

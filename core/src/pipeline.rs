@@ -550,7 +550,7 @@ fn open<'r>(
         return None; // keepalive
     }
     match ipv4_addrs(&data[DATA_HEADER_LEN..DATA_HEADER_LEN + len]) {
-        Some((src, _)) if src == session.peer_addr => Some((session, len)),
+        Some((src, _)) if routes.may_send_from(session, src) => Some((session, len)),
         Some(_) => {
             session.stats.drops.add(DropReason::Spoofed, 1);
             None

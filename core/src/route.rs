@@ -30,6 +30,8 @@ pub struct RouteSnapshot {
     by_index: FxHashMap<u32, Arc<Session>>,
     next_hops: FxHashMap<[u8; 8], SocketAddr>,
     neighbours: FxHashSet<SocketAddr>,
+    /// Proxied subnets, longest prefix first: (network, prefix, route).
+    subnets: Vec<(u32, u8, Route)>,
 }
 
 impl RouteSnapshot {
@@ -63,12 +65,32 @@ impl RouteSnapshot {
             by_index: receiving.into_iter().map(|s| (s.local_index, s)).collect(),
             next_hops: next_hops.into_iter().collect(),
             neighbours: neighbours.into_iter().collect(),
+            subnets: Vec::new(),
         }
     }
 
-    /// How to reach `dst`.
+    /// Adds routes for subnets proxied by members (`--proxy-network`).
+    pub fn with_subnets(mut self, subnets: impl IntoIterator<Item = (Ipv4Addr, u8, Route)>) -> Self {
+        self.subnets = subnets.into_iter().map(|(a, p, r)| (u32::from(a) & mask(p), p, r)).collect();
+        self.subnets.sort_by_key(|(_, p, _)| std::cmp::Reverse(*p));
+        self
+    }
+
+    /// How to reach `dst`: its owner's overlay address, else the longest proxied
+    /// subnet that holds it.
     pub fn route_for(&self, dst: Ipv4Addr) -> Option<&Route> {
-        self.by_dst.get(&dst)
+        self.by_dst.get(&dst).or_else(|| self.subnet_route(dst))
+    }
+
+    fn subnet_route(&self, dst: Ipv4Addr) -> Option<&Route> {
+        let d = u32::from(dst);
+        self.subnets.iter().find(|(net, p, _)| d & mask(*p) == *net).map(|(_, _, r)| r)
+    }
+
+    /// Whether a packet from inner source `src` may come through `session`: the source
+    /// is the peer's overlay address or inside a subnet the peer proxies.
+    pub fn may_send_from(&self, session: &Session, src: Ipv4Addr) -> bool {
+        src == session.peer_addr || self.subnet_route(src).is_some_and(|r| r.session.peer_addr == session.peer_addr)
     }
 
     /// The session that carries packets to `dst`.
@@ -100,4 +122,8 @@ impl RouteSnapshot {
     pub fn route_count(&self) -> usize {
         self.by_dst.len()
     }
+}
+
+fn mask(prefix: u8) -> u32 {
+    if prefix == 0 { 0 } else { u32::MAX << (32 - u32::from(prefix.min(32))) }
 }

@@ -69,6 +69,7 @@ impl Msg {
                     overlay: [0, 0, 0, 0].into(),
                     endpoints: eps.clone(),
                     neighbours: Vec::new(),
+                    proxied: Vec::new(),
                 };
                 r.emit(&mut out);
             }
@@ -231,6 +232,7 @@ impl Node {
             overlay: hello.ipv4,
             endpoints: self.cfg.endpoints.clone(),
             neighbours,
+            proxied: self.cfg.proxied.clone(),
         }
     }
 
@@ -397,7 +399,41 @@ impl Node {
         }
         let neighbours: Vec<SocketAddr> =
             self.peers.values().filter(|p| p.direct && !p.sessions.is_empty()).filter_map(|p| p.endpoint).collect();
-        RouteSnapshot::with_relays(self.id.to_bytes(), routes, receiving, next_hops, neighbours)
+        let by_overlay: HashMap<std::net::Ipv4Addr, Route> = routes.iter().cloned().collect();
+        let subnets: Vec<(std::net::Ipv4Addr, u8, Route)> = self
+            .topology
+            .records()
+            .filter(|r| r.node() != self.id)
+            .flat_map(|r| {
+                let route = by_overlay.get(&r.overlay).cloned();
+                r.proxied.iter().filter_map(move |(a, p)| Some((*a, *p, route.clone()?)))
+            })
+            .collect();
+        RouteSnapshot::with_relays(self.id.to_bytes(), routes, receiving, next_hops, neighbours).with_subnets(subnets)
+    }
+
+    /// Subnets other members proxy and that we can reach: the kernel should route them
+    /// into the TUN.
+    pub(crate) fn proxied_routes(&self) -> Vec<(std::net::Ipv4Addr, u8)> {
+        let mut v: Vec<(std::net::Ipv4Addr, u8)> = self
+            .topology
+            .records()
+            .filter(|r| r.node() != self.id && self.paths.contains_key(&r.node()))
+            .flat_map(|r| r.proxied.iter().copied())
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    /// Members whose record claims our overlay address.
+    pub(crate) fn conflicts(&self) -> Vec<(NodeId, String)> {
+        let ours = self.cfg.handshake.hello.ipv4;
+        self.topology
+            .records()
+            .filter(|r| r.node() != self.id && r.overlay == ours)
+            .map(|r| (r.node(), r.hostname.clone()))
+            .collect()
     }
 
     pub(crate) fn path_status(&self, p: &Peer) -> PathStatus {
@@ -423,6 +459,7 @@ impl Node {
                     node: *id,
                     hostname: rec.hostname.clone(),
                     overlay: rec.overlay,
+                    proxied: rec.proxied.clone(),
                     next_hop: path.next_hop,
                     hops: path.hops,
                     latency_ms: path.latency_ms,

@@ -88,6 +88,8 @@ pub struct Config {
     pub endpoints: Vec<SocketAddr>,
     /// Prefer the path with the lowest latency over the one with fewest hops.
     pub latency_first: bool,
+    /// Subnets behind this node that it forwards for the mesh.
+    pub proxied: Vec<(Ipv4Addr, u8)>,
 }
 
 /// A fact the runtime reports.
@@ -157,6 +159,9 @@ impl Dest {
 pub enum Action {
     /// Publish a new route snapshot to the pipelines.
     PublishRoutes(Arc<RouteSnapshot>),
+    /// Route these subnets (proxied by other members) into the TUN; replaces the
+    /// previous set.
+    InstallRoutes(Vec<(Ipv4Addr, u8)>),
     /// Send a datagram.
     Send {
         /// Destination.
@@ -226,6 +231,7 @@ pub struct Node {
     pub(crate) seq: u64,
     pub(crate) record_dirty: bool,
     pub(crate) next_publish: Option<Instant>,
+    installed_subnets: Vec<(Ipv4Addr, u8)>,
 }
 
 impl Node {
@@ -251,6 +257,7 @@ impl Node {
             seq: 0,
             record_dirty: true,
             next_publish: None,
+            installed_subnets: Vec::new(),
         }
     }
 
@@ -307,6 +314,7 @@ impl Node {
         NodeStatus {
             node_id: self.id,
             routes: self.route_status(),
+            conflicts: self.conflicts(),
             peers,
             dials,
             inbound_failures: self.inbound_failures.iter().cloned().collect(),
@@ -831,6 +839,11 @@ impl Node {
         if self.routes_dirty {
             self.routes_dirty = false;
             self.actions.push_back(Action::PublishRoutes(Arc::new(self.snapshot())));
+            let subnets = self.proxied_routes();
+            if subnets != self.installed_subnets {
+                self.installed_subnets = subnets.clone();
+                self.actions.push_back(Action::InstallRoutes(subnets));
+            }
         }
     }
 

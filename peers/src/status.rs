@@ -92,6 +92,8 @@ pub struct RouteStatus {
     pub latency_ms: u32,
     /// Whether an end-to-end session is up.
     pub session: bool,
+    /// Subnets the destination proxies.
+    pub proxied: Vec<(Ipv4Addr, u8)>,
 }
 
 /// A configured endpoint that has not yet produced a peer.
@@ -127,6 +129,8 @@ pub struct NodeStatus {
     pub peers: Vec<PeerStatus>,
     /// Routes to every reachable node of the mesh.
     pub routes: Vec<RouteStatus>,
+    /// Members that claim our overlay address (node id, host name).
+    pub conflicts: Vec<(NodeId, String)>,
     /// Configured endpoints not yet connected.
     pub dials: Vec<DialStatus>,
     /// Refused inbound handshakes.

@@ -48,6 +48,8 @@ pub struct Record {
     pub endpoints: Vec<SocketAddr>,
     /// Direct neighbours.
     pub neighbours: Vec<Neighbour>,
+    /// Subnets behind the node that it forwards for the mesh (`--proxy-network`).
+    pub proxied: Vec<(Ipv4Addr, u8)>,
 }
 
 /// A record that does not parse.
@@ -86,6 +88,12 @@ impl Record {
             out.extend_from_slice(&n.rtt_ms.to_le_bytes());
             emit_addr(&n.observed, out);
         }
+        let ps = &self.proxied[..self.proxied.len().min(MAX_LIST)];
+        out.push(ps.len() as u8);
+        for (a, p) in ps {
+            out.extend_from_slice(&a.octets());
+            out.push(*p);
+        }
     }
 
     /// Parses a record.
@@ -108,7 +116,17 @@ impl Record {
                 Ok(Neighbour { node, rtt_ms, observed: r.addr()? })
             })
             .collect::<Result<_, _>>()?;
-        Ok(Self { key, seq, hostname, overlay, endpoints, neighbours })
+        let proxied = (0..r.u8()?)
+            .map(|_| {
+                let a = r.take(4)?;
+                let prefix = r.u8()?;
+                if prefix > 32 {
+                    return Err(BadRecord);
+                }
+                Ok((Ipv4Addr::new(a[0], a[1], a[2], a[3]), prefix))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self { key, seq, hostname, overlay, endpoints, neighbours, proxied })
     }
 }
 
@@ -284,6 +302,7 @@ mod tests {
                     observed: SocketAddr::from(([198, 51, 100, *j], 11010)),
                 })
                 .collect(),
+            proxied: vec![(Ipv4Addr::new(172, 16, i, 0), 24)],
         }
     }
 
