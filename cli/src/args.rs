@@ -103,6 +103,10 @@ pub struct UpArgs {
     /// Advertise a subnet behind this node to the mesh and forward for it; repeatable.
     #[arg(long = "proxy-network", value_name = "CIDR")]
     pub proxy_network: Vec<String>,
+    /// Find members on the same link by multicast beacons (they carry only a hash of
+    /// the network name); no --peer needed.
+    #[arg(long)]
+    pub lan_discovery: bool,
     /// Prefer the path with the lowest latency over the one with the fewest hops.
     #[arg(long)]
     pub latency_first: bool,

@@ -51,6 +51,7 @@ pub struct FileConfig {
     no_udp_gro: Option<bool>,
     pin: Option<bool>,
     latency_first: Option<bool>,
+    lan_discovery: Option<bool>,
     #[serde(default)]
     proxy_network: Vec<String>,
 }
@@ -170,6 +171,8 @@ pub struct NodeConfig {
     pub latency_first: bool,
     /// Subnets this node proxies for the mesh.
     pub proxy_networks: Vec<Ipv4Net>,
+    /// Multicast LAN discovery.
+    pub lan_discovery: bool,
     /// Rekey interval.
     pub rekey_after: std::time::Duration,
 }
@@ -276,6 +279,7 @@ impl NodeConfig {
             },
             pin: args.pin || file.pin.unwrap_or(false),
             latency_first: args.latency_first || file.latency_first.unwrap_or(false),
+            lan_discovery: args.lan_discovery || file.lan_discovery.unwrap_or(false),
             proxy_networks: proxy_networks(if args.proxy_network.is_empty() {
                 &file.proxy_network
             } else {

@@ -14,6 +14,7 @@
 pub mod args;
 pub mod config;
 pub mod control;
+pub mod discovery;
 mod meta;
 pub mod node;
 mod show;

@@ -32,6 +32,7 @@ use crate::config::NodeConfig;
 use crate::control::{
     OffloadJson, PeerJson, PendingJson, PipelineJson, RefusedJson, Reply, Request, RouteJson, StatusJson,
 };
+use crate::discovery::{Beacon, Discovery};
 use crate::state;
 
 /// Depth of the data plane -> control plane queue.
@@ -177,6 +178,26 @@ impl Runtime {
         let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         self.engine.handle_timeout(Instant::now());
         self.drain();
+        let discovery = if self.cfg.lan_discovery {
+            let ifs: Vec<std::net::Ipv4Addr> =
+                local_endpoints(std::net::SocketAddr::from(([0, 0, 0, 0], 0)), self.cfg.ipv4.addr)
+                    .into_iter()
+                    .filter_map(|e| match e.ip() {
+                        std::net::IpAddr::V4(v4) => Some(v4),
+                        std::net::IpAddr::V6(_) => None,
+                    })
+                    .collect();
+            let beacon = Beacon {
+                network: Beacon::network_hash(&self.cfg.network_name),
+                node: self.engine.id().to_bytes(),
+                port: self.cfg.listen.port(),
+            };
+            info!(interfaces = ifs.len(), "LAN discovery on");
+            Some(Discovery::new(ifs, beacon)?)
+        } else {
+            None
+        };
+        let mut beacon_timer = tokio::time::interval(Duration::from_secs(5));
         loop {
             let deadline = self.engine.poll_timeout().unwrap_or_else(|| Instant::now() + weft_peers::node::TICK);
             tokio::select! {
@@ -197,6 +218,17 @@ impl Runtime {
                 req = requests.recv() => {
                     if let Some((Request::Status, reply)) = req {
                         let _ = reply.send(Reply::Status(Box::new(self.status())));
+                    }
+                }
+                endpoint = async {
+                    match &discovery {
+                        Some(d) => d.next_peer().await,
+                        None => std::future::pending().await,
+                    }
+                } => self.engine.handle(Instant::now(), Input::Discovered { endpoint }),
+                _ = beacon_timer.tick(), if discovery.is_some() => {
+                    if let Some(d) = &discovery {
+                        d.announce().await;
                     }
                 }
                 _ = tokio::signal::ctrl_c() => { info!("interrupted; shutting down"); break }

@@ -256,3 +256,48 @@ fn duplicate_static_address_is_reported_on_both_nodes() {
     let text = na.status()["address_conflicts"][0].as_str().unwrap().to_owned();
     assert!(text.contains(nc.status()["node_id"].as_str().unwrap()) && text.contains("10.126.126.7"), "{text}");
 }
+
+#[test]
+fn lan_discovery_joins_members_without_peers() {
+    require_root();
+    let dir = TempDir::new();
+    let lan = netns::Lan::new(3);
+    let nodes: Vec<Node> = (0..3)
+        .map(|i| {
+            let overlay = format!("10.126.126.{}/24", i + 1);
+            let name = format!("n{i}");
+            let mut v = args("", &["--lan-discovery"]);
+            v[5] = &overlay;
+            Node::start(&lan.hosts[i], &dir.0, &name, &v)
+        })
+        .collect();
+    wait_until(Duration::from_secs(20), "every member finds every other", || {
+        (0..3).all(|i| (0..3).filter(|j| *j != i).all(|j| nodes[i].peer_established(&format!("10.126.126.{}", j + 1))))
+    });
+    assert!(ping(&lan.hosts[0], "10.126.126.3"));
+    // A node of another network on the same LAN is not even dialled.
+    let other = Node::start(
+        &lan.hosts[0],
+        &dir.0,
+        "other",
+        &[
+            "--network-name",
+            "elsewhere",
+            "--network-secret",
+            "x",
+            "-i",
+            "10.9.9.9/24",
+            "--lan-discovery",
+            "-l",
+            "udp://0.0.0.0:12010",
+            "--dev-name",
+            "weft9",
+        ],
+    );
+    std::thread::sleep(Duration::from_secs(6));
+    assert!(
+        nodes[1].status()["refused_handshakes"].as_array().unwrap().is_empty(),
+        "beacons of other networks are ignored"
+    );
+    assert!(other.status()["peers"].as_array().unwrap().is_empty());
+}

@@ -116,6 +116,11 @@ pub enum Input<'a> {
         /// The decrypted message.
         bytes: &'a [u8],
     },
+    /// A member of our network announced itself on the LAN at `endpoint`.
+    Discovered {
+        /// Its UDP endpoint.
+        endpoint: SocketAddr,
+    },
     /// Authenticated packets of a session arrive directly from `from`.
     Direct {
         /// The session's local index.
@@ -273,6 +278,7 @@ impl Node {
             Input::Confirmed { local_index } => self.handle_confirmed(now, local_index),
             Input::Message { local_index, bytes } => self.handle_message(now, local_index, bytes),
             Input::Direct { local_index, from } => self.handle_direct(now, local_index, from),
+            Input::Discovered { endpoint } => self.handle_discovered(endpoint),
         }
         self.finish_step();
     }
@@ -441,6 +447,15 @@ impl Node {
                     self.record_inbound_failure(now, from, reason);
                 }
             }
+        }
+    }
+
+    fn handle_discovered(&mut self, endpoint: SocketAddr) {
+        let known = self.dials.iter().any(|d| d.endpoint == endpoint)
+            || self.peers.values().any(|p| p.endpoint == Some(endpoint) && p.direct);
+        if !known {
+            info!(%endpoint, "member found on the LAN");
+            self.dials.push(Dial { endpoint, key: None, driver: Driver::default() });
         }
     }
 

@@ -113,7 +113,8 @@ impl Lan {
     /// `n` hosts with underlay addresses 192.0.2.(i+1)/24.
     pub fn new(n: usize) -> Self {
         let switch = Netns::new();
-        switch.exec_ok(&["ip", "link", "add", "br0", "type", "bridge"]);
+        // Flood multicast (LAN discovery beacons) without waiting for a querier.
+        switch.exec_ok(&["ip", "link", "add", "br0", "type", "bridge", "mcast_snooping", "0"]);
         switch.exec_ok(&["ip", "link", "set", "br0", "up"]);
         let mut hosts = Vec::new();
         let mut addrs = Vec::new();
