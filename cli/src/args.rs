@@ -57,6 +57,9 @@ pub struct UpArgs {
     /// Overlay address of this node, with the network's prefix length.
     #[arg(short = 'i', long, value_name = "ADDR/PREFIX")]
     pub ipv4: Option<String>,
+    /// Pick a free overlay address in 10.126.126.0/24, moving on a conflict.
+    #[arg(long, conflicts_with = "ipv4")]
+    pub dhcp: bool,
     /// Listener URI (default udp://0.0.0.0:11010).
     #[arg(short = 'l', long = "listen", value_name = "URI")]
     pub listen: Vec<String>,

@@ -52,6 +52,7 @@ pub struct FileConfig {
     pin: Option<bool>,
     latency_first: Option<bool>,
     lan_discovery: Option<bool>,
+    dhcp: Option<bool>,
     #[serde(default)]
     proxy_network: Vec<String>,
 }
@@ -173,6 +174,9 @@ pub struct NodeConfig {
     pub proxy_networks: Vec<Ipv4Net>,
     /// Multicast LAN discovery.
     pub lan_discovery: bool,
+    /// `--dhcp`: the range to pick the overlay address from (`ipv4` is then replaced
+    /// by the pick at start-up).
+    pub dhcp: Option<Ipv4Net>,
     /// Rekey interval.
     pub rekey_after: std::time::Duration,
 }
@@ -219,14 +223,22 @@ impl NodeConfig {
         if secret.is_empty() {
             return usage("invalid network secret: it is empty");
         }
-        let ipv4: Ipv4Net = args
-            .ipv4
-            .clone()
-            .or(file.ipv4)
-            .ok_or_else(|| {
-                UsageError("missing overlay address: pass -i/--ipv4 ADDR/PREFIX, e.g. -i 10.126.126.2/24".into())
-            })?
-            .parse()?;
+        let dhcp_wanted = args.dhcp || file.dhcp.unwrap_or(false);
+        let static_addr = args.ipv4.clone().or(file.ipv4);
+        let (ipv4, dhcp) = match (static_addr, dhcp_wanted) {
+            (Some(a), false) => (a.parse::<Ipv4Net>()?, None),
+            (Some(a), true) => return usage(format!("-i {a} and --dhcp exclude each other: pick one")),
+            (None, true) => {
+                // The address is picked from the range once the node key is known.
+                let range = Ipv4Net { addr: Ipv4Addr::new(10, 126, 126, 0), prefix: 24 };
+                (range, Some(range))
+            }
+            (None, false) => {
+                return usage(
+                    "missing overlay address: pass -i/--ipv4 ADDR/PREFIX (e.g. -i 10.126.126.2/24) or --dhcp",
+                );
+            }
+        };
         let listen_uris = if args.listen.is_empty() { file.listen } else { args.listen.clone() };
         let listen = match listen_uris.as_slice() {
             [] => SocketAddr::from(([0, 0, 0, 0], 11010)),
@@ -280,6 +292,7 @@ impl NodeConfig {
             pin: args.pin || file.pin.unwrap_or(false),
             latency_first: args.latency_first || file.latency_first.unwrap_or(false),
             lan_discovery: args.lan_discovery || file.lan_discovery.unwrap_or(false),
+            dhcp,
             proxy_networks: proxy_networks(if args.proxy_network.is_empty() {
                 &file.proxy_network
             } else {

@@ -49,8 +49,15 @@ impl ControlSink for QueueSink {
 type StatusRequest = (Request, oneshot::Sender<Reply>);
 
 /// Runs a node until SIGINT or SIGTERM.
-pub fn run(cfg: NodeConfig) -> Result<()> {
+pub fn run(mut cfg: NodeConfig) -> Result<()> {
     let key = state::load_or_create_key(&cfg.state_dir)?;
+    if let Some(range) = cfg.dhcp {
+        let id = NodeId::from_public(&key.public);
+        let addr = weft_peers::pick_address(range.addr, range.prefix, id, &Default::default())
+            .context("the --dhcp range has no host addresses")?;
+        cfg.ipv4 = crate::config::Ipv4Net { addr, prefix: range.prefix };
+        info!(%addr, "picked overlay address (--dhcp)");
+    }
     if cfg.cipher == Cipher::InsecureNone {
         warn!("cipher none: tunnel data travels unencrypted and unauthenticated; use only on trusted links");
     }
@@ -128,6 +135,7 @@ pub fn run(cfg: NodeConfig) -> Result<()> {
             endpoints: local_endpoints(cfg.listen, cfg.ipv4.addr),
             latency_first: cfg.latency_first,
             proxied: cfg.proxy_networks.iter().map(|n| (n.addr, n.prefix)).collect(),
+            dynamic: cfg.dhcp.map(|r| (r.addr, r.prefix)),
         },
         Box::new(rand::rngs::StdRng::from_entropy()),
     );
@@ -250,6 +258,15 @@ impl Runtime {
                     self.shared.routes.store(snap);
                 }
                 Action::InstallRoutes(subnets) => self.install_routes(subnets),
+                Action::SetAddress { old, new, prefix } => {
+                    let dev = self.cfg.dev_name.clone();
+                    // Delete first: removing a primary address also removes the
+                    // secondaries of its subnet (promote_secondaries is off by default).
+                    run_ip(&["addr", "del", &format!("{old}/{prefix}"), "dev", &dev]);
+                    run_ip(&["addr", "add", &format!("{new}/{prefix}"), "dev", &dev]);
+                    self.cfg.ipv4.addr = new;
+                    info!(%new, "overlay address changed");
+                }
                 Action::Send { to, bytes } => {
                     if let Err(e) = self.sender.send_to(&bytes, to) {
                         debug!(%to, error = %e, "control send failed");

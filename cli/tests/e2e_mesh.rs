@@ -301,3 +301,48 @@ fn lan_discovery_joins_members_without_peers() {
     );
     assert!(other.status()["peers"].as_array().unwrap().is_empty());
 }
+
+#[test]
+fn dhcp_nodes_get_distinct_addresses_and_move_on_conflict() {
+    require_root();
+    let dir = TempDir::new();
+    let lan = netns::Lan::new(4);
+    let hub = format!("udp://{}:11010", lan.addrs[0]);
+    let _b = Node::start(&lan.hosts[0], &dir.0, "b", &args("10.126.126.250/24", &[]));
+    let overlay = |n: &Node| n.status()["overlay"].as_str().unwrap().split('/').next().unwrap().to_owned();
+    let dyn_args = |extra: &[&'static str]| {
+        let mut v = NET.to_vec();
+        v.extend(["--dhcp", "--threads", "1"]);
+        v.extend(extra.iter().copied());
+        v
+    };
+    let hub_s: &'static str = Box::leak(hub.clone().into_boxed_str());
+    let d1 = Node::start(&lan.hosts[1], &dir.0, "d1", &dyn_args(&["-p", hub_s]));
+    let mut d2 = Node::start(&lan.hosts[2], &dir.0, "d2", &dyn_args(&["-p", hub_s]));
+    let (a1, a2) = (overlay(&d1), overlay(&d2));
+    assert_ne!(a1, a2, "two --dhcp nodes picked the same address");
+    assert!(a1.starts_with("10.126.126.") && a2.starts_with("10.126.126."));
+    wait_until(Duration::from_secs(15), "the dhcp nodes reach each other", || ping(&lan.hosts[1], &a2));
+
+    // A static node takes d2's address while d2 is away; d2 comes back and must move.
+    d2.stop();
+    let taken = format!("{a2}/24");
+    let st = Node::start(&lan.hosts[3], &dir.0, "st", &args(&taken, &["-p", &hub]));
+    wait_until(Duration::from_secs(15), "static node joined", || st.peer_established("10.126.126.250"));
+    d2.restart();
+    let moved = || {
+        let now = overlay(&d2);
+        now != a2 && ping(&lan.hosts[1], &now)
+    };
+    let start = std::time::Instant::now();
+    while !moved() && start.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    if !moved() {
+        panic!("d2 did not move: d2 {} / st {} / b {}\n{}", d2.status(), st.status(), _b.status(), d2.log_text());
+    }
+    let took = start.elapsed();
+    eprintln!("moved to {} after {took:?}", overlay(&d2));
+    assert!(ping(&lan.hosts[3], &overlay(&d2)), "the static node reaches d2 at its new address");
+    assert_eq!(overlay(&st), a2, "the static node keeps its address");
+}

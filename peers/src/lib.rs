@@ -21,4 +21,5 @@ pub mod status;
 pub mod topology;
 
 pub use identity::NodeId;
+pub use mesh::pick_address;
 pub use node::{Action, Config, Input, Node, Timers};

@@ -70,6 +70,7 @@ impl Msg {
                     endpoints: eps.clone(),
                     neighbours: Vec::new(),
                     proxied: Vec::new(),
+                    dynamic: false,
                 };
                 r.emit(&mut out);
             }
@@ -184,6 +185,7 @@ impl Node {
                 self.routes_dirty = true;
             }
         }
+        self.resolve_address_conflict(now);
         let expired = self.topology.expire(now, self.id);
         if !expired.is_empty() {
             debug!(count = expired.len(), "topology records aged out");
@@ -233,6 +235,7 @@ impl Node {
             endpoints: self.cfg.endpoints.clone(),
             neighbours,
             proxied: self.cfg.proxied.clone(),
+            dynamic: self.cfg.dynamic.is_some(),
         }
     }
 
@@ -426,6 +429,53 @@ impl Node {
         v
     }
 
+    /// With `--dhcp`: if a member claims our address and it is static, or dynamic with a
+    /// lower node id, move to the first free address of the range.
+    fn resolve_address_conflict(&mut self, now: Instant) {
+        if self.cfg.dynamic.is_none() {
+            return;
+        }
+        let ours = self.cfg.handshake.hello.ipv4;
+        let must_move = self
+            .topology
+            .records()
+            .any(|r| r.node() != self.id && r.overlay == ours && (!r.dynamic || r.node() < self.id));
+        if must_move {
+            self.move_address(now, None);
+        }
+    }
+
+    /// Moves a `--dhcp` node to a free address (also avoiding `avoid`, a conflicting
+    /// address learned in a handshake). Does nothing for static addresses.
+    pub(crate) fn move_address(&mut self, now: Instant, avoid: Option<std::net::Ipv4Addr>) {
+        let Some((net, prefix)) = self.cfg.dynamic else { return };
+        let ours = self.cfg.handshake.hello.ipv4;
+        let mut used: std::collections::HashSet<std::net::Ipv4Addr> =
+            self.topology.records().filter(|r| r.node() != self.id).map(|r| r.overlay).collect();
+        used.extend(self.peers.values().map(|p| p.hello.ipv4));
+        used.extend(avoid);
+        used.insert(ours);
+        let Some(new) = pick_address(net, prefix, self.id, &used) else {
+            tracing::warn!("no free overlay address left in the --dhcp range");
+            return;
+        };
+        info!(old = %ours, new = %new, "overlay address taken by another member; moving");
+        self.cfg.handshake.hello.ipv4 = new;
+        self.record_dirty = true;
+        self.routes_dirty = true;
+        self.actions.push_back(crate::node::Action::SetAddress { old: ours, new, prefix });
+        // Peers learn the new address through a new handshake (the hello carries it).
+        let keys: Vec<[u8; 32]> = self
+            .peers
+            .values()
+            .filter(|p| p.sessions.iter().any(|s| s.session.is_confirmed()))
+            .map(|p| p.key)
+            .collect();
+        for k in keys {
+            self.rehandshake(now, k);
+        }
+    }
+
     /// Members whose record claims our overlay address.
     pub(crate) fn conflicts(&self) -> Vec<(NodeId, String)> {
         let ours = self.cfg.handshake.hello.ipv4;
@@ -484,9 +534,43 @@ impl Node {
     }
 }
 
+/// The first free host address of `net/prefix`, starting from a position derived from
+/// the node id so that nodes joining at once rarely pick the same one.
+pub fn pick_address(
+    net: std::net::Ipv4Addr,
+    prefix: u8,
+    node: NodeId,
+    used: &std::collections::HashSet<std::net::Ipv4Addr>,
+) -> Option<std::net::Ipv4Addr> {
+    let host_bits = 32 - u32::from(prefix.min(30));
+    let size = 1u64 << host_bits;
+    let base = u32::from(net) & !((size - 1) as u32);
+    let hosts = size - 2; // no network or broadcast address
+    let start = u64::from_le_bytes(node.to_bytes()) % hosts;
+    (0..hosts)
+        .map(|i| base + 1 + ((start + i) % hosts) as u32)
+        .map(std::net::Ipv4Addr::from)
+        .find(|a| !used.contains(a))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn picked_addresses_stay_in_range_and_skip_used_ones() {
+        let net: std::net::Ipv4Addr = [10, 126, 126, 0].into();
+        let id = NodeId::from_public(&[3; 32]);
+        let mut used = std::collections::HashSet::new();
+        let first = pick_address(net, 24, id, &used).unwrap();
+        assert_eq!(first.octets()[..3], [10, 126, 126]);
+        assert!((1..=254).contains(&first.octets()[3]));
+        used.insert(first);
+        let second = pick_address(net, 24, id, &used).unwrap();
+        assert_ne!(first, second);
+        let all: std::collections::HashSet<_> = (1..=254u8).map(|h| std::net::Ipv4Addr::new(10, 126, 126, h)).collect();
+        assert_eq!(pick_address(net, 24, id, &all), None);
+    }
 
     #[test]
     fn messages_round_trip() {

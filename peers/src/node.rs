@@ -90,6 +90,8 @@ pub struct Config {
     pub latency_first: bool,
     /// Subnets behind this node that it forwards for the mesh.
     pub proxied: Vec<(Ipv4Addr, u8)>,
+    /// `--dhcp`: the range the overlay address was picked from; it moves on a conflict.
+    pub dynamic: Option<(Ipv4Addr, u8)>,
 }
 
 /// A fact the runtime reports.
@@ -164,6 +166,15 @@ impl Dest {
 pub enum Action {
     /// Publish a new route snapshot to the pipelines.
     PublishRoutes(Arc<RouteSnapshot>),
+    /// Change the TUN's overlay address (`--dhcp` moved after a conflict).
+    SetAddress {
+        /// The address to remove.
+        old: Ipv4Addr,
+        /// The address to add.
+        new: Ipv4Addr,
+        /// Prefix length of both.
+        prefix: u8,
+    },
     /// Route these subnets (proxied by other members) into the TUN; replaces the
     /// previous set.
     InstallRoutes(Vec<(Ipv4Addr, u8)>),
@@ -491,7 +502,7 @@ impl Node {
         target: Option<Target>,
         confirmed: bool,
     ) {
-        let ours = &self.cfg.handshake.hello;
+        let ours = self.cfg.handshake.hello.clone();
         let id = NodeId::from_public(&done.remote_static);
         let mismatch = if done.hello.cipher != ours.cipher {
             Some(format!("cipher mismatch: we use {}, peer {id} at {from} uses {}", ours.cipher, done.hello.cipher))
@@ -500,6 +511,13 @@ impl Node {
         } else {
             None
         };
+        let taken = (done.hello.ipv4 == ours.ipv4).then_some(done.hello.ipv4);
+        if let Some(taken) = taken
+            && self.cfg.dynamic.is_some()
+        {
+            // Our --dhcp address is taken: move, and let the retry find us elsewhere.
+            self.move_address(now, Some(taken));
+        }
         if let Some(msg) = mismatch {
             warn!(peer = %id, "{msg}");
             match target {
@@ -781,6 +799,13 @@ impl Node {
         }
         if want_handshake && let Some(to) = self.dest_for(&key) {
             self.start_handshake(now, Target::Peer(key), to, use_ik.then_some(key));
+        }
+    }
+
+    /// Starts a fresh IK handshake with a known peer (to announce a new hello).
+    pub(crate) fn rehandshake(&mut self, now: Instant, key: [u8; 32]) {
+        if let Some(to) = self.dest_for(&key) {
+            self.start_handshake(now, Target::Peer(key), to, Some(key));
         }
     }
 

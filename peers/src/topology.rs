@@ -50,6 +50,8 @@ pub struct Record {
     pub neighbours: Vec<Neighbour>,
     /// Subnets behind the node that it forwards for the mesh (`--proxy-network`).
     pub proxied: Vec<(Ipv4Addr, u8)>,
+    /// The overlay address was picked by `--dhcp` and moves on a conflict.
+    pub dynamic: bool,
 }
 
 /// A record that does not parse.
@@ -88,6 +90,7 @@ impl Record {
             out.extend_from_slice(&n.rtt_ms.to_le_bytes());
             emit_addr(&n.observed, out);
         }
+        out.push(u8::from(self.dynamic));
         let ps = &self.proxied[..self.proxied.len().min(MAX_LIST)];
         out.push(ps.len() as u8);
         for (a, p) in ps {
@@ -116,6 +119,11 @@ impl Record {
                 Ok(Neighbour { node, rtt_ms, observed: r.addr()? })
             })
             .collect::<Result<_, _>>()?;
+        let dynamic = match r.u8()? {
+            0 => false,
+            1 => true,
+            _ => return Err(BadRecord),
+        };
         let proxied = (0..r.u8()?)
             .map(|_| {
                 let a = r.take(4)?;
@@ -126,7 +134,7 @@ impl Record {
                 Ok((Ipv4Addr::new(a[0], a[1], a[2], a[3]), prefix))
             })
             .collect::<Result<_, _>>()?;
-        Ok(Self { key, seq, hostname, overlay, endpoints, neighbours, proxied })
+        Ok(Self { key, seq, hostname, overlay, endpoints, neighbours, proxied, dynamic })
     }
 }
 
@@ -303,6 +311,7 @@ mod tests {
                 })
                 .collect(),
             proxied: vec![(Ipv4Addr::new(172, 16, i, 0), 24)],
+            dynamic: i % 2 == 0,
         }
     }
 
