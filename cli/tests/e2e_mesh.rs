@@ -171,6 +171,21 @@ fn nodes_behind_nat_punch_through_to_a_direct_path() {
     a.exec_ok(&["ping", "-c", "200", "-i", "0.01", "-q", "10.126.126.3"]);
     let crossed = b_packets() - before;
     assert!(crossed < 60, "{crossed} packets crossed B during 200 pings (keepalives and probes only)");
+
+    // The direct path dies (A's router starts dropping everything for C's router):
+    // traffic falls back to the relay through B.
+    ra.exec_ok(&["nft", "add", "table", "ip", "cut"]);
+    ra.exec_ok(&["nft", "add", "chain", "ip", "cut", "blk", "{ type filter hook forward priority -10; }"]);
+    ra.exec_ok(&["nft", "add", "rule", "ip", "cut", "blk", "ip", "daddr", "203.0.113.3", "drop"]);
+    ra.exec_ok(&["nft", "add", "rule", "ip", "cut", "blk", "ip", "saddr", "203.0.113.3", "drop"]);
+    let back = || peer_path(&na, "10.126.126.3") == "relay" && ping(&a, "10.126.126.3");
+    let start = std::time::Instant::now();
+    while !back() && start.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(back(), "no fallback: A {}\nC {}\n{}", na.status()["peers"], nc.status()["peers"], na.log_text());
+    let took = start.elapsed();
+    eprintln!("fell back to the relay after {took:?}");
     drop(nb);
 }
 

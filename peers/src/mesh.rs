@@ -115,7 +115,7 @@ impl Node {
 
     /// Authenticated packets of a session arrive straight from `from`: that address is
     /// a working direct path to the peer (a hole punch succeeded, or it roamed).
-    pub(crate) fn handle_direct(&mut self, _now: Instant, local_index: u32, from: SocketAddr) {
+    pub(crate) fn handle_direct(&mut self, now: Instant, local_index: u32, from: SocketAddr) {
         let Some(key) = self.key_of_session(local_index) else { return };
         let Some(p) = self.peers.get_mut(&key) else { return };
         if p.direct && p.endpoint == Some(from) {
@@ -124,6 +124,7 @@ impl Node {
         info!(peer = %p.id, %from, "direct path up");
         p.endpoint = Some(from);
         p.direct = true;
+        p.direct_since = Some(now);
         p.punch = Default::default();
         self.record_dirty = true;
         self.routes_dirty = true;
@@ -175,9 +176,12 @@ impl Node {
             if !p.direct {
                 continue;
             }
-            let Some(tx) = p.sessions.iter().find(|s| s.session.is_confirmed()) else { continue };
+            if !p.sessions.iter().any(|s| s.session.is_confirmed()) {
+                continue;
+            }
             let last = p.sessions.iter().map(|s| s.session.last_direct_rx_ms()).max().unwrap_or(0);
-            let silent = now_ms.saturating_sub(last.max(ms_since(epoch, tx.created)));
+            let since = p.direct_since.map_or(0, |t| ms_since(epoch, t));
+            let silent = now_ms.saturating_sub(last.max(since));
             if silent >= t.dead_after.as_millis() as u64 {
                 info!(peer = %p.id, "direct path silent; falling back to relay");
                 p.direct = false;

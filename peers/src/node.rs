@@ -599,6 +599,13 @@ impl Node {
             }
             peer.endpoint = Some(from);
             peer.direct = true;
+            peer.direct_since = Some(now);
+        } else if peer.direct {
+            // The peer came through a relay although we thought we had a direct path:
+            // it cannot hear us directly. Relay until a punch proves the path again.
+            info!(peer = %id, "peer handshaked through a relay; direct path considered down");
+            peer.direct = false;
+            self.record_dirty = true;
         }
         let first_session = !peer.sessions.iter().any(|s| s.session.is_confirmed());
         let direct = peer.direct;

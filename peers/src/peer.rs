@@ -59,6 +59,8 @@ pub(crate) struct Peer {
     pub(crate) endpoint: Option<SocketAddr>,
     /// Whether the direct endpoint currently works (authenticated packets arrive on it).
     pub(crate) direct: bool,
+    /// When the direct path last came up.
+    pub(crate) direct_since: Option<Instant>,
     pub(crate) stats: Arc<PeerStats>,
     /// Latency and loss probes.
     pub(crate) probe: Probe,
@@ -89,6 +91,7 @@ impl Peer {
             hello,
             endpoint,
             direct: false,
+            direct_since: None,
             stats,
             probe: Probe::default(),
             punch: Driver::default(),
