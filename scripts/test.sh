@@ -18,4 +18,5 @@ if [ ${#need[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
-exec cargo test --workspace --locked "$@"
+# --include-ignored: the 200-node simulation (about 3 minutes) is part of the suite.
+exec cargo test --workspace --locked "$@" -- --include-ignored

@@ -5,7 +5,7 @@
 //! Control messages travel inside sessions (data packets flagged
 //! [`FLAG_CONTROL`]), so only members that proved the PSK can flood records.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -128,7 +128,7 @@ impl Node {
         p.punch = Default::default();
         self.record_dirty = true;
         self.routes_dirty = true;
-        self.sync_topology(key);
+        self.sync_topology(key, now);
     }
 
     fn handle_record(&mut self, now: Instant, from_key: [u8; 32], rec: Record) {
@@ -148,8 +148,10 @@ impl Node {
         if !self.topology.apply(rec.clone(), now) {
             return;
         }
-        // A member we have not met: it exists for routing and status from now on.
-        if !self.peers.contains_key(&key) {
+        // A member we have not met: it exists for routing and status from now on
+        // (unless it claims our own address: that is a conflict, or a former identity
+        // of this very node, and shows in status as such).
+        if !self.peers.contains_key(&key) && overlay != self.cfg.handshake.hello.ipv4 {
             let ours = &self.cfg.handshake.hello;
             let hello = Hello { cipher: ours.cipher, ipv4: overlay, prefix: ours.prefix, hostname };
             self.peers.insert(key, Peer::new(key, hello, None, now, Arc::default()));
@@ -244,22 +246,30 @@ impl Node {
     }
 
     /// Sends every record we know to a new neighbour.
-    pub(crate) fn sync_topology(&mut self, key: [u8; 32]) {
+    pub(crate) fn sync_topology(&mut self, key: [u8; 32], now: Instant) {
         let mut recs: Vec<Record> = self.topology.records().cloned().collect();
         if !recs.iter().any(|r| r.node() == self.id) {
             recs.push(self.own_record());
         }
         // Our own record may be stale in the table when a neighbour just appeared.
         self.record_dirty = true;
-        let now = self.cfg.epoch; // the time only stamps last_tx; any instant works
         for r in recs {
             self.send_msg(&key, &Msg::Record(r), now);
         }
     }
 
+    /// Marks the paths stale; they are recomputed once per tick ([`Node::refresh_paths`]),
+    /// not once per record, which is what keeps a 200-node mesh cheap to converge.
     pub(crate) fn recompute_paths(&mut self) {
-        self.paths = self.topology.paths(self.id, self.cfg.latency_first);
-        self.routes_dirty = true;
+        self.paths_dirty = true;
+    }
+
+    pub(crate) fn refresh_paths(&mut self) {
+        if self.paths_dirty {
+            self.paths_dirty = false;
+            self.paths = self.topology.paths(self.id, self.cfg.latency_first);
+            self.routes_dirty = true;
+        }
     }
 
     fn probe_peers(&mut self, now: Instant) {
@@ -390,7 +400,7 @@ impl Node {
             .flat_map(|p| p.sessions.iter().map(|s| s.session.clone()))
             .chain(self.held.values().map(|h| h.entry.session.clone()));
         // Forwarding table for relayed frames: every reachable node through its first hop.
-        let mut next_hops: HashMap<[u8; 8], SocketAddr> = HashMap::new();
+        let mut next_hops: BTreeMap<[u8; 8], SocketAddr> = BTreeMap::new();
         for (id, path) in &self.paths {
             if let Some(hop) = self.peer_by_id(path.next_hop)
                 && hop.direct
@@ -406,7 +416,7 @@ impl Node {
         }
         let neighbours: Vec<SocketAddr> =
             self.peers.values().filter(|p| p.direct && !p.sessions.is_empty()).filter_map(|p| p.endpoint).collect();
-        let by_overlay: HashMap<std::net::Ipv4Addr, Route> = routes.iter().cloned().collect();
+        let by_overlay: BTreeMap<std::net::Ipv4Addr, Route> = routes.iter().cloned().collect();
         let subnets: Vec<(std::net::Ipv4Addr, u8, Route)> = self
             .topology
             .records()

@@ -6,7 +6,7 @@
 //! [`Action::Send`]) and never blocks; the runtime feeds it [`Input`]s and carries out
 //! its actions.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -234,19 +234,20 @@ pub struct Node {
     pub(crate) id: NodeId,
     pub(crate) rng: Box<dyn RngCore + Send>,
     pub(crate) dials: Vec<Dial>,
-    pub(crate) peers: HashMap<[u8; 32], Peer>,
-    pending_init: HashMap<u32, PendingInit>,
-    pending_resp: HashMap<u32, PendingResp>,
-    pub(crate) held: HashMap<u32, Held>,
+    pub(crate) peers: BTreeMap<[u8; 32], Peer>,
+    pending_init: BTreeMap<u32, PendingInit>,
+    pending_resp: BTreeMap<u32, PendingResp>,
+    pub(crate) held: BTreeMap<u32, Held>,
     inbound_failures: VecDeque<InboundFailure>,
     pub(crate) actions: VecDeque<Action>,
     pub(crate) routes_dirty: bool,
     next_tick: Option<Instant>,
     pub(crate) topology: Topology,
-    pub(crate) paths: HashMap<NodeId, Path>,
+    pub(crate) paths: BTreeMap<NodeId, Path>,
     pub(crate) seq: u64,
     pub(crate) record_dirty: bool,
     pub(crate) next_publish: Option<Instant>,
+    pub(crate) paths_dirty: bool,
     installed_subnets: Vec<(Ipv4Addr, u8)>,
 }
 
@@ -260,19 +261,20 @@ impl Node {
             id,
             rng,
             dials,
-            peers: HashMap::new(),
-            pending_init: HashMap::new(),
-            pending_resp: HashMap::new(),
-            held: HashMap::new(),
+            peers: BTreeMap::new(),
+            pending_init: BTreeMap::new(),
+            pending_resp: BTreeMap::new(),
+            held: BTreeMap::new(),
             inbound_failures: VecDeque::new(),
             actions: VecDeque::new(),
             routes_dirty: true,
             next_tick: None,
             topology: Topology::default(),
-            paths: HashMap::new(),
+            paths: BTreeMap::new(),
             seq: 0,
             record_dirty: true,
             next_publish: None,
+            paths_dirty: false,
             installed_subnets: Vec::new(),
         }
     }
@@ -298,7 +300,9 @@ impl Node {
     pub fn handle_timeout(&mut self, now: Instant) {
         self.next_tick = Some(now + TICK);
         self.expire_pending(now);
+        self.refresh_paths();
         self.drive_mesh(now);
+        self.refresh_paths();
         self.drive_dials(now);
         let keys: Vec<[u8; 32]> = self.peers.keys().copied().collect();
         for key in keys {
@@ -577,6 +581,7 @@ impl Node {
         for k in stale {
             info!(old = %NodeId::from_public(&k), new = %id, "peer replaced by a node with a new key");
             self.peers.remove(&k);
+            self.topology.remove(&NodeId::from_public(&k));
             for d in &mut self.dials {
                 if d.key == Some(k) {
                     d.key = None;
@@ -600,9 +605,13 @@ impl Node {
             peer.endpoint = Some(from);
             peer.direct = true;
             peer.direct_since = Some(now);
-        } else if peer.direct {
-            // The peer came through a relay although we thought we had a direct path:
-            // it cannot hear us directly. Relay until a punch proves the path again.
+        } else if peer.direct && {
+            let last = peer.sessions.iter().map(|s| s.session.last_direct_rx_ms()).max().unwrap_or(0);
+            ms_since(self.cfg.epoch, now).saturating_sub(last) > 2 * self.cfg.timers.keepalive.as_millis() as u64
+        } {
+            // The peer came through a relay although we thought we had a direct path,
+            // and nothing arrived on that path lately: it cannot hear us directly.
+            // Relay until a punch proves the path again.
             info!(peer = %id, "peer handshaked through a relay; direct path considered down");
             peer.direct = false;
             self.record_dirty = true;
@@ -619,7 +628,7 @@ impl Node {
         self.routes_dirty = true;
         if first_session && direct {
             // A new neighbour: tell it everything we know about the mesh.
-            self.sync_topology(key);
+            self.sync_topology(key, now);
         }
     }
 

@@ -6,7 +6,7 @@
 //! A record replaces an older one from the same node; records not refreshed within
 //! [`RECORD_TTL`] age out. Links count only when both ends list each other.
 
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
@@ -18,6 +18,8 @@ use crate::identity::NodeId;
 pub const RECORD_TTL: Duration = Duration::from_secs(90);
 /// Nodes republish their record at least this often.
 pub const REFRESH: Duration = Duration::from_secs(30);
+/// Longest usable path: a relayed frame crosses at most `MAX_HOPS` relays.
+pub const MAX_LINKS: u32 = weft_core::wire::MAX_HOPS as u32 + 1;
 /// Most neighbours or endpoints a record may carry.
 const MAX_LIST: usize = 255;
 const RECORD_VERSION: u8 = 1;
@@ -191,7 +193,7 @@ pub struct Path {
 /// All records a node knows.
 #[derive(Debug, Default)]
 pub struct Topology {
-    records: HashMap<NodeId, (Record, Instant)>,
+    records: BTreeMap<NodeId, (Record, Instant)>,
 }
 
 impl Topology {
@@ -205,6 +207,11 @@ impl Topology {
                 true
             }
         }
+    }
+
+    /// Forgets a node's record (its key was replaced).
+    pub fn remove(&mut self, id: &NodeId) {
+        self.records.remove(id);
     }
 
     /// Drops records not refreshed within [`RECORD_TTL`]; returns the ids dropped.
@@ -244,8 +251,8 @@ impl Topology {
     /// Shortest paths from `from` to every reachable node: fewest hops (ties broken by
     /// latency), or lowest latency with `latency_first` (ties broken by hops). A link
     /// counts only if both ends list each other.
-    pub fn paths(&self, from: NodeId, latency_first: bool) -> HashMap<NodeId, Path> {
-        let mut best: HashMap<NodeId, (u64, Path)> = HashMap::new();
+    pub fn paths(&self, from: NodeId, latency_first: bool) -> BTreeMap<NodeId, Path> {
+        let mut best: BTreeMap<NodeId, (u64, Path)> = BTreeMap::new();
         let mut heap = BinaryHeap::new();
         heap.push(std::cmp::Reverse((0u64, 0u32, from, from)));
         let cost = |hops: u32, lat: u32| -> u64 {
@@ -255,19 +262,23 @@ impl Topology {
                 (u64::from(hops) << 32) + u64::from(lat)
             }
         };
-        let mut done: HashMap<NodeId, ()> = HashMap::new();
+        let mut done: BTreeSet<NodeId> = BTreeSet::new();
         // Entries: (cost, latency, node, first hop).
         while let Some(std::cmp::Reverse((c, lat, node, first))) = heap.pop() {
-            if done.insert(node, ()).is_some() {
+            if !done.insert(node) {
                 continue;
             }
             let hops = if node == from { 0 } else { best.get(&node).map_or(0, |(_, p)| p.hops) };
             let Some((rec, _)) = self.records.get(&node) else { continue };
             for n in &rec.neighbours {
-                if done.contains_key(&n.node) || !self.lists(n.node, node) {
+                if done.contains(&n.node) || !self.lists(n.node, node) {
                     continue;
                 }
                 let nh = hops + 1;
+                // Relayed frames die after MAX_LINKS links: longer paths are useless.
+                if nh > MAX_LINKS {
+                    continue;
+                }
                 let nlat = lat.saturating_add(n.rtt_ms.max(1));
                 let nc = cost(nh, nlat);
                 let first_hop = if node == from { n.node } else { first };
@@ -311,7 +322,7 @@ mod tests {
                 })
                 .collect(),
             proxied: vec![(Ipv4Addr::new(172, 16, i, 0), 24)],
-            dynamic: i % 2 == 0,
+            dynamic: i.is_multiple_of(2),
         }
     }
 

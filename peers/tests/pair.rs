@@ -1,29 +1,31 @@
 //! L2 "pair" tests: two or three [`Node`]s exchanging datagrams in memory on a
-//! virtual clock.
+//! virtual clock, with the real data plane.
 //!
-//! The harness plays the runtime: it drains every node's actions, delivers
-//! `Action::Send` datagrams to the node owning the destination address, keeps the
-//! latest `Action::PublishRoutes` snapshot per node, and emulates the data plane for
-//! data datagrams (look the receiver index up in the snapshot, open, `touch_rx`,
-//! report `Input::Confirmed` on the first authenticated packet). Time only moves when
-//! the test says so, in steps of [`TICK`], and every live node gets
-//! `handle_timeout` on every step.
+//! The harness plays the runtime: it drains every node's actions, keeps the latest
+//! `Action::PublishRoutes` snapshot per node, and delivers every datagram through the
+//! receiving node's real RX pipeline (`weft_core::pipeline::Rx`), whose control
+//! events (handshake datagrams, confirmations, control messages, direct-path
+//! reports) become the engine's inputs. Application packets are sealed by the real
+//! TX pipeline. Time only moves when the test says so, in steps of [`TICK`], and
+//! every live node gets `handle_timeout` on every step.
+
+mod harness;
 
 use std::collections::{HashSet, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use harness::{DataPlane, Host, Wire, ip_packet, static_key};
 use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use weft_core::crypto::Cipher;
-use weft_core::handshake::{Hello, Initiator, Params, Psk, StaticKey};
-use weft_core::route::RouteSnapshot;
+use weft_core::handshake::{Initiator, Params, Psk, StaticKey};
 use weft_core::session::Session;
 use weft_core::wire::{DATA_HEADER_LEN, DataHeader, MessageType};
 use weft_peers::node::TICK;
-use weft_peers::status::{PeerState, PeerStatus};
-use weft_peers::{Action, Config, Input, Node, NodeId, Timers};
+use weft_peers::status::{PathStatus, PeerState, PeerStatus};
+use weft_peers::{Node, NodeId, Timers};
 
 const NET: &str = "pairnet";
 const SECRET: &str = "correct horse battery staple";
@@ -42,24 +44,12 @@ fn overlay(i: usize) -> Ipv4Addr {
 }
 
 fn params(i: usize, cipher: Cipher, secret: &str) -> Params {
-    Params {
-        local: StaticKey::generate().expect("static key"),
-        psk: Psk::derive(NET, secret),
-        network_name: NET.into(),
-        hello: Hello { cipher, ipv4: overlay(i), prefix: 24, hostname: format!("node{i}") },
-    }
+    let key = static_key(&mut ChaCha8Rng::seed_from_u64(0x6b65_7900 + i as u64));
+    harness::params(key, NET, secret, cipher, overlay(i), format!("node{i}"))
 }
 
-/// A fake IPv4 packet from `src` to `dst` with `extra` payload bytes.
-fn ip_packet(src: Ipv4Addr, dst: Ipv4Addr, extra: usize) -> Vec<u8> {
-    let mut p = vec![0u8; 20 + extra];
-    p[0] = 0x45;
-    p[12..16].copy_from_slice(&src.octets());
-    p[16..20].copy_from_slice(&dst.octets());
-    p
-}
-
-/// Seals `payload` on `session` as the TX pipeline would.
+/// Seals `payload` on `session` as the TX pipeline would (for packets a test wants to
+/// hold back and deliver later).
 fn seal(session: &Session, payload: &[u8]) -> Vec<u8> {
     let mut buf = vec![0u8; DATA_HEADER_LEN + payload.len() + 16];
     buf[DATA_HEADER_LEN..DATA_HEADER_LEN + payload.len()].copy_from_slice(payload);
@@ -86,28 +76,26 @@ impl Sent {
 }
 
 struct Slot {
-    addr: SocketAddr,
     params: Params,
     dial: Vec<usize>,
     timers: Timers,
     seed: u64,
-    node: Option<Node>,
-    routes: Arc<RouteSnapshot>,
+    host: Host,
 }
 
 struct Sim {
     epoch: Instant,
     now: Instant,
     slots: Vec<Slot>,
+    dp: DataPlane,
     /// Unordered pairs of nodes whose traffic is dropped.
     cut: HashSet<(usize, usize)>,
     log: Vec<Sent>,
-    /// Data datagrams the emulated data plane could not open.
-    data_drops: u64,
     boots: u64,
+    tag: u64,
 }
 
-type Queue = VecDeque<(usize, SocketAddr, Vec<u8>)>;
+type Queue = VecDeque<Wire>;
 
 impl Sim {
     /// Builds the nodes (`(params, dials, timers)` each) and runs the first tick at
@@ -118,16 +106,23 @@ impl Sim {
             .into_iter()
             .enumerate()
             .map(|(i, (params, dial, timers))| Slot {
-                addr: addr(i),
                 params,
                 dial,
                 timers,
                 seed: 0x5eed_0000 + i as u64,
-                node: None,
-                routes: Arc::default(),
+                host: Host::new(addr(i), epoch),
             })
             .collect();
-        let mut sim = Self { epoch, now: epoch, slots, cut: HashSet::new(), log: Vec::new(), data_drops: 0, boots: 0 };
+        let mut sim = Self {
+            epoch,
+            now: epoch,
+            slots,
+            dp: DataPlane::new(epoch),
+            cut: HashSet::new(),
+            log: Vec::new(),
+            boots: 0,
+            tag: 0,
+        };
         for i in 0..sim.slots.len() {
             sim.boot(i);
         }
@@ -146,21 +141,15 @@ impl Sim {
     fn boot(&mut self, i: usize) {
         self.boots += 1;
         let s = &mut self.slots[i];
-        let cfg = Config {
-            handshake: s.params.clone(),
-            dial: s.dial.iter().map(|&j| addr(j)).collect(),
-            epoch: self.epoch,
-            timers: s.timers,
-        };
+        let dial = s.dial.iter().map(|&j| addr(j)).collect();
+        let cfg = harness::config(s.params.clone(), dial, self.epoch, s.timers, addr(i));
         let rng: Box<dyn RngCore + Send> = Box::new(ChaCha8Rng::seed_from_u64(s.seed + 1000 * self.boots));
-        s.node = Some(Node::new(cfg, rng));
-        s.routes = Arc::default();
+        s.host.start(Node::new(cfg, rng));
     }
 
     /// Stops node `i`: its state is gone and traffic to it is dropped.
     fn kill(&mut self, i: usize) {
-        self.slots[i].node = None;
-        self.slots[i].routes = Arc::default();
+        self.slots[i].host.stop();
     }
 
     /// Starts a fresh node `i` at the same address with the given key and dials.
@@ -174,9 +163,9 @@ impl Sim {
         self.slots[i].params = params;
         self.slots[i].dial = dial;
         self.boot(i);
-        let mut q = Queue::new();
-        self.collect(i, &mut q);
-        self.pump(q);
+        let mut out = Vec::new();
+        self.slots[i].host.drain(&mut out);
+        self.pump(out.into());
     }
 
     fn partition(&mut self, i: usize, j: usize) {
@@ -191,13 +180,8 @@ impl Sim {
         self.now - self.epoch
     }
 
-    /// The pipeline clock: milliseconds since the epoch, plus one (0 means never).
-    fn ms(&self) -> u64 {
-        self.elapsed().as_millis() as u64 + 1
-    }
-
     fn node(&self, i: usize) -> &Node {
-        self.slots[i].node.as_ref().expect("node is running")
+        self.slots[i].host.node()
     }
 
     fn id(&self, i: usize) -> NodeId {
@@ -206,15 +190,11 @@ impl Sim {
 
     /// `handle_timeout` on every live node at the current time, then deliver.
     fn tick(&mut self) {
-        let mut q = Queue::new();
+        let mut out = Vec::new();
         for i in 0..self.slots.len() {
-            let now = self.now;
-            if let Some(n) = self.slots[i].node.as_mut() {
-                n.handle_timeout(now);
-            }
-            self.collect(i, &mut q);
+            self.slots[i].host.timeout(self.now, &mut out);
         }
-        self.pump(q);
+        self.pump(out.into());
     }
 
     fn step(&mut self) {
@@ -244,87 +224,60 @@ impl Sim {
         }
     }
 
-    /// Drains node `i`'s actions: snapshots are applied at once, datagrams queued.
-    fn collect(&mut self, i: usize, q: &mut Queue) {
-        let slot = &mut self.slots[i];
-        let Some(node) = slot.node.as_mut() else { return };
-        while let Some(a) = node.poll_action() {
-            match a {
-                Action::PublishRoutes(r) => slot.routes = r,
-                Action::Send { to, bytes } => q.push_back((i, to, bytes)),
-            }
-        }
+    fn index_of(&self, a: SocketAddr) -> Option<usize> {
+        self.slots.iter().position(|s| s.host.addr == a)
     }
 
+    /// Delivers datagrams (and whatever they cause) until the network is quiet: each
+    /// goes through the receiver's real RX pipeline at the current virtual time.
     fn pump(&mut self, mut q: Queue) {
         let mut n = 0;
-        while let Some((from, to, bytes)) = q.pop_front() {
+        while let Some(w) = q.pop_front() {
             n += 1;
             assert!(n < STORM, "datagram storm at {:?}", self.elapsed());
-            let dst = self.slots.iter().position(|s| s.addr == to);
+            let from = self.index_of(w.from).expect("sender is a slot");
+            let dst = self.index_of(w.to);
             let delivered = dst.is_some_and(|j| {
-                self.slots[j].node.is_some()
-                    && self.slots[from].node.is_some()
+                self.slots[j].host.running()
+                    && self.slots[from].host.running()
                     && !self.cut.contains(&(from.min(j), from.max(j)))
             });
-            let at = self.elapsed();
             if let (true, Some(j)) = (delivered, dst) {
-                let src = self.slots[from].addr;
-                self.receive(j, src, &bytes);
-                self.collect(j, &mut q);
+                let mut out = Vec::new();
+                self.dp.receive(&mut self.slots[j].host, self.now, &[(w.from, &w.bytes)], &mut out);
+                q.extend(out);
             }
-            self.log.push(Sent { at, from, to, bytes, delivered });
+            self.log.push(Sent { at: self.elapsed(), from, to: w.to, bytes: w.bytes, delivered });
         }
     }
 
-    /// Node `j` receives `bytes` from `src`: data goes through the emulated data plane,
-    /// everything else to the node.
-    fn receive(&mut self, j: usize, src: SocketAddr, bytes: &[u8]) {
-        if MessageType::of(bytes) == Some(MessageType::Data) {
-            if self.data_plane(j, bytes).is_err() {
-                self.data_drops += 1;
-            }
-        } else {
-            let now = self.now;
-            if let Some(n) = self.slots[j].node.as_mut() {
-                n.handle(now, Input::Datagram { from: src, bytes });
-            }
+    /// Drops counted by every running node's data plane (pipeline and per peer).
+    fn data_drops(&self) -> u64 {
+        self.slots.iter().filter(|s| s.host.running()).map(|s| s.host.drops(self.now)).sum()
+    }
+
+    /// Delivers a datagram from `src` to `j`'s RX pipeline out of band (then delivers
+    /// whatever that causes) and returns the length of the IP packet it wrote to the
+    /// TUN, or the drop reason it counted.
+    fn inject_data(&mut self, j: usize, src: SocketAddr, bytes: &[u8]) -> Result<usize, &'static str> {
+        let before = self.slots[j].host.drop_reasons(self.now);
+        let mut out = Vec::new();
+        let delivered = self.dp.receive(&mut self.slots[j].host, self.now, &[(src, bytes)], &mut out);
+        let after = self.slots[j].host.drop_reasons(self.now);
+        self.pump(out.into());
+        if delivered == 1 {
+            return Ok(self.slots[j].host.tun.last().expect("delivered").len());
         }
+        Err(after.into_iter().find(|r| !before.contains(r)).map_or("not delivered", |(name, _)| name))
     }
 
-    /// The RX pipeline of node `j`: returns the plaintext length or why it dropped.
-    fn data_plane(&mut self, j: usize, bytes: &[u8]) -> Result<usize, &'static str> {
-        let hdr = DataHeader::parse(bytes).map_err(|_| "malformed")?;
-        let session = self.slots[j].routes.session_by_index(hdr.receiver_index).cloned().ok_or("unknown session")?;
-        let mut buf = bytes.to_vec();
-        let n = session.open(&hdr, &mut buf).map_err(|_| "open failed")?;
-        session.touch_rx(self.ms());
-        if session.confirm() {
-            let now = self.now;
-            if let Some(node) = self.slots[j].node.as_mut() {
-                node.handle(now, Input::Confirmed { local_index: session.local_index });
-            }
-        }
-        Ok(n)
-    }
-
-    /// Delivers a data datagram to `j` out of band and returns what its data plane did.
-    fn inject_data(&mut self, j: usize, bytes: &[u8]) -> Result<usize, &'static str> {
-        let r = self.data_plane(j, bytes);
-        let mut q = Queue::new();
-        self.collect(j, &mut q);
-        self.pump(q);
-        r
-    }
-
-    /// Feeds `bytes` from `src` to node `j` as an `Input::Datagram`, then delivers
-    /// whatever it sends.
+    /// Feeds `bytes` from `src` to node `j` through its RX pipeline (handshakes and
+    /// rejects reach the engine as `Input::Datagram`), then delivers whatever it sends.
     fn inject_raw(&mut self, j: usize, src: SocketAddr, bytes: &[u8]) {
-        let now = self.now;
-        self.slots[j].node.as_mut().expect("running").handle(now, Input::Datagram { from: src, bytes });
-        let mut q = Queue::new();
-        self.collect(j, &mut q);
-        self.pump(q);
+        assert!(self.slots[j].host.running());
+        let mut out = Vec::new();
+        self.dp.receive(&mut self.slots[j].host, self.now, &[(src, bytes)], &mut out);
+        self.pump(out.into());
     }
 
     /// Every reason node `i`'s status gives: dial errors, peer errors, refused
@@ -354,7 +307,7 @@ impl Sim {
 
     /// `i` routes `j`'s overlay address and reports it established.
     fn established(&self, i: usize, j: usize) -> bool {
-        self.slots[i].node.is_some()
+        self.slots[i].host.running()
             && self.routed(i).contains(&overlay(j))
             && self.state(i, j) == Some(PeerState::Established)
             && self.route(i, j).is_some()
@@ -362,14 +315,26 @@ impl Sim {
 
     /// The session `i`'s latest snapshot sends to `j` on.
     fn route(&self, i: usize, j: usize) -> Option<Arc<Session>> {
-        self.slots[i].routes.session_for(overlay(j)).cloned()
+        self.slots[i].host.routes.session_for(overlay(j)).cloned()
     }
 
-    /// Seals a packet on `i`'s route to `j`, delivers it to `j`'s data plane.
+    /// `i`'s TX pipeline sends an 84-byte packet to `j`'s overlay address; returns its
+    /// length if `j`'s RX wrote exactly that packet to its TUN.
     fn send_data(&mut self, i: usize, j: usize) -> Result<usize, &'static str> {
-        let s = self.route(i, j).ok_or("no route")?;
-        let dg = seal(&s, &ip_packet(overlay(i), overlay(j), 64));
-        self.inject_data(j, &dg)
+        self.tag += 1;
+        let pkt = ip_packet(overlay(i), overlay(j), 64, self.tag);
+        let mut out = Vec::new();
+        if self.dp.send(&self.slots[i].host, self.now, std::slice::from_ref(&pkt), &mut out) == 0 {
+            return Err("no route");
+        }
+        let before = self.slots[j].host.tun.len();
+        self.pump(out.into());
+        let got = &self.slots[j].host.tun[before..];
+        match got {
+            [p] if *p == pkt => Ok(p.len()),
+            [] => Err("not delivered"),
+            _ => Err("wrong packets delivered"),
+        }
     }
 
     /// Handshake init datagrams sent by `from` from log position `since` on.
@@ -410,10 +375,10 @@ fn xx_first_contact_establishes_both_sides() {
     let ab = sim.peer_status(A, B).expect("A knows B");
     assert_eq!(ab.overlay, overlay(B));
     assert_eq!(ab.hostname, "node1");
-    assert_eq!(ab.endpoint, addr(B));
+    assert_eq!(ab.endpoint, Some(addr(B)));
     assert!(ab.error.is_none(), "{:?}", ab.error);
     let ba = sim.peer_status(B, A).expect("B knows A");
-    assert_eq!(ba.endpoint, addr(A));
+    assert_eq!(ba.endpoint, Some(addr(A)));
     assert!(sim.node(A).status(sim.now).dials.is_empty(), "a connected dial is not listed");
 
     // Both directions carry data.
@@ -423,7 +388,7 @@ fn xx_first_contact_establishes_both_sides() {
     // And it stays up on keepalives alone.
     sim.run(Duration::from_secs(30));
     assert!(sim.established(A, B) && sim.established(B, A));
-    assert_eq!(sim.data_drops, 0);
+    assert_eq!(sim.data_drops(), 0);
 }
 
 // ----- 2 -----
@@ -465,7 +430,7 @@ fn wrong_secret_never_routes_and_says_why() {
     let f = fails.iter().find(|f| f.from == addr(A)).expect("B records A's refused handshakes");
     assert!(f.reason.contains("secret"), "{}", f.reason);
     assert!(f.count >= 1);
-    assert_eq!(sim.data_drops, 0, "no data ever opened or was even attempted");
+    assert_eq!(sim.data_drops(), 0, "no data ever opened or was even attempted");
 }
 
 #[test]
@@ -539,23 +504,28 @@ fn rekey_keeps_routes_and_old_session_drains() {
     while sim.elapsed() < Duration::from_secs(35) {
         // A packet sealed on the current session just before the step that may rekey.
         let old = sim.route(A, B).expect("A routes B throughout");
-        let late = seal(&old, &ip_packet(overlay(A), overlay(B), 10));
+        let late = seal(&old, &ip_packet(overlay(A), overlay(B), 10, 0));
         sim.step();
         assert!(sim.established(A, B) && sim.established(B, A), "dropped out at {:?}", sim.elapsed());
         let cur = sim.route(A, B).expect("A routes B");
         if cur.local_index != old.local_index {
             a_indices.push(cur.local_index);
             // The receiver still knows the old session right after the rekey...
-            let known = sim.slots[B].routes.session_by_index(old.remote_index).cloned();
+            let known = sim.slots[B].host.routes.session_by_index(old.remote_index).cloned();
             let known = known.unwrap_or_else(|| panic!("B forgot the old session at {:?}", sim.elapsed()));
             assert_eq!(known.remote_index, old.local_index);
             // ...and the in-flight packet still opens there.
-            assert_eq!(sim.inject_data(B, &late), Ok(30), "old-session packet lost at {:?}", sim.elapsed());
+            assert_eq!(sim.inject_data(B, addr(A), &late), Ok(30), "old-session packet lost at {:?}", sim.elapsed());
             // So does one that was delayed (or sealed by a pipeline still holding the
             // previous snapshot) and arrives a second later.
-            let delayed = seal(&old, &ip_packet(overlay(A), overlay(B), 10));
+            let delayed = seal(&old, &ip_packet(overlay(A), overlay(B), 10, 0));
             sim.run(Duration::from_secs(1));
-            assert_eq!(sim.inject_data(B, &delayed), Ok(30), "old session retired too early at {:?}", sim.elapsed());
+            assert_eq!(
+                sim.inject_data(B, addr(A), &delayed),
+                Ok(30),
+                "old session retired too early at {:?}",
+                sim.elapsed()
+            );
             drained += 1;
         }
         let b_cur = sim.route(B, A).expect("B routes A").local_index;
@@ -576,7 +546,7 @@ fn rekey_keeps_routes_and_old_session_drains() {
     }
     // Rekeys after first contact are IK.
     assert!(sim.inits(A, 0).skip(1).all(|s| s.bytes[1] == 1));
-    assert_eq!(sim.data_drops, 0);
+    assert_eq!(sim.data_drops(), 0);
 }
 
 // ----- 5 -----
@@ -737,8 +707,8 @@ fn garbage_never_panics_nor_disturbs_a_session() {
             rng.fill_bytes(&mut d);
             DataHeader { flags: 0, lane: 0, receiver_index: idx, counter: rng.next_u64() >> 8 }
                 .emit((&mut d[..16]).try_into().expect("16 bytes"));
-            assert!(sim.inject_data(A, &d).is_err());
-            assert!(sim.inject_data(B, &d).is_err());
+            assert!(sim.inject_data(A, addr(B), &d).is_err());
+            assert!(sim.inject_data(B, addr(A), &d).is_err());
         }
         assert!(sim.established(A, B) && sim.established(B, A), "garbage broke the session in round {round}");
         assert_eq!(sim.route(A, B).expect("route").local_index, sa);
@@ -823,4 +793,95 @@ fn three_nodes_mesh_and_one_dies() {
     assert_eq!(sim.routed(A), vec![overlay(B)]);
     assert_eq!(sim.routed(B), vec![overlay(A)]);
     assert_eq!(sim.send_data(A, B), Ok(84));
+}
+
+// ----- relays -----
+
+#[test]
+fn chain_relays_end_to_end_then_punches_a_direct_path() {
+    // A and C both dial B but cannot reach each other: they learn each other from
+    // the topology and hold an end-to-end session through B.
+    let timers = Timers::default();
+    let mut sim = Sim::new(vec![
+        (params(A, Cipher::Aes128Gcm, SECRET), vec![B], timers),
+        (params(B, Cipher::Aes128Gcm, SECRET), vec![], timers),
+        (params(C, Cipher::Aes128Gcm, SECRET), vec![B], timers),
+    ]);
+    sim.partition(A, C);
+    let all = |s: &Sim| (0..3).all(|i| (0..3).all(|j| i == j || s.established(i, j)));
+    let t = sim.run_until(Duration::from_secs(3), all);
+    assert!(t.is_some(), "no relayed session: A sees {:?}", sim.peer_status(A, C));
+    let ac = sim.peer_status(A, C).expect("A knows C");
+    assert_eq!(ac.path, PathStatus::Relay { via: sim.id(B), hops: 2 });
+    assert_eq!(sim.peer_status(C, A).expect("C knows A").path, PathStatus::Relay { via: sim.id(B), hops: 2 });
+    assert_eq!(sim.peer_status(A, B).expect("A knows B").path, PathStatus::Direct);
+    let route = sim.node(A).status(sim.now).routes.into_iter().find(|r| r.node == sim.id(C)).expect("route to C");
+    assert_eq!((route.next_hop, route.hops, route.session), (sim.id(B), 2, true));
+
+    // Data A -> C goes through B's RX, which forwards it without opening it.
+    let b_tun = sim.slots[B].host.tun.len();
+    let b_fwd = sim.slots[B].host.fwd_datagrams;
+    assert_eq!(sim.send_data(A, C), Ok(84));
+    assert_eq!(sim.send_data(C, A), Ok(84));
+    assert_eq!(sim.slots[B].host.tun.len(), b_tun, "the relay wrote relayed packets to its own TUN");
+    assert_eq!(sim.slots[B].host.fwd_datagrams, b_fwd + 2);
+    // The session is end to end: B holds no session that opens A's packets to C.
+    let a_to_c = sim.route(A, C).expect("A routes C");
+    assert!(sim.slots[B].host.routes.session_by_index(a_to_c.remote_index).is_none_or(|s| s.peer_addr != overlay(A)));
+
+    // It survives on keepalives and probes relayed through B.
+    sim.run(Duration::from_secs(20));
+    assert!(all(&sim), "relayed sessions did not last");
+    assert!(sim.peer_status(A, C).expect("known").rtt.is_some(), "no latency probe answered through the relay");
+
+    // Once A and C can reach each other, hole punching moves them to a direct path.
+    let mark = sim.log.len();
+    sim.heal(A, C);
+    // Both sides see the direct path, and the link reached the topology (both
+    // records list it), so the route is one hop.
+    let direct = |s: &Sim| {
+        let one_hop = |i: usize, j: usize| {
+            s.node(i).status(s.now).routes.iter().any(|r| r.node == s.id(j) && r.hops == 1 && r.next_hop == s.id(j))
+        };
+        s.peer_status(A, C).is_some_and(|p| p.path == PathStatus::Direct)
+            && s.peer_status(C, A).is_some_and(|p| p.path == PathStatus::Direct)
+            && one_hop(A, C)
+            && one_hop(C, A)
+    };
+    let t = sim.run_until(Duration::from_secs(40), direct);
+    assert!(
+        t.is_some(),
+        "no direct path after healing: {:?}, routes {:?}",
+        sim.peer_status(A, C),
+        sim.node(A).status(sim.now).routes
+    );
+    assert!(all(&sim));
+    let route = sim.node(A).status(sim.now).routes.into_iter().find(|r| r.node == sim.id(C)).expect("route to C");
+    assert_eq!((route.next_hop, route.hops), (sim.id(C), 1));
+    let b_fwd = sim.slots[B].host.fwd_datagrams;
+    assert_eq!(sim.send_data(A, C), Ok(84));
+    assert_eq!(sim.slots[B].host.fwd_datagrams, b_fwd, "still relayed through B");
+    assert!(
+        !sim.log[mark..]
+            .iter()
+            .any(|s| s.kind() == Some(MessageType::HandshakeInit) && (s.from == A || s.from == C) && s.to != addr(B)),
+        "the direct path needed a new handshake instead of the punch"
+    );
+}
+
+#[test]
+fn restarted_node_never_lists_its_former_identity() {
+    let mut sim = default_pair_established();
+    sim.run(Duration::from_secs(3));
+    let old_id = sim.id(A);
+    sim.kill(A);
+    sim.run(Duration::from_secs(1));
+    sim.restart(A, StaticKey::generate().expect("key"), vec![B]);
+    assert!(sim.run_until(Duration::from_secs(5), |s| s.established(A, B) && s.established(B, A)).is_some());
+    for _ in 0..100 {
+        sim.step();
+        let peers = sim.node(A).status(sim.now).peers;
+        let ghost = peers.iter().find(|p| p.node_id == old_id || p.overlay == overlay(A));
+        assert!(ghost.is_none(), "A lists its former identity at {:?}: {ghost:?}", sim.elapsed());
+    }
 }

@@ -1,0 +1,393 @@
+//! Shared test harness: [`Node`]s driven on a virtual clock with the REAL data plane
+//! in memory.
+//!
+//! Each [`Host`] keeps what the runtime keeps for one node: the engine, its latest
+//! published [`RouteSnapshot`], a [`Shared`] whose control sink collects the
+//! [`ControlEvent`]s its RX pipeline raises, its pipeline counters, and the IP packets
+//! its RX wrote to its "TUN". A [`DataPlane`] holds one `Rx` and one `Tx` and runs
+//! them for whichever host is receiving or sending (they keep no state between
+//! calls, and the simulation is single-threaded, so one of each serves every host).
+//!
+//! ```text
+//!  datagrams --slab--> Rx::process(snapshot) --TUN--> host.tun
+//!                           |  \--forwarded()--> Wire (relayed frames go on)
+//!                           \--ControlEvents--> Node::handle --actions--> Wire / snapshot
+//! ```
+//!
+//! Virtual time must move in whole milliseconds: `Rx::process` reads its clock as
+//! `shared.epoch.elapsed()`, so before each call the harness sets `shared.epoch` to
+//! "real now minus virtual elapsed minus half a millisecond", which makes the
+//! pipeline clock read exactly the virtual millisecond the engine sees.
+#![allow(dead_code, unreachable_pub)]
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use rand::RngCore;
+use snow::params::DHChoice;
+use snow::resolvers::{CryptoResolver, DefaultResolver};
+use tun_rs::{GROTable, VIRTIO_NET_HDR_LEN};
+use weft_core::crypto::Cipher;
+use weft_core::handshake::{Hello, Params, Psk, StaticKey};
+use weft_core::pipeline::{
+    ControlEvent, ControlSink, PipelineConfig, PipelineStats, Rx, Shared, TX_HEADROOM, TunWriter, Tx,
+};
+use weft_core::route::RouteSnapshot;
+use weft_core::stats::{DropCounters, DropReason};
+use weft_core::transport::udp::{Offload, RecvMeta};
+use weft_peers::{Action, Config, Input, Node, NodeId, Timers};
+
+/// Pipeline sizes used everywhere.
+pub const PIPELINE: PipelineConfig = PipelineConfig { mtu: 1420, offload: false, udp_gro: false, pin: None };
+
+/// A datagram on the wire.
+#[derive(Debug, Clone)]
+pub struct Wire {
+    /// Source address (the sending host's).
+    pub from: SocketAddr,
+    /// Destination address.
+    pub to: SocketAddr,
+    /// The bytes.
+    pub bytes: Vec<u8>,
+    /// Whether a relay forwarded it (rather than the engine or Tx emitting it).
+    pub forwarded: bool,
+}
+
+/// Collects control events as the runtime's bounded queue would (never full here).
+#[derive(Default)]
+pub struct Sink(Mutex<Vec<ControlEvent>>);
+
+impl ControlSink for Sink {
+    fn try_push(&self, ev: ControlEvent) -> bool {
+        self.0.lock().expect("sink lock").push(ev);
+        true
+    }
+}
+
+impl Sink {
+    fn take(&self) -> Vec<ControlEvent> {
+        std::mem::take(&mut *self.0.lock().expect("sink lock"))
+    }
+}
+
+/// Stands in for a TUN queue: keeps the IP packets RX writes.
+struct Collect<'a>(&'a mut Vec<Vec<u8>>);
+
+impl TunWriter for Collect<'_> {
+    fn write_batch(&mut self, _gro: &mut GROTable, bufs: &mut [Vec<u8>]) -> std::io::Result<()> {
+        self.0.extend(bufs.iter().map(|b| b[VIRTIO_NET_HDR_LEN..].to_vec()));
+        Ok(())
+    }
+}
+
+/// One machine: an engine (while running) and its data-plane state.
+pub struct Host {
+    /// Its UDP address.
+    pub addr: SocketAddr,
+    /// The engine, while the node runs.
+    pub node: Option<Node>,
+    /// The latest snapshot the engine published.
+    pub routes: Arc<RouteSnapshot>,
+    /// RX/TX pipeline counters.
+    pub stats: Arc<PipelineStats>,
+    /// IP packets RX wrote to the TUN.
+    pub tun: Vec<Vec<u8>>,
+    /// Subnets the engine asked to route into the TUN (`Action::InstallRoutes`).
+    pub installed: Vec<(Ipv4Addr, u8)>,
+    /// Overlay address changes the engine ordered (`Action::SetAddress`).
+    pub addresses: Vec<(Ipv4Addr, Ipv4Addr, u8)>,
+    /// Datagrams and bytes the engine sent (`Action::Send`): control-plane traffic.
+    pub ctl_datagrams: u64,
+    pub ctl_bytes: u64,
+    /// Relayed frames and bytes this host's RX forwarded.
+    pub fwd_datagrams: u64,
+    pub fwd_bytes: u64,
+    sink: Arc<Sink>,
+    shared: Shared,
+}
+
+impl Host {
+    pub fn new(addr: SocketAddr, epoch: Instant) -> Self {
+        let sink = Arc::new(Sink::default());
+        let shared = Shared {
+            routes: Arc::new(ArcSwap::from_pointee(RouteSnapshot::default())),
+            control: sink.clone(),
+            epoch,
+            stop: Arc::new(AtomicBool::new(false)),
+            offload: Arc::new(Offload::new(false, false)),
+        };
+        Self {
+            addr,
+            node: None,
+            routes: Arc::default(),
+            stats: Arc::default(),
+            tun: Vec::new(),
+            installed: Vec::new(),
+            addresses: Vec::new(),
+            ctl_datagrams: 0,
+            ctl_bytes: 0,
+            fwd_datagrams: 0,
+            fwd_bytes: 0,
+            sink,
+            shared,
+        }
+    }
+
+    /// Starts (or restarts) the engine; the data plane starts with an empty snapshot.
+    pub fn start(&mut self, node: Node) {
+        self.node = Some(node);
+        self.routes = Arc::default();
+        self.installed.clear();
+        self.sink.take();
+    }
+
+    /// Stops the node: engine state and routes are gone.
+    pub fn stop(&mut self) {
+        self.node = None;
+        self.routes = Arc::default();
+        self.sink.take();
+    }
+
+    pub fn running(&self) -> bool {
+        self.node.is_some()
+    }
+
+    pub fn node(&self) -> &Node {
+        self.node.as_ref().expect("node is running")
+    }
+
+    pub fn id(&self) -> NodeId {
+        self.node().id()
+    }
+
+    /// Carries out the engine's actions: snapshots are applied at once, datagrams
+    /// appended to `out`.
+    pub fn drain(&mut self, out: &mut Vec<Wire>) {
+        let Some(node) = self.node.as_mut() else { return };
+        while let Some(a) = node.poll_action() {
+            match a {
+                Action::PublishRoutes(r) => {
+                    self.shared.routes.store(r.clone());
+                    self.routes = r;
+                }
+                Action::InstallRoutes(subnets) => self.installed = subnets,
+                Action::SetAddress { old, new, prefix } => self.addresses.push((old, new, prefix)),
+                Action::Send { to, bytes } => {
+                    self.ctl_datagrams += 1;
+                    self.ctl_bytes += bytes.len() as u64;
+                    out.push(Wire { from: self.addr, to, bytes, forwarded: false });
+                }
+            }
+        }
+    }
+
+    /// `handle_timeout`, then drain.
+    pub fn timeout(&mut self, now: Instant, out: &mut Vec<Wire>) {
+        if let Some(n) = self.node.as_mut() {
+            n.handle_timeout(now);
+        }
+        self.drain(out);
+    }
+
+    /// Feeds one input straight to the engine (bypassing the data plane), then drains.
+    pub fn input(&mut self, now: Instant, input: Input<'_>, out: &mut Vec<Wire>) {
+        if let Some(n) = self.node.as_mut() {
+            n.handle(now, input);
+        }
+        self.drain(out);
+    }
+
+    /// Sum of every drop counter of this host: pipeline-wide and per peer.
+    pub fn drops(&self, now: Instant) -> u64 {
+        let pipeline: u64 = DropReason::ALL.iter().map(|r| self.stats.drops.get(*r)).sum();
+        let peers: u64 = self.node.as_ref().map_or(0, |n| {
+            n.status(now).peers.iter().map(|p| DropReason::ALL.iter().map(|r| p.stats.drops.get(*r)).sum::<u64>()).sum()
+        });
+        pipeline + peers
+    }
+
+    /// Non-zero drop counters by reason (pipeline-wide plus per peer), for messages.
+    pub fn drop_reasons(&self, now: Instant) -> Vec<(&'static str, u64)> {
+        let mut v = self.stats.drops.nonzero();
+        if let Some(n) = self.node.as_ref() {
+            for p in n.status(now).peers {
+                v.extend(p.stats.drops.nonzero());
+            }
+        }
+        v
+    }
+}
+
+/// One RX and one TX pipeline, run for whichever host needs them.
+pub struct DataPlane {
+    rx: Rx,
+    tx: Tx,
+    /// The virtual clock's origin (every node's `Config::epoch`).
+    pub epoch: Instant,
+}
+
+impl DataPlane {
+    pub fn new(epoch: Instant) -> Self {
+        Self { rx: Rx::new(PIPELINE), tx: Tx::new(PIPELINE), epoch }
+    }
+
+    /// Virtual whole milliseconds since the epoch.
+    fn elapsed_ms(&self, now: Instant) -> Duration {
+        Duration::from_millis(now.saturating_duration_since(self.epoch).as_millis() as u64)
+    }
+
+    /// The pipeline clock at `now` (as the engine computes it: ms since epoch, plus 1).
+    pub fn now_ms(&self, now: Instant) -> u64 {
+        self.elapsed_ms(now).as_millis() as u64 + 1
+    }
+
+    /// `host` receives `dgrams` (source, bytes) at virtual time `now`: they go through
+    /// the real RX pipeline in batches of at most one slab; the control events it
+    /// raises go to the engine; relayed frames and the engine's datagrams are appended
+    /// to `out`. Returns how many IP packets reached the host's TUN.
+    pub fn receive(
+        &mut self,
+        host: &mut Host,
+        now: Instant,
+        dgrams: &[(SocketAddr, &[u8])],
+        out: &mut Vec<Wire>,
+    ) -> usize {
+        if !host.running() {
+            return 0;
+        }
+        let before = host.tun.len();
+        let offset = self.elapsed_ms(now) + Duration::from_micros(500);
+        let mut rest = dgrams;
+        while !rest.is_empty() {
+            let (slab, slot, metas) = self.rx.slab();
+            let n = rest.len().min(metas.len());
+            for (i, (from, d)) in rest[..n].iter().enumerate() {
+                let len = d.len().min(slot);
+                slab[i * slot..i * slot + len].copy_from_slice(&d[..len]);
+                metas[i] = RecvMeta { from: *from, len, stride: len, truncated: d.len() > slot };
+            }
+            rest = &rest[n..];
+            // Make the pipeline clock read the virtual time (see the module docs).
+            host.shared.epoch = Instant::now().checked_sub(offset).expect("clock offset");
+            let routes = host.routes.clone();
+            self.rx.process(&routes, &host.shared, &host.stats, n, &mut Collect(&mut host.tun));
+            for (to, frame) in self.rx.forwarded() {
+                host.fwd_datagrams += 1;
+                host.fwd_bytes += frame.len() as u64;
+                out.push(Wire { from: host.addr, to, bytes: frame.to_vec(), forwarded: true });
+            }
+            for ev in host.sink.take() {
+                let Some(node) = host.node.as_mut() else { break };
+                match ev {
+                    ControlEvent::Datagram { from, via, bytes } => {
+                        node.handle(now, Input::Datagram { from, via: via.map(NodeId::from_bytes), bytes: &bytes });
+                    }
+                    ControlEvent::Message { local_index, bytes } => {
+                        node.handle(now, Input::Message { local_index, bytes: &bytes });
+                    }
+                    ControlEvent::Direct { local_index, from } => node.handle(now, Input::Direct { local_index, from }),
+                    ControlEvent::Confirmed { local_index } => node.handle(now, Input::Confirmed { local_index }),
+                }
+                host.drain(out);
+            }
+        }
+        host.tun.len() - before
+    }
+
+    /// `host`'s TX pipeline reads `packets` from its TUN at `now`: the sealed datagrams
+    /// are appended to `out`. Returns how many datagrams it produced.
+    pub fn send(&mut self, host: &Host, now: Instant, packets: &[Vec<u8>], out: &mut Vec<Wire>) -> usize {
+        self.send_with(host, now, packets, out, &host.stats.drops)
+    }
+
+    /// [`DataPlane::send`] counting drops in `drops`.
+    pub fn send_with(
+        &mut self,
+        host: &Host,
+        now: Instant,
+        packets: &[Vec<u8>],
+        out: &mut Vec<Wire>,
+        drops: &DropCounters,
+    ) -> usize {
+        let now_ms = self.now_ms(now);
+        let mut produced = 0;
+        for chunk in packets.chunks(64) {
+            let (bufs, sizes) = self.tx.buffers();
+            for (i, p) in chunk.iter().enumerate() {
+                bufs[i][TX_HEADROOM..TX_HEADROOM + p.len()].copy_from_slice(p);
+                sizes[i] = p.len();
+            }
+            self.tx.process(&host.routes, drops, chunk.len(), now_ms);
+            let (bufs, outgoing) = self.tx.outgoing();
+            for o in outgoing {
+                out.push(Wire {
+                    from: host.addr,
+                    to: o.to,
+                    bytes: bufs[o.buf][o.start..o.start + o.len].to_vec(),
+                    forwarded: false,
+                });
+                produced += 1;
+            }
+        }
+        produced
+    }
+}
+
+/// An engine configuration with the mesh defaults tests use: announce `endpoint`,
+/// fewest hops first, nothing proxied, a fixed overlay address.
+pub fn config(
+    handshake: Params,
+    dial: Vec<SocketAddr>,
+    epoch: Instant,
+    timers: Timers,
+    endpoint: SocketAddr,
+) -> Config {
+    Config {
+        handshake,
+        dial,
+        epoch,
+        timers,
+        endpoints: vec![endpoint],
+        latency_first: false,
+        proxied: Vec::new(),
+        dynamic: None,
+    }
+}
+
+/// A static key drawn from `rng` (deterministic, unlike `StaticKey::generate`).
+pub fn static_key(rng: &mut impl RngCore) -> StaticKey {
+    let mut private = [0u8; 32];
+    rng.fill_bytes(&mut private);
+    let mut dh = DefaultResolver.resolve_dh(&DHChoice::Curve25519).expect("x25519");
+    dh.set(&private);
+    StaticKey::from_parts(dh.privkey(), dh.pubkey()).expect("32-byte halves")
+}
+
+/// Handshake parameters of a node.
+pub fn params(local: StaticKey, net: &str, secret: &str, cipher: Cipher, ipv4: Ipv4Addr, hostname: String) -> Params {
+    Params {
+        local,
+        psk: Psk::derive(net, secret),
+        network_name: net.into(),
+        hello: Hello { cipher, ipv4, prefix: 16, hostname },
+    }
+}
+
+/// A minimal IPv4 packet from `src` to `dst` with `extra` payload bytes (the payload
+/// starts with `tag` so that packets can be told apart).
+pub fn ip_packet(src: Ipv4Addr, dst: Ipv4Addr, extra: usize, tag: u64) -> Vec<u8> {
+    let mut p = vec![0u8; 20 + extra];
+    p[0] = 0x45;
+    p[2..4].copy_from_slice(&((20 + extra) as u16).to_be_bytes());
+    p[8] = 64;
+    p[9] = 17;
+    p[12..16].copy_from_slice(&src.octets());
+    p[16..20].copy_from_slice(&dst.octets());
+    let t = tag.to_le_bytes();
+    let k = extra.min(8);
+    p[20..20 + k].copy_from_slice(&t[..k]);
+    p
+}
