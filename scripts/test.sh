@@ -19,4 +19,6 @@ if [ ${#need[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 # --include-ignored: the 200-node simulation (about 3 minutes) is part of the suite.
-exec cargo test --workspace --locked "$@" -- --include-ignored
+cargo test --workspace --locked "$@" -- --include-ignored
+# The end-to-end suites once more with every offload off (TUN TSO/GRO, UDP GSO/GRO).
+WEFT_NO_OFFLOAD=1 cargo test --locked -p weft --test e2e_tunnel --test e2e_mesh "$@"

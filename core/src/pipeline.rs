@@ -109,9 +109,56 @@ pub trait TunWriter {
     fn write_batch(&mut self, gro: &mut GROTable, bufs: &mut [Vec<u8>]) -> io::Result<()>;
 }
 
-impl TunWriter for &SyncDevice {
+/// The TUN queue as RX's writer: GRO-coalesced writes while the kernel accepts them;
+/// the first EINVAL (kernels with the virtio csum_start regression refuse coalesced
+/// writes) turns coalescing off for the whole node and the packets go one by one.
+pub struct TunOut<'a> {
+    dev: &'a SyncDevice,
+    offload: &'a Offload,
+    vnet_hdr: bool,
+}
+
+impl<'a> TunOut<'a> {
+    /// Wraps a TUN queue; `vnet_hdr` says whether it was opened with offload.
+    pub fn new(dev: &'a SyncDevice, offload: &'a Offload, vnet_hdr: bool) -> Self {
+        Self { dev, offload, vnet_hdr }
+    }
+
+    fn write_plain(&self, bufs: &mut [Vec<u8>]) -> io::Result<()> {
+        let mut result = Ok(());
+        for b in bufs.iter_mut() {
+            // With offload every write carries a virtio header; an all-zero one means
+            // "no GSO, checksum complete".
+            let start = if self.vnet_hdr {
+                b[..VIRTIO_NET_HDR_LEN].fill(0);
+                0
+            } else {
+                VIRTIO_NET_HDR_LEN
+            };
+            if let Err(e) = self.dev.send(&b[start..]) {
+                result = Err(e);
+            }
+        }
+        result
+    }
+}
+
+impl TunWriter for TunOut<'_> {
     fn write_batch(&mut self, gro: &mut GROTable, bufs: &mut [Vec<u8>]) -> io::Result<()> {
-        self.send_multiple(gro, bufs, VIRTIO_NET_HDR_LEN).map(|_| ())
+        if !self.vnet_hdr || !self.offload.tun_gro() {
+            return self.write_plain(bufs);
+        }
+        match self.dev.send_multiple(gro, bufs, VIRTIO_NET_HDR_LEN) {
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                if self.offload.disable_tun_gro() {
+                    warn!(error = %e, "TUN refused a coalesced write; turning TUN GRO off");
+                }
+                // Some packets of the batch may have gone out already; TCP copes with
+                // the duplicates, and this happens once.
+                self.write_plain(bufs)
+            }
+            r => r.map(|_| ()),
+        }
     }
 }
 
@@ -311,6 +358,7 @@ pub struct Rx {
     pending: usize,
     /// Relayed frames to forward, as offsets into the slab.
     fwd: Vec<Outgoing>,
+    vnet_hdr: bool,
 }
 
 impl Rx {
@@ -331,11 +379,12 @@ impl Rx {
             gro: GROTable::default(),
             pending: 0,
             fwd: Vec::with_capacity(MAX_BATCH),
+            vnet_hdr: cfg.offload,
         }
     }
 
     fn run(mut self, tun: &SyncDevice, sock: &UdpSocket, shared: &Shared, stats: &PipelineStats) {
-        let mut writer = tun;
+        let mut writer = TunOut::new(tun, &shared.offload, self.vnet_hdr);
         while !shared.stop.load(Relaxed) {
             let n = match udp::recv_batch(sock, &mut self.slab, self.slot, &mut self.metas) {
                 Ok(n) => n,

@@ -384,6 +384,15 @@ impl Node {
             let relay = RelayHeader { hop_limit: MAX_HOPS, dst: p.id.to_bytes(), src: self.id.to_bytes() };
             return Some(Dest { to, relay: Some(relay) });
         }
+        // No path computed yet (paths refresh once per tick): a session that came
+        // through a relay goes back the way its handshake came.
+        if let Some(s) = p.sessions.iter().find(|s| s.session.is_confirmed())
+            && Some(s.session.endpoint) != p.endpoint
+            && self.peers.values().any(|n| n.direct && n.endpoint == Some(s.session.endpoint))
+        {
+            let relay = RelayHeader { hop_limit: MAX_HOPS, dst: p.id.to_bytes(), src: self.id.to_bytes() };
+            return Some(Dest { to: s.session.endpoint, relay: Some(relay) });
+        }
         p.endpoint.map(Dest::direct)
     }
 

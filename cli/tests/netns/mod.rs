@@ -296,7 +296,7 @@ pub fn wait_until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) -
     panic!("timed out after {limit:?} waiting for {what}");
 }
 
-/// Whether one ping from `ns` to `addr` gets an answer within a second.
+/// Whether a ping from `ns` to `addr` gets an answer (two tries, a second each).
 pub fn ping(ns: &Netns, addr: &str) -> bool {
-    ns.exec_status(&["ping", "-c", "1", "-W", "1", addr])
+    ns.exec_status(&["ping", "-c", "2", "-i", "0.3", "-W", "1", addr])
 }

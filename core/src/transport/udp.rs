@@ -48,12 +48,21 @@ pub fn bind_reuseport(addr: SocketAddr, count: usize, read_timeout: Duration) ->
 pub struct Offload {
     gso: AtomicBool,
     gro: AtomicBool,
+    tun_gro: AtomicBool,
 }
 
 impl Offload {
     /// Starts with the given choices (after probing).
     pub fn new(gso: bool, gro: bool) -> Self {
-        Self { gso: AtomicBool::new(gso), gro: AtomicBool::new(gro) }
+        Self { gso: AtomicBool::new(gso), gro: AtomicBool::new(gro), tun_gro: AtomicBool::new(true) }
+    }
+    /// Coalesced (GRO) writes to the TUN; on until the kernel refuses one.
+    pub fn tun_gro(&self) -> bool {
+        self.tun_gro.load(Relaxed)
+    }
+    /// Turns TUN GRO writes off; returns whether they were on.
+    pub fn disable_tun_gro(&self) -> bool {
+        self.tun_gro.swap(false, Relaxed)
     }
     /// UDP GSO (UDP_SEGMENT) on send.
     pub fn gso(&self) -> bool {
