@@ -78,6 +78,8 @@ pub struct StatusJson {
 pub struct OffloadJson {
     /// TUN virtio-net offload.
     pub tun: bool,
+    /// Coalesced (GRO) writes to the TUN (turns off if the kernel refuses one).
+    pub tun_gro: bool,
     /// UDP GSO on send (may turn off at run time if the kernel refuses it).
     pub udp_gso: bool,
     /// UDP GRO on receive.

@@ -348,6 +348,7 @@ impl Runtime {
             tun_offload: self.tun_offload,
             offloads: OffloadJson {
                 tun: self.tun_offload,
+                tun_gro: self.tun_offload && self.shared.offload.tun_gro(),
                 udp_gso: self.shared.offload.gso(),
                 udp_gro: self.shared.offload.gro(),
             },

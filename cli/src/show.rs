@@ -15,9 +15,10 @@ pub(crate) fn status(s: &StatusJson) -> String {
     let onoff = |b: bool| if b { "on" } else { "off" };
     let _ = writeln!(
         o,
-        "pipelines {} (offload: tun {}, udp-gso {}, udp-gro {})",
+        "pipelines {} (offload: tun {}, tun-gro {}, udp-gso {}, udp-gro {})",
         s.threads,
         onoff(s.offloads.tun),
+        onoff(s.offloads.tun_gro),
         onoff(s.offloads.udp_gso),
         onoff(s.offloads.udp_gro)
     );

@@ -1,0 +1,577 @@
+#!/usr/bin/env bash
+# Netns throughput comparison: iperf3 between two network namespaces joined by one veth
+# pair, first directly (the baseline), then through Weft (each cipher) and through other
+# userspace mesh/VPN tools (wireguard-go, boringtun, nebula, EasyTier when installed).
+#
+#   sudo bench/netns/compare.sh                  # full run: REPS=3, DURATION=10, -P 1 and -P 4
+#   sudo bench/netns/compare.sh --quick          # smoke run: REPS=1, DURATION=3, -P 1 only
+#   sudo bench/netns/compare.sh --only weft,nebula
+#
+# Environment: DURATION (s per iperf3 run, default 10), REPS (default 3), STREAMS ("1 4"),
+# WEFT (weft binary; default: cargo build --release -p weft, then target/release/weft),
+# WEFT_FLAGS (extra `weft up` flags for both nodes), WEFT_CIPHERS (default: all three),
+# MTU (inner MTU where the tool lets us set it, default 1420), OUT (default bench/results),
+# MAX_RUNTIME (seconds; the script stops itself after that, default computed from the plan).
+#
+# Loops: repetitions outermost, tools inside, iperf3 configurations innermost, so machine
+# noise spreads evenly over the tools. Each tool is started fresh for each repetition, in
+# the same two namespaces, and stopped before the next one starts. Nothing is routed by the
+# root namespace: the only link is the veth pair between the two namespaces, and neither
+# namespace has a default route, so no packet can leave them.
+#
+# Outputs in $OUT: results.md (table, machine info, skipped tools), results.json (every raw
+# run plus medians), chart.svg (single-stream medians), logs/ (tool logs of the last run).
+set -euo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+CMDLINE="$0${*:+ $*}"
+
+usage() {
+    sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
+    echo
+    echo "Options: --quick, --only LIST (comma-separated; tools: direct weft wireguard-go boringtun nebula easytier;"
+    echo "         the direct baseline always runs), -h/--help"
+}
+
+ALL_TOOLS=(weft wireguard-go boringtun nebula easytier)
+ONLY=""
+QUICK=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --quick) QUICK=1 ;;
+        --only) [ $# -ge 2 ] || { echo "error: --only needs a list" >&2; exit 2; }; ONLY="${ONLY:+$ONLY,}$2"; shift ;;
+        --only=*) ONLY="${ONLY:+$ONLY,}${1#--only=}" ;;
+        -h|--help) usage; exit 0 ;;
+        *) echo "error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+    esac
+    shift
+done
+
+if [ "$QUICK" = 1 ]; then
+    REPS=1; DURATION=3; STREAMS="1"
+fi
+DURATION=${DURATION:-10}
+REPS=${REPS:-3}
+STREAMS=${STREAMS:-"1 4"}
+MTU=${MTU:-1420}
+WEFT_CIPHERS=${WEFT_CIPHERS:-"aes-128-gcm chacha20-poly1305 none"}
+WEFT_FLAGS=${WEFT_FLAGS:-}
+OUT=${OUT:-$ROOT/bench/results}
+for v in DURATION REPS MTU ${MAX_RUNTIME:+MAX_RUNTIME}; do
+    [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || { echo "error: $v must be a positive integer, got '${!v}'" >&2; exit 2; }
+done
+for s in $STREAMS; do
+    [[ "$s" =~ ^[1-9][0-9]*$ ]] || { echo "error: STREAMS must hold positive integers, got '$s'" >&2; exit 2; }
+done
+
+TOOLS=()
+if [ -z "$ONLY" ]; then
+    TOOLS=("${ALL_TOOLS[@]}")
+else
+    IFS=', ' read -r -a req <<<"$ONLY"
+    for t in "${req[@]}"; do
+        [ -n "$t" ] || continue
+        case "$t" in
+            direct) ;;
+            weft|wireguard-go|boringtun|nebula|easytier) ;;
+            boringtun-cli) t=boringtun ;;
+            *) echo "error: unknown tool '$t' in --only (direct weft wireguard-go boringtun nebula easytier)" >&2; exit 2 ;;
+        esac
+        picked=" ${picked:-} $t "
+    done
+    for t in "${ALL_TOOLS[@]}"; do [[ "${picked:-}" == *" $t "* ]] && TOOLS+=("$t"); done
+fi
+
+[ "$(id -u)" -eq 0 ] || { echo "error: run as root (namespaces and TUN devices need CAP_NET_ADMIN)" >&2; exit 2; }
+
+log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+# ---------------------------------------------------------------------------------------
+# State and cleanup. Only PIDs this script started are ever signalled.
+TAG=$(( $$ % 100000 ))
+NS_A="wb-$$-a"; NS_B="wb-$$-b"
+RUN=$(mktemp -d "/tmp/weft-bench.XXXXXX")
+NS_MADE=0
+TUN_PIDS=()       # tunnel processes of the tool under test (both sides)
+DAEMON_PIDS=()    # long-lived helpers (iperf3 server)
+CUR_PID=""        # foreground job run through `fg_run`
+WATCHDOG_PID=""
+UAPI_SOCKS=()     # wireguard UAPI sockets to remove if a tool died uncleanly
+
+proc_alive() { # PID: running (not gone, not a zombie); forks nothing, so safe inside traps
+    local st
+    [ -r "/proc/$1/stat" ] || return 1
+    read -r st <"/proc/$1/stat" 2>/dev/null || return 1
+    st=${st##*) }
+    [ "${st%% *}" != Z ]
+}
+
+kill_pid() { # PID: TERM, wait up to 3 s, then KILL
+    local p=$1 i
+    [ -n "$p" ] || return 0
+    kill -TERM "$p" 2>/dev/null || return 0
+    for ((i = 0; i < 30; i++)); do proc_alive "$p" || break; sleep 0.1; done
+    kill -KILL "$p" 2>/dev/null || true
+    # Reap it, except in cleanup: there `wait` can block forever in bash 5.2 when the
+    # child was already reaped while the trap ran (other children, like iperf3 -s, live on).
+    [ "$IN_CLEANUP" = 1 ] || wait "$p" 2>/dev/null || true
+}
+
+IN_CLEANUP=0
+cleanup() {
+    local rc=$? p
+    set +e
+    IN_CLEANUP=1
+    trap - EXIT INT TERM
+    [ -n "$WATCHDOG_PID" ] && kill -TERM "$WATCHDOG_PID" 2>/dev/null
+    [ -n "$CUR_PID" ] && kill_pid "$CUR_PID"
+    for p in "${TUN_PIDS[@]}" "${DAEMON_PIDS[@]}"; do kill_pid "$p"; done
+    if [ "$NS_MADE" = 1 ]; then
+        ip netns del "$NS_A" 2>/dev/null
+        ip netns del "$NS_B" 2>/dev/null
+    fi
+    for p in "${UAPI_SOCKS[@]}"; do rm -f "$p"; done
+    rm -rf "$RUN"
+    exit "$rc"
+}
+# No command substitution and no `wait` in these handlers or in cleanup (see kill_pid).
+# They write to fd 9, the original stderr: a trap runs inside whatever redirection the
+# interrupted command had (often >/dev/null).
+exec 9>&2
+trap cleanup EXIT
+trap 'printf "interrupted; cleaning up\n" >&9; exit 130' INT
+trap 'printf "stopped by SIGTERM (MAX_RUNTIME=%s reached, or killed); cleaning up\n" "${MAX_RUNTIME:-?}" >&9; exit 143' TERM
+
+# Runs a command in the background and waits for it, so that a signal (the watchdog's
+# TERM, ^C) interrupts the wait at once and the trap can kill the command.
+fg_run() {
+    local rc=0
+    "$@" & CUR_PID=$!
+    wait "$CUR_PID" || rc=$?
+    CUR_PID=""
+    return "$rc"
+}
+
+# Bounded runtime: a watchdog TERMs this script after MAX_RUNTIME seconds.
+n_variants=1
+for t in "${TOOLS[@]}"; do
+    if [ "$t" = weft ]; then n_variants=$((n_variants + $(wc -w <<<"$WEFT_CIPHERS"))); else n_variants=$((n_variants + 1)); fi
+done
+n_configs=$(( $(wc -w <<<"$STREAMS") * 2 ))
+MAX_RUNTIME=${MAX_RUNTIME:-$(( 2400 + REPS * n_variants * (40 + n_configs * (DURATION + 15)) ))}
+# Its sleep is killed with it and it holds no stdout/stderr, so nothing outlives the script.
+(
+    sleep "$MAX_RUNTIME" & sp=$!
+    trap 'kill "$sp" 2>/dev/null; exit 0' TERM
+    wait "$sp" && kill -TERM $$ 2>/dev/null
+) </dev/null >/dev/null 2>&1 &
+WATCHDOG_PID=$!
+log "plan: ${TOOLS[*]:-(direct only)}; REPS=$REPS DURATION=${DURATION}s STREAMS='$STREAMS'; stops itself after ${MAX_RUNTIME}s"
+
+# ---------------------------------------------------------------------------------------
+# Installation helpers: a failed install skips the tool, never the run.
+APT_UPDATED=0
+apt_install() { # PKG...
+    local pkg need=0
+    for pkg in "$@"; do dpkg -s "$pkg" >/dev/null 2>&1 || need=1; done
+    [ "$need" = 1 ] || return 0
+    command -v apt-get >/dev/null || return 1
+    log "installing $* (apt-get install -y --no-install-recommends $*)"
+    if ! DEBIAN_FRONTEND=noninteractive fg_run timeout 900 apt-get install -y -qq --no-install-recommends "$@" >>"$RUN/install.log" 2>&1; then
+        [ "$APT_UPDATED" = 0 ] || return 1
+        APT_UPDATED=1
+        fg_run timeout 600 apt-get update -qq >>"$RUN/install.log" 2>&1 || return 1
+        DEBIAN_FRONTEND=noninteractive fg_run timeout 900 apt-get install -y -qq --no-install-recommends "$@" >>"$RUN/install.log" 2>&1 || return 1
+    fi
+}
+
+# Required tools.
+for req in ip:iproute2 ping:iputils-ping iperf3:iperf3 python3:python3; do
+    command -v "${req%%:*}" >/dev/null && continue
+    apt_install "${req##*:}" || { echo "error: '${req%%:*}' is missing and 'apt-get install ${req##*:}' failed" >&2; exit 1; }
+done
+PY="$(command -v python3)"
+REPORT="$HERE/report.py"
+[ -f "$REPORT" ] || { echo "error: $REPORT is missing" >&2; exit 1; }
+CLK_TCK=$(getconf CLK_TCK)
+
+declare -A SKIP=()      # tool -> reason
+declare -A VERSION=()   # tool -> version string
+
+cargo_bin() { # NAME: path of an installed cargo binary or empty
+    if command -v "$1" >/dev/null; then command -v "$1"; return; fi
+    local d
+    for d in "${CARGO_HOME:-$HOME/.cargo}/bin" /root/.cargo/bin; do
+        [ -x "$d/$1" ] && { echo "$d/$1"; return; }
+    done
+}
+
+prepare_weft() {
+    if [ -n "${WEFT:-}" ]; then
+        [ -x "$WEFT" ] || { SKIP[weft]="WEFT=$WEFT is not an executable"; return 1; }
+    else
+        command -v cargo >/dev/null || { SKIP[weft]="cargo not found and WEFT not set"; return 1; }
+        log "building weft (cargo build --release -p weft in $ROOT)"
+        if ! fg_run timeout 2400 cargo build --release -p weft --manifest-path "$ROOT/Cargo.toml" >"$RUN/weft-build.log" 2>&1; then
+            tail -n 20 "$RUN/weft-build.log" >&2
+            SKIP[weft]="cargo build --release -p weft failed (see output above)"; return 1
+        fi
+        WEFT="$ROOT/target/release/weft"
+        log "weft build: $(grep -E '^ *Finished' "$RUN/weft-build.log" | tail -n1 | sed 's/^ *//')"
+        WEFT_REV=$(git -C "$ROOT" describe --always --dirty 2>/dev/null || true)
+    fi
+    # Run a private copy so a concurrent rebuild cannot swap the binary mid-run.
+    cp "$WEFT" "$RUN/weft"; WEFT_BIN="$RUN/weft"
+    VERSION[weft]="$("$WEFT_BIN" --version 2>/dev/null | head -n1)${WEFT_REV:+ (built from git $WEFT_REV)}"
+}
+
+prepare_wg_common() { # TOOL
+    apt_install wireguard-tools || { SKIP[$1]="apt-get install wireguard-tools failed"; return 1; }
+    command -v wg >/dev/null || { SKIP[$1]="wg not found after installing wireguard-tools"; return 1; }
+    if [ ! -f "$RUN/wg/a.key" ]; then
+        mkdir -p "$RUN/wg"; (umask 077; wg genkey >"$RUN/wg/a.key"; wg genkey >"$RUN/wg/b.key")
+        wg pubkey <"$RUN/wg/a.key" >"$RUN/wg/a.pub"; wg pubkey <"$RUN/wg/b.key" >"$RUN/wg/b.pub"
+    fi
+}
+
+prepare_wireguard-go() {
+    apt_install wireguard-go || { SKIP[wireguard-go]="apt-get install wireguard-go failed"; return 1; }
+    command -v wireguard-go >/dev/null || { SKIP[wireguard-go]="wireguard-go not found after install"; return 1; }
+    prepare_wg_common wireguard-go || return 1
+    VERSION[wireguard-go]="$(wireguard-go --version 2>/dev/null | head -n1) (Debian $(dpkg-query -W -f='${Version}' wireguard-go 2>/dev/null))"
+}
+
+prepare_boringtun() {
+    BORINGTUN=$(cargo_bin boringtun-cli)
+    if [ -z "$BORINGTUN" ]; then
+        command -v cargo >/dev/null || { SKIP[boringtun]="boringtun-cli not installed and cargo not found"; return 1; }
+        log "installing boringtun-cli (cargo install --locked boringtun-cli); this takes a few minutes"
+        if ! fg_run timeout 2400 cargo install --locked boringtun-cli >>"$RUN/install.log" 2>&1; then
+            tail -n 5 "$RUN/install.log" >&2
+            SKIP[boringtun]="cargo install --locked boringtun-cli failed"; return 1
+        fi
+        BORINGTUN=$(cargo_bin boringtun-cli)
+        [ -n "$BORINGTUN" ] || { SKIP[boringtun]="boringtun-cli not found after cargo install"; return 1; }
+    fi
+    prepare_wg_common boringtun || return 1
+    VERSION[boringtun]=$("$BORINGTUN" --version 2>/dev/null | head -n1)
+}
+
+prepare_nebula() {
+    apt_install nebula || { SKIP[nebula]="apt-get install nebula failed"; return 1; }
+    if ! command -v nebula >/dev/null || ! command -v nebula-cert >/dev/null; then
+        SKIP[nebula]="nebula/nebula-cert not found after install"; return 1
+    fi
+    local d="$RUN/nebula" side
+    mkdir -p "$d"
+    if ! ( cd "$d" && nebula-cert ca -name "weft-bench" -out-crt ca.crt -out-key ca.key \
+        && nebula-cert sign -ca-crt ca.crt -ca-key ca.key -name a -ip 10.200.0.1/24 -out-crt a.crt -out-key a.key \
+        && nebula-cert sign -ca-crt ca.crt -ca-key ca.key -name b -ip 10.200.0.2/24 -out-crt b.crt -out-key b.key ) >"$d/cert.log" 2>&1; then
+        SKIP[nebula]="nebula-cert failed: $(tail -n1 "$d/cert.log")"; return 1
+    fi
+    for side in a b; do
+        cat >"$d/$side.yml" <<EOF
+pki:
+  ca: $d/ca.crt
+  cert: $d/$side.crt
+  key: $d/$side.key
+static_host_map:
+  "10.200.0.1": ["198.51.100.1:4242"]
+lighthouse:
+  am_lighthouse: $([ "$side" = a ] && echo true || echo false)
+  interval: 60
+  hosts: [$([ "$side" = b ] && echo '"10.200.0.1"')]
+listen:
+  host: 0.0.0.0
+  port: 4242
+punchy:
+  punch: false
+  respond: false
+relay:
+  am_relay: false
+  use_relays: false
+tun:
+  disabled: false
+  dev: nb${TAG}${side}
+  mtu: $MTU
+logging:
+  level: info
+firewall:
+  outbound:
+    - port: any
+      proto: any
+      host: any
+  inbound:
+    - port: any
+      proto: any
+      host: any
+EOF
+    done
+    VERSION[nebula]="$(nebula -version 2>/dev/null | head -n1) (Debian $(dpkg-query -W -f='${Version}' nebula 2>/dev/null))"
+}
+
+prepare_easytier() {
+    command -v easytier-core >/dev/null || { SKIP[easytier]="easytier-core is not on PATH (not packaged for Debian; install it yourself to include it)"; return 1; }
+    VERSION[easytier]=$(easytier-core --version 2>/dev/null | head -n1)
+}
+
+ACTIVE=()
+for t in "${TOOLS[@]}"; do
+    if "prepare_$t"; then ACTIVE+=("$t"); else log "skipping $t: ${SKIP[$t]}"; fi
+done
+VERSION[iperf3]=$(iperf3 --version 2>/dev/null | head -n1)
+
+# ---------------------------------------------------------------------------------------
+# Topology: two namespaces, one veth pair, nothing else.
+ip netns add "$NS_A"; NS_MADE=1
+ip netns add "$NS_B"
+ip link add eth0 netns "$NS_A" type veth peer name eth0 netns "$NS_B"
+ip -n "$NS_A" addr add 198.51.100.1/24 dev eth0
+ip -n "$NS_B" addr add 198.51.100.2/24 dev eth0
+for ns in "$NS_A" "$NS_B"; do
+    ip -n "$ns" link set lo up
+    ip -n "$ns" link set eth0 up
+done
+
+wait_for() { # DEADLINE_S CMD...: poll CMD every 0.2 s until it succeeds (0), the deadline
+    # passes (1) or one of the tunnel processes under test exits (2).
+    local end=$(( $(date +%s) + $1 )); shift
+    while :; do
+        "$@" >/dev/null 2>&1 && return 0
+        alive_all || return 2
+        [ "$(date +%s)" -lt "$end" ] || return 1
+        sleep 0.2
+    done
+}
+
+# ready DEADLINE_S WHAT CMD...: wait_for, and on failure set START_ERR to a useful reason.
+ready() {
+    local secs=$1 what=$2 rc=0; shift 2
+    wait_for "$secs" "$@" || rc=$?
+    case "$rc" in
+        0) return 0 ;;
+        2) START_ERR="a tunnel process exited before $what: $(dead_tail)" ;;
+        *) START_ERR="$what did not happen within ${secs}s" ;;
+    esac
+    return 1
+}
+
+iperf_listening() { ip netns exec "$NS_A" ss -Hltn 'sport = :5201' | grep -q .; }
+start_iperf_server() {
+    ip netns exec "$NS_A" iperf3 -s -p 5201 >"$RUN/iperf3-server.log" 2>&1 &
+    IPERF_SRV=$!
+    DAEMON_PIDS+=("$IPERF_SRV")
+    wait_for 10 iperf_listening || { echo "error: iperf3 server did not start" >&2; cat "$RUN/iperf3-server.log" >&2; exit 1; }
+}
+restart_iperf_server() {
+    local keep=() p
+    kill_pid "$IPERF_SRV"
+    for p in "${DAEMON_PIDS[@]}"; do [ "$p" = "$IPERF_SRV" ] || keep+=("$p"); done
+    DAEMON_PIDS=("${keep[@]}")
+    start_iperf_server
+}
+start_iperf_server
+
+ping_b_to_a() { ip netns exec "$NS_B" ping -c 1 -W 1 -q "$1"; }
+
+# ---------------------------------------------------------------------------------------
+# Tunnel start/stop. Each start_* fills TUN_PIDS, waits on a readiness condition with a
+# deadline and returns non-zero (with START_ERR) if the tunnel did not come up.
+LOGS="$RUN/logs"; mkdir -p "$LOGS"
+START_ERR=""
+
+stop_tunnel() {
+    local p
+    for p in "${TUN_PIDS[@]}"; do kill_pid "$p"; done
+    TUN_PIDS=()
+}
+
+alive_all() { local p; for p in "${TUN_PIDS[@]}"; do kill -0 "$p" 2>/dev/null || return 1; done; }
+declare -A PID_LOG=()
+spawn() { # LOG NS CMD...: start CMD in namespace NS as a tunnel process of the tool under test
+    local logf=$1 ns=$2; shift 2
+    : >"$logf"
+    ip netns exec "$ns" "$@" >>"$logf" 2>&1 &
+    TUN_PIDS+=($!)
+    PID_LOG[$!]=$logf
+}
+dead_tail() { # "NAME exited: last log line" for the first tunnel process that is gone
+    local p
+    for p in "${TUN_PIDS[@]}"; do
+        kill -0 "$p" 2>/dev/null && continue
+        local line
+        line=$(grep -i 'error' "${PID_LOG[$p]}" | tail -n1)
+        [ -n "$line" ] || line=$(grep -v '^[[:space:]]*$' "${PID_LOG[$p]}" | tail -n1)
+        echo "${PID_LOG[$p]##*/}: ${line:0:200}"
+        return
+    done
+}
+
+start_weft() { # CIPHER REP
+    local cipher=$1 d="$RUN/weft-$1-r$2"
+    mkdir -p "$d"
+    export WEFT_NETWORK_SECRET="bench-secret-$$"   # from the environment: stays out of ps
+    # shellcheck disable=SC2086  # WEFT_FLAGS is a list of flags
+    spawn "$LOGS/weft-$cipher-a.log" "$NS_A" "$WEFT_BIN" up --network-name bench -i 10.200.0.1/24 \
+        --state-dir "$d/a" --control "$d/a.sock" --cipher "$cipher" $WEFT_FLAGS
+    # shellcheck disable=SC2086
+    spawn "$LOGS/weft-$cipher-b.log" "$NS_B" "$WEFT_BIN" up --network-name bench -i 10.200.0.2/24 \
+        -p udp://198.51.100.1:11010 --state-dir "$d/b" --control "$d/b.sock" --cipher "$cipher" $WEFT_FLAGS
+    WEFT_CTL="$d/b.sock"
+    ready 20 "an established peer in 'weft status --json'" weft_established || return 1
+    ready 10 "a ping reply from 10.200.0.1" ping_b_to_a 10.200.0.1
+}
+weft_established() {
+    "$WEFT_BIN" status --control "$WEFT_CTL" --json 2>/dev/null | grep -Eq '"state": *"established"'
+}
+
+start_wg_like() { # TOOL(wireguard-go|boringtun) REP
+    local tool=$1 pfx side ns ifn key peerpub myip peerip endpoint
+    if [ "$tool" = wireguard-go ]; then pfx=wg; else pfx=bt; fi
+    for side in a b; do
+        if [ "$side" = a ]; then ns=$NS_A; myip=10.200.0.1; peerip=10.200.0.2; endpoint=198.51.100.2:51820; key=a; peerpub=b
+        else ns=$NS_B; myip=10.200.0.2; peerip=10.200.0.1; endpoint=198.51.100.1:51820; key=b; peerpub=a; fi
+        ifn="${pfx}${TAG}${side}"
+        UAPI_SOCKS+=("/var/run/wireguard/$ifn.sock")
+        if [ "$tool" = wireguard-go ]; then
+            spawn "$LOGS/$tool-$side.log" "$ns" env WG_PROCESS_FOREGROUND=1 wireguard-go -f "$ifn"
+        else
+            spawn "$LOGS/$tool-$side.log" "$ns" "$BORINGTUN" -f --disable-drop-privileges -v error \
+                -l "$LOGS/$tool-$side.log" "$ifn"
+        fi
+        ready 10 "the UAPI socket of $ifn" test -S "/var/run/wireguard/$ifn.sock" || return 1
+        ready 5 "interface $ifn" ip -n "$ns" link show "$ifn" || return 1
+        ip netns exec "$ns" wg set "$ifn" listen-port 51820 private-key "$RUN/wg/$key.key" \
+            peer "$(cat "$RUN/wg/$peerpub.pub")" allowed-ips "$peerip/32" endpoint "$endpoint" \
+            || { START_ERR="wg set $ifn failed"; return 1; }
+        if ! { ip -n "$ns" addr add "$myip/24" dev "$ifn" && ip -n "$ns" link set "$ifn" mtu "$MTU" up; }; then
+            START_ERR="could not configure $ifn"; return 1
+        fi
+    done
+    ready 20 "a ping reply from 10.200.0.1" ping_b_to_a 10.200.0.1
+}
+
+start_nebula() { # REP
+    spawn "$LOGS/nebula-a.log" "$NS_A" nebula -config "$RUN/nebula/a.yml"
+    spawn "$LOGS/nebula-b.log" "$NS_B" nebula -config "$RUN/nebula/b.yml"
+    ready 20 "a ping reply from 10.200.0.1" ping_b_to_a 10.200.0.1
+}
+
+start_easytier() { # REP
+    local secret="bench-secret-$$"
+    spawn "$LOGS/easytier-a.log" "$NS_A" env ET_NETWORK_SECRET="$secret" easytier-core --network-name bench \
+        -i 10.200.0.1/24 --listeners udp://0.0.0.0:11010 --dev-name "et${TAG}a"
+    spawn "$LOGS/easytier-b.log" "$NS_B" env ET_NETWORK_SECRET="$secret" easytier-core --network-name bench \
+        -i 10.200.0.2/24 --listeners udp://0.0.0.0:11010 --dev-name "et${TAG}b" -p udp://198.51.100.1:11010
+    ready 30 "a ping reply from 10.200.0.1" ping_b_to_a 10.200.0.1
+}
+
+# ---------------------------------------------------------------------------------------
+# Measurement of one iperf3 run, with CPU and peak RSS of the tunnel processes.
+cpu_ticks() { # PIDS...: utime+stime of all threads, summed over the processes
+    local p sum=0 t
+    for p in "$@"; do
+        t=$(sed 's/^.*) //' "/proc/$p/stat" 2>/dev/null | awk '{print $12 + $13}') || t=0
+        sum=$((sum + ${t:-0}))
+    done
+    echo "$sum"
+}
+peak_rss_kib() { # PIDS...: max VmHWM
+    local p max=0 v
+    for p in "$@"; do
+        v=$(awk '/^VmHWM:/ {print $2}' "/proc/$p/status" 2>/dev/null) || v=0
+        [ "${v:-0}" -gt "$max" ] && max=$v
+    done
+    echo "$max"
+}
+
+RUNS="$RUN/runs.jsonl"; : >"$RUNS"
+measure() { # REP TOOL MODE TARGET STREAMS DIR(b-to-a|a-to-b)
+    local rep=$1 tool=$2 mode=$3 target=$4 streams=$5 dir=$6 rflag=() t0 t1 c0 c1 rss=0 cpu="" rc=0 json note=""
+    [ "$dir" = a-to-b ] && rflag=(-R)
+    json="$RUN/iperf-r$rep-$tool-$mode-P$streams-$dir.json"
+    c0=$(cpu_ticks "${TUN_PIDS[@]}"); t0=$(date +%s.%N)
+    fg_run timeout $((DURATION + 30)) ip netns exec "$NS_B" iperf3 -c "$target" -p 5201 -J -t "$DURATION" \
+        -P "$streams" "${rflag[@]}" --connect-timeout 5000 >"$json" 2>"$json.err" || rc=$?
+    t1=$(date +%s.%N); c1=$(cpu_ticks "${TUN_PIDS[@]}")
+    if [ "${#TUN_PIDS[@]}" -gt 0 ]; then
+        rss=$(peak_rss_kib "${TUN_PIDS[@]}")
+        cpu=$(awk -v a="$c0" -v b="$c1" -v t0="$t0" -v t1="$t1" -v hz="$CLK_TCK" 'BEGIN { printf "%.1f", (b - a) / hz / (t1 - t0) * 100 }')
+        alive_all || note="a tunnel process exited during the run"
+    fi
+    "$PY" "$REPORT" record --iperf "$json" --rc "$rc" --rep "$rep" --tool "$tool" --mode "$mode" \
+        --streams "$streams" --direction "$dir" --duration "$DURATION" --cpu "$cpu" --rss-kib "$rss" \
+        --version "${VERSION[$tool]:-}" --note "$note" >>"$RUNS" || true
+    tail -n1 "$RUNS" | "$PY" "$REPORT" line >&2 || true
+    if [ "$rc" != 0 ]; then
+        # A failed or timed-out client can leave the server stuck in a test; start afresh.
+        restart_iperf_server
+    fi
+}
+
+record_failure() { # REP TOOL MODE REASON
+    local s dir
+    for s in $STREAMS; do for dir in b-to-a a-to-b; do
+        "$PY" "$REPORT" record --failed "$4" --rep "$1" --tool "$2" --mode "$3" --streams "$s" \
+            --direction "$dir" --duration "$DURATION" >>"$RUNS"
+    done; done
+}
+
+run_variant() { # REP TOOL MODE
+    local rep=$1 tool=$2 mode=$3 target=10.200.0.1 s dir ok=0
+    START_ERR=""
+    case "$tool" in
+        direct) target=198.51.100.1; ok=1 ;;
+        weft) start_weft "$mode" "$rep" && ok=1 ;;
+        wireguard-go|boringtun) start_wg_like "$tool" "$rep" && ok=1 ;;
+        nebula) start_nebula "$rep" && ok=1 ;;
+        easytier) start_easytier "$rep" && ok=1 ;;
+    esac
+    if [ "$ok" = 1 ]; then
+        for s in $STREAMS; do for dir in b-to-a a-to-b; do
+            measure "$rep" "$tool" "$mode" "$target" "$s" "$dir"
+        done; done
+    else
+        log "$tool ($mode) rep $rep: did not come up: $START_ERR"
+        record_failure "$rep" "$tool" "$mode" "$START_ERR"
+        for f in "$LOGS/$tool"-*.log; do [ -f "$f" ] && cp "$f" "$LOGS/failed-r$rep-${f##*/}"; done
+    fi
+    stop_tunnel
+}
+
+for rep in $(seq "$REPS"); do
+    log "repetition $rep/$REPS"
+    run_variant "$rep" direct veth
+    for t in "${ACTIVE[@]}"; do
+        case "$t" in
+            weft) for c in $WEFT_CIPHERS; do run_variant "$rep" weft "$c"; done ;;
+            wireguard-go|boringtun) run_variant "$rep" "$t" chacha20-poly1305 ;;
+            nebula) run_variant "$rep" nebula aes-256-gcm ;;
+            easytier) run_variant "$rep" easytier default ;;
+        esac
+    done
+done
+
+# ---------------------------------------------------------------------------------------
+# Report.
+mkdir -p "$OUT"
+rm -rf "$OUT/logs"; cp -r "$LOGS" "$OUT/logs"
+for f in install.log weft-build.log; do [ -f "$RUN/$f" ] && cp "$RUN/$f" "$OUT/logs/"; done
+{
+    echo "date=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "cmdline=$CMDLINE"
+    echo "nproc=$(nproc)"
+    echo "kernel=$(uname -srm)"
+    echo "cpu=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)"
+    echo "memory=$(awk '/^MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo)"
+    # shellcheck disable=SC1091
+    echo "os=$(. /etc/os-release 2>/dev/null && echo "${PRETTY_NAME:-unknown}")"
+    echo "loadavg=$(cut -d' ' -f1-3 /proc/loadavg)"
+    echo "reps=$REPS"; echo "duration=$DURATION"; echo "streams=$STREAMS"; echo "mtu=$MTU"
+    echo "weft_flags=$WEFT_FLAGS"; echo "quick=$QUICK"
+    for k in "${!VERSION[@]}"; do echo "version.$k=${VERSION[$k]}"; done
+    for k in "${!SKIP[@]}"; do echo "skip.$k=${SKIP[$k]}"; done
+} >"$RUN/meta.txt"
+"$PY" "$REPORT" report --runs "$RUNS" --meta "$RUN/meta.txt" --out "$OUT"
+log "wrote $OUT/results.md, $OUT/results.json, $OUT/chart.svg"
