@@ -208,7 +208,7 @@ impl Node {
         self.seq += 1;
         self.record_dirty = false;
         self.next_publish = Some(now + REFRESH);
-        let rec = self.own_record();
+        let rec = self.own_record(now);
         self.topology.apply(rec.clone(), now);
         self.recompute_paths();
         let msg = Msg::Record(rec);
@@ -218,7 +218,7 @@ impl Node {
         }
     }
 
-    fn own_record(&self) -> Record {
+    fn own_record(&self, now: Instant) -> Record {
         let hello = &self.cfg.handshake.hello;
         let mut neighbours: Vec<Neighbour> = self
             .peers
@@ -228,6 +228,7 @@ impl Node {
                 Some(Neighbour {
                     node: p.id,
                     rtt_ms: p.probe.rtt.map_or(0, |r| r.as_millis().min(u128::from(u32::MAX)) as u32),
+                    loss_pct: p.probe.loss(now).map_or(0, |l| (l * 100.0).round().clamp(0.0, 100.0) as u8),
                     observed: p.endpoint?,
                 })
             })
@@ -249,7 +250,7 @@ impl Node {
     pub(crate) fn sync_topology(&mut self, key: [u8; 32], now: Instant) {
         let mut recs: Vec<Record> = self.topology.records().cloned().collect();
         if !recs.iter().any(|r| r.node() == self.id) {
-            recs.push(self.own_record());
+            recs.push(self.own_record(now));
         }
         // Our own record may be stale in the table when a neighbour just appeared.
         self.record_dirty = true;

@@ -31,6 +31,8 @@ pub struct Neighbour {
     pub node: NodeId,
     /// Smoothed round-trip time in milliseconds (0 if not measured yet).
     pub rtt_ms: u32,
+    /// Recent probe loss on the link, in percent (0–100).
+    pub loss_pct: u8,
     /// The address we see it at (its public side, behind NAT).
     pub observed: SocketAddr,
 }
@@ -90,6 +92,7 @@ impl Record {
         for n in ns {
             out.extend_from_slice(&n.node.to_bytes());
             out.extend_from_slice(&n.rtt_ms.to_le_bytes());
+            out.push(n.loss_pct.min(100));
             emit_addr(&n.observed, out);
         }
         out.push(u8::from(self.dynamic));
@@ -118,7 +121,11 @@ impl Record {
             .map(|_| {
                 let node = NodeId::from_bytes(r.take(8)?.try_into().map_err(|_| BadRecord)?);
                 let rtt_ms = u32::from_le_bytes(r.take(4)?.try_into().map_err(|_| BadRecord)?);
-                Ok(Neighbour { node, rtt_ms, observed: r.addr()? })
+                let loss_pct = r.u8()?;
+                if loss_pct > 100 {
+                    return Err(BadRecord);
+                }
+                Ok(Neighbour { node, rtt_ms, loss_pct, observed: r.addr()? })
             })
             .collect::<Result<_, _>>()?;
         let dynamic = match r.u8()? {
@@ -318,6 +325,7 @@ mod tests {
                 .map(|(j, rtt)| Neighbour {
                     node: NodeId::from_public(&key(*j)),
                     rtt_ms: *rtt,
+                    loss_pct: 0,
                     observed: SocketAddr::from(([198, 51, 100, *j], 11010)),
                 })
                 .collect(),
