@@ -154,8 +154,42 @@ fn nodes_behind_nat_punch_through_to_a_direct_path() {
         na.peer_established("10.126.126.3") && nc.peer_established("10.126.126.1")
     });
     assert!(ping(&a, "10.126.126.3"), "A -> C works at once, relayed if need be");
-    let took = wait_until(Duration::from_secs(30), "A and C go direct", || {
-        peer_path(&na, "10.126.126.3") == "direct" && peer_path(&nc, "10.126.126.1") == "direct"
+    // A TCP connection opened while the path is relayed survives the move to direct:
+    // half the data goes before the switch, half after, and all of it arrives in order.
+    let (go_on_tx, go_on_rx) = std::sync::mpsc::channel::<()>();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
+    let chunk: Vec<u8> = (0..(1u32 << 20)).map(|i| (i * 7 + i / 251) as u8).collect();
+    let took = std::thread::scope(|s| {
+        let rx = s.spawn(|| {
+            c.within(|| {
+                let l = std::net::TcpListener::bind("10.126.126.3:5002").unwrap();
+                ready_tx.send(()).unwrap();
+                let (mut conn, _) = l.accept().unwrap();
+                conn.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+                let mut got = Vec::new();
+                std::io::Read::read_to_end(&mut conn, &mut got).unwrap();
+                got
+            })
+        });
+        ready_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        let (a_ns, data) = (&a, &chunk);
+        let tx = s.spawn(move || {
+            a_ns.within(move || {
+                let mut conn = std::net::TcpStream::connect("10.126.126.3:5002").unwrap();
+                std::io::Write::write_all(&mut conn, data).unwrap();
+                go_on_rx.recv_timeout(Duration::from_secs(60)).unwrap();
+                std::io::Write::write_all(&mut conn, data).unwrap();
+            })
+        });
+        let took = wait_until(Duration::from_secs(30), "A and C go direct", || {
+            peer_path(&na, "10.126.126.3") == "direct" && peer_path(&nc, "10.126.126.1") == "direct"
+        });
+        go_on_tx.send(()).unwrap();
+        tx.join().unwrap();
+        let got = rx.join().unwrap();
+        assert_eq!(got.len(), 2 * chunk.len(), "bytes across the relayed-to-direct switch");
+        assert!(got[..chunk.len()] == chunk[..] && got[chunk.len()..] == chunk[..], "data intact across the switch");
+        took
     });
     eprintln!("direct path after {took:?}");
     // The direct endpoint A uses for C is C's router, not B.
