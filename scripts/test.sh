@@ -10,7 +10,7 @@ if [ "$(id -u)" -ne 0 ]; then
     exit 2
 fi
 need=()
-for tool in ip:iproute2 ping:iputils-ping tcpdump:tcpdump setpriv:util-linux unshare:util-linux nft:nftables iperf3:iperf3; do
+for tool in ip:iproute2 ping:iputils-ping tcpdump:tcpdump setpriv:util-linux unshare:util-linux nft:nftables iperf3:iperf3 sysctl:procps; do
     command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool##*:}")
 done
 if [ ${#need[@]} -gt 0 ]; then
