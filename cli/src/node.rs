@@ -69,6 +69,9 @@ pub fn run(mut cfg: NodeConfig) -> Result<()> {
         queues: cfg.threads,
         offload: cfg.offload.tun,
     })?;
+    // The overlay is IPv4 only: without this the kernel's IPv6 chatter (router
+    // solicitations) on the TUN would show up as not_ipv4 drops.
+    let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{}/disable_ipv6", cfg.dev_name), "1");
     let socks = udp::bind_reuseport(cfg.listen, cfg.threads, Duration::from_millis(500))
         .with_context(|| format!("cannot listen on udp://{}", cfg.listen))?;
     // Probe every offload; a refusal falls back and is logged, never fatal.
