@@ -242,7 +242,7 @@ fn pipeline(c: &mut Criterion) {
                     }
                     let routes = shared.routes.load();
                     let start = Instant::now();
-                    rx.process(&routes, &shared, &stats, dgrams.len(), &mut GroOnly);
+                    rx.process(&routes, &shared, &stats, dgrams.len(), 1, &mut GroOnly);
                     total += start.elapsed();
                 }
                 total

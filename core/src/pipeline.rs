@@ -252,6 +252,8 @@ pub struct Tx {
     bufs: Vec<Vec<u8>>,
     sizes: Vec<usize>,
     out: Vec<Outgoing>,
+    /// Plaintext bytes of the datagrams in `out`.
+    sent_bytes: u64,
 }
 
 impl Tx {
@@ -264,6 +266,7 @@ impl Tx {
             bufs: (0..IDEAL_BATCH_SIZE).map(|_| vec![0u8; slot]).collect(),
             sizes: vec![0; IDEAL_BATCH_SIZE],
             out: Vec::with_capacity(IDEAL_BATCH_SIZE),
+            sent_bytes: 0,
         }
     }
 
@@ -289,7 +292,7 @@ impl Tx {
             }
             stats.tx_batches.fetch_add(1, Relaxed);
             stats.tx_packets.fetch_add(self.out.len() as u64, Relaxed);
-            stats.tx_bytes.fetch_add(self.sizes[..n].iter().sum::<usize>() as u64, Relaxed);
+            stats.tx_bytes.fetch_add(self.sent_bytes, Relaxed);
         }
     }
 
@@ -297,6 +300,7 @@ impl Tx {
     /// datagrams to send.
     pub fn process(&mut self, routes: &RouteSnapshot, drops: &DropCounters, n: usize, now: u64) {
         self.out.clear();
+        self.sent_bytes = 0;
         let mut tally = Tally::new();
         for i in 0..n {
             let len = self.sizes[i];
@@ -323,6 +327,7 @@ impl Tx {
                 None => RELAY_HEADER_LEN,
             };
             tally.add(&route.session, len, false, now);
+            self.sent_bytes += len as u64;
             self.out.push(Outgoing { buf: i, start, len: RELAY_HEADER_LEN - start + sealed, to: route.target });
         }
         tally.flush(false, now);
@@ -404,7 +409,7 @@ impl Rx {
             };
             let routes = shared.routes.load();
             stats.rx_batches.fetch_add(1, Relaxed);
-            self.process(&routes, shared, stats, n, &mut writer);
+            self.process(&routes, shared, stats, n, now_ms(shared.epoch), &mut writer);
             if !self.fwd.is_empty() {
                 let failed = udp::send_batch(sock, &[&self.slab[..]], &self.fwd, &shared.offload);
                 stats.drops.add(DropReason::UdpSend, failed as u64);
@@ -412,17 +417,17 @@ impl Rx {
         }
     }
 
-    /// Handles `n` received messages already in the slab, writing the packets that
-    /// pass to `out`.
+    /// Handles `n` received messages already in the slab at `now` (milliseconds on the
+    /// sessions' clock), writing the packets that pass to `out`.
     pub fn process(
         &mut self,
         routes: &RouteSnapshot,
         shared: &Shared,
         stats: &PipelineStats,
         n: usize,
+        now: u64,
         out: &mut impl TunWriter,
     ) {
-        let now = now_ms(shared.epoch);
         let mut tally = Tally::new();
         let (mut packets, mut bytes) = (0u64, 0u64);
         self.fwd.clear();
@@ -577,7 +582,10 @@ fn open<'r>(
         }
     };
     session.touch_rx(now);
-    if session.confirm() && !shared.control.try_push(ControlEvent::Confirmed { local_index: session.local_index }) {
+    if !session.is_confirmed()
+        && session.confirm()
+        && !shared.control.try_push(ControlEvent::Confirmed { local_index: session.local_index })
+    {
         stats.drops.add(DropReason::ControlQueueFull, 1);
     }
     if via.is_none() {

@@ -117,7 +117,7 @@ fn deliver(e: &mut Ends, dgrams: &[Vec<u8>]) -> Vec<Vec<u8>> {
     }
     let routes = e.shared_b.routes.load();
     let mut out = Collect(Vec::new());
-    e.rx.process(&routes, &e.shared_b, &e.stats_b, dgrams.len(), &mut out);
+    e.rx.process(&routes, &e.shared_b, &e.stats_b, dgrams.len(), 1, &mut out);
     out.0
 }
 

@@ -14,10 +14,9 @@
 //!                           \--ControlEvents--> Node::handle --actions--> Wire / snapshot
 //! ```
 //!
-//! Virtual time must move in whole milliseconds: `Rx::process` reads its clock as
-//! `shared.epoch.elapsed()`, so before each call the harness sets `shared.epoch` to
-//! "real now minus virtual elapsed minus half a millisecond", which makes the
-//! pipeline clock read exactly the virtual millisecond the engine sees.
+//! Virtual time moves in whole milliseconds: `Rx::process` and `Tx::process` take the
+//! pipeline clock as a parameter, and the harness passes the virtual millisecond the
+//! engine sees.
 #![allow(dead_code, unreachable_pub)]
 
 use std::net::{Ipv4Addr, SocketAddr};
@@ -259,7 +258,6 @@ impl DataPlane {
             return 0;
         }
         let before = host.tun.len();
-        let offset = self.elapsed_ms(now) + Duration::from_micros(500);
         let mut rest = dgrams;
         while !rest.is_empty() {
             let (slab, slot, metas) = self.rx.slab();
@@ -270,10 +268,9 @@ impl DataPlane {
                 metas[i] = RecvMeta { from: *from, len, stride: len, truncated: d.len() > slot };
             }
             rest = &rest[n..];
-            // Make the pipeline clock read the virtual time (see the module docs).
-            host.shared.epoch = Instant::now().checked_sub(offset).expect("clock offset");
             let routes = host.routes.clone();
-            self.rx.process(&routes, &host.shared, &host.stats, n, &mut Collect(&mut host.tun));
+            let now_ms = self.now_ms(now);
+            self.rx.process(&routes, &host.shared, &host.stats, n, now_ms, &mut Collect(&mut host.tun));
             for (to, frame) in self.rx.forwarded() {
                 host.fwd_datagrams += 1;
                 host.fwd_bytes += frame.len() as u64;
