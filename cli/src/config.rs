@@ -8,6 +8,7 @@ use std::str::FromStr;
 
 use serde::Deserialize;
 use weft_core::crypto::Cipher;
+use weft_core::route::prefix_mask;
 
 use crate::args::{DEFAULT_CONTROL, UpArgs};
 
@@ -80,10 +81,8 @@ impl FromStr for Ipv4Net {
     type Err = UsageError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let bad = || UsageError(format!("invalid overlay address {s:?}: expected ADDR/PREFIX such as 10.126.126.2/24"));
-        let (a, p) = s.split_once('/').ok_or_else(bad)?;
-        let addr: Ipv4Addr = a.parse().map_err(|_| bad())?;
-        let prefix: u8 = p.parse().map_err(|_| bad())?;
-        if !(1..=32).contains(&prefix) || addr.is_unspecified() || addr.is_multicast() || addr.is_broadcast() {
+        let (addr, prefix) = split_cidr(s).ok_or_else(bad)?;
+        if prefix == 0 || addr.is_unspecified() || addr.is_multicast() || addr.is_broadcast() {
             return Err(bad());
         }
         Ok(Self { addr, prefix })
@@ -303,20 +302,27 @@ impl NodeConfig {
     }
 }
 
+/// `ADDR/PREFIX` with a prefix of at most 32.
+fn split_cidr(s: &str) -> Option<(Ipv4Addr, u8)> {
+    let (a, p) = s.split_once('/')?;
+    let prefix: u8 = p.parse().ok().filter(|p| *p <= 32)?;
+    Some((a.parse().ok()?, prefix))
+}
+
 fn proxy_networks(values: &[String]) -> Result<Vec<Ipv4Net>, UsageError> {
     values
         .iter()
         .map(|v| {
-            let bad = || UsageError(format!("invalid --proxy-network {v:?}: expected a CIDR such as 192.168.1.0/24"));
-            let (a, p) = v.split_once('/').ok_or_else(bad)?;
-            let addr: Ipv4Addr = a.parse().map_err(|_| bad())?;
-            let prefix: u8 = p.parse().map_err(|_| bad())?;
-            if prefix > 32 {
-                return Err(bad());
+            let (addr, prefix) = split_cidr(v).ok_or_else(|| {
+                UsageError(format!("invalid --proxy-network {v:?}: expected a CIDR such as 192.168.1.0/24"))
+            })?;
+            if prefix == 0 {
+                return usage(format!(
+                    "invalid --proxy-network {v:?}: a /0 would route every destination of every member into the tunnel"
+                ));
             }
             // Keep the network address, whatever host bits were given.
-            let mask = if prefix == 0 { 0 } else { u32::MAX << (32 - u32::from(prefix)) };
-            Ok(Ipv4Net { addr: Ipv4Addr::from(u32::from(addr) & mask), prefix })
+            Ok(Ipv4Net { addr: Ipv4Addr::from(u32::from(addr) & prefix_mask(prefix)), prefix })
         })
         .collect()
 }
@@ -363,6 +369,7 @@ mod tests {
             ("cipher", "xor", "xor"),
             ("proxy", "192.168.1.0", "192.168.1.0"),
             ("proxy", "192.168.1.0/40", "192.168.1.0/40"),
+            ("proxy", "0.0.0.0/0", "every destination"),
         ] {
             let mut a = args();
             match field {

@@ -101,7 +101,15 @@ impl Discovery {
     pub async fn next_peer(&self) -> SocketAddr {
         let mut buf = [0u8; 64];
         loop {
-            let Ok((n, from)) = self.sock.recv_from(&mut buf).await else { continue };
+            let (n, from) = match self.sock.recv_from(&mut buf).await {
+                Ok(x) => x,
+                Err(e) => {
+                    // Never spin on a socket error; beacons are best effort.
+                    debug!(error = %e, "LAN discovery receive failed");
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                    continue;
+                }
+            };
             let Some(b) = Beacon::parse(&buf[..n]) else { continue };
             if b.network != self.beacon.network || b.node == self.beacon.node {
                 continue;

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use arc_swap::ArcSwap;
 use rand::SeedableRng;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, error, info, warn};
@@ -454,7 +454,8 @@ async fn accept_loop(listener: UnixListener, requests: mpsc::Sender<StatusReques
 
 async fn serve_client(stream: UnixStream, requests: mpsc::Sender<StatusRequest>) {
     let (r, mut w) = stream.into_split();
-    let mut lines = BufReader::new(r).lines();
+    // One request line, at most 64 KiB: a client that never sends a newline is cut off.
+    let mut lines = BufReader::new(r.take(64 * 1024)).lines();
     let read = tokio::time::timeout(Duration::from_secs(5), lines.next_line()).await;
     let reply = match read {
         Ok(Ok(Some(line))) => match serde_json::from_str::<Request>(&line) {

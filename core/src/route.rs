@@ -71,7 +71,7 @@ impl RouteSnapshot {
 
     /// Adds routes for subnets proxied by members (`--proxy-network`).
     pub fn with_subnets(mut self, subnets: impl IntoIterator<Item = (Ipv4Addr, u8, Route)>) -> Self {
-        self.subnets = subnets.into_iter().map(|(a, p, r)| (u32::from(a) & mask(p), p, r)).collect();
+        self.subnets = subnets.into_iter().map(|(a, p, r)| (u32::from(a) & prefix_mask(p), p, r)).collect();
         self.subnets.sort_by_key(|(_, p, _)| std::cmp::Reverse(*p));
         self
     }
@@ -84,7 +84,7 @@ impl RouteSnapshot {
 
     fn subnet_route(&self, dst: Ipv4Addr) -> Option<&Route> {
         let d = u32::from(dst);
-        self.subnets.iter().find(|(net, p, _)| d & mask(*p) == *net).map(|(_, _, r)| r)
+        self.subnets.iter().find(|(net, p, _)| d & prefix_mask(*p) == *net).map(|(_, _, r)| r)
     }
 
     /// Whether a packet from inner source `src` may come through `session`: the source
@@ -124,6 +124,7 @@ impl RouteSnapshot {
     }
 }
 
-fn mask(prefix: u8) -> u32 {
+/// The netmask of a prefix length, as a host-order integer (`/24` → `0xffffff00`).
+pub fn prefix_mask(prefix: u8) -> u32 {
     if prefix == 0 { 0 } else { u32::MAX << (32 - u32::from(prefix.min(32))) }
 }

@@ -433,7 +433,7 @@ impl Node {
             .filter(|r| r.node() != self.id)
             .flat_map(|r| {
                 let route = by_overlay.get(&r.overlay).cloned();
-                r.proxied.iter().filter_map(move |(a, p)| Some((*a, *p, route.clone()?)))
+                r.proxied.iter().filter(|(_, p)| *p > 0).filter_map(move |(a, p)| Some((*a, *p, route.clone()?)))
             })
             .collect();
         RouteSnapshot::with_relays(self.id.to_bytes(), routes, receiving, next_hops, neighbours).with_subnets(subnets)
@@ -447,6 +447,9 @@ impl Node {
             .records()
             .filter(|r| r.node() != self.id && self.paths.contains_key(&r.node()))
             .flat_map(|r| r.proxied.iter().copied())
+            // A /0 from a misconfigured member would capture every member's traffic,
+            // the underlay to the peers included.
+            .filter(|(_, p)| *p > 0)
             .collect();
         v.sort();
         v.dedup();
