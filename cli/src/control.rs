@@ -47,8 +47,6 @@ pub struct StatusJson {
     pub listeners: Vec<String>,
     /// TUN device name.
     pub dev_name: String,
-    /// Whether TUN offload is on (also in `offloads`).
-    pub tun_offload: bool,
     /// Which offloads are in use.
     pub offloads: OffloadJson,
     /// Counters of each forwarding pipeline.

@@ -190,14 +190,7 @@ impl Runtime {
         self.engine.handle_timeout(Instant::now());
         self.drain();
         let discovery = if self.cfg.lan_discovery {
-            let ifs: Vec<std::net::Ipv4Addr> =
-                local_endpoints(std::net::SocketAddr::from(([0, 0, 0, 0], 0)), self.cfg.ipv4.addr)
-                    .into_iter()
-                    .filter_map(|e| match e.ip() {
-                        std::net::IpAddr::V4(v4) => Some(v4),
-                        std::net::IpAddr::V6(_) => None,
-                    })
-                    .collect();
+            let ifs = local_ipv4s(self.cfg.ipv4.addr);
             let beacon = Beacon {
                 network: Beacon::network_hash(&self.cfg.network_name),
                 node: self.engine.id().to_bytes(),
@@ -348,7 +341,6 @@ impl Runtime {
             cipher: self.cfg.cipher.to_string(),
             listeners: vec![format!("udp://{}", self.cfg.listen)],
             dev_name: self.cfg.dev_name.clone(),
-            tun_offload: self.tun_offload,
             offloads: OffloadJson {
                 tun: self.tun_offload,
                 tun_gro: self.tun_offload && self.shared.offload.tun_gro(),
@@ -485,13 +477,16 @@ fn local_endpoints(listen: std::net::SocketAddr, overlay: std::net::Ipv4Addr) ->
     if !listen.ip().is_unspecified() {
         return vec![listen];
     }
+    local_ipv4s(overlay).into_iter().map(|a| std::net::SocketAddr::new(a.into(), listen.port())).collect()
+}
+
+/// Non-loopback, non-link-local IPv4 addresses of this host, except the overlay's own.
+fn local_ipv4s(overlay: std::net::Ipv4Addr) -> Vec<std::net::Ipv4Addr> {
     let Ok(ifs) = if_addrs::get_if_addrs() else { return Vec::new() };
     ifs.into_iter()
         .filter(|i| !i.is_loopback())
         .filter_map(|i| match i.ip() {
-            std::net::IpAddr::V4(v4) if v4 != overlay && !v4.is_link_local() => {
-                Some(std::net::SocketAddr::new(v4.into(), listen.port()))
-            }
+            std::net::IpAddr::V4(v4) if v4 != overlay && !v4.is_link_local() => Some(v4),
             _ => None,
         })
         .collect()

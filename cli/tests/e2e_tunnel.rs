@@ -149,7 +149,7 @@ fn ping_and_transfer_without_offload() {
     require_root();
     let (lan, dir) = (Lan::new(2), TempDir::new());
     let (a, _b) = pair(&lan, &dir, &["--no-offload"], &["--no-offload"]);
-    assert_eq!(a.status()["tun_offload"], false);
+    assert_eq!(a.status()["offloads"]["tun"], false);
     ping_both_ways(&lan);
     check_transfer(&lan, "aes-128-gcm, offload off");
 }

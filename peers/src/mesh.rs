@@ -14,13 +14,13 @@ use rand::RngCore;
 use tracing::{debug, info};
 use weft_core::handshake::Hello;
 use weft_core::route::{Route, RouteSnapshot};
-use weft_core::wire::{DATA_HEADER_LEN, FLAG_CONTROL, MAX_HOPS, RelayHeader};
+use weft_core::wire::{DATA_HEADER_LEN, FLAG_CONTROL};
 
 use crate::identity::NodeId;
 use crate::node::{Dest, Node, ms_since};
 use crate::peer::Peer;
 use crate::status::{PathStatus, RouteStatus};
-use crate::topology::{Neighbour, REFRESH, Record};
+use crate::topology::{Neighbour, REFRESH, Reader, Record, emit_addr};
 
 /// How often each peer is probed for latency and loss.
 const PING_EVERY: Duration = Duration::from_secs(5);
@@ -61,18 +61,11 @@ impl Msg {
             }
             Self::Punch(eps) => {
                 out.push(4);
-                // A record with only endpoints reuses the address encoding.
-                let r = Record {
-                    key: [0; 32],
-                    seq: 0,
-                    hostname: String::new(),
-                    overlay: [0, 0, 0, 0].into(),
-                    endpoints: eps.clone(),
-                    neighbours: Vec::new(),
-                    proxied: Vec::new(),
-                    dynamic: false,
-                };
-                r.emit(&mut out);
+                let eps = &eps[..eps.len().min(MAX_CANDIDATES)];
+                out.push(eps.len() as u8);
+                for e in eps {
+                    emit_addr(e, &mut out);
+                }
             }
         }
         out
@@ -84,7 +77,10 @@ impl Msg {
             1 => Self::Record(Record::parse(rest).ok()?),
             2 => Self::Ping(u64::from_le_bytes(rest.get(..8)?.try_into().ok()?)),
             3 => Self::Pong(u64::from_le_bytes(rest.get(..8)?.try_into().ok()?)),
-            4 => Self::Punch(Record::parse(rest).ok()?.endpoints),
+            4 => {
+                let mut r = Reader(rest);
+                Self::Punch((0..r.u8().ok()?).map(|_| r.addr()).collect::<Result<_, _>>().ok()?)
+            }
             _ => return None,
         })
     }
@@ -382,8 +378,7 @@ impl Node {
             && hop.direct
             && let Some(to) = hop.endpoint
         {
-            let relay = RelayHeader { hop_limit: MAX_HOPS, dst: p.id.to_bytes(), src: self.id.to_bytes() };
-            return Some(Dest { to, relay: Some(relay) });
+            return Some(Dest::relayed(to, p.id, self.id));
         }
         // No path computed yet (paths refresh once per tick): a session that came
         // through a relay goes back the way its handshake came.
@@ -391,8 +386,7 @@ impl Node {
             && Some(s.session.endpoint) != p.endpoint
             && self.peers.values().any(|n| n.direct && n.endpoint == Some(s.session.endpoint))
         {
-            let relay = RelayHeader { hop_limit: MAX_HOPS, dst: p.id.to_bytes(), src: self.id.to_bytes() };
-            return Some(Dest { to: s.session.endpoint, relay: Some(relay) });
+            return Some(Dest::relayed(s.session.endpoint, p.id, self.id));
         }
         p.endpoint.map(Dest::direct)
     }

@@ -13,11 +13,9 @@ use std::time::{Duration, Instant};
 
 use rand::RngCore;
 use tracing::{debug, info, warn};
-use weft_core::crypto::Cipher;
 use weft_core::handshake::{Completed, HandshakeError, Initiator, Params, Responded, Responder};
 use weft_core::route::RouteSnapshot;
 use weft_core::session::{Session, SessionParams};
-use weft_core::stats::PeerStats;
 use weft_core::wire::{
     DATA_HEADER_LEN, HandshakeHeader, MAX_HOPS, MessageType, Pattern, RejectReason, RejectRepr, RelayHeader,
 };
@@ -144,11 +142,16 @@ impl Dest {
         Self { to, relay: None }
     }
 
+    /// To node `dst` through the relay at `to`, from `src`.
+    pub(crate) fn relayed(to: SocketAddr, dst: NodeId, src: NodeId) -> Self {
+        Self { to, relay: Some(RelayHeader { hop_limit: MAX_HOPS, dst: dst.to_bytes(), src: src.to_bytes() }) }
+    }
+
     /// The way back to whoever sent us something from `from` (through `via` if relayed).
     pub(crate) fn reply(from: SocketAddr, via: Option<NodeId>, local: NodeId) -> Self {
-        Self {
-            to: from,
-            relay: via.map(|v| RelayHeader { hop_limit: MAX_HOPS, dst: v.to_bytes(), src: local.to_bytes() }),
+        match via {
+            Some(v) => Self::relayed(from, v, local),
+            None => Self::direct(from),
         }
     }
 
@@ -323,8 +326,7 @@ impl Node {
 
     /// A summary for status output.
     pub fn status(&self, now: Instant) -> NodeStatus {
-        let mut peers: Vec<PeerStatus> =
-            self.peers.values().map(|p| p.status(now, &self.cfg, self.path_status(p))).collect();
+        let mut peers: Vec<PeerStatus> = self.peers.values().map(|p| p.status(now, self.path_status(p))).collect();
         peers.sort_by_key(|p| p.overlay);
         let dials = self
             .dials
@@ -574,7 +576,7 @@ impl Node {
             .filter(|(k, p)| {
                 let same_endpoint = via.is_none() && p.endpoint == Some(from);
                 let same_addr = p.hello.ipv4 == hello.ipv4;
-                **k != key && (same_endpoint || same_addr) && (!p.is_up(now, &self.cfg) || (same_endpoint && same_addr))
+                **k != key && (same_endpoint || same_addr) && (!p.is_up() || (same_endpoint && same_addr))
             })
             .map(|(k, _)| *k)
             .collect();
@@ -914,16 +916,6 @@ impl Node {
         v.sort();
         v
     }
-
-    /// The data cipher of this node.
-    pub fn cipher(&self) -> Cipher {
-        self.cfg.handshake.hello.cipher
-    }
-
-    /// The peer stats handle for a peer, for tests.
-    pub fn peer_stats(&self, addr: Ipv4Addr) -> Option<Arc<PeerStats>> {
-        self.peers.values().find(|p| p.hello.ipv4 == addr).map(|p| p.stats.clone())
-    }
 }
 
 fn reason_of(e: &HandshakeError) -> RejectReason {
@@ -948,8 +940,8 @@ pub(crate) fn keepalive(session: &Session, now: Instant, epoch: Instant) -> Vec<
 }
 
 impl Peer {
-    fn status(&self, now: Instant, cfg: &Config, path: PathStatus) -> PeerStatus {
-        let state = if self.is_up(now, cfg) {
+    fn status(&self, now: Instant, path: PathStatus) -> PeerStatus {
+        let state = if self.is_up() {
             PeerState::Established
         } else if self.sessions.is_empty() && self.error.is_some() {
             PeerState::Down
@@ -972,7 +964,7 @@ impl Peer {
         }
     }
 
-    fn is_up(&self, _now: Instant, _cfg: &Config) -> bool {
+    fn is_up(&self) -> bool {
         self.sessions.iter().any(|s| s.session.is_confirmed())
     }
 }

@@ -147,7 +147,7 @@ impl Record {
     }
 }
 
-fn emit_addr(a: &SocketAddr, out: &mut Vec<u8>) {
+pub(crate) fn emit_addr(a: &SocketAddr, out: &mut Vec<u8>) {
     match a {
         SocketAddr::V4(v4) => {
             out.push(4);
@@ -161,7 +161,7 @@ fn emit_addr(a: &SocketAddr, out: &mut Vec<u8>) {
     out.extend_from_slice(&a.port().to_le_bytes());
 }
 
-struct Reader<'a>(&'a [u8]);
+pub(crate) struct Reader<'a>(pub(crate) &'a [u8]);
 
 impl<'a> Reader<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8], BadRecord> {
@@ -172,10 +172,10 @@ impl<'a> Reader<'a> {
         self.0 = b;
         Ok(a)
     }
-    fn u8(&mut self) -> Result<u8, BadRecord> {
+    pub(crate) fn u8(&mut self) -> Result<u8, BadRecord> {
         Ok(self.take(1)?[0])
     }
-    fn addr(&mut self) -> Result<SocketAddr, BadRecord> {
+    pub(crate) fn addr(&mut self) -> Result<SocketAddr, BadRecord> {
         let ip: std::net::IpAddr = match self.u8()? {
             4 => <[u8; 4]>::try_from(self.take(4)?).map_err(|_| BadRecord)?.into(),
             6 => <[u8; 16]>::try_from(self.take(16)?).map_err(|_| BadRecord)?.into(),
