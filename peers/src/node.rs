@@ -229,7 +229,13 @@ pub(crate) struct Dial {
     pub(crate) endpoint: SocketAddr,
     pub(crate) key: Option<[u8; 32]>,
     driver: Driver,
+    /// Found by a LAN beacon rather than configured: not retried forever.
+    discovered: bool,
 }
+
+/// A discovered endpoint that failed this many handshakes in a row waits for its
+/// next beacon.
+const DISCOVERED_ATTEMPTS: u32 = 5;
 
 /// The session engine.
 pub struct Node {
@@ -258,7 +264,11 @@ impl Node {
     /// Creates the engine. `rng` draws session indices and jitter.
     pub fn new(cfg: Config, rng: Box<dyn RngCore + Send>) -> Self {
         let id = NodeId::from_public(&cfg.handshake.local.public);
-        let dials = cfg.dial.iter().map(|&endpoint| Dial { endpoint, key: None, driver: Driver::default() }).collect();
+        let dials = cfg
+            .dial
+            .iter()
+            .map(|&endpoint| Dial { endpoint, key: None, driver: Driver::default(), discovered: false })
+            .collect();
         Self {
             cfg,
             id,
@@ -468,11 +478,16 @@ impl Node {
     }
 
     fn handle_discovered(&mut self, endpoint: SocketAddr) {
-        let known = self.dials.iter().any(|d| d.endpoint == endpoint)
-            || self.peers.values().any(|p| p.endpoint == Some(endpoint) && p.direct);
-        if !known {
+        if let Some(d) = self.dials.iter_mut().find(|d| d.endpoint == endpoint) {
+            // A dormant discovered endpoint announced itself again: try it again.
+            if d.discovered && d.driver.failures >= DISCOVERED_ATTEMPTS {
+                d.driver = Driver::default();
+            }
+            return;
+        }
+        if !self.peers.values().any(|p| p.endpoint == Some(endpoint) && p.direct) {
             info!(%endpoint, "member found on the LAN");
-            self.dials.push(Dial { endpoint, key: None, driver: Driver::default() });
+            self.dials.push(Dial { endpoint, key: None, driver: Driver::default(), discovered: true });
         }
     }
 
@@ -594,7 +609,7 @@ impl Node {
             self.dials[i].key = Some(key);
             self.dials[i].driver.succeeded();
         }
-        let configured = self.dials.iter().any(|d| d.key == Some(key));
+        let configured = self.dials.iter().any(|d| d.key == Some(key) && !d.discovered);
         let stats = entry.session.stats.clone();
         let peer = self.peers.entry(key).or_insert_with(|| Peer::new(key, hello.clone(), None, now, stats));
         peer.configured |= configured;
@@ -728,11 +743,12 @@ impl Node {
             let d = &self.dials[i];
             if d.key.is_some_and(|k| self.peers.contains_key(&k)) {
                 if let Some(p) = d.key.and_then(|k| self.peers.get_mut(&k)) {
-                    p.configured = true;
+                    p.configured |= !d.discovered;
                 }
                 continue;
             }
-            if d.driver.in_flight.is_some() || now < d.driver.next_attempt.unwrap_or(now) {
+            let dormant = d.discovered && d.driver.failures >= DISCOVERED_ATTEMPTS;
+            if dormant || d.driver.in_flight.is_some() || now < d.driver.next_attempt.unwrap_or(now) {
                 continue;
             }
             let to = Dest::direct(d.endpoint);
