@@ -60,27 +60,7 @@ fn chain_relays_sealed_traffic_it_cannot_read() {
     // A known plaintext marker from A to C must not appear on B's wire.
     let marker = b"WEFT-PLAINTEXT-MARKER-7f3a9c";
     let pcap = dir.0.join("b.pcap");
-    let mut dump = b
-        .cmd("tcpdump")
-        .args([
-            "-Z",
-            "root",
-            "-i",
-            "eth1",
-            "-U",
-            "--immediate-mode",
-            "-n",
-            "-s",
-            "0",
-            "-w",
-            pcap.to_str().unwrap(),
-            "udp",
-        ])
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut banner = String::new();
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(dump.stderr.take().unwrap()), &mut banner).unwrap();
+    let dump = b.capture("eth1", "udp", &pcap, None);
     let got = c.within(|| {
         let rx = UdpSocket::bind("10.126.126.3:7777").unwrap();
         rx.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -95,9 +75,7 @@ fn chain_relays_sealed_traffic_it_cannot_read() {
         buf[..n].to_vec()
     });
     assert_eq!(got, marker, "C received the marker");
-    // SIGINT lets tcpdump flush and close the file.
-    netns::run(std::process::Command::new("kill").args(["-INT", &dump.id().to_string()]));
-    let _ = dump.wait();
+    netns::stop_capture(dump);
     let captured = std::fs::read(&pcap).unwrap();
     assert!(captured.len() > 24 + 20 * 40, "the capture saw the relayed packets ({} bytes)", captured.len());
     assert!(!captured.windows(marker.len()).any(|w| w == marker), "plaintext marker visible on the relay's link");
@@ -359,15 +337,10 @@ fn dhcp_nodes_get_distinct_addresses_and_move_on_conflict() {
     let hub = format!("udp://{}:11010", lan.addrs[0]);
     let _b = Node::start(&lan.hosts[0], &dir.0, "b", &args("10.126.126.250/24", &[]));
     let overlay = |n: &Node| n.status()["overlay"].as_str().unwrap().split('/').next().unwrap().to_owned();
-    let dyn_args = |extra: &[&'static str]| {
-        let mut v = NET.to_vec();
-        v.extend(["--dhcp", "--threads", "1"]);
-        v.extend(extra.iter().copied());
-        v
-    };
-    let hub_s: &'static str = Box::leak(hub.clone().into_boxed_str());
-    let d1 = Node::start(&lan.hosts[1], &dir.0, "d1", &dyn_args(&["-p", hub_s]));
-    let mut d2 = Node::start(&lan.hosts[2], &dir.0, "d2", &dyn_args(&["-p", hub_s]));
+    let mut dyn_args = NET.to_vec();
+    dyn_args.extend(["--dhcp", "--threads", "1", "-p", &hub]);
+    let d1 = Node::start(&lan.hosts[1], &dir.0, "d1", &dyn_args);
+    let mut d2 = Node::start(&lan.hosts[2], &dir.0, "d2", &dyn_args);
     let (a1, a2) = (overlay(&d1), overlay(&d2));
     assert_ne!(a1, a2, "two --dhcp nodes picked the same address");
     assert!(a1.starts_with("10.126.126.") && a2.starts_with("10.126.126."));

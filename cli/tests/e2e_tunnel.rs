@@ -271,18 +271,8 @@ fn garbage_at_the_listener_is_dropped_and_counted() {
     let (a, _b) = pair(&lan, &dir, &[], &[]);
     // Capture real sealed packets from B to A, to replay and tamper with.
     let pcap = dir.0.join("b.pcap");
-    let pcap_s = pcap.to_str().unwrap();
     let filter = format!("udp and dst host {} and dst port 11010", lan.addrs[0]);
-    let mut dump = lan.hosts[1]
-        .cmd("tcpdump")
-        .args(["-Z", "root", "-i", "eth0", "-U", "-n", "-c", "10", "-w", pcap_s, &filter])
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("tcpdump");
-    // tcpdump says "listening on eth0" once its capture is armed.
-    let mut banner = String::new();
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(dump.stderr.take().unwrap()), &mut banner).unwrap();
-    assert!(banner.contains("listening"), "tcpdump: {banner}");
+    let mut dump = lan.hosts[1].capture("eth0", &filter, &pcap, Some(10));
     lan.hosts[1].exec_ok(&["ping", "-c", "10", "-i", "0.05", A_IP]);
     wait_until(Duration::from_secs(10), "capture", || matches!(dump.try_wait(), Ok(Some(_))));
     let captured: Vec<Vec<u8>> = pcap_udp_payloads(&std::fs::read(&pcap).unwrap())

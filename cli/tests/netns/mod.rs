@@ -102,6 +102,38 @@ impl Drop for Netns {
     }
 }
 
+impl Netns {
+    /// Starts tcpdump on `iface` writing packets matching `filter` to `pcap` (at most
+    /// `count` of them when given) and returns once the capture is armed.
+    pub fn capture(&self, iface: &str, filter: &str, pcap: &Path, count: Option<u32>) -> Child {
+        let mut args = vec!["-Z", "root", "-i", iface, "-U", "--immediate-mode", "-n", "-s", "0"];
+        let count = count.map(|c| c.to_string());
+        if let Some(c) = &count {
+            args.extend(["-c", c]);
+        }
+        let mut dump = self
+            .cmd("tcpdump")
+            .args(args)
+            .arg("-w")
+            .arg(pcap)
+            .arg(filter)
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("tcpdump");
+        // tcpdump says "listening on IFACE" once its capture is armed.
+        let mut banner = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(dump.stderr.take().unwrap()), &mut banner).unwrap();
+        assert!(banner.contains("listening"), "tcpdump: {banner}");
+        dump
+    }
+}
+
+/// Stops a capture with SIGINT so tcpdump flushes and closes its file.
+pub fn stop_capture(mut dump: Child) {
+    run(Command::new("kill").args(["-INT", &dump.id().to_string()]));
+    let _ = dump.wait();
+}
+
 /// A LAN: a bridge inside its own "switch" namespace and hosts hanging off it by veth.
 pub struct Lan {
     pub switch: Netns,
