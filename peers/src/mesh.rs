@@ -151,6 +151,7 @@ impl Node {
             let ours = &self.cfg.handshake.hello;
             let hello = Hello { cipher: ours.cipher, ipv4: overlay, prefix: ours.prefix, hostname };
             self.peers.insert(key, Peer::new(key, hello, None, now, Arc::default()));
+            self.ids.insert(node, key);
             debug!(peer = %node, %overlay, "learned member from topology");
         }
         self.recompute_paths();
@@ -547,7 +548,7 @@ impl Node {
     }
 
     fn peer_by_id(&self, id: NodeId) -> Option<&Peer> {
-        self.peers.values().find(|p| p.id == id)
+        self.ids.get(&id).and_then(|k| self.peers.get(k))
     }
 
     fn key_of_session(&self, local_index: u32) -> Option<[u8; 32]> {

@@ -244,6 +244,9 @@ pub struct Node {
     pub(crate) rng: Box<dyn RngCore + Send>,
     pub(crate) dials: Vec<Dial>,
     pub(crate) peers: BTreeMap<[u8; 32], Peer>,
+    /// Node id → key of every entry in `peers` (ids are derived from keys; this only
+    /// saves a scan per lookup on paths that run for every peer).
+    pub(crate) ids: BTreeMap<NodeId, [u8; 32]>,
     pending_init: BTreeMap<u32, PendingInit>,
     pending_resp: BTreeMap<u32, PendingResp>,
     pub(crate) held: BTreeMap<u32, Held>,
@@ -275,6 +278,7 @@ impl Node {
             rng,
             dials,
             peers: BTreeMap::new(),
+            ids: BTreeMap::new(),
             pending_init: BTreeMap::new(),
             pending_resp: BTreeMap::new(),
             held: BTreeMap::new(),
@@ -598,6 +602,7 @@ impl Node {
         for k in stale {
             info!(old = %NodeId::from_public(&k), new = %id, "peer replaced by a node with a new key");
             self.peers.remove(&k);
+            self.ids.remove(&NodeId::from_public(&k));
             self.topology.remove(&NodeId::from_public(&k));
             for d in &mut self.dials {
                 if d.key == Some(k) {
@@ -611,6 +616,7 @@ impl Node {
         }
         let configured = self.dials.iter().any(|d| d.key == Some(key) && !d.discovered);
         let stats = entry.session.stats.clone();
+        self.ids.insert(id, key);
         let peer = self.peers.entry(key).or_insert_with(|| Peer::new(key, hello.clone(), None, now, stats));
         peer.configured |= configured;
         peer.hello = hello;
@@ -821,6 +827,7 @@ impl Node {
             } else if peer.sessions.is_empty() {
                 info!(peer = %peer.id, "forgetting silent peer");
                 self.peers.remove(&key);
+                self.ids.remove(&NodeId::from_public(&key));
                 self.routes_dirty = true;
                 return;
             }
