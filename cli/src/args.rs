@@ -34,6 +34,9 @@ pub enum Command {
     Peers(QueryArgs),
     /// Show the route to every member of the mesh.
     Routes(QueryArgs),
+    /// Add or remove a peer of a running node.
+    #[command(subcommand)]
+    Peer(PeerCommand),
     /// Print a shell completion script to stdout.
     Completions(CompletionsArgs),
     /// Print a man page (roff) to stdout, for packaging.
@@ -127,6 +130,26 @@ pub struct QueryArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `weft peer`.
+#[derive(Debug, Subcommand)]
+pub enum PeerCommand {
+    /// Dial a peer and keep it connected (until removed or the node restarts).
+    Add(PeerArgs),
+    /// Stop dialling a peer and close its sessions.
+    Remove(PeerArgs),
+}
+
+/// Arguments of `weft peer add|remove`.
+#[derive(Debug, Args)]
+pub struct PeerArgs {
+    /// Peer URI (e.g. udp://198.51.100.7:11010); for remove also a node id.
+    #[arg(value_name = "PEER")]
+    pub peer: String,
+    /// Control socket of the node.
+    #[arg(long, value_name = "PATH", env = "WEFT_CONTROL", default_value = DEFAULT_CONTROL)]
+    pub control: PathBuf,
 }
 
 /// `weft completions`.

@@ -15,6 +15,16 @@ use serde::{Deserialize, Serialize};
 pub enum Request {
     /// Node and peers.
     Status,
+    /// Dial a peer and keep it connected, like `--peer` (until removed or restart).
+    AddPeer {
+        /// Its URI, e.g. `udp://198.51.100.7:11010`.
+        uri: String,
+    },
+    /// Stop dialling a peer and close its sessions.
+    RemovePeer {
+        /// A URI given to `--peer` or `add-peer`, or a member's node id.
+        peer: String,
+    },
 }
 
 /// A reply.
@@ -23,6 +33,11 @@ pub enum Request {
 pub enum Reply {
     /// Status.
     Status(Box<StatusJson>),
+    /// The request was carried out.
+    Done {
+        /// What was done.
+        message: String,
+    },
     /// The request failed.
     Error {
         /// Why.

@@ -23,7 +23,7 @@ pub mod state;
 use anyhow::Result;
 use tracing_subscriber::EnvFilter;
 
-use crate::args::{Cli, Command};
+use crate::args::{Cli, Command, PeerCommand};
 use crate::config::{NodeConfig, UsageError};
 
 /// Runs a parsed command line.
@@ -43,6 +43,8 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Status(q) => query(&q, show::status),
         Command::Peers(q) => query(&q, show::peers),
         Command::Routes(q) => query(&q, show::routes),
+        Command::Peer(PeerCommand::Add(a)) => change(&a.control, &control::Request::AddPeer { uri: a.peer }),
+        Command::Peer(PeerCommand::Remove(a)) => change(&a.control, &control::Request::RemovePeer { peer: a.peer }),
         Command::Completions(a) => meta::completions(a.shell),
         Command::Man(a) => meta::man(a.command.as_deref()),
     }
@@ -54,6 +56,18 @@ fn query(q: &args::QueryArgs, table: fn(&control::StatusJson) -> String) -> Resu
         control::Reply::Status(s) if q.json => println!("{}", serde_json::to_string_pretty(&s)?),
         control::Reply::Status(s) => print!("{}", table(&s)),
         control::Reply::Error { message } => anyhow::bail!("node refused the request: {message}"),
+        control::Reply::Done { .. } => anyhow::bail!("unexpected reply from the node"),
+    }
+    Ok(())
+}
+
+/// Sends a request that changes the node and prints what it did. A refusal is the
+/// caller's bad input (exit 2).
+fn change(path: &std::path::Path, req: &control::Request) -> Result<()> {
+    match control::request(path, req)? {
+        control::Reply::Done { message } => println!("{message}"),
+        control::Reply::Error { message } => return Err(UsageError(message).into()),
+        control::Reply::Status(_) => anyhow::bail!("unexpected reply from the node"),
     }
     Ok(())
 }

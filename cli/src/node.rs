@@ -25,10 +25,10 @@ use weft_core::stats::{DropCounters, DropReason};
 use weft_core::transport::udp::{self, Offload};
 use weft_core::tun::{Tun, TunConfig};
 use weft_peers::NodeId;
-use weft_peers::node::{Action, Config, Input, Node, Timers};
+use weft_peers::node::{Action, Config, Input, Node, PeerRef, Timers};
 use weft_peers::status::{NodeStatus, PathStatus};
 
-use crate::config::NodeConfig;
+use crate::config::{NodeConfig, PeerUri};
 use crate::control::{
     OffloadJson, PeerJson, PendingJson, PipelineJson, RefusedJson, Reply, Request, RouteJson, StatusJson,
 };
@@ -220,8 +220,8 @@ impl Runtime {
                 }
                 () = tokio::time::sleep_until(deadline.into()) => self.engine.handle_timeout(Instant::now()),
                 req = requests.recv() => {
-                    if let Some((Request::Status, reply)) = req {
-                        let _ = reply.send(Reply::Status(Box::new(self.status())));
+                    if let Some((req, reply)) = req {
+                        let _ = reply.send(self.request(req));
                     }
                 }
                 endpoint = async {
@@ -270,6 +270,31 @@ impl Runtime {
                     }
                 }
             }
+        }
+    }
+
+    fn request(&mut self, req: Request) -> Reply {
+        let now = Instant::now();
+        let done = match req {
+            Request::Status => return Reply::Status(Box::new(self.status())),
+            Request::AddPeer { uri } => uri
+                .parse::<PeerUri>()
+                .and_then(|u| u.resolve())
+                .map_err(|e| e.to_string())
+                .and_then(|to| self.engine.add_peer(now, to).map(|()| format!("added {uri}"))),
+            Request::RemovePeer { peer } => {
+                let which = match peer.parse::<NodeId>() {
+                    Ok(id) => Ok(PeerRef::Node(id)),
+                    Err(_) => peer.parse::<PeerUri>().and_then(|u| u.resolve()).map(PeerRef::Endpoint),
+                };
+                which
+                    .map_err(|e| format!("{e} (or give a node id: 16 hex digits)"))
+                    .and_then(|w| self.engine.remove_peer(now, w))
+            }
+        };
+        match done {
+            Ok(message) => Reply::Done { message },
+            Err(message) => Reply::Error { message },
         }
     }
 

@@ -317,3 +317,46 @@ fn garbage_at_the_listener_is_dropped_and_counted() {
     ping_both_ways(&lan);
     check_transfer(&lan, "after garbage");
 }
+
+/// `weft peer add|remove` on a running node: the added peer comes up and carries
+/// traffic; bad requests exit 2 with the node's reason; a removed peer's sessions close.
+#[test]
+fn peers_added_and_removed_at_run_time() {
+    require_root();
+    let lan = Lan::new(2);
+    let dir = TempDir::new();
+    let a = Node::start(&lan.hosts[0], &dir.0, "a", &node_args("10.126.126.1/24", &[]));
+    let b = Node::start(&lan.hosts[1], &dir.0, "b", &node_args("10.126.126.2/24", &[]));
+    let uri = format!("udp://{}:11010", lan.addrs[1]);
+    let peer = |verb: &str, what: &str| {
+        std::process::Command::new(netns::weft_bin())
+            .args(["peer", verb, what, "--control"])
+            .arg(&a.control)
+            .output()
+            .unwrap()
+    };
+    let out = peer("add", &uri);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    wait_until(Duration::from_secs(10), "added peer", || a.peer_established(B_IP) && b.peer_established(A_IP));
+    assert!(ping(&lan.hosts[0], B_IP));
+
+    for (verb, what, says) in [
+        ("add", uri.as_str(), "already a configured peer"),
+        ("add", "udp://10.0.0.1", "missing :PORT"),
+        ("add", "gopher://10.0.0.1:70", "unknown scheme"),
+        ("remove", "udp://192.0.2.9:11010", "not a configured peer"),
+        ("remove", "0123456789abcdef", "no peer with node id"),
+    ] {
+        let out = peer(verb, what);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "weft peer {verb} {what}: {err}");
+        assert!(err.contains(says), "weft peer {verb} {what}: {err}");
+    }
+
+    let out = peer("remove", &uri);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("closed the sessions"));
+    let st = a.status();
+    assert!(st["routes"].as_array().unwrap().iter().all(|r| r["overlay"] != B_IP || r["session"] == false));
+    assert!(st["pending_peers"].as_array().unwrap().is_empty(), "the dial is gone: {st}");
+}

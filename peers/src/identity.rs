@@ -37,6 +37,22 @@ impl fmt::Display for NodeId {
     }
 }
 
+impl std::str::FromStr for NodeId {
+    type Err = String;
+    /// Parses the 16 hex digits that [`NodeId`]'s `Display` prints.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || format!("invalid node id {s:?}: expected 16 hex digits");
+        if s.len() != 16 || !s.is_ascii() {
+            return Err(bad());
+        }
+        let mut id = [0u8; 8];
+        for (i, b) in id.iter_mut().enumerate() {
+            *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+        }
+        Ok(Self(id))
+    }
+}
+
 impl fmt::Debug for NodeId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "NodeId({self})")
@@ -53,5 +69,9 @@ mod tests {
         // SHA-256 of 32 zero bytes begins 66687aadf862bd77.
         assert_eq!(id.to_string(), "66687aadf862bd77");
         assert_ne!(id, NodeId::from_public(&[1u8; 32]));
+        assert_eq!("66687aadf862bd77".parse::<NodeId>(), Ok(id));
+        assert!("66687aadf862bd7".parse::<NodeId>().is_err());
+        assert!("66687aadf862bd7x".parse::<NodeId>().is_err());
+        assert!("6668\u{e9}aadf862bd7".parse::<NodeId>().is_err());
     }
 }

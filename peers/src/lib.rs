@@ -22,4 +22,4 @@ pub mod topology;
 
 pub use identity::NodeId;
 pub use mesh::pick_address;
-pub use node::{Action, Config, Input, Node, Timers};
+pub use node::{Action, Config, Input, Node, PeerRef, Timers};

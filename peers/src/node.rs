@@ -130,6 +130,15 @@ pub enum Input<'a> {
     },
 }
 
+/// A peer named by an administrator: a dialled endpoint or a member's node id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerRef {
+    /// An endpoint given to `--peer` or [`Node::add_peer`].
+    Endpoint(SocketAddr),
+    /// A member of the mesh.
+    Node(NodeId),
+}
+
 /// Where a datagram goes: straight to an address, or through relays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Dest {
@@ -242,7 +251,9 @@ pub struct Node {
     pub(crate) cfg: Config,
     pub(crate) id: NodeId,
     pub(crate) rng: Box<dyn RngCore + Send>,
-    pub(crate) dials: Vec<Dial>,
+    /// Endpoints we dial, by a stable slot number ([`Target::Dial`]).
+    pub(crate) dials: BTreeMap<usize, Dial>,
+    next_dial: usize,
     pub(crate) peers: BTreeMap<[u8; 32], Peer>,
     /// Node id → key of every entry in `peers` (ids are derived from keys; this only
     /// saves a scan per lookup on paths that run for every peer).
@@ -267,15 +278,17 @@ impl Node {
     /// Creates the engine. `rng` draws session indices and jitter.
     pub fn new(cfg: Config, rng: Box<dyn RngCore + Send>) -> Self {
         let id = NodeId::from_public(&cfg.handshake.local.public);
-        let dials = cfg
+        let dials: BTreeMap<usize, Dial> = cfg
             .dial
             .iter()
             .map(|&endpoint| Dial { endpoint, key: None, driver: Driver::default(), discovered: false })
+            .enumerate()
             .collect();
         Self {
             cfg,
             id,
             rng,
+            next_dial: dials.len(),
             dials,
             peers: BTreeMap::new(),
             ids: BTreeMap::new(),
@@ -344,7 +357,7 @@ impl Node {
         peers.sort_by_key(|p| p.overlay);
         let dials = self
             .dials
-            .iter()
+            .values()
             .filter(|d| d.key.is_none_or(|k| !self.peers.contains_key(&k)))
             .map(|d| DialStatus { endpoint: d.endpoint, error: d.driver.error.clone(), attempts: d.driver.failures })
             .collect();
@@ -356,6 +369,72 @@ impl Node {
             dials,
             inbound_failures: self.inbound_failures.iter().cloned().collect(),
         }
+    }
+
+    /// Dials `endpoint` from now on and keeps it connected, like a `--peer` given at
+    /// start-up. Fails when it is already configured.
+    pub fn add_peer(&mut self, now: Instant, endpoint: SocketAddr) -> Result<(), String> {
+        if let Some(d) = self.dials.values_mut().find(|d| d.endpoint == endpoint) {
+            if !d.discovered {
+                return Err(format!("{endpoint} is already a configured peer"));
+            }
+            // Found on the LAN before: from now on it is configured (retried forever).
+            d.discovered = false;
+            d.driver = Driver::default();
+        } else {
+            self.push_dial(Dial { endpoint, key: None, driver: Driver::default(), discovered: false });
+        }
+        info!(%endpoint, "peer added");
+        self.drive_dials(now);
+        self.finish_step();
+        Ok(())
+    }
+
+    /// Stops dialling a configured endpoint, or forgets a member by node id, and
+    /// closes the sessions with that node. A member that other members still reach
+    /// comes back through the mesh (it is part of the network; only the configured
+    /// link goes). Returns what was removed.
+    pub fn remove_peer(&mut self, now: Instant, which: PeerRef) -> Result<String, String> {
+        let (key, mut what) = match which {
+            PeerRef::Endpoint(e) => {
+                let Some(slot) = self.dials.iter().find(|(_, d)| d.endpoint == e).map(|(i, _)| *i) else {
+                    return Err(format!("{e} is not a configured peer"));
+                };
+                let key = self.dials.remove(&slot).and_then(|d| d.key);
+                (key, format!("stopped dialling {e}"))
+            }
+            PeerRef::Node(id) => match self.ids.get(&id) {
+                Some(k) => (Some(*k), format!("removed {id}")),
+                None => return Err(format!("no peer with node id {id}")),
+            },
+        };
+        self.pending_init.retain(|_, p| match p.target {
+            Target::Dial(i) => self.dials.contains_key(&i),
+            Target::Peer(k) => Some(k) != key,
+        });
+        if let Some(key) = key {
+            self.dials.retain(|_, d| d.key != Some(key));
+            if let Some(p) = self.peers.get_mut(&key) {
+                what = format!("{what}; closed the sessions with {} ({})", p.id, p.hello.hostname);
+                p.sessions.clear();
+                p.configured = false;
+                p.direct = false;
+                p.endpoint = None;
+                p.down_since = Some(now);
+                p.error = Some("removed by the administrator".into());
+                p.driver = Driver::default();
+                self.routes_dirty = true;
+                self.record_dirty = true;
+            }
+        }
+        info!("{what}");
+        self.finish_step();
+        Ok(what)
+    }
+
+    fn push_dial(&mut self, dial: Dial) {
+        self.dials.insert(self.next_dial, dial);
+        self.next_dial += 1;
     }
 
     // ----- inputs -----
@@ -482,7 +561,7 @@ impl Node {
     }
 
     fn handle_discovered(&mut self, endpoint: SocketAddr) {
-        if let Some(d) = self.dials.iter_mut().find(|d| d.endpoint == endpoint) {
+        if let Some(d) = self.dials.values_mut().find(|d| d.endpoint == endpoint) {
             // A dormant discovered endpoint announced itself again: try it again.
             if d.discovered && d.driver.failures >= DISCOVERED_ATTEMPTS {
                 d.driver = Driver::default();
@@ -491,7 +570,7 @@ impl Node {
         }
         if !self.peers.values().any(|p| p.endpoint == Some(endpoint) && p.direct) {
             info!(%endpoint, "member found on the LAN");
-            self.dials.push(Dial { endpoint, key: None, driver: Driver::default(), discovered: true });
+            self.push_dial(Dial { endpoint, key: None, driver: Driver::default(), discovered: true });
         }
     }
 
@@ -604,17 +683,19 @@ impl Node {
             self.peers.remove(&k);
             self.ids.remove(&NodeId::from_public(&k));
             self.topology.remove(&NodeId::from_public(&k));
-            for d in &mut self.dials {
+            for d in self.dials.values_mut() {
                 if d.key == Some(k) {
                     d.key = None;
                 }
             }
         }
-        if let Some(Target::Dial(i)) = target {
-            self.dials[i].key = Some(key);
-            self.dials[i].driver.succeeded();
+        if let Some(Target::Dial(i)) = target
+            && let Some(d) = self.dials.get_mut(&i)
+        {
+            d.key = Some(key);
+            d.driver.succeeded();
         }
-        let configured = self.dials.iter().any(|d| d.key == Some(key) && !d.discovered);
+        let configured = self.dials.values().any(|d| d.key == Some(key) && !d.discovered);
         let stats = entry.session.stats.clone();
         self.ids.insert(id, key);
         let peer = self.peers.entry(key).or_insert_with(|| Peer::new(key, hello.clone(), None, now, stats));
@@ -680,7 +761,7 @@ impl Node {
         let jitter = self.rng.next_u32();
         match target {
             Target::Dial(i) => {
-                let d = &mut self.dials[i].driver;
+                let Some(d) = self.dials.get_mut(&i).map(|d| &mut d.driver) else { return };
                 d.in_flight = None;
                 d.error = Some(msg);
                 d.failed(now, &t, jitter);
@@ -735,7 +816,10 @@ impl Node {
 
     fn handshake_timeout(&self, target: Target) -> Duration {
         let d = match target {
-            Target::Dial(i) => &self.dials[i].driver,
+            Target::Dial(i) => match self.dials.get(&i) {
+                Some(d) => &d.driver,
+                None => return self.cfg.timers.initial_backoff,
+            },
             Target::Peer(k) => match self.peers.get(&k) {
                 Some(p) => &p.driver,
                 None => return self.cfg.timers.initial_backoff,
@@ -745,8 +829,9 @@ impl Node {
     }
 
     fn drive_dials(&mut self, now: Instant) {
-        for i in 0..self.dials.len() {
-            let d = &self.dials[i];
+        let slots: Vec<usize> = self.dials.keys().copied().collect();
+        for i in slots {
+            let Some(d) = self.dials.get(&i) else { continue };
             if d.key.is_some_and(|k| self.peers.contains_key(&k)) {
                 if let Some(p) = d.key.and_then(|k| self.peers.get_mut(&k)) {
                     p.configured |= !d.discovered;
@@ -863,7 +948,10 @@ impl Node {
         self.send_handshake(&to, MessageType::HandshakeInit, pattern, local, 0, &msg);
         self.pending_init.insert(local, PendingInit { initiator, target, to, started: now });
         let driver = match target {
-            Target::Dial(i) => &mut self.dials[i].driver,
+            Target::Dial(i) => match self.dials.get_mut(&i) {
+                Some(d) => &mut d.driver,
+                None => return,
+            },
             Target::Peer(k) => match self.peers.get_mut(&k) {
                 Some(p) => &mut p.driver,
                 None => return,
@@ -907,7 +995,7 @@ impl Node {
     fn finish_step(&mut self) {
         // Clear in-flight markers whose handshake is gone (confirmed, failed or expired).
         let busy = |i: u32| self.pending_init.contains_key(&i) || self.held.contains_key(&i);
-        for d in &mut self.dials {
+        for d in self.dials.values_mut() {
             if d.driver.in_flight.is_some_and(|i| !busy(i)) {
                 d.driver.in_flight = None;
             }

@@ -25,7 +25,7 @@ use weft_core::session::Session;
 use weft_core::wire::{DATA_HEADER_LEN, DataHeader, MessageType};
 use weft_peers::node::TICK;
 use weft_peers::status::{PathStatus, PeerState, PeerStatus};
-use weft_peers::{Node, NodeId, Timers};
+use weft_peers::{Node, NodeId, PeerRef, Timers};
 
 const NET: &str = "pairnet";
 const SECRET: &str = "correct horse battery staple";
@@ -884,4 +884,60 @@ fn restarted_node_never_lists_its_former_identity() {
         let ghost = peers.iter().find(|p| p.node_id == old_id || p.overlay == overlay(A));
         assert!(ghost.is_none(), "A lists its former identity at {:?}: {ghost:?}", sim.elapsed());
     }
+}
+
+// ----- runtime peers (the control API's add-peer / remove-peer) -----
+
+impl Sim {
+    fn admin<R>(&mut self, i: usize, f: impl FnOnce(&mut Node, Instant) -> R) -> R {
+        let now = self.now;
+        let mut out = Vec::new();
+        let r = self.slots[i].host.admin(|n| f(n, now), &mut out);
+        self.pump(out.into());
+        r
+    }
+}
+
+#[test]
+fn peers_added_and_removed_at_run_time() {
+    let t = Timers::default();
+    let mut sim = Sim::new(vec![
+        (params(A, Cipher::Aes128Gcm, SECRET), vec![], t),
+        (params(B, Cipher::Aes128Gcm, SECRET), vec![], t),
+    ]);
+    sim.run(Duration::from_secs(2));
+    assert!(!sim.established(A, B), "nobody dials yet");
+
+    // Added: dialled at once and kept up.
+    sim.admin(A, |n, now| n.add_peer(now, addr(B))).expect("added");
+    let up = sim.run_until(Duration::from_secs(1), |s| s.established(A, B) && s.established(B, A));
+    assert!(up.is_some(), "added peer did not come up: {:?}", sim.peer_status(A, B));
+    let again = sim.admin(A, |n, now| n.add_peer(now, addr(B)));
+    assert!(again.is_err_and(|e| e.contains("already a configured peer")));
+
+    // Removed by endpoint: sessions closed at once, never dialled by A again. (B
+    // learned A from A's handshake and retries it for a while, as it would any peer
+    // that went silent; A answers, which is how a mesh member stays reachable.)
+    let mark = sim.log.len();
+    let what = sim.admin(A, |n, now| n.remove_peer(now, PeerRef::Endpoint(addr(B)))).expect("removed");
+    assert!(what.contains(&sim.id(B).to_string()), "{what}");
+    assert!(sim.routed(A).is_empty(), "removed peer still routed");
+    sim.run(Duration::from_secs(90));
+    assert_eq!(sim.inits(A, mark).count(), 0, "A dialled the removed peer again");
+    let unknown = sim.admin(A, |n, now| n.remove_peer(now, PeerRef::Endpoint(addr(B))));
+    assert!(unknown.is_err_and(|e| e.contains("not a configured peer")));
+
+    // Added again, then removed by node id.
+    sim.admin(A, |n, now| n.add_peer(now, addr(B))).expect("added again");
+    let up = sim.run_until(Duration::from_secs(2), |s| s.established(A, B));
+    assert!(up.is_some(), "re-added peer did not come up: {:?}", sim.peer_status(A, B));
+    let id = sim.id(B);
+    let mark = sim.log.len();
+    sim.admin(A, |n, now| n.remove_peer(now, PeerRef::Node(id))).expect("removed by id");
+    assert!(sim.routed(A).is_empty());
+    sim.run(Duration::from_secs(10));
+    assert_eq!(sim.inits(A, mark).count(), 0, "A dialled the removed peer again");
+    assert!(sim.node(A).status(sim.now).dials.is_empty(), "the dial went with the peer");
+    let missing = NodeId::from_bytes([9; 8]);
+    assert!(sim.admin(A, |n, now| n.remove_peer(now, PeerRef::Node(missing))).is_err());
 }

@@ -199,6 +199,13 @@ impl Host {
         self.drain(out);
     }
 
+    /// Runs `f` on the engine (an administrator's request), then drains.
+    pub fn admin<R>(&mut self, f: impl FnOnce(&mut Node) -> R, out: &mut Vec<Wire>) -> R {
+        let r = f(self.node.as_mut().expect("node is running"));
+        self.drain(out);
+        r
+    }
+
     /// Sum of every drop counter of this host: pipeline-wide and per peer.
     pub fn drops(&self, now: Instant) -> u64 {
         let pipeline: u64 = DropReason::ALL.iter().map(|r| self.stats.drops.get(*r)).sum();
