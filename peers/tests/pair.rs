@@ -15,6 +15,7 @@ use std::collections::{HashSet, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use weft_core::transport::Endpoint;
 
 use harness::{DataPlane, Host, Wire, ip_packet, static_key};
 use rand::{Rng, RngCore, SeedableRng};
@@ -35,8 +36,8 @@ const C: usize = 2;
 /// Deliveries per pump before the harness calls it a datagram storm.
 const STORM: usize = 100_000;
 
-fn addr(i: usize) -> SocketAddr {
-    SocketAddr::from(([192, 0, 2, i as u8 + 1], 11010))
+fn addr(i: usize) -> Endpoint {
+    Endpoint::udp(SocketAddr::from(([192, 0, 2, i as u8 + 1], 11010)))
 }
 
 fn overlay(i: usize) -> Ipv4Addr {
@@ -64,7 +65,7 @@ struct Sent {
     /// Virtual time since the epoch.
     at: Duration,
     from: usize,
-    to: SocketAddr,
+    to: Endpoint,
     bytes: Vec<u8>,
     delivered: bool,
 }
@@ -224,7 +225,7 @@ impl Sim {
         }
     }
 
-    fn index_of(&self, a: SocketAddr) -> Option<usize> {
+    fn index_of(&self, a: Endpoint) -> Option<usize> {
         self.slots.iter().position(|s| s.host.addr == a)
     }
 
@@ -259,7 +260,7 @@ impl Sim {
     /// Delivers a datagram from `src` to `j`'s RX pipeline out of band (then delivers
     /// whatever that causes) and returns the length of the IP packet it wrote to the
     /// TUN, or the drop reason it counted.
-    fn inject_data(&mut self, j: usize, src: SocketAddr, bytes: &[u8]) -> Result<usize, &'static str> {
+    fn inject_data(&mut self, j: usize, src: Endpoint, bytes: &[u8]) -> Result<usize, &'static str> {
         let before = self.slots[j].host.drop_reasons(self.now);
         let mut out = Vec::new();
         let delivered = self.dp.receive(&mut self.slots[j].host, self.now, &[(src, bytes)], &mut out);
@@ -273,7 +274,7 @@ impl Sim {
 
     /// Feeds `bytes` from `src` to node `j` through its RX pipeline (handshakes and
     /// rejects reach the engine as `Input::Datagram`), then delivers whatever it sends.
-    fn inject_raw(&mut self, j: usize, src: SocketAddr, bytes: &[u8]) {
+    fn inject_raw(&mut self, j: usize, src: Endpoint, bytes: &[u8]) {
         assert!(self.slots[j].host.running());
         let mut out = Vec::new();
         self.dp.receive(&mut self.slots[j].host, self.now, &[(src, bytes)], &mut out);
@@ -654,7 +655,7 @@ fn garbage_never_panics_nor_disturbs_a_session() {
     ik_dg.extend_from_slice(&ik);
     samples.push((A, ik_dg));
 
-    let stranger: SocketAddr = "198.51.100.7:4444".parse().expect("addr");
+    let stranger: Endpoint = "198.51.100.7:4444".parse().expect("addr");
     let mut rng = ChaCha8Rng::seed_from_u64(7);
     let mut fed = 0;
     for round in 0..4 {
@@ -689,7 +690,7 @@ fn garbage_never_panics_nor_disturbs_a_session() {
             let src = match rng.gen_range(0..3) {
                 0 => addr(1 - to),
                 1 => stranger,
-                _ => SocketAddr::from(([203, 0, 113, rng.r#gen()], rng.r#gen())),
+                _ => Endpoint::udp(SocketAddr::from(([203, 0, 113, rng.r#gen()], rng.r#gen()))),
             };
             sim.inject_raw(to, src, &junk);
             fed += 1;
