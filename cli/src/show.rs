@@ -87,8 +87,19 @@ pub(crate) fn peers(s: &StatusJson) -> String {
     if rows.is_empty() {
         o.push_str("no peers\n");
     } else {
-        let head =
-            ["OVERLAY", "HOST", "STATE", "PATH", "LATENCY", "LOSS", "RX / TX", "TRANSPORT", "ENDPOINT", "HANDSHAKE", "NOTE"];
+        let head = [
+            "OVERLAY",
+            "HOST",
+            "STATE",
+            "PATH",
+            "LATENCY",
+            "LOSS",
+            "RX / TX",
+            "TRANSPORT",
+            "ENDPOINT",
+            "HANDSHAKE",
+            "NOTE",
+        ];
         table(&mut o, head, &rows);
     }
     o

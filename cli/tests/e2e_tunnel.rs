@@ -117,7 +117,7 @@ fn wrong_secret_gets_nothing_through() {
     }
     assert!(!ping(&lan.hosts[0], "10.126.126.3"), "A reached C");
     let refused = &a.status()["refused_handshakes"][0];
-    assert_eq!(refused["from"], format!("{}:11010", lan.addrs[2]));
+    assert_eq!(refused["from"], format!("udp://{}:11010", lan.addrs[2]));
     assert!(refused["reason"].as_str().unwrap().contains("secret"), "{refused}");
     let cs = c.status();
     assert!(cs["peers"].as_array().unwrap().is_empty(), "C has peers: {cs}");

@@ -15,7 +15,7 @@
 //! connections close after [`IDLE_TIMEOUT`], and anything that is not our framing
 //! closes the connection. Every such close is counted in [`LinkCounters`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -45,6 +45,8 @@ pub const STALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// A connection on which nothing arrives for this long closes (sessions send
 /// keepalives every few seconds on the path they use).
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Accepted connections' remote ends remembered so that they are never dialled.
+const ACCEPTED_MEMORY: usize = 4096;
 /// Frames queued for a connection that is still being dialled.
 const DIAL_QUEUE: usize = 32;
 /// Largest WebSocket message accepted (a batch of frames).
@@ -98,6 +100,9 @@ struct Inner {
     dialling: Mutex<HashMap<Endpoint, Vec<Vec<u8>>>>,
     /// Request paths of `ws://` and `wss://` endpoints (default `/`).
     paths: Mutex<HashMap<Endpoint, String>>,
+    /// Remote ends of TCP connections others opened to us (never dialled: an
+    /// ephemeral port), the most recent [`ACCEPTED_MEMORY`].
+    accepted: Mutex<(HashSet<Endpoint>, VecDeque<Endpoint>)>,
     max_connections: usize,
     mtu: usize,
 }
@@ -149,6 +154,7 @@ impl Connector {
                 quic: Mutex::new(None),
                 dialling: Mutex::new(HashMap::new()),
                 paths: Mutex::new(HashMap::new()),
+                accepted: Mutex::default(),
                 max_connections,
                 mtu,
             }),
@@ -202,7 +208,7 @@ impl Connector {
         }
         match self.inner.links.send(to, batch) {
             Ok(_) => return,
-            Err(_) if to.proto == Proto::Udp => return,
+            Err(_) if to.proto == Proto::Udp || self.inner.accepted.lock().0.contains(&to) => return,
             Err(_) => {}
         }
         let mut dialling = self.inner.dialling.lock();
@@ -265,6 +271,7 @@ impl Connector {
             let me = self.clone();
             tokio::spawn(async move {
                 let ep = Endpoint::new(proto, from);
+                me.remember_accepted(ep);
                 let r = me.serve_accepted(proto, stream, ep).await;
                 me.closed(ep, r);
                 drop(permit);
@@ -319,6 +326,8 @@ impl Connector {
             };
             let me = self.clone();
             tokio::spawn(async move {
+                // Not remembered as accepted: a peer dials from its listening socket,
+                // so this address may be exactly where it can be dialled back.
                 let ep = Endpoint::new(Proto::Quic, incoming.remote_address());
                 let r = match me.handshake(async { incoming.accept()?.await }).await {
                     Ok(conn) => {
@@ -411,6 +420,18 @@ impl Connector {
         }
         let id = self.inner.links.register(ep, tx);
         (rx, id)
+    }
+
+    fn remember_accepted(&self, ep: Endpoint) {
+        let mut a = self.inner.accepted.lock();
+        if a.0.insert(ep) {
+            a.1.push_back(ep);
+            if a.1.len() > ACCEPTED_MEMORY
+                && let Some(old) = a.1.pop_front()
+            {
+                a.0.remove(&old);
+            }
+        }
     }
 
     fn closed(&self, ep: Endpoint, r: Result<(), String>) {
@@ -602,7 +623,9 @@ fn quic_transport() -> quinn::TransportConfig {
     let mut t = quinn::TransportConfig::default();
     t.max_concurrent_bidi_streams(0u32.into())
         .max_concurrent_uni_streams(0u32.into())
-        .max_idle_timeout(Some(quinn::IdleTimeout::try_from(IDLE_TIMEOUT).unwrap_or_else(|_| quinn::VarInt::MAX.into())))
+        .max_idle_timeout(Some(
+            quinn::IdleTimeout::try_from(IDLE_TIMEOUT).unwrap_or_else(|_| quinn::VarInt::MAX.into()),
+        ))
         .datagram_receive_buffer_size(Some(8 << 20))
         .datagram_send_buffer_size(8 << 20);
     t
