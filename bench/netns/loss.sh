@@ -39,7 +39,7 @@ ROOT=$(cd "$HERE/../.." && pwd)
 CMDLINE="$0${*:+ $*}"
 
 usage() {
-    sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'
+    awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
     echo
     echo "Options: --quick, -h/--help"
 }

@@ -40,7 +40,7 @@ use crate::state;
 /// Depth of the data plane -> control plane queue.
 const CONTROL_QUEUE: usize = 1024;
 /// Received batches waiting for the links RX thread.
-const LINKS_QUEUE: usize = 1024;
+const LINKS_QUEUE: usize = 256;
 
 struct QueueSink(mpsc::Sender<ControlEvent>);
 

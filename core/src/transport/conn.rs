@@ -461,7 +461,7 @@ impl Connector {
         };
         let counters = &self.inner.links.counters;
         let reader = async {
-            let mut buf = vec![0u8; 4 * (frame::PREFIX + frame::MAX_FRAME)];
+            let mut buf = vec![0u8; 2 * (frame::PREFIX + frame::MAX_FRAME)];
             let mut have = 0;
             let mut first = accepted;
             loop {
