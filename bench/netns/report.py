@@ -52,7 +52,8 @@ def cmd_record(a):
     if rss:
         run["peak_rss_mib"] = round(rss / 1024, 1)
     if a.failed is not None:
-        run["error"] = "did not start: " + a.failed
+        wrong = a.failed.startswith("wrong transport")
+        run["error"] = a.failed if wrong else "did not start: " + a.failed
         run["cpu_pct"] = None
         print(json.dumps(run))
         return

@@ -284,3 +284,42 @@ fn hostile_connections_are_closed_and_counted() {
     let entry = entry.unwrap_or_else(|| panic!("unreachable peer not listed: {pending}"));
     assert!(entry["error"].as_str().unwrap_or("").contains("refused"), "{entry}");
 }
+
+/// A and C cannot reach each other at all; A-B is TCP only (no UDP), B-C WebSocket
+/// only (no UDP, no TCP on 11010): A and C talk end to end through B, the relay
+/// forwarding sealed frames from one kind of connection to the other.
+#[test]
+fn relay_between_two_transports() {
+    require_root();
+    let lan = Lan::new(3);
+    let (a_ip, b_ip, c_ip) = (&lan.addrs[0], &lan.addrs[1], &lan.addrs[2]);
+    for proto in ["udp", "tcp"] {
+        block(&lan.hosts[0], c_ip, proto, None);
+        block(&lan.hosts[2], a_ip, proto, None);
+    }
+    block(&lan.hosts[0], b_ip, "udp", None);
+    block(&lan.hosts[1], a_ip, "udp", None);
+    block(&lan.hosts[1], c_ip, "udp", None);
+    block(&lan.hosts[1], c_ip, "tcp", Some(11010));
+    block(&lan.hosts[2], b_ip, "udp", None);
+    block(&lan.hosts[2], b_ip, "tcp", Some(11010));
+    let dir = TempDir::new();
+    let _b = start(&lan, &dir, 1, &[]);
+    let a = start(&lan, &dir, 0, &["-p", &format!("tcp://{b_ip}:11010")]);
+    let c = start(&lan, &dir, 2, &["-p", &format!("ws://{b_ip}:11011/")]);
+    let relayed = |n: &Node, ip: &str| n.peer(ip).is_some_and(|p| p["state"] == "established" && p["path"] == "relay");
+    let t =
+        wait_until(Duration::from_secs(30), "A and C relayed through B", || relayed(&a, IPS[2]) && relayed(&c, IPS[0]));
+    eprintln!("A <-> C relayed after {t:?}");
+    assert_eq!(
+        peer_field(&a, IPS[2], "transport").as_deref(),
+        Some("tcp"),
+        "A's first link is TCP: {}",
+        a.status()["peers"]
+    );
+    assert_eq!(peer_field(&c, IPS[0], "transport").as_deref(), Some("ws"), "C's first link is WebSocket");
+    assert!(ping(&lan.hosts[0], IPS[2]) && ping(&lan.hosts[2], IPS[0]));
+    let (sent, got, took) = transfer(&lan.hosts[0], &lan.hosts[2], IPS[2], 16 << 20);
+    assert_eq!(sent, got, "A -> C through the relay");
+    eprintln!("16 MiB A -> C over tcp + ws through B in {took:?}");
+}

@@ -617,9 +617,14 @@ impl Node {
     pub(crate) fn path_status(&self, p: &Peer) -> PathStatus {
         match self.dest_for(&p.key) {
             Some(Dest { relay: None, .. }) if p.direct => PathStatus::Direct,
-            Some(Dest { relay: Some(_), .. }) => {
+            Some(Dest { to, relay: Some(_) }) => {
+                // Before the paths are computed (once per tick) the relay is the
+                // neighbour the session's handshake came through.
                 let path = self.paths.get(&p.id);
-                PathStatus::Relay { via: path.map_or(p.id, |x| x.next_hop), hops: path.map_or(0, |x| x.hops) }
+                let via = path
+                    .map(|x| x.next_hop)
+                    .or_else(|| self.peers.values().find(|n| n.direct && n.endpoint == Some(to)).map(|n| n.id));
+                PathStatus::Relay { via: via.unwrap_or(p.id), hops: path.map_or(2, |x| x.hops) }
             }
             _ => PathStatus::None,
         }
