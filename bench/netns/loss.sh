@@ -272,6 +272,9 @@ if [ "$big" -gt 0 ] || [ "$seen" -eq 0 ]; then
     exit 1
 fi
 log "underlay check: $seen packets, none larger than 1514 bytes"
+# Round-trip time of the underlay: loss costs TCP in proportion to it (Mathis: rate ~ MSS/(RTT*sqrt(p))).
+UNDERLAY_RTT=$(ip netns exec "$NS_B" ping -c 5 -i 0.2 -q 198.51.100.1 2>/dev/null | awk -F/ '/^rtt|^round-trip/ {print $5 " ms"}')
+log "underlay rtt (ping, mean of 5): ${UNDERLAY_RTT:-?}"
 
 # ---------------------------------------------------------------------------------------
 # Weft.
@@ -388,6 +391,7 @@ rm -rf "$OUT/logs"; cp -r "$LOGS" "$OUT/logs"
     echo "cipher=$CIPHER"; echo "weft_flags=$WEFT_FLAGS"; echo "quick=$QUICK"
     echo "weft=$WEFT_VERSION"
     echo "iperf3=$(iperf3 --version 2>/dev/null | head -n1)"
+    echo "underlay_rtt=${UNDERLAY_RTT:-?}"
 } >"$RUN/meta.txt"
 "$PY" "$REPORT" report --runs "$RUNS" --meta "$RUN/meta.txt" --out "$OUT"
 log "wrote $OUT/results.md and $OUT/results.json"

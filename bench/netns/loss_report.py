@@ -218,6 +218,7 @@ def cmd_report(a):
         f"- settings: REPS={meta.get('reps')} DURATION={meta.get('duration')}s LOSS=\"{meta.get('loss')}\" "
         f"CIPHER={meta.get('cipher')} WEFT_FLAGS=\"{meta.get('weft_flags', '')}\"",
         f"- weft: {meta.get('weft', '?')}; {meta.get('iperf3', '')}",
+        f"- underlay round-trip time (ping over the veth, no loss): {meta.get('underlay_rtt', '?')}",
         "",
         "## Throughput, median Mbit/s (× plain TCP at the same loss rate)",
         "",
