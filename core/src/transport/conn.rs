@@ -32,7 +32,7 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use super::links::{Inbound, LINK_QUEUE, LinkCounters, Links};
 use super::{Endpoint, Proto, frame};
@@ -756,11 +756,6 @@ impl rustls::client::danger::ServerCertVerifier for AnyCert {
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
         self.0.signature_verification_algorithms.supported_schemes()
     }
-}
-
-/// Logs what a listener is doing, once, at start-up.
-pub fn log_listener(ep: Endpoint, bound: SocketAddr) {
-    info!(listener = %Endpoint::new(ep.proto, bound), "listening");
 }
 
 #[cfg(test)]
