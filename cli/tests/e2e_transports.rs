@@ -323,3 +323,20 @@ fn relay_between_two_transports() {
     assert_eq!(sent, got, "A -> C through the relay");
     eprintln!("16 MiB A -> C over tcp + ws through B in {took:?}");
 }
+
+/// Dialled over WebSocket, both listening on every transport: the pair learns each
+/// other's endpoints from their records and moves to UDP, the preferred transport.
+#[test]
+fn dialled_over_websocket_upgrades_to_udp() {
+    require_root();
+    let lan = Lan::new(2);
+    let dir = TempDir::new();
+    let a = start(&lan, &dir, 0, &[]);
+    let b = start(&lan, &dir, 1, &["-p", &format!("ws://{}:11011/weft", lan.addrs[0])]);
+    wait_until(Duration::from_secs(10), "session", || a.peer_established(IPS[1]) && b.peer_established(IPS[0]));
+    let t = wait_until(Duration::from_secs(20), "upgrade to udp", || {
+        transport_of(&a, IPS[1]).as_deref() == Some("udp") && transport_of(&b, IPS[0]).as_deref() == Some("udp")
+    });
+    eprintln!("ws -> udp after {t:?}");
+    assert!(ping(&lan.hosts[1], IPS[0]));
+}

@@ -690,7 +690,7 @@ fn open<'r>(
     }
     if via.is_none() {
         session.touch_direct(now);
-        if session.should_report_roam(now)
+        if session.should_report_roam(now, &from)
             && !shared.control.try_push(ControlEvent::Direct { local_index: session.local_index, from })
         {
             stats.drops.add(DropReason::ControlQueueFull, 1);

@@ -58,6 +58,8 @@ pub struct Session {
     last_tx_ms: AtomicU64,
     last_direct_rx_ms: AtomicU64,
     roam_reported_ms: AtomicU64,
+    /// [`Endpoint::key`] of the source of the last report.
+    roam_from: AtomicU64,
 }
 
 impl Session {
@@ -78,6 +80,7 @@ impl Session {
             last_tx_ms: AtomicU64::new(0),
             last_direct_rx_ms: AtomicU64::new(0),
             roam_reported_ms: AtomicU64::new(0),
+            roam_from: AtomicU64::new(0),
         }
     }
 
@@ -158,9 +161,16 @@ impl Session {
         self.last_direct_rx_ms.load(Relaxed)
     }
 
-    /// Whether to tell the control plane about a packet from an unexpected address
-    /// now: at most once per second per session.
-    pub fn should_report_roam(&self, now_ms: u64) -> bool {
+    /// Whether to tell the control plane where this direct packet came from: at
+    /// once when it came from another endpoint than the last one reported (a single
+    /// probe over a better transport must not go unheard), else once a second.
+    pub fn should_report_roam(&self, now_ms: u64, from: &Endpoint) -> bool {
+        let key = from.key();
+        if self.roam_from.load(Relaxed) != key {
+            self.roam_from.store(key, Relaxed);
+            self.roam_reported_ms.store(now_ms, Relaxed);
+            return true;
+        }
         let last = self.roam_reported_ms.load(Relaxed);
         now_ms.saturating_sub(last) >= 1000
             && self.roam_reported_ms.compare_exchange(last, now_ms, Relaxed, Relaxed).is_ok()

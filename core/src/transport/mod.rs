@@ -98,6 +98,23 @@ impl Endpoint {
     pub const fn new(proto: Proto, addr: SocketAddr) -> Self {
         Self { proto, addr }
     }
+
+    /// A 64-bit digest (exact for IPv4), cheap enough to compare per packet.
+    pub fn key(&self) -> u64 {
+        match self.addr {
+            SocketAddr::V4(a) => {
+                (u64::from(self.proto.code()) << 56)
+                    | (u64::from(u32::from(*a.ip())) << 16)
+                    | u64::from(a.port())
+                    | 1 << 63
+            }
+            SocketAddr::V6(_) => {
+                let mut h = rustc_hash::FxHasher::default();
+                std::hash::Hash::hash(self, &mut h);
+                std::hash::Hasher::finish(&h) & !(1 << 63)
+            }
+        }
+    }
 }
 
 impl fmt::Display for Endpoint {
