@@ -209,6 +209,7 @@ table inet weftloss {
         type filter hook prerouting priority -300; policy accept;
         iifname "eth0" counter
         iifname "eth0" meta length > 1514 counter
+        iifname "eth0" meta length < 201 counter
     }
 }
 EOF
@@ -220,21 +221,25 @@ set_loss() { # RATE: replace the drop rule (none for 0 %)
         ip netns exec "$ns" nft flush chain inet weftloss in
         ip netns exec "$ns" nft add rule inet weftloss in iifname '"eth0"' counter
         ip netns exec "$ns" nft add rule inet weftloss in iifname '"eth0"' meta length '>' 1514 counter
+        ip netns exec "$ns" nft add rule inet weftloss in iifname '"eth0"' meta length '<' 201 counter
         if [ "$n" -gt 0 ]; then
             ip netns exec "$ns" nft add rule inet weftloss in iifname '"eth0"' numgen random mod 10000 '<' "$n" counter drop
         fi
     done
 }
-loss_counters() { # prints "seen oversize dropped", summed over both namespaces
-    local ns seen=0 big=0 drop=0 s b d
+loss_counters() { # prints "seen oversize dropped small rcvbuf_errors", summed over both namespaces
+    # (small: packets of at most 200 bytes; rcvbuf_errors: the kernel's UdpRcvbufErrors, UDP
+    # datagrams dropped because a socket's receive buffer was full)
+    local ns seen=0 big=0 drop=0 small=0 rcvbuf=0 s b d m r
     for ns in "$NS_A" "$NS_B"; do
-        read -r s b d < <(ip netns exec "$ns" nft list chain inet weftloss in | awk '
+        read -r s b d m < <(ip netns exec "$ns" nft list chain inet weftloss in | awk '
             /counter packets/ { for (i = 1; i <= NF; i++) if ($i == "packets") v = $(i + 1)
-                if ($0 ~ /drop/) d = v; else if ($0 ~ /length/) b = v; else s = v }
-            END { print s + 0, b + 0, d + 0 }')
-        seen=$((seen + s)); big=$((big + b)); drop=$((drop + d))
+                if ($0 ~ /drop/) d = v; else if ($0 ~ /length >/) b = v; else if ($0 ~ /length </) m = v; else s = v }
+            END { print s + 0, b + 0, d + 0, m + 0 }')
+        r=$(ip netns exec "$ns" nstat -az UdpRcvbufErrors 2>/dev/null | awk '$1 == "UdpRcvbufErrors" {print $2}')
+        seen=$((seen + s)); big=$((big + b)); drop=$((drop + d)); small=$((small + m)); rcvbuf=$((rcvbuf + ${r:-0}))
     done
-    echo "$seen $big $drop"
+    echo "$seen $big $drop $small $rcvbuf"
 }
 set_loss 0
 # Check that the filter sees wire packets: a short plain TCP run must leave no oversize one.
@@ -266,7 +271,7 @@ restart_iperf_server() {
 }
 start_iperf_server
 fg_run timeout 20 ip netns exec "$NS_B" iperf3 -c 198.51.100.1 -t 1 >/dev/null 2>&1 || true
-read -r seen big _ < <(loss_counters)
+read -r seen big _ _ _ < <(loss_counters)
 if [ "$big" -gt 0 ] || [ "$seen" -eq 0 ]; then
     echo "error: the loss filter saw $big of $seen packets larger than 1514 bytes: offloads are still on, loss would come in bursts" >&2
     exit 1

@@ -27,10 +27,10 @@ def label(v):
 
 def _counters(s):
     try:
-        seen, big, drop = (int(x) for x in s.split())
+        v = [int(x) for x in s.split()]
     except (AttributeError, ValueError):
         return None
-    return seen, big, drop
+    return (v + [0, 0])[:5] if len(v) >= 3 else None
 
 
 def _status_summary(paths):
@@ -84,10 +84,12 @@ def cmd_record(a):
     if a.counters:
         c0, c1 = (_counters(x) for x in a.counters)
         if c0 and c1:
-            seen, big, drop = (c1[i] - c0[i] for i in range(3))
+            seen, big, drop, small, rcvbuf = (c1[i] - c0[i] for i in range(5))
             run["underlay_packets"] = seen
             run["underlay_dropped"] = drop
             run["underlay_oversize"] = big
+            run["underlay_small_packets"] = small
+            run["kernel_udp_rcvbuf_errors"] = rcvbuf
             run["applied_loss_pct"] = round(100 * drop / seen, 3) if seen else None
     if a.status:
         run["weft_status"] = _status_summary(a.status)
@@ -104,6 +106,8 @@ def cmd_line(_a):
         extra.append(f"retr {r['retransmits']}")
     if r.get("applied_loss_pct") is not None:
         extra.append(f"dropped {r['applied_loss_pct']:.2f} % of {r['underlay_packets']} pkts")
+    if r.get("kernel_udp_rcvbuf_errors"):
+        extra.append(f"UdpRcvbufErrors {r['kernel_udp_rcvbuf_errors']}")
     if r.get("zero_intervals"):
         extra.append(f"{r['zero_intervals']} s with nothing received")
     ws = r.get("weft_status") or {}
@@ -144,6 +148,8 @@ def summarize(runs, rates, variants):
                 "median_mbps": _median([r["mbps"] for r in ok]),
                 "median_retransmits": _median([r.get("retransmits") for r in ok]),
                 "median_applied_loss_pct": _median([r.get("applied_loss_pct") for r in g]),
+                "median_kernel_udp_rcvbuf_errors": _median([r.get("kernel_udp_rcvbuf_errors") for r in ok]),
+                "median_small_packets": _median([r.get("underlay_small_packets") for r in ok]),
                 "seconds_with_nothing_received": sum(r.get("zero_intervals") or 0 for r in ok),
                 "errors": sorted({r["error"] for r in g if r.get("error")} | {r["note"] for r in g if r.get("note")}),
             }
@@ -260,8 +266,8 @@ def cmd_report(a):
         "- Values are medians over the repetitions (repetitions outermost, then loss rates, then the rows). "
         "Mbit/s is iperf3's `end.sum_received`; retransmits are `end.sum_sent.retransmits` of the inner TCP "
         "(TCP-over-TCP transports also retransmit in the outer connection, which iperf3 does not see).",
-        "- Per-run details (applied loss, seconds without data, weft drops and transport counters) are in "
-        "results.json.",
+        "- Per-run details (applied loss, seconds without data, packets of at most 200 bytes on the veth, "
+        "the kernel's UdpRcvbufErrors, weft drops and transport counters) are in results.json.",
         "",
     ]
     (out / "results.md").write_text("\n".join(md))
