@@ -23,7 +23,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::{SinkExt, StreamExt};
+use futures_util::{FutureExt, SinkExt, StreamExt};
 use parking_lot::Mutex;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -51,6 +51,8 @@ const ACCEPTED_MEMORY: usize = 4096;
 const DIAL_QUEUE: usize = 32;
 /// Largest WebSocket message accepted (a batch of frames).
 const MAX_WS_MESSAGE: usize = 1 << 20;
+/// Bytes of received QUIC frames handed to the links RX thread at once.
+const QUIC_BATCH: usize = 64 * 1024;
 /// ALPN of QUIC connections.
 const QUIC_ALPN: &[u8] = b"weft";
 
@@ -182,7 +184,7 @@ impl Connector {
         let bind = |e: io::Error| ConnError::Bind(ep, e);
         if ep.proto == Proto::Quic {
             let server = self.quic_server()?;
-            let mut endpoint = quinn::Endpoint::server(server, ep.addr).map_err(bind)?;
+            let mut endpoint = quic_endpoint(ep.addr, Some(server)).map_err(bind)?;
             endpoint.set_default_client_config(self.inner.quic_client.clone());
             let local = endpoint.local_addr().map_err(bind)?;
             *self.inner.quic.lock() = Some(endpoint.clone());
@@ -243,7 +245,7 @@ impl Connector {
         if let Some(e) = &*q {
             return Ok(e.clone());
         }
-        let mut e = quinn::Endpoint::client(SocketAddr::from(([0, 0, 0, 0], 0)))?;
+        let mut e = quic_endpoint(SocketAddr::from(([0, 0, 0, 0], 0)), None)?;
         e.set_default_client_config(self.inner.quic_client.clone());
         *q = Some(e.clone());
         Ok(e)
@@ -582,19 +584,29 @@ impl Connector {
         let reader = async {
             let mut reasm = Reassembly::default();
             loop {
-                let d = conn.read_datagram().await.map_err(|e| e.to_string())?;
-                match reasm.push(&d, self.inner.mtu) {
-                    Ok(Some(f)) => {
-                        let mut batch = Vec::with_capacity(frame::PREFIX + f.len());
-                        frame::push(&mut batch, &f);
-                        self.inner.links.deliver(Inbound { from: ep, batch });
+                // One wakeup takes every datagram already there, up to a batch, so the
+                // links RX thread gets batches rather than single frames.
+                let mut batch = Vec::new();
+                let mut next = Some(conn.read_datagram().await);
+                while let Some(d) = next.take() {
+                    let d = d.map_err(|e| e.to_string())?;
+                    match reasm.push(&d, self.inner.mtu) {
+                        Ok(Some(f)) => {
+                            frame::push(&mut batch, &f);
+                        }
+                        Ok(None) => {}
+                        Err(()) => {
+                            self.inner.links.counters.protocol_errors.fetch_add(1, Relaxed);
+                            conn.close(1u32.into(), b"malformed datagram");
+                            return Err("not a weft connection: malformed datagram".into());
+                        }
                     }
-                    Ok(None) => {}
-                    Err(()) => {
-                        self.inner.links.counters.protocol_errors.fetch_add(1, Relaxed);
-                        conn.close(1u32.into(), b"malformed datagram");
-                        return Err("not a weft connection: malformed datagram".into());
+                    if batch.len() < QUIC_BATCH {
+                        next = conn.read_datagram().now_or_never();
                     }
+                }
+                if !batch.is_empty() {
+                    self.inner.links.deliver(Inbound { from: ep, batch });
                 }
             }
         };
@@ -615,6 +627,20 @@ enum Dialled {
     Quic(quinn::Connection),
 }
 
+/// A quinn endpoint on a UDP socket with large buffers: quinn drains its socket from
+/// the tokio workers, slower than a pipeline thread drains its own, and the kernel's
+/// default receive buffer overflowed at a few hundred Mbit/s (bench/RESULTS.md §6).
+fn quic_endpoint(addr: SocketAddr, server: Option<quinn::ServerConfig>) -> io::Result<quinn::Endpoint> {
+    let s = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::DGRAM, None)?;
+    if addr.is_ipv6() {
+        s.set_only_v6(false)?;
+    }
+    super::udp::grow_buffers(&s);
+    s.bind(&addr.into())?;
+    let runtime = quinn::default_runtime().ok_or_else(|| io::Error::other("no async runtime for QUIC"))?;
+    quinn::Endpoint::new(quinn::EndpointConfig::default(), server, s.into(), runtime)
+}
+
 fn ws_config() -> WebSocketConfig {
     WebSocketConfig::default().max_message_size(Some(MAX_WS_MESSAGE)).max_frame_size(Some(MAX_WS_MESSAGE))
 }
@@ -627,7 +653,10 @@ fn quic_transport() -> quinn::TransportConfig {
             quinn::IdleTimeout::try_from(IDLE_TIMEOUT).unwrap_or_else(|_| quinn::VarInt::MAX.into()),
         ))
         .datagram_receive_buffer_size(Some(8 << 20))
-        .datagram_send_buffer_size(8 << 20);
+        .datagram_send_buffer_size(8 << 20)
+        // The tunnel's own TCP already reacts to loss; a loss-based controller on top
+        // halves the window again for every random drop (bench/RESULTS.md §6).
+        .congestion_controller_factory(Arc::new(quinn::congestion::BbrConfig::default()));
     t
 }
 

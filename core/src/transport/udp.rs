@@ -30,9 +30,7 @@ pub fn bind_reuseport(addr: SocketAddr, count: usize, read_timeout: Duration) ->
         if bound.is_ipv6() {
             s.set_only_v6(false)?;
         }
-        // Buffer sizes are best effort: the kernel caps them at rmem_max/wmem_max.
-        let _ = s.set_recv_buffer_size(SOCKET_BUFFER);
-        let _ = s.set_send_buffer_size(SOCKET_BUFFER);
+        grow_buffers(&s);
         s.set_read_timeout(Some(read_timeout))?;
         s.bind(&bound.into())?;
         // With port 0, every further socket must share the port the first one got.
@@ -88,6 +86,32 @@ pub fn probe_gso(sock: &UdpSocket) -> bool {
         libc::getsockopt(sock.as_raw_fd(), libc::SOL_UDP, libc::UDP_SEGMENT, (&raw mut v).cast(), &raw mut len)
     };
     r == 0
+}
+
+/// Gives a UDP socket 4 MiB buffers each way: past `rmem_max`/`wmem_max` with
+/// `SO_RCVBUFFORCE`/`SO_SNDBUFFORCE` when we hold CAP_NET_ADMIN (a node does, for its
+/// TUN), else as far as those limits allow. A burst that overflows the receive buffer
+/// is lost before any counter of ours sees it.
+pub fn grow_buffers(s: &Socket) {
+    for (force, size_fn) in [
+        (libc::SO_RCVBUFFORCE, Socket::set_recv_buffer_size as fn(&Socket, usize) -> io::Result<()>),
+        (libc::SO_SNDBUFFORCE, Socket::set_send_buffer_size),
+    ] {
+        let size = SOCKET_BUFFER as libc::c_int;
+        // SAFETY: `size` is a valid c_int for the duration of the call.
+        let r = unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                force,
+                (&raw const size).cast(),
+                size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if r != 0 {
+            let _ = size_fn(s, SOCKET_BUFFER);
+        }
+    }
 }
 
 /// Turns UDP GRO on for this socket; returns whether the kernel accepted it.
