@@ -221,7 +221,8 @@ impl Dashboard {
             ui.label("No peers yet: add one above, or start another node with -p pointing at this one.");
             return;
         }
-        let row_height = ui.text_style_height(&egui::TextStyle::Body) + 6.0;
+        let em = ui.text_style_height(&egui::TextStyle::Body);
+        let row_height = em + 6.0;
         let mut table = TableBuilder::new(ui)
             .id_salt("peers")
             .striped(true)
@@ -229,11 +230,18 @@ impl Dashboard {
             .vscroll(false)
             .cell_layout(egui::Layout::left_to_right(egui::Align::Center))
             .column(Column::auto()); // plot toggle
+        // Initial widths fit typical values at the body font; every column can be dragged.
         for c in PeerColumn::ALL {
-            table = table.column(match c {
-                PeerColumn::Endpoint | PeerColumn::Path => Column::auto().at_least(90.0).clip(true),
-                _ => Column::auto().at_least(50.0),
-            });
+            let ems = match c {
+                PeerColumn::Overlay | PeerColumn::Endpoint => 8.0,
+                PeerColumn::Path | PeerColumn::State => 7.5,
+                PeerColumn::Hostname => 6.0,
+                PeerColumn::Rx | PeerColumn::Tx => 5.5,
+                PeerColumn::Transport => 5.5,
+                PeerColumn::Latency | PeerColumn::Age => 4.5,
+                PeerColumn::Loss => 3.5,
+            };
+            table = table.column(Column::initial(ems * em).at_least(2.5 * em).clip(true));
         }
         let table = table.column(Column::remainder().at_least(70.0)); // remove
         let mut sort = self.sort;
@@ -321,10 +329,12 @@ impl Dashboard {
 
     fn plot(&self, ui: &mut Ui, view: &View) {
         ui.horizontal(|ui| {
-            ui.strong("Throughput, last 5 minutes");
+            ui.strong("Throughput (up to the last 5 minutes)");
             ui.label(RichText::new("(tick Plot in a peer's row to add it)").weak());
         });
-        let window = HISTORY.as_secs_f64();
+        // The x axis starts at a minute and widens with the history, up to five minutes.
+        let oldest = view.total_series.rx.first().map_or(0.0, |p| -p[0]);
+        let window = (oldest.max(60.0)).min(HISTORY.as_secs_f64());
         Plot::new("throughput-plot")
             .legend(Legend::default())
             .include_x(-window)
@@ -359,17 +369,18 @@ fn routes_table(ui: &mut Ui, routes: &[RouteRow]) {
         ui.label("No routes: this node knows no other member yet.");
         return;
     }
-    let row_height = ui.text_style_height(&egui::TextStyle::Body) + 6.0;
+    let em = ui.text_style_height(&egui::TextStyle::Body);
+    let row_height = em + 6.0;
     TableBuilder::new(ui)
         .id_salt("routes")
         .striped(true)
         .resizable(true)
         .vscroll(false)
         .cell_layout(egui::Layout::left_to_right(egui::Align::Center))
-        .column(Column::auto().at_least(160.0).clip(true))
-        .column(Column::auto().at_least(80.0))
-        .columns(Column::auto().at_least(50.0), 3)
-        .column(Column::remainder().at_least(80.0))
+        .column(Column::initial(14.0 * em).at_least(4.0 * em).clip(true))
+        .column(Column::initial(8.0 * em).at_least(3.0 * em).clip(true))
+        .columns(Column::initial(4.5 * em).at_least(2.5 * em), 3)
+        .column(Column::remainder().at_least(5.0 * em).clip(true))
         .header(row_height, |mut h| {
             for t in ["Destination", "Next hop", "Hops", "Latency", "Session", "Proxied subnets"] {
                 h.col(|ui| {
