@@ -239,29 +239,25 @@ impl Worker {
 fn diagnose(path: &Path, detail: &str) -> Problem {
     let detail = detail.to_owned();
     match std::fs::metadata(path) {
-        Err(e) if e.kind() == ErrorKind::NotFound => return Problem::NoNode { detail },
-        Err(e) if e.kind() == ErrorKind::PermissionDenied => {
-            // A directory on the way (e.g. /run/weft, mode 0750) is closed to us.
-            return Problem::Permission { group: None, detail };
-        }
-        Err(_) => return Problem::Failed { detail },
+        Err(e) if e.kind() == ErrorKind::NotFound => Problem::NoNode { detail },
+        // A directory on the way (e.g. /run/weft, mode 0750) is closed to us.
+        Err(e) if e.kind() == ErrorKind::PermissionDenied => Problem::Permission { group: None, detail },
+        Err(_) => Problem::Failed { detail },
         Ok(meta) if !meta.file_type().is_socket() => {
-            return Problem::Failed { detail: format!("{} is not a socket", path.display()) };
+            Problem::Failed { detail: format!("{} is not a socket", path.display()) }
         }
-        Ok(meta) => {
-            // The request's error text is for people; the connect error kind says which case
-            // this is. A successful connect here just means the node is busy or answered
-            // badly; the node drops a connection that sends nothing.
-            match UnixStream::connect(path) {
-                Err(e) if e.kind() == ErrorKind::PermissionDenied => {
-                    Problem::Permission { group: group_name(meta.gid()), detail }
-                }
-                Err(e) if matches!(e.kind(), ErrorKind::ConnectionRefused | ErrorKind::NotFound) => {
-                    Problem::NoNode { detail }
-                }
-                _ => Problem::Failed { detail },
+        // The request's error text is for people; the connect error kind says which case
+        // this is. A successful connect here just means the node is busy or answered
+        // badly; the node drops a connection that sends nothing.
+        Ok(meta) => match UnixStream::connect(path) {
+            Err(e) if e.kind() == ErrorKind::PermissionDenied => {
+                Problem::Permission { group: group_name(meta.gid()), detail }
             }
-        }
+            Err(e) if matches!(e.kind(), ErrorKind::ConnectionRefused | ErrorKind::NotFound) => {
+                Problem::NoNode { detail }
+            }
+            _ => Problem::Failed { detail },
+        },
     }
 }
 

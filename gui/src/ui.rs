@@ -1,7 +1,7 @@
 //! The window: overview, peers and routes tables, throughput plot and actions.
 //!
 //! Each frame copies what it needs out of the worker's [`State`](crate::client::State)
-//! into a [`View`] under the lock, releases it, and draws from the copy. Actions go to
+//! into a `View` under the lock, releases it, and draws from the copy. Actions go to
 //! the worker through [`Client::send`]; nothing here touches a socket.
 
 use std::collections::BTreeSet;
@@ -118,7 +118,8 @@ impl Dashboard {
     fn overview(&self, ui: &mut Ui, view: &View) {
         ui.add_space(4.0);
         ui.horizontal_wrapped(|ui| {
-            let title = view.status.as_ref().map_or("Weft".to_owned(), |s| format!("Weft · {}", s.network_name));
+            let title =
+                view.status.as_ref().map_or_else(|| "Weft".to_owned(), |s| format!("Weft · {}", s.network_name));
             ui.heading(title);
             ui.separator();
             let socket = self.client.control().display();
@@ -145,7 +146,7 @@ impl Dashboard {
             field(ui, "Offloads", &offloads(s));
             field(ui, "Device", &format!("{} ({} pipelines)", s.dev_name, s.threads));
             ui.end_row();
-            let rate = |f: fn(Rate) -> f64| view.total.map_or("…".to_owned(), |r| format_rate(f(r)));
+            let rate = |f: fn(Rate) -> f64| view.total.map_or_else(|| "…".to_owned(), |r| format_rate(f(r)));
             field(ui, "Total rx", &rate(|r| r.rx));
             field(ui, "Total tx", &rate(|r| r.tx));
             let up = view.peers.iter().filter(|p| p.health == Health::Up).count();
@@ -311,11 +312,11 @@ impl Dashboard {
                 PeerColumn::Path => p.path.clone(),
                 PeerColumn::Transport => p.transport.clone(),
                 PeerColumn::Endpoint => p.endpoint.clone().unwrap_or_else(|| "—".into()),
-                PeerColumn::Latency => p.rtt_ms.map_or("—".into(), |ms| format!("{ms:.1} ms")),
-                PeerColumn::Loss => p.loss.map_or("—".into(), |l| format!("{:.0} %", l * 100.0)),
-                PeerColumn::Rx => p.rate.map_or("…".into(), |r| format_rate(r.rx)),
-                PeerColumn::Tx => p.rate.map_or("…".into(), |r| format_rate(r.tx)),
-                PeerColumn::Age => p.session_age_secs.map_or("—".into(), format_duration),
+                PeerColumn::Latency => p.rtt_ms.map_or_else(|| "—".into(), |ms| format!("{ms:.1} ms")),
+                PeerColumn::Loss => p.loss.map_or_else(|| "—".into(), |l| format!("{:.0} %", l * 100.0)),
+                PeerColumn::Rx => p.rate.map_or_else(|| "…".into(), |r| format_rate(r.rx)),
+                PeerColumn::Tx => p.rate.map_or_else(|| "…".into(), |r| format_rate(r.tx)),
+                PeerColumn::Age => p.session_age_secs.map_or_else(|| "—".into(), format_duration),
             };
             cell(row, text);
         }

@@ -44,12 +44,9 @@ impl FakeNode {
         let status = recorded();
         let thread = std::thread::spawn(move || {
             while !s.load(Ordering::Relaxed) {
-                let conn = match listener.accept() {
-                    Ok((c, _)) => c,
-                    Err(_) => {
-                        std::thread::sleep(Duration::from_millis(10));
-                        continue;
-                    }
+                let Ok((conn, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
                 };
                 conn.set_nonblocking(false).unwrap();
                 conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
