@@ -4,16 +4,20 @@
 //! egui_kittest drives frames and queries the accessibility tree; no GPU, no display.
 #![allow(clippy::unwrap_used, unreachable_pub)]
 
+#[path = "../../cli/tests/netns/mod.rs"]
+mod netns;
+
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use eframe::egui::Role;
 use egui_kittest::Harness;
 use egui_kittest::kittest::Queryable;
+use netns::TempDir;
 use weft::control::{Reply, StatusJson};
 use weft_gui::client::Client;
 use weft_gui::ui::Dashboard;
@@ -91,27 +95,14 @@ impl Drop for FakeNode {
 }
 
 /// A scratch directory for sockets, removed on drop.
-struct Scratch(PathBuf);
+struct Scratch(TempDir);
 
 impl Scratch {
     fn new() -> Self {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "weft-gui-ui-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&p).unwrap();
-        Self(p)
+        Self(TempDir::new())
     }
     fn sock(&self) -> PathBuf {
-        self.0.join("node.sock")
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        self.0.0.join("node.sock")
     }
 }
 
