@@ -72,19 +72,22 @@ impl Dashboard {
         });
     }
 
-    /// One line on what the window shows, for the screenshot mode's report:
-    /// `peers: HOST OVERLAY HEALTH PATH, ...; plot points: N; total rx B/s: X; total tx B/s: Y`.
+    /// One line on what the window shows, for the screenshot mode's report: `peers:
+    /// HOST OVERLAY HEALTH PATH, ...; plot points: N; total rx B/s: X; total tx B/s: Y;
+    /// plotted: HOST OVERLAY, ...`.
     pub fn summary(&self) -> String {
         let v = self.view();
         let peers: Vec<String> =
             v.peers.iter().map(|p| format!("{} {} {} {}", p.hostname, p.overlay, p.health.label(), p.path)).collect();
+        let plotted: Vec<&str> = v.peer_series.iter().map(|(name, _)| name.as_str()).collect();
         let rate = v.total.unwrap_or_default();
         format!(
-            "peers: {}; plot points: {}; total rx B/s: {:.0}; total tx B/s: {:.0}",
+            "peers: {}; plot points: {}; total rx B/s: {:.0}; total tx B/s: {:.0}; plotted: {}",
             peers.join(", "),
             v.total_series.rx.len(),
             rate.rx,
-            rate.tx
+            rate.tx,
+            plotted.join(", ")
         )
     }
 

@@ -257,3 +257,20 @@ fn clicking_a_header_sorts_and_clicking_again_reverses() {
     h.run_steps(3);
     assert!(top(&h, "charlie") < top(&h, "delta") && top(&h, "delta") < top(&h, "bravo"), "latency, descending");
 }
+
+#[test]
+fn ticking_a_peer_adds_it_to_the_throughput_plot() {
+    let dir = Scratch::new();
+    let _node = FakeNode::start(&dir.sock());
+    let mut h = harness(dir.sock());
+    wait_for(&mut h, "the peers table", |h| has(h, "Peers (3)"));
+    assert!(h.state().summary().ends_with("plotted: "), "{}", h.state().summary());
+    let boxes: Vec<_> = h.query_all_by_role(Role::CheckBox).collect();
+    assert_eq!(boxes.len(), 3, "one plot toggle per peer");
+    boxes[1].click(); // charlie (.3)
+    h.run_steps(2);
+    assert!(h.state().summary().ends_with("plotted: charlie 10.126.126.3"), "{}", h.state().summary());
+    h.query_all_by_role(Role::CheckBox).nth(1).unwrap().click();
+    h.run_steps(2);
+    assert!(h.state().summary().ends_with("plotted: "), "unticked: {}", h.state().summary());
+}
