@@ -283,6 +283,8 @@ fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
     use super::*;
 
     #[test]
@@ -312,6 +314,41 @@ mod tests {
         std::fs::write(&file, b"").unwrap_or_else(|e| panic!("{e}"));
         assert!(matches!(diagnose(&file, "x"), Problem::Failed { detail } if detail.contains("not a socket")));
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// As root, runs itself again as `nobody` (setpriv) against a socket of mode 0660
+    /// owned by root's group: the connect is refused and the problem names the group.
+    #[test]
+    fn permission_denied_names_the_sockets_group() {
+        if let Some(sock) = std::env::var_os("WEFT_GUI_TEST_SOCKET_AS_NOBODY") {
+            let problem = diagnose(Path::new(&sock), "denied");
+            assert_eq!(problem, Problem::Permission { group: Some("root".into()), detail: "denied".into() });
+            return;
+        }
+        let root = std::fs::read_to_string("/proc/self/status")
+            .is_ok_and(|s| s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0")));
+        if !root {
+            eprintln!("skipped: needs root to run a copy of itself as nobody");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("weft-gui-perm-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let sock = dir.join("node.sock");
+        let _ = std::fs::remove_file(&sock);
+        let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o660)).unwrap_or_else(|e| panic!("{e}"));
+        let exe = std::env::current_exe().unwrap_or_else(|e| panic!("{e}"));
+        let out = std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(&exe)
+            .args(["--exact", "client::tests::permission_denied_names_the_sockets_group", "--nocapture"])
+            .env("WEFT_GUI_TEST_SOCKET_AS_NOBODY", &sock)
+            .output()
+            .unwrap_or_else(|e| panic!("setpriv: {e}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && text.contains("1 passed"), "as nobody: {text}");
     }
 
     #[test]
