@@ -21,4 +21,4 @@ fi
 # --include-ignored: the 200-node simulation (about 3 minutes) is part of the suite.
 cargo test --workspace --locked "$@" -- --include-ignored
 # The end-to-end suites once more with every offload off (TUN TSO/GRO, UDP GSO/GRO).
-WEFT_NO_OFFLOAD=1 cargo test --locked -p weft --test e2e_tunnel --test e2e_mesh "$@"
+WEFT_NO_OFFLOAD=1 cargo test --locked -p weft --test e2e_tunnel --test e2e_mesh --test e2e_transports "$@"

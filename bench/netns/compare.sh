@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Netns throughput comparison: iperf3 between two network namespaces joined by one veth
-# pair, first directly (the baseline), then through Weft (each cipher) and through other
-# userspace mesh/VPN tools (wireguard-go, boringtun, nebula, EasyTier when installed).
+# pair, first directly (the baseline), then through Weft (each cipher over UDP, and the first
+# cipher over each other transport) and through other userspace mesh/VPN tools (wireguard-go,
+# boringtun, nebula, EasyTier when installed).
 #
 #   sudo bench/netns/compare.sh                  # full run: REPS=3, DURATION=10, -P 1 and -P 4
 #   sudo bench/netns/compare.sh --quick          # smoke run: REPS=1, DURATION=3, -P 1 only
@@ -10,6 +11,9 @@
 # Environment: DURATION (s per iperf3 run, default 10), REPS (default 3), STREAMS ("1 4"),
 # WEFT (weft binary; default: cargo build --release -p weft, then target/release/weft),
 # WEFT_FLAGS (extra `weft up` flags for both nodes), WEFT_CIPHERS (default: all three),
+# WEFT_TRANSPORTS (default "udp tcp ws wss quic": every cipher runs over udp, the first cipher
+# of WEFT_CIPHERS over each other transport; both nodes listen on that transport only and the
+# row fails unless `weft status --json` shows it as the peer's transport),
 # MTU (inner MTU where the tool lets us set it, default 1420), OUT (default bench/results),
 # MAX_RUNTIME (seconds; the script stops itself after that, default computed from the plan).
 #
@@ -28,7 +32,7 @@ ROOT=$(cd "$HERE/../.." && pwd)
 CMDLINE="$0${*:+ $*}"
 
 usage() {
-    sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'
     echo
     echo "Options: --quick, --only LIST (comma-separated; tools: direct weft wireguard-go boringtun nebula easytier;"
     echo "         the direct baseline always runs), -h/--help"
@@ -57,12 +61,27 @@ STREAMS=${STREAMS:-"1 4"}
 MTU=${MTU:-1420}
 WEFT_CIPHERS=${WEFT_CIPHERS:-"aes-128-gcm chacha20-poly1305 none"}
 WEFT_FLAGS=${WEFT_FLAGS:-}
+WEFT_TRANSPORTS=${WEFT_TRANSPORTS:-"udp tcp ws wss quic"}
 OUT=${OUT:-$ROOT/bench/results}
 for v in DURATION REPS MTU ${MAX_RUNTIME:+MAX_RUNTIME}; do
     [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || { echo "error: $v must be a positive integer, got '${!v}'" >&2; exit 2; }
 done
 for s in $STREAMS; do
     [[ "$s" =~ ^[1-9][0-9]*$ ]] || { echo "error: STREAMS must hold positive integers, got '$s'" >&2; exit 2; }
+done
+for tr in $WEFT_TRANSPORTS; do
+    case "$tr" in udp|tcp|ws|wss|quic) ;; *) echo "error: WEFT_TRANSPORTS: unknown transport '$tr' (udp tcp ws wss quic)" >&2; exit 2 ;; esac
+done
+[ -n "${WEFT_CIPHERS// /}" ] || { echo "error: WEFT_CIPHERS is empty" >&2; exit 2; }
+WEFT_CIPHER1=${WEFT_CIPHERS%% *}
+# Weft variants, "CIPHER TRANSPORT" each: every cipher over udp, the first cipher over the rest.
+WEFT_VARIANTS=()
+for tr in $WEFT_TRANSPORTS; do
+    if [ "$tr" = udp ]; then
+        for c in $WEFT_CIPHERS; do WEFT_VARIANTS+=("$c udp"); done
+    else
+        WEFT_VARIANTS+=("$WEFT_CIPHER1 $tr")
+    fi
 done
 
 TOOLS=()
@@ -156,7 +175,7 @@ fg_run() {
 # Bounded runtime: a watchdog TERMs this script after MAX_RUNTIME seconds.
 n_variants=1
 for t in "${TOOLS[@]}"; do
-    if [ "$t" = weft ]; then n_variants=$((n_variants + $(wc -w <<<"$WEFT_CIPHERS"))); else n_variants=$((n_variants + 1)); fi
+    if [ "$t" = weft ]; then n_variants=$((n_variants + ${#WEFT_VARIANTS[@]})); else n_variants=$((n_variants + 1)); fi
 done
 n_configs=$(( $(wc -w <<<"$STREAMS") * 2 ))
 MAX_RUNTIME=${MAX_RUNTIME:-$(( 2400 + REPS * n_variants * (40 + n_configs * (DURATION + 15)) ))}
@@ -167,7 +186,12 @@ MAX_RUNTIME=${MAX_RUNTIME:-$(( 2400 + REPS * n_variants * (40 + n_configs * (DUR
     wait "$sp" && kill -TERM $$ 2>/dev/null
 ) </dev/null >/dev/null 2>&1 &
 WATCHDOG_PID=$!
-log "plan: ${TOOLS[*]:-(direct only)}; REPS=$REPS DURATION=${DURATION}s STREAMS='$STREAMS'; stops itself after ${MAX_RUNTIME}s"
+plan_weft=""
+if [[ " ${TOOLS[*]} " == *" weft "* ]]; then
+    for v in "${WEFT_VARIANTS[@]}"; do plan_weft="${plan_weft:+$plan_weft, }${v% *} over ${v#* }"; done
+    plan_weft=" (weft: $plan_weft)"
+fi
+log "plan: ${TOOLS[*]:-(direct only)}$plan_weft; REPS=$REPS DURATION=${DURATION}s STREAMS='$STREAMS'; stops itself after ${MAX_RUNTIME}s"
 
 # ---------------------------------------------------------------------------------------
 # Installation helpers: a failed install skips the tool, never the run.
@@ -380,9 +404,11 @@ ping_b_to_a() { ip netns exec "$NS_B" ping -c 1 -W 1 -q "$1"; }
 # deadline and returns non-zero (with START_ERR) if the tunnel did not come up.
 LOGS="$RUN/logs"; mkdir -p "$LOGS"
 START_ERR=""
+WEFT_EXPECT=""; WEFT_CTL=""; WEFT_CTL_A=""; WEFT_TRANSPORT_ERR=""
 
 stop_tunnel() {
     local p
+    WEFT_EXPECT=""
     for p in "${TUN_PIDS[@]}"; do kill_pid "$p"; done
     TUN_PIDS=()
 }
@@ -408,22 +434,50 @@ dead_tail() { # "NAME exited: last log line" for the first tunnel process that i
     done
 }
 
-start_weft() { # CIPHER REP
-    local cipher=$1 d="$RUN/weft-$1-r$2"
+# Listener and peer URI of each transport (the ports of weft's default listeners).
+weft_listen() { case "$1" in udp|tcp) echo "$1://0.0.0.0:11010" ;; ws) echo "ws://0.0.0.0:11011" ;; *) echo "$1://0.0.0.0:11012" ;; esac; }
+weft_peer_uri() { # TRANSPORT HOST
+    case "$1" in udp|tcp) echo "$1://$2:11010" ;; ws) echo "ws://$2:11011/" ;; wss) echo "wss://$2:11012/" ;; quic) echo "quic://$2:11012" ;; esac
+}
+
+start_weft() { # CIPHER TRANSPORT REP
+    local cipher=$1 tr=$2 d="$RUN/weft-$1-$2-r$3" listen
     mkdir -p "$d"
+    listen=$(weft_listen "$tr")
     export WEFT_NETWORK_SECRET="bench-secret-$$"   # from the environment: stays out of ps
+    # Both nodes listen on this one transport only, so neither can pick a better one.
     # shellcheck disable=SC2086  # WEFT_FLAGS is a list of flags
-    spawn "$LOGS/weft-$cipher-a.log" "$NS_A" "$WEFT_BIN" up --network-name bench -i 10.200.0.1/24 \
-        --state-dir "$d/a" --control "$d/a.sock" --cipher "$cipher" $WEFT_FLAGS
+    spawn "$LOGS/weft-$cipher-$tr-a.log" "$NS_A" "$WEFT_BIN" up --network-name bench -i 10.200.0.1/24 \
+        -l "$listen" --state-dir "$d/a" --control "$d/a.sock" --cipher "$cipher" $WEFT_FLAGS
     # shellcheck disable=SC2086
-    spawn "$LOGS/weft-$cipher-b.log" "$NS_B" "$WEFT_BIN" up --network-name bench -i 10.200.0.2/24 \
-        -p udp://198.51.100.1:11010 --state-dir "$d/b" --control "$d/b.sock" --cipher "$cipher" $WEFT_FLAGS
-    WEFT_CTL="$d/b.sock"
+    spawn "$LOGS/weft-$cipher-$tr-b.log" "$NS_B" "$WEFT_BIN" up --network-name bench -i 10.200.0.2/24 \
+        -l "$listen" -p "$(weft_peer_uri "$tr" 198.51.100.1)" --state-dir "$d/b" --control "$d/b.sock" \
+        --cipher "$cipher" $WEFT_FLAGS
+    WEFT_CTL_A="$d/a.sock"; WEFT_CTL="$d/b.sock"; WEFT_EXPECT=$tr
     ready 20 "an established peer in 'weft status --json'" weft_established || return 1
-    ready 10 "a ping reply from 10.200.0.1" ping_b_to_a 10.200.0.1
+    ready 10 "a ping reply from 10.200.0.1" ping_b_to_a 10.200.0.1 || return 1
+    weft_check_transport || { START_ERR="$WEFT_TRANSPORT_ERR"; return 1; }
 }
 weft_established() {
     "$WEFT_BIN" status --control "$WEFT_CTL" --json 2>/dev/null | grep -Eq '"state": *"established"'
+}
+# weft_check_transport: both nodes see each other established, direct, over $WEFT_EXPECT;
+# otherwise WEFT_TRANSPORT_ERR says what they show instead.
+weft_check_transport() {
+    local side ctl peer got
+    WEFT_TRANSPORT_ERR=""
+    for side in a b; do
+        if [ "$side" = a ]; then ctl=$WEFT_CTL_A; peer=10.200.0.2; else ctl=$WEFT_CTL; peer=10.200.0.1; fi
+        got=$("$WEFT_BIN" status --control "$ctl" --json 2>/dev/null | "$PY" "$REPORT" peer --overlay "$peer" 2>&1) || got="no status ($got)"
+        if [ "$got" != "established direct $WEFT_EXPECT" ]; then
+            WEFT_TRANSPORT_ERR="node $side sees its peer as '$got', expected 'established direct $WEFT_EXPECT'"
+            return 1
+        fi
+    done
+}
+weft_save_status() { # TAG: keep both nodes' `weft status --json` (drops, transport counters)
+    "$WEFT_BIN" status --control "$WEFT_CTL_A" --json >"$LOGS/$1-a.status.json" 2>&1 || true
+    "$WEFT_BIN" status --control "$WEFT_CTL" --json >"$LOGS/$1-b.status.json" 2>&1 || true
 }
 
 start_wg_like() { # TOOL(wireguard-go|boringtun) REP
@@ -490,6 +544,14 @@ RUNS="$RUN/runs.jsonl"; : >"$RUNS"
 measure() { # REP TOOL MODE TARGET STREAMS DIR(b-to-a|a-to-b)
     local rep=$1 tool=$2 mode=$3 target=$4 streams=$5 dir=$6 rflag=() t0 t1 c0 c1 rss=0 cpu="" rc=0 json note=""
     [ "$dir" = a-to-b ] && rflag=(-R)
+    if [ -n "$WEFT_EXPECT" ] && ! weft_check_transport; then
+        # Loudly: a number measured over another transport than the row's would mislead.
+        log "ERROR: $tool ($mode) rep $rep -P $streams $dir: wrong transport: $WEFT_TRANSPORT_ERR"
+        "$PY" "$REPORT" record --failed "wrong transport: $WEFT_TRANSPORT_ERR" --rep "$rep" --tool "$tool" \
+            --mode "$mode" --streams "$streams" --direction "$dir" --duration "$DURATION" >>"$RUNS"
+        tail -n1 "$RUNS" | "$PY" "$REPORT" line >&2 || true
+        return
+    fi
     json="$RUN/iperf-r$rep-$tool-$mode-P$streams-$dir.json"
     c0=$(cpu_ticks "${TUN_PIDS[@]}"); t0=$(date +%s.%N)
     fg_run timeout $((DURATION + 30)) ip netns exec "$NS_B" iperf3 -c "$target" -p 5201 -J -t "$DURATION" \
@@ -499,6 +561,10 @@ measure() { # REP TOOL MODE TARGET STREAMS DIR(b-to-a|a-to-b)
         rss=$(peak_rss_kib "${TUN_PIDS[@]}")
         cpu=$(awk -v a="$c0" -v b="$c1" -v t0="$t0" -v t1="$t1" -v hz="$CLK_TCK" 'BEGIN { printf "%.1f", (b - a) / hz / (t1 - t0) * 100 }')
         alive_all || note="a tunnel process exited during the run"
+    fi
+    if [ -n "$WEFT_EXPECT" ] && [ -z "$note" ] && ! weft_check_transport; then
+        note="transport changed during the run: $WEFT_TRANSPORT_ERR"
+        log "ERROR: $tool ($mode) rep $rep: $note"
     fi
     "$PY" "$REPORT" record --iperf "$json" --rc "$rc" --rep "$rep" --tool "$tool" --mode "$mode" \
         --streams "$streams" --direction "$dir" --duration "$DURATION" --cpu "$cpu" --rss-kib "$rss" \
@@ -518,12 +584,12 @@ record_failure() { # REP TOOL MODE REASON
     done; done
 }
 
-run_variant() { # REP TOOL MODE
+run_variant() { # REP TOOL MODE [TRANSPORT]
     local rep=$1 tool=$2 mode=$3 target=10.200.0.1 s dir ok=0
     START_ERR=""
     case "$tool" in
         direct) target=198.51.100.1; ok=1 ;;
-        weft) start_weft "$mode" "$rep" && ok=1 ;;
+        weft) start_weft "$mode" "$4" "$rep" && ok=1; mode="$mode over $4" ;;
         wireguard-go|boringtun) start_wg_like "$tool" "$rep" && ok=1 ;;
         nebula) start_nebula "$rep" && ok=1 ;;
         easytier) start_easytier "$rep" && ok=1 ;;
@@ -532,9 +598,11 @@ run_variant() { # REP TOOL MODE
         for s in $STREAMS; do for dir in b-to-a a-to-b; do
             measure "$rep" "$tool" "$mode" "$target" "$s" "$dir"
         done; done
+        [ "$tool" = weft ] && weft_save_status "weft-${mode// over /-}"
     else
         log "$tool ($mode) rep $rep: did not come up: $START_ERR"
         record_failure "$rep" "$tool" "$mode" "$START_ERR"
+        [ "$tool" = weft ] && weft_save_status "failed-r$rep-weft-${mode// over /-}"
         for f in "$LOGS/$tool"-*.log; do [ -f "$f" ] && cp "$f" "$LOGS/failed-r$rep-${f##*/}"; done
     fi
     stop_tunnel
@@ -545,7 +613,7 @@ for rep in $(seq "$REPS"); do
     run_variant "$rep" direct veth
     for t in "${ACTIVE[@]}"; do
         case "$t" in
-            weft) for c in $WEFT_CIPHERS; do run_variant "$rep" weft "$c"; done ;;
+            weft) for v in "${WEFT_VARIANTS[@]}"; do run_variant "$rep" weft "${v% *}" "${v#* }"; done ;;
             wireguard-go|boringtun) run_variant "$rep" "$t" chacha20-poly1305 ;;
             nebula) run_variant "$rep" nebula aes-256-gcm ;;
             easytier) run_variant "$rep" easytier default ;;
@@ -569,7 +637,7 @@ for f in install.log weft-build.log; do [ -f "$RUN/$f" ] && cp "$RUN/$f" "$OUT/l
     echo "os=$(. /etc/os-release 2>/dev/null && echo "${PRETTY_NAME:-unknown}")"
     echo "loadavg=$(cut -d' ' -f1-3 /proc/loadavg)"
     echo "reps=$REPS"; echo "duration=$DURATION"; echo "streams=$STREAMS"; echo "mtu=$MTU"
-    echo "weft_flags=$WEFT_FLAGS"; echo "quick=$QUICK"
+    echo "weft_flags=$WEFT_FLAGS"; echo "weft_transports=$WEFT_TRANSPORTS"; echo "quick=$QUICK"
     for k in "${!VERSION[@]}"; do echo "version.$k=${VERSION[$k]}"; done
     for k in "${!SKIP[@]}"; do echo "skip.$k=${SKIP[$k]}"; done
 } >"$RUN/meta.txt"

@@ -7,6 +7,8 @@
       prints a one-line human summary of that run
   report.py report --runs runs.jsonl --meta meta.txt --out DIR
       writes DIR/results.md, DIR/results.json and DIR/chart.svg and prints the table
+  report.py peer --overlay ADDR < `weft status --json`
+      prints "STATE PATH TRANSPORT" of the peer with that overlay address (exit 1 if none)
 """
 
 import argparse
@@ -50,7 +52,8 @@ def cmd_record(a):
     if rss:
         run["peak_rss_mib"] = round(rss / 1024, 1)
     if a.failed is not None:
-        run["error"] = "did not start: " + a.failed
+        wrong = a.failed.startswith("wrong transport")
+        run["error"] = a.failed if wrong else "did not start: " + a.failed
         run["cpu_pct"] = None
         print(json.dumps(run))
         return
@@ -99,6 +102,20 @@ def cmd_line(_a):
         extra.append(r["note"])
     print(f"  rep {r['rep']} {r['tool']:<12} {r['mode']:<18} -P {r['streams']} {r['direction']:<7} {g:>15}  "
           + ", ".join(extra))
+
+
+def cmd_peer(a):
+    try:
+        st = json.load(sys.stdin)
+    except ValueError as e:
+        print(f"unreadable status: {e}")
+        sys.exit(1)
+    for p in st.get("peers", []):
+        if str(p.get("overlay", "")).split("/")[0] == a.overlay:
+            print(f"{p.get('state')} {p.get('path')} {p.get('transport')}")
+            return
+    print(f"no peer {a.overlay}")
+    sys.exit(1)
 
 
 def _median(xs):
@@ -263,7 +280,8 @@ def cmd_report(a):
         f"- machine: {meta.get('nproc', '?')} CPUs, {meta.get('cpu', '?')}, {meta.get('memory', '?')}",
         f"- kernel: {meta.get('kernel', '?')}; OS: {meta.get('os', '?')}; load average at the end: {meta.get('loadavg', '?')}",
         f"- settings: REPS={meta.get('reps')} DURATION={meta.get('duration')}s STREAMS=\"{meta.get('streams')}\" "
-        f"MTU={meta.get('mtu')} WEFT_FLAGS=\"{meta.get('weft_flags', '')}\"",
+        f"MTU={meta.get('mtu')} WEFT_FLAGS=\"{meta.get('weft_flags', '')}\" "
+        f"WEFT_TRANSPORTS=\"{meta.get('weft_transports', '')}\"",
         "",
         "Versions:",
         "",
@@ -288,6 +306,10 @@ def cmd_report(a):
         "- Two network namespaces joined by one veth pair (198.51.100.1/24 and 198.51.100.2/24); "
         "the iperf3 server runs in A, the client in B. `direct` is iperf3 over the veth itself; every tunnel "
         "carries iperf3 between 10.200.0.1 and 10.200.0.2.",
+        "- Weft rows are \"CIPHER over TRANSPORT\": both nodes listen on that transport only (`-l`), B dials A "
+        "on it, and every iperf3 run starts only after both nodes' `weft status --json` shows the peer "
+        "established and direct over that transport (a row that fails this check is marked FAIL with the "
+        "transport the nodes showed instead).",
         "- B→A: the client (B) sends; A→B: iperf3 `-R`, the server (A) sends. Gbit/s is iperf3's "
         "`end.sum_received.bits_per_second`; retransmits are `end.sum_sent.retransmits`. Values are medians "
         "over the repetitions; repetitions were interleaved (repetition loop outermost, tools inside).",
@@ -321,12 +343,14 @@ def main():
     for k in ("cpu", "rss-kib", "version", "note"):
         r.add_argument("--" + k, default="")
     sub.add_parser("line")
+    pp = sub.add_parser("peer")
+    pp.add_argument("--overlay", required=True)
     rp = sub.add_parser("report")
     rp.add_argument("--runs", required=True)
     rp.add_argument("--meta", required=True)
     rp.add_argument("--out", required=True)
     a = p.parse_args()
-    {"record": cmd_record, "line": cmd_line, "report": cmd_report}[a.cmd](a)
+    {"record": cmd_record, "line": cmd_line, "report": cmd_report, "peer": cmd_peer}[a.cmd](a)
 
 
 if __name__ == "__main__":

@@ -63,9 +63,20 @@ pub struct UpArgs {
     /// Pick a free overlay address in 10.126.126.0/24, moving on a conflict.
     #[arg(long, conflicts_with = "ipv4")]
     pub dhcp: bool,
-    /// Listener URI (default udp://0.0.0.0:11010).
+    /// Listener URI, repeatable: udp://, tcp://, quic://, ws://, wss:// (default: udp
+    /// and tcp on 11010, ws on 11011, quic and wss on 11012, all addresses).
     #[arg(short = 'l', long = "listen", value_name = "URI")]
     pub listen: Vec<String>,
+    /// TLS certificate (PEM) for wss:// and quic:// listeners (default: a self-signed
+    /// one in the state directory; peers authenticate by the Noise handshake, not TLS).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// Private key (PEM) of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Connections each tcp/ws/wss/quic listener accepts at most (default 256).
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<usize>,
     /// Peer to dial and keep connected; repeatable.
     #[arg(short = 'p', long = "peer", value_name = "URI")]
     pub peer: Vec<String>,

@@ -2,13 +2,14 @@
 //! [`NodeConfig`]. Parse, don't validate: nothing past this module sees a raw string.
 
 use std::fmt;
-use std::net::{Ipv4Addr, SocketAddr, ToSocketAddrs};
+use std::net::{Ipv4Addr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use serde::Deserialize;
 use weft_core::crypto::Cipher;
 use weft_core::route::prefix_mask;
+use weft_core::transport::{Endpoint, Proto};
 
 use crate::args::{DEFAULT_CONTROL, UpArgs};
 
@@ -39,6 +40,9 @@ pub struct FileConfig {
     listen: Vec<String>,
     #[serde(default)]
     peer: Vec<String>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    max_connections: Option<usize>,
     cipher: Option<String>,
     threads: Option<usize>,
     dev_name: Option<String>,
@@ -95,46 +99,66 @@ impl fmt::Display for Ipv4Net {
     }
 }
 
-/// A transport URI such as udp://203.0.113.7:11010.
+/// A transport URI: `udp://HOST:PORT`, `tcp://HOST:PORT`, `quic://HOST:PORT`,
+/// `ws://HOST:PORT/PATH` or `wss://HOST:PORT/PATH`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeerUri {
+    /// The transport.
+    pub proto: Proto,
     /// The host and port as written.
     pub authority: String,
+    /// The request path of a WebSocket URI (`/` when none is given).
+    pub path: String,
 }
 
 impl PeerUri {
     /// Resolves the host (names go through the system resolver).
-    pub fn resolve(&self) -> Result<SocketAddr, UsageError> {
-        let mut addrs = self
-            .authority
-            .to_socket_addrs()
-            .or_else(|e| usage(format!("cannot resolve udp://{}: {e}", self.authority)))?;
-        addrs.next().ok_or_else(|| UsageError(format!("udp://{} resolves to no address", self.authority)))
+    pub fn resolve(&self) -> Result<Endpoint, UsageError> {
+        let mut addrs = self.authority.to_socket_addrs().or_else(|e| usage(format!("cannot resolve {self}: {e}")))?;
+        let addr = addrs.next().ok_or_else(|| UsageError(format!("{self} resolves to no address")))?;
+        Ok(Endpoint::new(self.proto, addr))
+    }
+}
+
+impl fmt::Display for PeerUri {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}://{}", self.proto, self.authority)?;
+        if matches!(self.proto, Proto::Ws | Proto::Wss) {
+            f.write_str(&self.path)?;
+        }
+        Ok(())
     }
 }
 
 impl FromStr for PeerUri {
     type Err = UsageError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
+        const FORMS: &str =
+            "udp://HOST:PORT, tcp://HOST:PORT, quic://HOST:PORT, ws://HOST:PORT/PATH or wss://HOST:PORT/PATH";
         let Some((scheme, rest)) = s.split_once("://") else {
-            return usage(format!("invalid URI {s:?}: expected udp://HOST:PORT"));
+            return usage(format!("invalid URI {s:?}: expected {FORMS}"));
         };
-        match scheme {
-            "udp" => {}
-            "tcp" | "ws" | "wss" | "quic" => {
-                return usage(format!("invalid URI {s:?}: transport {scheme}:// is not supported yet (only udp://)"));
-            }
-            _ => return usage(format!("invalid URI {s:?}: unknown scheme {scheme:?} (expected udp://HOST:PORT)")),
-        }
+        let Ok(proto) = scheme.parse::<Proto>() else {
+            return usage(format!("invalid URI {s:?}: unknown scheme {scheme:?} (expected {FORMS})"));
+        };
+        let (authority, path) = match rest.find('/') {
+            Some(i) if matches!(proto, Proto::Ws | Proto::Wss) => (&rest[..i], &rest[i..]),
+            Some(_) => return usage(format!("invalid URI {s:?}: only ws:// and wss:// URIs take a path")),
+            None => (rest, "/"),
+        };
         let (host, port) =
-            rest.rsplit_once(':').ok_or_else(|| UsageError(format!("invalid URI {s:?}: missing :PORT")))?;
-        let host_ok = !host.is_empty() && !host.contains('/') && !host.contains(char::is_whitespace);
-        if !host_ok || port.parse::<u16>().is_err() {
-            return usage(format!("invalid URI {s:?}: expected udp://HOST:PORT"));
+            authority.rsplit_once(':').ok_or_else(|| UsageError(format!("invalid URI {s:?}: missing :PORT")))?;
+        let host_ok = !host.is_empty() && !host.contains(char::is_whitespace);
+        if !host_ok || port.parse::<u16>().is_err() || path.contains(char::is_whitespace) {
+            return usage(format!("invalid URI {s:?}: expected {FORMS}"));
         }
-        Ok(Self { authority: rest.to_owned() })
+        Ok(Self { proto, authority: authority.to_owned(), path: path.to_owned() })
     }
 }
+
+/// The listeners a node opens when none are configured.
+pub const DEFAULT_LISTENERS: [&str; 5] =
+    ["udp://0.0.0.0:11010", "tcp://0.0.0.0:11010", "ws://0.0.0.0:11011", "quic://0.0.0.0:11012", "wss://0.0.0.0:11012"];
 
 /// Everything `weft up` needs, typed.
 #[derive(Debug, Clone)]
@@ -145,8 +169,14 @@ pub struct NodeConfig {
     pub network_secret: Secret,
     /// Overlay address.
     pub ipv4: Ipv4Net,
-    /// UDP listen address.
-    pub listen: SocketAddr,
+    /// Listeners, at most one per transport (the path of a ws:// listener is
+    /// ignored: it accepts any).
+    pub listeners: Vec<Endpoint>,
+    /// `--tls-cert` and `--tls-key` for wss:// and quic:// listeners (a self-signed
+    /// pair in the state directory when absent).
+    pub tls: Option<(PathBuf, PathBuf)>,
+    /// Connections each listener accepts at most.
+    pub max_connections: usize,
     /// Peers to dial.
     pub peers: Vec<PeerUri>,
     /// Data cipher.
@@ -238,13 +268,27 @@ impl NodeConfig {
                 );
             }
         };
-        let listen_uris = if args.listen.is_empty() { file.listen } else { args.listen.clone() };
-        let listen = match listen_uris.as_slice() {
-            [] => SocketAddr::from(([0, 0, 0, 0], 11010)),
-            [one] => one.parse::<PeerUri>()?.resolve()?,
-            [_, extra, ..] => {
-                return usage(format!("extra listener {extra:?}: only one udp:// listener is supported yet"));
+        let mut listen_uris = if args.listen.is_empty() { file.listen } else { args.listen.clone() };
+        if listen_uris.is_empty() {
+            listen_uris = DEFAULT_LISTENERS.iter().map(|s| (*s).to_owned()).collect();
+        }
+        let mut listeners: Vec<Endpoint> = Vec::new();
+        for l in &listen_uris {
+            let ep = l.parse::<PeerUri>()?.resolve()?;
+            if listeners.iter().any(|e| e.proto == ep.proto) {
+                return usage(format!("extra listener {l:?}: one listener per transport"));
             }
+            listeners.push(ep);
+        }
+        let tls = match (args.tls_cert.clone().or(file.tls_cert), args.tls_key.clone().or(file.tls_key)) {
+            (Some(c), Some(k)) => Some((c, k)),
+            (None, None) => None,
+            _ => return usage("--tls-cert and --tls-key go together: give both or neither"),
+        };
+        let max_connections = match args.max_connections.or(file.max_connections) {
+            Some(0) => return usage("invalid --max-connections 0: need at least one"),
+            Some(n) => n,
+            None => 256,
         };
         let peer_uris = if args.peer.is_empty() { file.peer } else { args.peer.clone() };
         let peers = peer_uris.iter().map(|p| p.parse()).collect::<Result<Vec<PeerUri>, _>>()?;
@@ -271,7 +315,9 @@ impl NodeConfig {
             network_name,
             network_secret: Secret(secret),
             ipv4,
-            listen,
+            listeners,
+            tls,
+            max_connections,
             peers,
             cipher,
             threads,
@@ -347,7 +393,8 @@ mod tests {
     #[test]
     fn defaults() {
         let c = NodeConfig::resolve(&args()).unwrap();
-        assert_eq!(c.listen, "0.0.0.0:11010".parse().unwrap());
+        let listeners: Vec<String> = c.listeners.iter().map(ToString::to_string).collect();
+        assert_eq!(listeners, DEFAULT_LISTENERS);
         assert_eq!(c.cipher, Cipher::Aes128Gcm);
         assert_eq!(c.dev_name, "weft0");
         assert_eq!(c.mtu, 1420);
@@ -363,7 +410,9 @@ mod tests {
             ("ipv4", "10.0.0.1", "10.0.0.1"),
             ("ipv4", "10.0.0.1/33", "10.0.0.1/33"),
             ("peer", "udp://1.2.3.4", "missing :PORT"),
-            ("peer", "tcp://1.2.3.4:1", "not supported yet"),
+            ("peer", "tcp://1.2.3.4:1/x", "only ws:// and wss://"),
+            ("peer", "ws://1.2.3.4/x", "missing :PORT"),
+            ("listen", "udp://0.0.0.0:1", "one listener per transport"),
             ("peer", "gopher://x:1", "gopher"),
             ("peer", "1.2.3.4:11010", "1.2.3.4:11010"),
             ("cipher", "xor", "xor"),
@@ -375,6 +424,7 @@ mod tests {
             match field {
                 "ipv4" => a.ipv4 = Some(value.into()),
                 "peer" => a.peer = vec![value.into()],
+                "listen" => a.listen = vec!["udp://0.0.0.0:2".into(), value.into()],
                 "proxy" => a.proxy_network = vec![value.into()],
                 _ => a.cipher = Some(value.into()),
             }
@@ -398,6 +448,27 @@ mod tests {
         let e = NodeConfig::resolve(&a).unwrap_err().to_string();
         assert!(e.contains("bogus-key"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn every_transport_parses() {
+        for (uri, shown, path) in [
+            ("udp://127.0.0.1:1", "udp://127.0.0.1:1", "/"),
+            ("tcp://127.0.0.1:2", "tcp://127.0.0.1:2", "/"),
+            ("quic://127.0.0.1:3", "quic://127.0.0.1:3", "/"),
+            ("ws://127.0.0.1:4", "ws://127.0.0.1:4/", "/"),
+            ("wss://127.0.0.1:5/mesh/join", "wss://127.0.0.1:5/mesh/join", "/mesh/join"),
+            ("ws://[::1]:6/x", "ws://[::1]:6/x", "/x"),
+        ] {
+            let u: PeerUri = uri.parse().unwrap();
+            assert_eq!(u.to_string(), shown);
+            assert_eq!(u.path, path);
+            assert_eq!(u.resolve().unwrap().proto, u.proto);
+        }
+        let mut a = args();
+        a.tls_cert = Some("/x.pem".into());
+        let e = NodeConfig::resolve(&a).unwrap_err().to_string();
+        assert!(e.contains("--tls-key"), "{e}");
     }
 
     #[test]

@@ -60,11 +60,19 @@ pub struct StatusJson {
     pub cipher: String,
     /// Listener URIs.
     pub listeners: Vec<String>,
+    /// Live TCP, WebSocket and QUIC connections.
+    #[serde(default)]
+    pub connections: usize,
+    /// Counters of the connection transports (accepted, dialled, refused_full,
+    /// handshake_failures, protocol_errors, timeouts, ...).
+    #[serde(default)]
+    pub transport_counters: std::collections::BTreeMap<String, u64>,
     /// TUN device name.
     pub dev_name: String,
     /// Which offloads are in use.
     pub offloads: OffloadJson,
-    /// Counters of each forwarding pipeline.
+    /// Counters of each forwarding pipeline; the last one opens what the TCP,
+    /// WebSocket and QUIC connections receive (its TX counters stay zero).
     pub pipelines: Vec<PipelineJson>,
     /// Forwarding pipelines.
     pub threads: usize,
@@ -127,7 +135,7 @@ pub struct PeerJson {
     pub hostname: String,
     /// Its overlay address.
     pub overlay: String,
-    /// Its direct UDP endpoint, if known.
+    /// Its direct endpoint (transport and address), if known.
     pub endpoint: Option<String>,
     /// direct, relay or none.
     pub path: String,
@@ -137,7 +145,7 @@ pub struct PeerJson {
     pub via_hostname: Option<String>,
     /// Links on the path.
     pub hops: u32,
-    /// Transport of the path.
+    /// Transport of the path's first link: udp, quic, tcp, ws, wss (none without a path).
     pub transport: String,
     /// Smoothed round-trip time of the end-to-end session, in milliseconds.
     pub rtt_ms: Option<f64>,

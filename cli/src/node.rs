@@ -3,7 +3,7 @@
 //! actions, and serves the control socket.
 
 use std::collections::BTreeMap;
-use std::net::UdpSocket;
+use std::net::{SocketAddr, UdpSocket};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
@@ -19,10 +19,12 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, error, info, warn};
 use weft_core::crypto::Cipher;
 use weft_core::handshake::{Hello, Params, Psk};
-use weft_core::pipeline::{self, ControlEvent, ControlSink, PipelineConfig, PipelineStats, Shared};
+use weft_core::pipeline::{self, ControlEvent, ControlSink, PipelineConfig, PipelineStats, Shared, TX_HEADROOM};
 use weft_core::route::RouteSnapshot;
 use weft_core::stats::{DropCounters, DropReason};
+use weft_core::transport::conn::{Connector, LinkDown};
 use weft_core::transport::udp::{self, Offload};
+use weft_core::transport::{Egress, Endpoint, Links, Proto};
 use weft_core::tun::{Tun, TunConfig};
 use weft_peers::NodeId;
 use weft_peers::node::{Action, Config, Input, Node, PeerRef, Timers};
@@ -37,6 +39,8 @@ use crate::state;
 
 /// Depth of the data plane -> control plane queue.
 const CONTROL_QUEUE: usize = 1024;
+/// Received batches waiting for the links RX thread.
+const LINKS_QUEUE: usize = 256;
 
 struct QueueSink(mpsc::Sender<ControlEvent>);
 
@@ -72,8 +76,13 @@ pub fn run(mut cfg: NodeConfig) -> Result<()> {
     // The overlay is IPv4 only: without this the kernel's IPv6 chatter (router
     // solicitations) on the TUN would show up as not_ipv4 drops.
     let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{}/disable_ipv6", cfg.dev_name), "1");
-    let socks = udp::bind_reuseport(cfg.listen, cfg.threads, Duration::from_millis(500))
-        .with_context(|| format!("cannot listen on udp://{}", cfg.listen))?;
+    // Without a udp:// listener the sockets still carry outgoing UDP (dialled udp://
+    // peers, hole punching) from an ephemeral port.
+    let udp_listener = cfg.listeners.iter().find(|l| l.proto == Proto::Udp).copied();
+    let udp_bind = udp_listener.map_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)), |l| l.addr);
+    let socks = udp::bind_reuseport(udp_bind, cfg.threads, Duration::from_millis(500))
+        .with_context(|| format!("cannot listen on udp://{udp_bind}"))?;
+    let udp_bound = socks[0].local_addr().context("UDP socket has no address")?;
     // Probe every offload; a refusal falls back and is logged, never fatal.
     let udp_gso = cfg.offload.udp_gso && udp::probe_gso(&socks[0]);
     let gro_per_socket: Vec<bool> = socks.iter().map(|s| cfg.offload.udp_gro && udp::enable_gro(s)).collect();
@@ -90,7 +99,10 @@ pub fn run(mut cfg: NodeConfig) -> Result<()> {
         }
     }
     let sender = socks[0].try_clone().context("cannot duplicate the UDP socket")?;
+    let links_sock = Arc::new(socks[0].try_clone().context("cannot duplicate the UDP socket")?);
     let dial = cfg.peers.iter().map(|p| p.resolve()).collect::<Result<Vec<_>, _>>()?;
+    let needs_tls = cfg.listeners.iter().any(|l| matches!(l.proto, Proto::Wss | Proto::Quic));
+    let tls = if needs_tls { Some(state::load_or_create_tls(&cfg.state_dir, cfg.tls.as_ref())?) } else { None };
 
     if !cfg.proxy_networks.is_empty() {
         // The kernel forwards between the TUN and the proxied LAN.
@@ -110,13 +122,27 @@ pub fn run(mut cfg: NodeConfig) -> Result<()> {
     };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let tun_offload = tun.offload;
-    let mut pipelines = Vec::with_capacity(cfg.threads);
+    let (links, inbound) = Links::new(LINKS_QUEUE);
+    let mut pipelines = Vec::with_capacity(cfg.threads + 1);
+    let mut first_queue = None;
     for (i, ((q, s), gro)) in tun.queues.into_iter().zip(socks).zip(gro_per_socket).enumerate() {
         let pin = (cfg.pin && cfg.threads <= cores).then_some(i % cores);
         let pcfg = PipelineConfig { mtu: cfg.mtu, offload: tun_offload, udp_gro: gro, pin };
         let stats = Arc::new(PipelineStats::default());
-        pipeline::spawn(i, q, s, pcfg, shared.clone(), stats.clone()).context("cannot start pipeline threads")?;
+        let q = Arc::new(q);
+        first_queue.get_or_insert_with(|| q.clone());
+        pipeline::spawn(i, q, s, links.clone(), pcfg, shared.clone(), stats.clone())
+            .context("cannot start pipeline threads")?;
         pipelines.push(stats);
+    }
+    // What the connections receive is opened by one more thread, writing to the first
+    // TUN queue.
+    let links_stats = Arc::new(PipelineStats::default());
+    if let Some(q) = first_queue {
+        let pcfg = PipelineConfig { mtu: cfg.mtu, offload: tun_offload, udp_gro: false, pin: None };
+        let egress = Egress::new(links_sock, links.clone(), shared.offload.clone());
+        pipeline::spawn_links_rx(q, inbound, egress, pcfg, shared.clone(), links_stats.clone())
+            .context("cannot start the links thread")?;
     }
 
     let engine = Node::new(
@@ -132,17 +158,17 @@ pub fn run(mut cfg: NodeConfig) -> Result<()> {
                     hostname: cfg.hostname.clone(),
                 },
             },
-            dial,
+            dial: dial.clone(),
             epoch,
             timers: Timers { rekey_after: cfg.rekey_after, ..Timers::default() },
-            endpoints: local_endpoints(cfg.listen, cfg.ipv4.addr),
+            endpoints: Vec::new(),
             latency_first: cfg.latency_first,
             proxied: cfg.proxy_networks.iter().map(|n| (n.addr, n.prefix)).collect(),
             dynamic: cfg.dhcp.map(|r| (r.addr, r.prefix)),
         },
         Box::new(rand::rngs::StdRng::from_entropy()),
     );
-    info!(node_id = %engine.id(), addr = %cfg.ipv4, listen = %cfg.listen, cipher = %cfg.cipher, threads = cfg.threads, "node starting");
+    info!(node_id = %engine.id(), addr = %cfg.ipv4, cipher = %cfg.cipher, threads = cfg.threads, "node starting");
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -150,6 +176,25 @@ pub fn run(mut cfg: NodeConfig) -> Result<()> {
         .thread_name("weft-ctl")
         .build()
         .context("cannot start the control runtime")?;
+    let (down_tx, down_rx) = mpsc::channel(CONTROL_QUEUE);
+    let frame_max = usize::from(cfg.mtu) + TX_HEADROOM + 64;
+    let connector = Connector::new(links, down_tx, tls, cfg.max_connections, frame_max)?;
+    for (p, ep) in cfg.peers.iter().zip(&dial) {
+        connector.set_path(*ep, p.path.clone());
+    }
+    // Bind every listener; a port in use is fatal, like the UDP one.
+    let mut bound = Vec::with_capacity(cfg.listeners.len());
+    for l in &cfg.listeners {
+        let addr = match l.proto {
+            Proto::Udp => udp_bound,
+            _ => rt.block_on(connector.listen(*l))?,
+        };
+        let ep = Endpoint::new(l.proto, addr);
+        info!(listener = %ep, "listening");
+        bound.push(ep);
+    }
+    let mut engine = engine;
+    engine.set_endpoints(local_endpoints(&bound, cfg.ipv4.addr));
     let runtime = Runtime {
         cfg,
         engine,
@@ -160,8 +205,12 @@ pub fn run(mut cfg: NodeConfig) -> Result<()> {
         pipelines,
         drops: DropCounters::default(),
         kernel_routes: Vec::new(),
+        connector,
+        links_stats,
+        listeners: bound,
+        udp_port: udp_bound.port(),
     };
-    let result = rt.block_on(runtime.serve(ctl_rx));
+    let result = rt.block_on(runtime.serve(ctl_rx, down_rx));
     // Pipeline threads block in TUN reads; the process exit ends them.
     rt.shutdown_timeout(Duration::from_millis(200));
     result
@@ -179,10 +228,22 @@ struct Runtime {
     drops: DropCounters,
     /// Proxied subnets currently routed into the TUN.
     kernel_routes: Vec<(std::net::Ipv4Addr, u8)>,
+    /// TCP, WebSocket and QUIC connections.
+    connector: Connector,
+    /// Counters of the thread that opens what connections receive.
+    links_stats: Arc<PipelineStats>,
+    /// Bound listeners.
+    listeners: Vec<Endpoint>,
+    /// Port of the UDP sockets (announced in LAN beacons).
+    udp_port: u16,
 }
 
 impl Runtime {
-    async fn serve(mut self, mut events: mpsc::Receiver<ControlEvent>) -> Result<()> {
+    async fn serve(
+        mut self,
+        mut events: mpsc::Receiver<ControlEvent>,
+        mut link_down: mpsc::Receiver<LinkDown>,
+    ) -> Result<()> {
         let listener = bind_control(&self.cfg.control)?;
         let (req_tx, mut requests) = mpsc::channel::<StatusRequest>(16);
         let accept = tokio::spawn(accept_loop(listener, req_tx));
@@ -194,7 +255,7 @@ impl Runtime {
             let beacon = Beacon {
                 network: Beacon::network_hash(&self.cfg.network_name),
                 node: self.engine.id().to_bytes(),
-                port: self.cfg.listen.port(),
+                port: self.udp_port,
             };
             info!(interfaces = ifs.len(), "LAN discovery on");
             Some(Discovery::new(ifs, beacon)?)
@@ -219,6 +280,11 @@ impl Runtime {
                     }
                 }
                 () = tokio::time::sleep_until(deadline.into()) => self.engine.handle_timeout(Instant::now()),
+                down = link_down.recv() => {
+                    if let Some(d) = down {
+                        self.engine.handle(Instant::now(), Input::LinkDown { endpoint: d.endpoint, error: &d.error });
+                    }
+                }
                 req = requests.recv() => {
                     if let Some((req, reply)) = req {
                         let _ = reply.send(self.request(req));
@@ -229,7 +295,7 @@ impl Runtime {
                         Some(d) => d.next_peer().await,
                         None => std::future::pending().await,
                     }
-                } => self.engine.handle(Instant::now(), Input::Discovered { endpoint }),
+                } => self.engine.handle(Instant::now(), Input::Discovered { endpoint: Endpoint::udp(endpoint) }),
                 _ = beacon_timer.tick(), if discovery.is_some() => {
                     if let Some(d) = &discovery {
                         d.announce().await;
@@ -263,12 +329,13 @@ impl Runtime {
                     self.cfg.ipv4.addr = new;
                     info!(%new, "overlay address changed");
                 }
-                Action::Send { to, bytes } => {
-                    if let Err(e) = self.sender.send_to(&bytes, to) {
+                Action::Send { to, bytes } if to.proto == Proto::Udp => {
+                    if let Err(e) = self.sender.send_to(&bytes, to.addr) {
                         debug!(%to, error = %e, "control send failed");
                         self.drops.add(DropReason::UdpSend, 1);
                     }
                 }
+                Action::Send { to, bytes } => self.connector.send(to, &bytes),
             }
         }
     }
@@ -277,11 +344,14 @@ impl Runtime {
         let now = Instant::now();
         let done = match req {
             Request::Status => return Reply::Status(Box::new(self.status())),
-            Request::AddPeer { uri } => uri
-                .parse::<PeerUri>()
-                .and_then(|u| u.resolve())
-                .map_err(|e| e.to_string())
-                .and_then(|to| self.engine.add_peer(now, to).map(|()| format!("added {uri}"))),
+            Request::AddPeer { uri } => {
+                uri.parse::<PeerUri>().and_then(|u| Ok((u.resolve()?, u))).map_err(|e| e.to_string()).and_then(
+                    |(to, u)| {
+                        self.connector.set_path(to, u.path.clone());
+                        self.engine.add_peer(now, to).map(|()| format!("added {u}"))
+                    },
+                )
+            }
             Request::RemovePeer { peer } => {
                 let which = match peer.parse::<NodeId>() {
                     Ok(id) => Ok(PeerRef::Node(id)),
@@ -315,7 +385,7 @@ impl Runtime {
         let now = Instant::now();
         let st: NodeStatus = self.engine.status(now);
         let mut drops = counters(&self.drops);
-        for p in &self.pipelines {
+        for p in self.pipelines.iter().chain([&self.links_stats]) {
             for (k, v) in counters(&p.drops) {
                 *drops.entry(k).or_default() += v;
             }
@@ -333,6 +403,12 @@ impl Runtime {
                     PathStatus::Relay { via, hops } => ("relay", Some(via), hops),
                     PathStatus::None => ("none", None, 0),
                 };
+                // The transport of the first link: to the peer, or to the relay.
+                let first_link = match via {
+                    Some(v) => st.peers.iter().find(|q| q.node_id == v).and_then(|q| q.endpoint),
+                    None if path == "direct" => p.endpoint,
+                    None => None,
+                };
                 PeerJson {
                     node_id: p.node_id.to_string(),
                     hostname: p.hostname.clone(),
@@ -344,7 +420,7 @@ impl Runtime {
                         .and_then(|v| st.peers.iter().find(|q| q.node_id == v))
                         .map(|q| q.hostname.clone()),
                     hops,
-                    transport: "udp".into(),
+                    transport: first_link.map_or_else(|| "none".into(), |e| e.proto.to_string()),
                     rtt_ms: p.rtt.map(|r| r.as_secs_f64() * 1000.0),
                     loss: p.loss,
                     state: p.state.name().into(),
@@ -364,7 +440,15 @@ impl Runtime {
             hostname: self.cfg.hostname.clone(),
             overlay: self.cfg.ipv4.to_string(),
             cipher: self.cfg.cipher.to_string(),
-            listeners: vec![format!("udp://{}", self.cfg.listen)],
+            listeners: self.listeners.iter().map(ToString::to_string).collect(),
+            connections: self.connector.links().len(),
+            transport_counters: self
+                .connector
+                .counters()
+                .snapshot()
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v))
+                .collect(),
             dev_name: self.cfg.dev_name.clone(),
             offloads: OffloadJson {
                 tun: self.tun_offload,
@@ -375,6 +459,7 @@ impl Runtime {
             pipelines: self
                 .pipelines
                 .iter()
+                .chain([&self.links_stats])
                 .map(|p| {
                     let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
                     PipelineJson {
@@ -498,11 +583,17 @@ async fn serve_client(stream: UnixStream, requests: mpsc::Sender<StatusRequest>)
 
 /// The addresses peers may reach this node at: the listen address, or with a wildcard
 /// listener every non-loopback IPv4 interface address except the overlay's own.
-fn local_endpoints(listen: std::net::SocketAddr, overlay: std::net::Ipv4Addr) -> Vec<std::net::SocketAddr> {
-    if !listen.ip().is_unspecified() {
-        return vec![listen];
+fn local_endpoints(listeners: &[Endpoint], overlay: std::net::Ipv4Addr) -> Vec<Endpoint> {
+    let ips = local_ipv4s(overlay);
+    let mut out = Vec::new();
+    for l in listeners {
+        if l.addr.ip().is_unspecified() {
+            out.extend(ips.iter().map(|a| Endpoint::new(l.proto, SocketAddr::new((*a).into(), l.addr.port()))));
+        } else {
+            out.push(*l);
+        }
     }
-    local_ipv4s(overlay).into_iter().map(|a| std::net::SocketAddr::new(a.into(), listen.port())).collect()
+    out
 }
 
 /// Non-loopback, non-link-local IPv4 addresses of this host, except the overlay's own.

@@ -22,6 +22,9 @@ pub(crate) fn status(s: &StatusJson) -> String {
         onoff(s.offloads.udp_gso),
         onoff(s.offloads.udp_gro)
     );
+    let notable: Vec<String> =
+        s.transport_counters.iter().filter(|(_, v)| **v > 0).map(|(k, v)| format!("{k}={v}")).collect();
+    let _ = writeln!(o, "links     {} connections {}", s.connections, notable.join(" "));
     let _ = writeln!(o, "uptime    {}", human_secs(s.uptime_secs));
     if !s.proxy_networks.is_empty() {
         let _ = writeln!(o, "proxies   {}", s.proxy_networks.join(", "));
@@ -42,7 +45,7 @@ pub(crate) fn status(s: &StatusJson) -> String {
     for p in &s.pending_peers {
         let _ = writeln!(
             o,
-            "pending   udp://{} after {} attempts: {}",
+            "pending   {} after {} attempts: {}",
             p.endpoint,
             p.attempts,
             p.error.as_deref().unwrap_or("connecting")
@@ -56,7 +59,7 @@ pub(crate) fn status(s: &StatusJson) -> String {
 
 /// Renders `weft peers`.
 pub(crate) fn peers(s: &StatusJson) -> String {
-    let rows: Vec<[String; 10]> = s
+    let rows: Vec<[String; 11]> = s
         .peers
         .iter()
         .map(|p| {
@@ -73,7 +76,8 @@ pub(crate) fn peers(s: &StatusJson) -> String {
                 p.rtt_ms.map_or_else(|| "-".into(), |r| format!("{r:.1} ms")),
                 p.loss.map_or_else(|| "-".into(), |l| format!("{:.0}%", l * 100.0)),
                 format!("{} / {}", human_bytes(p.rx_bytes), human_bytes(p.tx_bytes)),
-                format!("{} {}", p.transport, p.endpoint.as_deref().unwrap_or("-")),
+                p.transport.clone(),
+                p.endpoint.clone().unwrap_or_else(|| "-".into()),
                 p.last_handshake_secs.map_or_else(|| "-".into(), |x| format!("{} ago", human_secs(x))),
                 p.error.clone().unwrap_or_default(),
             ]
@@ -83,7 +87,19 @@ pub(crate) fn peers(s: &StatusJson) -> String {
     if rows.is_empty() {
         o.push_str("no peers\n");
     } else {
-        let head = ["OVERLAY", "HOST", "STATE", "PATH", "LATENCY", "LOSS", "RX / TX", "ENDPOINT", "HANDSHAKE", "NOTE"];
+        let head = [
+            "OVERLAY",
+            "HOST",
+            "STATE",
+            "PATH",
+            "LATENCY",
+            "LOSS",
+            "RX / TX",
+            "TRANSPORT",
+            "ENDPOINT",
+            "HANDSHAKE",
+            "NOTE",
+        ];
         table(&mut o, head, &rows);
     }
     o

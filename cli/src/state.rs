@@ -1,4 +1,5 @@
-//! The state directory: the node's static key, created on first start (mode 0600).
+//! The state directory: the node's static key, created on first start (mode 0600),
+//! and the self-signed TLS certificate of wss:// and quic:// listeners.
 
 use std::fs::{self, OpenOptions};
 use std::io::Write;
@@ -6,10 +7,62 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tracing::{info, warn};
 use weft_core::handshake::StaticKey;
+use weft_core::transport::conn::TlsIdentity;
+
+use crate::config::UsageError;
 
 const KEY_FILE: &str = "node.key";
+const TLS_CERT_FILE: &str = "tls-cert.pem";
+const TLS_KEY_FILE: &str = "tls-key.pem";
+
+/// The TLS identity of wss:// and quic:// listeners: `given` (`--tls-cert`,
+/// `--tls-key`), else a self-signed pair kept in `dir`, made on first use. Peers do
+/// not check it (the Noise handshake authenticates them), so self-signed is fine.
+pub fn load_or_create_tls(dir: &Path, given: Option<&(std::path::PathBuf, std::path::PathBuf)>) -> Result<TlsIdentity> {
+    let (cert, key) = match given {
+        Some((c, k)) => (c.clone(), k.clone()),
+        None => {
+            let (c, k) = (dir.join(TLS_CERT_FILE), dir.join(TLS_KEY_FILE));
+            if !c.exists() || !k.exists() {
+                let cert = rcgen::generate_simple_self_signed(vec!["weft".to_owned()])
+                    .context("cannot generate a TLS certificate")?;
+                write_private(&k, cert.signing_key.serialize_pem().as_bytes())?;
+                fs::write(&c, cert.cert.pem()).with_context(|| format!("cannot write {}", c.display()))?;
+                info!(path = %c.display(), "created self-signed TLS certificate for wss:// and quic://");
+            }
+            (c, k)
+        }
+    };
+    let bad = |what: &str, p: &Path, e: &dyn std::fmt::Display| {
+        UsageError(format!("cannot use TLS {what} {}: {e}", p.display()))
+    };
+    let chain = CertificateDer::pem_file_iter(&cert)
+        .map_err(|e| bad("certificate", &cert, &e))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad("certificate", &cert, &e))?;
+    if chain.is_empty() {
+        return Err(bad("certificate", &cert, &"no CERTIFICATE block in the file").into());
+    }
+    let key = PrivateKeyDer::from_pem_file(&key).map_err(|e| bad("key", &key, &e))?;
+    Ok(TlsIdentity { chain, key })
+}
+
+fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    Ok(())
+}
 
 /// Loads the node key from `dir`, creating the directory and the key if needed.
 pub fn load_or_create_key(dir: &Path) -> Result<StaticKey> {
@@ -76,6 +129,18 @@ mod tests {
         assert_eq!(a.public, b.public);
         fs::write(dir.join(KEY_FILE), "zz\n").unwrap();
         assert!(load_or_create_key(&dir).is_err());
+
+        // The self-signed TLS pair is made once, private, and reused.
+        let t1 = load_or_create_tls(&dir, None).unwrap();
+        let mode = fs::metadata(dir.join(TLS_KEY_FILE)).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let t2 = load_or_create_tls(&dir, None).unwrap();
+        assert_eq!(t1.chain, t2.chain);
+        // Given files that are not PEM are refused by name.
+        let junk = dir.join("junk.pem");
+        fs::write(&junk, "not a certificate").unwrap();
+        let e = load_or_create_tls(&dir, Some(&(junk.clone(), junk))).unwrap_err().to_string();
+        assert!(e.contains("junk.pem"), "{e}");
         fs::remove_dir_all(&dir).unwrap();
     }
 }

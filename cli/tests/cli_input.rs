@@ -28,7 +28,11 @@ fn assert_fails(out: &Output, code: i32, needle: &str) {
 fn malformed_values_exit_2_naming_the_value() {
     assert_fails(&up(&["-p", "udp//10.0.0.1:11010"]), 2, "udp//10.0.0.1:11010");
     assert_fails(&up(&["-p", "udp://10.0.0.1"]), 2, "udp://10.0.0.1");
-    assert_fails(&up(&["-p", "tcp://10.0.0.1:11010"]), 2, "not supported yet");
+    assert_fails(&up(&["-p", "tcp://10.0.0.1:11010/join"]), 2, "only ws:// and wss:// URIs take a path");
+    assert_fails(&up(&["-p", "sctp://10.0.0.1:11010"]), 2, "unknown scheme");
+    assert_fails(&up(&["-l", "tcp://0.0.0.0:1", "-l", "tcp://0.0.0.0:2"]), 2, "one listener per transport");
+    assert_fails(&up(&["--tls-cert", "/nonexistent.pem"]), 2, "--tls-key");
+    assert_fails(&up(&["--max-connections", "0"]), 2, "--max-connections 0");
     assert_fails(&up(&["-l", "udp://0.0.0.0:99999"]), 2, "udp://0.0.0.0:99999");
     assert_fails(&up(&["--cipher", "xor"]), 2, "xor");
     assert_fails(&up(&["--mtu", "100"]), 2, "100");

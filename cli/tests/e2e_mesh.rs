@@ -172,7 +172,7 @@ fn nodes_behind_nat_punch_through_to_a_direct_path() {
     eprintln!("direct path after {took:?}");
     // The direct endpoint A uses for C is C's router, not B.
     let ep = na.peer("10.126.126.3").unwrap()["endpoint"].as_str().unwrap().to_owned();
-    assert!(ep.starts_with("203.0.113.3:"), "A reaches C at its NAT's public address, got {ep}");
+    assert!(ep.starts_with("udp://203.0.113.3:"), "A reaches C at its NAT's public address, got {ep}");
 
     // Traffic between A and C no longer crosses B.
     let b_packets = || {

@@ -8,12 +8,10 @@
 
 mod netns;
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream, UdpSocket};
-use std::time::{Duration, Instant};
+use std::net::UdpSocket;
+use std::time::Duration;
 
-use netns::{Lan, Netns, Node, TempDir, ping, require_root, wait_until};
-use ring::digest;
+use netns::{Lan, Node, TempDir, ping, require_root, transfer, wait_until};
 
 const NET: [&str; 4] = ["--network-name", "e2e", "--network-secret", "correct horse"];
 const A_IP: &str = "10.126.126.1";
@@ -35,62 +33,6 @@ fn pair(lan: &Lan, dir: &TempDir, a_extra: &[&str], b_extra: &[&str]) -> (Node, 
     let b = Node::start(&lan.hosts[1], &dir.0, "b", &b_args);
     wait_until(Duration::from_secs(10), "session A<->B", || a.peer_established(B_IP) && b.peer_established(A_IP));
     (a, b)
-}
-
-/// Sends `len` pseudo-random bytes over TCP from `from` to `to_ip:port` inside `to`;
-/// returns the SHA-256 of what was sent and of what arrived.
-fn transfer(from: &Netns, to: &Netns, to_ip: &str, len: usize) -> (Vec<u8>, Vec<u8>, Duration) {
-    let addr = format!("{to_ip}:5001");
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    std::thread::scope(|s| {
-        let rx = s.spawn(|| {
-            to.within(|| {
-                let l = TcpListener::bind(&addr).expect("bind receiver");
-                ready_tx.send(()).unwrap();
-                let (mut c, _) = l.accept().unwrap();
-                c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-                let mut ctx = digest::Context::new(&digest::SHA256);
-                let mut buf = vec![0u8; 1 << 16];
-                let mut total = 0;
-                loop {
-                    let n = c.read(&mut buf).expect("receive");
-                    if n == 0 {
-                        break;
-                    }
-                    total += n;
-                    ctx.update(&buf[..n]);
-                }
-                assert_eq!(total, len, "received byte count");
-                ctx.finish().as_ref().to_vec()
-            })
-        });
-        ready_rx.recv_timeout(Duration::from_secs(10)).expect("receiver ready");
-        let sent = from.within(|| {
-            let mut c = TcpStream::connect_timeout(&addr.parse().unwrap(), Duration::from_secs(10)).expect("connect");
-            c.set_write_timeout(Some(Duration::from_secs(60))).unwrap();
-            let mut ctx = digest::Context::new(&digest::SHA256);
-            let mut state = 0x9e37_79b9_7f4a_7c15u64;
-            let mut buf = vec![0u8; 1 << 16];
-            let start = Instant::now();
-            let mut left = len;
-            while left > 0 {
-                for chunk in buf.chunks_mut(8) {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    chunk.copy_from_slice(&state.to_le_bytes()[..chunk.len()]);
-                }
-                let n = left.min(buf.len());
-                c.write_all(&buf[..n]).expect("send");
-                ctx.update(&buf[..n]);
-                left -= n;
-            }
-            c.shutdown(std::net::Shutdown::Write).unwrap();
-            (ctx.finish().as_ref().to_vec(), start)
-        });
-        let got = rx.join().expect("receiver thread");
-        (sent.0, got, sent.1.elapsed())
-    })
 }
 
 fn ping_both_ways(lan: &Lan) {
@@ -175,7 +117,7 @@ fn wrong_secret_gets_nothing_through() {
     }
     assert!(!ping(&lan.hosts[0], "10.126.126.3"), "A reached C");
     let refused = &a.status()["refused_handshakes"][0];
-    assert_eq!(refused["from"], format!("{}:11010", lan.addrs[2]));
+    assert_eq!(refused["from"], format!("udp://{}:11010", lan.addrs[2]));
     assert!(refused["reason"].as_str().unwrap().contains("secret"), "{refused}");
     let cs = c.status();
     assert!(cs["peers"].as_array().unwrap().is_empty(), "C has peers: {cs}");

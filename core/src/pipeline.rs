@@ -11,9 +11,10 @@
 //! ```
 
 use std::io;
-use std::net::{SocketAddr, UdpSocket};
+use std::net::UdpSocket;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -26,6 +27,7 @@ use crate::route::RouteSnapshot;
 use crate::session::Session;
 use crate::stats::{DropCounters, DropReason};
 use crate::transport::udp::{self, MAX_BATCH, Offload, Outgoing, RecvMeta};
+use crate::transport::{Egress, Endpoint, Inbound, Links, frame};
 use crate::wire::{DATA_HEADER_LEN, DataHeader, FLAG_CONTROL, MessageType, RELAY_HEADER_LEN, RelayHeader, ipv4_addrs};
 
 /// Where the data plane hands what it cannot handle itself.
@@ -40,7 +42,7 @@ pub enum ControlEvent {
     /// A handshake or reject datagram.
     Datagram {
         /// Sender (the last relay when `via` is set).
-        from: SocketAddr,
+        from: Endpoint,
         /// The node that sent it through relays, if it was relayed.
         via: Option<[u8; 8]>,
         /// The datagram.
@@ -59,7 +61,7 @@ pub enum ControlEvent {
         /// The session's local index.
         local_index: u32,
         /// Where they come from.
-        from: SocketAddr,
+        from: Endpoint,
     },
     /// The first authenticated packet arrived on a session that was not yet confirmed.
     Confirmed {
@@ -175,27 +177,46 @@ pub struct PipelineConfig {
     pub pin: Option<usize>,
 }
 
-/// Starts the TX and RX thread of pipeline `id`.
+/// Starts the TX and RX thread of pipeline `id`: TUN queue `tun`, UDP socket `sock`,
+/// and the node's connections `links` for paths over other transports.
 pub fn spawn(
     id: usize,
-    tun: SyncDevice,
+    tun: Arc<SyncDevice>,
     sock: UdpSocket,
+    links: Arc<Links>,
     cfg: PipelineConfig,
     shared: Shared,
     stats: Arc<PipelineStats>,
 ) -> io::Result<[JoinHandle<()>; 2]> {
-    let tun = Arc::new(tun);
     let sock = Arc::new(sock);
-    let (t2, s2, sh2, st2) = (tun.clone(), sock.clone(), shared.clone(), stats.clone());
+    let tx_egress = Egress::new(sock.clone(), links.clone(), shared.offload.clone());
+    let rx_egress = Egress::new(sock, links, shared.offload.clone());
+    let (t2, sh2, st2) = (tun.clone(), shared.clone(), stats.clone());
     let tx = std::thread::Builder::new().name(format!("weft-tx-{id}")).spawn(move || {
         pin(cfg.pin);
-        Tx::new(cfg).run(&t2, &s2, &sh2, &st2)
+        Tx::new(cfg).run(&t2, tx_egress, &sh2, &st2)
     })?;
     let rx = std::thread::Builder::new().name(format!("weft-rx-{id}")).spawn(move || {
         pin(cfg.pin);
-        Rx::new(cfg).run(&tun, &sock, &shared, &stats)
+        Rx::new(cfg).run(&tun, rx_egress, &shared, &stats)
     })?;
     Ok([tx, rx])
+}
+
+/// Starts the thread that opens what the connections (TCP, WebSocket, QUIC) receive
+/// and writes it to the TUN queue `tun`; relayed frames leave through `egress`.
+pub fn spawn_links_rx(
+    tun: Arc<SyncDevice>,
+    inbound: mpsc::Receiver<Inbound>,
+    egress: Egress,
+    cfg: PipelineConfig,
+    shared: Shared,
+    stats: Arc<PipelineStats>,
+) -> io::Result<JoinHandle<()>> {
+    let cfg = PipelineConfig { udp_gro: false, ..cfg };
+    std::thread::Builder::new()
+        .name("weft-rx-links".into())
+        .spawn(move || Rx::new(cfg).run_links(&tun, &inbound, egress, &shared, &stats))
 }
 
 fn pin(core: Option<usize>) {
@@ -270,7 +291,7 @@ impl Tx {
         }
     }
 
-    fn run(mut self, tun: &SyncDevice, sock: &UdpSocket, shared: &Shared, stats: &PipelineStats) {
+    fn run(mut self, tun: &SyncDevice, mut egress: Egress, shared: &Shared, stats: &PipelineStats) {
         loop {
             let n = match tun.recv_multiple(&mut self.original, &mut self.bufs, &mut self.sizes, TX_HEADROOM) {
                 Ok(n) => n,
@@ -286,10 +307,7 @@ impl Tx {
             };
             let routes = shared.routes.load();
             self.process(&routes, &stats.drops, n, now_ms(shared.epoch));
-            let failed = udp::send_batch(sock, &self.bufs, &self.out, &shared.offload);
-            if failed > 0 {
-                stats.drops.add(DropReason::UdpSend, failed as u64);
-            }
+            egress.send(&self.bufs, &self.out).count(&stats.drops);
             stats.tx_batches.fetch_add(1, Relaxed);
             stats.tx_packets.fetch_add(self.out.len() as u64, Relaxed);
             stats.tx_bytes.fetch_add(self.sent_bytes, Relaxed);
@@ -363,6 +381,8 @@ pub struct Rx {
     pending: usize,
     /// Relayed frames to forward, as offsets into the slab.
     fwd: Vec<Outgoing>,
+    /// Links RX: offset into a batch that did not fit the slots in one go.
+    resume: usize,
     vnet_hdr: bool,
 }
 
@@ -384,14 +404,15 @@ impl Rx {
             gro: GROTable::default(),
             pending: 0,
             fwd: Vec::with_capacity(MAX_BATCH),
+            resume: 0,
             vnet_hdr: cfg.offload,
         }
     }
 
-    fn run(mut self, tun: &SyncDevice, sock: &UdpSocket, shared: &Shared, stats: &PipelineStats) {
+    fn run(mut self, tun: &SyncDevice, mut egress: Egress, shared: &Shared, stats: &PipelineStats) {
         let mut writer = TunOut::new(tun, &shared.offload, self.vnet_hdr);
         while !shared.stop.load(Relaxed) {
-            let n = match udp::recv_batch(sock, &mut self.slab, self.slot, &mut self.metas) {
+            let n = match udp::recv_batch(egress.udp(), &mut self.slab, self.slot, &mut self.metas) {
                 Ok(n) => n,
                 Err(e)
                     if matches!(
@@ -410,10 +431,89 @@ impl Rx {
             let routes = shared.routes.load();
             stats.rx_batches.fetch_add(1, Relaxed);
             self.process(&routes, shared, stats, n, now_ms(shared.epoch), &mut writer);
-            if !self.fwd.is_empty() {
-                let failed = udp::send_batch(sock, &[&self.slab[..]], &self.fwd, &shared.offload);
-                stats.drops.add(DropReason::UdpSend, failed as u64);
+            self.forward(&mut egress, stats);
+        }
+    }
+
+    /// The links RX loop: batches received by the connections, copied into the slab
+    /// (one frame per slot) and processed like UDP datagrams.
+    fn run_links(
+        mut self,
+        tun: &SyncDevice,
+        inbound: &mpsc::Receiver<Inbound>,
+        mut egress: Egress,
+        shared: &Shared,
+        stats: &PipelineStats,
+    ) {
+        let mut writer = TunOut::new(tun, &shared.offload, self.vnet_hdr);
+        let mut carry: Option<Inbound> = None;
+        while !shared.stop.load(Relaxed) {
+            let first = match carry.take() {
+                Some(b) => b,
+                None => match inbound.recv_timeout(Duration::from_millis(500)) {
+                    Ok(b) => b,
+                    Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                },
+            };
+            // Fill the slots from this batch and whatever else is already waiting.
+            let mut n = 0;
+            let mut next = Some(first);
+            while let Some(b) = next.take() {
+                match self.fill(&b, n, stats) {
+                    Ok(used) => n = used,
+                    Err(used) => {
+                        // Out of slots: process these, continue with the rest.
+                        n = used;
+                        carry = Some(b);
+                        break;
+                    }
+                }
+                if n < self.metas.len() {
+                    next = inbound.try_recv().ok();
+                }
             }
+            if n == 0 {
+                continue;
+            }
+            let routes = shared.routes.load();
+            stats.rx_batches.fetch_add(1, Relaxed);
+            self.process(&routes, shared, stats, n, now_ms(shared.epoch), &mut writer);
+            self.forward(&mut egress, stats);
+        }
+    }
+
+    /// Copies the frames of `b` into slots from `n` on. Returns the slots now used, or
+    /// `Err(used)` when the slots ran out first; the frames already copied are then
+    /// cut from `b`'s front so the caller can pass the rest again.
+    fn fill(&mut self, b: &Inbound, mut n: usize, stats: &PipelineStats) -> Result<usize, usize> {
+        let mut copied = 0;
+        for f in frame::frames(&b.batch[self.resume..]) {
+            let Ok(f) = f else {
+                stats.drops.add(DropReason::Malformed, 1);
+                break;
+            };
+            if n == self.metas.len() {
+                self.resume += copied;
+                return Err(n);
+            }
+            copied += frame::PREFIX + f.len();
+            if f.len() > self.slot {
+                stats.drops.add(DropReason::Malformed, 1);
+                continue;
+            }
+            let start = n * self.slot;
+            self.slab[start..start + f.len()].copy_from_slice(f);
+            self.metas[n] = RecvMeta { from: b.from, len: f.len(), stride: f.len(), truncated: false };
+            n += 1;
+        }
+        self.resume = 0;
+        Ok(n)
+    }
+
+    fn forward(&mut self, egress: &mut Egress, stats: &PipelineStats) {
+        if !self.fwd.is_empty() {
+            egress.send(&[&self.slab[..]], &self.fwd).count(&stats.drops);
         }
     }
 
@@ -487,7 +587,7 @@ impl Rx {
     }
 
     /// Relayed frames the last [`Rx::process`] would forward: (destination, frame).
-    pub fn forwarded(&self) -> impl Iterator<Item = (SocketAddr, &[u8])> {
+    pub fn forwarded(&self) -> impl Iterator<Item = (Endpoint, &[u8])> {
         self.fwd.iter().map(|o| (o.to, &self.slab[o.start..o.start + o.len]))
     }
 
@@ -501,14 +601,14 @@ enum Hop {
     /// For us: the inner datagram starts at this offset; relayed by this node.
     Local(usize, Option<[u8; 8]>),
     /// A relayed frame for someone else, hop limit already decremented.
-    Forward(SocketAddr),
+    Forward(Endpoint),
     /// Dropped and counted.
     Drop,
 }
 
 /// Unwraps a relay header addressed to us, or decides where a frame for someone else
 /// goes. Relayed frames are accepted only from direct neighbours.
-fn relay_or_local(routes: &RouteSnapshot, stats: &PipelineStats, from: SocketAddr, data: &mut [u8]) -> Hop {
+fn relay_or_local(routes: &RouteSnapshot, stats: &PipelineStats, from: Endpoint, data: &mut [u8]) -> Hop {
     if MessageType::of(data) != Some(MessageType::Relay) {
         return Hop::Local(0, None);
     }
@@ -547,7 +647,7 @@ fn open<'r>(
     routes: &'r RouteSnapshot,
     shared: &Shared,
     stats: &PipelineStats,
-    from: SocketAddr,
+    from: Endpoint,
     via: Option<[u8; 8]>,
     data: &mut [u8],
     now: u64,

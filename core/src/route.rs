@@ -3,12 +3,13 @@
 //! forward a relayed frame", built by the control plane and swapped in atomically;
 //! pipelines load it once per batch.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::Ipv4Addr;
 use std::sync::Arc;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::session::Session;
+use crate::transport::Endpoint;
 use crate::wire::RelayHeader;
 
 /// How to send to one destination.
@@ -17,7 +18,7 @@ pub struct Route {
     /// The end-to-end session with the destination.
     pub session: Arc<Session>,
     /// Where the datagram goes: the destination itself, or the first relay.
-    pub target: SocketAddr,
+    pub target: Endpoint,
     /// Present when the path is relayed: the header to put in front.
     pub relay: Option<RelayHeader>,
 }
@@ -28,8 +29,8 @@ pub struct RouteSnapshot {
     local: [u8; 8],
     by_dst: FxHashMap<Ipv4Addr, Route>,
     by_index: FxHashMap<u32, Arc<Session>>,
-    next_hops: FxHashMap<[u8; 8], SocketAddr>,
-    neighbours: FxHashSet<SocketAddr>,
+    next_hops: FxHashMap<[u8; 8], Endpoint>,
+    neighbours: FxHashSet<Endpoint>,
     /// Proxied subnets, longest prefix first: (network, prefix, route).
     subnets: Vec<(u32, u8, Route)>,
 }
@@ -56,8 +57,8 @@ impl RouteSnapshot {
         local: [u8; 8],
         routes: impl IntoIterator<Item = (Ipv4Addr, Route)>,
         receiving: impl IntoIterator<Item = Arc<Session>>,
-        next_hops: impl IntoIterator<Item = ([u8; 8], SocketAddr)>,
-        neighbours: impl IntoIterator<Item = SocketAddr>,
+        next_hops: impl IntoIterator<Item = ([u8; 8], Endpoint)>,
+        neighbours: impl IntoIterator<Item = Endpoint>,
     ) -> Self {
         Self {
             local,
@@ -104,12 +105,12 @@ impl RouteSnapshot {
     }
 
     /// Where to forward a relayed frame for node `dst`.
-    pub fn next_hop(&self, dst: &[u8; 8]) -> Option<SocketAddr> {
+    pub fn next_hop(&self, dst: &[u8; 8]) -> Option<Endpoint> {
         self.next_hops.get(dst).copied()
     }
 
     /// Whether `addr` is a direct neighbour (relayed frames are accepted only from these).
-    pub fn is_neighbour(&self, addr: &SocketAddr) -> bool {
+    pub fn is_neighbour(&self, addr: &Endpoint) -> bool {
         self.neighbours.contains(addr)
     }
 

@@ -2,7 +2,7 @@
 //! the pipelines (which seal and open with it) and the control plane (which creates,
 //! watches and retires it).
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
@@ -12,6 +12,7 @@ use crate::crypto::{Cipher, DataKey};
 use crate::handshake::SessionKeys;
 use crate::replay::ReplayWindow;
 use crate::stats::{DropReason, PeerStats};
+use crate::transport::Endpoint;
 use crate::wire::{DATA_HEADER_LEN, DataHeader};
 
 /// Everything the control plane decides about a new session.
@@ -26,7 +27,7 @@ pub struct SessionParams {
     /// Keys from the handshake.
     pub keys: SessionKeys,
     /// Where to send.
-    pub endpoint: SocketAddr,
+    pub endpoint: Endpoint,
     /// The overlay address the peer owns; inner packets from it must carry this source.
     pub peer_addr: Ipv4Addr,
     /// Whether the peer already proved it holds the keys.
@@ -43,7 +44,7 @@ pub struct Session {
     /// Index we put in packets to the peer.
     pub remote_index: u32,
     /// Where to send.
-    pub endpoint: SocketAddr,
+    pub endpoint: Endpoint,
     /// The overlay address the peer owns.
     pub peer_addr: Ipv4Addr,
     /// Traffic counters of the peer.

@@ -15,6 +15,9 @@ pub enum DropReason {
     ControlQueueFull,
     /// A relayed frame ran out of hops (a routing loop, or a path too long).
     HopLimit,
+    /// A frame for a connection (TCP, WebSocket, QUIC) that is down, or whose send
+    /// queue is full.
+    LinkSend,
     /// Datagram too short, unknown type, or a bad header field.
     Malformed,
     /// No session for the destination overlay address.
@@ -37,10 +40,11 @@ pub enum DropReason {
 
 impl DropReason {
     /// All reasons, in counter order.
-    pub const ALL: [Self; 12] = [
+    pub const ALL: [Self; 13] = [
         Self::AuthFailed,
         Self::ControlQueueFull,
         Self::HopLimit,
+        Self::LinkSend,
         Self::Malformed,
         Self::NoRoute,
         Self::NotIpv4,
@@ -58,6 +62,7 @@ impl DropReason {
             Self::AuthFailed => "auth_failed",
             Self::ControlQueueFull => "control_queue_full",
             Self::HopLimit => "hop_limit",
+            Self::LinkSend => "link_send",
             Self::Malformed => "malformed",
             Self::NoRoute => "no_route",
             Self::NotIpv4 => "not_ipv4",

@@ -66,7 +66,7 @@ fn ends(cipher: Cipher) -> Ends {
             remote_index: remote,
             cipher,
             keys: SessionKeys { send, recv },
-            endpoint: ep,
+            endpoint: ep.into(),
             peer_addr: peer,
             confirmed: true,
             stats: Arc::default(),

@@ -6,9 +6,9 @@
 //! [`FLAG_CONTROL`]), so only members that proved the PSK can flood records.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use weft_core::transport::{Endpoint, Proto};
 
 use rand::RngCore;
 use tracing::{debug, info};
@@ -28,7 +28,10 @@ const PING_EVERY: Duration = Duration::from_secs(5);
 const PUNCH_FIRST: Duration = Duration::from_secs(2);
 const PUNCH_MAX: Duration = Duration::from_secs(30);
 /// Most candidate endpoints tried per punch.
-const MAX_CANDIDATES: usize = 8;
+const MAX_CANDIDATES: usize = 16;
+/// First probe of a better transport (doubles up to `UPGRADE_MAX`).
+const UPGRADE_FIRST: Duration = Duration::from_secs(5);
+const UPGRADE_MAX: Duration = Duration::from_secs(60);
 
 /// A control message inside a session.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,7 +43,7 @@ pub(crate) enum Msg {
     /// Answer to a probe.
     Pong(u64),
     /// "Send to me directly at these addresses now": the other half of a hole punch.
-    Punch(Vec<SocketAddr>),
+    Punch(Vec<Endpoint>),
 }
 
 impl Msg {
@@ -111,16 +114,32 @@ impl Node {
 
     /// Authenticated packets of a session arrive straight from `from`: that address is
     /// a working direct path to the peer (a hole punch succeeded, or it roamed).
-    pub(crate) fn handle_direct(&mut self, now: Instant, local_index: u32, from: SocketAddr) {
+    ///
+    /// The peer moves there when it is a better transport than the current path, or
+    /// the current path is stale (nothing arrived on it lately): so a node prefers
+    /// UDP, then QUIC, TCP, WebSocket, and follows whichever path still works.
+    pub(crate) fn handle_direct(&mut self, now: Instant, local_index: u32, from: Endpoint) {
         let Some(key) = self.key_of_session(local_index) else { return };
+        let stale_after = self.stale_after();
         let Some(p) = self.peers.get_mut(&key) else { return };
-        if p.direct && p.endpoint == Some(from) {
-            return;
+        if p.endpoint == Some(from) {
+            p.path_seen = Some(now);
+            if p.direct {
+                return;
+            }
+        } else {
+            let better = p.endpoint.is_none_or(|cur| from.proto < cur.proto);
+            if p.direct && !better && !p.path_stale(now, stale_after) {
+                return;
+            }
         }
         info!(peer = %p.id, %from, "direct path up");
         p.endpoint = Some(from);
         p.direct = true;
         p.direct_since = Some(now);
+        p.path_seen = Some(now);
+        p.upgrade = Default::default();
+        p.failover_next = None;
         p.punch = Default::default();
         self.record_dirty = true;
         self.routes_dirty = true;
@@ -199,6 +218,69 @@ impl Node {
         }
         self.probe_peers(now);
         self.punch_relayed(now);
+        self.probe_paths(now);
+    }
+
+    /// How long a direct path may stay quiet before other paths are tried: two
+    /// missed keepalives and a little.
+    pub(crate) fn stale_after(&self) -> Duration {
+        2 * self.cfg.timers.keepalive + Duration::from_millis(500)
+    }
+
+    /// For direct peers: while the path is stale, send session keepalives over every
+    /// other candidate (the first to answer becomes the path: failover, e.g. from a
+    /// UDP path a firewall started dropping to TCP); while it works but a better
+    /// transport is announced, try that now and then (upgrade, with backoff).
+    fn probe_paths(&mut self, now: Instant) {
+        let stale_after = self.stale_after();
+        let keepalive = self.cfg.timers.keepalive;
+        let due: Vec<([u8; 32], bool)> = self
+            .peers
+            .values()
+            .filter(|p| p.direct && p.sessions.iter().any(|s| s.session.is_confirmed()))
+            .filter_map(|p| {
+                if p.path_stale(now, stale_after) {
+                    p.failover_next.is_none_or(|t| now >= t).then_some((p.key, true))
+                } else {
+                    p.upgrade.next_attempt.is_none_or(|t| now >= t).then_some((p.key, false))
+                }
+            })
+            .collect();
+        for (key, failover) in due {
+            let current = self.peers.get(&key).and_then(|p| p.endpoint);
+            let targets: Vec<Endpoint> = self
+                .candidates(&key)
+                .into_iter()
+                .filter(|c| Some(*c) != current)
+                .filter(|c| failover || current.is_some_and(|cur| c.proto < cur.proto))
+                .collect();
+            let jitter = self.rng.next_u32();
+            let Some(p) = self.peers.get_mut(&key) else { continue };
+            if failover {
+                p.failover_next = Some(now + keepalive);
+            } else {
+                let d = &mut p.upgrade;
+                d.backoff = if d.backoff.is_zero() { UPGRADE_FIRST } else { (d.backoff * 2).min(UPGRADE_MAX) };
+                let spread = d.backoff.as_millis() as u64 / 4;
+                d.next_attempt = Some(now + d.backoff + Duration::from_millis(u64::from(jitter) % spread.max(1)));
+            }
+            if !targets.is_empty() {
+                debug!(peer = %p.id, failover, candidates = targets.len(), "probing other paths");
+                self.punch_to(now, &key, &targets);
+            }
+        }
+    }
+
+    /// A connection (TCP, WebSocket, QUIC) closed or could not be opened: peers whose
+    /// path it was look for another at once, and a handshake waiting on it fails now
+    /// with the reason instead of timing out.
+    pub(crate) fn handle_link_down(&mut self, now: Instant, endpoint: Endpoint, error: &str) {
+        for p in self.peers.values_mut().filter(|p| p.endpoint == Some(endpoint)) {
+            debug!(peer = %p.id, %endpoint, error, "path's connection is down");
+            p.path_seen = None;
+            p.failover_next = None;
+        }
+        self.fail_handshakes_to(now, endpoint, error);
     }
 
     fn publish_record(&mut self, now: Instant) {
@@ -317,7 +399,7 @@ impl Node {
     }
 
     /// Sends a keepalive of `key`'s session straight to each address.
-    fn punch_to(&mut self, now: Instant, key: &[u8; 32], eps: &[SocketAddr]) {
+    fn punch_to(&mut self, now: Instant, key: &[u8; 32], eps: &[Endpoint]) {
         let Some(p) = self.peers.get(key) else { return };
         let Some(tx) = p.sessions.iter().find(|s| s.session.is_confirmed()) else { return };
         let session = tx.session.clone();
@@ -327,14 +409,15 @@ impl Node {
         }
     }
 
-    /// Where a node may be reachable directly: the endpoints it announces and the
-    /// addresses its neighbours observe for it.
-    fn candidates(&self, key: &[u8; 32]) -> Vec<SocketAddr> {
+    /// Where a node may be reachable directly, best transport first: the endpoints it
+    /// announces and the UDP addresses its neighbours observe for it (a connection's
+    /// observed address is an ephemeral port nobody can dial).
+    pub(crate) fn candidates(&self, key: &[u8; 32]) -> Vec<Endpoint> {
         let id = NodeId::from_public(key);
-        let mut out: Vec<SocketAddr> = Vec::new();
+        let mut out: Vec<Endpoint> = Vec::new();
         for r in self.topology.records() {
             for n in &r.neighbours {
-                if n.node == id && !out.contains(&n.observed) {
+                if n.node == id && n.observed.proto == Proto::Udp && !out.contains(&n.observed) {
                     out.push(n.observed);
                 }
             }
@@ -346,6 +429,8 @@ impl Node {
                 }
             }
         }
+        // Stable: observed addresses before announced ones within a transport.
+        out.sort_by_key(|e| e.proto);
         out.truncate(MAX_CANDIDATES);
         out
     }
@@ -362,6 +447,27 @@ impl Node {
         buf.truncate(n);
         tx.session.touch_tx(ms_since(self.cfg.epoch, now));
         self.actions.push_back(dest.send(buf));
+    }
+
+    /// Where to send a handshake to a peer: its current path first; when that is a
+    /// direct one, after each failure the next of its other candidates in turn (the
+    /// path's transport may have stopped working while another still does).
+    pub(crate) fn handshake_dest(&self, key: &[u8; 32]) -> Option<Dest> {
+        let p = self.peers.get(key)?;
+        let first = self.dest_for(key);
+        let failures = p.driver.failures as usize;
+        let direct = first.is_some_and(|d| d.relay.is_none());
+        if failures == 0 || !direct || p.sessions.iter().any(|s| s.session.is_confirmed()) {
+            return first;
+        }
+        let mut options: Vec<Dest> = first.into_iter().collect();
+        for c in self.candidates(key) {
+            let d = Dest::direct(c);
+            if !options.contains(&d) {
+                options.push(d);
+            }
+        }
+        options.get(failures % options.len().max(1)).copied()
     }
 
     /// How to reach a peer right now: directly when its direct path works (or it is
@@ -405,7 +511,7 @@ impl Node {
             .flat_map(|p| p.sessions.iter().map(|s| s.session.clone()))
             .chain(self.held.values().map(|h| h.entry.session.clone()));
         // Forwarding table for relayed frames: every reachable node through its first hop.
-        let mut next_hops: BTreeMap<[u8; 8], SocketAddr> = BTreeMap::new();
+        let mut next_hops: BTreeMap<[u8; 8], Endpoint> = BTreeMap::new();
         for (id, path) in &self.paths {
             if let Some(hop) = self.peer_by_id(path.next_hop)
                 && hop.direct
@@ -419,7 +525,7 @@ impl Node {
                 next_hops.insert(p.id.to_bytes(), e);
             }
         }
-        let neighbours: Vec<SocketAddr> =
+        let neighbours: Vec<Endpoint> =
             self.peers.values().filter(|p| p.direct && !p.sessions.is_empty()).filter_map(|p| p.endpoint).collect();
         let by_overlay: BTreeMap<std::net::Ipv4Addr, Route> = routes.iter().cloned().collect();
         let subnets: Vec<(std::net::Ipv4Addr, u8, Route)> = self
@@ -511,9 +617,14 @@ impl Node {
     pub(crate) fn path_status(&self, p: &Peer) -> PathStatus {
         match self.dest_for(&p.key) {
             Some(Dest { relay: None, .. }) if p.direct => PathStatus::Direct,
-            Some(Dest { relay: Some(_), .. }) => {
+            Some(Dest { to, relay: Some(_) }) => {
+                // Before the paths are computed (once per tick) the relay is the
+                // neighbour the session's handshake came through.
                 let path = self.paths.get(&p.id);
-                PathStatus::Relay { via: path.map_or(p.id, |x| x.next_hop), hops: path.map_or(0, |x| x.hops) }
+                let via = path
+                    .map(|x| x.next_hop)
+                    .or_else(|| self.peers.values().find(|n| n.direct && n.endpoint == Some(to)).map(|n| n.id));
+                PathStatus::Relay { via: via.unwrap_or(p.id), hops: path.map_or(2, |x| x.hops) }
             }
             _ => PathStatus::None,
         }

@@ -7,9 +7,11 @@
 //! its actions.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::Ipv4Addr;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use weft_core::transport::Endpoint;
 
 use rand::RngCore;
 use tracing::{debug, info, warn};
@@ -77,13 +79,13 @@ pub struct Config {
     /// Handshake parameters: our key, the PSK, the network name and our hello.
     pub handshake: Params,
     /// Endpoints to dial and keep connected forever (`--peer`).
-    pub dial: Vec<SocketAddr>,
+    pub dial: Vec<Endpoint>,
     /// Origin of the millisecond clock the pipelines store in sessions.
     pub epoch: Instant,
     /// Timing.
     pub timers: Timers,
     /// Addresses this node can be reached at (announced in its topology record).
-    pub endpoints: Vec<SocketAddr>,
+    pub endpoints: Vec<Endpoint>,
     /// Prefer the path with the lowest latency over the one with fewest hops.
     pub latency_first: bool,
     /// Subnets behind this node that it forwards for the mesh.
@@ -98,7 +100,7 @@ pub enum Input<'a> {
     /// A handshake or reject datagram arrived.
     Datagram {
         /// Sender (the last relay when `via` is set).
-        from: SocketAddr,
+        from: Endpoint,
         /// The node that sent it through relays, if it was relayed.
         via: Option<NodeId>,
         /// The datagram.
@@ -119,14 +121,22 @@ pub enum Input<'a> {
     /// A member of our network announced itself on the LAN at `endpoint`.
     Discovered {
         /// Its UDP endpoint.
-        endpoint: SocketAddr,
+        endpoint: Endpoint,
     },
     /// Authenticated packets of a session arrive directly from `from`.
     Direct {
         /// The session's local index.
         local_index: u32,
         /// Their source address.
-        from: SocketAddr,
+        from: Endpoint,
+    },
+    /// A connection (TCP, WebSocket, QUIC) to `endpoint` closed, or could not be
+    /// opened.
+    LinkDown {
+        /// The connection's endpoint.
+        endpoint: Endpoint,
+        /// Why, for status (e.g. "connection refused").
+        error: &'a str,
     },
 }
 
@@ -134,7 +144,7 @@ pub enum Input<'a> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PeerRef {
     /// An endpoint given to `--peer` or [`Node::add_peer`].
-    Endpoint(SocketAddr),
+    Endpoint(Endpoint),
     /// A member of the mesh.
     Node(NodeId),
 }
@@ -142,22 +152,22 @@ pub enum PeerRef {
 /// Where a datagram goes: straight to an address, or through relays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Dest {
-    pub(crate) to: SocketAddr,
+    pub(crate) to: Endpoint,
     pub(crate) relay: Option<RelayHeader>,
 }
 
 impl Dest {
-    pub(crate) fn direct(to: SocketAddr) -> Self {
+    pub(crate) fn direct(to: Endpoint) -> Self {
         Self { to, relay: None }
     }
 
     /// To node `dst` through the relay at `to`, from `src`.
-    pub(crate) fn relayed(to: SocketAddr, dst: NodeId, src: NodeId) -> Self {
+    pub(crate) fn relayed(to: Endpoint, dst: NodeId, src: NodeId) -> Self {
         Self { to, relay: Some(RelayHeader { hop_limit: MAX_HOPS, dst: dst.to_bytes(), src: src.to_bytes() }) }
     }
 
     /// The way back to whoever sent us something from `from` (through `via` if relayed).
-    pub(crate) fn reply(from: SocketAddr, via: Option<NodeId>, local: NodeId) -> Self {
+    pub(crate) fn reply(from: Endpoint, via: Option<NodeId>, local: NodeId) -> Self {
         match via {
             Some(v) => Self::relayed(from, v, local),
             None => Self::direct(from),
@@ -193,7 +203,7 @@ pub enum Action {
     /// Send a datagram.
     Send {
         /// Destination.
-        to: SocketAddr,
+        to: Endpoint,
         /// The datagram.
         bytes: Vec<u8>,
     },
@@ -217,7 +227,7 @@ struct PendingInit {
 
 struct PendingResp {
     responder: Box<Responder>,
-    from: SocketAddr,
+    from: Endpoint,
     via: Option<NodeId>,
     remote_index: u32,
     started: Instant,
@@ -227,7 +237,7 @@ struct PendingResp {
 pub(crate) struct Held {
     key: [u8; 32],
     hello: weft_core::handshake::Hello,
-    from: SocketAddr,
+    from: Endpoint,
     via: Option<NodeId>,
     pub(crate) entry: SessionEntry,
     /// What we dialled, when we were the initiator.
@@ -235,7 +245,7 @@ pub(crate) struct Held {
 }
 
 pub(crate) struct Dial {
-    pub(crate) endpoint: SocketAddr,
+    pub(crate) endpoint: Endpoint,
     pub(crate) key: Option<[u8; 32]>,
     driver: Driver,
     /// Found by a LAN beacon rather than configured: not retried forever.
@@ -322,6 +332,7 @@ impl Node {
             Input::Message { local_index, bytes } => self.handle_message(now, local_index, bytes),
             Input::Direct { local_index, from } => self.handle_direct(now, local_index, from),
             Input::Discovered { endpoint } => self.handle_discovered(endpoint),
+            Input::LinkDown { endpoint, error } => self.handle_link_down(now, endpoint, error),
         }
         self.finish_step();
     }
@@ -371,9 +382,15 @@ impl Node {
         }
     }
 
+    /// Replaces the endpoints announced in our record (once the listeners are bound).
+    pub fn set_endpoints(&mut self, endpoints: Vec<Endpoint>) {
+        self.cfg.endpoints = endpoints;
+        self.record_dirty = true;
+    }
+
     /// Dials `endpoint` from now on and keeps it connected, like a `--peer` given at
     /// start-up. Fails when it is already configured.
-    pub fn add_peer(&mut self, now: Instant, endpoint: SocketAddr) -> Result<(), String> {
+    pub fn add_peer(&mut self, now: Instant, endpoint: Endpoint) -> Result<(), String> {
         if let Some(d) = self.dials.values_mut().find(|d| d.endpoint == endpoint) {
             if !d.discovered {
                 return Err(format!("{endpoint} is already a configured peer"));
@@ -439,7 +456,7 @@ impl Node {
 
     // ----- inputs -----
 
-    fn handle_datagram(&mut self, now: Instant, from: SocketAddr, via: Option<NodeId>, bytes: &[u8]) {
+    fn handle_datagram(&mut self, now: Instant, from: Endpoint, via: Option<NodeId>, bytes: &[u8]) {
         match MessageType::of(bytes) {
             Some(MessageType::Reject) => {
                 if let Ok(r) = RejectRepr::parse(bytes) {
@@ -459,7 +476,7 @@ impl Node {
         }
     }
 
-    fn handle_init(&mut self, now: Instant, from: SocketAddr, via: Option<NodeId>, hdr: HandshakeHeader, noise: &[u8]) {
+    fn handle_init(&mut self, now: Instant, from: Endpoint, via: Option<NodeId>, hdr: HandshakeHeader, noise: &[u8]) {
         let back = Dest::reply(from, via, self.id);
         match Responder::respond(&self.cfg.handshake, hdr.pattern, noise) {
             Err(e) => self.refuse_inbound(now, back, hdr.sender_index, &e),
@@ -481,7 +498,7 @@ impl Node {
     fn handle_response(
         &mut self,
         now: Instant,
-        from: SocketAddr,
+        from: Endpoint,
         via: Option<NodeId>,
         hdr: HandshakeHeader,
         noise: &[u8],
@@ -521,7 +538,7 @@ impl Node {
         }
     }
 
-    fn handle_finish(&mut self, now: Instant, from: SocketAddr, hdr: HandshakeHeader, noise: &[u8]) {
+    fn handle_finish(&mut self, now: Instant, from: Endpoint, hdr: HandshakeHeader, noise: &[u8]) {
         let Some(p) = self.pending_resp.remove(&hdr.receiver_index) else { return };
         match p.responder.finish(noise) {
             Err(e) => self.refuse_inbound(now, Dest::reply(from, p.via, self.id), p.remote_index, &e),
@@ -532,7 +549,7 @@ impl Node {
         }
     }
 
-    fn handle_reject(&mut self, now: Instant, from: SocketAddr, r: RejectRepr) {
+    fn handle_reject(&mut self, now: Instant, from: Endpoint, r: RejectRepr) {
         let why = match r.reason {
             RejectReason::AuthFailed => "authentication failed: network secret or name differs",
             RejectReason::BadPayload => "malformed hello (version mismatch?)",
@@ -560,7 +577,7 @@ impl Node {
         }
     }
 
-    fn handle_discovered(&mut self, endpoint: SocketAddr) {
+    fn handle_discovered(&mut self, endpoint: Endpoint) {
         if let Some(d) = self.dials.values_mut().find(|d| d.endpoint == endpoint) {
             // A dormant discovered endpoint announced itself again: try it again.
             if d.discovered && d.driver.failures >= DISCOVERED_ATTEMPTS {
@@ -599,7 +616,7 @@ impl Node {
         &mut self,
         now: Instant,
         done: Completed,
-        from: SocketAddr,
+        from: Endpoint,
         via: Option<NodeId>,
         local: u32,
         remote: u32,
@@ -709,6 +726,7 @@ impl Node {
             peer.endpoint = Some(from);
             peer.direct = true;
             peer.direct_since = Some(now);
+            peer.path_seen = Some(now);
         } else if peer.direct && {
             let last = peer.sessions.iter().map(|s| s.session.last_direct_rx_ms()).max().unwrap_or(0);
             ms_since(self.cfg.epoch, now).saturating_sub(last) > 2 * self.cfg.timers.keepalive.as_millis() as u64
@@ -743,7 +761,7 @@ impl Node {
         self.record_inbound_failure(now, back.to, e.to_string());
     }
 
-    fn record_inbound_failure(&mut self, now: Instant, from: SocketAddr, reason: String) {
+    fn record_inbound_failure(&mut self, now: Instant, from: Endpoint, reason: String) {
         if let Some(f) = self.inbound_failures.iter_mut().find(|f| f.from == from) {
             f.count += 1;
             f.last = now;
@@ -810,6 +828,21 @@ impl Node {
             match h.target {
                 Some(t) => self.handshake_failed(now, t, msg),
                 None => self.record_inbound_failure(now, h.from, msg),
+            }
+        }
+    }
+
+    /// Fails every handshake we sent straight to `endpoint` (its connection is gone).
+    pub(crate) fn fail_handshakes_to(&mut self, now: Instant, endpoint: Endpoint, error: &str) {
+        let gone: Vec<u32> = self
+            .pending_init
+            .iter()
+            .filter(|(_, p)| p.to.relay.is_none() && p.to.to == endpoint)
+            .map(|(i, _)| *i)
+            .collect();
+        for i in gone {
+            if let Some(p) = self.pending_init.remove(&i) {
+                self.handshake_failed(now, p.target, format!("cannot reach {endpoint}: {error}"));
             }
         }
     }
@@ -923,7 +956,7 @@ impl Node {
         {
             self.actions.push_back(d.send(ka));
         }
-        if want_handshake && let Some(to) = self.dest_for(&key) {
+        if want_handshake && let Some(to) = self.handshake_dest(&key) {
             self.start_handshake(now, Target::Peer(key), to, use_ik.then_some(key));
         }
     }

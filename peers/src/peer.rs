@@ -1,8 +1,8 @@
 //! Per-peer state of the session engine.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use weft_core::transport::Endpoint;
 
 use weft_core::handshake::Hello;
 use weft_core::session::Session;
@@ -56,11 +56,17 @@ pub(crate) struct Peer {
     pub(crate) id: NodeId,
     pub(crate) hello: Hello,
     /// Where the peer is reached directly (observed or configured), if anywhere.
-    pub(crate) endpoint: Option<SocketAddr>,
+    pub(crate) endpoint: Option<Endpoint>,
     /// Whether the direct endpoint currently works (authenticated packets arrive on it).
     pub(crate) direct: bool,
     /// When the direct path last came up.
     pub(crate) direct_since: Option<Instant>,
+    /// When packets last arrived on `endpoint` itself (rather than on another path).
+    pub(crate) path_seen: Option<Instant>,
+    /// Probes of better transports than the current direct path's.
+    pub(crate) upgrade: Driver,
+    /// Next probe of every candidate while the direct path is stale.
+    pub(crate) failover_next: Option<Instant>,
     pub(crate) stats: Arc<PeerStats>,
     /// Latency and loss probes.
     pub(crate) probe: Probe,
@@ -78,10 +84,15 @@ pub(crate) struct Peer {
 }
 
 impl Peer {
+    /// Whether nothing arrived on the direct path's own endpoint for `after`.
+    pub(crate) fn path_stale(&self, now: Instant, after: Duration) -> bool {
+        self.path_seen.is_none_or(|t| now.saturating_duration_since(t) >= after)
+    }
+
     pub(crate) fn new(
         key: [u8; 32],
         hello: Hello,
-        endpoint: Option<SocketAddr>,
+        endpoint: Option<Endpoint>,
         now: Instant,
         stats: Arc<PeerStats>,
     ) -> Self {
@@ -92,6 +103,9 @@ impl Peer {
             endpoint,
             direct: false,
             direct_since: None,
+            path_seen: None,
+            upgrade: Driver::default(),
+            failover_next: None,
             stats,
             probe: Probe::default(),
             punch: Driver::default(),

@@ -1,8 +1,10 @@
 //! What the engine reports about itself.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::Ipv4Addr;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use weft_core::transport::Endpoint;
 
 use weft_core::stats::PeerStats;
 
@@ -40,7 +42,7 @@ pub struct PeerStatus {
     /// Its overlay address.
     pub overlay: Ipv4Addr,
     /// Its direct address, if known.
-    pub endpoint: Option<SocketAddr>,
+    pub endpoint: Option<Endpoint>,
     /// How traffic reaches it.
     pub path: PathStatus,
     /// Smoothed round-trip time of the end-to-end session.
@@ -100,7 +102,7 @@ pub struct RouteStatus {
 #[derive(Debug, Clone)]
 pub struct DialStatus {
     /// The endpoint.
-    pub endpoint: SocketAddr,
+    pub endpoint: Endpoint,
     /// Why the last attempt failed.
     pub error: Option<String>,
     /// Consecutive failed attempts.
@@ -111,7 +113,7 @@ pub struct DialStatus {
 #[derive(Debug, Clone)]
 pub struct InboundFailure {
     /// Where they came from.
-    pub from: SocketAddr,
+    pub from: Endpoint,
     /// Why we refused.
     pub reason: String,
     /// How many times.

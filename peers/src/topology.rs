@@ -8,7 +8,9 @@
 
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::net::{Ipv4Addr, SocketAddr};
+
 use std::time::{Duration, Instant};
+use weft_core::transport::{Endpoint, Proto};
 
 use thiserror::Error;
 
@@ -22,7 +24,7 @@ pub const REFRESH: Duration = Duration::from_secs(30);
 pub const MAX_LINKS: u32 = weft_core::wire::MAX_HOPS as u32 + 1;
 /// Most neighbours or endpoints a record may carry.
 const MAX_LIST: usize = 255;
-const RECORD_VERSION: u8 = 1;
+const RECORD_VERSION: u8 = 2;
 
 /// A direct neighbour in a record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,7 +36,7 @@ pub struct Neighbour {
     /// Recent probe loss on the link, in percent (0–100).
     pub loss_pct: u8,
     /// The address we see it at (its public side, behind NAT).
-    pub observed: SocketAddr,
+    pub observed: Endpoint,
 }
 
 /// One node's self-description.
@@ -49,7 +51,7 @@ pub struct Record {
     /// Overlay address.
     pub overlay: Ipv4Addr,
     /// Addresses the node listens on (as it knows them).
-    pub endpoints: Vec<SocketAddr>,
+    pub endpoints: Vec<Endpoint>,
     /// Direct neighbours.
     pub neighbours: Vec<Neighbour>,
     /// Subnets behind the node that it forwards for the mesh (`--proxy-network`).
@@ -147,18 +149,21 @@ impl Record {
     }
 }
 
-pub(crate) fn emit_addr(a: &SocketAddr, out: &mut Vec<u8>) {
-    match a {
+/// An endpoint on the wire: one byte with the transport code in the high nibble and
+/// the address family (4 or 6) in the low one, the address, the port (LE).
+pub(crate) fn emit_addr(e: &Endpoint, out: &mut Vec<u8>) {
+    let code = e.proto.code() << 4;
+    match e.addr {
         SocketAddr::V4(v4) => {
-            out.push(4);
+            out.push(code | 4);
             out.extend_from_slice(&v4.ip().octets());
         }
         SocketAddr::V6(v6) => {
-            out.push(6);
+            out.push(code | 6);
             out.extend_from_slice(&v6.ip().octets());
         }
     }
-    out.extend_from_slice(&a.port().to_le_bytes());
+    out.extend_from_slice(&e.addr.port().to_le_bytes());
 }
 
 pub(crate) struct Reader<'a>(pub(crate) &'a [u8]);
@@ -175,14 +180,16 @@ impl<'a> Reader<'a> {
     pub(crate) fn u8(&mut self) -> Result<u8, BadRecord> {
         Ok(self.take(1)?[0])
     }
-    pub(crate) fn addr(&mut self) -> Result<SocketAddr, BadRecord> {
-        let ip: std::net::IpAddr = match self.u8()? {
+    pub(crate) fn addr(&mut self) -> Result<Endpoint, BadRecord> {
+        let tag = self.u8()?;
+        let proto = Proto::from_code(tag >> 4).ok_or(BadRecord)?;
+        let ip: std::net::IpAddr = match tag & 0x0f {
             4 => <[u8; 4]>::try_from(self.take(4)?).map_err(|_| BadRecord)?.into(),
             6 => <[u8; 16]>::try_from(self.take(16)?).map_err(|_| BadRecord)?.into(),
             _ => return Err(BadRecord),
         };
         let port = u16::from_le_bytes(self.take(2)?.try_into().map_err(|_| BadRecord)?);
-        Ok(SocketAddr::new(ip, port))
+        Ok(Endpoint::new(proto, SocketAddr::new(ip, port)))
     }
 }
 
@@ -319,14 +326,14 @@ mod tests {
             seq,
             hostname: format!("n{i}"),
             overlay: Ipv4Addr::new(10, 0, 0, i),
-            endpoints: vec![SocketAddr::from(([192, 0, 2, i], 11010))],
+            endpoints: vec![Endpoint::from(SocketAddr::from(([192, 0, 2, i], 11010)))],
             neighbours: ns
                 .iter()
                 .map(|(j, rtt)| Neighbour {
                     node: NodeId::from_public(&key(*j)),
                     rtt_ms: *rtt,
                     loss_pct: 0,
-                    observed: SocketAddr::from(([198, 51, 100, *j], 11010)),
+                    observed: Endpoint::from(SocketAddr::from(([198, 51, 100, *j], 11010))),
                 })
                 .collect(),
             proxied: vec![(Ipv4Addr::new(172, 16, i, 0), 24)],

@@ -15,6 +15,7 @@ use std::collections::{HashSet, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use weft_core::transport::{Endpoint, Proto};
 
 use harness::{DataPlane, Host, Wire, ip_packet, static_key};
 use rand::{Rng, RngCore, SeedableRng};
@@ -35,8 +36,8 @@ const C: usize = 2;
 /// Deliveries per pump before the harness calls it a datagram storm.
 const STORM: usize = 100_000;
 
-fn addr(i: usize) -> SocketAddr {
-    SocketAddr::from(([192, 0, 2, i as u8 + 1], 11010))
+fn addr(i: usize) -> Endpoint {
+    Endpoint::udp(SocketAddr::from(([192, 0, 2, i as u8 + 1], 11010)))
 }
 
 fn overlay(i: usize) -> Ipv4Addr {
@@ -64,7 +65,7 @@ struct Sent {
     /// Virtual time since the epoch.
     at: Duration,
     from: usize,
-    to: SocketAddr,
+    to: Endpoint,
     bytes: Vec<u8>,
     delivered: bool,
 }
@@ -90,6 +91,11 @@ struct Sim {
     dp: DataPlane,
     /// Unordered pairs of nodes whose traffic is dropped.
     cut: HashSet<(usize, usize)>,
+    /// Transports every node listens on beside UDP (a connection to node i over
+    /// transport P is the endpoint P://ip(i):port; what i sees is P://ip(j):40000).
+    extra: Vec<Proto>,
+    /// Unordered pairs of nodes and the transport dropped between them.
+    blocked: HashSet<(usize, usize, Proto)>,
     log: Vec<Sent>,
     boots: u64,
     tag: u64,
@@ -119,6 +125,8 @@ impl Sim {
             slots,
             dp: DataPlane::new(epoch),
             cut: HashSet::new(),
+            extra: Vec::new(),
+            blocked: HashSet::new(),
             log: Vec::new(),
             boots: 0,
             tag: 0,
@@ -142,7 +150,8 @@ impl Sim {
         self.boots += 1;
         let s = &mut self.slots[i];
         let dial = s.dial.iter().map(|&j| addr(j)).collect();
-        let cfg = harness::config(s.params.clone(), dial, self.epoch, s.timers, addr(i));
+        let mut cfg = harness::config(s.params.clone(), dial, self.epoch, s.timers, addr(i));
+        cfg.endpoints.extend(self.extra.iter().map(|p| Endpoint::new(*p, addr(i).addr)));
         let rng: Box<dyn RngCore + Send> = Box::new(ChaCha8Rng::seed_from_u64(s.seed + 1000 * self.boots));
         s.host.start(Node::new(cfg, rng));
     }
@@ -224,8 +233,9 @@ impl Sim {
         }
     }
 
-    fn index_of(&self, a: SocketAddr) -> Option<usize> {
-        self.slots.iter().position(|s| s.host.addr == a)
+    fn index_of(&self, a: Endpoint) -> Option<usize> {
+        let over_extra = self.extra.contains(&a.proto);
+        self.slots.iter().position(|s| s.host.addr == a || (over_extra && s.host.addr.addr.ip() == a.addr.ip()))
     }
 
     /// Delivers datagrams (and whatever they cause) until the network is quiet: each
@@ -241,10 +251,16 @@ impl Sim {
                 self.slots[j].host.running()
                     && self.slots[from].host.running()
                     && !self.cut.contains(&(from.min(j), from.max(j)))
+                    && !self.blocked.contains(&(from.min(j), from.max(j), w.to.proto))
             });
+            // Over a connection the receiver sees the sender's end of it.
+            let seen_from = match w.to.proto {
+                Proto::Udp => w.from,
+                p => Endpoint::new(p, SocketAddr::new(w.from.addr.ip(), 40000)),
+            };
             if let (true, Some(j)) = (delivered, dst) {
                 let mut out = Vec::new();
-                self.dp.receive(&mut self.slots[j].host, self.now, &[(w.from, &w.bytes)], &mut out);
+                self.dp.receive(&mut self.slots[j].host, self.now, &[(seen_from, &w.bytes)], &mut out);
                 q.extend(out);
             }
             self.log.push(Sent { at: self.elapsed(), from, to: w.to, bytes: w.bytes, delivered });
@@ -259,7 +275,7 @@ impl Sim {
     /// Delivers a datagram from `src` to `j`'s RX pipeline out of band (then delivers
     /// whatever that causes) and returns the length of the IP packet it wrote to the
     /// TUN, or the drop reason it counted.
-    fn inject_data(&mut self, j: usize, src: SocketAddr, bytes: &[u8]) -> Result<usize, &'static str> {
+    fn inject_data(&mut self, j: usize, src: Endpoint, bytes: &[u8]) -> Result<usize, &'static str> {
         let before = self.slots[j].host.drop_reasons(self.now);
         let mut out = Vec::new();
         let delivered = self.dp.receive(&mut self.slots[j].host, self.now, &[(src, bytes)], &mut out);
@@ -273,7 +289,7 @@ impl Sim {
 
     /// Feeds `bytes` from `src` to node `j` through its RX pipeline (handshakes and
     /// rejects reach the engine as `Input::Datagram`), then delivers whatever it sends.
-    fn inject_raw(&mut self, j: usize, src: SocketAddr, bytes: &[u8]) {
+    fn inject_raw(&mut self, j: usize, src: Endpoint, bytes: &[u8]) {
         assert!(self.slots[j].host.running());
         let mut out = Vec::new();
         self.dp.receive(&mut self.slots[j].host, self.now, &[(src, bytes)], &mut out);
@@ -654,7 +670,7 @@ fn garbage_never_panics_nor_disturbs_a_session() {
     ik_dg.extend_from_slice(&ik);
     samples.push((A, ik_dg));
 
-    let stranger: SocketAddr = "198.51.100.7:4444".parse().expect("addr");
+    let stranger: Endpoint = "198.51.100.7:4444".parse().expect("addr");
     let mut rng = ChaCha8Rng::seed_from_u64(7);
     let mut fed = 0;
     for round in 0..4 {
@@ -689,7 +705,7 @@ fn garbage_never_panics_nor_disturbs_a_session() {
             let src = match rng.gen_range(0..3) {
                 0 => addr(1 - to),
                 1 => stranger,
-                _ => SocketAddr::from(([203, 0, 113, rng.r#gen()], rng.r#gen())),
+                _ => Endpoint::udp(SocketAddr::from(([203, 0, 113, rng.r#gen()], rng.r#gen()))),
             };
             sim.inject_raw(to, src, &junk);
             fed += 1;
@@ -940,4 +956,55 @@ fn peers_added_and_removed_at_run_time() {
     assert!(sim.node(A).status(sim.now).dials.is_empty(), "the dial went with the peer");
     let missing = NodeId::from_bytes([9; 8]);
     assert!(sim.admin(A, |n, now| n.remove_peer(now, PeerRef::Node(missing))).is_err());
+}
+
+// ----- transports -----
+
+impl Sim {
+    /// The transport of `i`'s direct path to `j`, if it has one.
+    fn path_proto(&self, i: usize, j: usize) -> Option<Proto> {
+        let p = self.peer_status(i, j)?;
+        (p.path == PathStatus::Direct && p.state == PeerState::Established).then_some(p.endpoint?.proto)
+    }
+}
+
+/// Two nodes that also listen on TCP. UDP dropped between them: the pair moves its
+/// session to TCP before the peer would be declared dead (no new handshake, data keeps
+/// flowing); UDP allowed again: it returns to UDP, the better transport.
+#[test]
+fn blocked_udp_moves_the_session_to_tcp_and_back() {
+    let mut sim = Sim::pair(Timers::default());
+    sim.extra = vec![Proto::Tcp];
+    // Restart both with the extra listener announced.
+    let (ka, kb) = (sim.slots[A].params.local.clone(), sim.slots[B].params.local.clone());
+    sim.restart(A, ka, vec![B]);
+    sim.restart(B, kb, vec![]);
+    let up = sim.run_until(Duration::from_secs(5), |s| {
+        s.path_proto(A, B) == Some(Proto::Udp) && s.path_proto(B, A) == Some(Proto::Udp)
+    });
+    assert!(up.is_some(), "not up on udp: {:?}", sim.peer_status(A, B));
+    // Records (with the tcp endpoints) reach both sides.
+    sim.run(Duration::from_secs(3));
+
+    let mark = sim.log.len();
+    sim.blocked.insert((A, B, Proto::Udp));
+    let moved = sim.run_until(Duration::from_secs(20), |s| {
+        s.path_proto(A, B) == Some(Proto::Tcp) && s.path_proto(B, A) == Some(Proto::Tcp)
+    });
+    let moved = moved.unwrap_or_else(|| panic!("stuck: {:?} / {:?}", sim.peer_status(A, B), sim.peer_status(B, A)));
+    assert!(moved < Timers::default().dead_after, "moved after {moved:?}, later than a dead peer");
+    assert_eq!(sim.inits(A, mark).count() + sim.inits(B, mark).count(), 0, "the session itself moved");
+    assert_eq!(sim.send_data(A, B), Ok(84));
+    assert_eq!(sim.send_data(B, A), Ok(84));
+
+    sim.blocked.clear();
+    let back = sim.run_until(Duration::from_secs(30), |s| {
+        s.path_proto(A, B) == Some(Proto::Udp) && s.path_proto(B, A) == Some(Proto::Udp)
+    });
+    assert!(back.is_some(), "never went back to udp: {:?}", sim.peer_status(A, B));
+    assert_eq!(sim.send_data(A, B), Ok(84));
+    // And it stays there.
+    sim.run(Duration::from_secs(30));
+    assert_eq!(sim.path_proto(A, B), Some(Proto::Udp));
+    assert_eq!(sim.path_proto(B, A), Some(Proto::Udp));
 }

@@ -27,6 +27,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
+use weft_core::transport::Endpoint;
 
 use harness::{DataPlane, Host, Wire, ip_packet, static_key};
 use rand::{Rng, RngCore, SeedableRng};
@@ -44,8 +45,8 @@ const SECRET: &str = "correct horse battery staple";
 /// How often run_until checks its predicate (virtual ms).
 const CHECK_EVERY_MS: u64 = 250;
 
-fn addr(i: usize) -> SocketAddr {
-    SocketAddr::from(([198, 18, (i >> 8) as u8, (i & 0xff) as u8], 11010))
+fn addr(i: usize) -> Endpoint {
+    Endpoint::udp(SocketAddr::from(([198, 18, (i >> 8) as u8, (i & 0xff) as u8], 11010)))
 }
 
 fn overlay(i: usize) -> Ipv4Addr {
@@ -66,7 +67,7 @@ struct Link {
 }
 
 enum Payload {
-    Deliver { from: SocketAddr, bytes: Vec<u8> },
+    Deliver { from: Endpoint, bytes: Vec<u8> },
     Timer { generation: u64 },
     Boot { dial: Vec<usize> },
 }
@@ -131,7 +132,7 @@ struct Net {
     /// Partition: datagrams between nodes on different sides are dropped.
     side: Option<Vec<bool>>,
     rng: ChaCha8Rng,
-    by_addr: HashMap<SocketAddr, usize>,
+    by_addr: HashMap<Endpoint, usize>,
     by_id: HashMap<NodeId, usize>,
     ids: Vec<NodeId>,
     generation: Vec<u64>,
@@ -332,7 +333,7 @@ impl Net {
                         batch.push((from, bytes));
                     }
                     self.delivered += batch.len() as u64;
-                    let refs: Vec<(SocketAddr, &[u8])> = batch.iter().map(|(f, b)| (*f, &b[..])).collect();
+                    let refs: Vec<(Endpoint, &[u8])> = batch.iter().map(|(f, b)| (*f, &b[..])).collect();
                     let mut out = Vec::new();
                     let now = self.now();
                     self.dp.receive(&mut self.hosts[i], now, &refs, &mut out);

@@ -6,12 +6,15 @@
 #![allow(dead_code, unsafe_code, unreachable_pub, clippy::unwrap_used)]
 
 use std::fs::File;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use ring::digest;
 use serde_json::Value;
 
 static NEXT: AtomicUsize = AtomicUsize::new(0);
@@ -348,4 +351,60 @@ pub fn wait_until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) -
 /// Whether a ping from `ns` to `addr` gets an answer (two tries, a second each).
 pub fn ping(ns: &Netns, addr: &str) -> bool {
     ns.exec_status(&["ping", "-c", "2", "-i", "0.3", "-W", "1", addr])
+}
+
+/// Sends `len` pseudo-random bytes over TCP from `from` to `to_ip:port` inside `to`;
+/// returns the SHA-256 of what was sent and of what arrived.
+pub fn transfer(from: &Netns, to: &Netns, to_ip: &str, len: usize) -> (Vec<u8>, Vec<u8>, Duration) {
+    let addr = format!("{to_ip}:5001");
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        let rx = s.spawn(|| {
+            to.within(|| {
+                let l = TcpListener::bind(&addr).expect("bind receiver");
+                ready_tx.send(()).unwrap();
+                let (mut c, _) = l.accept().unwrap();
+                c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+                let mut ctx = digest::Context::new(&digest::SHA256);
+                let mut buf = vec![0u8; 1 << 16];
+                let mut total = 0;
+                loop {
+                    let n = c.read(&mut buf).expect("receive");
+                    if n == 0 {
+                        break;
+                    }
+                    total += n;
+                    ctx.update(&buf[..n]);
+                }
+                assert_eq!(total, len, "received byte count");
+                ctx.finish().as_ref().to_vec()
+            })
+        });
+        ready_rx.recv_timeout(Duration::from_secs(10)).expect("receiver ready");
+        let sent = from.within(|| {
+            let mut c = TcpStream::connect_timeout(&addr.parse().unwrap(), Duration::from_secs(10)).expect("connect");
+            c.set_write_timeout(Some(Duration::from_secs(60))).unwrap();
+            let mut ctx = digest::Context::new(&digest::SHA256);
+            let mut state = 0x9e37_79b9_7f4a_7c15u64;
+            let mut buf = vec![0u8; 1 << 16];
+            let start = Instant::now();
+            let mut left = len;
+            while left > 0 {
+                for chunk in buf.chunks_mut(8) {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    chunk.copy_from_slice(&state.to_le_bytes()[..chunk.len()]);
+                }
+                let n = left.min(buf.len());
+                c.write_all(&buf[..n]).expect("send");
+                ctx.update(&buf[..n]);
+                left -= n;
+            }
+            c.shutdown(std::net::Shutdown::Write).unwrap();
+            (ctx.finish().as_ref().to_vec(), start)
+        });
+        let got = rx.join().expect("receiver thread");
+        (sent.0, got, sent.1.elapsed())
+    })
 }

@@ -1,3 +1,158 @@
-//! Transports that carry sealed datagrams between nodes. Only UDP exists so far.
+//! Transports that carry sealed frames between nodes: UDP (batched, GSO/GRO) on the
+//! pipelines' own sockets, and the stream and QUIC transports (TCP, WebSocket over
+//! plain TCP or TLS, QUIC datagrams) as connections managed by [`links`].
+//!
+//! Everything above this module names a path by an [`Endpoint`] (transport plus
+//! address) and hands frames to an [`Egress`]; whether they leave through `sendmmsg`
+//! or a connection's queue is decided here, once per batch.
 
+use std::fmt;
+use std::net::SocketAddr;
+use std::str::FromStr;
+
+pub mod conn;
+pub mod frame;
+pub mod links;
 pub mod udp;
+
+pub use links::{Egress, Inbound, Links, Unsent};
+
+/// A transport, in order of preference: when several paths to a peer work, the one
+/// with the smallest `Proto` carries the traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Proto {
+    /// UDP datagrams: no head-of-line blocking, GSO/GRO.
+    Udp = 0,
+    /// QUIC datagrams (quinn): for networks that mangle plain UDP.
+    Quic = 1,
+    /// Length-framed datagrams over TCP.
+    Tcp = 2,
+    /// WebSocket binary messages over TCP.
+    Ws = 3,
+    /// WebSocket over TLS.
+    Wss = 4,
+}
+
+impl Proto {
+    /// Every transport, best first.
+    pub const ALL: [Self; 5] = [Self::Udp, Self::Quic, Self::Tcp, Self::Ws, Self::Wss];
+
+    /// The URI scheme.
+    pub fn scheme(self) -> &'static str {
+        match self {
+            Self::Udp => "udp",
+            Self::Quic => "quic",
+            Self::Tcp => "tcp",
+            Self::Ws => "ws",
+            Self::Wss => "wss",
+        }
+    }
+
+    /// Whether frames travel over an ordered, reliable byte stream.
+    pub fn is_stream(self) -> bool {
+        matches!(self, Self::Tcp | Self::Ws | Self::Wss)
+    }
+
+    /// The wire code (topology records, punch lists).
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+
+    /// Inverse of [`Proto::code`].
+    pub fn from_code(c: u8) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.code() == c)
+    }
+}
+
+impl fmt::Display for Proto {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.scheme())
+    }
+}
+
+impl FromStr for Proto {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, ()> {
+        Self::ALL.into_iter().find(|p| p.scheme() == s).ok_or(())
+    }
+}
+
+/// One end of a path: a transport and a socket address. For UDP and for dialled
+/// connections the address is the peer's listener; for an accepted connection it is
+/// the remote end of that connection (unique while it lives).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Endpoint {
+    /// The transport.
+    pub proto: Proto,
+    /// The address.
+    pub addr: SocketAddr,
+}
+
+impl Endpoint {
+    /// A UDP endpoint.
+    pub const fn udp(addr: SocketAddr) -> Self {
+        Self { proto: Proto::Udp, addr }
+    }
+
+    /// An endpoint of `proto`.
+    pub const fn new(proto: Proto, addr: SocketAddr) -> Self {
+        Self { proto, addr }
+    }
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}://{}", self.proto, self.addr)
+    }
+}
+
+impl fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl FromStr for Endpoint {
+    type Err = String;
+    /// `SCHEME://IP:PORT` (numeric: names are resolved by the caller), or a bare
+    /// `IP:PORT` for UDP.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (proto, addr) = match s.split_once("://") {
+            Some((scheme, rest)) => (scheme.parse().map_err(|()| format!("unknown transport in {s:?}"))?, rest),
+            None => (Proto::Udp, s),
+        };
+        let addr = addr.parse().map_err(|e| format!("bad address in {s:?}: {e}"))?;
+        Ok(Self { proto, addr })
+    }
+}
+
+impl From<SocketAddr> for Endpoint {
+    /// A bare address is a UDP endpoint.
+    fn from(addr: SocketAddr) -> Self {
+        Self::udp(addr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn preference_order_and_codes() {
+        let mut v = Proto::ALL.to_vec();
+        v.reverse();
+        v.sort();
+        assert_eq!(v, [Proto::Udp, Proto::Quic, Proto::Tcp, Proto::Ws, Proto::Wss]);
+        for p in Proto::ALL {
+            assert_eq!(Proto::from_code(p.code()), Some(p));
+            assert_eq!(p.scheme().parse::<Proto>(), Ok(p));
+        }
+        assert_eq!(Proto::from_code(9), None);
+        let e = Endpoint::new(Proto::Wss, "192.0.2.1:11012".parse().unwrap());
+        assert_eq!(e.to_string(), "wss://192.0.2.1:11012");
+        assert_eq!(e.to_string().parse::<Endpoint>(), Ok(e));
+        assert_eq!("192.0.2.1:7".parse::<Endpoint>().map(|e| e.proto), Ok(Proto::Udp));
+        assert!("gopher://192.0.2.1:7".parse::<Endpoint>().is_err());
+        assert!("tcp://host:7".parse::<Endpoint>().is_err());
+    }
+}

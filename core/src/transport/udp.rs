@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
+use super::Endpoint;
+
 /// Largest number of datagrams moved by one system call.
 pub const MAX_BATCH: usize = 128;
 const SOCKET_BUFFER: usize = 4 << 20;
@@ -109,7 +111,7 @@ pub fn enable_gro(sock: &UdpSocket) -> bool {
 #[derive(Debug, Clone, Copy)]
 pub struct RecvMeta {
     /// Sender.
-    pub from: SocketAddr,
+    pub from: Endpoint,
     /// Bytes in the slot.
     pub len: usize,
     /// Size of each coalesced datagram; equals `len` without GRO.
@@ -120,7 +122,8 @@ pub struct RecvMeta {
 
 impl Default for RecvMeta {
     fn default() -> Self {
-        Self { from: SocketAddr::V4(SocketAddrV4::new([0, 0, 0, 0].into(), 0)), len: 0, stride: 0, truncated: false }
+        let nowhere = SocketAddr::V4(SocketAddrV4::new([0, 0, 0, 0].into(), 0));
+        Self { from: Endpoint::udp(nowhere), len: 0, stride: 0, truncated: false }
     }
 }
 
@@ -181,7 +184,7 @@ pub fn recv_batch(sock: &UdpSocket, slab: &mut [u8], slot: usize, metas: &mut [R
         // SAFETY: msg_control/msg_controllen describe cmsgs[i] as updated by the kernel.
         let stride = unsafe { gro_stride(&h.msg_hdr) }.filter(|s| *s > 0).unwrap_or(len);
         metas[i] = RecvMeta {
-            from: from.unwrap_or(metas[i].from),
+            from: from.map_or(metas[i].from, Endpoint::udp),
             len,
             stride,
             truncated: h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
@@ -221,7 +224,7 @@ pub struct Outgoing {
     /// Bytes to send.
     pub len: usize,
     /// Destination.
-    pub to: SocketAddr,
+    pub to: Endpoint,
 }
 
 /// Most datagrams the kernel accepts in one GSO send (UDP_MAX_SEGMENTS).
@@ -279,7 +282,7 @@ fn send_chunk<B: AsRef<[u8]>>(
             i += 1;
             continue;
         };
-        let a = addrs[nmsg].write(SockAddr::from(first.to));
+        let a = addrs[nmsg].write(SockAddr::from(first.to.addr));
         let iov_start = niov;
         iovs[niov].write(libc::iovec { iov_base: data.as_ptr() as *mut _, iov_len: data.len() });
         niov += 1;
@@ -406,7 +409,7 @@ mod tests {
         let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
         let to = rx[0].local_addr().unwrap();
         let bufs: Vec<Vec<u8>> = (0..10u8).map(|i| vec![i; 100 + i as usize]).collect();
-        let out: Vec<Outgoing> = (0..10).map(|i| Outgoing { buf: i, start: 0, len: 100 + i, to }).collect();
+        let out: Vec<Outgoing> = (0..10).map(|i| Outgoing { buf: i, start: 0, len: 100 + i, to: to.into() }).collect();
         assert_eq!(send_batch(&tx, &bufs, &out, &Offload::new(false, false)), 0);
         let slot = 2048;
         let mut slab = vec![0u8; slot * 16];
@@ -415,7 +418,7 @@ mod tests {
         while got < 10 {
             let n = recv_batch(&rx[0], &mut slab, slot, &mut metas).unwrap();
             for m in &metas[..n] {
-                assert_eq!(m.from, tx.local_addr().unwrap());
+                assert_eq!(m.from, Endpoint::udp(tx.local_addr().unwrap()));
                 assert!(!m.truncated);
             }
             for (i, m) in metas[..n].iter().enumerate() {
@@ -470,7 +473,8 @@ mod gso_tests {
         let to = rx[0].local_addr().unwrap();
         let mut bufs: Vec<Vec<u8>> = (0..41u8).map(|i| vec![i; 1200]).collect();
         bufs[40].truncate(300);
-        let out: Vec<Outgoing> = (0..41).map(|i| Outgoing { buf: i, start: 0, len: bufs[i].len(), to }).collect();
+        let out: Vec<Outgoing> =
+            (0..41).map(|i| Outgoing { buf: i, start: 0, len: bufs[i].len(), to: to.into() }).collect();
         assert_eq!(send_batch(&tx[0], &bufs, &out, &off), 0);
         let slot = 65536;
         let mut slab = vec![0u8; slot * 8];
@@ -499,7 +503,8 @@ mod gso_tests {
         let (ta, tb) = (a[0].local_addr().unwrap(), b[0].local_addr().unwrap());
         let bufs: Vec<Vec<u8>> = (0..6u8).map(|i| vec![i; 500 + usize::from(i % 2) * 100]).collect();
         let to = [ta, ta, tb, tb, ta, tb];
-        let out: Vec<Outgoing> = (0..6).map(|i| Outgoing { buf: i, start: 0, len: bufs[i].len(), to: to[i] }).collect();
+        let out: Vec<Outgoing> =
+            (0..6).map(|i| Outgoing { buf: i, start: 0, len: bufs[i].len(), to: to[i].into() }).collect();
         assert_eq!(send_batch(&tx, &bufs, &out, &off), 0);
         for (sock, want) in [(&a[0], vec![0u8, 1, 4]), (&b[0], vec![2u8, 3, 5])] {
             let mut slab = vec![0u8; 2048 * 8];

@@ -19,10 +19,11 @@
 //! engine sees.
 #![allow(dead_code, unreachable_pub)]
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::Ipv4Addr;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use weft_core::transport::Endpoint;
 
 use arc_swap::ArcSwap;
 use rand::RngCore;
@@ -46,9 +47,9 @@ pub const PIPELINE: PipelineConfig = PipelineConfig { mtu: 1420, offload: false,
 #[derive(Debug, Clone)]
 pub struct Wire {
     /// Source address (the sending host's).
-    pub from: SocketAddr,
+    pub from: Endpoint,
     /// Destination address.
-    pub to: SocketAddr,
+    pub to: Endpoint,
     /// The bytes.
     pub bytes: Vec<u8>,
     /// Whether a relay forwarded it (rather than the engine or Tx emitting it).
@@ -85,7 +86,7 @@ impl TunWriter for Collect<'_> {
 /// One machine: an engine (while running) and its data-plane state.
 pub struct Host {
     /// Its UDP address.
-    pub addr: SocketAddr,
+    pub addr: Endpoint,
     /// The engine, while the node runs.
     pub node: Option<Node>,
     /// The latest snapshot the engine published.
@@ -109,7 +110,7 @@ pub struct Host {
 }
 
 impl Host {
-    pub fn new(addr: SocketAddr, epoch: Instant) -> Self {
+    pub fn new(addr: Endpoint, epoch: Instant) -> Self {
         let sink = Arc::new(Sink::default());
         let shared = Shared {
             routes: Arc::new(ArcSwap::from_pointee(RouteSnapshot::default())),
@@ -258,7 +259,7 @@ impl DataPlane {
         &mut self,
         host: &mut Host,
         now: Instant,
-        dgrams: &[(SocketAddr, &[u8])],
+        dgrams: &[(Endpoint, &[u8])],
         out: &mut Vec<Wire>,
     ) -> usize {
         if !host.running() {
@@ -342,13 +343,7 @@ impl DataPlane {
 
 /// An engine configuration with the mesh defaults tests use: announce `endpoint`,
 /// fewest hops first, nothing proxied, a fixed overlay address.
-pub fn config(
-    handshake: Params,
-    dial: Vec<SocketAddr>,
-    epoch: Instant,
-    timers: Timers,
-    endpoint: SocketAddr,
-) -> Config {
+pub fn config(handshake: Params, dial: Vec<Endpoint>, epoch: Instant, timers: Timers, endpoint: Endpoint) -> Config {
     Config {
         handshake,
         dial,

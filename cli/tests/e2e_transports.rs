@@ -1,0 +1,325 @@
+//! End-to-end: the transports beside UDP, with real `weft` processes in namespaces.
+//!
+//! Per transport (TCP, WebSocket, WebSocket over TLS, QUIC): ping and a 64 MiB
+//! checksummed transfer with both nodes listening on that transport only. A three-node
+//! mesh whose links each end up on a different transport because of per-pair
+//! firewalls. UDP dropped by nftables mid-session: the pair moves to another
+//! transport and keeps its session, then returns to UDP once it is allowed again.
+//! Hostile clients (garbage, a silent connection, a bad WebSocket or TLS handshake,
+//! too many connections) are closed and counted while the tunnel keeps working.
+#![allow(unsafe_code, unreachable_pub, clippy::unwrap_used)]
+
+mod netns;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use netns::{Lan, Netns, Node, TempDir, ping, require_root, transfer, wait_until};
+use serde_json::Value;
+
+const NET: [&str; 4] = ["--network-name", "e2e-transports", "--network-secret", "correct horse"];
+const IPS: [&str; 3] = ["10.126.127.1", "10.126.127.2", "10.126.127.3"];
+
+fn node_args(i: usize, extra: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = NET.iter().map(|s| (*s).to_owned()).collect();
+    v.extend(["-i".into(), format!("{}/24", IPS[i]), "--threads".into(), "2".into()]);
+    v.extend(extra.iter().map(|s| (*s).to_owned()));
+    v
+}
+
+fn start(lan: &Lan, dir: &TempDir, i: usize, extra: &[&str]) -> Node {
+    let args = node_args(i, extra);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    Node::start(&lan.hosts[i], &dir.0, &format!("n{i}"), &refs)
+}
+
+fn peer_field(n: &Node, ip: &str, field: &str) -> Option<String> {
+    n.peer(ip).and_then(|p| p[field].as_str().map(str::to_owned))
+}
+
+fn transport_of(n: &Node, ip: &str) -> Option<String> {
+    n.peer(ip)
+        .filter(|p| p["state"] == "established" && p["path"] == "direct")
+        .and_then(|p| p["transport"].as_str().map(str::to_owned))
+}
+
+fn counter(st: &Value, name: &str) -> u64 {
+    st["transport_counters"][name].as_u64().unwrap_or(0)
+}
+
+/// Drops every packet of `proto` (and, if given, only to or from `port`) between this
+/// namespace and `peer`, both ways.
+fn block(ns: &Netns, peer: &str, proto: &str, port: Option<u16>) {
+    let _ = ns.exec_status(&["nft", "add", "table", "inet", "weftblock"]);
+    for (chain, hook, dir) in [("input", "input", "saddr"), ("output", "output", "daddr")] {
+        let _ = ns.exec_status(&[
+            "nft",
+            "add",
+            "chain",
+            "inet",
+            "weftblock",
+            chain,
+            &format!("{{ type filter hook {hook} priority 0 ; }}"),
+        ]);
+        let port_match = match port {
+            Some(p) => format!("{proto} dport {p}"),
+            None => format!("meta l4proto {proto}"),
+        };
+        let port_rev = match port {
+            Some(p) => format!("{proto} sport {p}"),
+            None => format!("meta l4proto {proto}"),
+        };
+        for m in [port_match, port_rev] {
+            let rule = format!("ip {dir} {peer} {m} drop");
+            let mut argv = vec!["nft", "add", "rule", "inet", "weftblock", chain];
+            argv.extend(rule.split(' '));
+            ns.exec_ok(&argv);
+        }
+    }
+}
+
+fn unblock(ns: &Netns) {
+    ns.exec_ok(&["nft", "delete", "table", "inet", "weftblock"]);
+}
+
+/// Both nodes listen on `proto` only; B dials A. Ping, 64 MiB checksummed both
+/// ways, and the status names the transport.
+fn single_transport(proto: &str, port: u16) {
+    require_root();
+    let lan = Lan::new(2);
+    let dir = TempDir::new();
+    let listen = format!("{proto}://0.0.0.0:{port}");
+    let a = start(&lan, &dir, 0, &["-l", &listen]);
+    let path = if proto.starts_with("ws") { "/weft" } else { "" };
+    let peer = format!("{proto}://{}:{port}{path}", lan.addrs[0]);
+    let b = start(&lan, &dir, 1, &["-l", &listen, "-p", &peer]);
+    let t = wait_until(Duration::from_secs(10), "session over the transport", || {
+        transport_of(&a, IPS[1]).as_deref() == Some(proto) && transport_of(&b, IPS[0]).as_deref() == Some(proto)
+    });
+    eprintln!("{proto}: session up in {t:?}");
+    assert!(ping(&lan.hosts[0], IPS[1]) && ping(&lan.hosts[1], IPS[0]), "{proto}: ping");
+    for (from, to, ip) in [(0, 1, IPS[1]), (1, 0, IPS[0])] {
+        let (sent, got, took) = transfer(&lan.hosts[from], &lan.hosts[to], ip, 64 << 20);
+        assert_eq!(sent, got, "{proto}: SHA-256 of the 64 MiB transfer differs");
+        eprintln!("{proto}: 64 MiB {from}->{to} in {took:?} ({:.0} Mbit/s)", 537.0 / took.as_secs_f64());
+    }
+    let st = b.status();
+    assert_eq!(st["listeners"][0], listen.as_str());
+    assert!(st["connections"].as_u64().unwrap() >= 1, "{st}");
+    assert_eq!(peer_field(&b, IPS[0], "transport").as_deref(), Some(proto));
+    let out =
+        std::process::Command::new(netns::weft_bin()).args(["peers", "--control"]).arg(&b.control).output().unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains(proto), "weft peers shows the transport:\n{table}");
+}
+
+#[test]
+fn tcp_carries_the_tunnel() {
+    single_transport("tcp", 11010);
+}
+
+#[test]
+fn websocket_carries_the_tunnel() {
+    single_transport("ws", 11011);
+}
+
+#[test]
+fn websocket_over_tls_carries_the_tunnel() {
+    single_transport("wss", 11012);
+}
+
+#[test]
+fn quic_carries_the_tunnel() {
+    single_transport("quic", 11012);
+}
+
+/// Three nodes listening on every transport, behind firewalls that allow a different
+/// best transport on each pair: A-B only QUIC (plain UDP on 11010 dropped), B-C no
+/// UDP at all (TCP), A-C no UDP and no TCP on 11010 (WebSocket).
+#[test]
+fn three_nodes_each_link_on_another_transport() {
+    require_root();
+    let lan = Lan::new(3);
+    let (a_ip, b_ip, c_ip) = (&lan.addrs[0], &lan.addrs[1], &lan.addrs[2]);
+    for (ns, peer) in [(0, b_ip), (1, a_ip)] {
+        block(&lan.hosts[ns], peer, "udp", Some(11010));
+    }
+    for (ns, peer) in [(1, c_ip), (2, b_ip)] {
+        block(&lan.hosts[ns], peer, "udp", None);
+    }
+    for (ns, peer) in [(0, c_ip), (2, a_ip)] {
+        block(&lan.hosts[ns], peer, "udp", None);
+        block(&lan.hosts[ns], peer, "tcp", Some(11010));
+    }
+    let dir = TempDir::new();
+    let a = start(&lan, &dir, 0, &[]);
+    let b = start(&lan, &dir, 1, &["-p", &format!("quic://{a_ip}:11012")]);
+    let c = start(&lan, &dir, 2, &["-p", &format!("tcp://{b_ip}:11010"), "-p", &format!("ws://{a_ip}:11011/")]);
+    let want = [
+        (&a, IPS[1], "quic"),
+        (&b, IPS[0], "quic"),
+        (&b, IPS[2], "tcp"),
+        (&c, IPS[1], "tcp"),
+        (&a, IPS[2], "ws"),
+        (&c, IPS[0], "ws"),
+    ];
+    let t = wait_until(Duration::from_secs(30), "each link on its transport", || {
+        want.iter().all(|(n, ip, proto)| transport_of(n, ip).as_deref() == Some(*proto))
+    });
+    eprintln!("three links on quic, tcp and ws after {t:?}");
+    for (from, ip) in [(0, IPS[1]), (1, IPS[2]), (2, IPS[0]), (0, IPS[2])] {
+        assert!(ping(&lan.hosts[from], ip), "ping {from} -> {ip}");
+    }
+    let (sent, got, _) = transfer(&lan.hosts[0], &lan.hosts[2], IPS[2], 16 << 20);
+    assert_eq!(sent, got, "A -> C over WebSocket");
+}
+
+/// A session on UDP; nftables starts dropping UDP between the two: the pair moves to
+/// TCP within seconds without a new handshake, a transfer running across the switch
+/// completes intact; UDP allowed again: back to UDP.
+#[test]
+fn udp_blocked_falls_back_and_returns() {
+    require_root();
+    let lan = Lan::new(2);
+    let dir = TempDir::new();
+    let a = start(&lan, &dir, 0, &[]);
+    let b = start(&lan, &dir, 1, &["-p", &format!("udp://{}:11010", lan.addrs[0])]);
+    wait_until(Duration::from_secs(10), "session on udp", || {
+        transport_of(&a, IPS[1]).as_deref() == Some("udp") && transport_of(&b, IPS[0]).as_deref() == Some("udp")
+    });
+    let handshake_before = b.peer(IPS[0]).unwrap()["last_handshake_secs"].as_u64().unwrap();
+
+    std::thread::scope(|s| {
+        // A transfer that runs across the switch: TCP inside the tunnel retransmits
+        // what was lost while the path changed.
+        let flow = s.spawn(|| transfer(&lan.hosts[0], &lan.hosts[1], IPS[1], 48 << 20));
+        std::thread::sleep(Duration::from_millis(300));
+        let cut = Instant::now();
+        block(&lan.hosts[0], &lan.addrs[1], "udp", None);
+        block(&lan.hosts[1], &lan.addrs[0], "udp", None);
+        let moved = wait_until(Duration::from_secs(15), "fallback off udp", || {
+            let (x, y) = (transport_of(&a, IPS[1]), transport_of(&b, IPS[0]));
+            x.is_some_and(|t| t != "udp") && y.is_some_and(|t| t != "udp")
+        });
+        eprintln!("udp blocked: moved to {:?} after {:?}", transport_of(&a, IPS[1]), cut.elapsed());
+        assert!(moved <= Duration::from_secs(8), "fallback took {moved:?}");
+        let (sent, got, took) = flow.join().unwrap();
+        assert_eq!(sent, got, "transfer across the fallback");
+        eprintln!("48 MiB across the fallback in {took:?}");
+    });
+    assert_eq!(transport_of(&a, IPS[1]).as_deref(), Some("tcp"), "UDP and QUIC are both blocked");
+    assert!(ping(&lan.hosts[1], IPS[0]));
+    let st = b.status();
+    let handshake_after = st["peers"][0]["last_handshake_secs"].as_u64().unwrap();
+    assert!(handshake_after >= handshake_before, "the session survived the move: {st}");
+
+    unblock(&lan.hosts[0]);
+    unblock(&lan.hosts[1]);
+    let back = wait_until(Duration::from_secs(40), "back on udp", || {
+        transport_of(&a, IPS[1]).as_deref() == Some("udp") && transport_of(&b, IPS[0]).as_deref() == Some("udp")
+    });
+    eprintln!("udp allowed again: back on udp after {back:?}");
+    assert!(ping(&lan.hosts[0], IPS[1]));
+}
+
+/// Garbage, silence, bad WebSocket and TLS handshakes, and more connections than
+/// allowed: each closed and counted, and the tunnel between the two nodes keeps
+/// working. An unreachable tcp:// peer is retried and its error shown.
+#[test]
+fn hostile_connections_are_closed_and_counted() {
+    require_root();
+    let lan = Lan::new(2);
+    let dir = TempDir::new();
+    let a = start(&lan, &dir, 0, &["--max-connections", "4"]);
+    let unreachable = format!("tcp://{}:9", lan.addrs[0]);
+    let b = start(&lan, &dir, 1, &["-p", &format!("tcp://{}:11010", lan.addrs[0]), "-p", &unreachable]);
+    wait_until(Duration::from_secs(10), "session", || a.peer_established(IPS[1]) && b.peer_established(IPS[0]));
+    let a_ip = lan.addrs[0].clone();
+    lan.hosts[1].within(|| {
+        let connect = |port: u16| {
+            let c =
+                TcpStream::connect_timeout(&format!("{a_ip}:{port}").parse().unwrap(), Duration::from_secs(2)).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+            c
+        };
+        // Not our framing: a zero length.
+        let mut g = connect(11010);
+        g.write_all(&[0, 0, 1, 2, 3]).unwrap();
+        // A WebSocket client that speaks plain text instead of an HTTP upgrade.
+        let mut w = connect(11011);
+        w.write_all(b"hello there\r\n\r\n").unwrap();
+        // A TLS client that sends garbage instead of a ClientHello.
+        let mut t = connect(11012);
+        t.write_all(&[0x16, 0x03, 0x01, 0x00, 0x05, 1, 2, 3, 4, 5]).unwrap();
+        // Slow loris: connects and never sends a whole frame.
+        let mut s = connect(11010);
+        s.write_all(&[0x05]).unwrap();
+        // Each is closed by the node (read returns 0 or an error, never hangs).
+        for (what, c) in [("garbage", &mut g), ("ws garbage", &mut w), ("tls garbage", &mut t), ("slow loris", &mut s)]
+        {
+            let started = Instant::now();
+            let mut buf = [0u8; 4096];
+            loop {
+                match c.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+            assert!(started.elapsed() < Duration::from_secs(14), "{what} was not closed");
+        }
+        // More connections than allowed: the extra ones are closed at once.
+        let held: Vec<TcpStream> = (0..6).map(|_| connect(11010)).collect();
+        std::thread::sleep(Duration::from_millis(500));
+        drop(held);
+    });
+    let st = a.status();
+    for (name, at_least) in [("protocol_errors", 1), ("handshake_failures", 2), ("timeouts", 1), ("refused_full", 2)] {
+        assert!(counter(&st, name) >= at_least, "{name} not counted: {}", st["transport_counters"]);
+    }
+    assert!(a.peer_established(IPS[1]), "the real peer stayed up");
+    assert!(ping(&lan.hosts[1], IPS[0]));
+    let pending = b.status()["pending_peers"].clone();
+    let entry = pending.as_array().unwrap().iter().find(|p| p["endpoint"] == unreachable.as_str()).cloned();
+    let entry = entry.unwrap_or_else(|| panic!("unreachable peer not listed: {pending}"));
+    assert!(entry["error"].as_str().unwrap_or("").contains("refused"), "{entry}");
+}
+
+/// A and C cannot reach each other at all; A-B is TCP only (no UDP), B-C WebSocket
+/// only (no UDP, no TCP on 11010): A and C talk end to end through B, the relay
+/// forwarding sealed frames from one kind of connection to the other.
+#[test]
+fn relay_between_two_transports() {
+    require_root();
+    let lan = Lan::new(3);
+    let (a_ip, b_ip, c_ip) = (&lan.addrs[0], &lan.addrs[1], &lan.addrs[2]);
+    for proto in ["udp", "tcp"] {
+        block(&lan.hosts[0], c_ip, proto, None);
+        block(&lan.hosts[2], a_ip, proto, None);
+    }
+    block(&lan.hosts[0], b_ip, "udp", None);
+    block(&lan.hosts[1], a_ip, "udp", None);
+    block(&lan.hosts[1], c_ip, "udp", None);
+    block(&lan.hosts[1], c_ip, "tcp", Some(11010));
+    block(&lan.hosts[2], b_ip, "udp", None);
+    block(&lan.hosts[2], b_ip, "tcp", Some(11010));
+    let dir = TempDir::new();
+    let _b = start(&lan, &dir, 1, &[]);
+    let a = start(&lan, &dir, 0, &["-p", &format!("tcp://{b_ip}:11010")]);
+    let c = start(&lan, &dir, 2, &["-p", &format!("ws://{b_ip}:11011/")]);
+    let relayed = |n: &Node, ip: &str| n.peer(ip).is_some_and(|p| p["state"] == "established" && p["path"] == "relay");
+    let t =
+        wait_until(Duration::from_secs(30), "A and C relayed through B", || relayed(&a, IPS[2]) && relayed(&c, IPS[0]));
+    eprintln!("A <-> C relayed after {t:?}");
+    assert_eq!(
+        peer_field(&a, IPS[2], "transport").as_deref(),
+        Some("tcp"),
+        "A's first link is TCP: {}",
+        a.status()["peers"]
+    );
+    assert_eq!(peer_field(&c, IPS[0], "transport").as_deref(), Some("ws"), "C's first link is WebSocket");
+    assert!(ping(&lan.hosts[0], IPS[2]) && ping(&lan.hosts[2], IPS[0]));
+    let (sent, got, took) = transfer(&lan.hosts[0], &lan.hosts[2], IPS[2], 16 << 20);
+    assert_eq!(sent, got, "A -> C through the relay");
+    eprintln!("16 MiB A -> C over tcp + ws through B in {took:?}");
+}

@@ -1,0 +1,311 @@
+//! The data plane's side of the connection transports: a registry of live
+//! connections by [`Endpoint`], each with a bounded queue of framed batches, the
+//! [`Egress`] that the pipelines send through, and the [`Inbound`] queue that carries
+//! received batches to the links RX thread.
+//!
+//! Nothing here blocks: a full queue drops the batch and counts it, like a full
+//! socket buffer would drop a datagram; the inner TCP backs off as it would on loss.
+
+use std::net::UdpSocket;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::mpsc;
+
+use parking_lot::RwLock;
+use rustc_hash::FxHashMap;
+use tokio::sync::mpsc as tmpsc;
+
+use super::udp::{self, Offload, Outgoing};
+use super::{Endpoint, Proto, frame};
+
+/// Framed batches queued per connection before the sender drops.
+pub const LINK_QUEUE: usize = 512;
+
+/// Received frames of one connection, framed (see [`frame`]).
+#[derive(Debug)]
+pub struct Inbound {
+    /// The connection they came on.
+    pub from: Endpoint,
+    /// One or more framed records.
+    pub batch: Vec<u8>,
+}
+
+/// Counters of the connection transports, for status.
+#[derive(Debug, Default)]
+pub struct LinkCounters {
+    /// Connections accepted by a listener.
+    pub accepted: AtomicU64,
+    /// Connections we opened.
+    pub dialled: AtomicU64,
+    /// Dials that failed (refused, unreachable, timed out, handshake failed).
+    pub dial_failures: AtomicU64,
+    /// Connections turned away because the listener was at its limit.
+    pub refused_full: AtomicU64,
+    /// Inbound TLS, WebSocket or QUIC handshakes that failed or timed out.
+    pub handshake_failures: AtomicU64,
+    /// Connections closed for speaking something other than our framing.
+    pub protocol_errors: AtomicU64,
+    /// Connections closed for stalling mid-frame or idling.
+    pub timeouts: AtomicU64,
+    /// Received batches dropped because the links RX thread was behind.
+    pub rx_queue_full: AtomicU64,
+}
+
+impl LinkCounters {
+    /// Name and value of each counter.
+    pub fn snapshot(&self) -> [(&'static str, u64); 8] {
+        let l = |a: &AtomicU64| a.load(Relaxed);
+        [
+            ("accepted", l(&self.accepted)),
+            ("dialled", l(&self.dialled)),
+            ("dial_failures", l(&self.dial_failures)),
+            ("refused_full", l(&self.refused_full)),
+            ("handshake_failures", l(&self.handshake_failures)),
+            ("protocol_errors", l(&self.protocol_errors)),
+            ("timeouts", l(&self.timeouts)),
+            ("rx_queue_full", l(&self.rx_queue_full)),
+        ]
+    }
+}
+
+#[derive(Clone)]
+struct Entry {
+    id: u64,
+    tx: tmpsc::Sender<Vec<u8>>,
+}
+
+/// Live connections by endpoint.
+pub struct Links {
+    map: RwLock<FxHashMap<Endpoint, Entry>>,
+    inbound: mpsc::SyncSender<Inbound>,
+    next_id: AtomicU64,
+    /// Counters.
+    pub counters: LinkCounters,
+}
+
+impl Links {
+    /// A registry whose received batches go to the returned receiver (at most
+    /// `depth` waiting).
+    pub fn new(depth: usize) -> (Arc<Self>, mpsc::Receiver<Inbound>) {
+        let (tx, rx) = mpsc::sync_channel(depth);
+        let links = Self {
+            map: RwLock::new(FxHashMap::default()),
+            inbound: tx,
+            next_id: AtomicU64::new(1),
+            counters: LinkCounters::default(),
+        };
+        (Arc::new(links), rx)
+    }
+
+    /// Registers a connection's send queue under `ep` (replacing an older one, whose
+    /// queue then closes) and returns its registration id.
+    pub fn register(&self, ep: Endpoint, tx: tmpsc::Sender<Vec<u8>>) -> u64 {
+        let id = self.next_id.fetch_add(1, Relaxed);
+        self.map.write().insert(ep, Entry { id, tx });
+        id
+    }
+
+    /// Removes the registration `id` of `ep` (a newer one stays).
+    pub fn unregister(&self, ep: Endpoint, id: u64) {
+        let mut m = self.map.write();
+        if m.get(&ep).is_some_and(|e| e.id == id) {
+            m.remove(&ep);
+        }
+    }
+
+    /// Whether a connection to `ep` is up.
+    pub fn contains(&self, ep: &Endpoint) -> bool {
+        self.map.read().contains_key(ep)
+    }
+
+    /// Live connections.
+    pub fn len(&self) -> usize {
+        self.map.read().len()
+    }
+
+    /// Whether no connection is up.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Queues a framed batch on the connection to `to`. Returns the batch back when
+    /// there is no such connection, and `Ok(false)` when its queue is full (dropped).
+    pub fn send(&self, to: Endpoint, batch: Vec<u8>) -> Result<bool, Vec<u8>> {
+        let tx = match self.map.read().get(&to) {
+            Some(e) => e.tx.clone(),
+            None => return Err(batch),
+        };
+        match tx.try_send(batch) {
+            Ok(()) => Ok(true),
+            Err(tmpsc::error::TrySendError::Full(_)) => Ok(false),
+            Err(tmpsc::error::TrySendError::Closed(b)) => Err(b),
+        }
+    }
+
+    /// Hands received frames to the links RX thread; false (and counted) when it is
+    /// behind.
+    pub fn deliver(&self, inbound: Inbound) -> bool {
+        let ok = self.inbound.try_send(inbound).is_ok();
+        if !ok {
+            self.counters.rx_queue_full.fetch_add(1, Relaxed);
+        }
+        ok
+    }
+}
+
+/// Frames an [`Egress::send`] could not send, by where they were going.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Unsent {
+    /// UDP datagrams the kernel refused.
+    pub udp: usize,
+    /// Frames for connections that are down or whose queue is full.
+    pub link: usize,
+}
+
+impl Unsent {
+    /// Counts the failures into `drops`.
+    pub fn count(self, drops: &crate::stats::DropCounters) {
+        if self.udp > 0 {
+            drops.add(crate::stats::DropReason::UdpSend, self.udp as u64);
+        }
+        if self.link > 0 {
+            drops.add(crate::stats::DropReason::LinkSend, self.link as u64);
+        }
+    }
+}
+
+/// Where a pipeline thread sends sealed frames: UDP datagrams through its socket
+/// (GSO where possible), everything else as one framed batch per connection and run.
+pub struct Egress {
+    udp: Arc<UdpSocket>,
+    links: Arc<Links>,
+    offload: Arc<Offload>,
+    udp_out: Vec<Outgoing>,
+}
+
+impl Egress {
+    /// An egress over a pipeline's UDP socket and the node's connections.
+    pub fn new(udp: Arc<UdpSocket>, links: Arc<Links>, offload: Arc<Offload>) -> Self {
+        Self { udp, links, offload, udp_out: Vec::with_capacity(udp::MAX_BATCH) }
+    }
+
+    /// The UDP socket (for receiving on the same one).
+    pub fn udp(&self) -> &UdpSocket {
+        &self.udp
+    }
+
+    /// The UDP offload state.
+    pub fn offload(&self) -> &Offload {
+        &self.offload
+    }
+
+    /// Sends every frame in `out`; returns how many could not be sent.
+    pub fn send<B: AsRef<[u8]>>(&mut self, bufs: &[B], out: &[Outgoing]) -> Unsent {
+        if out.iter().all(|o| o.to.proto == Proto::Udp) {
+            return Unsent { udp: udp::send_batch(&self.udp, bufs, out, &self.offload), link: 0 };
+        }
+        self.udp_out.clear();
+        let mut failed = 0;
+        // Consecutive frames to one connection travel as one batch.
+        let mut run: Option<(Endpoint, Vec<u8>, usize)> = None;
+        for o in out {
+            if o.to.proto == Proto::Udp {
+                self.udp_out.push(*o);
+                continue;
+            }
+            let Some(data) = bufs.get(o.buf).and_then(|b| b.as_ref().get(o.start..o.start + o.len)) else {
+                failed += 1;
+                continue;
+            };
+            match &mut run {
+                Some((ep, batch, n)) if *ep == o.to => {
+                    if frame::push(batch, data) {
+                        *n += 1;
+                    } else {
+                        failed += 1;
+                    }
+                }
+                _ => {
+                    if let Some((ep, batch, n)) = run.take() {
+                        failed += self.flush(ep, batch, n);
+                    }
+                    let mut batch = Vec::with_capacity(out.len() * (frame::PREFIX + data.len()));
+                    if frame::push(&mut batch, data) {
+                        run = Some((o.to, batch, 1));
+                    } else {
+                        failed += 1;
+                    }
+                }
+            }
+        }
+        if let Some((ep, batch, n)) = run {
+            failed += self.flush(ep, batch, n);
+        }
+        let udp =
+            if self.udp_out.is_empty() { 0 } else { udp::send_batch(&self.udp, bufs, &self.udp_out, &self.offload) };
+        Unsent { udp, link: failed }
+    }
+
+    fn flush(&self, to: Endpoint, batch: Vec<u8>, frames: usize) -> usize {
+        match self.links.send(to, batch) {
+            Ok(true) => 0,
+            _ => frames,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn egress_batches_frames_per_connection_and_counts_the_unsendable() {
+        let (links, _rx) = Links::new(4);
+        let udp = Arc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
+        let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let mut eg = Egress::new(udp, links.clone(), Arc::new(Offload::new(false, false)));
+        let tcp = Endpoint::new(Proto::Tcp, "192.0.2.1:11010".parse().unwrap());
+        let ws = Endpoint::new(Proto::Ws, "192.0.2.2:11011".parse().unwrap());
+        let (tx, mut rx) = tmpsc::channel(2);
+        links.register(tcp, tx);
+        let bufs = vec![vec![1u8; 100], vec![2u8; 200], vec![3u8; 50], vec![4u8; 60]];
+        let to_udp = Endpoint::udp(peer.local_addr().unwrap());
+        let out = [
+            Outgoing { buf: 0, start: 0, len: 100, to: tcp },
+            Outgoing { buf: 1, start: 0, len: 200, to: tcp },
+            Outgoing { buf: 2, start: 0, len: 50, to: to_udp },
+            Outgoing { buf: 3, start: 0, len: 60, to: ws },
+        ];
+        // The ws connection does not exist: its frame fails; the rest goes out.
+        assert_eq!(eg.send(&bufs, &out), Unsent { udp: 0, link: 1 });
+        let batch = rx.try_recv().unwrap();
+        let frames: Vec<&[u8]> = frame::frames(&batch).collect::<Result<_, _>>().unwrap();
+        assert_eq!(frames, [&bufs[0][..], &bufs[1][..]]);
+        let mut got = [0u8; 100];
+        assert_eq!(peer.recv(&mut got).unwrap(), 50);
+        // A full queue drops whole batches, counted as failed frames.
+        assert_eq!(eg.send(&bufs, &out[..1]), Unsent::default());
+        assert_eq!(eg.send(&bufs, &out[..1]), Unsent::default());
+        assert_eq!(eg.send(&bufs, &out[..2]), Unsent { udp: 0, link: 2 });
+    }
+
+    #[test]
+    fn registrations_replace_and_unregister_by_id() {
+        let (links, rx) = Links::new(1);
+        let ep = Endpoint::new(Proto::Quic, "192.0.2.1:11012".parse().unwrap());
+        let (a, _ra) = tmpsc::channel(1);
+        let (b, mut rb) = tmpsc::channel(1);
+        let first = links.register(ep, a);
+        let second = links.register(ep, b);
+        links.unregister(ep, first);
+        assert!(links.contains(&ep), "an old id does not remove the new connection");
+        assert_eq!(links.send(ep, vec![0, 1, 9]), Ok(true));
+        assert_eq!(rb.try_recv().unwrap(), vec![0, 1, 9]);
+        links.unregister(ep, second);
+        assert_eq!(links.send(ep, vec![1]), Err(vec![1]));
+        assert!(links.deliver(Inbound { from: ep, batch: vec![] }));
+        assert!(!links.deliver(Inbound { from: ep, batch: vec![] }), "queue of one is full");
+        assert_eq!(links.counters.rx_queue_full.load(Relaxed), 1);
+        drop(rx);
+    }
+}
