@@ -154,8 +154,12 @@ impl Dashboard {
             field(ui, "Total tx", &rate(|r| r.tx));
             let up = view.peers.iter().filter(|p| p.health == Health::Up).count();
             field(ui, "Peers up", &format!("{up} of {}", view.peers.len()));
-            field(ui, "Proxies", &or_none(&s.proxy_networks.join(", ")));
+            field(ui, "Connections", &format!("{} (tcp, ws, quic)", s.connections));
             ui.end_row();
+            if !s.proxy_networks.is_empty() {
+                field(ui, "Proxies", &s.proxy_networks.join(", "));
+                ui.end_row();
+            }
         });
         for c in &s.address_conflicts {
             ui.label(RichText::new(format!("Address conflict: {c}")).color(ui.visuals().error_fg_color));
