@@ -144,23 +144,24 @@ impl Dashboard {
             field(ui, "Overlay", &s.overlay);
             field(ui, "Cipher", &s.cipher);
             ui.end_row();
-            field(ui, "Listeners", &s.listeners.join(", "));
             field(ui, "Uptime", &format_duration(s.uptime_secs));
             field(ui, "Offloads", &offloads(s));
             field(ui, "Device", &format!("{} ({} pipelines)", s.dev_name, s.threads));
+            field(ui, "Connections", &format!("{} (tcp, ws, quic)", s.connections));
             ui.end_row();
             let rate = |f: fn(Rate) -> f64| view.total.map_or_else(|| "…".to_owned(), |r| format_rate(f(r)));
             field(ui, "Total rx", &rate(|r| r.rx));
             field(ui, "Total tx", &rate(|r| r.tx));
             let up = view.peers.iter().filter(|p| p.health == Health::Up).count();
             field(ui, "Peers up", &format!("{up} of {}", view.peers.len()));
-            field(ui, "Connections", &format!("{} (tcp, ws, quic)", s.connections));
             ui.end_row();
-            if !s.proxy_networks.is_empty() {
-                field(ui, "Proxies", &s.proxy_networks.join(", "));
-                ui.end_row();
-            }
         });
+        // Lists of any length wrap on lines of their own rather than widen the grid.
+        for (name, list) in [("Listeners", &s.listeners), ("Proxies", &s.proxy_networks)] {
+            if !list.is_empty() {
+                ui.horizontal_wrapped(|ui| field(ui, name, &list.join(", ")));
+            }
+        }
         for c in &s.address_conflicts {
             ui.label(RichText::new(format!("Address conflict: {c}")).color(ui.visuals().error_fg_color));
         }
@@ -241,7 +242,8 @@ impl Dashboard {
         // Initial widths fit typical values at the body font; every column can be dragged.
         for c in PeerColumn::ALL {
             let ems = match c {
-                PeerColumn::Overlay | PeerColumn::Endpoint => 8.0,
+                PeerColumn::Endpoint => 11.0,
+                PeerColumn::Overlay => 8.0,
                 PeerColumn::Path | PeerColumn::State => 7.5,
                 PeerColumn::Hostname => 6.0,
                 PeerColumn::Rx | PeerColumn::Tx => 5.5,
