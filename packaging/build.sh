@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Builds the release binary and the weft .deb and .rpm into target/packages/.
+# Builds the release binaries and the .deb and .rpm of weft and of weft-gui (a package
+# of its own, so servers do not pull GUI libraries) into target/packages/.
 #
 #   packaging/build.sh
 #
 # Installs the pinned packaging tools (cargo-deb, cargo-generate-rpm) with
 # `cargo install --locked` when they are missing or at another version. Man pages and
-# completions come from the binary itself (`weft man`, `weft completions`).
+# completions come from the binaries themselves (`weft man`, `weft completions`,
+# `weft-gui --man`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -33,12 +35,13 @@ release=$target_dir/release
 assets=$release/pkg-assets
 out=$target_dir/packages
 
-cargo build --release --locked -p weft
+cargo build --release --locked -p weft -p weft-gui
 weft=$release/weft
 version=$("$weft" --version)            # weft 0.1.0 (abc1234)
 pkg_version=$(cargo pkgid -p weft | sed 's/.*[#@]//')
 
-rm -rf "$assets" && mkdir -p "$assets/man" "$assets/completions" "$out"
+gui_assets=$release/pkg-assets-gui
+rm -rf "$assets" "$gui_assets" && mkdir -p "$assets/man" "$assets/completions" "$gui_assets" "$out"
 rm -f "$out"/weft[_-]*.deb "$out"/weft-*.rpm
 
 # Man pages: weft(1) and one per visible subcommand (those `weft --help` lists).
@@ -51,17 +54,24 @@ done
 "$weft" completions fish >"$assets/completions/weft.fish"
 strip --strip-all -o "$assets/weft" "$weft"
 
-# Debian changelog for this version, dated by the commit (reproducible).
+# Debian changelogs for this version, dated by the commit (reproducible).
 date=$(git log -1 --format=%cD 2>/dev/null || date -R)
-{
-    echo "weft ($pkg_version-1) unstable; urgency=medium"
+changelog() { # package
+    echo "$1 ($pkg_version-1) unstable; urgency=medium"
     echo
     echo "  * Built from $version."
     echo
     echo " -- The Weft developers <weft@example.invalid>  $date"
-} | gzip -9n >"$assets/changelog.Debian.gz"
+}
+changelog weft | gzip -9n >"$assets/changelog.Debian.gz"
+changelog weft-gui | gzip -9n >"$gui_assets/changelog.Debian.gz"
+
+"$release/weft-gui" --man | gzip -9n >"$gui_assets/weft-gui.1.gz"
+strip --strip-all -o "$gui_assets/weft-gui" "$release/weft-gui"
 
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || date +%s)}
 cargo deb -p weft --no-build --strip --output "$out/"
 (cd cli && cargo generate-rpm --target-dir "$target_dir" --output "$out/")
+cargo deb -p weft-gui --no-build --strip --output "$out/"
+(cd gui && cargo generate-rpm --target-dir "$target_dir" --output "$out/")
 ls -l "$out"/weft*

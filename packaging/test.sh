@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Package test: build the .deb and .rpm (packaging/build.sh), lint the .deb, list the
-# .rpm, verify the systemd units, then install, check, remove and purge the .deb.
+# .rpm, verify the systemd units, then install, check, remove and purge the .deb; the
+# same for the weft-gui packages (lintian, rpm contents, desktop entry, install, purge).
 #
 #   packaging/test.sh        (root, Debian 12; installs lintian, rpm, systemd if missing)
 #
-# It installs the weft package on this machine and purges it at the end, so it
-# refuses to run while a weft package is already installed.
+# It installs the weft and weft-gui packages on this machine and purges them at the
+# end, so it refuses to run while either is already installed.
 # shellcheck disable=SC2016 # bash -c scripts take their arguments as $1, $2
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,14 +17,16 @@ if [ "$(id -u)" -ne 0 ]; then
     echo "error: packaging/test.sh installs and purges the weft package; run as root" >&2
     exit 2
 fi
-status=$(dpkg-query -W -f='${db:Status-Status}' weft 2>/dev/null || true)
-if [ -n "$status" ] && [ "$status" != not-installed ]; then
-    echo "error: a weft package is already installed; purge it first (apt-get purge weft)" >&2
-    exit 2
-fi
+for pkg in weft weft-gui; do
+    status=$(dpkg-query -W -f='${db:Status-Status}' "$pkg" 2>/dev/null || true)
+    if [ -n "$status" ] && [ "$status" != not-installed ]; then
+        echo "error: a $pkg package is already installed; purge it first (apt-get purge $pkg)" >&2
+        exit 2
+    fi
+done
 
 need=()
-for tool in lintian:lintian rpm:rpm systemd-analyze:systemd man:man-db; do
+for tool in lintian:lintian rpm:rpm systemd-analyze:systemd man:man-db desktop-file-validate:desktop-file-utils; do
     command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool##*:}")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -43,8 +46,10 @@ check() { # description, command...
 }
 
 installed=no
+gui_installed=no
 cleanup() {
     if [ $installed = yes ]; then timeout 300 apt-get purge -y -qq weft >/dev/null 2>&1 || true; fi
+    if [ $gui_installed = yes ]; then timeout 300 apt-get purge -y -qq weft-gui >/dev/null 2>&1 || true; fi
 }
 trap cleanup EXIT
 
@@ -52,16 +57,22 @@ trap cleanup EXIT
 packaging/build.sh
 target_dir=${CARGO_TARGET_DIR:-target}
 deb=$(realpath "$target_dir"/packages/weft_*.deb)
-rpm=$(realpath "$target_dir"/packages/weft-*.rpm)
+rpm=$(realpath "$target_dir"/packages/weft-[0-9]*.rpm)
+gui_deb=$(realpath "$target_dir"/packages/weft-gui_*.deb)
+gui_rpm=$(realpath "$target_dir"/packages/weft-gui-[0-9]*.rpm)
 built_version=$("$target_dir/release/weft" --version)
 
 # --- lintian: errors fail; warnings are fixed or overridden (debian/lintian-overrides)
-echo "lintian $(lintian --version | awk '{print $2}') on $deb:"
-lint=$(lintian --fail-on error --pedantic "$deb" 2>&1) && lint_rc=0 || lint_rc=$?
-lint=$(grep -v 'running with root privileges' <<<"$lint" || true)
-echo "${lint:-  (clean)}"
-check "lintian exits 0 (--fail-on error)" test "$lint_rc" -eq 0
-check "lintian output has no E: lines" bash -c '! grep -q "^E:" <<<"$1"' _ "$lint"
+lint_deb() { # name, .deb, grep pattern of the line kinds that fail (^E: or ^[EW]:)
+    local lint lint_rc
+    echo "lintian $(lintian --version | awk '{print $2}') on $2:"
+    lint=$(lintian --fail-on error --pedantic "$2" 2>&1) && lint_rc=0 || lint_rc=$?
+    lint=$(grep -v 'running with root privileges' <<<"$lint" || true)
+    echo "${lint:-  (clean)}"
+    check "lintian on $1 exits 0 (--fail-on error)" test "$lint_rc" -eq 0
+    check "lintian on $1 has no $3 lines" bash -c '! grep -q "$2" <<<"$1"' _ "$lint" "$3"
+}
+lint_deb weft "$deb" '^E:'
 
 # --- rpm contents ----------------------------------------------------------------
 rpm_files=$(rpm -qlp "$rpm" 2>/dev/null)
@@ -133,6 +144,41 @@ check "purge: /etc/weft is gone" test ! -e /etc/weft
 check "purge: /var/lib/weft is gone" test ! -e /var/lib/weft
 check "purge: group weft is gone" bash -c '! getent group weft'
 check "purge: units are gone" test ! -e /lib/systemd/system/weft.service -a ! -e /lib/systemd/system/weft@.service
+
+# --- weft-gui: its own packages -------------------------------------------------------
+lint_deb weft-gui "$gui_deb" '^[EW]:'
+check "weft-gui.desktop is valid" desktop-file-validate packaging/gui/weft-gui.desktop
+check "weft-gui .deb depends on the GL and X11 libraries it dlopens" \
+    bash -c 'dpkg-deb -f "$1" Depends | grep -q libgl1 && dpkg-deb -f "$1" Depends | grep -q libxkbcommon-x11-0' _ "$gui_deb"
+check "the weft .deb pulls no GUI library" bash -c '! dpkg-deb -f "$1" Depends | grep -Eq "libgl|libx11|xkbcommon"' _ "$deb"
+gui_rpm_files=$(rpm -qlp "$gui_rpm" 2>/dev/null)
+for f in /usr/bin/weft-gui /usr/share/applications/weft-gui.desktop \
+    /usr/share/icons/hicolor/scalable/apps/weft-gui.svg /usr/share/man/man1/weft-gui.1.gz \
+    /usr/share/doc/weft-gui/copyright; do
+    check "weft-gui rpm lists $f" grep -qx "$f" <<<"$gui_rpm_files"
+done
+check "weft-gui rpm requires mesa-dri-drivers" bash -c "rpm -qRp '$gui_rpm' 2>/dev/null | grep -q mesa-dri-drivers"
+
+gui_installed=yes
+install_log=$(timeout 300 apt-get install -y --no-install-recommends "$gui_deb" 2>&1) || {
+    echo "$install_log" >&2
+    fail "apt-get install $gui_deb"
+    exit 1
+}
+ok "apt-get install $gui_deb"
+check "/usr/bin/weft-gui --version" bash -c '/usr/bin/weft-gui --version | grep -Eq "^weft-gui [0-9.]+$"'
+check "weft-gui --help names --control" bash -c '/usr/bin/weft-gui --help | grep -q -- --control'
+check "man page weft-gui(1) renders" bash -c 'man -P cat weft-gui 2>/dev/null | grep -q -- --control'
+check "desktop entry installed and valid" desktop-file-validate /usr/share/applications/weft-gui.desktop
+check "icon installed" test -f /usr/share/icons/hicolor/scalable/apps/weft-gui.svg
+check "weft-gui finds every library it links" bash -c '! ldd /usr/bin/weft-gui | grep -q "not found"'
+out=$(DISPLAY= WAYLAND_DISPLAY= timeout 10 /usr/bin/weft-gui --control /nonexistent.sock 2>&1) && rc=0 || rc=$?
+check "weft-gui without a display exits 1 and says why ($out)" \
+    bash -c '[ "$1" -eq 1 ] && grep -q "cannot open the window" <<<"$2"' _ "$rc" "$out"
+timeout 300 apt-get purge -y -qq weft-gui >/dev/null
+gui_installed=no
+check "purge: /usr/bin/weft-gui is gone" test ! -e /usr/bin/weft-gui
+check "purge: desktop entry is gone" test ! -e /usr/share/applications/weft-gui.desktop
 
 echo "packaging test took $((SECONDS - start)) s"
 echo "packaging: $passed passed, $failed failed"

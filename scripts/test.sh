@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: unit, sans-IO, and end-to-end tests in network namespaces.
 # Run as root on Debian 12: it installs the few tools the e2e tests drive (ip, ping,
-# tcpdump, setpriv, unshare) when they are missing.
+# tcpdump, setpriv, unshare, Xvfb for weft-gui) when they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,7 +10,7 @@ if [ "$(id -u)" -ne 0 ]; then
     exit 2
 fi
 need=()
-for tool in ip:iproute2 ping:iputils-ping tcpdump:tcpdump setpriv:util-linux unshare:util-linux nft:nftables iperf3:iperf3 sysctl:procps; do
+for tool in ip:iproute2 ping:iputils-ping tcpdump:tcpdump setpriv:util-linux unshare:util-linux nft:nftables iperf3:iperf3 sysctl:procps Xvfb:xvfb; do
     command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool##*:}")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -203,8 +203,25 @@ impl Drop for TempDir {
     }
 }
 
+/// The `weft` binary under test. Cargo names it for the weft package's own tests; the
+/// tests of other packages (weft-gui's) take `WEFT_BIN`, or the `weft` that a workspace
+/// build put next to their own test binary (target/debug/deps/.. -> target/debug).
 pub fn weft_bin() -> &'static str {
-    env!("CARGO_BIN_EXE_weft")
+    static BIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(p) = option_env!("CARGO_BIN_EXE_weft") {
+            return p.to_owned();
+        }
+        if let Ok(p) = std::env::var("WEFT_BIN") {
+            return p;
+        }
+        let exe = std::env::current_exe().unwrap();
+        let bin = exe.parent().and_then(Path::parent).map(|d| d.join("weft"));
+        match bin {
+            Some(b) if b.is_file() => b.to_string_lossy().into_owned(),
+            _ => panic!("no weft binary beside {}: run `cargo build -p weft` first or set WEFT_BIN", exe.display()),
+        }
+    })
 }
 
 /// A running `weft up`, killed (by its own PID) on drop.

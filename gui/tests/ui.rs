@@ -1,0 +1,276 @@
+//! Headless UI tests: the real dashboard and worker thread against a control socket
+//! served here (a std UnixListener answering one JSON line per connection) that replays
+//! the status of a real node (tests/data/status.json, made by tests/data/record.sh).
+//! egui_kittest drives frames and queries the accessibility tree; no GPU, no display.
+#![allow(clippy::unwrap_used, unreachable_pub)]
+
+#[path = "../../cli/tests/netns/mod.rs"]
+mod netns;
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use eframe::egui::Role;
+use egui_kittest::Harness;
+use egui_kittest::kittest::Queryable;
+use netns::TempDir;
+use weft::control::{Reply, StatusJson};
+use weft_gui::client::Client;
+use weft_gui::ui::Dashboard;
+
+const STATUS: &str = include_str!("data/status.json");
+
+fn recorded() -> StatusJson {
+    serde_json::from_str(STATUS).expect("tests/data/status.json is a StatusJson")
+}
+
+/// A node's control socket: answers `status` with the recording, `add-peer` with an
+/// error and `remove-peer` with done, and remembers every request line.
+struct FakeNode {
+    path: PathBuf,
+    lines: Arc<Mutex<Vec<String>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FakeNode {
+    fn start(path: &Path) -> Self {
+        let _ = std::fs::remove_file(path);
+        let listener = UnixListener::bind(path).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (l, s) = (Arc::clone(&lines), Arc::clone(&stop));
+        let status = recorded();
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                let Ok((conn, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                };
+                conn.set_nonblocking(false).unwrap();
+                conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                let mut line = String::new();
+                if BufReader::new(&conn).read_line(&mut line).is_err() || line.is_empty() {
+                    continue;
+                }
+                let req: serde_json::Value = serde_json::from_str(&line).unwrap();
+                l.lock().unwrap().push(line.trim_end().to_owned());
+                let reply = match req["cmd"].as_str() {
+                    Some("status") => Reply::Status(Box::new(status.clone())),
+                    Some("add-peer") => Reply::Error {
+                        message: format!("bad peer URI `{}`: expected udp://HOST:PORT", req["uri"].as_str().unwrap()),
+                    },
+                    Some("remove-peer") => {
+                        Reply::Done { message: format!("removed {}", req["peer"].as_str().unwrap()) }
+                    }
+                    _ => Reply::Error { message: "bad request".into() },
+                };
+                let mut text = serde_json::to_string(&reply).unwrap();
+                text.push('\n');
+                let _ = (&conn).write_all(text.as_bytes());
+            }
+        });
+        Self { path: path.to_owned(), lines, stop, thread: Some(thread) }
+    }
+
+    /// Request lines other than status polls.
+    fn actions(&self) -> Vec<String> {
+        self.lines.lock().unwrap().iter().filter(|l| !l.contains(r#""cmd":"status""#)).cloned().collect()
+    }
+}
+
+impl Drop for FakeNode {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// A scratch directory for sockets, removed on drop.
+struct Scratch(TempDir);
+
+impl Scratch {
+    fn new() -> Self {
+        Self(TempDir::new())
+    }
+    fn sock(&self) -> PathBuf {
+        self.0.0.join("node.sock")
+    }
+}
+
+fn harness(control: PathBuf) -> Harness<'static, Dashboard> {
+    let dashboard = Dashboard::new(Client::spawn(control, || {}));
+    Harness::builder().with_size([1280.0, 800.0]).build_ui_state(|ui, d: &mut Dashboard| d.show(ui), dashboard)
+}
+
+/// Steps frames until `cond` holds (the worker thread answers in real time).
+fn wait_for(h: &mut Harness<'_, Dashboard>, what: &str, cond: impl Fn(&Harness<'_, Dashboard>) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        h.step();
+        if cond(h) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn has(h: &Harness<'_, Dashboard>, label: &str) -> bool {
+    h.query_all_by_label(label).next().is_some()
+}
+
+fn count(h: &Harness<'_, Dashboard>, label: &str) -> usize {
+    h.query_all_by_label(label).count()
+}
+
+fn peer_overlay(status: &StatusJson, host: &str) -> String {
+    status
+        .peers
+        .iter()
+        .find(|p| p.hostname == host)
+        .unwrap_or_else(|| panic!("no {host} in the recording"))
+        .overlay
+        .clone()
+}
+
+#[test]
+fn the_recorded_node_shows_its_overview_peers_and_routes() {
+    let dir = Scratch::new();
+    let _node = FakeNode::start(&dir.sock());
+    let mut h = harness(dir.sock());
+    wait_for(&mut h, "the peers table", |h| has(h, "Peers (3)"));
+    let st = recorded();
+
+    // Overview.
+    assert!(has(&h, "Weft · lab"), "network name in the title");
+    assert!(has(&h, &st.node_id));
+    assert!(has(&h, &st.overlay));
+    assert!(has(&h, "aes-128-gcm"));
+    assert!(has(&h, &format!("• connected to {}", dir.sock().display())));
+
+    // Peers: bravo and delta direct, charlie through bravo, delta down.
+    for host in ["bravo", "charlie", "delta"] {
+        assert!(has(&h, &peer_overlay(&st, host)), "{host}'s overlay address");
+    }
+    assert_eq!(count(&h, "relay via bravo"), 1, "charlie's path");
+    assert_eq!(count(&h, "direct"), 1 + 1, "bravo's path and bravo's route");
+    assert_eq!(count(&h, "none"), 1 + 1, "delta's path; no subnets proxied by bravo");
+    assert_eq!(count(&h, "up"), 2 + 2, "two peer states up, two route sessions up");
+    assert!(h.query_by_label_contains("DOWN").is_some(), "delta is shown as down");
+    let delta = st.peers.iter().find(|p| p.hostname == "delta").unwrap();
+    assert_ne!(delta.state, "established", "the recording has delta down");
+
+    // Routes: one row per reachable member with next hop and proxied subnet.
+    assert!(has(&h, "Routes (2)"));
+    assert!(has(&h, "charlie (10.126.126.3)"));
+    assert!(has(&h, "192.168.77.0/24"), "charlie's proxied subnet");
+    let charlie = st.routes.iter().find(|r| r.hostname == "charlie").unwrap();
+    assert_eq!(charlie.hops, 2);
+    assert_eq!(count(&h, "bravo"), 2, "bravo as a peer's host and as charlie's next hop");
+}
+
+fn has_contains(h: &Harness<'_, Dashboard>, part: &str) -> bool {
+    h.query_all_by_label_contains(part).next().is_some()
+}
+
+#[test]
+fn no_node_running_is_said_plainly_and_the_window_reconnects() {
+    let dir = Scratch::new();
+    let mut h = harness(dir.sock());
+    wait_for(&mut h, "the no-node message", |h| has(h, "No Weft node is running here"));
+    assert!(has(&h, &format!("Tried the control socket {}:", dir.sock().display())));
+    assert!(has_contains(&h, "weft up"), "how to start a node");
+    assert!(has_contains(&h, "No such file"), "the error itself");
+    assert!(!has_contains(&h, "Peers ("));
+
+    // The node comes up: the window finds it without any input.
+    let node = FakeNode::start(&dir.sock());
+    wait_for(&mut h, "the peers after the node started", |h| has(h, "Peers (3)"));
+    // And goes away again (a stale socket file stays behind: connection refused).
+    drop(node);
+    std::fs::write(dir.sock(), b"").unwrap();
+    wait_for(&mut h, "the problem after the node stopped", |h| !has_contains(h, "Peers ("));
+    assert!(has_contains(&h, "Tried the control socket"));
+}
+
+#[test]
+fn add_peer_sends_the_request_and_shows_the_nodes_error() {
+    let dir = Scratch::new();
+    let node = FakeNode::start(&dir.sock());
+    let mut h = harness(dir.sock());
+    wait_for(&mut h, "the peers table", |h| has(h, "Peers (3)"));
+    h.get_by_label("Add peer:").click();
+    h.run_steps(2);
+    h.get_by_label("Add peer:").type_text("tcp://198.51.100.9:1");
+    h.run_steps(2);
+    h.get_by_label("Add").click();
+    wait_for(&mut h, "the error reply", |h| has_contains(h, "add-peer tcp://198.51.100.9:1 — error:"));
+    assert_eq!(node.actions(), [r#"{"cmd":"add-peer","uri":"tcp://198.51.100.9:1"}"#]);
+    assert!(has(
+        &h,
+        "add-peer tcp://198.51.100.9:1 — error: bad peer URI `tcp://198.51.100.9:1`: expected udp://HOST:PORT"
+    ));
+}
+
+#[test]
+fn remove_sends_the_peers_node_id_and_shows_done() {
+    let dir = Scratch::new();
+    let node = FakeNode::start(&dir.sock());
+    let mut h = harness(dir.sock());
+    wait_for(&mut h, "the peers table", |h| has(h, "Peers (3)"));
+    let st = recorded();
+    let charlie = st.peers.iter().find(|p| p.hostname == "charlie").unwrap();
+    // Rows are sorted by overlay: bravo (.2), charlie (.3), delta (.4).
+    let removes: Vec<_> = h.query_all_by_label("Remove").collect();
+    assert_eq!(removes.len(), 3);
+    removes[1].click();
+    wait_for(&mut h, "the done reply", |h| has_contains(h, "— done: removed"));
+    assert_eq!(node.actions(), [format!(r#"{{"cmd":"remove-peer","peer":"{}"}}"#, charlie.node_id)]);
+}
+
+#[test]
+fn clicking_a_header_sorts_and_clicking_again_reverses() {
+    let dir = Scratch::new();
+    let _node = FakeNode::start(&dir.sock());
+    let mut h = harness(dir.sock());
+    wait_for(&mut h, "the peers table", |h| has(h, "Peers (3)"));
+    let st = recorded();
+    let top = |h: &Harness<'_, Dashboard>, host: &str| h.get_by_label(&peer_overlay(&st, host)).rect().top();
+    assert!(top(&h, "bravo") < top(&h, "delta"), "overlay order first");
+    h.get_by_role_and_label(Role::Button, "Host").click();
+    h.run_steps(3);
+    assert!(top(&h, "bravo") < top(&h, "charlie") && top(&h, "charlie") < top(&h, "delta"), "host, ascending");
+    h.get_by_role_and_label(Role::Button, "Latency").click();
+    h.run_steps(3);
+    // Recorded latencies: bravo 0.29 ms, delta 0.64 ms, charlie 1.16 ms.
+    assert!(top(&h, "bravo") < top(&h, "delta") && top(&h, "delta") < top(&h, "charlie"), "latency, ascending");
+    h.get_by_role_and_label(Role::Button, "Latency").click();
+    h.run_steps(3);
+    assert!(top(&h, "charlie") < top(&h, "delta") && top(&h, "delta") < top(&h, "bravo"), "latency, descending");
+}
+
+#[test]
+fn ticking_a_peer_adds_it_to_the_throughput_plot() {
+    let dir = Scratch::new();
+    let _node = FakeNode::start(&dir.sock());
+    let mut h = harness(dir.sock());
+    wait_for(&mut h, "the peers table", |h| has(h, "Peers (3)"));
+    assert!(h.state().summary().ends_with("plotted: "), "{}", h.state().summary());
+    let boxes: Vec<_> = h.query_all_by_role(Role::CheckBox).collect();
+    assert_eq!(boxes.len(), 3, "one plot toggle per peer");
+    boxes[1].click(); // charlie (.3)
+    h.run_steps(2);
+    assert!(h.state().summary().ends_with("plotted: charlie 10.126.126.3"), "{}", h.state().summary());
+    h.query_all_by_role(Role::CheckBox).nth(1).unwrap().click();
+    h.run_steps(2);
+    assert!(h.state().summary().ends_with("plotted: "), "unticked: {}", h.state().summary());
+}
