@@ -313,6 +313,7 @@ impl Topology {
 }
 
 #[cfg(test)]
+#[allow(clippy::disallowed_methods)] // tests make their own epoch
 mod tests {
     use super::*;
 
