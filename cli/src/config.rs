@@ -285,6 +285,9 @@ impl NodeConfig {
             (None, None) => None,
             _ => return usage("--tls-cert and --tls-key go together: give both or neither"),
         };
+        if tls.is_some() && !listeners.iter().any(|l| matches!(l.proto, Proto::Wss | Proto::Quic)) {
+            return usage("--tls-cert and --tls-key serve wss:// and quic:// listeners, and none is configured");
+        }
         let max_connections = match args.max_connections.or(file.max_connections) {
             Some(0) => return usage("invalid --max-connections 0: need at least one"),
             Some(n) => n,
@@ -469,6 +472,10 @@ mod tests {
         a.tls_cert = Some("/x.pem".into());
         let e = NodeConfig::resolve(&a).unwrap_err().to_string();
         assert!(e.contains("--tls-key"), "{e}");
+        a.tls_key = Some("/k.pem".into());
+        a.listen = vec!["tcp://0.0.0.0:11010".into()];
+        let e = NodeConfig::resolve(&a).unwrap_err().to_string();
+        assert!(e.contains("none is configured"), "{e}");
     }
 
     #[test]

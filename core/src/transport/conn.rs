@@ -442,6 +442,11 @@ impl Connector {
             Err(e) => e,
         };
         debug!(%ep, %error, "connection ended");
+        // A connection replaced by a newer one to the same endpoint (both ends dialled
+        // at once) is no news: the path still works.
+        if self.inner.links.contains(&ep) {
+            return;
+        }
         // A full queue only delays the failover to the next tick's stale check.
         let _ = self.inner.down.try_send(LinkDown { endpoint: ep, error });
     }

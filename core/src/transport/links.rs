@@ -194,11 +194,6 @@ impl Egress {
         &self.udp
     }
 
-    /// The UDP offload state.
-    pub fn offload(&self) -> &Offload {
-        &self.offload
-    }
-
     /// Sends every frame in `out`; returns how many could not be sent.
     pub fn send<B: AsRef<[u8]>>(&mut self, bufs: &[B], out: &[Outgoing]) -> Unsent {
         if out.iter().all(|o| o.to.proto == Proto::Udp) {

@@ -48,11 +48,6 @@ impl Proto {
         }
     }
 
-    /// Whether frames travel over an ordered, reliable byte stream.
-    pub fn is_stream(self) -> bool {
-        matches!(self, Self::Tcp | Self::Ws | Self::Wss)
-    }
-
     /// The wire code (topology records, punch lists).
     pub fn code(self) -> u8 {
         self as u8
