@@ -242,7 +242,9 @@ impl Node {
                 if p.path_stale(now, stale_after) {
                     p.failover_next.is_none_or(|t| now >= t).then_some((p.key, true))
                 } else {
-                    p.upgrade.next_attempt.is_none_or(|t| now >= t).then_some((p.key, false))
+                    // Nothing beats UDP: no candidate scan for a peer already on it.
+                    let improvable = p.endpoint.is_some_and(|e| e.proto != Proto::Udp);
+                    (improvable && p.upgrade.next_attempt.is_none_or(|t| now >= t)).then_some((p.key, false))
                 }
             })
             .collect();
