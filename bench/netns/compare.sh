@@ -137,23 +137,7 @@ cleanup() {
     rm -rf "$RUN"
     exit "$rc"
 }
-# No command substitution and no `wait` in these handlers or in cleanup (see kill_pid).
-# They write to fd 9, the original stderr: a trap runs inside whatever redirection the
-# interrupted command had (often >/dev/null).
-exec 9>&2
-trap cleanup EXIT
-trap 'printf "interrupted; cleaning up\n" >&9; exit 130' INT
-trap 'printf "stopped by SIGTERM (MAX_RUNTIME=%s reached, or killed); cleaning up\n" "${MAX_RUNTIME:-?}" >&9; exit 143' TERM
-
-# Runs a command in the background and waits for it, so that a signal (the watchdog's
-# TERM, ^C) interrupts the wait at once and the trap can kill the command.
-fg_run() {
-    local rc=0
-    "$@" & CUR_PID=$!
-    wait "$CUR_PID" || rc=$?
-    CUR_PID=""
-    return "$rc"
-}
+install_traps
 
 # Bounded runtime: a watchdog TERMs this script after MAX_RUNTIME seconds.
 n_variants=1
@@ -162,13 +146,7 @@ for t in "${TOOLS[@]}"; do
 done
 n_configs=$(( $(wc -w <<<"$STREAMS") * 2 ))
 MAX_RUNTIME=${MAX_RUNTIME:-$(( 2400 + REPS * n_variants * (40 + n_configs * (DURATION + 15)) ))}
-# Its sleep is killed with it and it holds no stdout/stderr, so nothing outlives the script.
-(
-    sleep "$MAX_RUNTIME" & sp=$!
-    trap 'kill "$sp" 2>/dev/null; exit 0' TERM
-    wait "$sp" && kill -TERM $$ 2>/dev/null
-) </dev/null >/dev/null 2>&1 &
-WATCHDOG_PID=$!
+start_watchdog
 plan_weft=""
 if [[ " ${TOOLS[*]} " == *" weft "* ]]; then
     for v in "${WEFT_VARIANTS[@]}"; do plan_weft="${plan_weft:+$plan_weft, }${v% *} over ${v#* }"; done

@@ -111,27 +111,11 @@ cleanup() {
     rm -rf "$RUN"
     exit "$rc"
 }
-exec 9>&2
-trap cleanup EXIT
-trap 'printf "interrupted; cleaning up\n" >&9; exit 130' INT
-trap 'printf "stopped by SIGTERM (MAX_RUNTIME=%s reached, or killed); cleaning up\n" "${MAX_RUNTIME:-?}" >&9; exit 143' TERM
-
-fg_run() {
-    local rc=0
-    "$@" & CUR_PID=$!
-    wait "$CUR_PID" || rc=$?
-    CUR_PID=""
-    return "$rc"
-}
+install_traps
 
 n_rates=$(wc -w <<<"$LOSS"); n_tr=$(wc -w <<<"$TRANSPORTS")
 MAX_RUNTIME=${MAX_RUNTIME:-$(( 1200 + REPS * n_rates * (n_tr + 1) * (DURATION + 45) ))}
-(
-    sleep "$MAX_RUNTIME" & sp=$!
-    trap 'kill "$sp" 2>/dev/null; exit 0' TERM
-    wait "$sp" && kill -TERM $$ 2>/dev/null
-) </dev/null >/dev/null 2>&1 &
-WATCHDOG_PID=$!
+start_watchdog
 log "plan: loss '$LOSS' %; plain TCP + weft ($CIPHER) over '$TRANSPORTS'; REPS=$REPS DURATION=${DURATION}s; stops itself after ${MAX_RUNTIME}s"
 
 # ---------------------------------------------------------------------------------------

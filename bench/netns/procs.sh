@@ -19,3 +19,35 @@ kill_pid() { # PID: TERM, wait up to 3 s, then KILL
     # child was already reaped while the trap ran (other children, like iperf3 -s, live on).
     [ "$IN_CLEANUP" = 1 ] || wait "$p" 2>/dev/null || true
 }
+
+# Traps: cleanup (the caller's) on exit; INT and TERM print why and exit, which runs it.
+# No command substitution and no `wait` in these handlers or in cleanup (see kill_pid).
+# They write to fd 9, the original stderr: a trap runs inside whatever redirection the
+# interrupted command had (often >/dev/null).
+install_traps() {
+    exec 9>&2
+    trap cleanup EXIT
+    trap 'printf "interrupted; cleaning up\n" >&9; exit 130' INT
+    trap 'printf "stopped by SIGTERM (MAX_RUNTIME=%s reached, or killed); cleaning up\n" "${MAX_RUNTIME:-?}" >&9; exit 143' TERM
+}
+
+# Runs a command in the background and waits for it, so that a signal (the watchdog's
+# TERM, ^C) interrupts the wait at once and the trap can kill the command.
+fg_run() {
+    local rc=0
+    "$@" & CUR_PID=$!
+    wait "$CUR_PID" || rc=$?
+    CUR_PID=""
+    return "$rc"
+}
+
+# Bounded runtime: TERMs this script after MAX_RUNTIME seconds; sets WATCHDOG_PID. Its
+# sleep is killed with it and it holds no stdout/stderr, so nothing outlives the script.
+start_watchdog() {
+    (
+        sleep "$MAX_RUNTIME" & sp=$!
+        trap 'kill "$sp" 2>/dev/null; exit 0' TERM
+        wait "$sp" && kill -TERM $$ 2>/dev/null
+    ) </dev/null >/dev/null 2>&1 &
+    WATCHDOG_PID=$!
+}
