@@ -50,7 +50,44 @@ impl ControlSink for QueueSink {
     }
 }
 
-type StatusRequest = (Request, oneshot::Sender<Reply>);
+/// A control request, parsed and with its names resolved (by the client's task, so
+/// that a slow resolver never stalls the control loop), and where to answer.
+type StatusRequest = (Ask, oneshot::Sender<Reply>);
+
+/// What a client asks of the control loop.
+enum Ask {
+    Status,
+    AddPeer(Endpoint, PeerUri),
+    RemovePeer(PeerRef),
+}
+
+/// Turns a request into an [`Ask`]: parses URIs and node ids and resolves host names
+/// (at most 5 s), or says what is wrong with them.
+async fn ask(req: Request) -> Result<Ask, String> {
+    let resolve = |u: PeerUri| async move {
+        let job = tokio::task::spawn_blocking(move || u.resolve().map(|e| (e, u)));
+        match tokio::time::timeout(Duration::from_secs(5), job).await {
+            Ok(Ok(r)) => r.map_err(|e| e.to_string()),
+            Ok(Err(e)) => Err(format!("cannot resolve: {e}")),
+            Err(_) => Err("name resolution took longer than 5 s".to_owned()),
+        }
+    };
+    match req {
+        Request::Status => Ok(Ask::Status),
+        Request::AddPeer { uri } => {
+            let u = uri.parse::<PeerUri>().map_err(|e| e.to_string())?;
+            let (to, u) = resolve(u).await?;
+            Ok(Ask::AddPeer(to, u))
+        }
+        Request::RemovePeer { peer } => {
+            if let Ok(id) = peer.parse::<NodeId>() {
+                return Ok(Ask::RemovePeer(PeerRef::Node(id)));
+            }
+            let u = peer.parse::<PeerUri>().map_err(|e| format!("{e} (or give a node id: 16 hex digits)"))?;
+            Ok(Ask::RemovePeer(PeerRef::Endpoint(resolve(u).await?.0)))
+        }
+    }
+}
 
 /// Runs a node until SIGINT or SIGTERM.
 pub fn run(mut cfg: NodeConfig) -> Result<()> {
@@ -340,27 +377,15 @@ impl Runtime {
         }
     }
 
-    fn request(&mut self, req: Request) -> Reply {
+    fn request(&mut self, ask: Ask) -> Reply {
         let now = Instant::now();
-        let done = match req {
-            Request::Status => return Reply::Status(Box::new(self.status())),
-            Request::AddPeer { uri } => {
-                uri.parse::<PeerUri>().and_then(|u| Ok((u.resolve()?, u))).map_err(|e| e.to_string()).and_then(
-                    |(to, u)| {
-                        self.connector.set_path(to, u.path.clone());
-                        self.engine.add_peer(now, to).map(|()| format!("added {u}"))
-                    },
-                )
+        let done = match ask {
+            Ask::Status => return Reply::Status(Box::new(self.status())),
+            Ask::AddPeer(to, u) => {
+                self.connector.set_path(to, u.path.clone());
+                self.engine.add_peer(now, to).map(|()| format!("added {u}"))
             }
-            Request::RemovePeer { peer } => {
-                let which = match peer.parse::<NodeId>() {
-                    Ok(id) => Ok(PeerRef::Node(id)),
-                    Err(_) => peer.parse::<PeerUri>().and_then(|u| u.resolve()).map(PeerRef::Endpoint),
-                };
-                which
-                    .map_err(|e| format!("{e} (or give a node id: 16 hex digits)"))
-                    .and_then(|w| self.engine.remove_peer(now, w))
-            }
+            Ask::RemovePeer(which) => self.engine.remove_peer(now, which),
         };
         match done {
             Ok(message) => Reply::Done { message },
@@ -561,16 +586,19 @@ async fn serve_client(stream: UnixStream, requests: mpsc::Sender<StatusRequest>)
     let read = tokio::time::timeout(Duration::from_secs(5), lines.next_line()).await;
     let reply = match read {
         Ok(Ok(Some(line))) => match serde_json::from_str::<Request>(&line) {
-            Ok(req) => {
-                let (tx, rx) = oneshot::channel();
-                if requests.send((req, tx)).await.is_err() {
-                    return;
+            Ok(req) => match ask(req).await {
+                Ok(a) => {
+                    let (tx, rx) = oneshot::channel();
+                    if requests.send((a, tx)).await.is_err() {
+                        return;
+                    }
+                    match rx.await {
+                        Ok(r) => r,
+                        Err(_) => return,
+                    }
                 }
-                match rx.await {
-                    Ok(r) => r,
-                    Err(_) => return,
-                }
-            }
+                Err(message) => Reply::Error { message },
+            },
             Err(e) => Reply::Error { message: format!("bad request: {e}") },
         },
         _ => return,
