@@ -47,7 +47,9 @@ pub enum HandshakeError {
     Setup(#[source] snow::Error),
 }
 
-/// The pre-shared key of a network: HKDF of the secret, bound to the network name.
+/// The pre-shared key of a network: Argon2id of the secret, salted with the network
+/// name, so that an offline guess of the secret (against a captured handshake MAC)
+/// costs a memory-hard hash.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Psk([u8; 32]);
 
@@ -57,17 +59,41 @@ impl fmt::Debug for Psk {
     }
 }
 
+/// Argon2id cost of [`Psk::derive`]: 19 MiB, two passes, one lane (OWASP's minimum
+/// for Argon2id), tens of milliseconds per guess on a server core.
+pub const PSK_KDF_MEMORY_KIB: u32 = 19 * 1024;
+/// Argon2id passes of [`Psk::derive`].
+pub const PSK_KDF_PASSES: u32 = 2;
+
 impl Psk {
-    /// Derives the PSK from the network name and secret.
+    /// Derives the PSK from the network name and secret (Argon2id; call it once at
+    /// start, it costs tens of milliseconds by design).
     pub fn derive(network_name: &str, secret: &str) -> Self {
-        let salt = hkdf::Salt::new(hkdf::HKDF_SHA256, b"weft/v1/network-psk");
-        let prk = salt.extract(secret.as_bytes());
-        let info = [network_name.as_bytes()];
+        // The salt must be at least 8 bytes; a fixed prefix also separates Weft's use
+        // of the secret from any other.
+        let mut salt = b"weft/v1/network-psk/".to_vec();
+        salt.extend_from_slice(network_name.as_bytes());
+        let params = argon2::Params::new(PSK_KDF_MEMORY_KIB, PSK_KDF_PASSES, 1, Some(32));
         let mut out = [0u8; 32];
-        // HKDF-SHA256 can emit up to 255*32 bytes; 32 is always within that limit.
+        // The parameters are constants within Argon2's limits, the salt is at least 8
+        // bytes and the output 32: hash_password_into cannot fail.
         #[allow(clippy::unwrap_used)]
-        prk.expand(&info, Len32).unwrap().fill(&mut out).unwrap();
+        argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params.unwrap())
+            .hash_password_into(secret.as_bytes(), &salt, &mut out)
+            .unwrap();
         Self(out)
+    }
+
+    /// Builds a PSK from raw bytes (tests and benchmarks that must not pay for
+    /// Argon2 per node).
+    pub fn from_bytes(bytes: [u8; 32]) -> Self {
+        Self(bytes)
+    }
+
+    /// A key for one purpose (handshake MACs, cookies, LAN beacons), derived from the
+    /// PSK with HKDF-SHA256 and `label`; knowing it reveals nothing about the PSK.
+    pub fn subkey(&self, label: &[u8]) -> [u8; 32] {
+        expand(b"weft/v1/psk-subkey", &self.0, label)
     }
 }
 
@@ -487,5 +513,8 @@ mod tests {
         assert_ne!(Psk::derive("a", "s"), Psk::derive("b", "s"));
         assert_ne!(Psk::derive("a", "s"), Psk::derive("a", "t"));
         assert_eq!(format!("{:?}", Psk::derive("a", "s")), "Psk(<redacted>)");
+        let p = Psk::derive("a", "s");
+        assert_ne!(p.subkey(b"mac1"), p.subkey(b"cookie"));
+        assert_ne!(p.subkey(b"mac1"), p.0);
     }
 }

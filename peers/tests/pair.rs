@@ -23,7 +23,7 @@ use harness::{DataPlane, Host, Wire, ip_packet, static_key};
 use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use weft_core::crypto::Cipher;
-use weft_core::handshake::{Initiator, Params, Psk, StaticKey};
+use weft_core::handshake::{Initiator, Params, StaticKey};
 use weft_core::session::Session;
 use weft_core::wire::{DATA_HEADER_LEN, DataHeader, MessageType};
 use weft_peers::node::TICK;
@@ -459,7 +459,7 @@ fn known_peer_back_with_another_secret_is_refused_over_ik() {
     sim.run(Duration::from_secs(3));
     sim.kill(B);
     sim.run(Duration::from_secs(1));
-    let changed = Params { psk: Psk::derive(NET, "rotated secret"), ..sim.slots[B].params.clone() };
+    let changed = Params { psk: harness::psk(NET, "rotated secret"), ..sim.slots[B].params.clone() };
     sim.restart_with(B, changed, vec![]);
     let mark = sim.log.len();
     while sim.elapsed() < Duration::from_secs(40) {

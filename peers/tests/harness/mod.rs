@@ -365,11 +365,25 @@ pub fn static_key(rng: &mut impl RngCore) -> StaticKey {
     StaticKey::from_parts(dh.privkey(), dh.pubkey()).expect("32-byte halves")
 }
 
+/// The PSK of a network, derived once per (name, secret) for the whole test binary:
+/// Argon2id costs tens of milliseconds by design, and simulations build hundreds of
+/// nodes.
+pub fn psk(net: &str, secret: &str) -> Psk {
+    static CACHE: std::sync::Mutex<Vec<(String, String, Psk)>> = std::sync::Mutex::new(Vec::new());
+    let mut cache = CACHE.lock().expect("psk cache");
+    if let Some((_, _, p)) = cache.iter().find(|(n, s, _)| n == net && s == secret) {
+        return p.clone();
+    }
+    let p = Psk::derive(net, secret);
+    cache.push((net.into(), secret.into(), p.clone()));
+    p
+}
+
 /// Handshake parameters of a node.
 pub fn params(local: StaticKey, net: &str, secret: &str, cipher: Cipher, ipv4: Ipv4Addr, hostname: String) -> Params {
     Params {
         local,
-        psk: Psk::derive(net, secret),
+        psk: psk(net, secret),
         network_name: net.into(),
         hello: Hello { cipher, ipv4, prefix: 16, hostname },
     }
