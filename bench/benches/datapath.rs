@@ -13,8 +13,9 @@ use arc_swap::ArcSwap;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use tun_rs::{GROTable, VIRTIO_NET_HDR_LEN, VirtioNetHdr};
 use weft_bench::{HEADERS, tcp4_packet};
+use weft_core::admission::MacKeys;
 use weft_core::crypto::{Cipher, DataKey, TAG_LEN};
-use weft_core::handshake::SessionKeys;
+use weft_core::handshake::{Psk, SessionKeys};
 use weft_core::pipeline::{
     ControlEvent, ControlSink, PipelineConfig, PipelineStats, Rx, Shared, TX_HEADROOM, TunWriter, Tx,
 };
@@ -225,6 +226,7 @@ fn pipeline(c: &mut Criterion) {
                     let shared = Shared {
                         routes: Arc::new(ArcSwap::from_pointee(RouteSnapshot::new([], [b_from_a]))),
                         control: Arc::new(NullSink),
+                        macs: Arc::new(MacKeys::new(&Psk::from_bytes([0; 32]))),
                         epoch: Instant::now(),
                         stop: Arc::new(AtomicBool::new(false)),
                         offload: Arc::new(Offload::new(false, false)),

@@ -92,6 +92,27 @@ pub struct StatusJson {
     pub pending_peers: Vec<PendingJson>,
     /// Handshakes we refused, by source.
     pub refused_handshakes: Vec<RefusedJson>,
+    /// What handshake admission control dropped or answered with a cookie.
+    #[serde(default)]
+    pub admission: AdmissionJson,
+}
+
+/// Handshake admission counters (datagrams the pipelines dropped for a bad mac1 are
+/// in `drops` as `handshake_mac`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct AdmissionJson {
+    /// Handshake datagrams that reached the engine with a bad mac1.
+    pub bad_mac: u64,
+    /// Inits over their source's rate.
+    pub rate_limited: u64,
+    /// Inits answered with a cookie instead of a Diffie-Hellman (under load).
+    pub cookies_sent: u64,
+    /// Cookies we received and used.
+    pub cookies_received: u64,
+    /// Inits dropped because the pending or held tables were full.
+    pub state_full: u64,
+    /// Whether the node is under load now.
+    pub under_load: bool,
 }
 
 /// Offloads in use.

@@ -17,6 +17,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, error, info, warn};
+use weft_core::admission::MacKeys;
 use weft_core::crypto::Cipher;
 use weft_core::handshake::{Hello, Params, Psk};
 use weft_core::pipeline::{self, ControlEvent, ControlSink, PipelineConfig, PipelineStats, Shared, TX_HEADROOM};
@@ -32,21 +33,39 @@ use weft_peers::status::{NodeStatus, PathStatus};
 
 use crate::config::{NodeConfig, PeerUri};
 use crate::control::{
-    OffloadJson, PeerJson, PendingJson, PipelineJson, RefusedJson, Reply, Request, RouteJson, StatusJson,
+    AdmissionJson, OffloadJson, PeerJson, PendingJson, PipelineJson, RefusedJson, Reply, Request, RouteJson, StatusJson,
 };
 use crate::discovery::{Beacon, Discovery};
 use crate::state;
 
-/// Depth of the data plane -> control plane queue.
+/// Depth of the data plane -> control plane queue of authenticated events
+/// (confirmations, control messages, path reports).
 const CONTROL_QUEUE: usize = 1024;
+/// Depth of the queue of handshake datagrams (mac1 already checked). Separate, so
+/// that a flood of handshakes never costs an authenticated event its place.
+const HANDSHAKE_QUEUE: usize = 256;
 /// Received batches waiting for the links RX thread.
 const LINKS_QUEUE: usize = 256;
 
-struct QueueSink(mpsc::Sender<ControlEvent>);
+struct QueueSink {
+    events: mpsc::Sender<ControlEvent>,
+    handshakes: mpsc::Sender<ControlEvent>,
+    /// Set when a handshake did not fit: the engine treats the next second as load.
+    overloaded: AtomicBool,
+}
 
 impl ControlSink for QueueSink {
     fn try_push(&self, ev: ControlEvent) -> bool {
-        self.0.try_send(ev).is_ok()
+        match ev {
+            ControlEvent::Datagram { .. } => {
+                let ok = self.handshakes.try_send(ev).is_ok();
+                if !ok {
+                    self.overloaded.store(true, Ordering::Relaxed);
+                }
+                ok
+            }
+            _ => self.events.try_send(ev).is_ok(),
+        }
     }
 }
 
@@ -149,10 +168,14 @@ pub fn run(mut cfg: NodeConfig) -> Result<()> {
         }
     }
     let epoch = Instant::now();
+    let psk = Psk::derive(&cfg.network_name, &cfg.network_secret.0);
     let (ctl_tx, ctl_rx) = mpsc::channel(CONTROL_QUEUE);
+    let (hs_tx, hs_rx) = mpsc::channel(HANDSHAKE_QUEUE);
+    let sink = Arc::new(QueueSink { events: ctl_tx, handshakes: hs_tx, overloaded: AtomicBool::new(false) });
     let shared = Shared {
         routes: Arc::new(ArcSwap::from_pointee(RouteSnapshot::default())),
-        control: Arc::new(QueueSink(ctl_tx)),
+        control: sink.clone(),
+        macs: Arc::new(MacKeys::new(&psk)),
         epoch,
         stop: Arc::new(AtomicBool::new(false)),
         offload: Arc::new(Offload::new(udp_gso, udp_gro)),
@@ -186,7 +209,7 @@ pub fn run(mut cfg: NodeConfig) -> Result<()> {
         Config {
             handshake: Params {
                 local: key,
-                psk: Psk::derive(&cfg.network_name, &cfg.network_secret.0),
+                psk,
                 network_name: cfg.network_name.clone(),
                 hello: Hello {
                     cipher: cfg.cipher,
@@ -247,7 +270,7 @@ pub fn run(mut cfg: NodeConfig) -> Result<()> {
         listeners: bound,
         udp_port: udp_bound.port(),
     };
-    let result = rt.block_on(runtime.serve(ctl_rx, down_rx));
+    let result = rt.block_on(runtime.serve(ctl_rx, hs_rx, sink, down_rx));
     // Pipeline threads block in TUN reads; the process exit ends them.
     rt.shutdown_timeout(Duration::from_millis(200));
     result
@@ -276,9 +299,26 @@ struct Runtime {
 }
 
 impl Runtime {
+    fn handle_event(&mut self, ev: ControlEvent) {
+        let now = Instant::now();
+        match ev {
+            ControlEvent::Datagram { from, via, bytes } => {
+                let via = via.map(NodeId::from_bytes);
+                self.engine.handle(now, Input::Datagram { from, via, bytes: &bytes })
+            }
+            ControlEvent::Confirmed { local_index } => self.engine.handle(now, Input::Confirmed { local_index }),
+            ControlEvent::Message { local_index, bytes } => {
+                self.engine.handle(now, Input::Message { local_index, bytes: &bytes })
+            }
+            ControlEvent::Direct { local_index, from } => self.engine.handle(now, Input::Direct { local_index, from }),
+        }
+    }
+
     async fn serve(
         mut self,
         mut events: mpsc::Receiver<ControlEvent>,
+        mut handshakes: mpsc::Receiver<ControlEvent>,
+        sink: Arc<QueueSink>,
         mut link_down: mpsc::Receiver<LinkDown>,
     ) -> Result<()> {
         let listener = bind_control(&self.cfg.control)?;
@@ -303,18 +343,18 @@ impl Runtime {
         loop {
             let deadline = self.engine.poll_timeout().unwrap_or_else(|| Instant::now() + weft_peers::node::TICK);
             tokio::select! {
+                // Authenticated events first: a flood of handshakes must not delay them.
+                biased;
                 ev = events.recv() => {
                     let Some(ev) = ev else { break };
-                    let now = Instant::now();
-                    match ev {
-                        ControlEvent::Datagram { from, via, bytes } => {
-                            let via = via.map(NodeId::from_bytes);
-                            self.engine.handle(now, Input::Datagram { from, via, bytes: &bytes })
-                        }
-                        ControlEvent::Confirmed { local_index } => self.engine.handle(now, Input::Confirmed { local_index }),
-                        ControlEvent::Message { local_index, bytes } => self.engine.handle(now, Input::Message { local_index, bytes: &bytes }),
-                        ControlEvent::Direct { local_index, from } => self.engine.handle(now, Input::Direct { local_index, from }),
+                    self.handle_event(ev);
+                }
+                ev = handshakes.recv() => {
+                    let Some(ev) = ev else { break };
+                    if sink.overloaded.swap(false, Ordering::Relaxed) {
+                        self.engine.note_overload(Instant::now());
                     }
+                    self.handle_event(ev);
                 }
                 () = tokio::time::sleep_until(deadline.into()) => self.engine.handle_timeout(Instant::now()),
                 down = link_down.recv() => {
@@ -538,6 +578,17 @@ impl Runtime {
                     last_secs: now.saturating_duration_since(f.last).as_secs(),
                 })
                 .collect(),
+            admission: {
+                let a = self.engine.admission(now);
+                AdmissionJson {
+                    bad_mac: a.bad_mac,
+                    rate_limited: a.rate_limited,
+                    cookies_sent: a.cookies_sent,
+                    cookies_received: a.cookies_received,
+                    state_full: a.state_full,
+                    under_load: a.under_load,
+                }
+            },
         }
     }
 }

@@ -1,7 +1,8 @@
 //! weft-core: the data plane and protocol primitives of Weft.
 //!
 //! Two halves. The pure half never touches the OS or the clock:
-//! [`wire`] (headers), [`crypto`] (AEAD in place), [`replay`] (window),
+//! [`wire`] (headers), [`admission`] (handshake MACs, cookies, token buckets),
+//! [`crypto`] (AEAD in place), [`replay`] (window),
 //! [`handshake`] (Noise via snow), [`session`] (keys + counters shared with the
 //! pipelines), [`route`] (the immutable snapshot pipelines read) and [`stats`].
 //! The I/O half moves packets: [`tun`], [`transport`] and [`pipeline`].
@@ -16,6 +17,7 @@
 //! the control plane's business, published here as a [`route::RouteSnapshot`].
 #![warn(missing_docs)]
 
+pub mod admission;
 pub mod crypto;
 pub mod handshake;
 pub mod pipeline;

@@ -22,6 +22,7 @@ use arc_swap::ArcSwap;
 use tracing::{debug, warn};
 use tun_rs::{GROTable, IDEAL_BATCH_SIZE, SyncDevice, VIRTIO_NET_HDR_LEN};
 
+use crate::admission::MacKeys;
 use crate::crypto::TAG_LEN;
 use crate::route::RouteSnapshot;
 use crate::session::Session;
@@ -77,6 +78,8 @@ pub struct Shared {
     pub routes: Arc<ArcSwap<RouteSnapshot>>,
     /// Control-plane queue.
     pub control: Arc<dyn ControlSink>,
+    /// The network's handshake MAC keys: handshakes that fail mac1 are dropped here.
+    pub macs: Arc<MacKeys>,
     /// Origin of the millisecond clock stored in sessions.
     pub epoch: Instant,
     /// Set to stop the RX loops (TX loops end with the process).
@@ -331,6 +334,10 @@ impl Tx {
                 drops.add(DropReason::NoRoute, 1);
                 continue;
             };
+            if route.session.is_expired(now) {
+                route.session.stats.drops.add(DropReason::KeyExpired, 1);
+                continue;
+            }
             let Some(sealed) = route.session.seal(&mut buf[RELAY_HEADER_LEN..], len) else {
                 drops.add(DropReason::Malformed, 1);
                 continue;
@@ -655,6 +662,11 @@ fn open<'r>(
     match MessageType::of(data) {
         Some(MessageType::Data) => {}
         Some(_) => {
+            // Only members can MAC a handshake: outsiders never reach the queue.
+            if shared.macs.check(data).is_none() {
+                stats.drops.add(DropReason::HandshakeMac, 1);
+                return None;
+            }
             let ev = ControlEvent::Datagram { from, via, bytes: data.to_vec() };
             if !shared.control.try_push(ev) {
                 stats.drops.add(DropReason::ControlQueueFull, 1);
@@ -674,6 +686,10 @@ fn open<'r>(
         stats.drops.add(DropReason::UnknownSession, 1);
         return None;
     };
+    if session.is_expired(now) {
+        session.stats.drops.add(DropReason::KeyExpired, 1);
+        return None;
+    }
     let len = match session.open(&hdr, data) {
         Ok(len) => len,
         Err(reason) => {
@@ -686,6 +702,9 @@ fn open<'r>(
         && session.confirm()
         && !shared.control.try_push(ControlEvent::Confirmed { local_index: session.local_index })
     {
+        // The next authenticated packet tries again: a lost confirmation would
+        // strand the session as held.
+        session.unconfirm();
         stats.drops.add(DropReason::ControlQueueFull, 1);
     }
     if via.is_none() {

@@ -24,8 +24,18 @@ pub struct Route {
 }
 
 /// One immutable routing state.
+///
+/// Sessions still waiting for the peer's proof of the PSK ("held") live in a table of
+/// their own, so that a new held session swaps in a small table and shares the rest
+/// ([`RouteSnapshot::with_held`]) instead of rebuilding every route.
 #[derive(Debug, Default)]
 pub struct RouteSnapshot {
+    tables: Arc<Tables>,
+    held: FxHashMap<u32, Arc<Session>>,
+}
+
+#[derive(Debug, Default)]
+struct Tables {
     local: [u8; 8],
     by_dst: FxHashMap<Ipv4Addr, Route>,
     by_index: FxHashMap<u32, Arc<Session>>,
@@ -49,7 +59,12 @@ impl RouteSnapshot {
                 (a, Route { session: s, target, relay: None })
             })
             .collect();
-        Self { by_dst, by_index: receiving.into_iter().map(|s| (s.local_index, s)).collect(), ..Self::default() }
+        let tables = Tables {
+            by_dst,
+            by_index: receiving.into_iter().map(|s| (s.local_index, s)).collect(),
+            ..Tables::default()
+        };
+        Self { tables: Arc::new(tables), held: FxHashMap::default() }
     }
 
     /// Builds a full snapshot.
@@ -60,32 +75,55 @@ impl RouteSnapshot {
         next_hops: impl IntoIterator<Item = ([u8; 8], Endpoint)>,
         neighbours: impl IntoIterator<Item = Endpoint>,
     ) -> Self {
-        Self {
+        let tables = Tables {
             local,
             by_dst: routes.into_iter().collect(),
             by_index: receiving.into_iter().map(|s| (s.local_index, s)).collect(),
             next_hops: next_hops.into_iter().collect(),
             neighbours: neighbours.into_iter().collect(),
             subnets: Vec::new(),
-        }
+        };
+        Self { tables: Arc::new(tables), held: FxHashMap::default() }
+    }
+
+    /// This snapshot with another set of held sessions (receive only, until their peer
+    /// proves the PSK); everything else is shared, not copied.
+    pub fn with_held(&self, held: impl IntoIterator<Item = Arc<Session>>) -> Self {
+        Self { tables: self.tables.clone(), held: held.into_iter().map(|s| (s.local_index, s)).collect() }
     }
 
     /// Adds routes for subnets proxied by members (`--proxy-network`).
     pub fn with_subnets(mut self, subnets: impl IntoIterator<Item = (Ipv4Addr, u8, Route)>) -> Self {
-        self.subnets = subnets.into_iter().map(|(a, p, r)| (u32::from(a) & prefix_mask(p), p, r)).collect();
-        self.subnets.sort_by_key(|(_, p, _)| std::cmp::Reverse(*p));
+        let mut v: Vec<(u32, u8, Route)> =
+            subnets.into_iter().map(|(a, p, r)| (u32::from(a) & prefix_mask(p), p, r)).collect();
+        v.sort_by_key(|(_, p, _)| std::cmp::Reverse(*p));
+        match Arc::get_mut(&mut self.tables) {
+            Some(t) => t.subnets = v,
+            None => {
+                let t = &self.tables;
+                let tables = Tables {
+                    local: t.local,
+                    by_dst: t.by_dst.clone(),
+                    by_index: t.by_index.clone(),
+                    next_hops: t.next_hops.clone(),
+                    neighbours: t.neighbours.clone(),
+                    subnets: v,
+                };
+                self.tables = Arc::new(tables);
+            }
+        }
         self
     }
 
     /// How to reach `dst`: its owner's overlay address, else the longest proxied
     /// subnet that holds it.
     pub fn route_for(&self, dst: Ipv4Addr) -> Option<&Route> {
-        self.by_dst.get(&dst).or_else(|| self.subnet_route(dst))
+        self.tables.by_dst.get(&dst).or_else(|| self.subnet_route(dst))
     }
 
     fn subnet_route(&self, dst: Ipv4Addr) -> Option<&Route> {
         let d = u32::from(dst);
-        self.subnets.iter().find(|(net, p, _)| d & prefix_mask(*p) == *net).map(|(_, _, r)| r)
+        self.tables.subnets.iter().find(|(net, p, _)| d & prefix_mask(*p) == *net).map(|(_, _, r)| r)
     }
 
     /// Whether a packet from inner source `src` may come through `session`: the source
@@ -96,32 +134,32 @@ impl RouteSnapshot {
 
     /// The session that carries packets to `dst`.
     pub fn session_for(&self, dst: Ipv4Addr) -> Option<&Arc<Session>> {
-        self.by_dst.get(&dst).map(|r| &r.session)
+        self.tables.by_dst.get(&dst).map(|r| &r.session)
     }
 
-    /// The session whose local index is `index`.
+    /// The session whose local index is `index` (an established or a held one).
     pub fn session_by_index(&self, index: u32) -> Option<&Arc<Session>> {
-        self.by_index.get(&index)
+        self.tables.by_index.get(&index).or_else(|| self.held.get(&index))
     }
 
     /// Where to forward a relayed frame for node `dst`.
     pub fn next_hop(&self, dst: &[u8; 8]) -> Option<Endpoint> {
-        self.next_hops.get(dst).copied()
+        self.tables.next_hops.get(dst).copied()
     }
 
     /// Whether `addr` is a direct neighbour (relayed frames are accepted only from these).
     pub fn is_neighbour(&self, addr: &Endpoint) -> bool {
-        self.neighbours.contains(addr)
+        self.tables.neighbours.contains(addr)
     }
 
     /// This node's id.
     pub fn local(&self) -> &[u8; 8] {
-        &self.local
+        &self.tables.local
     }
 
     /// Number of routed destinations.
     pub fn route_count(&self) -> usize {
-        self.by_dst.len()
+        self.tables.by_dst.len()
     }
 }
 

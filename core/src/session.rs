@@ -15,6 +15,10 @@ use crate::stats::{DropReason, PeerStats};
 use crate::transport::Endpoint;
 use crate::wire::{DATA_HEADER_LEN, DataHeader};
 
+/// Keys older than this (ms) are never used to send or accept, even when rekeying
+/// keeps failing (WireGuard's reject-after-time).
+pub const REJECT_AFTER_MS: u64 = 180_000;
+
 /// Everything the control plane decides about a new session.
 #[derive(Debug)]
 pub struct SessionParams {
@@ -60,6 +64,9 @@ pub struct Session {
     roam_reported_ms: AtomicU64,
     /// [`Endpoint::key`] of the source of the last report.
     roam_from: AtomicU64,
+    /// Pipeline-clock time (ms) from which the keys are refused; `u64::MAX` until the
+    /// control plane sets it.
+    expires_ms: AtomicU64,
 }
 
 impl Session {
@@ -81,7 +88,19 @@ impl Session {
             last_direct_rx_ms: AtomicU64::new(0),
             roam_reported_ms: AtomicU64::new(0),
             roam_from: AtomicU64::new(0),
+            expires_ms: AtomicU64::new(u64::MAX),
         }
+    }
+
+    /// Marks the keys as created at `now_ms` on the pipeline clock: from
+    /// `now_ms + REJECT_AFTER_MS` on, the session neither seals nor opens.
+    pub fn set_created_ms(&self, now_ms: u64) {
+        self.expires_ms.store(now_ms.saturating_add(REJECT_AFTER_MS), Relaxed);
+    }
+
+    /// Whether the keys are too old to use at `now_ms`.
+    pub fn is_expired(&self, now_ms: u64) -> bool {
+        now_ms >= self.expires_ms.load(Relaxed)
     }
 
     /// Bytes `seal` adds in front of and behind the payload.
@@ -124,6 +143,11 @@ impl Session {
     /// Marks the session confirmed; returns true if it was not before.
     pub fn confirm(&self) -> bool {
         !self.confirmed.swap(true, Relaxed)
+    }
+
+    /// Undoes [`Session::confirm`] when the control plane could not be told.
+    pub fn unconfirm(&self) {
+        self.confirmed.store(false, Relaxed);
     }
 
     /// Whether the peer proved it holds the keys (an authenticated packet arrived, or

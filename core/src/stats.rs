@@ -13,6 +13,13 @@ pub enum DropReason {
     AuthFailed,
     /// The control queue to the handshake engine was full.
     ControlQueueFull,
+    /// A handshake, reject or cookie message whose MAC is not keyed by our network's
+    /// PSK (an outsider, or another network on the same port): dropped before any
+    /// Diffie-Hellman and before the control-plane queue.
+    HandshakeMac,
+    /// The session's keys are older than [`crate::session::REJECT_AFTER_MS`]: never
+    /// used again to send or accept, whatever the rekey state.
+    KeyExpired,
     /// A relayed frame ran out of hops (a routing loop, or a path too long).
     HopLimit,
     /// A frame for a connection (TCP, WebSocket, QUIC) that is down, or whose send
@@ -40,9 +47,11 @@ pub enum DropReason {
 
 impl DropReason {
     /// All reasons, in counter order.
-    pub const ALL: [Self; 13] = [
+    pub const ALL: [Self; 15] = [
         Self::AuthFailed,
         Self::ControlQueueFull,
+        Self::HandshakeMac,
+        Self::KeyExpired,
         Self::HopLimit,
         Self::LinkSend,
         Self::Malformed,
@@ -61,6 +70,8 @@ impl DropReason {
         match self {
             Self::AuthFailed => "auth_failed",
             Self::ControlQueueFull => "control_queue_full",
+            Self::HandshakeMac => "handshake_mac",
+            Self::KeyExpired => "key_expired",
             Self::HopLimit => "hop_limit",
             Self::LinkSend => "link_send",
             Self::Malformed => "malformed",

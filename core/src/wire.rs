@@ -44,6 +44,9 @@ pub enum MessageType {
     /// A datagram for another node, forwarded hop by hop; the inner datagram stays
     /// sealed end to end.
     Relay = 6,
+    /// A responder under load answers an init with a cookie instead of doing DH
+    /// (see [`crate::admission`]).
+    CookieReply = 7,
 }
 
 impl MessageType {
@@ -56,6 +59,7 @@ impl MessageType {
             4 => Self::Data,
             5 => Self::Reject,
             6 => Self::Relay,
+            7 => Self::CookieReply,
             _ => return None,
         })
     }

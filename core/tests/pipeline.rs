@@ -10,8 +10,9 @@ use std::time::Instant;
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use tun_rs::GROTable;
+use weft_core::admission::MacKeys;
 use weft_core::crypto::Cipher;
-use weft_core::handshake::SessionKeys;
+use weft_core::handshake::{Psk, SessionKeys};
 use weft_core::pipeline::{
     ControlEvent, ControlSink, PipelineConfig, PipelineStats, Rx, Shared, TX_HEADROOM, TunWriter, Tx,
 };
@@ -78,6 +79,7 @@ fn ends(cipher: Cipher) -> Ends {
     let shared_b = Shared {
         routes: Arc::new(ArcSwap::from_pointee(RouteSnapshot::new([(A, b_from_a.clone())], [b_from_a.clone()]))),
         control: sink.clone(),
+        macs: Arc::new(MacKeys::new(&Psk::from_bytes([5; 32]))),
         epoch: Instant::now(),
         stop: Arc::new(AtomicBool::new(false)),
         offload: Arc::new(Offload::new(false, false)),
@@ -202,7 +204,16 @@ fn rx_drops_hostile_datagrams_by_reason() {
 #[test]
 fn rx_hands_handshakes_to_the_control_plane() {
     let mut e = ends(Cipher::Aes128Gcm);
-    let hs = vec![1u8, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0, 42];
+    let mut hs = vec![1u8, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0, 42];
+    // Without a mac1 of this network (an outsider, or the old wire format): dropped
+    // and counted here, never queued for the engine.
+    assert!(deliver(&mut e, std::slice::from_ref(&hs)).is_empty());
+    let mut wrong = hs.clone();
+    MacKeys::new(&Psk::from_bytes([6; 32])).seal(&mut wrong, None);
+    assert!(deliver(&mut e, std::slice::from_ref(&wrong)).is_empty());
+    assert!(e.sink.0.lock().is_empty());
+    assert_eq!(e.stats_b.drops.get(DropReason::HandshakeMac), 2);
+    MacKeys::new(&Psk::from_bytes([5; 32])).seal(&mut hs, None);
     assert!(deliver(&mut e, std::slice::from_ref(&hs)).is_empty());
     let evs = e.sink.0.lock();
     assert!(matches!(&evs[..], [ControlEvent::Datagram { bytes, .. }] if *bytes == hs));
@@ -240,4 +251,40 @@ fn none_mode_never_confirms_or_delivers_an_untagged_packet() {
     assert!(!held.is_confirmed(), "the held session stays unconfirmed");
     assert!(e.sink.0.lock().iter().all(|ev| !matches!(ev, ControlEvent::Confirmed { .. })));
     assert_eq!(held.stats.drops.get(DropReason::AuthFailed), 3);
+}
+
+#[test]
+fn keys_older_than_reject_after_time_never_seal_or_open() {
+    let mut e = ends(Cipher::Aes128Gcm);
+    e.a_to_b.set_created_ms(1);
+    e.b_from_a.set_created_ms(1);
+    let drops = DropCounters::default();
+    let fresh = seal(&mut e, &[ipv4_packet(A, B, b"young")], &drops);
+    assert_eq!(fresh.len(), 1);
+    // TX at the limit: nothing sealed, counted on the peer.
+    let (bufs, sizes) = e.tx.buffers();
+    let p = ipv4_packet(A, B, b"old");
+    bufs[0][TX_HEADROOM..TX_HEADROOM + p.len()].copy_from_slice(&p);
+    sizes[0] = p.len();
+    e.tx.process(&e.routes_a, &drops, 1, 1 + weft_core::session::REJECT_AFTER_MS);
+    assert!(e.tx.outgoing().1.is_empty());
+    assert_eq!(e.a_to_b.stats.drops.get(DropReason::KeyExpired), 1);
+    // RX at the limit: a packet sealed in time is refused all the same.
+    let (slab, slot, metas) = e.rx.slab();
+    slab[..fresh[0].len()].copy_from_slice(&fresh[0]);
+    metas[0] = RecvMeta {
+        from: "192.0.2.1:11010".parse().unwrap(),
+        len: fresh[0].len(),
+        stride: fresh[0].len(),
+        truncated: false,
+    };
+    let _ = slot;
+    let routes = e.shared_b.routes.load();
+    let mut out = Collect(Vec::new());
+    e.rx.process(&routes, &e.shared_b, &e.stats_b, 1, 1 + weft_core::session::REJECT_AFTER_MS, &mut out);
+    assert!(out.0.is_empty());
+    assert_eq!(e.b_from_a.stats.drops.get(DropReason::KeyExpired), 1);
+    // The same packet a moment earlier opens.
+    let more = seal(&mut e, &[ipv4_packet(A, B, b"young again")], &drops);
+    assert_eq!(deliver(&mut e, &more).len(), 1);
 }

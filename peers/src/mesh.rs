@@ -507,11 +507,7 @@ impl Node {
             let Some(dest) = self.dest_for(&p.key) else { continue };
             routes.push((p.hello.ipv4, Route { session: tx.session.clone(), target: dest.to, relay: dest.relay }));
         }
-        let receiving = self
-            .peers
-            .values()
-            .flat_map(|p| p.sessions.iter().map(|s| s.session.clone()))
-            .chain(self.held.values().map(|h| h.entry.session.clone()));
+        let receiving = self.peers.values().flat_map(|p| p.sessions.iter().map(|s| s.session.clone()));
         // Forwarding table for relayed frames: every reachable node through its first hop.
         let mut next_hops: BTreeMap<[u8; 8], Endpoint> = BTreeMap::new();
         for (id, path) in &self.paths {
@@ -539,7 +535,9 @@ impl Node {
                 r.proxied.iter().filter(|(_, p)| *p > 0).filter_map(move |(a, p)| Some((*a, *p, route.clone()?)))
             })
             .collect();
-        RouteSnapshot::with_relays(self.id.to_bytes(), routes, receiving, next_hops, neighbours).with_subnets(subnets)
+        RouteSnapshot::with_relays(self.id.to_bytes(), routes, receiving, next_hops, neighbours)
+            .with_subnets(subnets)
+            .with_held(self.held_sessions())
     }
 
     /// Subnets other members proxy and that we can reach: the kernel should route them

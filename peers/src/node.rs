@@ -15,6 +15,7 @@ use weft_core::transport::Endpoint;
 
 use rand::RngCore;
 use tracing::{debug, info, warn};
+use weft_core::admission::{Bucket, Cookie, CookieSecret, MacKeys, mac1_of};
 use weft_core::handshake::{Completed, HandshakeError, Initiator, Params, Responded, Responder};
 use weft_core::route::RouteSnapshot;
 use weft_core::session::{Session, SessionParams};
@@ -72,6 +73,40 @@ const HELD_TIMEOUT: Duration = Duration::from_secs(5);
 const RETIRE_IDLE: Duration = Duration::from_secs(10);
 /// Failed inbound handshakes remembered for status.
 const MAX_INBOUND_FAILURES: usize = 32;
+/// XX responders waiting for their finish message, at most.
+pub const MAX_PENDING_RESP: usize = 1024;
+/// Finished handshakes waiting for the peer's proof of the PSK, at most.
+pub const MAX_HELD: usize = 1024;
+/// Inits a second (after mac1) above which the node is under load and answers inits
+/// without a valid mac2 with a cookie instead of a Diffie-Hellman.
+pub const LOAD_INITS_PER_SEC: u32 = 250;
+/// Inits a second each source address (or relayed sender) may start, and its burst.
+pub const SOURCE_RATE: f64 = 20.0;
+/// Burst of [`SOURCE_RATE`].
+pub const SOURCE_BURST: f64 = 40.0;
+/// Source buckets kept at most (full ones are forgotten first).
+const MAX_BUCKETS: usize = 4096;
+/// The cookie secret rotates this often; a cookie we received is used this long.
+const COOKIE_LIFETIME: Duration = Duration::from_secs(120);
+/// Cookies we hold for destinations, at most.
+const MAX_COOKIES: usize = 1024;
+
+/// What admission control did with handshake datagrams (status counters).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AdmissionStats {
+    /// Handshake, reject or cookie datagrams whose mac1 did not verify.
+    pub bad_mac: u64,
+    /// Inits dropped by a source's token bucket.
+    pub rate_limited: u64,
+    /// Inits answered with a cookie (under load, no valid mac2).
+    pub cookies_sent: u64,
+    /// Cookie replies we accepted (and resent our init with mac2).
+    pub cookies_received: u64,
+    /// Inits dropped because the pending or held tables were full.
+    pub state_full: u64,
+    /// Whether the node is under load right now.
+    pub under_load: bool,
+}
 
 /// Static inputs of a node.
 #[derive(Debug, Clone)]
@@ -209,6 +244,9 @@ pub enum Action {
     },
 }
 
+/// Where a cookie we hold applies: an endpoint, and the node behind a relay.
+type CookieDest = (Endpoint, Option<[u8; 8]>);
+
 /// What a handshake we started was for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Target {
@@ -223,6 +261,12 @@ struct PendingInit {
     target: Target,
     to: Dest,
     started: Instant,
+    /// The init as sent, without its MACs (resent with mac2 after a cookie reply).
+    msg: Vec<u8>,
+    /// Its mac1 (a cookie reply is bound to it).
+    mac1: [u8; 16],
+    /// Whether it was already resent with a cookie.
+    resent: bool,
 }
 
 struct PendingResp {
@@ -242,6 +286,9 @@ pub(crate) struct Held {
     pub(crate) entry: SessionEntry,
     /// What we dialled, when we were the initiator.
     target: Option<Target>,
+    /// Why the session is refused once the peer is proven (and the overlay address it
+    /// took from us, if that is why).
+    problem: Option<(String, Option<Ipv4Addr>)>,
 }
 
 pub(crate) struct Dial {
@@ -282,12 +329,29 @@ pub struct Node {
     pub(crate) next_publish: Option<Instant>,
     pub(crate) paths_dirty: bool,
     installed_subnets: Vec<(Ipv4Addr, u8)>,
+    /// Held sessions changed: publish them without rebuilding every route.
+    held_dirty: bool,
+    last_snapshot: Option<Arc<RouteSnapshot>>,
+    macs: Arc<MacKeys>,
+    cookie_secret: CookieSecret,
+    cookie_rotated: Option<Instant>,
+    /// Cookies other nodes gave us, by destination.
+    cookies: BTreeMap<CookieDest, (Cookie, Instant)>,
+    buckets: BTreeMap<Vec<u8>, Bucket>,
+    load_window: Option<Instant>,
+    load_count: u32,
+    prev_load_count: u32,
+    overloaded_until: Option<Instant>,
+    admission: AdmissionStats,
 }
 
 impl Node {
     /// Creates the engine. `rng` draws session indices and jitter.
-    pub fn new(cfg: Config, rng: Box<dyn RngCore + Send>) -> Self {
+    pub fn new(cfg: Config, mut rng: Box<dyn RngCore + Send>) -> Self {
         let id = NodeId::from_public(&cfg.handshake.local.public);
+        let macs = Arc::new(MacKeys::new(&cfg.handshake.psk));
+        let mut secret = [0u8; 32];
+        rng.fill_bytes(&mut secret);
         let dials: BTreeMap<usize, Dial> = cfg
             .dial
             .iter()
@@ -316,7 +380,35 @@ impl Node {
             next_publish: None,
             paths_dirty: false,
             installed_subnets: Vec::new(),
+            held_dirty: false,
+            last_snapshot: None,
+            macs,
+            cookie_secret: CookieSecret::new(secret),
+            cookie_rotated: None,
+            cookies: BTreeMap::new(),
+            buckets: BTreeMap::new(),
+            load_window: None,
+            load_count: 0,
+            prev_load_count: 0,
+            overloaded_until: None,
+            admission: AdmissionStats::default(),
         }
+    }
+
+    /// The network's handshake MAC keys, for the pipelines' mac1 check.
+    pub fn mac_keys(&self) -> Arc<MacKeys> {
+        self.macs.clone()
+    }
+
+    /// The runtime could not queue a handshake datagram (its queue is full): treat
+    /// the next second as under load, so inits without a cookie cost no DH.
+    pub fn note_overload(&mut self, now: Instant) {
+        self.overloaded_until = Some(now + Duration::from_secs(1));
+    }
+
+    /// What admission control did so far.
+    pub fn admission(&self, now: Instant) -> AdmissionStats {
+        AdmissionStats { under_load: self.under_load(now), ..self.admission }
     }
 
     /// This node's id.
@@ -457,23 +549,140 @@ impl Node {
     // ----- inputs -----
 
     fn handle_datagram(&mut self, now: Instant, from: Endpoint, via: Option<NodeId>, bytes: &[u8]) {
-        match MessageType::of(bytes) {
+        // mac1 first: nothing from outside the network reaches snow or any table.
+        let Some(body) = self.macs.check(bytes) else {
+            if matches!(MessageType::of(bytes), Some(t) if t != MessageType::Data && t != MessageType::Relay) {
+                self.admission.bad_mac += 1;
+            }
+            return;
+        };
+        match MessageType::of(body) {
             Some(MessageType::Reject) => {
-                if let Ok(r) = RejectRepr::parse(bytes) {
+                if let Ok(r) = RejectRepr::parse(body) {
                     self.handle_reject(now, from, r);
                 }
             }
-            Some(MessageType::Data) | None => {}
+            Some(MessageType::CookieReply) => self.handle_cookie_reply(bytes),
+            Some(MessageType::Data | MessageType::Relay) | None => {}
             Some(_) => {
-                let Ok((hdr, noise)) = HandshakeHeader::parse(bytes) else { return };
+                let Ok((hdr, noise)) = HandshakeHeader::parse(body) else { return };
                 match hdr.kind {
-                    MessageType::HandshakeInit => self.handle_init(now, from, via, hdr, noise),
+                    MessageType::HandshakeInit if self.admit_init(now, from, via, hdr, bytes) => {
+                        self.handle_init(now, from, via, hdr, noise);
+                    }
                     MessageType::HandshakeResponse => self.handle_response(now, from, via, hdr, noise),
                     MessageType::HandshakeFinish => self.handle_finish(now, from, hdr, noise),
                     _ => {}
                 }
             }
         }
+    }
+
+    /// Whether an init (mac1 already verified) may cost us a Diffie-Hellman: its source
+    /// has tokens left, and under load it proves with mac2 that it receives at its
+    /// address (else it gets a cookie); the pending and held tables have room.
+    fn admit_init(
+        &mut self,
+        now: Instant,
+        from: Endpoint,
+        via: Option<NodeId>,
+        hdr: HandshakeHeader,
+        bytes: &[u8],
+    ) -> bool {
+        let now_ms = ms_since(self.cfg.epoch, now);
+        // Rate per source address (relayed inits: per claimed sender; relays only
+        // accept frames from their authenticated neighbours).
+        let source = match via {
+            Some(v) => [&b"node "[..], &v.to_bytes()].concat(),
+            None => from.addr.ip().to_string().into_bytes(),
+        };
+        if self.buckets.len() >= MAX_BUCKETS && !self.buckets.contains_key(&source) {
+            self.buckets.retain(|_, b| !b.is_full(SOURCE_RATE, SOURCE_BURST, now_ms));
+        }
+        if self.buckets.len() >= MAX_BUCKETS && !self.buckets.contains_key(&source) {
+            self.admission.rate_limited += 1;
+            return false;
+        }
+        let bucket = self.buckets.entry(source).or_insert_with(|| Bucket::full(SOURCE_BURST, now_ms));
+        if !bucket.take(SOURCE_RATE, SOURCE_BURST, now_ms) {
+            self.admission.rate_limited += 1;
+            return false;
+        }
+        // Load: inits a second past mac1, or a full queue in the runtime.
+        match self.load_window {
+            Some(start) if now.duration_since(start) < Duration::from_secs(1) => {
+                self.load_count = self.load_count.saturating_add(1);
+            }
+            last => {
+                // The window that just ended still counts for one more second.
+                let recent = last.is_some_and(|s| now.duration_since(s) < Duration::from_secs(2));
+                self.prev_load_count = if recent { self.load_count } else { 0 };
+                self.load_window = Some(now);
+                self.load_count = 1;
+            }
+        }
+        if self.cookie_rotated.is_none_or(|t| now.duration_since(t) >= COOKIE_LIFETIME) {
+            let mut random = [0u8; 32];
+            self.rng.fill_bytes(&mut random);
+            self.cookie_secret.rotate(random);
+            self.cookie_rotated = Some(now);
+        }
+        let cookie_source = cookie_source(from, via);
+        if self.under_load(now) && !self.cookie_secret.check_mac2(&cookie_source, bytes) {
+            let cookie = self.cookie_secret.cookie_for(&cookie_source);
+            let mut nonce = [0u8; 12];
+            self.rng.fill_bytes(&mut nonce);
+            let reply = self.macs.cookie_reply(hdr.sender_index, &mac1_of(bytes), &cookie, nonce);
+            self.actions.push_back(Dest::reply(from, via, self.id).send(reply));
+            self.admission.cookies_sent += 1;
+            return false;
+        }
+        let full = match hdr.pattern {
+            Pattern::Xx => self.pending_resp.len() >= MAX_PENDING_RESP,
+            Pattern::Ik => self.held.len() >= MAX_HELD,
+        };
+        if full {
+            self.admission.state_full += 1;
+            return false;
+        }
+        true
+    }
+
+    /// Under load: more than [`LOAD_INITS_PER_SEC`] inits in the current one-second
+    /// window or the one before it, or a full queue in the last second.
+    fn under_load(&self, now: Instant) -> bool {
+        let busy = self.load_window.is_some_and(|s| {
+            let age = now.duration_since(s);
+            (age < Duration::from_secs(1)
+                && (self.load_count > LOAD_INITS_PER_SEC || self.prev_load_count > LOAD_INITS_PER_SEC))
+                || (age < Duration::from_secs(2) && self.load_count > LOAD_INITS_PER_SEC)
+        });
+        busy || self.overloaded_until.is_some_and(|t| now < t)
+    }
+
+    /// A responder under load sent us a cookie for one of our inits: keep it for that
+    /// destination and resend the init once with mac2.
+    fn handle_cookie_reply(&mut self, bytes: &[u8]) {
+        let Some(index) = MacKeys::cookie_reply_index(bytes) else { return };
+        let Some(p) = self.pending_init.get_mut(&index) else { return };
+        let Some(cookie) = self.macs.open_cookie_reply(bytes, &p.mac1) else { return };
+        self.admission.cookies_received += 1;
+        let key = (p.to.to, p.to.relay.map(|r| r.dst));
+        if p.resent {
+            return;
+        }
+        p.resent = true;
+        let (to, mut msg) = (p.to, p.msg.clone());
+        p.mac1 = self.macs.seal(&mut msg, Some(&cookie));
+        if self.cookies.len() >= MAX_COOKIES
+            && let Some(oldest) = self.cookies.iter().min_by_key(|(_, (_, t))| *t).map(|(k, _)| *k)
+        {
+            self.cookies.remove(&oldest);
+        }
+        let started = p.started;
+        self.cookies.insert(key, (cookie, started));
+        debug!(to = %to.to, "resending handshake with a cookie");
+        self.actions.push_back(to.send(msg));
     }
 
     fn handle_init(&mut self, now: Instant, from: Endpoint, via: Option<NodeId>, hdr: HandshakeHeader, noise: &[u8]) {
@@ -511,7 +720,7 @@ impl Node {
                 // Only IK can fail here for a secret mismatch (psk2 is mixed into the
                 // response); tell the responder so its status says why too.
                 let reject = RejectRepr { reason: reason_of(&e), receiver_index: hdr.sender_index };
-                self.actions.push_back(back.send(reject.emit().to_vec()));
+                self.send_reject(&back, reject);
                 let msg =
                     format!("handshake response from {from} did not authenticate: network secret or name differs");
                 warn!(peer = %from, "{msg}");
@@ -562,7 +771,7 @@ impl Node {
         }
         // A reject for a session still waiting for its confirmation.
         if let Some(h) = self.held.remove(&r.receiver_index) {
-            self.routes_dirty = true;
+            self.held_dirty = true;
             match h.target {
                 Some(target) => {
                     let msg = format!("peer {from} rejected our handshake: {why}");
@@ -593,6 +802,7 @@ impl Node {
 
     fn handle_confirmed(&mut self, now: Instant, local_index: u32) {
         if let Some(h) = self.held.remove(&local_index) {
+            self.held_dirty = true;
             self.promote(now, h);
             return;
         }
@@ -633,20 +843,6 @@ impl Node {
             None
         };
         let taken = (done.hello.ipv4 == ours.ipv4).then_some(done.hello.ipv4);
-        if let Some(taken) = taken
-            && self.cfg.dynamic.is_some()
-        {
-            // Our --dhcp address is taken: move, and let the retry find us elsewhere.
-            self.move_address(now, Some(taken));
-        }
-        if let Some(msg) = mismatch {
-            warn!(peer = %id, "{msg}");
-            match target {
-                Some(t) => self.handshake_failed(now, t, msg),
-                None => self.record_inbound_failure(now, from, msg),
-            }
-            return;
-        }
         let stats = self.peers.get(&done.remote_static).map(|p| p.stats.clone()).unwrap_or_default();
         let session = Arc::new(Session::new(SessionParams {
             local_index: local,
@@ -658,6 +854,7 @@ impl Node {
             confirmed,
             stats,
         }));
+        session.set_created_ms(ms_since(self.cfg.epoch, now));
         let held = Held {
             key: done.remote_static,
             hello: done.hello,
@@ -665,22 +862,54 @@ impl Node {
             via,
             entry: SessionEntry { session: session.clone(), created: now, initiator: target.is_some() },
             target,
+            problem: mismatch.map(|msg| (msg, taken)),
         };
-        self.routes_dirty = true;
         if confirmed {
             // We have proof of the peer's keys but it has none of ours yet: a keepalive
-            // at once lets it confirm.
+            // at once lets it confirm (also when we refuse the session: the peer may act
+            // on a conflict only once we proved ourselves).
             let ka = keepalive(&session, now, self.cfg.epoch);
             self.actions.push_back(Dest::reply(from, via, self.id).send(ka));
             self.promote(now, held);
         } else {
+            // Nothing about an unproven peer is acted on or shown: no route, no status
+            // row, no --dhcp move, until its first authenticated packet.
+            if self.held.len() >= MAX_HELD {
+                self.admission.state_full += 1;
+                return;
+            }
             self.held.insert(local, held);
+            self.held_dirty = true;
+        }
+    }
+
+    /// A proven peer's handshake that we refuse (cipher mismatch, address conflict).
+    fn refuse_proven(
+        &mut self,
+        now: Instant,
+        from: Endpoint,
+        target: Option<Target>,
+        msg: String,
+        taken: Option<Ipv4Addr>,
+    ) {
+        if taken.is_some() && self.cfg.dynamic.is_some() {
+            // Our --dhcp address is taken: move, and let the retry find us elsewhere.
+            self.move_address(now, taken);
+        }
+        warn!("{msg}");
+        match target {
+            Some(t) => self.handshake_failed(now, t, msg),
+            None => self.record_inbound_failure(now, from, msg),
         }
     }
 
     /// Moves a confirmed session into its peer, creating the peer if it is new.
     fn promote(&mut self, now: Instant, h: Held) {
-        let Held { key, hello, from, via, entry, target } = h;
+        let Held { key, hello, from, via, entry, target, problem } = h;
+        if let Some((msg, taken)) = problem {
+            self.refuse_proven(now, from, target, msg, taken);
+            return;
+        }
         let id = NodeId::from_public(&key);
         // A node that came back with a new key at the same endpoint replaces its old entry:
         // once the old entry is down, or at once if it claims the old entry's endpoint
@@ -756,7 +985,7 @@ impl Node {
 
     fn refuse_inbound(&mut self, now: Instant, back: Dest, sender_index: u32, e: &HandshakeError) {
         let reject = RejectRepr { reason: reason_of(e), receiver_index: sender_index };
-        self.actions.push_back(back.send(reject.emit().to_vec()));
+        self.send_reject(&back, reject);
         debug!(peer = %back.to, error = %e, "inbound handshake refused");
         self.record_inbound_failure(now, back.to, e.to_string());
     }
@@ -805,11 +1034,10 @@ impl Node {
             .collect();
         for i in timed_out {
             if let Some(p) = self.pending_init.remove(&i) {
-                let hint = if p.initiator.pattern() == Pattern::Xx {
-                    " (unreachable, not running, or the network secret differs)"
-                } else {
-                    ""
-                };
+                // A member drops handshakes whose MAC is not keyed by its PSK without
+                // a word, so silence is also what a wrong network secret looks like.
+                let hint = " (unreachable, not running, or its network name or secret differs: members drop \
+                            handshakes they cannot authenticate without answering)";
                 let how = if p.to.relay.is_some() { " via relay" } else { "" };
                 self.handshake_failed(now, p.target, format!("no handshake response from {}{how}{hint}", p.to.to));
             }
@@ -823,8 +1051,11 @@ impl Node {
             .collect();
         for i in unconfirmed {
             let Some(h) = self.held.remove(&i) else { continue };
-            self.routes_dirty = true;
-            let msg = format!("peer {} never confirmed the session (network secret differs?)", h.from);
+            self.held_dirty = true;
+            let msg = match h.problem {
+                Some((problem, _)) => format!("{problem} (the peer never proved the network secret)"),
+                None => format!("peer {} never confirmed the session (network secret differs?)", h.from),
+            };
             match h.target {
                 Some(t) => self.handshake_failed(now, t, msg),
                 None => self.record_inbound_failure(now, h.from, msg),
@@ -893,6 +1124,9 @@ impl Node {
             let idx = i;
             i += 1;
             let age = now.duration_since(s.created);
+            if s.session.is_expired(now_ms) {
+                return false;
+            }
             if !s.session.is_confirmed() {
                 return age < CONFIRM_TIMEOUT;
             }
@@ -978,8 +1212,18 @@ impl Node {
         };
         let local = self.new_index();
         let pattern = initiator.pattern();
-        self.send_handshake(&to, MessageType::HandshakeInit, pattern, local, 0, &msg);
-        self.pending_init.insert(local, PendingInit { initiator, target, to, started: now });
+        let mut bytes = Vec::with_capacity(12 + msg.len() + 32);
+        HandshakeHeader { kind: MessageType::HandshakeInit, pattern, sender_index: local, receiver_index: 0 }
+            .emit(&mut bytes);
+        bytes.extend_from_slice(&msg);
+        let key = (to.to, to.relay.map(|r| r.dst));
+        let cookie =
+            self.cookies.get(&key).filter(|(_, got)| now.duration_since(*got) < COOKIE_LIFETIME).map(|(c, _)| *c);
+        let mut sealed = bytes.clone();
+        let mac1 = self.macs.seal(&mut sealed, cookie.as_ref());
+        self.actions.push_back(to.send(sealed));
+        self.pending_init
+            .insert(local, PendingInit { initiator, target, to, started: now, msg: bytes, mac1, resent: false });
         let driver = match target {
             Target::Dial(i) => match self.dials.get_mut(&i) {
                 Some(d) => &mut d.driver,
@@ -1005,10 +1249,22 @@ impl Node {
         receiver: u32,
         msg: &[u8],
     ) {
-        let mut bytes = Vec::with_capacity(12 + msg.len());
+        let mut bytes = Vec::with_capacity(12 + msg.len() + 32);
         HandshakeHeader { kind, pattern, sender_index: sender, receiver_index: receiver }.emit(&mut bytes);
         bytes.extend_from_slice(msg);
+        self.macs.seal(&mut bytes, None);
         self.actions.push_back(to.send(bytes));
+    }
+
+    fn send_reject(&mut self, to: &Dest, reject: RejectRepr) {
+        let mut bytes = reject.emit().to_vec();
+        self.macs.seal(&mut bytes, None);
+        self.actions.push_back(to.send(bytes));
+    }
+
+    /// Sessions waiting for their peer's proof of the PSK (receive only).
+    pub(crate) fn held_sessions(&self) -> Vec<Arc<Session>> {
+        self.held.values().map(|h| h.entry.session.clone()).collect()
     }
 
     fn new_index(&mut self) -> u32 {
@@ -1038,9 +1294,22 @@ impl Node {
                 p.driver.in_flight = None;
             }
         }
-        if self.routes_dirty {
+        if !self.routes_dirty
+            && self.held_dirty
+            && let Some(last) = &self.last_snapshot
+        {
+            // Only the held table changed: share every route with the last snapshot.
+            let snap = Arc::new(last.with_held(self.held_sessions()));
+            self.held_dirty = false;
+            self.last_snapshot = Some(snap.clone());
+            self.actions.push_back(Action::PublishRoutes(snap));
+        }
+        if self.routes_dirty || self.held_dirty {
             self.routes_dirty = false;
-            self.actions.push_back(Action::PublishRoutes(Arc::new(self.snapshot())));
+            self.held_dirty = false;
+            let snap = Arc::new(self.snapshot());
+            self.last_snapshot = Some(snap.clone());
+            self.actions.push_back(Action::PublishRoutes(snap));
             let subnets = self.proxied_routes();
             if subnets != self.installed_subnets {
                 self.installed_subnets = subnets.clone();
@@ -1070,6 +1339,14 @@ fn reason_of(e: &HandshakeError) -> RejectReason {
 }
 
 /// Milliseconds from `epoch` to `now` on the pipeline clock (0 means "never").
+/// What a cookie is bound to: the source endpoint, or a relayed sender's node id.
+fn cookie_source(from: Endpoint, via: Option<NodeId>) -> Vec<u8> {
+    match via {
+        Some(v) => [&b"node "[..], &v.to_bytes()].concat(),
+        None => from.to_string().into_bytes(),
+    }
+}
+
 pub(crate) fn ms_since(epoch: Instant, now: Instant) -> u64 {
     now.saturating_duration_since(epoch).as_millis() as u64 + 1
 }

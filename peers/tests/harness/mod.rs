@@ -30,6 +30,7 @@ use rand::RngCore;
 use snow::params::DHChoice;
 use snow::resolvers::{CryptoResolver, DefaultResolver};
 use tun_rs::{GROTable, VIRTIO_NET_HDR_LEN};
+use weft_core::admission::MacKeys;
 use weft_core::crypto::Cipher;
 use weft_core::handshake::{Hello, Params, Psk, StaticKey};
 use weft_core::pipeline::{
@@ -115,6 +116,7 @@ impl Host {
         let shared = Shared {
             routes: Arc::new(ArcSwap::from_pointee(RouteSnapshot::default())),
             control: sink.clone(),
+            macs: Arc::new(MacKeys::new(&Psk::from_bytes([0; 32]))),
             epoch,
             stop: Arc::new(AtomicBool::new(false)),
             offload: Arc::new(Offload::new(false, false)),
@@ -138,6 +140,7 @@ impl Host {
 
     /// Starts (or restarts) the engine; the data plane starts with an empty snapshot.
     pub fn start(&mut self, node: Node) {
+        self.shared.macs = node.mac_keys();
         self.node = Some(node);
         self.routes = Arc::default();
         self.installed.clear();
@@ -369,7 +372,7 @@ pub fn static_key(rng: &mut impl RngCore) -> StaticKey {
 /// Argon2id costs tens of milliseconds by design, and simulations build hundreds of
 /// nodes.
 pub fn psk(net: &str, secret: &str) -> Psk {
-    static CACHE: std::sync::Mutex<Vec<(String, String, Psk)>> = std::sync::Mutex::new(Vec::new());
+    static CACHE: Mutex<Vec<(String, String, Psk)>> = Mutex::new(Vec::new());
     let mut cache = CACHE.lock().expect("psk cache");
     if let Some((_, _, p)) = cache.iter().find(|(n, s, _)| n == net && s == secret) {
         return p.clone();

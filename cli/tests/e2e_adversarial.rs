@@ -1,0 +1,237 @@
+//! End-to-end attacks on real nodes in namespaces this test makes and removes: an
+//! outsider who tries to join a `--cipher none` network the way the old protocol
+//! allowed, and a handshake flood (replayed inits and garbage from many spoofed
+//! sources, bounded in time) during an iperf3 stream.
+#![allow(unsafe_code, unreachable_pub, clippy::unwrap_used)]
+
+mod netns;
+
+use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use netns::{Lan, Netns, Node, TempDir, ping, require_root, wait_until};
+use weft_core::admission::MacKeys;
+use weft_core::crypto::Cipher;
+use weft_core::handshake::{Hello, Initiator, Params, Psk, StaticKey};
+use weft_core::wire::{DataHeader, HandshakeHeader, MessageType};
+
+const NAME: &str = "e2e";
+const SECRET: &str = "correct horse";
+const NET: [&str; 4] = ["--network-name", NAME, "--network-secret", SECRET];
+const A_IP: &str = "10.126.126.1";
+const B_IP: &str = "10.126.126.2";
+
+fn node_args<'a>(ip: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut v = NET.to_vec();
+    v.extend(["-i", ip, "--threads", "2"]);
+    v.extend(extra);
+    v
+}
+
+fn init_bytes(p: &Params, remote: Option<&[u8; 32]>, index: u32) -> (Initiator, Vec<u8>) {
+    let (init, msg) = Initiator::start(p, remote).unwrap();
+    let mut b = Vec::new();
+    HandshakeHeader {
+        kind: MessageType::HandshakeInit,
+        pattern: init.pattern(),
+        sender_index: index,
+        receiver_index: 0,
+    }
+    .emit(&mut b);
+    b.extend_from_slice(&msg);
+    (init, b)
+}
+
+/// Everything an outsider without the secret can try: XX first contact to learn the
+/// node's key and hello (before the PSK is mixed in), then IK with that key and a
+/// `none` data packet to the new session's index (which once confirmed it). Each
+/// message goes out bare (the old wire format) and with MACs keyed by a wrong secret.
+/// Returns how many answers the outsider got.
+fn outsider_attack(sock: &UdpSocket, target: SocketAddrV4) -> usize {
+    let wrong = Params {
+        local: StaticKey::generate().unwrap(),
+        psk: Psk::derive(NAME, "a guess"),
+        network_name: NAME.into(),
+        hello: Hello {
+            cipher: Cipher::AuthOnly,
+            ipv4: Ipv4Addr::new(10, 126, 126, 9),
+            prefix: 24,
+            hostname: "x".into(),
+        },
+    };
+    let macs = MacKeys::new(&wrong.psk);
+    let mut answers = 0;
+    let mut buf = [0u8; 2048];
+    for maced in [false, true] {
+        let (xx, mut m1) = init_bytes(&wrong, None, 11);
+        if maced {
+            macs.seal(&mut m1, None);
+        }
+        sock.send_to(&m1, target).unwrap();
+        let Ok(n) = sock.recv(&mut buf) else { continue };
+        answers += 1;
+        // The response carries the node's static key (and its hello) under ee/es only.
+        let body = if maced { &buf[..n - 32] } else { &buf[..n] };
+        let Ok((hdr, noise)) = HandshakeHeader::parse(body) else { continue };
+        let Ok((done, _)) = xx.read_response(&wrong, noise) else { continue };
+        eprintln!("outsider learned {:?} from an XX response", done.hello);
+        let _ = hdr;
+        let (_ik, mut m1) = init_bytes(&wrong, Some(&done.remote_static), 12);
+        if maced {
+            macs.seal(&mut m1, None);
+        }
+        sock.send_to(&m1, target).unwrap();
+        let Ok(n) = sock.recv(&mut buf) else { continue };
+        answers += 1;
+        let Ok((resp, _)) = HandshakeHeader::parse(&buf[..n]) else { continue };
+        // A data packet "from" 10.126.126.9 to the session the responder holds.
+        for counter in 0..5u64 {
+            let mut d = [0u8; 16];
+            DataHeader { flags: 0, lane: 0, receiver_index: resp.sender_index, counter }.emit(&mut d);
+            let mut pkt = d.to_vec();
+            let mut ip = vec![0x45u8, 0, 0, 28, 0, 0, 0, 0, 64, 1, 0, 0, 10, 126, 126, 9, 10, 126, 126, 1];
+            ip.extend_from_slice(&[8, 0, 0, 0, 0, 0, 0, 0]);
+            pkt.extend_from_slice(&ip);
+            pkt.extend_from_slice(&[0; 16]);
+            sock.send_to(&pkt, target).unwrap();
+        }
+    }
+    answers
+}
+
+#[test]
+fn an_outsider_cannot_join_a_none_network() {
+    require_root();
+    let (lan, dir) = (Lan::new(2), TempDir::new());
+    let a = Node::start(&lan.hosts[0], &dir.0, "a", &node_args("10.126.126.1/24", &["--cipher", "none"]));
+    let target: SocketAddrV4 = format!("{}:11010", lan.addrs[0]).parse().unwrap();
+    let answers = lan.hosts[1].within(|| {
+        let sock = UdpSocket::bind("0.0.0.0:0").unwrap();
+        sock.set_read_timeout(Some(Duration::from_millis(1500))).unwrap();
+        outsider_attack(&sock, target)
+    });
+    assert_eq!(answers, 0, "the node answered an outsider");
+    std::thread::sleep(Duration::from_secs(1));
+    let st = a.status();
+    assert!(st["peers"].as_array().unwrap().is_empty(), "the outsider became a peer: {st}");
+    assert_eq!(st["refused_handshakes"], serde_json::json!([]), "an outsider left a status row");
+    assert!(st["drops"]["handshake_mac"].as_u64().unwrap() >= 2, "{}", st["drops"]);
+    assert!(!ping(&lan.hosts[0], "10.126.126.9"));
+}
+
+/// A process killed (by its own PID) on drop.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Runs an iperf3 client in `ns` to `server` for `secs`; returns received Mbit/s.
+fn iperf(ns: &Netns, server: &str, secs: u32) -> f64 {
+    let out = ns.cmd("iperf3").args(["-c", server, "-t", &secs.to_string(), "-J"]).output().expect("iperf3");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("iperf3 -J output");
+    v["end"]["sum_received"]["bits_per_second"].as_f64().unwrap_or(0.0) / 1e6
+}
+
+/// IPv4 + UDP header for a raw socket (IP_HDRINCL): the kernel fills the IP checksum;
+/// UDP checksum 0 means none.
+fn spoofed_udp(src: Ipv4Addr, dst: SocketAddrV4, payload: &[u8]) -> Vec<u8> {
+    let total = (28 + payload.len()) as u16;
+    let mut p = vec![0x45, 0];
+    p.extend_from_slice(&total.to_be_bytes());
+    p.extend_from_slice(&[0, 0, 0, 0, 64, 17, 0, 0]);
+    p.extend_from_slice(&src.octets());
+    p.extend_from_slice(&dst.ip().octets());
+    p.extend_from_slice(&40000u16.to_be_bytes());
+    p.extend_from_slice(&dst.port().to_be_bytes());
+    p.extend_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
+    p.extend_from_slice(&[0, 0]);
+    p.extend_from_slice(payload);
+    p
+}
+
+#[test]
+fn a_handshake_flood_drops_no_session() {
+    require_root();
+    let (lan, dir) = (Lan::new(3), TempDir::new());
+    let a = Node::start(&lan.hosts[0], &dir.0, "a", &node_args("10.126.126.1/24", &[]));
+    let peer = format!("udp://{}:11010", lan.addrs[0]);
+    let mut b_args = node_args("10.126.126.2/24", &[]);
+    b_args.extend(["-p", &peer]);
+    let b = Node::start(&lan.hosts[1], &dir.0, "b", &b_args);
+    wait_until(Duration::from_secs(10), "session A<->B", || a.peer_established(B_IP) && b.peer_established(A_IP));
+    let _server =
+        Proc(lan.hosts[0].cmd("iperf3").args(["-s", "-B", A_IP]).stdout(Stdio::null()).spawn().expect("iperf3"));
+    std::thread::sleep(Duration::from_millis(300));
+    let quiet = iperf(&lan.hosts[1], A_IP, 4);
+
+    // The flood: a member's init (valid mac1, as if captured and replayed) and garbage,
+    // from 250 spoofed addresses of the LAN, for 8 s at most.
+    let member = Params {
+        local: StaticKey::generate().unwrap(),
+        psk: Psk::derive(NAME, SECRET),
+        network_name: NAME.into(),
+        hello: Hello {
+            cipher: Cipher::Aes128Gcm,
+            ipv4: Ipv4Addr::new(10, 126, 126, 7),
+            prefix: 24,
+            hostname: "m".into(),
+        },
+    };
+    let (_, mut replay) = init_bytes(&member, None, 5);
+    MacKeys::new(&member.psk).seal(&mut replay, None);
+    let mut garbage = replay.clone();
+    garbage[40] ^= 0xff;
+    let target: SocketAddrV4 = format!("{}:11010", lan.addrs[0]).parse().unwrap();
+    let attacker = &lan.hosts[2];
+    let flooding = std::thread::scope(|s| {
+        let flood = s.spawn(|| {
+            attacker.within(|| {
+                let sock =
+                    socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::RAW, Some(socket2::Protocol::from(255)))
+                        .unwrap();
+                let to = socket2::SockAddr::from(std::net::SocketAddr::V4(target));
+                let start = Instant::now();
+                let mut sent = 0u64;
+                while start.elapsed() < Duration::from_secs(8) {
+                    for i in 0..250u32 {
+                        let src = Ipv4Addr::new(192, 0, 2, 4 + (i % 250) as u8);
+                        let payload = if i % 2 == 0 { &replay } else { &garbage };
+                        if sock.send_to(&spoofed_udp(src, target, payload), &to).is_ok() {
+                            sent += 1;
+                        }
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                sent
+            })
+        });
+        std::thread::sleep(Duration::from_secs(1));
+        let mut up = true;
+        let flooded = s.spawn(|| iperf(&lan.hosts[1], A_IP, 4));
+        let until = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < until {
+            up &= a.peer_established(B_IP) && b.peer_established(A_IP);
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        (flooded.join().unwrap(), flood.join().unwrap(), up)
+    });
+    let (flooded, sent, up) = flooding;
+    let st = a.status();
+    eprintln!(
+        "handshake flood: {sent} datagrams in 8 s; iperf3 {quiet:.0} Mbit/s quiet, {flooded:.0} Mbit/s flooded \
+         (ratio {:.2}); admission {}; drops {}",
+        flooded / quiet,
+        st["admission"],
+        st["drops"]
+    );
+    assert!(up, "a session dropped during the flood");
+    assert!(flooded > 0.0, "no traffic got through during the flood");
+    assert!(st["drops"]["handshake_mac"].as_u64().unwrap_or(0) > 0, "garbage not counted: {}", st["drops"]);
+    assert!(st["admission"]["cookies_sent"].as_u64().unwrap_or(0) > 0, "no cookies under load: {}", st["admission"]);
+    assert!(st["peers"].as_array().unwrap().len() == 1, "the replayed init became a peer: {st}");
+}

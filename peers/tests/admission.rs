@@ -1,0 +1,197 @@
+//! Handshake admission against one real engine: outsiders cost no Diffie-Hellman and
+//! leave no trace, floods are answered with cookies and bounded tables, and nothing
+//! about an unproven initiator is acted on.
+// The virtual clock starts at a real instant; the engine itself never reads it.
+#![allow(clippy::unwrap_used, clippy::disallowed_methods)]
+
+mod harness;
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use harness::static_key;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use weft_core::admission::MacKeys;
+use weft_core::crypto::Cipher;
+use weft_core::handshake::{Initiator, Params};
+use weft_core::transport::Endpoint;
+use weft_core::wire::{HandshakeHeader, MessageType};
+use weft_peers::node::{Action, Input, MAX_PENDING_RESP, Node};
+use weft_peers::{Config, Timers};
+
+const NET: &str = "admission";
+const SECRET: &str = "correct horse battery staple";
+
+fn params(i: u64, secret: &str, ipv4: Ipv4Addr) -> Params {
+    let key = static_key(&mut ChaCha8Rng::seed_from_u64(0xad00 + i));
+    harness::params(key, NET, secret, Cipher::Aes128Gcm, ipv4, format!("n{i}"))
+}
+
+fn responder(epoch: Instant, dynamic: bool) -> Node {
+    let me: Endpoint = Endpoint::udp(SocketAddr::from(([192, 0, 2, 1], 11010)));
+    let mut cfg: Config =
+        harness::config(params(0, SECRET, Ipv4Addr::new(10, 9, 0, 1)), vec![], epoch, Timers::default(), me);
+    if dynamic {
+        cfg.dynamic = Some((Ipv4Addr::new(10, 9, 0, 0), 16));
+    }
+    let mut node = Node::new(cfg, Box::new(ChaCha8Rng::seed_from_u64(7)));
+    node.handle_timeout(epoch);
+    while node.poll_action().is_some() {}
+    node
+}
+
+/// An init as a node with `p` would send it (MACed with `p`'s PSK).
+fn init(p: &Params, remote: Option<&[u8; 32]>, sender_index: u32) -> Vec<u8> {
+    let (i, msg) = Initiator::start(p, remote).unwrap();
+    let mut b = Vec::new();
+    HandshakeHeader { kind: MessageType::HandshakeInit, pattern: i.pattern(), sender_index, receiver_index: 0 }
+        .emit(&mut b);
+    b.extend_from_slice(&msg);
+    MacKeys::new(&p.psk).seal(&mut b, None);
+    b
+}
+
+fn spoofed(i: u32) -> Endpoint {
+    let [a, b] = (i as u16).to_be_bytes();
+    Endpoint::udp(SocketAddr::from(([198, 51, a, b], 40000)))
+}
+
+fn sends(node: &mut Node) -> Vec<(Endpoint, Vec<u8>)> {
+    let mut v = Vec::new();
+    while let Some(a) = node.poll_action() {
+        if let Action::Send { to, bytes } = a {
+            v.push((to, bytes));
+        }
+    }
+    v
+}
+
+#[test]
+fn outsiders_cost_no_dh_and_leave_no_trace() {
+    let epoch = Instant::now();
+    let mut b = responder(epoch, false);
+    let outsider = params(1, "a guessed secret", Ipv4Addr::new(10, 9, 0, 2));
+    let b_public = params(0, SECRET, Ipv4Addr::new(10, 9, 0, 1)).local.public;
+    let mut junk = init(&outsider, None, 5);
+    let mut unmaced = junk[..junk.len() - 32].to_vec();
+    unmaced.extend_from_slice(&[0; 32]);
+    junk[20] ^= 1;
+    let inputs =
+        [init(&outsider, None, 1), init(&outsider, Some(&b_public), 2), unmaced, junk, vec![5, 1, 0, 0, 9, 0, 0, 0]];
+    for (i, bytes) in inputs.iter().enumerate() {
+        b.handle(epoch, Input::Datagram { from: spoofed(i as u32), via: None, bytes });
+    }
+    assert!(sends(&mut b).is_empty(), "an outsider got an answer");
+    let st = b.status(epoch);
+    assert!(st.inbound_failures.is_empty() && st.peers.is_empty(), "outsiders left a trace: {st:?}");
+    assert_eq!(b.admission(epoch).bad_mac, 5);
+}
+
+#[test]
+fn a_member_init_is_answered() {
+    let epoch = Instant::now();
+    let mut b = responder(epoch, false);
+    let member = params(1, SECRET, Ipv4Addr::new(10, 9, 0, 2));
+    b.handle(epoch, Input::Datagram { from: spoofed(1), via: None, bytes: &init(&member, None, 1) });
+    let out = sends(&mut b);
+    assert_eq!(out.len(), 1);
+    assert_eq!(MessageType::of(&out[0].1), Some(MessageType::HandshakeResponse));
+    assert!(MacKeys::new(&member.psk).check(&out[0].1).is_some(), "the response carries mac1");
+}
+
+#[test]
+fn a_flood_is_answered_with_cookies_not_dh() {
+    let epoch = Instant::now();
+    let mut b = responder(epoch, false);
+    let member = params(1, SECRET, Ipv4Addr::new(10, 9, 0, 2));
+    let replay = init(&member, None, 77);
+    let (mut responses, mut cookies) = (0, 0);
+    for i in 0..1000u32 {
+        b.handle(epoch, Input::Datagram { from: spoofed(i), via: None, bytes: &replay });
+        for (_, bytes) in sends(&mut b) {
+            match MessageType::of(&bytes) {
+                Some(MessageType::HandshakeResponse) => responses += 1,
+                Some(MessageType::CookieReply) => {
+                    assert!(bytes.len() < replay.len(), "a cookie reply never amplifies");
+                    cookies += 1;
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+    // The first LOAD_INITS_PER_SEC cost a DH; after that only cookies.
+    assert_eq!(responses, weft_peers::node::LOAD_INITS_PER_SEC as usize);
+    assert_eq!(cookies, 1000 - responses);
+    let a = b.admission(epoch);
+    assert!(a.under_load);
+    assert_eq!(a.cookies_sent, cookies as u64);
+    // The load lasts one more second after its window, then it is gone.
+    assert!(b.admission(epoch + Duration::from_millis(1500)).under_load);
+    assert!(!b.admission(epoch + Duration::from_secs(2)).under_load);
+}
+
+#[test]
+fn one_source_cannot_take_every_slot() {
+    let epoch = Instant::now();
+    let mut b = responder(epoch, false);
+    let member = params(1, SECRET, Ipv4Addr::new(10, 9, 0, 2));
+    let replay = init(&member, None, 77);
+    let mut answered = 0;
+    for _ in 0..200 {
+        b.handle(epoch, Input::Datagram { from: spoofed(1), via: None, bytes: &replay });
+        answered += sends(&mut b).len();
+    }
+    assert_eq!(answered, weft_peers::node::SOURCE_BURST as usize);
+    assert_eq!(b.admission(epoch).rate_limited, 200 - answered as u64);
+    // Another address is not affected, and the source's bucket refills.
+    b.handle(epoch, Input::Datagram { from: spoofed(2), via: None, bytes: &replay });
+    assert_eq!(sends(&mut b).len(), 1);
+    let later = epoch + Duration::from_secs(1);
+    b.handle(later, Input::Datagram { from: spoofed(1), via: None, bytes: &replay });
+    assert_eq!(sends(&mut b).len(), 1);
+}
+
+#[test]
+fn pending_responses_are_capped() {
+    let epoch = Instant::now();
+    let mut b = responder(epoch, false);
+    let member = params(1, SECRET, Ipv4Addr::new(10, 9, 0, 2));
+    let replay = init(&member, None, 77);
+    // Below the load threshold (200 a second), from many sources, for long enough to
+    // exceed the table if it were not capped (the XX timeout is 10 s).
+    let mut answered = 0;
+    for s in 0..60u32 {
+        let now = epoch + Duration::from_millis(u64::from(s) * 100);
+        for i in 0..20u32 {
+            b.handle(now, Input::Datagram { from: spoofed(s * 20 + i), via: None, bytes: &replay });
+            answered += sends(&mut b).len();
+        }
+    }
+    assert_eq!(answered, MAX_PENDING_RESP);
+    assert_eq!(b.admission(epoch).state_full, 1200 - MAX_PENDING_RESP as u64);
+}
+
+#[test]
+fn an_unproven_initiator_never_moves_a_dhcp_address() {
+    // An IK init that claims our --dhcp address, replayed or sent by someone who
+    // never proves the PSK with a data packet: the old engine moved at once.
+    let epoch = Instant::now();
+    let mut b = responder(epoch, true);
+    let b_params = params(0, SECRET, Ipv4Addr::new(10, 9, 0, 1));
+    let claimant = params(1, SECRET, Ipv4Addr::new(10, 9, 0, 1));
+    b.handle(
+        epoch,
+        Input::Datagram { from: spoofed(1), via: None, bytes: &init(&claimant, Some(&b_params.local.public), 3) },
+    );
+    let mut now = epoch;
+    for _ in 0..50 {
+        now += Duration::from_millis(200);
+        b.handle_timeout(now);
+        while let Some(a) = b.poll_action() {
+            assert!(!matches!(a, Action::SetAddress { .. }), "moved for an unproven claim");
+        }
+    }
+    let st = b.status(now);
+    assert!(st.peers.is_empty());
+}
