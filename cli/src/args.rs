@@ -95,6 +95,11 @@ pub struct UpArgs {
     /// Control socket path (default /run/weft/weft.sock).
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
+    /// Group whose members may change the running node through the control socket
+    /// (`weft peer add|remove`; default weft-admin); root always may. Reading the
+    /// status needs only access to the socket (mode 0660, the weft group under systemd).
+    #[arg(long, value_name = "GROUP")]
+    pub admin_group: Option<String>,
     /// State directory holding the node key (default /var/lib/weft).
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,

@@ -48,6 +48,7 @@ pub struct FileConfig {
     dev_name: Option<String>,
     mtu: Option<u16>,
     control: Option<PathBuf>,
+    admin_group: Option<String>,
     state_dir: Option<PathBuf>,
     hostname: Option<String>,
     no_offload: Option<bool>,
@@ -189,6 +190,8 @@ pub struct NodeConfig {
     pub mtu: u16,
     /// Control socket.
     pub control: PathBuf,
+    /// Group whose members may change the node through the control socket.
+    pub admin_group: String,
     /// State directory.
     pub state_dir: PathBuf,
     /// Announced host name.
@@ -314,6 +317,14 @@ impl NodeConfig {
             return usage(format!("invalid --mtu {mtu}: expected 576 to 9000"));
         }
         let hostname = args.hostname.clone().or(file.hostname).unwrap_or_else(system_hostname);
+        if hostname.chars().any(char::is_control) {
+            return usage(format!("invalid --hostname {hostname:?}: control characters are not allowed"));
+        }
+        let admin_group =
+            args.admin_group.clone().or(file.admin_group).unwrap_or_else(|| crate::access::ADMIN_GROUP.into());
+        if admin_group.is_empty() || admin_group.contains([':', '\n']) {
+            return usage(format!("invalid --admin-group {admin_group:?}: expected a group name"));
+        }
         Ok(Self {
             network_name,
             network_secret: Secret(secret),
@@ -327,6 +338,7 @@ impl NodeConfig {
             dev_name,
             mtu,
             control: args.control.clone().or(file.control).unwrap_or_else(|| DEFAULT_CONTROL.into()),
+            admin_group,
             state_dir: args.state_dir.clone().or(file.state_dir).unwrap_or_else(|| "/var/lib/weft".into()),
             hostname,
             offload: {

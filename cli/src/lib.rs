@@ -11,6 +11,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod access;
 pub mod args;
 pub mod config;
 pub mod control;

@@ -283,7 +283,12 @@ impl Runtime {
     ) -> Result<()> {
         let listener = bind_control(&self.cfg.control)?;
         let (req_tx, mut requests) = mpsc::channel::<StatusRequest>(16);
-        let accept = tokio::spawn(accept_loop(listener, req_tx));
+        let admins =
+            Admins { group: self.cfg.admin_group.clone(), gid: crate::access::group_id(&self.cfg.admin_group) };
+        if admins.gid.is_none() {
+            info!(group = %admins.group, "admin group not found in /etc/group: only root may change the node");
+        }
+        let accept = tokio::spawn(accept_loop(listener, req_tx, admins));
         let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         self.engine.handle_timeout(Instant::now());
         self.drain();
@@ -565,11 +570,37 @@ fn bind_control(path: &Path) -> Result<UnixListener> {
     Ok(l)
 }
 
-async fn accept_loop(listener: UnixListener, requests: mpsc::Sender<StatusRequest>) {
+/// Control connections served at once; more are closed at once.
+pub const MAX_CONTROL_CLIENTS: usize = 32;
+/// Longest request line.
+const MAX_REQUEST: u64 = 64 * 1024;
+/// How long a client has to send its request, and to take the reply.
+const CONTROL_IO_LIMIT: Duration = Duration::from_secs(5);
+
+/// Who may change the node (see [`crate::access`]).
+#[derive(Clone)]
+struct Admins {
+    group: String,
+    gid: Option<u32>,
+}
+
+async fn accept_loop(listener: UnixListener, requests: mpsc::Sender<StatusRequest>, admins: Admins) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONTROL_CLIENTS));
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
-                tokio::spawn(serve_client(stream, requests.clone()));
+                // A client cannot make the server wait: a full house closes the new
+                // connection at once, and each slot is free again within 5 s + 5 s.
+                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    debug!("control socket: too many clients; closing a new connection");
+                    drop(stream);
+                    continue;
+                };
+                let (requests, admins) = (requests.clone(), admins.clone());
+                tokio::spawn(async move {
+                    serve_client(stream, requests, &admins).await;
+                    drop(slot);
+                });
             }
             Err(e) => {
                 error!(error = %e, "control socket accept failed");
@@ -579,13 +610,26 @@ async fn accept_loop(listener: UnixListener, requests: mpsc::Sender<StatusReques
     }
 }
 
-async fn serve_client(stream: UnixStream, requests: mpsc::Sender<StatusRequest>) {
+/// The credentials of the process at the other end of `stream` (SO_PEERCRED).
+fn client_of(stream: &UnixStream) -> Option<crate::access::Client> {
+    let cred = stream.peer_cred().ok()?;
+    let groups = cred.pid().map(crate::access::process_groups).unwrap_or_default();
+    Some(crate::access::Client { uid: cred.uid(), gid: cred.gid(), groups })
+}
+
+async fn serve_client(stream: UnixStream, requests: mpsc::Sender<StatusRequest>, admins: &Admins) {
+    let client = client_of(&stream);
     let (r, mut w) = stream.into_split();
-    // One request line, at most 64 KiB: a client that never sends a newline is cut off.
-    let mut lines = BufReader::new(r.take(64 * 1024)).lines();
-    let read = tokio::time::timeout(Duration::from_secs(5), lines.next_line()).await;
+    // One request line, at most 64 KiB, within 5 s: a client that never sends a
+    // newline is cut off.
+    let mut lines = BufReader::new(r.take(MAX_REQUEST)).lines();
+    let read = tokio::time::timeout(CONTROL_IO_LIMIT, lines.next_line()).await;
     let reply = match read {
         Ok(Ok(Some(line))) => match serde_json::from_str::<Request>(&line) {
+            Ok(req) if req.changes_node() && !client.as_ref().is_some_and(|c| c.may_change(admins.gid)) => {
+                warn!(client = ?client, "control request refused: changing the node needs root or the admin group");
+                Reply::Error { message: crate::access::refusal(&admins.group) }
+            }
             Ok(req) => match ask(req).await {
                 Ok(a) => {
                     let (tx, rx) = oneshot::channel();
@@ -605,7 +649,8 @@ async fn serve_client(stream: UnixStream, requests: mpsc::Sender<StatusRequest>)
     };
     if let Ok(mut text) = serde_json::to_string(&reply) {
         text.push('\n');
-        let _ = w.write_all(text.as_bytes()).await;
+        // A client that does not read its reply loses it, and its slot.
+        let _ = tokio::time::timeout(CONTROL_IO_LIMIT, w.write_all(text.as_bytes())).await;
     }
 }
 

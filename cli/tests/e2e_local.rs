@@ -1,0 +1,126 @@
+//! End-to-end, local trust: who may use the control socket for what, how many
+//! clients it serves at once, and what `weft up` says about a weak secret. Each node
+//! runs alone in a network namespace made here; clients run as `nobody` through
+//! `setpriv`, with the groups each case needs.
+#![allow(unsafe_code, unreachable_pub, clippy::unwrap_used)]
+
+mod netns;
+
+use std::io::Read;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use netns::{Netns, Node, TempDir, require_root, wait_until, weft_bin};
+
+/// The group that stands for `weft` (socket access) in these tests.
+const SOCKET_GID: &str = "100"; // users
+/// The group given to `--admin-group`.
+const ADMIN_GROUP: &str = "staff";
+const ADMIN_GID: &str = "50";
+
+fn args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut v =
+        vec!["--network-name", "local", "--network-secret", "Zq3-vT8pL2-xWn7-Kd4r-Hm9s", "-i", "10.126.126.1/24"];
+    v.extend(["--threads", "1", "-l", "udp://127.0.0.1:11010"]);
+    v.extend(extra);
+    v
+}
+
+/// Runs `weft ARGS` as nobody with the supplementary groups `groups`.
+fn as_nobody(groups: &str, argv: &[&str], control: &Path) -> Output {
+    Command::new("setpriv")
+        .args(["--reuid", "nobody", "--regid", "nogroup", "--groups", groups, "--inh-caps=-all", weft_bin()])
+        .args(argv)
+        .arg("--control")
+        .arg(control)
+        .output()
+        .expect("setpriv")
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+#[test]
+fn status_is_open_to_the_socket_group_changes_need_root_or_admin() {
+    require_root();
+    let ns = Netns::new();
+    let dir = TempDir::new();
+    let node = Node::start(&ns, &dir.0, "a", &args(&["--admin-group", ADMIN_GROUP]));
+    // The socket (0660) belongs to the group standing for `weft`, as under systemd.
+    let ok = Command::new("chgrp").arg(SOCKET_GID).arg(&node.control).status().unwrap();
+    assert!(ok.success());
+
+    // Outside the socket's group: cannot even connect.
+    let out = as_nobody("65534", &["status"], &node.control);
+    assert!(!out.status.success(), "{}", text(&out));
+
+    // A member of the socket's group reads the status...
+    let out = as_nobody(SOCKET_GID, &["status", "--json"], &node.control);
+    assert!(out.status.success(), "status as a weft-group member: {}", text(&out));
+    let st: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(st["overlay"], "10.126.126.1/24");
+    // ...but may not change the node, and is told what it takes.
+    for argv in [["peer", "add", "udp://127.0.0.1:4001"], ["peer", "remove", "udp://127.0.0.1:4001"]] {
+        let out = as_nobody(SOCKET_GID, &argv, &node.control);
+        assert!(!out.status.success(), "{argv:?} as a plain member succeeded: {}", text(&out));
+        assert!(text(&out).contains("changing the node needs root or the staff group"), "{argv:?}: {}", text(&out));
+        assert!(!text(&out).contains("panicked"), "{}", text(&out));
+    }
+    assert!(node.status()["pending_peers"].as_array().unwrap().is_empty(), "a refused add changed the node");
+    assert!(node.log_text().contains("control request refused"), "{}", node.log_text());
+
+    // A member of the admin group may.
+    let both = format!("{SOCKET_GID},{ADMIN_GID}");
+    let out = as_nobody(&both, &["peer", "add", "udp://127.0.0.1:4001"], &node.control);
+    assert!(out.status.success(), "add as an admin-group member: {}", text(&out));
+    // So may root.
+    let out = Command::new(weft_bin())
+        .args(["peer", "add", "udp://127.0.0.1:4002", "--control"])
+        .arg(&node.control)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "add as root: {}", text(&out));
+    let pending = node.status()["pending_peers"].as_array().unwrap().len();
+    assert_eq!(pending, 2, "{}", node.status());
+    let out = as_nobody(&both, &["peer", "remove", "udp://127.0.0.1:4001"], &node.control);
+    assert!(out.status.success(), "remove as an admin-group member: {}", text(&out));
+}
+
+#[test]
+fn control_clients_are_capped_and_cannot_hang_the_node() {
+    require_root();
+    let ns = Netns::new();
+    let dir = TempDir::new();
+    let node = Node::start(&ns, &dir.0, "a", &args(&[]));
+    // 32 clients that connect and say nothing hold every slot...
+    let idle: Vec<UnixStream> = (0..32).map(|_| UnixStream::connect(&node.control).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    // ...so the next one is closed at once instead of waiting.
+    let mut extra = UnixStream::connect(&node.control).unwrap();
+    extra.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let t = Instant::now();
+    let mut buf = [0u8; 16];
+    let n = extra.read(&mut buf).expect("an over-limit client is closed, not left waiting");
+    assert_eq!(n, 0, "closed without a reply");
+    assert!(t.elapsed() < Duration::from_secs(1), "closed at once, not after {:?}", t.elapsed());
+    assert!(node.try_status().is_none(), "status served beyond the cap");
+    // The silent clients are cut off after 5 s, and the node answers again.
+    let took =
+        wait_until(Duration::from_secs(10), "status after the idle clients time out", || node.try_status().is_some());
+    assert!(took < Duration::from_secs(8), "{took:?}");
+    let mut first = &idle[0];
+    assert_eq!(first.read(&mut buf).unwrap(), 0, "an idle client is closed");
+
+    // A request line without an end is cut at 64 KiB.
+    let mut long = UnixStream::connect(&node.control).unwrap();
+    long.set_read_timeout(Some(Duration::from_secs(7))).unwrap();
+    let junk = vec![b'x'; 100 * 1024];
+    let _ = std::io::Write::write_all(&mut long, &junk);
+    let mut reply = String::new();
+    let _ = long.read_to_string(&mut reply);
+    assert!(reply.is_empty() || reply.contains("bad request"), "{reply}");
+    assert!(node.try_status().is_some());
+}
