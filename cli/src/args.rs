@@ -56,7 +56,7 @@ pub struct UpArgs {
     pub network_name: Option<String>,
     /// Shared secret of the network (prefer WEFT_NETWORK_SECRET or the config file, which stay out of `ps`).
     #[arg(long, value_name = "SECRET", env = "WEFT_NETWORK_SECRET", hide_env_values = true)]
-    pub network_secret: Option<String>,
+    pub network_secret: Option<crate::config::Secret>,
     /// Overlay address of this node, with the network's prefix length.
     #[arg(short = 'i', long, value_name = "ADDR/PREFIX")]
     pub ipv4: Option<String>,
