@@ -18,13 +18,14 @@ pub mod control;
 pub mod discovery;
 mod meta;
 pub mod node;
+pub mod secret;
 mod show;
 pub mod state;
 
 use anyhow::Result;
 use tracing_subscriber::EnvFilter;
 
-use crate::args::{Cli, Command, PeerCommand};
+use crate::args::{Cli, Command, PeerCommand, SecretCommand};
 use crate::config::{NodeConfig, UsageError};
 
 /// Runs a parsed command line.
@@ -46,6 +47,10 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Routes(q) => query(&q, show::routes),
         Command::Peer(PeerCommand::Add(a)) => change(&a.control, &control::Request::AddPeer { uri: a.peer }),
         Command::Peer(PeerCommand::Remove(a)) => change(&a.control, &control::Request::RemovePeer { peer: a.peer }),
+        Command::Secret(SecretCommand::Generate) => {
+            println!("{}", secret::generate()?);
+            Ok(())
+        }
         Command::Completions(a) => meta::completions(a.shell),
         Command::Man(a) => meta::man(a.command.as_deref()),
     }

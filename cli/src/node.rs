@@ -91,6 +91,7 @@ async fn ask(req: Request) -> Result<Ask, String> {
 
 /// Runs a node until SIGINT or SIGTERM.
 pub fn run(mut cfg: NodeConfig) -> Result<()> {
+    crate::secret::warn_if_weak(&cfg.network_secret.0);
     let key = state::load_or_create_key(&cfg.state_dir)?;
     if let Some(range) = cfg.dhcp {
         let id = NodeId::from_public(&key.public);

@@ -71,6 +71,7 @@ fn status_is_open_to_the_socket_group_changes_need_root_or_admin() {
     }
     assert!(node.status()["pending_peers"].as_array().unwrap().is_empty(), "a refused add changed the node");
     assert!(node.log_text().contains("control request refused"), "{}", node.log_text());
+    assert!(!node.log_text().contains("WEAK NETWORK SECRET"), "a strong secret was called weak: {}", node.log_text());
 
     // A member of the admin group may.
     let both = format!("{SOCKET_GID},{ADMIN_GID}");
@@ -123,4 +124,33 @@ fn control_clients_are_capped_and_cannot_hang_the_node() {
     let _ = long.read_to_string(&mut reply);
     assert!(reply.is_empty() || reply.contains("bad request"), "{reply}");
     assert!(node.try_status().is_some());
+}
+
+#[test]
+fn a_weak_secret_starts_with_a_loud_warning() {
+    require_root();
+    let ns = Netns::new();
+    let dir = TempDir::new();
+    let node = Node::start(
+        &ns,
+        &dir.0,
+        "a",
+        &[
+            "--network-name",
+            "local",
+            "--network-secret",
+            "s3cret",
+            "-i",
+            "10.126.126.1/24",
+            "--threads",
+            "1",
+            "-l",
+            "udp://127.0.0.1:11010",
+        ],
+    );
+    let log = node.log_text();
+    assert!(log.contains("WEAK NETWORK SECRET"), "{log}");
+    assert!(log.contains("guess it offline"), "{log}");
+    assert!(log.contains("weft secret generate"), "{log}");
+    assert!(!log.contains("s3cret"), "the secret itself is never logged: {log}");
 }
