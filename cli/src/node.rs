@@ -183,11 +183,14 @@ pub fn run(mut cfg: NodeConfig) -> Result<()> {
             .context("cannot start the links thread")?;
     }
 
+    // Argon2id, once: the handshake PSK and the LAN beacon key both come from it.
+    let psk = Psk::derive(&cfg.network_name, &cfg.network_secret.0);
+    let beacon_key = crate::discovery::beacon_key(&psk.subkey(crate::discovery::KEY_LABEL));
     let engine = Node::new(
         Config {
             handshake: Params {
                 local: key,
-                psk: Psk::derive(&cfg.network_name, &cfg.network_secret.0),
+                psk,
                 network_name: cfg.network_name.clone(),
                 hello: Hello {
                     cipher: cfg.cipher,
@@ -247,6 +250,8 @@ pub fn run(mut cfg: NodeConfig) -> Result<()> {
         links_stats,
         listeners: bound,
         udp_port: udp_bound.port(),
+        beacon_key,
+        beacon_drops: None,
     };
     let result = rt.block_on(runtime.serve(ctl_rx, down_rx));
     // Pipeline threads block in TUN reads; the process exit ends them.
@@ -274,6 +279,10 @@ struct Runtime {
     listeners: Vec<Endpoint>,
     /// Port of the UDP sockets (announced in LAN beacons).
     udp_port: u16,
+    /// MAC key of LAN beacons (from the PSK).
+    beacon_key: ring::hmac::Key,
+    /// LAN beacons dropped, with `--lan-discovery`.
+    beacon_drops: Option<Arc<crate::discovery::Drops>>,
 }
 
 impl Runtime {
@@ -295,13 +304,16 @@ impl Runtime {
         self.drain();
         let discovery = if self.cfg.lan_discovery {
             let ifs = local_ipv4s(self.cfg.ipv4.addr);
-            let beacon = Beacon {
-                network: Beacon::network_hash(&self.cfg.network_name),
-                node: self.engine.id().to_bytes(),
-                port: self.udp_port,
-            };
             info!(interfaces = ifs.len(), "LAN discovery on");
-            Some(Discovery::new(ifs, beacon)?)
+            let d = Discovery::new(
+                ifs,
+                Beacon::network_hash(&self.cfg.network_name),
+                self.engine.id().to_bytes(),
+                self.udp_port,
+                self.beacon_key.clone(),
+            )?;
+            self.beacon_drops = Some(d.drops.clone());
+            Some(d)
         } else {
             None
         };
@@ -416,6 +428,9 @@ impl Runtime {
         let now = Instant::now();
         let st: NodeStatus = self.engine.status(now);
         let mut drops = counters(&self.drops);
+        for (k, v) in self.beacon_drops.iter().flat_map(|d| d.nonzero()) {
+            drops.insert(k.to_owned(), v);
+        }
         for p in self.pipelines.iter().chain([&self.links_stats]) {
             for (k, v) in counters(&p.drops) {
                 *drops.entry(k).or_default() += v;

@@ -1,5 +1,6 @@
 //! End-to-end, local trust: who may use the control socket for what, how many
-//! clients it serves at once, and what `weft up` says about a weak secret. Each node
+//! clients it serves at once, what `weft up` says about a weak secret, and which LAN
+//! beacons a node believes. Each node
 //! runs alone in a network namespace made here; clients run as `nobody` through
 //! `setpriv`, with the groups each case needs.
 #![allow(unsafe_code, unreachable_pub, clippy::unwrap_used)]
@@ -153,4 +154,97 @@ fn a_weak_secret_starts_with_a_loud_warning() {
     assert!(log.contains("guess it offline"), "{log}");
     assert!(log.contains("weft secret generate"), "{log}");
     assert!(!log.contains("s3cret"), "the secret itself is never logged: {log}");
+}
+
+/// Sends `bytes` from a socket bound to `from` inside `ns` to the beacon port of `to`.
+fn send_beacon(ns: &Netns, from: &str, to: &str, bytes: &[u8]) {
+    let (from, to) = (format!("{from}:0"), format!("{to}:{}", weft::discovery::PORT));
+    ns.within(|| {
+        let s = std::net::UdpSocket::bind(&from).unwrap();
+        s.send_to(bytes, &to).unwrap();
+    });
+}
+
+fn drop_count(node: &Node, reason: &str) -> u64 {
+    node.status()["drops"][reason].as_u64().unwrap_or(0)
+}
+
+fn pending(node: &Node) -> Vec<String> {
+    node.status()["pending_peers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["endpoint"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn lan_beacons_without_the_secret_or_replayed_are_dropped_and_counted() {
+    use weft::discovery::{Beacon, KEY_LABEL, beacon_key, unix_ms};
+    require_root();
+    let dir = TempDir::new();
+    let lan = netns::Lan::new(2);
+    let secret = "Zq3-vT8pL2-xWn7-Kd4r-Hm9s";
+    let a = Node::start(
+        &lan.hosts[0],
+        &dir.0,
+        "a",
+        &[
+            "--network-name",
+            "beacons",
+            "--network-secret",
+            secret,
+            "-i",
+            "10.126.126.1/24",
+            "--threads",
+            "1",
+            "--lan-discovery",
+        ],
+    );
+    // Same network name, wrong secret: its beacons fail the MAC and it is never dialled.
+    let _b = Node::start(
+        &lan.hosts[1],
+        &dir.0,
+        "b",
+        &[
+            "--network-name",
+            "beacons",
+            "--network-secret",
+            "not-the-secret-at-all-9f8e7d",
+            "-i",
+            "10.126.126.2/24",
+            "--threads",
+            "1",
+            "--lan-discovery",
+        ],
+    );
+    wait_until(Duration::from_secs(15), "a beacon with a bad MAC is counted", || {
+        drop_count(&a, "lan_beacon_bad_mac") > 0
+    });
+    assert!(pending(&a).is_empty(), "a node without the secret was dialled: {}", a.status());
+    assert!(a.status()["refused_handshakes"].as_array().unwrap().is_empty());
+
+    // Beacons made with the right key, from host 1.
+    let key = beacon_key(&weft_core::handshake::Psk::derive("beacons", secret).subkey(KEY_LABEL));
+    let me: std::net::Ipv4Addr = lan.addrs[1].parse().unwrap();
+    let beacon = |addr: std::net::Ipv4Addr, port: u16| Beacon {
+        network: Beacon::network_hash("beacons"),
+        node: [0x42; 8],
+        addr,
+        port,
+    };
+    // A minute old: a replay.
+    send_beacon(&lan.hosts[1], &lan.addrs[1], &lan.addrs[0], &beacon(me, 11010).seal(&key, unix_ms() - 60_000));
+    wait_until(Duration::from_secs(5), "a stale beacon is counted", || drop_count(&a, "lan_beacon_stale") == 1);
+    // Fresh, but naming an address it was not sent from.
+    let elsewhere = std::net::Ipv4Addr::new(192, 0, 2, 77);
+    send_beacon(&lan.hosts[1], &lan.addrs[1], &lan.addrs[0], &beacon(elsewhere, 11010).seal(&key, unix_ms()));
+    wait_until(Duration::from_secs(5), "a misplaced beacon is counted", || {
+        drop_count(&a, "lan_beacon_wrong_source") == 1
+    });
+    assert!(pending(&a).is_empty(), "{}", a.status());
+    // Fresh and from where it says: dialled (b then refuses the handshake: wrong secret).
+    send_beacon(&lan.hosts[1], &lan.addrs[1], &lan.addrs[0], &beacon(me, 11010).seal(&key, unix_ms()));
+    let want = format!("udp://{}:11010", lan.addrs[1]);
+    wait_until(Duration::from_secs(5), "an authentic beacon is dialled", || pending(&a).contains(&want));
 }
