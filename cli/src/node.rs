@@ -143,10 +143,20 @@ pub fn run(mut cfg: NodeConfig) -> Result<()> {
     let tls = if needs_tls { Some(state::load_or_create_tls(&cfg.state_dir, cfg.tls.as_ref())?) } else { None };
 
     if !cfg.proxy_networks.is_empty() {
-        // The kernel forwards between the TUN and the proxied LAN.
-        match std::fs::write("/proc/sys/net/ipv4/ip_forward", "1") {
-            Ok(()) => info!("IPv4 forwarding enabled for --proxy-network"),
-            Err(e) => warn!(error = %e, "cannot enable IPv4 forwarding; proxied subnets will not be reachable"),
+        // The kernel forwards between the TUN and the proxied LAN. Under systemd this
+        // file is the one tunable the unit leaves writable (ReadWritePaths=); an admin
+        // who enabled forwarding already (sysctl.d) needs no write at all.
+        const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
+        if std::fs::read_to_string(IP_FORWARD).is_ok_and(|v| v.trim() == "1") {
+            info!("IPv4 forwarding already on for --proxy-network");
+        } else {
+            match std::fs::write(IP_FORWARD, "1") {
+                Ok(()) => info!("IPv4 forwarding enabled for --proxy-network"),
+                Err(e) => warn!(
+                    error = %e,
+                    "cannot enable IPv4 forwarding ({IP_FORWARD}); proxied subnets will not be reachable (under systemd the unit needs ReadWritePaths={IP_FORWARD}, or set net.ipv4.ip_forward=1 in sysctl.d)"
+                ),
+            }
         }
     }
     let epoch = Instant::now();
