@@ -73,7 +73,7 @@ mod tests {
         let admin = Some(990);
         let user = Client { uid: 1000, gid: 1000, groups: vec![100, 991] };
         assert!(!user.may_change(admin));
-        assert!(Client { groups: vec![100, 990], ..user.clone() }.may_change(admin));
+        assert!(Client { groups: vec![100, 990], ..user }.may_change(admin));
         assert!(Client { gid: 990, ..user.clone() }.may_change(admin));
         assert!(Client { uid: 0, ..user.clone() }.may_change(None));
         assert!(!Client { groups: vec![990], ..user }.may_change(None));

@@ -101,7 +101,8 @@ fn base64url(b: &[u8]) -> String {
 pub fn estimate_bits(secret: &str) -> f64 {
     let chars: Vec<char> = secret.chars().collect();
     let mut pool = 0u32;
-    let classes: [(fn(&char) -> bool, u32); 4] = [
+    type Class = (fn(&char) -> bool, u32);
+    let classes: [Class; 4] = [
         (char::is_ascii_lowercase, 26),
         (char::is_ascii_uppercase, 26),
         (char::is_ascii_digit, 10),
