@@ -34,7 +34,8 @@ pub enum Command {
     Peers(QueryArgs),
     /// Show the route to every member of the mesh.
     Routes(QueryArgs),
-    /// Add or remove a peer of a running node.
+    /// Add or remove a peer of a running node (root or the weft-admin group only;
+    /// reading the status needs only the weft group).
     #[command(subcommand)]
     Peer(PeerCommand),
     /// Make network secrets.

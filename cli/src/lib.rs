@@ -61,7 +61,7 @@ fn query(q: &args::QueryArgs, table: fn(&control::StatusJson) -> String) -> Resu
     match control::request(&q.control, &control::Request::Status)? {
         control::Reply::Status(s) if q.json => println!("{}", serde_json::to_string_pretty(&s)?),
         control::Reply::Status(s) => print!("{}", table(&s)),
-        control::Reply::Error { message } => anyhow::bail!("node refused the request: {message}"),
+        control::Reply::Error { message } => anyhow::bail!("node refused the request: {}", show::printable(&message)),
         control::Reply::Done { .. } => anyhow::bail!("unexpected reply from the node"),
     }
     Ok(())
@@ -71,8 +71,9 @@ fn query(q: &args::QueryArgs, table: fn(&control::StatusJson) -> String) -> Resu
 /// caller's bad input (exit 2).
 fn change(path: &std::path::Path, req: &control::Request) -> Result<()> {
     match control::request(path, req)? {
-        control::Reply::Done { message } => println!("{message}"),
-        control::Reply::Error { message } => return Err(UsageError(message).into()),
+        // Messages may quote peer-supplied names: no raw control characters.
+        control::Reply::Done { message } => println!("{}", show::printable(&message)),
+        control::Reply::Error { message } => return Err(UsageError(show::printable(&message).into_owned()).into()),
         control::Reply::Status(_) => anyhow::bail!("unexpected reply from the node"),
     }
     Ok(())
