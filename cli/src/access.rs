@@ -52,16 +52,27 @@ pub fn group_id(name: &str) -> Option<u32> {
     group_id_in(&std::fs::read_to_string("/etc/group").ok()?, name)
 }
 
-/// The supplementary groups on the `Groups:` line of a `/proc/<pid>/status` text.
-pub fn groups_in_status(status: &str) -> Option<Vec<u32>> {
-    let line = status.lines().find_map(|l| l.strip_prefix("Groups:"))?;
-    line.split_whitespace().map(|g| g.parse().ok()).collect()
+/// The supplementary groups on the `Groups:` line of a `/proc/<pid>/status` text,
+/// provided its effective uid and gid (second field of `Uid:` and `Gid:`) are `uid`
+/// and `gid`: the credentials the kernel gave for the connection. A process that
+/// exited and whose pid now names another process of another user yields None.
+pub fn groups_in_status(status: &str, uid: u32, gid: u32) -> Option<Vec<u32>> {
+    let field = |name: &str| -> Option<Vec<u32>> {
+        let line = status.lines().find_map(|l| l.strip_prefix(name))?;
+        line.split_whitespace().map(|g| g.parse().ok()).collect()
+    };
+    let effective = |name: &str| field(name).and_then(|v| v.get(1).copied());
+    if effective("Uid:")? != uid || effective("Gid:")? != gid {
+        return None;
+    }
+    field("Groups:")
 }
 
-/// The supplementary groups of process `pid`, or an empty list when unreadable.
-pub fn process_groups(pid: i32) -> Vec<u32> {
+/// The supplementary groups of process `pid` (whose effective ids are `uid` and
+/// `gid`), or an empty list when unreadable or no longer that process.
+pub fn process_groups(pid: i32, uid: u32, gid: u32) -> Vec<u32> {
     let path = Path::new("/proc").join(pid.to_string()).join("status");
-    std::fs::read_to_string(path).ok().and_then(|s| groups_in_status(&s)).unwrap_or_default()
+    std::fs::read_to_string(path).ok().and_then(|s| groups_in_status(&s, uid, gid)).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -86,11 +97,21 @@ mod tests {
         assert_eq!(group_id_in(etc, "weft"), Some(991));
         assert_eq!(group_id_in(etc, "weft-admins"), None);
         assert_eq!(group_id_in(etc, "broken"), None);
-        let status = "Name:\tweft\nUid:\t0\t0\t0\t0\nGroups:\t4 27 990 \nNSpid:\t1\n";
-        assert_eq!(groups_in_status(status), Some(vec![4, 27, 990]));
-        assert_eq!(groups_in_status("Groups:\t\n"), Some(vec![]));
-        assert_eq!(groups_in_status("Name:\tx\n"), None);
-        // Our own process: its status has a Groups line.
-        assert!(groups_in_status(&std::fs::read_to_string("/proc/self/status").unwrap()).is_some());
+        let status =
+            "Name:\tweft\nUid:\t1000\t1000\t1000\t1000\nGid:\t100\t100\t100\t100\nGroups:\t4 27 990 \nNSpid:\t1\n";
+        assert_eq!(groups_in_status(status, 1000, 100), Some(vec![4, 27, 990]));
+        // Another process behind a reused pid: not believed.
+        assert_eq!(groups_in_status(status, 1001, 100), None);
+        assert_eq!(groups_in_status(status, 1000, 101), None);
+        let empty = "Uid:\t5\t5\t5\t5\nGid:\t6\t6\t6\t6\nGroups:\t\n";
+        assert_eq!(groups_in_status(empty, 5, 6), Some(vec![]));
+        assert_eq!(groups_in_status("Name:\tx\n", 0, 0), None);
+        // Our own process: its status has our ids and a Groups line.
+        let own = std::fs::read_to_string("/proc/self/status").unwrap();
+        let ids = |name: &str| -> u32 {
+            let l = own.lines().find_map(|l| l.strip_prefix(name)).unwrap();
+            l.split_whitespace().nth(1).unwrap().parse().unwrap()
+        };
+        assert!(groups_in_status(&own, ids("Uid:"), ids("Gid:")).is_some());
     }
 }

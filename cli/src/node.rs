@@ -639,7 +639,7 @@ async fn accept_loop(listener: UnixListener, requests: mpsc::Sender<StatusReques
 /// The credentials of the process at the other end of `stream` (SO_PEERCRED).
 fn client_of(stream: &UnixStream) -> Option<crate::access::Client> {
     let cred = stream.peer_cred().ok()?;
-    let groups = cred.pid().map(crate::access::process_groups).unwrap_or_default();
+    let groups = cred.pid().map(|p| crate::access::process_groups(p, cred.uid(), cred.gid())).unwrap_or_default();
     Some(crate::access::Client { uid: cred.uid(), gid: cred.gid(), groups })
 }
 
