@@ -59,13 +59,15 @@ pub(crate) fn status(s: &StatusJson) -> String {
 }
 
 /// `s` with every control character (C0, DEL, C1: what a terminal may take for the
-/// start of an escape sequence or a cursor move) shown as a `\u{..}` escape. Host
-/// names and error texts come from peers; they must not reach a terminal raw.
+/// start of an escape sequence or a cursor move) and every bidirectional override
+/// (which reorders what follows on the line) shown as a `\u{..}` escape. Host names
+/// and error texts come from peers; they must not reach a terminal raw.
 pub(crate) fn printable(s: &str) -> Cow<'_, str> {
-    if !s.chars().any(char::is_control) {
+    let unsafe_char = |c: char| c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+    if !s.chars().any(unsafe_char) {
         return Cow::Borrowed(s);
     }
-    Cow::Owned(s.chars().map(|c| if c.is_control() { c.escape_unicode().to_string() } else { c.to_string() }).collect())
+    Cow::Owned(s.chars().map(|c| if unsafe_char(c) { c.escape_unicode().to_string() } else { c.to_string() }).collect())
 }
 
 /// Renders `weft peers`.
@@ -200,6 +202,7 @@ mod tests {
         assert_eq!(printable("node-α 1"), "node-α 1");
         assert_eq!(printable("evil\x1b[2J\x1b]0;pwned\x07"), "evil\\u{1b}[2J\\u{1b}]0;pwned\\u{7}");
         assert_eq!(printable("a\u{9b}31mb\x7f\r\n"), "a\\u{9b}31mb\\u{7f}\\u{d}\\u{a}");
+        assert_eq!(printable("gpj.\u{202e}exe"), "gpj.\\u{202e}exe");
 
         // Whole tables: a host name with an ANSI escape arrives escaped in every view.
         let evil = "h\x1b[31mred\x1b[0m";
