@@ -598,6 +598,9 @@ fn bind_control(path: &Path) -> Result<UnixListener> {
 
 /// Control connections served at once; more are closed at once.
 pub const MAX_CONTROL_CLIENTS: usize = 32;
+/// Further connections kept for root and the admin group, so that plain members
+/// holding every slot cannot lock the admins out.
+pub const ADMIN_CONTROL_RESERVE: usize = 4;
 /// Longest request line.
 const MAX_REQUEST: u64 = 64 * 1024;
 /// How long a client has to send its request, and to take the reply.
@@ -612,12 +615,21 @@ struct Admins {
 
 async fn accept_loop(listener: UnixListener, requests: mpsc::Sender<StatusRequest>, admins: Admins) {
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONTROL_CLIENTS));
+    let reserve = Arc::new(tokio::sync::Semaphore::new(ADMIN_CONTROL_RESERVE));
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
                 // A client cannot make the server wait: a full house closes the new
                 // connection at once, and each slot is free again within 5 s + 5 s.
-                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                // Root and the admin group may still use the reserve.
+                let slot = match slots.clone().try_acquire_owned() {
+                    Ok(s) => Ok(s),
+                    Err(_) if client_of(&stream).is_some_and(|c| c.may_change(admins.gid)) => {
+                        reserve.clone().try_acquire_owned()
+                    }
+                    Err(e) => Err(e),
+                };
+                let Ok(slot) = slot else {
                     debug!("control socket: too many clients; closing a new connection");
                     drop(stream);
                     continue;
