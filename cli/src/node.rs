@@ -665,7 +665,16 @@ async fn serve_client(stream: UnixStream, requests: mpsc::Sender<StatusRequest>,
     let reply = match read {
         Ok(Ok(Some(line))) => match serde_json::from_str::<Request>(&line) {
             Ok(req) if req.changes_node() && !client.as_ref().is_some_and(|c| c.may_change(admins.gid)) => {
-                warn!(client = ?client, "control request refused: changing the node needs root or the admin group");
+                // At most one warning every 10 s: a local client must not flood the log.
+                static LAST_WARNING: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
+                let now = Instant::now();
+                let mut last = LAST_WARNING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                if last.is_none_or(|t| now.duration_since(t) >= Duration::from_secs(10)) {
+                    *last = Some(now);
+                    warn!(client = ?client, "control request refused: changing the node needs root or the admin group");
+                } else {
+                    debug!(client = ?client, "control request refused");
+                }
                 Reply::Error { message: crate::access::refusal(&admins.group) }
             }
             Ok(req) => match ask(req).await {
