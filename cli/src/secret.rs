@@ -91,7 +91,7 @@ fn base64url(b: &[u8]) -> String {
 /// * the alphabet is the union of the classes present: lower case 26, upper case 26,
 ///   digits 10, ASCII symbols and space 33, anything else 100; each character is
 ///   worth log2 of that;
-/// * a common word or keyboard run from [`COMMON`] (after undoing leet swaps) is
+/// * a common word or keyboard run from a short built-in list (after undoing leet swaps) is
 ///   worth 12 bits in all, however long;
 /// * a character equal to the previous one or next to it in code (aaa, abc, 987)
 ///   is worth 1 bit.
