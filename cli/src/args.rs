@@ -34,9 +34,13 @@ pub enum Command {
     Peers(QueryArgs),
     /// Show the route to every member of the mesh.
     Routes(QueryArgs),
-    /// Add or remove a peer of a running node.
+    /// Add or remove a peer of a running node (root or the weft-admin group only;
+    /// reading the status needs only the weft group).
     #[command(subcommand)]
     Peer(PeerCommand),
+    /// Make network secrets.
+    #[command(subcommand)]
+    Secret(SecretCommand),
     /// Print a shell completion script to stdout.
     Completions(CompletionsArgs),
     /// Print a man page (roff) to stdout, for packaging.
@@ -54,9 +58,12 @@ pub struct UpArgs {
     /// Name of the network to join.
     #[arg(long, value_name = "NAME")]
     pub network_name: Option<String>,
-    /// Shared secret of the network (prefer WEFT_NETWORK_SECRET or the config file, which stay out of `ps`).
+    /// Shared secret of the network (prefer WEFT_NETWORK_SECRET or the config file, which
+    /// stay out of `ps`). Make one with `weft secret generate`: a weak secret (below
+    /// about 60 bits, estimated at start) is warned about, since anyone who records one
+    /// handshake can guess it offline.
     #[arg(long, value_name = "SECRET", env = "WEFT_NETWORK_SECRET", hide_env_values = true)]
-    pub network_secret: Option<String>,
+    pub network_secret: Option<crate::config::Secret>,
     /// Overlay address of this node, with the network's prefix length.
     #[arg(short = 'i', long, value_name = "ADDR/PREFIX")]
     pub ipv4: Option<String>,
@@ -96,6 +103,11 @@ pub struct UpArgs {
     /// Control socket path (default /run/weft/weft.sock).
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
+    /// Group whose members may change the running node through the control socket
+    /// (`weft peer add|remove`; default weft-admin); root always may. Reading the
+    /// status needs only access to the socket (mode 0660, the weft group under systemd).
+    #[arg(long, value_name = "GROUP")]
+    pub admin_group: Option<String>,
     /// State directory holding the node key (default /var/lib/weft).
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
@@ -162,6 +174,16 @@ pub struct PeerArgs {
     /// Control socket of the node.
     #[arg(long, value_name = "PATH", env = "WEFT_CONTROL", default_value = DEFAULT_CONTROL)]
     pub control: PathBuf,
+}
+
+/// `weft secret`.
+#[derive(Debug, Subcommand)]
+pub enum SecretCommand {
+    /// Print a new random network secret (256 bits from the OS random generator,
+    /// base64url, 43 characters) on stdout, once; give it to every member through
+    /// the config file or WEFT_NETWORK_SECRET. A weak secret (below about 60 bits by
+    /// `weft up`'s estimate) can be guessed offline by anyone who records one handshake.
+    Generate,
 }
 
 /// `weft completions`.

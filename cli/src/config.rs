@@ -34,7 +34,7 @@ fn usage<T>(msg: impl Into<String>) -> Result<T, UsageError> {
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct FileConfig {
     network_name: Option<String>,
-    network_secret: Option<String>,
+    network_secret: Option<Secret>,
     ipv4: Option<String>,
     #[serde(default)]
     listen: Vec<String>,
@@ -48,6 +48,7 @@ pub struct FileConfig {
     dev_name: Option<String>,
     mtu: Option<u16>,
     control: Option<PathBuf>,
+    admin_group: Option<String>,
     state_dir: Option<PathBuf>,
     hostname: Option<String>,
     no_offload: Option<bool>,
@@ -63,13 +64,37 @@ pub struct FileConfig {
 }
 
 impl FileConfig {
-    /// Reads and parses a config file.
+    /// Reads and parses a config file. A file that holds the network secret must be
+    /// private to its owner (like ssh's keys): otherwise it is refused, naming the
+    /// `chmod` that fixes it.
     pub fn load(path: &Path) -> Result<Self, UsageError> {
         let text = std::fs::read_to_string(path)
             .or_else(|e| usage(format!("cannot read config file {}: {e}", path.display())))?;
-        toml::from_str(&text)
-            .or_else(|e: toml::de::Error| usage(format!("bad config file {}: {}", path.display(), e.message().trim())))
+        let file: Self = toml::from_str(&text).or_else(|e: toml::de::Error| {
+            usage(format!("bad config file {}: {}", path.display(), e.message().trim()))
+        })?;
+        if file.network_secret.as_ref().is_some_and(|s| !s.0.is_empty()) {
+            check_private(path, "config file", "holds network-secret and")?;
+        }
+        Ok(file)
     }
+}
+
+/// Refuses a file that its group or others may read or write (mode bits 0o077), with
+/// the exact command that fixes it. `what` names the file ("config file", "node
+/// key"), `why` says why it matters, before "is readable ...".
+pub fn check_private(path: &Path, what: &str, why: &str) -> Result<(), UsageError> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(path).or_else(|e| usage(format!("cannot read {what} {}: {e}", path.display())))?;
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        let why = if why.is_empty() { String::new() } else { format!("{why} ") };
+        return usage(format!(
+            "{what} {p} {why}is accessible by group or others (mode {mode:03o}); it must be private to its owner: run `chmod 600 {p}`",
+            p = path.display(),
+        ));
+    }
+    Ok(())
 }
 
 /// An overlay address with its prefix, e.g. 10.126.126.2/24.
@@ -189,6 +214,8 @@ pub struct NodeConfig {
     pub mtu: u16,
     /// Control socket.
     pub control: PathBuf,
+    /// Group whose members may change the node through the control socket.
+    pub admin_group: String,
     /// State directory.
     pub state_dir: PathBuf,
     /// Announced host name.
@@ -222,8 +249,21 @@ pub struct OffloadWanted {
 }
 
 /// A secret string with a redacted Debug.
-#[derive(Clone)]
+#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
 pub struct Secret(pub String);
+
+impl From<String> for Secret {
+    fn from(s: String) -> Self {
+        Self(s)
+    }
+}
+
+impl From<&str> for Secret {
+    fn from(s: &str) -> Self {
+        Self(s.to_owned())
+    }
+}
 
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -249,7 +289,7 @@ impl NodeConfig {
         let secret = args.network_secret.clone().or(file.network_secret).ok_or_else(|| {
             UsageError("missing network secret: set WEFT_NETWORK_SECRET, pass --network-secret, or put network-secret in the config file".into())
         })?;
-        if secret.is_empty() {
+        if secret.0.is_empty() {
             return usage("invalid network secret: it is empty");
         }
         let dhcp_wanted = args.dhcp || file.dhcp.unwrap_or(false);
@@ -314,9 +354,17 @@ impl NodeConfig {
             return usage(format!("invalid --mtu {mtu}: expected 576 to 9000"));
         }
         let hostname = args.hostname.clone().or(file.hostname).unwrap_or_else(system_hostname);
+        if hostname.chars().any(char::is_control) {
+            return usage(format!("invalid --hostname {hostname:?}: control characters are not allowed"));
+        }
+        let admin_group =
+            args.admin_group.clone().or(file.admin_group).unwrap_or_else(|| crate::access::ADMIN_GROUP.into());
+        if admin_group.is_empty() || admin_group.contains([':', '\n']) {
+            return usage(format!("invalid --admin-group {admin_group:?}: expected a group name"));
+        }
         Ok(Self {
             network_name,
-            network_secret: Secret(secret),
+            network_secret: secret,
             ipv4,
             listeners,
             tls,
@@ -327,6 +375,7 @@ impl NodeConfig {
             dev_name,
             mtu,
             control: args.control.clone().or(file.control).unwrap_or_else(|| DEFAULT_CONTROL.into()),
+            admin_group,
             state_dir: args.state_dir.clone().or(file.state_dir).unwrap_or_else(|| "/var/lib/weft".into()),
             hostname,
             offload: {
@@ -442,6 +491,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("weft.toml");
         std::fs::write(&path, "network-name = \"lab\"\nnetwork-secret = \"x\"\nipv4 = \"10.1.1.1/16\"\nmtu = 1380\npeer = [\"udp://127.0.0.1:5\"]\n").unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
         let a = UpArgs { config: Some(path.clone()), mtu: Some(1400), ..UpArgs::default() };
         let c = NodeConfig::resolve(&a).unwrap();
         assert_eq!(c.network_name, "lab");
@@ -482,5 +532,45 @@ mod tests {
     fn secret_is_redacted() {
         let c = NodeConfig::resolve(&args()).unwrap();
         assert!(!format!("{c:?}").contains("s3cret"));
+        assert!(!format!("{:?}", args()).contains("s3cret"));
+        // The whole parsed command line, flag or environment.
+        use clap::Parser;
+        let cli = crate::args::Cli::try_parse_from(["weft", "up", "--network-secret", "s3cret-flag"]).unwrap();
+        assert!(!format!("{cli:?}").contains("s3cret-flag"), "{cli:?}");
+        // The parsed file.
+        let dir = std::env::temp_dir().join(format!("weft-cfg-dbg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("weft.toml");
+        std::fs::write(&path, "network-secret = \"s3cret-file\"\n").unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+        let f = FileConfig::load(&path).unwrap();
+        assert!(!format!("{f:?}").contains("s3cret-file"), "{f:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn config_with_secret_must_be_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("weft-cfg-mode-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("weft.toml");
+        std::fs::write(&path, "network-name = \"lab\"\nnetwork-secret = \"x\"\nipv4 = \"10.1.1.1/16\"\n").unwrap();
+        let a = UpArgs { config: Some(path.clone()), ..UpArgs::default() };
+        for mode in [0o644, 0o640, 0o604, 0o620, 0o602] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            let e = NodeConfig::resolve(&a).unwrap_err().to_string();
+            assert!(e.contains(&format!("chmod 600 {}", path.display())), "{mode:o}: {e}");
+            assert!(e.contains(&format!("{mode:03o}")), "{mode:o}: {e}");
+        }
+        for mode in [0o600, 0o400] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            assert!(NodeConfig::resolve(&a).is_ok(), "{mode:o}");
+        }
+        // Without a secret in it the file may be public.
+        std::fs::write(&path, "network-name = \"lab\"\nipv4 = \"10.1.1.1/16\"\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let a = UpArgs { network_secret: Some("y".into()), ..a };
+        assert!(NodeConfig::resolve(&a).is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

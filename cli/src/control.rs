@@ -27,6 +27,18 @@ pub enum Request {
     },
 }
 
+impl Request {
+    /// Whether the request changes the node (then it needs root or the admin group;
+    /// reading the status needs only access to the socket). New requests must be
+    /// listed here as changing unless they only read.
+    pub fn changes_node(&self) -> bool {
+        match self {
+            Self::Status => false,
+            Self::AddPeer { .. } | Self::RemovePeer { .. } => true,
+        }
+    }
+}
+
 /// A reply.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", tag = "result")]

@@ -11,19 +11,21 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod access;
 pub mod args;
 pub mod config;
 pub mod control;
 pub mod discovery;
 mod meta;
 pub mod node;
+pub mod secret;
 mod show;
 pub mod state;
 
 use anyhow::Result;
 use tracing_subscriber::EnvFilter;
 
-use crate::args::{Cli, Command, PeerCommand};
+use crate::args::{Cli, Command, PeerCommand, SecretCommand};
 use crate::config::{NodeConfig, UsageError};
 
 /// Runs a parsed command line.
@@ -45,6 +47,10 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Routes(q) => query(&q, show::routes),
         Command::Peer(PeerCommand::Add(a)) => change(&a.control, &control::Request::AddPeer { uri: a.peer }),
         Command::Peer(PeerCommand::Remove(a)) => change(&a.control, &control::Request::RemovePeer { peer: a.peer }),
+        Command::Secret(SecretCommand::Generate) => {
+            println!("{}", secret::generate()?);
+            Ok(())
+        }
         Command::Completions(a) => meta::completions(a.shell),
         Command::Man(a) => meta::man(a.command.as_deref()),
     }
@@ -55,7 +61,7 @@ fn query(q: &args::QueryArgs, table: fn(&control::StatusJson) -> String) -> Resu
     match control::request(&q.control, &control::Request::Status)? {
         control::Reply::Status(s) if q.json => println!("{}", serde_json::to_string_pretty(&s)?),
         control::Reply::Status(s) => print!("{}", table(&s)),
-        control::Reply::Error { message } => anyhow::bail!("node refused the request: {message}"),
+        control::Reply::Error { message } => anyhow::bail!("node refused the request: {}", show::printable(&message)),
         control::Reply::Done { .. } => anyhow::bail!("unexpected reply from the node"),
     }
     Ok(())
@@ -65,8 +71,9 @@ fn query(q: &args::QueryArgs, table: fn(&control::StatusJson) -> String) -> Resu
 /// caller's bad input (exit 2).
 fn change(path: &std::path::Path, req: &control::Request) -> Result<()> {
     match control::request(path, req)? {
-        control::Reply::Done { message } => println!("{message}"),
-        control::Reply::Error { message } => return Err(UsageError(message).into()),
+        // Messages may quote peer-supplied names: no raw control characters.
+        control::Reply::Done { message } => println!("{}", show::printable(&message)),
+        control::Reply::Error { message } => return Err(UsageError(show::printable(&message).into_owned()).into()),
         control::Reply::Status(_) => anyhow::bail!("unexpected reply from the node"),
     }
     Ok(())

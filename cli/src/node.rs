@@ -110,6 +110,7 @@ async fn ask(req: Request) -> Result<Ask, String> {
 
 /// Runs a node until SIGINT or SIGTERM.
 pub fn run(mut cfg: NodeConfig) -> Result<()> {
+    crate::secret::warn_if_weak(&cfg.network_secret.0);
     let key = state::load_or_create_key(&cfg.state_dir)?;
     if let Some(range) = cfg.dhcp {
         let id = NodeId::from_public(&key.public);
@@ -161,10 +162,20 @@ pub fn run(mut cfg: NodeConfig) -> Result<()> {
     let tls = if needs_tls { Some(state::load_or_create_tls(&cfg.state_dir, cfg.tls.as_ref())?) } else { None };
 
     if !cfg.proxy_networks.is_empty() {
-        // The kernel forwards between the TUN and the proxied LAN.
-        match std::fs::write("/proc/sys/net/ipv4/ip_forward", "1") {
-            Ok(()) => info!("IPv4 forwarding enabled for --proxy-network"),
-            Err(e) => warn!(error = %e, "cannot enable IPv4 forwarding; proxied subnets will not be reachable"),
+        // The kernel forwards between the TUN and the proxied LAN. Under systemd this
+        // file is the one tunable the unit leaves writable (ReadWritePaths=); an admin
+        // who enabled forwarding already (sysctl.d) needs no write at all.
+        const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
+        if std::fs::read_to_string(IP_FORWARD).is_ok_and(|v| v.trim() == "1") {
+            info!("IPv4 forwarding already on for --proxy-network");
+        } else {
+            match std::fs::write(IP_FORWARD, "1") {
+                Ok(()) => info!("IPv4 forwarding enabled for --proxy-network"),
+                Err(e) => warn!(
+                    error = %e,
+                    "cannot enable IPv4 forwarding ({IP_FORWARD}); proxied subnets will not be reachable (under systemd the unit needs ReadWritePaths={IP_FORWARD}, or set net.ipv4.ip_forward=1 in sysctl.d)"
+                ),
+            }
         }
     }
     let epoch = Instant::now();
@@ -205,6 +216,9 @@ pub fn run(mut cfg: NodeConfig) -> Result<()> {
             .context("cannot start the links thread")?;
     }
 
+    // Argon2id, once: the handshake PSK and the LAN beacon key both come from it.
+    let psk = Psk::derive(&cfg.network_name, &cfg.network_secret.0);
+    let beacon_key = crate::discovery::beacon_key(&psk.subkey(crate::discovery::KEY_LABEL));
     let engine = Node::new(
         Config {
             handshake: Params {
@@ -269,6 +283,8 @@ pub fn run(mut cfg: NodeConfig) -> Result<()> {
         links_stats,
         listeners: bound,
         udp_port: udp_bound.port(),
+        beacon_key,
+        beacon_drops: None,
     };
     let result = rt.block_on(runtime.serve(ctl_rx, hs_rx, sink, down_rx));
     // Pipeline threads block in TUN reads; the process exit ends them.
@@ -296,6 +312,10 @@ struct Runtime {
     listeners: Vec<Endpoint>,
     /// Port of the UDP sockets (announced in LAN beacons).
     udp_port: u16,
+    /// MAC key of LAN beacons (from the PSK).
+    beacon_key: ring::hmac::Key,
+    /// LAN beacons dropped, with `--lan-discovery`.
+    beacon_drops: Option<Arc<crate::discovery::Drops>>,
 }
 
 impl Runtime {
@@ -323,19 +343,27 @@ impl Runtime {
     ) -> Result<()> {
         let listener = bind_control(&self.cfg.control)?;
         let (req_tx, mut requests) = mpsc::channel::<StatusRequest>(16);
-        let accept = tokio::spawn(accept_loop(listener, req_tx));
+        let admins =
+            Admins { group: self.cfg.admin_group.clone(), gid: crate::access::group_id(&self.cfg.admin_group) };
+        if admins.gid.is_none() {
+            info!(group = %admins.group, "admin group not found in /etc/group: only root may change the node");
+        }
+        let accept = tokio::spawn(accept_loop(listener, req_tx, admins));
         let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         self.engine.handle_timeout(Instant::now());
         self.drain();
         let discovery = if self.cfg.lan_discovery {
             let ifs = local_ipv4s(self.cfg.ipv4.addr);
-            let beacon = Beacon {
-                network: Beacon::network_hash(&self.cfg.network_name),
-                node: self.engine.id().to_bytes(),
-                port: self.udp_port,
-            };
             info!(interfaces = ifs.len(), "LAN discovery on");
-            Some(Discovery::new(ifs, beacon)?)
+            let d = Discovery::new(
+                ifs,
+                Beacon::network_hash(&self.cfg.network_name),
+                self.engine.id().to_bytes(),
+                self.udp_port,
+                self.beacon_key.clone(),
+            )?;
+            self.beacon_drops = Some(d.drops.clone());
+            Some(d)
         } else {
             None
         };
@@ -450,6 +478,9 @@ impl Runtime {
         let now = Instant::now();
         let st: NodeStatus = self.engine.status(now);
         let mut drops = counters(&self.drops);
+        for (k, v) in self.beacon_drops.iter().flat_map(|d| d.nonzero()) {
+            drops.insert(k.to_owned(), v);
+        }
         for p in self.pipelines.iter().chain([&self.links_stats]) {
             for (k, v) in counters(&p.drops) {
                 *drops.entry(k).or_default() += v;
@@ -616,11 +647,49 @@ fn bind_control(path: &Path) -> Result<UnixListener> {
     Ok(l)
 }
 
-async fn accept_loop(listener: UnixListener, requests: mpsc::Sender<StatusRequest>) {
+/// Control connections served at once; more are closed at once.
+pub const MAX_CONTROL_CLIENTS: usize = 32;
+/// Further connections kept for root and the admin group, so that plain members
+/// holding every slot cannot lock the admins out.
+pub const ADMIN_CONTROL_RESERVE: usize = 4;
+/// Longest request line.
+const MAX_REQUEST: u64 = 64 * 1024;
+/// How long a client has to send its request, and to take the reply.
+const CONTROL_IO_LIMIT: Duration = Duration::from_secs(5);
+
+/// Who may change the node (see [`crate::access`]).
+#[derive(Clone)]
+struct Admins {
+    group: String,
+    gid: Option<u32>,
+}
+
+async fn accept_loop(listener: UnixListener, requests: mpsc::Sender<StatusRequest>, admins: Admins) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONTROL_CLIENTS));
+    let reserve = Arc::new(tokio::sync::Semaphore::new(ADMIN_CONTROL_RESERVE));
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
-                tokio::spawn(serve_client(stream, requests.clone()));
+                // A client cannot make the server wait: a full house closes the new
+                // connection at once, and each slot is free again within 5 s + 5 s.
+                // Root and the admin group may still use the reserve.
+                let slot = match slots.clone().try_acquire_owned() {
+                    Ok(s) => Ok(s),
+                    Err(_) if client_of(&stream).is_some_and(|c| c.may_change(admins.gid)) => {
+                        reserve.clone().try_acquire_owned()
+                    }
+                    Err(e) => Err(e),
+                };
+                let Ok(slot) = slot else {
+                    debug!("control socket: too many clients; closing a new connection");
+                    drop(stream);
+                    continue;
+                };
+                let (requests, admins) = (requests.clone(), admins.clone());
+                tokio::spawn(async move {
+                    serve_client(stream, requests, &admins).await;
+                    drop(slot);
+                });
             }
             Err(e) => {
                 error!(error = %e, "control socket accept failed");
@@ -630,13 +699,35 @@ async fn accept_loop(listener: UnixListener, requests: mpsc::Sender<StatusReques
     }
 }
 
-async fn serve_client(stream: UnixStream, requests: mpsc::Sender<StatusRequest>) {
+/// The credentials of the process at the other end of `stream` (SO_PEERCRED).
+fn client_of(stream: &UnixStream) -> Option<crate::access::Client> {
+    let cred = stream.peer_cred().ok()?;
+    let groups = cred.pid().map(|p| crate::access::process_groups(p, cred.uid(), cred.gid())).unwrap_or_default();
+    Some(crate::access::Client { uid: cred.uid(), gid: cred.gid(), groups })
+}
+
+async fn serve_client(stream: UnixStream, requests: mpsc::Sender<StatusRequest>, admins: &Admins) {
+    let client = client_of(&stream);
     let (r, mut w) = stream.into_split();
-    // One request line, at most 64 KiB: a client that never sends a newline is cut off.
-    let mut lines = BufReader::new(r.take(64 * 1024)).lines();
-    let read = tokio::time::timeout(Duration::from_secs(5), lines.next_line()).await;
+    // One request line, at most 64 KiB, within 5 s: a client that never sends a
+    // newline is cut off.
+    let mut lines = BufReader::new(r.take(MAX_REQUEST)).lines();
+    let read = tokio::time::timeout(CONTROL_IO_LIMIT, lines.next_line()).await;
     let reply = match read {
         Ok(Ok(Some(line))) => match serde_json::from_str::<Request>(&line) {
+            Ok(req) if req.changes_node() && !client.as_ref().is_some_and(|c| c.may_change(admins.gid)) => {
+                // At most one warning every 10 s: a local client must not flood the log.
+                static LAST_WARNING: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
+                let now = Instant::now();
+                let mut last = LAST_WARNING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                if last.is_none_or(|t| now.duration_since(t) >= Duration::from_secs(10)) {
+                    *last = Some(now);
+                    warn!(client = ?client, "control request refused: changing the node needs root or the admin group");
+                } else {
+                    debug!(client = ?client, "control request refused");
+                }
+                Reply::Error { message: crate::access::refusal(&admins.group) }
+            }
             Ok(req) => match ask(req).await {
                 Ok(a) => {
                     let (tx, rx) = oneshot::channel();
@@ -656,7 +747,8 @@ async fn serve_client(stream: UnixStream, requests: mpsc::Sender<StatusRequest>)
     };
     if let Ok(mut text) = serde_json::to_string(&reply) {
         text.push('\n');
-        let _ = w.write_all(text.as_bytes()).await;
+        // A client that does not read its reply loses it, and its slot.
+        let _ = tokio::time::timeout(CONTROL_IO_LIMIT, w.write_all(text.as_bytes())).await;
     }
 }
 

@@ -1,5 +1,6 @@
 //! Tables for people.
 
+use std::borrow::Cow;
 use std::fmt::Write;
 
 use crate::control::StatusJson;
@@ -54,7 +55,19 @@ pub(crate) fn status(s: &StatusJson) -> String {
     for r in &s.refused_handshakes {
         let _ = writeln!(o, "refused   {} x{} ({} ago): {}", r.from, r.count, human_secs(r.last_secs), r.reason);
     }
-    o
+    o.lines().map(|l| format!("{}\n", printable(l))).collect()
+}
+
+/// `s` with every control character (C0, DEL, C1: what a terminal may take for the
+/// start of an escape sequence or a cursor move) and every bidirectional override
+/// (which reorders what follows on the line) shown as a `\u{..}` escape. Host names
+/// and error texts come from peers; they must not reach a terminal raw.
+pub(crate) fn printable(s: &str) -> Cow<'_, str> {
+    let unsafe_char = |c: char| c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+    if !s.chars().any(unsafe_char) {
+        return Cow::Borrowed(s);
+    }
+    Cow::Owned(s.chars().map(|c| if unsafe_char(c) { c.escape_unicode().to_string() } else { c.to_string() }).collect())
 }
 
 /// Renders `weft peers`.
@@ -131,6 +144,8 @@ pub(crate) fn routes(s: &StatusJson) -> String {
 }
 
 fn table<const N: usize>(o: &mut String, head: [&str; N], rows: &[[String; N]]) {
+    let rows: Vec<[String; N]> = rows.iter().map(|r| r.clone().map(|c| printable(&c).into_owned())).collect();
+    let rows = rows.as_slice();
     let mut w: [usize; N] = head.map(str::len);
     for r in rows {
         for (i, c) in r.iter().enumerate() {
@@ -180,5 +195,47 @@ mod tests {
         assert_eq!(human_bytes(2048), "2.0 KiB");
         assert_eq!(human_secs(61), "1m01s");
         assert_eq!(human_secs(7300), "2h01m");
+    }
+
+    #[test]
+    fn peer_strings_cannot_drive_the_terminal() {
+        assert_eq!(printable("node-α 1"), "node-α 1");
+        assert_eq!(printable("evil\x1b[2J\x1b]0;pwned\x07"), "evil\\u{1b}[2J\\u{1b}]0;pwned\\u{7}");
+        assert_eq!(printable("a\u{9b}31mb\x7f\r\n"), "a\\u{9b}31mb\\u{7f}\\u{d}\\u{a}");
+        assert_eq!(printable("gpj.\u{202e}exe"), "gpj.\\u{202e}exe");
+
+        // Whole tables: a host name with an ANSI escape arrives escaped in every view.
+        let evil = "h\x1b[31mred\x1b[0m";
+        let mut s: StatusJson = serde_json::from_value(serde_json::json!({
+            "node_id": "00", "network_name": "n", "hostname": evil, "overlay": "10.0.0.1/24",
+            "cipher": "aes-128-gcm", "listeners": [], "dev_name": "weft0",
+            "offloads": {"tun": false, "tun_gro": false, "udp_gso": false, "udp_gro": false},
+            "pipelines": [], "threads": 1, "uptime_secs": 1, "drops": {}, "peers": [], "routes": [],
+            "address_conflicts": [format!("11 ({evil}) also claims 10.0.0.1")], "proxy_networks": [],
+            "pending_peers": [{"endpoint": "udp://1.2.3.4:5", "attempts": 1, "error": evil}],
+            "refused_handshakes": [{"from": "udp://1.2.3.4:5", "reason": evil, "count": 1, "last_secs": 1}],
+        }))
+        .unwrap();
+        s.peers.push(
+            serde_json::from_value(serde_json::json!({
+                "node_id": "11", "hostname": evil, "overlay": "10.0.0.2", "endpoint": null, "path": "relay",
+                "via": "22", "via_hostname": evil, "hops": 2, "transport": "udp", "rtt_ms": null, "loss": null,
+                "state": "established", "last_handshake_secs": null, "rx_bytes": 0, "rx_packets": 0,
+                "tx_bytes": 0, "tx_packets": 0, "drops": {}, "error": evil,
+            }))
+            .unwrap(),
+        );
+        s.routes.push(
+            serde_json::from_value(serde_json::json!({
+                "node_id": "11", "hostname": evil, "overlay": "10.0.0.2", "next_hop": "22",
+                "next_hop_hostname": evil, "hops": 2, "latency_ms": 1, "session": true, "proxied": [],
+            }))
+            .unwrap(),
+        );
+        for out in [status(&s), peers(&s), routes(&s)] {
+            assert!(!out.contains('\x1b'), "{out}");
+            assert!(out.contains("h\\u{1b}[31mred"), "{out}");
+            assert!(out.chars().all(|c| c == '\n' || !c.is_control()), "{out}");
+        }
     }
 }

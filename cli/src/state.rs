@@ -1,15 +1,17 @@
 //! The state directory: the node's static key, created on first start (mode 0600),
-//! and the self-signed TLS certificate of wss:// and quic:// listeners.
+//! and the self-signed TLS certificate of wss:// and quic:// listeners. Every start
+//! checks that the private keys are still private (no group or other access) and
+//! refuses them otherwise, naming the `chmod` that fixes it.
 
 use std::fs::{self, OpenOptions};
 use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use tracing::{info, warn};
+use tracing::info;
 use weft_core::handshake::StaticKey;
 use weft_core::transport::conn::TlsIdentity;
 
@@ -47,6 +49,7 @@ pub fn load_or_create_tls(dir: &Path, given: Option<&(std::path::PathBuf, std::p
     if chain.is_empty() {
         return Err(bad("certificate", &cert, &"no CERTIFICATE block in the file").into());
     }
+    crate::config::check_private(&key, "TLS key", "")?;
     let key = PrivateKeyDer::from_pem_file(&key).map_err(|e| bad("key", &key, &e))?;
     Ok(TlsIdentity { chain, key })
 }
@@ -70,11 +73,9 @@ pub fn load_or_create_key(dir: &Path) -> Result<StaticKey> {
     let path = dir.join(KEY_FILE);
     match fs::read_to_string(&path) {
         Ok(text) => {
-            let mode = fs::metadata(&path)?.permissions().mode();
-            if mode & 0o077 != 0 {
-                warn!(path = %path.display(), mode = format!("{:o}", mode & 0o777), "node key is readable by others; fixing to 0600");
-                fs::set_permissions(&path, fs::Permissions::from_mode(0o600))?;
-            }
+            // A key others could read may be known to them: say so rather than quietly
+            // tightening the mode.
+            crate::config::check_private(&path, "node key", "")?;
             parse_key(&text)
                 .with_context(|| format!("corrupt node key {} (delete it to make a new identity)", path.display()))
         }
@@ -116,6 +117,8 @@ fn unhex(s: &str) -> Result<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
     use super::*;
 
     #[test]
@@ -141,6 +144,37 @@ mod tests {
         fs::write(&junk, "not a certificate").unwrap();
         let e = load_or_create_tls(&dir, Some(&(junk.clone(), junk))).unwrap_err().to_string();
         assert!(e.contains("junk.pem"), "{e}");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn keys_open_to_others_are_refused_on_every_start() {
+        let dir = std::env::temp_dir().join(format!("weft-state-mode-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        load_or_create_key(&dir).unwrap();
+        load_or_create_tls(&dir, None).unwrap();
+        let node_key = dir.join(KEY_FILE);
+        let tls_key = dir.join(TLS_KEY_FILE);
+        for mode in [0o644, 0o640, 0o604] {
+            fs::set_permissions(&node_key, fs::Permissions::from_mode(mode)).unwrap();
+            let e = load_or_create_key(&dir).unwrap_err();
+            assert!(e.downcast_ref::<UsageError>().is_some(), "{e}");
+            assert!(e.to_string().contains(&format!("chmod 600 {}", node_key.display())), "{e}");
+            // Refusing is all it does: the mode stays as it was.
+            assert_eq!(fs::metadata(&node_key).unwrap().permissions().mode() & 0o777, mode);
+
+            fs::set_permissions(&tls_key, fs::Permissions::from_mode(mode)).unwrap();
+            let e = load_or_create_tls(&dir, None).unwrap_err().to_string();
+            assert!(e.contains(&format!("chmod 600 {}", tls_key.display())), "{e}");
+            // A given --tls-key is checked the same way.
+            let given = (dir.join(TLS_CERT_FILE), tls_key.clone());
+            let e = load_or_create_tls(&dir, Some(&given)).unwrap_err().to_string();
+            assert!(e.contains(&format!("chmod 600 {}", tls_key.display())), "{e}");
+        }
+        fs::set_permissions(&node_key, fs::Permissions::from_mode(0o600)).unwrap();
+        fs::set_permissions(&tls_key, fs::Permissions::from_mode(0o400)).unwrap();
+        load_or_create_key(&dir).unwrap();
+        load_or_create_tls(&dir, None).unwrap();
         fs::remove_dir_all(&dir).unwrap();
     }
 }

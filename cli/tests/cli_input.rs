@@ -55,6 +55,10 @@ fn config_file_errors_exit_2() {
         .unwrap();
     assert_fails(&weft(&["up", "--config", cfg.to_str().unwrap()]), 2, "listen-port");
     std::fs::write(&cfg, "network-name = \"t\"\nnetwork-secret = \"s\"\nipv4 = \"nope\"\n").unwrap();
+    // A file holding the secret that others can read is refused first, with the fix.
+    let fix = format!("chmod 600 {}", cfg.display());
+    assert_fails(&weft(&["up", "--config", cfg.to_str().unwrap()]), 2, &fix);
+    std::fs::set_permissions(&cfg, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     assert_fails(&weft(&["up", "--config", cfg.to_str().unwrap()]), 2, "nope");
     assert_fails(&weft(&["up", "--config", "/nonexistent/weft.toml"]), 2, "/nonexistent/weft.toml");
 }

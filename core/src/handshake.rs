@@ -175,7 +175,10 @@ impl Hello {
         }
         let n = b[7] as usize;
         let name = b.get(8..8 + n).ok_or(HandshakeError::BadPayload)?;
-        let hostname = std::str::from_utf8(name).map_err(|_| HandshakeError::BadPayload)?.to_owned();
+        let hostname = std::str::from_utf8(name).map_err(|_| HandshakeError::BadPayload)?;
+        // A peer's name reaches logs and terminals: no control characters (escape
+        // sequences, cursor moves). Each becomes '?', which never makes it longer.
+        let hostname = hostname.chars().map(|c| if c.is_control() { '?' } else { c }).collect();
         Ok(Self { cipher, ipv4, prefix, hostname })
     }
 }
@@ -505,6 +508,21 @@ mod tests {
         let mut b = Vec::new();
         long.emit(&mut b);
         assert!(Hello::parse(&b).unwrap().hostname.len() <= 255);
+    }
+
+    #[test]
+    fn hello_host_name_control_characters_are_replaced() {
+        let h = Hello {
+            cipher: Cipher::Aes128Gcm,
+            ipv4: [10, 1, 2, 3].into(),
+            prefix: 24,
+            hostname: "ev\x1b[31mil\u{9b}2J\x7f\r\n-α".into(),
+        };
+        let mut b = Vec::new();
+        h.emit(&mut b);
+        let got = Hello::parse(&b).unwrap();
+        assert_eq!(got.hostname, "ev?[31mil?2J???-α");
+        assert!(got.hostname.len() <= h.hostname.len());
     }
 
     #[test]

@@ -1,6 +1,8 @@
-# %post for weft: create the weft group (members may use the control socket),
-# reload systemd, and leave the service alone until the admin has set a secret.
+# %post for weft: create the weft group (members may read the node's status through
+# the control socket) and weft-admin (members may also change the node), reload
+# systemd, and leave the service alone until the admin has set a secret.
 getent group weft >/dev/null || groupadd -r weft
+getent group weft-admin >/dev/null || groupadd -r weft-admin
 if [ -d /run/systemd/system ]; then
     systemctl daemon-reload >/dev/null 2>&1 || :
 fi

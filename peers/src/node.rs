@@ -297,11 +297,19 @@ pub(crate) struct Dial {
     driver: Driver,
     /// Found by a LAN beacon rather than configured: not retried forever.
     discovered: bool,
+    /// When a beacon last announced it (discovered dials only).
+    announced: Option<Instant>,
 }
 
 /// A discovered endpoint that failed this many handshakes in a row waits for its
 /// next beacon.
 const DISCOVERED_ATTEMPTS: u32 = 5;
+/// Discovered endpoints dialled at most at once; beacons of further endpoints are
+/// ignored until some expire (beacons are authenticated, but a member on the LAN must
+/// not be able to grow the dial table without bound).
+pub const MAX_DISCOVERED: usize = 64;
+/// A discovered endpoint that no beacon announced for this long is forgotten.
+pub const DISCOVERED_EXPIRY: Duration = Duration::from_secs(300);
 
 /// The session engine.
 pub struct Node {
@@ -355,7 +363,13 @@ impl Node {
         let dials: BTreeMap<usize, Dial> = cfg
             .dial
             .iter()
-            .map(|&endpoint| Dial { endpoint, key: None, driver: Driver::default(), discovered: false })
+            .map(|&endpoint| Dial {
+                endpoint,
+                key: None,
+                driver: Driver::default(),
+                discovered: false,
+                announced: None,
+            })
             .enumerate()
             .collect();
         Self {
@@ -423,7 +437,7 @@ impl Node {
             Input::Confirmed { local_index } => self.handle_confirmed(now, local_index),
             Input::Message { local_index, bytes } => self.handle_message(now, local_index, bytes),
             Input::Direct { local_index, from } => self.handle_direct(now, local_index, from),
-            Input::Discovered { endpoint } => self.handle_discovered(endpoint),
+            Input::Discovered { endpoint } => self.handle_discovered(now, endpoint),
             Input::LinkDown { endpoint, error } => self.handle_link_down(now, endpoint, error),
         }
         self.finish_step();
@@ -491,7 +505,7 @@ impl Node {
             d.discovered = false;
             d.driver = Driver::default();
         } else {
-            self.push_dial(Dial { endpoint, key: None, driver: Driver::default(), discovered: false });
+            self.push_dial(Dial { endpoint, key: None, driver: Driver::default(), discovered: false, announced: None });
         }
         info!(%endpoint, "peer added");
         self.drive_dials(now);
@@ -786,18 +800,26 @@ impl Node {
         }
     }
 
-    fn handle_discovered(&mut self, endpoint: Endpoint) {
+    fn handle_discovered(&mut self, now: Instant, endpoint: Endpoint) {
         if let Some(d) = self.dials.values_mut().find(|d| d.endpoint == endpoint) {
-            // A dormant discovered endpoint announced itself again: try it again.
-            if d.discovered && d.driver.failures >= DISCOVERED_ATTEMPTS {
-                d.driver = Driver::default();
+            if d.discovered {
+                d.announced = Some(now);
+                // A dormant discovered endpoint announced itself again: try it again.
+                if d.driver.failures >= DISCOVERED_ATTEMPTS {
+                    d.driver = Driver::default();
+                }
             }
             return;
         }
-        if !self.peers.values().any(|p| p.endpoint == Some(endpoint) && p.direct) {
-            info!(%endpoint, "member found on the LAN");
-            self.push_dial(Dial { endpoint, key: None, driver: Driver::default(), discovered: true });
+        if self.peers.values().any(|p| p.endpoint == Some(endpoint) && p.direct) {
+            return;
         }
+        if self.dials.values().filter(|d| d.discovered).count() >= MAX_DISCOVERED {
+            debug!(%endpoint, "LAN beacon ignored: {MAX_DISCOVERED} discovered endpoints already");
+            return;
+        }
+        info!(%endpoint, "member found on the LAN");
+        self.push_dial(Dial { endpoint, key: None, driver: Driver::default(), discovered: true, announced: Some(now) });
     }
 
     fn handle_confirmed(&mut self, now: Instant, local_index: u32) {
@@ -1093,6 +1115,14 @@ impl Node {
     }
 
     fn drive_dials(&mut self, now: Instant) {
+        // Discovered endpoints that stopped announcing themselves are forgotten.
+        self.dials.retain(|_, d| {
+            let stale = d.announced.is_some_and(|a| now.saturating_duration_since(a) >= DISCOVERED_EXPIRY);
+            if stale {
+                debug!(endpoint = %d.endpoint, "discovered endpoint expired");
+            }
+            !(d.discovered && stale)
+        });
         let slots: Vec<usize> = self.dials.keys().copied().collect();
         for i in slots {
             let Some(d) = self.dials.get(&i) else { continue };
