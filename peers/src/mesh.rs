@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use weft_core::transport::{Endpoint, Proto};
 
 use rand::RngCore;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 use weft_core::handshake::Hello;
 use weft_core::route::{Route, RouteSnapshot};
 use weft_core::wire::{DATA_HEADER_LEN, FLAG_CONTROL};
@@ -148,13 +148,26 @@ impl Node {
 
     fn handle_record(&mut self, now: Instant, from_key: [u8; 32], rec: Record) {
         let node = rec.node();
+        let network = &self.cfg.handshake.network_name;
         if node == self.id {
             // Our own record came back: never older than what we publish, unless we
-            // restarted; jump past it so ours wins.
-            if rec.seq >= self.seq {
+            // restarted; jump past it so ours wins. Only a record we signed ourselves
+            // (in an earlier run) counts: nobody else can make us skip numbers, and
+            // parsing caps the sequence far below u64::MAX.
+            if rec.seq >= self.seq && rec.verify(network) {
                 self.seq = rec.seq + 1;
                 self.record_dirty = true;
             }
+            return;
+        }
+        // Only what would change our table is worth a signature check.
+        if !self.topology.is_newer(&rec) {
+            return;
+        }
+        if !rec.verify(network) {
+            // A member altered or forged someone's record: drop it, never forward it.
+            self.rejected_records += 1;
+            warn!(from = %NodeId::from_public(&from_key), origin = %node, seq = rec.seq, "dropped a topology record whose signature is not its origin's");
             return;
         }
         let overlay = rec.overlay;
@@ -299,6 +312,7 @@ impl Node {
         }
     }
 
+    /// Our record, signed.
     fn own_record(&self, now: Instant) -> Record {
         let hello = &self.cfg.handshake.hello;
         let mut neighbours: Vec<Neighbour> = self
@@ -315,8 +329,10 @@ impl Node {
             })
             .collect();
         neighbours.sort_by_key(|n| n.node);
-        Record {
+        let mut rec = Record {
             key: self.cfg.handshake.local.public,
+            signer: self.cfg.handshake.local.signing_public,
+            sig: [0; 64],
             seq: self.seq,
             hostname: hello.hostname.clone(),
             overlay: hello.ipv4,
@@ -324,7 +340,9 @@ impl Node {
             neighbours,
             proxied: self.cfg.proxied.clone(),
             dynamic: self.cfg.dynamic.is_some(),
-        }
+        };
+        rec.sign(&self.cfg.handshake.local, &self.cfg.handshake.network_name);
+        rec
     }
 
     /// Sends every record we know to a new neighbour.

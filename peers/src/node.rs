@@ -282,6 +282,8 @@ pub struct Node {
     pub(crate) next_publish: Option<Instant>,
     pub(crate) paths_dirty: bool,
     installed_subnets: Vec<(Ipv4Addr, u8)>,
+    /// Topology records dropped because their signature was not their origin's.
+    pub(crate) rejected_records: u64,
 }
 
 impl Node {
@@ -316,6 +318,7 @@ impl Node {
             next_publish: None,
             paths_dirty: false,
             installed_subnets: Vec::new(),
+            rejected_records: 0,
         }
     }
 
@@ -379,7 +382,13 @@ impl Node {
             peers,
             dials,
             inbound_failures: self.inbound_failures.iter().cloned().collect(),
+            rejected_records: self.rejected_records,
         }
+    }
+
+    /// The topology records this node holds (every member's signed self-description).
+    pub fn topology(&self) -> &Topology {
+        &self.topology
     }
 
     /// Replaces the endpoints announced in our record (once the listeners are bound).

@@ -137,4 +137,7 @@ pub struct NodeStatus {
     pub dials: Vec<DialStatus>,
     /// Refused inbound handshakes.
     pub inbound_failures: Vec<InboundFailure>,
+    /// Topology records dropped because they were not signed by their origin
+    /// (forged or altered by a member).
+    pub rejected_records: u64,
 }

@@ -25,9 +25,10 @@ use rand_chacha::ChaCha8Rng;
 use weft_core::crypto::Cipher;
 use weft_core::handshake::{Initiator, Params, StaticKey};
 use weft_core::session::Session;
-use weft_core::wire::{DATA_HEADER_LEN, DataHeader, MessageType};
+use weft_core::wire::{DATA_HEADER_LEN, DataHeader, FLAG_CONTROL, MessageType};
 use weft_peers::node::TICK;
 use weft_peers::status::{PathStatus, PeerState, PeerStatus};
+use weft_peers::topology::{MAX_SEQ, Record};
 use weft_peers::{Node, NodeId, PeerRef, Timers};
 
 const NET: &str = "pairnet";
@@ -353,6 +354,30 @@ impl Sim {
             [] => Err("not delivered"),
             _ => Err("wrong packets delivered"),
         }
+    }
+
+    /// Member `from` sends `to` a control message of its own making (what a
+    /// compromised member could send): sealed on its real session with `to`.
+    fn send_control(&mut self, from: usize, to: usize, msg: &[u8]) {
+        let session = self.route(from, to).expect("a session to send the message on");
+        let mut buf = vec![0u8; DATA_HEADER_LEN + msg.len() + 16];
+        buf[DATA_HEADER_LEN..DATA_HEADER_LEN + msg.len()].copy_from_slice(msg);
+        let n = session.seal_with_flags(&mut buf, msg.len(), FLAG_CONTROL).expect("seal");
+        buf.truncate(n);
+        let src = self.slots[from].host.addr;
+        self.inject_raw(to, src, &buf);
+    }
+
+    /// Member `from` sends `to` a topology record.
+    fn send_record(&mut self, from: usize, to: usize, rec: &Record) {
+        let mut msg = vec![1u8]; // Msg::Record
+        rec.emit(&mut msg);
+        self.send_control(from, to, &msg);
+    }
+
+    /// The record `i` holds about `j`.
+    fn record(&self, i: usize, j: usize) -> Option<Record> {
+        self.node(i).topology().get(&self.id(j)).cloned()
     }
 
     /// Handshake init datagrams sent by `from` from log position `since` on.
@@ -1009,4 +1034,75 @@ fn blocked_udp_moves_the_session_to_tcp_and_back() {
     sim.run(Duration::from_secs(30));
     assert_eq!(sim.path_proto(A, B), Some(Proto::Udp));
     assert_eq!(sim.path_proto(B, A), Some(Proto::Udp));
+}
+
+// ----- members: a compromised member cannot take what is not theirs -----
+
+/// A, B, C all connected; B is the compromised member.
+fn three_members() -> Sim {
+    let timers = Timers::default();
+    let mut sim = Sim::new(vec![
+        (params(A, Cipher::Aes128Gcm, SECRET), vec![B, C], timers),
+        (params(B, Cipher::Aes128Gcm, SECRET), vec![C], timers),
+        (params(C, Cipher::Aes128Gcm, SECRET), vec![], timers),
+    ]);
+    let all = |s: &Sim| (0..3).all(|i| (0..3).all(|j| i == j || (s.established(i, j) && s.record(i, j).is_some())));
+    assert!(sim.run_until(Duration::from_secs(2), all).is_some(), "mesh did not come up");
+    sim
+}
+
+#[test]
+fn forged_records_are_dropped_counted_and_never_forwarded() {
+    let mut sim = three_members();
+    let genuine = sim.record(B, A).expect("B holds A's record");
+    assert_eq!(sim.node(C).status(sim.now).rejected_records, 0);
+    let mut forgeries = Vec::new();
+    // A's record, newer, claiming endpoints and a subnet that are B's to capture.
+    let mut f = genuine.clone();
+    f.seq += 1;
+    f.endpoints = vec![Endpoint::udp(SocketAddr::from(([203, 0, 113, 66], 11010)))];
+    f.proxied = vec![(Ipv4Addr::new(192, 168, 50, 0), 24)];
+    forgeries.push(f.clone());
+    // The same, signed by B's own key but carrying A's X25519 key (and so A's id).
+    let b_key = sim.slots[B].params.local.clone();
+    f.signer = b_key.signing_public;
+    f.sig = b_key.sign(&f.signed_message(NET));
+    forgeries.push(f.clone());
+    // The highest sequence number a record may carry: if it stuck, A could never
+    // publish a newer one.
+    let mut f = genuine.clone();
+    f.seq = MAX_SEQ;
+    forgeries.push(f);
+    for f in &forgeries {
+        sim.send_record(B, C, f);
+        // To A about itself: it must not jump its own numbering for a forgery.
+        sim.send_record(B, A, f);
+    }
+    let seen = sim.record(C, A).expect("C still holds A's record");
+    assert_eq!(seen, genuine, "C took a forged record of A");
+    assert_eq!(sim.node(C).status(sim.now).rejected_records, forgeries.len() as u64);
+    assert!(sim.node(C).status(sim.now).routes.iter().all(|r| r.proxied.is_empty()));
+    // u64::MAX does not even parse (above MAX_SEQ): dropped before any state.
+    let mut f = genuine.clone();
+    f.seq = u64::MAX;
+    sim.send_record(B, C, &f);
+    sim.send_record(B, A, &f);
+    assert_eq!(sim.record(C, A), Some(genuine.clone()));
+    // A keeps publishing and C keeps taking A's genuine records.
+    sim.slots[A].host.admin(
+        |n| n.set_endpoints(vec![addr(A), Endpoint::udp(SocketAddr::from(([192, 0, 2, 1], 11011)))]),
+        &mut Vec::new(),
+    );
+    sim.run(Duration::from_secs(1));
+    let newer = sim.record(C, A).expect("C holds A's record");
+    assert!(newer.seq > genuine.seq && newer.seq < MAX_SEQ, "A's numbering was pinned: {}", newer.seq);
+    assert_eq!(newer.endpoints.len(), 2);
+    assert!(newer.verify(NET));
+    // Nothing forged went anywhere: no node's view of A carries B's claims.
+    for i in [B, C] {
+        let r = sim.record(i, A).expect("record");
+        assert!(r.proxied.is_empty() && !r.endpoints.iter().any(|e| e.addr.ip() == Ipv4Addr::new(203, 0, 113, 66)));
+    }
+    assert_eq!(sim.send_data(C, A), Ok(84));
+    assert_eq!(sim.send_data(A, C), Ok(84));
 }

@@ -27,8 +27,6 @@ use weft_core::transport::Endpoint;
 
 use arc_swap::ArcSwap;
 use rand::RngCore;
-use snow::params::DHChoice;
-use snow::resolvers::{CryptoResolver, DefaultResolver};
 use tun_rs::{GROTable, VIRTIO_NET_HDR_LEN};
 use weft_core::crypto::Cipher;
 use weft_core::handshake::{Hello, Params, Psk, StaticKey};
@@ -358,18 +356,16 @@ pub fn config(handshake: Params, dial: Vec<Endpoint>, epoch: Instant, timers: Ti
 
 /// A static key drawn from `rng` (deterministic, unlike `StaticKey::generate`).
 pub fn static_key(rng: &mut impl RngCore) -> StaticKey {
-    let mut private = [0u8; 32];
-    rng.fill_bytes(&mut private);
-    let mut dh = DefaultResolver.resolve_dh(&DHChoice::Curve25519).expect("x25519");
-    dh.set(&private);
-    StaticKey::from_parts(dh.privkey(), dh.pubkey()).expect("32-byte halves")
+    let mut seed = [0u8; 32];
+    rng.fill_bytes(&mut seed);
+    StaticKey::from_seed(seed)
 }
 
 /// The PSK of a network, derived once per (name, secret) for the whole test binary:
 /// Argon2id costs tens of milliseconds by design, and simulations build hundreds of
 /// nodes.
 pub fn psk(net: &str, secret: &str) -> Psk {
-    static CACHE: std::sync::Mutex<Vec<(String, String, Psk)>> = std::sync::Mutex::new(Vec::new());
+    static CACHE: Mutex<Vec<(String, String, Psk)>> = Mutex::new(Vec::new());
     let mut cache = CACHE.lock().expect("psk cache");
     if let Some((_, _, p)) = cache.iter().find(|(n, s, _)| n == net && s == secret) {
         return p.clone();
