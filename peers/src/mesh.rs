@@ -179,7 +179,12 @@ impl Node {
         // A member we have not met: it exists for routing and status from now on
         // (unless it claims our own address: that is a conflict, or a former identity
         // of this very node, and shows in status as such).
-        if !self.peers.contains_key(&key) && overlay != self.cfg.handshake.hello.ipv4 {
+        // Nor when another member already holds the address: the first holder keeps it.
+        let taken = self.address_owner(overlay, node, |_| false);
+        if let Some(owner) = taken {
+            debug!(peer = %node, %overlay, %owner, "member's record claims another member's address");
+        }
+        if !self.peers.contains_key(&key) && overlay != self.cfg.handshake.hello.ipv4 && taken.is_none() {
             let ours = &self.cfg.handshake.hello;
             let hello = Hello { cipher: ours.cipher, ipv4: overlay, prefix: ours.prefix, hostname };
             self.peers.insert(key, Peer::new(key, hello, None, now, Arc::default()));
@@ -549,13 +554,9 @@ impl Node {
             self.peers.values().filter(|p| p.direct && !p.sessions.is_empty()).filter_map(|p| p.endpoint).collect();
         let by_overlay: BTreeMap<std::net::Ipv4Addr, Route> = routes.iter().cloned().collect();
         let subnets: Vec<(std::net::Ipv4Addr, u8, Route)> = self
-            .topology
-            .records()
-            .filter(|r| r.node() != self.id)
-            .flat_map(|r| {
-                let route = by_overlay.get(&r.overlay).cloned();
-                r.proxied.iter().filter(|(_, p)| *p > 0).filter_map(move |(a, p)| Some((*a, *p, route.clone()?)))
-            })
+            .accepted_subnets()
+            .into_iter()
+            .filter_map(|(r, a, p)| Some((a, p, by_overlay.get(&r.overlay)?.clone())))
             .collect();
         RouteSnapshot::with_relays(self.id.to_bytes(), routes, receiving, next_hops, neighbours).with_subnets(subnets)
     }
@@ -564,13 +565,10 @@ impl Node {
     /// into the TUN.
     pub(crate) fn proxied_routes(&self) -> Vec<(std::net::Ipv4Addr, u8)> {
         let mut v: Vec<(std::net::Ipv4Addr, u8)> = self
-            .topology
-            .records()
-            .filter(|r| r.node() != self.id && self.paths.contains_key(&r.node()))
-            .flat_map(|r| r.proxied.iter().copied())
-            // A /0 from a misconfigured member would capture every member's traffic,
-            // the underlay to the peers included.
-            .filter(|(_, p)| *p > 0)
+            .accepted_subnets()
+            .into_iter()
+            .filter(|(r, _, _)| self.paths.contains_key(&r.node()))
+            .map(|(_, a, p)| (a, p))
             .collect();
         v.sort();
         v.dedup();
@@ -622,6 +620,39 @@ impl Node {
         for k in keys {
             self.rehandshake(now, k);
         }
+    }
+
+    /// Whether `r`'s node is the member we route its overlay address to (a record
+    /// claiming an address another member holds gets nothing routed).
+    fn owns_address(&self, r: &Record) -> bool {
+        self.peers.get(&r.key).is_some_and(|p| p.hello.ipv4 == r.overlay)
+            && self.address_owner(r.overlay, r.node(), |_| false).is_none()
+    }
+
+    /// Subnets other members proxy that we accept, with the record announcing each.
+    fn accepted_subnets(&self) -> Vec<(&Record, std::net::Ipv4Addr, u8)> {
+        self.topology
+            .records()
+            .filter(|r| !r.proxied.is_empty() && r.node() != self.id && self.owns_address(r))
+            .flat_map(|r| r.proxied.iter().filter(|(_, p)| *p > 0).map(move |(a, p)| (r, *a, *p)))
+            .collect()
+    }
+
+    /// Claims in other members' records that we refuse, each with the reason (for
+    /// status): an overlay address another member holds.
+    pub(crate) fn refused_claims(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        for r in self.topology.records().filter(|r| r.node() != self.id) {
+            if let Some(owner) = self.address_owner(r.overlay, r.node(), |_| false) {
+                v.push(format!(
+                    "member {} ({}) claims overlay address {}, which belongs to member {owner}: refused",
+                    r.node(),
+                    r.hostname,
+                    r.overlay
+                ));
+            }
+        }
+        v
     }
 
     /// Members whose record claims our overlay address.

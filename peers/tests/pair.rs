@@ -1106,3 +1106,57 @@ fn forged_records_are_dropped_counted_and_never_forwarded() {
     assert_eq!(sim.send_data(C, A), Ok(84));
     assert_eq!(sim.send_data(A, C), Ok(84));
 }
+
+#[test]
+fn a_second_member_claiming_an_address_is_refused_everywhere_and_says_why() {
+    // C claims A's overlay address; with one key it sorts below A's, with the other
+    // above: no "lower key wins", the first holder keeps it.
+    let timers = Timers::default();
+    let a_id = NodeId::from_public(&params(A, Cipher::Aes128Gcm, SECRET).local.public);
+    let mut orders = HashSet::new();
+    for seed in 0..8u64 {
+        let key = static_key(&mut ChaCha8Rng::seed_from_u64(0xc1a1_0000 + seed));
+        let below = NodeId::from_public(&key.public) < a_id;
+        if !orders.insert(below) {
+            continue;
+        }
+        let mut sim = Sim::new(vec![
+            (params(A, Cipher::Aes128Gcm, SECRET), vec![B], timers),
+            (params(B, Cipher::Aes128Gcm, SECRET), vec![], timers),
+        ]);
+        assert!(sim.run_until(Duration::from_secs(1), |s| s.established(A, B) && s.established(B, A)).is_some());
+        sim.run(Duration::from_secs(1));
+        // The claimer joins: it dials both, and B dials it too (both roles refuse).
+        let claimer = harness::params(key, NET, SECRET, Cipher::Aes128Gcm, overlay(A), "claimer".into());
+        sim.slots.push(Slot {
+            params: claimer,
+            dial: vec![A, B],
+            timers,
+            seed: 0xc1a1,
+            host: Host::new(addr(C), sim.epoch),
+        });
+        sim.boot(C);
+        sim.slots[B].host.admin(|n| n.add_peer(sim.now, addr(C)), &mut Vec::new()).expect("add peer");
+        sim.run(Duration::from_secs(10));
+        let c_id = sim.id(C);
+        for i in [A, B] {
+            assert!(sim.peer_status(i, C).is_none(), "node {i} lists the claimer (below: {below})");
+            assert_eq!(sim.routed(i), vec![overlay(1 - i)], "node {i} routes (below: {below})");
+            let why = sim.reasons(i);
+            assert!(
+                why.iter().any(|r| r.contains("address conflict") && r.contains(&c_id.to_string())),
+                "node {i}: {why:?}"
+            );
+        }
+        let at_b = sim.reasons(B).join("\n");
+        assert!(at_b.contains(&format!("belongs to member {a_id}")), "{at_b}");
+        let at_c = sim.reasons(C).join("\n");
+        assert!(at_c.contains("already belongs to another member"), "claimer not told why: {at_c}");
+        assert!(sim.routed(C).is_empty(), "the claimer got a route: {:?}", sim.routed(C));
+        // The owner keeps its traffic.
+        assert_eq!(sim.send_data(B, A), Ok(84));
+        assert_eq!(sim.send_data(A, B), Ok(84));
+        assert!(sim.established(A, B) && sim.established(B, A));
+    }
+    assert_eq!(orders.len(), 2, "keys on both sides of A's");
+}
