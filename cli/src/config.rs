@@ -56,6 +56,7 @@ pub struct FileConfig {
     no_udp_gro: Option<bool>,
     pin: Option<bool>,
     latency_first: Option<bool>,
+    accept_wide_subnets: Option<bool>,
     lan_discovery: Option<bool>,
     dhcp: Option<bool>,
     #[serde(default)]
@@ -199,6 +200,8 @@ pub struct NodeConfig {
     pub pin: bool,
     /// Route by latency rather than hop count.
     pub latency_first: bool,
+    /// Route other members' subnets shorter than /8.
+    pub accept_wide_subnets: bool,
     /// Subnets this node proxies for the mesh.
     pub proxy_networks: Vec<Ipv4Net>,
     /// Multicast LAN discovery.
@@ -339,6 +342,7 @@ impl NodeConfig {
             },
             pin: args.pin || file.pin.unwrap_or(false),
             latency_first: args.latency_first || file.latency_first.unwrap_or(false),
+            accept_wide_subnets: args.accept_wide_subnets || file.accept_wide_subnets.unwrap_or(false),
             lan_discovery: args.lan_discovery || file.lan_discovery.unwrap_or(false),
             dhcp,
             proxy_networks: proxy_networks(if args.proxy_network.is_empty() {

@@ -173,8 +173,14 @@ impl Node {
         let overlay = rec.overlay;
         let hostname = rec.hostname.clone();
         let key = rec.key;
+        let before = self.topology.get(&node).map(|r| r.proxied.clone()).unwrap_or_default();
         if !self.topology.apply(rec.clone(), now) {
             return;
+        }
+        for (a, p) in rec.proxied.iter().filter(|s| !before.contains(s)) {
+            if let Some(why) = self.subnet_refusal(*a, *p) {
+                warn!(peer = %node, host = %rec.hostname, subnet = %format!("{a}/{p}"), "refused proxied subnet: {why}");
+            }
         }
         // A member we have not met: it exists for routing and status from now on
         // (unless it claims our own address: that is a conflict, or a former identity
@@ -634,8 +640,44 @@ impl Node {
         self.topology
             .records()
             .filter(|r| !r.proxied.is_empty() && r.node() != self.id && self.owns_address(r))
-            .flat_map(|r| r.proxied.iter().filter(|(_, p)| *p > 0).map(move |(a, p)| (r, *a, *p)))
+            .flat_map(|r| r.proxied.iter().map(move |(a, p)| (r, *a, *p)))
+            .filter(|(_, a, p)| self.subnet_refusal(*a, *p).is_none())
             .collect()
+    }
+
+    /// Why we will not route subnet `a/p` that a member proxies, if we will not: it
+    /// would capture traffic that is not the member's to take.
+    pub(crate) fn subnet_refusal(&self, a: std::net::Ipv4Addr, p: u8) -> Option<String> {
+        let overlaps = |b: std::net::Ipv4Addr, q: u8| {
+            let m = weft_core::route::prefix_mask(p.min(q));
+            u32::from(a) & m == u32::from(b) & m
+        };
+        if p == 0 {
+            return Some("a /0 would route every destination, the underlay included, to that member".into());
+        }
+        if p < 8 && !self.cfg.accept_wide_subnets {
+            return Some(format!("/{p} is shorter than /8 (accepted only with --accept-wide-subnets on this node)"));
+        }
+        let hello = &self.cfg.handshake.hello;
+        if overlaps(hello.ipv4, hello.prefix) {
+            let m = weft_core::route::prefix_mask(hello.prefix);
+            let net = std::net::Ipv4Addr::from(u32::from(hello.ipv4) & m);
+            return Some(format!("overlaps the overlay network {net}/{}", hello.prefix));
+        }
+        let members = self
+            .topology
+            .records()
+            .map(|r| (r.overlay, r.node()))
+            .chain(self.peers.values().map(|x| (x.hello.ipv4, x.id)));
+        for (addr, id) in members {
+            if overlaps(addr, 32) {
+                return Some(format!("holds member {id}'s overlay address {addr}"));
+            }
+        }
+        if let Some((b, q)) = self.cfg.local_networks.iter().find(|(b, q)| overlaps(*b, *q)) {
+            return Some(format!("overlaps {b}/{q}, a network this node is directly connected to"));
+        }
+        None
     }
 
     /// Claims in other members' records that we refuse, each with the reason (for
@@ -645,11 +687,17 @@ impl Node {
         for r in self.topology.records().filter(|r| r.node() != self.id) {
             if let Some(owner) = self.address_owner(r.overlay, r.node(), |_| false) {
                 v.push(format!(
-                    "member {} ({}) claims overlay address {}, which belongs to member {owner}: refused",
+                    "member {} ({:?}) claims overlay address {}, which belongs to member {owner}: refused",
                     r.node(),
                     r.hostname,
                     r.overlay
                 ));
+                continue;
+            }
+            for (a, p) in &r.proxied {
+                if let Some(why) = self.subnet_refusal(*a, *p) {
+                    v.push(format!("member {} ({:?}) proxies {a}/{p}: refused, {why}", r.node(), r.hostname));
+                }
             }
         }
         v

@@ -92,6 +92,12 @@ pub struct Config {
     pub proxied: Vec<(Ipv4Addr, u8)>,
     /// `--dhcp`: the range the overlay address was picked from; it moves on a conflict.
     pub dynamic: Option<(Ipv4Addr, u8)>,
+    /// `--accept-wide-subnets`: route subnets other members proxy even when shorter
+    /// than /8 (never a /0).
+    pub accept_wide_subnets: bool,
+    /// Networks this node is directly connected to (its interfaces' networks): a
+    /// member's proxied subnet overlapping one is refused.
+    pub local_networks: Vec<(Ipv4Addr, u8)>,
 }
 
 /// A fact the runtime reports.
@@ -387,6 +393,16 @@ impl Node {
         }
     }
 
+    /// Replaces the networks this node is directly connected to (the runtime reads its
+    /// interfaces); proxied subnets are checked against them again.
+    pub fn set_local_networks(&mut self, networks: Vec<(Ipv4Addr, u8)>) {
+        if networks != self.cfg.local_networks {
+            self.cfg.local_networks = networks;
+            self.routes_dirty = true;
+            self.finish_step();
+        }
+    }
+
     /// The topology records this node holds (every member's signed self-description).
     pub fn topology(&self) -> &Topology {
         &self.topology
@@ -577,6 +593,12 @@ impl Node {
                 "our overlay address already belongs to another member of the mesh (choose another --ipv4)"
             }
         };
+        let ours = self.pending_init.contains_key(&r.receiver_index) || self.held.contains_key(&r.receiver_index);
+        if ours && r.reason == RejectReason::AddressTaken && self.cfg.dynamic.is_some() {
+            // Our --dhcp address is held by another member: move, and let the retry
+            // find us elsewhere.
+            self.move_address(now, None);
+        }
         if let Some(p) = self.pending_init.remove(&r.receiver_index) {
             let msg = format!("peer {from} rejected our handshake: {why}");
             warn!("{msg}");
@@ -821,7 +843,7 @@ impl Node {
             .map(|r| r.hostname.as_str())
             .or_else(|| self.ids.get(&owner).and_then(|k| self.peers.get(k)).map(|p| p.hello.hostname.as_str()));
         Some(format!(
-            "address conflict: peer {id} at {from} claims {addr}, which belongs to member {owner} ({})",
+            "address conflict: peer {id} at {from} claims {addr}, which belongs to member {owner} ({:?})",
             host.unwrap_or("?")
         ))
     }
@@ -843,7 +865,11 @@ impl Node {
             .records()
             .filter(|r| r.overlay == addr && r.node() != claimant && r.node() != self.id)
             .filter(|r| self.paths.contains_key(&r.node()))
-            .find(|r| self.peers.get(&r.key).is_none_or(|p| p.hello.ipv4 == addr && !restart(p)))
+            // A member whose session with us died is not holding anything, whatever
+            // its last record says.
+            .find(|r| {
+                self.peers.get(&r.key).is_none_or(|p| p.hello.ipv4 == addr && p.down_since.is_none() && !restart(p))
+            })
             .map(Record::node)
     }
 

@@ -29,7 +29,7 @@ use weft_core::wire::{DATA_HEADER_LEN, DataHeader, FLAG_CONTROL, MessageType};
 use weft_peers::node::TICK;
 use weft_peers::status::{PathStatus, PeerState, PeerStatus};
 use weft_peers::topology::{MAX_SEQ, Record};
-use weft_peers::{Node, NodeId, PeerRef, Timers};
+use weft_peers::{Config, Node, NodeId, PeerRef, Timers};
 
 const NET: &str = "pairnet";
 const SECRET: &str = "correct horse battery staple";
@@ -102,6 +102,8 @@ struct Sim {
     log: Vec<Sent>,
     boots: u64,
     tag: u64,
+    /// Changes to a node's engine configuration, applied at each boot.
+    tweaks: Vec<(usize, Box<dyn Fn(&mut Config)>)>,
 }
 
 type Queue = VecDeque<Wire>;
@@ -133,6 +135,7 @@ impl Sim {
             log: Vec::new(),
             boots: 0,
             tag: 0,
+            tweaks: Vec::new(),
         };
         for i in 0..sim.slots.len() {
             sim.boot(i);
@@ -155,6 +158,9 @@ impl Sim {
         let dial = s.dial.iter().map(|&j| addr(j)).collect();
         let mut cfg = harness::config(s.params.clone(), dial, self.epoch, s.timers, addr(i));
         cfg.endpoints.extend(self.extra.iter().map(|p| Endpoint::new(*p, addr(i).addr)));
+        for (_, f) in self.tweaks.iter().filter(|(j, _)| *j == i) {
+            f(&mut cfg);
+        }
         let rng: Box<dyn RngCore + Send> = Box::new(ChaCha8Rng::seed_from_u64(s.seed + 1000 * self.boots));
         s.host.start(Node::new(cfg, rng));
     }
@@ -1159,4 +1165,65 @@ fn a_second_member_claiming_an_address_is_refused_everywhere_and_says_why() {
         assert!(sim.established(A, B) && sim.established(B, A));
     }
     assert_eq!(orders.len(), 2, "keys on both sides of A's");
+}
+
+#[test]
+fn proxied_subnets_that_capture_others_traffic_are_refused_with_a_reason() {
+    let timers = Timers::default();
+    let mut sim = Sim::new(vec![
+        (params(A, Cipher::Aes128Gcm, SECRET), vec![B, C], timers),
+        (params(B, Cipher::Aes128Gcm, SECRET), vec![C], timers),
+        (params(C, Cipher::Aes128Gcm, SECRET), vec![], timers),
+    ]);
+    let net = |a: [u8; 4], p: u8| (Ipv4Addr::from(a), p);
+    let fine = net([172, 16, 5, 0], 24);
+    let wide = net([4, 0, 0, 0], 6);
+    let lan = net([192, 168, 7, 0], 24);
+    // A (compromised or misconfigured) proxies half the internet, the overlay range,
+    // B's overlay address, B's LAN, a wide but harmless-looking range, and one
+    // ordinary subnet.
+    let announced = vec![net([0, 0, 0, 0], 1), net([10, 77, 0, 0], 16), net([10, 77, 0, 2], 32), lan, wide, fine];
+    let a_proxies = announced.clone();
+    sim.tweaks.push((A, Box::new(move |c: &mut Config| c.proxied = a_proxies.clone())));
+    // B sits on 192.168.7.0/24; C opted in to wide subnets.
+    sim.tweaks.push((B, Box::new(|c: &mut Config| c.local_networks = vec![(Ipv4Addr::new(192, 168, 7, 1), 24)])));
+    sim.tweaks.push((C, Box::new(|c: &mut Config| c.accept_wide_subnets = true)));
+    for i in [C, B, A] {
+        let p = sim.slots[i].params.clone();
+        let d = sim.slots[i].dial.clone();
+        sim.restart_with(i, p, d);
+    }
+    let all = |s: &Sim| (0..3).all(|i| (0..3).all(|j| i == j || (s.established(i, j) && s.record(i, j).is_some())));
+    assert!(sim.run_until(Duration::from_secs(3), all).is_some(), "mesh did not come up");
+    sim.run(Duration::from_secs(1));
+    assert_eq!(sim.record(B, A).expect("A's record").proxied, announced);
+    assert_eq!(sim.slots[B].host.installed, vec![fine], "B installs only the ordinary subnet");
+    // C opted in to the wide one, and is not on B's LAN.
+    assert_eq!(sim.slots[C].host.installed, vec![wide, fine, lan]);
+    // The data plane routes the same, and takes sources only from accepted subnets.
+    let snap = sim.slots[B].host.routes.clone();
+    assert!(snap.route_for(Ipv4Addr::new(172, 16, 5, 9)).is_some());
+    for dst in [[8, 8, 8, 8], [192, 168, 7, 20], [4, 1, 2, 3], [10, 77, 9, 9]] {
+        assert!(snap.route_for(Ipv4Addr::from(dst)).is_none(), "B routes {dst:?} to A");
+    }
+    assert_eq!(snap.route_for(overlay(C)).map(|r| r.session.peer_addr), Some(overlay(C)));
+    let a_session = sim.route(A, B).expect("A's session with B");
+    let lan_src = ip_packet(Ipv4Addr::new(192, 168, 7, 20), overlay(B), 16, 1);
+    assert_eq!(sim.inject_data(B, addr(A), &seal(&a_session, &lan_src)), Err("spoofed_source"));
+    let ok_src = ip_packet(Ipv4Addr::new(172, 16, 5, 20), overlay(B), 16, 2);
+    assert!(sim.inject_data(B, addr(A), &seal(&a_session, &ok_src)).is_ok());
+    // Status says what was refused and why.
+    let refused = sim.node(B).status(sim.now).refused.join("\n");
+    for (what, why) in [
+        ("0.0.0.0/1", "shorter than /8"),
+        ("10.77.0.0/16", "overlay network"),
+        ("10.77.0.2/32", "overlay"),
+        ("192.168.7.0/24", "directly connected"),
+        ("4.0.0.0/6", "--accept-wide-subnets"),
+    ] {
+        assert!(refused.lines().any(|l| l.contains(what) && l.contains(why)), "B: no {what} ({why}) in {refused}");
+    }
+    assert!(!refused.contains("172.16.5.0/24"), "{refused}");
+    let refused_c = sim.node(C).status(sim.now).refused.join("\n");
+    assert!(!refused_c.contains("4.0.0.0/6") && refused_c.contains("0.0.0.0/1"), "{refused_c}");
 }

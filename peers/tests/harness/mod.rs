@@ -351,6 +351,8 @@ pub fn config(handshake: Params, dial: Vec<Endpoint>, epoch: Instant, timers: Ti
         latency_first: false,
         proxied: Vec::new(),
         dynamic: None,
+        accept_wide_subnets: false,
+        local_networks: Vec::new(),
     }
 }
 
