@@ -29,6 +29,9 @@ const PUNCH_FIRST: Duration = Duration::from_secs(2);
 const PUNCH_MAX: Duration = Duration::from_secs(30);
 /// Most candidate endpoints tried per punch.
 const MAX_CANDIDATES: usize = 16;
+/// A peer's punch requests are answered at most this often (its own retries back off
+/// from `PUNCH_FIRST`).
+const PUNCH_ANSWER_EVERY: Duration = Duration::from_secs(1);
 /// First probe of a better transport (doubles up to `UPGRADE_MAX`).
 const UPGRADE_FIRST: Duration = Duration::from_secs(5);
 const UPGRADE_MAX: Duration = Duration::from_secs(60);
@@ -105,10 +108,7 @@ impl Node {
                     p.probe.answered(n, now);
                 }
             }
-            Msg::Punch(eps) => {
-                debug!(peer = %NodeId::from_public(&key), candidates = eps.len(), "punch request");
-                self.punch_to(now, &key, &eps);
-            }
+            Msg::Punch(eps) => self.handle_punch(now, key, &eps),
         }
     }
 
@@ -429,6 +429,24 @@ impl Node {
         }
     }
 
+    /// A peer asks us to send to it directly at `eps` now. Only addresses where it may
+    /// really be are used (the endpoints its signed record announces, and the UDP
+    /// addresses its neighbours observe), never an arbitrary address a member names
+    /// (that would make us send to a third party for it), and at most once a second
+    /// per peer.
+    fn handle_punch(&mut self, now: Instant, key: [u8; 32], eps: &[Endpoint]) {
+        let Some(p) = self.peers.get_mut(&key) else { return };
+        if p.punch_answer_next.is_some_and(|t| now < t) {
+            debug!(peer = %p.id, "punch request too soon; ignored");
+            return;
+        }
+        p.punch_answer_next = Some(now + PUNCH_ANSWER_EVERY);
+        let known = self.candidates(&key);
+        let targets: Vec<Endpoint> = eps.iter().filter(|e| known.contains(e)).copied().collect();
+        debug!(peer = %NodeId::from_public(&key), asked = eps.len(), used = targets.len(), "punch request");
+        self.punch_to(now, &key, &targets);
+    }
+
     /// Sends a keepalive of `key`'s session straight to each address.
     fn punch_to(&mut self, now: Instant, key: &[u8; 32], eps: &[Endpoint]) {
         let Some(p) = self.peers.get(key) else { return };
@@ -556,8 +574,14 @@ impl Node {
                 next_hops.insert(p.id.to_bytes(), e);
             }
         }
-        let neighbours: Vec<Endpoint> =
-            self.peers.values().filter(|p| p.direct && !p.sessions.is_empty()).filter_map(|p| p.endpoint).collect();
+        // Relayed frames are taken only from these: the current (authenticated) endpoint
+        // of each direct neighbour with a confirmed session.
+        let neighbours: Vec<Endpoint> = self
+            .peers
+            .values()
+            .filter(|p| p.direct && p.sessions.iter().any(|s| s.session.is_confirmed()))
+            .filter_map(|p| p.endpoint)
+            .collect();
         let by_overlay: BTreeMap<std::net::Ipv4Addr, Route> = routes.iter().cloned().collect();
         let subnets: Vec<(std::net::Ipv4Addr, u8, Route)> = self
             .accepted_subnets()

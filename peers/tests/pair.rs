@@ -1227,3 +1227,49 @@ fn proxied_subnets_that_capture_others_traffic_are_refused_with_a_reason() {
     let refused_c = sim.node(C).status(sim.now).refused.join("\n");
     assert!(!refused_c.contains("4.0.0.0/6") && refused_c.contains("0.0.0.0/1"), "{refused_c}");
 }
+
+#[test]
+fn punch_requests_only_reach_the_requesters_own_addresses_and_are_rate_limited() {
+    let timers = Timers::default();
+    let mut sim = Sim::new(vec![
+        (params(A, Cipher::Aes128Gcm, SECRET), vec![B], timers),
+        (params(B, Cipher::Aes128Gcm, SECRET), vec![], timers),
+    ]);
+    // B announces a second UDP endpoint (nobody listens there in this test).
+    let spare = Endpoint::udp(SocketAddr::from(([192, 0, 2, 2], 11099)));
+    sim.tweaks.push((B, Box::new(move |c: &mut Config| c.endpoints.push(spare))));
+    let p = sim.slots[B].params.clone();
+    sim.restart_with(B, p, vec![]);
+    let ok = |s: &Sim| {
+        s.established(A, B) && s.established(B, A) && s.record(A, B).is_some_and(|r| r.endpoints.contains(&spare))
+    };
+    // (A notices B's restart by the dead-peer timer.)
+    assert!(sim.run_until(Duration::from_secs(15), ok).is_some(), "pair did not come up");
+    // A third party B would like A to flood, and an address B never announced.
+    let victim = Endpoint::udp(SocketAddr::from(([203, 0, 113, 9], 53)));
+    let other = Endpoint::udp(SocketAddr::from(([192, 0, 2, 99], 11010)));
+    let punch = |eps: &[Endpoint]| {
+        let mut m = vec![4u8, eps.len() as u8]; // Msg::Punch
+        for e in eps {
+            let SocketAddr::V4(v4) = e.addr else { unreachable!() };
+            m.push(4); // UDP, IPv4
+            m.extend_from_slice(&v4.ip().octets());
+            m.extend_from_slice(&v4.port().to_le_bytes());
+        }
+        m
+    };
+    let sent_to =
+        |s: &Sim, to: Endpoint, since: usize| s.log[since..].iter().filter(|x| x.from == A && x.to == to).count();
+    let mark = sim.log.len();
+    for _ in 0..5 {
+        sim.send_control(B, A, &punch(&[victim, other, spare]));
+    }
+    assert_eq!(sent_to(&sim, victim, mark), 0, "A sent to an address B named");
+    assert_eq!(sent_to(&sim, other, mark), 0, "A sent to an address B never announced");
+    assert_eq!(sent_to(&sim, spare, mark), 1, "five requests at once answered once");
+    sim.run(Duration::from_secs(1));
+    let mark = sim.log.len();
+    sim.send_control(B, A, &punch(&[spare]));
+    assert_eq!(sent_to(&sim, spare, mark), 1, "answered again a second later");
+    assert!(sim.established(A, B) && sim.established(B, A));
+}
