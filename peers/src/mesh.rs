@@ -40,7 +40,7 @@ const UPGRADE_MAX: Duration = Duration::from_secs(60);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Msg {
     /// A topology record (ours or one we forward).
-    Record(Record),
+    Record(Box<Record>),
     /// Latency probe.
     Ping(u64),
     /// Answer to a probe.
@@ -80,7 +80,7 @@ impl Msg {
     pub(crate) fn parse(b: &[u8]) -> Option<Self> {
         let (&kind, rest) = b.split_first()?;
         Some(match kind {
-            1 => Self::Record(Record::parse(rest).ok()?),
+            1 => Self::Record(Box::new(Record::parse(rest).ok()?)),
             2 => Self::Ping(u64::from_le_bytes(rest.get(..8)?.try_into().ok()?)),
             3 => Self::Pong(u64::from_le_bytes(rest.get(..8)?.try_into().ok()?)),
             4 => {
@@ -100,7 +100,7 @@ impl Node {
             return;
         };
         match msg {
-            Msg::Record(rec) => self.handle_record(now, key, rec),
+            Msg::Record(rec) => self.handle_record(now, key, *rec),
             Msg::Ping(n) => self.send_msg(&key, &Msg::Pong(n), now),
             Msg::Pong(n) => {
                 // Link latencies reach the mesh with the next periodic record.
@@ -200,7 +200,7 @@ impl Node {
         self.recompute_paths();
         // Flood on to every other direct neighbour.
         let from_id = NodeId::from_public(&from_key);
-        let msg = Msg::Record(rec);
+        let msg = Msg::Record(Box::new(rec));
         let targets: Vec<[u8; 32]> =
             self.direct_neighbours().filter(|k| NodeId::from_public(k) != from_id && *k != key).collect();
         for k in targets {
@@ -316,7 +316,7 @@ impl Node {
         let rec = self.own_record(now);
         self.topology.apply(rec.clone(), now);
         self.recompute_paths();
-        let msg = Msg::Record(rec);
+        let msg = Msg::Record(Box::new(rec));
         let targets: Vec<[u8; 32]> = self.direct_neighbours().collect();
         for k in targets {
             self.send_msg(&k, &msg, now);
@@ -365,7 +365,7 @@ impl Node {
         // Our own record may be stale in the table when a neighbour just appeared.
         self.record_dirty = true;
         for r in recs {
-            self.send_msg(&key, &Msg::Record(r), now);
+            self.send_msg(&key, &Msg::Record(Box::new(r)), now);
         }
     }
 

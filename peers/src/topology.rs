@@ -464,7 +464,7 @@ mod tests {
         assert!(!forged.verify("net"));
         // Re-signing with another member's key does not help: that key's Montgomery
         // form is not the record's X25519 key (so not its node id).
-        let mut forged = r.clone();
+        let mut forged = r;
         forged.seq += 1;
         let mut msg_key = static_key(3);
         forged.signer = msg_key.signing_public;

@@ -103,10 +103,13 @@ struct Sim {
     boots: u64,
     tag: u64,
     /// Changes to a node's engine configuration, applied at each boot.
-    tweaks: Vec<(usize, Box<dyn Fn(&mut Config)>)>,
+    tweaks: Vec<(usize, Tweak)>,
 }
 
 type Queue = VecDeque<Wire>;
+
+/// A change to a node's engine configuration.
+type Tweak = Box<dyn Fn(&mut Config)>;
 
 impl Sim {
     /// Builds the nodes (`(params, dials, timers)` each) and runs the first tick at
@@ -1073,7 +1076,7 @@ fn forged_records_are_dropped_counted_and_never_forwarded() {
     let b_key = sim.slots[B].params.local.clone();
     f.signer = b_key.signing_public;
     f.sig = b_key.sign(&f.signed_message(NET));
-    forgeries.push(f.clone());
+    forgeries.push(f);
     // The highest sequence number a record may carry: if it stuck, A could never
     // publish a newer one.
     let mut f = genuine.clone();
