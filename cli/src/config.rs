@@ -441,6 +441,24 @@ mod tests {
     }
 
     #[test]
+    fn wide_subnets_are_refused_unless_opted_in() {
+        assert!(!NodeConfig::resolve(&args()).unwrap().accept_wide_subnets);
+        let a = UpArgs { accept_wide_subnets: true, ..args() };
+        assert!(NodeConfig::resolve(&a).unwrap().accept_wide_subnets);
+        let dir = std::env::temp_dir().join(format!("weft-cfg-wide-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("weft.toml");
+        std::fs::write(
+            &path,
+            "network-name = \"lab\"\nnetwork-secret = \"x\"\nipv4 = \"10.1.1.1/16\"\naccept-wide-subnets = true\n",
+        )
+        .unwrap();
+        let a = UpArgs { config: Some(path), ..UpArgs::default() };
+        assert!(NodeConfig::resolve(&a).unwrap().accept_wide_subnets);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn file_values_apply_and_flags_win() {
         let dir = std::env::temp_dir().join(format!("weft-cfg-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
