@@ -1276,3 +1276,33 @@ fn punch_requests_only_reach_the_requesters_own_addresses_and_are_rate_limited()
     assert_eq!(sent_to(&sim, spare, mark), 1, "answered again a second later");
     assert!(sim.established(A, B) && sim.established(B, A));
 }
+
+#[test]
+fn dhcp_node_told_its_address_is_taken_moves_and_joins() {
+    // A holds 10.77.0.1 with C; B starts with --dhcp on that same address and dials C.
+    let timers = Timers::default();
+    let mut b = params(B, Cipher::Aes128Gcm, SECRET);
+    b.hello.ipv4 = overlay(A);
+    let mut sim = Sim::new(vec![
+        (params(A, Cipher::Aes128Gcm, SECRET), vec![C], timers),
+        (b.clone(), vec![], timers),
+        (params(C, Cipher::Aes128Gcm, SECRET), vec![], timers),
+    ]);
+    sim.kill(B);
+    assert!(sim.run_until(Duration::from_secs(2), |s| s.established(A, C) && s.established(C, A)).is_some());
+    sim.tweaks.push((B, Box::new(|c: &mut Config| c.dynamic = Some((Ipv4Addr::new(10, 77, 0, 0), 16)))));
+    sim.restart_with(B, b, vec![C]);
+    let moved = |s: &Sim| s.slots[B].host.addresses.last().map(|(_, new, _)| *new);
+    let joined = |s: &Sim| {
+        moved(s).is_some_and(|new| s.node(C).routed().contains(&new) && s.node(B).routed().contains(&overlay(C)))
+    };
+    assert!(sim.run_until(Duration::from_secs(15), joined).is_some(), "B did not move and join: {:?}", sim.reasons(B));
+    let (old, new, _) = sim.slots[B].host.addresses[0];
+    assert_eq!(old, overlay(A));
+    assert_ne!(new, overlay(A));
+    // A kept its address and its traffic.
+    assert!(sim.established(A, C) && sim.established(C, A));
+    assert_eq!(sim.send_data(C, A), Ok(84));
+    let c_view = sim.node(C).status(sim.now).peers;
+    assert_eq!(c_view.iter().filter(|p| p.overlay == overlay(A)).count(), 1);
+}
