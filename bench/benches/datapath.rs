@@ -32,26 +32,25 @@ const B: [u8; 4] = [10, 0, 0, 2];
 
 fn aead(c: &mut Criterion) {
     let mut g = c.benchmark_group("aead");
-    for cipher in [Cipher::Aes128Gcm, Cipher::ChaCha20Poly1305] {
+    for cipher in Cipher::ALL {
         let key = DataKey::new(cipher, &[7; 32]);
         for size in [64usize, 1420, 9000] {
             g.throughput(Throughput::Bytes(size as u64));
-            let aad = [4u8; 16];
-            let mut buf = vec![0u8; size + TAG_LEN];
+            let mut buf = vec![4u8; 16 + size + TAG_LEN];
             g.bench_with_input(BenchmarkId::new(format!("seal/{cipher}"), size), &size, |b, &size| {
                 let mut ctr = 0u64;
                 b.iter(|| {
                     ctr += 1;
-                    key.seal(ctr, &aad, black_box(&mut buf), size).unwrap()
+                    key.seal(ctr, black_box(&mut buf), 16, size).unwrap()
                 });
             });
-            let mut sealed = vec![0u8; size + TAG_LEN];
-            let n = key.seal(1, &aad, &mut sealed, size).unwrap();
+            let mut sealed = vec![4u8; 16 + size + TAG_LEN];
+            let n = 16 + key.seal(1, &mut sealed, 16, size).unwrap();
             let mut work = sealed.clone();
             g.bench_with_input(BenchmarkId::new(format!("open/{cipher}"), size), &size, |b, _| {
                 b.iter(|| {
                     work.copy_from_slice(&sealed);
-                    key.open(1, &aad, black_box(&mut work[..n])).unwrap()
+                    key.open(1, black_box(&mut work[..n]), 16).unwrap()
                 });
             });
         }
@@ -194,7 +193,7 @@ fn pipeline(c: &mut Criterion) {
     let mut g = c.benchmark_group("pipeline");
     g.throughput(Throughput::Bytes((MSS * SEGMENTS) as u64));
     let (pkt, hdr) = super_packet();
-    for cipher in [Cipher::Aes128Gcm, Cipher::ChaCha20Poly1305, Cipher::InsecureNone] {
+    for cipher in [Cipher::Aes128Gcm, Cipher::ChaCha20Poly1305, Cipher::AuthOnly] {
         let cfg = PipelineConfig { mtu: 1500, offload: true, udp_gro: false, pin: None };
         let a_to_b = session(1, 2, B.into(), [3; 32], [4; 32], cipher);
         let routes = RouteSnapshot::new([(Ipv4Addr::from(B), a_to_b.clone())], []);

@@ -80,7 +80,8 @@ pub struct UpArgs {
     /// Peer to dial and keep connected; repeatable.
     #[arg(short = 'p', long = "peer", value_name = "URI")]
     pub peer: Vec<String>,
-    /// Data cipher: aes-128-gcm (default), chacha20-poly1305, or none (insecure: plaintext data).
+    /// Data cipher: aes-128-gcm (default), chacha20-poly1305, or none (authenticated but
+    /// not encrypted: every packet still carries a tag keyed by its session).
     #[arg(long, value_name = "CIPHER")]
     pub cipher: Option<String>,
     /// Forwarding pipelines (thread pairs); default one per core.

@@ -99,8 +99,8 @@ pub fn run(mut cfg: NodeConfig) -> Result<()> {
         cfg.ipv4 = crate::config::Ipv4Net { addr, prefix: range.prefix };
         info!(%addr, "picked overlay address (--dhcp)");
     }
-    if cfg.cipher == Cipher::InsecureNone {
-        warn!("cipher none: tunnel data travels unencrypted and unauthenticated; use only on trusted links");
+    if cfg.cipher == Cipher::AuthOnly {
+        warn!("cipher none: tunnel data is authenticated but travels unencrypted; anyone on the path can read it");
     }
     let tun = Tun::open(&TunConfig {
         name: cfg.dev_name.clone(),

@@ -78,7 +78,7 @@ fn ping_and_transfer_chacha20_poly1305_while_rekeying() {
 }
 
 #[test]
-fn ping_and_transfer_insecure_none() {
+fn ping_and_transfer_authenticated_none() {
     require_root();
     let (lan, dir) = (Lan::new(2), TempDir::new());
     let (_a, _b) = pair(&lan, &dir, &["--cipher", "none"], &["--cipher", "none"]);

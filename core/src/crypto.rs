@@ -20,28 +20,30 @@ pub enum Cipher {
     Aes128Gcm,
     /// ChaCha20-Poly1305, for CPUs without AES instructions.
     ChaCha20Poly1305,
-    /// No data encryption or authentication: the handshake is still authenticated,
-    /// but tunnel packets travel in plaintext. For trusted links and benchmarks only.
-    InsecureNone,
+    /// Authenticated, not encrypted: tunnel packets travel in plaintext, but every
+    /// packet carries an AES-128-GCM tag over the whole packet (header and payload as
+    /// associated data, empty plaintext) keyed by its session, so nothing unauthenticated
+    /// is ever accepted. For links where confidentiality is not needed.
+    AuthOnly,
 }
 
 impl Cipher {
     /// All ciphers, in wire-id order.
-    pub const ALL: [Self; 3] = [Self::InsecureNone, Self::Aes128Gcm, Self::ChaCha20Poly1305];
+    pub const ALL: [Self; 3] = [Self::AuthOnly, Self::Aes128Gcm, Self::ChaCha20Poly1305];
 
     /// The command-line and config spelling.
     pub fn name(self) -> &'static str {
         match self {
             Self::Aes128Gcm => "aes-128-gcm",
             Self::ChaCha20Poly1305 => "chacha20-poly1305",
-            Self::InsecureNone => "none",
+            Self::AuthOnly => "none",
         }
     }
 
     /// The id carried in handshake payloads.
     pub fn wire_id(self) -> u8 {
         match self {
-            Self::InsecureNone => 0,
+            Self::AuthOnly => 0,
             Self::Aes128Gcm => 1,
             Self::ChaCha20Poly1305 => 2,
         }
@@ -52,12 +54,14 @@ impl Cipher {
         Self::ALL.into_iter().find(|c| c.wire_id() == id)
     }
 
-    /// Bytes the cipher appends to every packet.
+    /// Bytes the cipher appends to every packet: one tag, in every mode.
     pub fn overhead(self) -> usize {
-        match self {
-            Self::InsecureNone => 0,
-            _ => TAG_LEN,
-        }
+        TAG_LEN
+    }
+
+    /// Whether the payload is encrypted (every mode authenticates).
+    pub fn encrypts(self) -> bool {
+        self != Self::AuthOnly
     }
 }
 
@@ -94,7 +98,7 @@ pub enum CryptoError {
 /// One direction's data key.
 pub struct DataKey {
     cipher: Cipher,
-    key: Option<LessSafeKey>,
+    key: LessSafeKey,
 }
 
 impl fmt::Debug for DataKey {
@@ -106,15 +110,14 @@ impl fmt::Debug for DataKey {
 impl DataKey {
     /// Builds a key from 32 bytes of key material (AES-128 uses the first 16).
     pub fn new(cipher: Cipher, material: &[u8; 32]) -> Self {
-        let key = match cipher {
-            Cipher::InsecureNone => None,
-            Cipher::Aes128Gcm => UnboundKey::new(&AES_128_GCM, &material[..16]).ok(),
-            Cipher::ChaCha20Poly1305 => UnboundKey::new(&CHACHA20_POLY1305, material).ok(),
-        }
-        .map(LessSafeKey::new);
-        // The key lengths above are the algorithms' own, so `UnboundKey::new` cannot fail
-        // for a real cipher; a `None` here would mean ring changed its contract.
-        debug_assert!(key.is_some() || cipher == Cipher::InsecureNone);
+        let (alg, len) = match cipher {
+            // `none` authenticates with AES-128-GCM over an empty plaintext.
+            Cipher::Aes128Gcm | Cipher::AuthOnly => (&AES_128_GCM, 16),
+            Cipher::ChaCha20Poly1305 => (&CHACHA20_POLY1305, 32),
+        };
+        // The key lengths above are the algorithms' own, so `UnboundKey::new` cannot fail.
+        #[allow(clippy::unwrap_used)]
+        let key = LessSafeKey::new(UnboundKey::new(alg, &material[..len]).unwrap());
         Self { cipher, key }
     }
 
@@ -123,27 +126,41 @@ impl DataKey {
         self.cipher
     }
 
-    /// Seals `buf[..len]` in place under `counter`, authenticating `aad`, and appends the
-    /// tag at `buf[len..len + 16]`. Returns the sealed length.
-    pub fn seal(&self, counter: u64, aad: &[u8], buf: &mut [u8], len: usize) -> Result<usize, CryptoError> {
-        let Some(key) = &self.key else { return Ok(len) };
-        if buf.len() < len + TAG_LEN {
+    /// Seals in place under `counter`: `buf[..aad_len]` is authenticated as is (the
+    /// header), `buf[aad_len..aad_len + len]` is the payload (encrypted, or only
+    /// authenticated with [`Cipher::AuthOnly`]), and the tag is written right after it.
+    /// Returns the sealed length from `aad_len` on (payload and tag).
+    pub fn seal(&self, counter: u64, buf: &mut [u8], aad_len: usize, len: usize) -> Result<usize, CryptoError> {
+        let end = aad_len.checked_add(len).ok_or(CryptoError::Short)?;
+        if buf.len() < end + TAG_LEN {
             return Err(CryptoError::Short);
         }
-        let (body, rest) = buf.split_at_mut(len);
-        let tag =
-            key.seal_in_place_separate_tag(nonce(counter), Aad::from(aad), body).map_err(|_| CryptoError::Short)?;
+        let (head, rest) = buf.split_at_mut(end);
+        let tag = if self.cipher.encrypts() {
+            let (aad, body) = head.split_at_mut(aad_len);
+            self.key.seal_in_place_separate_tag(nonce(counter), Aad::from(&*aad), body)
+        } else {
+            self.key.seal_in_place_separate_tag(nonce(counter), Aad::from(&*head), &mut [])
+        }
+        .map_err(|_| CryptoError::Short)?;
         rest[..TAG_LEN].copy_from_slice(tag.as_ref());
         Ok(len + TAG_LEN)
     }
 
-    /// Opens `buf` (ciphertext and tag) in place; returns the plaintext length.
-    pub fn open(&self, counter: u64, aad: &[u8], buf: &mut [u8]) -> Result<usize, CryptoError> {
-        let Some(key) = &self.key else { return Ok(buf.len()) };
-        if buf.len() < TAG_LEN {
+    /// Opens in place: `buf[..aad_len]` is the header, the rest payload and tag.
+    /// Returns the payload length (the plaintext is at `buf[aad_len..aad_len + n]`).
+    pub fn open(&self, counter: u64, buf: &mut [u8], aad_len: usize) -> Result<usize, CryptoError> {
+        if buf.len() < aad_len + TAG_LEN {
             return Err(CryptoError::Short);
         }
-        key.open_in_place(nonce(counter), Aad::from(aad), buf).map(|p| p.len()).map_err(|_| CryptoError::Auth)
+        if self.cipher.encrypts() {
+            let (aad, body) = buf.split_at_mut(aad_len);
+            self.key.open_in_place(nonce(counter), Aad::from(&*aad), body).map(|p| p.len())
+        } else {
+            let (signed, tag) = buf.split_at_mut(buf.len() - TAG_LEN);
+            self.key.open_in_place(nonce(counter), Aad::from(&*signed), tag).map(|_| signed.len() - aad_len)
+        }
+        .map_err(|_| CryptoError::Auth)
     }
 }
 
@@ -162,15 +179,18 @@ mod tests {
     fn round_trip(cipher: Cipher, len: usize) {
         let k = DataKey::new(cipher, &[7u8; 32]);
         let plain: Vec<u8> = (0..len).map(|i| i as u8).collect();
-        let mut buf = plain.clone();
-        buf.resize(len + TAG_LEN, 0);
-        let n = k.seal(9, &AAD, &mut buf, len).unwrap();
+        let mut buf = AAD.to_vec();
+        buf.extend_from_slice(&plain);
+        buf.resize(16 + len + TAG_LEN, 0);
+        let n = k.seal(9, &mut buf, 16, len).unwrap();
         assert_eq!(n, len + cipher.overhead());
-        if cipher != Cipher::InsecureNone && len > 0 {
-            assert_ne!(&buf[..len], &plain[..], "ciphertext must differ from plaintext");
+        if cipher.encrypts() && len > 0 {
+            assert_ne!(&buf[16..16 + len], &plain[..], "ciphertext must differ from plaintext");
+        } else {
+            assert_eq!(&buf[16..16 + len], &plain[..], "none leaves the payload readable");
         }
-        let m = k.open(9, &AAD, &mut buf[..n]).unwrap();
-        assert_eq!(&buf[..m], &plain[..]);
+        let m = k.open(9, &mut buf[..16 + n], 16).unwrap();
+        assert_eq!(&buf[16..16 + m], &plain[..]);
     }
 
     #[test]
@@ -183,24 +203,38 @@ mod tests {
     }
 
     #[test]
-    fn tampering_is_rejected() {
-        for c in [Cipher::Aes128Gcm, Cipher::ChaCha20Poly1305] {
+    fn tampering_is_rejected_in_every_mode() {
+        for c in Cipher::ALL {
             let k = DataKey::new(c, &[1u8; 32]);
-            let mut sealed = vec![0u8; 100 + TAG_LEN];
-            let n = k.seal(5, &AAD, &mut sealed, 100).unwrap();
-            for i in [0, 50, 99, 100, n - 1] {
+            let mut sealed = AAD.to_vec();
+            sealed.resize(16 + 100 + TAG_LEN, 0x33);
+            let n = 16 + k.seal(5, &mut sealed, 16, 100).unwrap();
+            for i in [0, 1, 15, 16, 66, 115, 116, n - 1] {
                 let mut b = sealed.clone();
                 b[i] ^= 0x80;
-                assert_eq!(k.open(5, &AAD, &mut b[..n]), Err(CryptoError::Auth), "{c} byte {i}");
+                assert_eq!(k.open(5, &mut b[..n], 16), Err(CryptoError::Auth), "{c} byte {i}");
             }
-            // Wrong counter, wrong header, wrong key, truncated.
-            assert_eq!(k.open(6, &AAD, &mut sealed.clone()[..n]), Err(CryptoError::Auth));
-            let mut aad = AAD;
-            aad[1] = 1;
-            assert_eq!(k.open(5, &aad, &mut sealed.clone()[..n]), Err(CryptoError::Auth));
+            // Wrong counter, wrong key, truncated, tag stripped.
+            assert_eq!(k.open(6, &mut sealed.clone()[..n], 16), Err(CryptoError::Auth), "{c}");
             let other = DataKey::new(c, &[2u8; 32]);
-            assert_eq!(other.open(5, &AAD, &mut sealed.clone()[..n]), Err(CryptoError::Auth));
-            assert_eq!(k.open(5, &AAD, &mut sealed.clone()[..10]), Err(CryptoError::Short));
+            assert_eq!(other.open(5, &mut sealed.clone()[..n], 16), Err(CryptoError::Auth), "{c}");
+            assert_eq!(k.open(5, &mut sealed.clone()[..20], 16), Err(CryptoError::Short), "{c}");
+            assert_eq!(k.open(5, &mut sealed.clone()[..n - TAG_LEN], 16), Err(CryptoError::Auth), "{c}");
+            assert_eq!(k.open(5, &mut sealed.clone()[..n], 16), Ok(100), "{c}");
+        }
+    }
+
+    #[test]
+    fn none_never_accepts_an_untagged_packet() {
+        // A packet built by someone without the session key: header and payload as
+        // they would be in plaintext mode, followed by anything.
+        let k = DataKey::new(Cipher::AuthOnly, &[3u8; 32]);
+        let mut forged = AAD.to_vec();
+        forged.extend_from_slice(&[0x45; 40]);
+        for tail in [vec![], vec![0u8; TAG_LEN], vec![0xffu8; TAG_LEN]] {
+            let mut b = forged.clone();
+            b.extend_from_slice(&tail);
+            assert!(k.open(9, &mut b, 16).is_err());
         }
     }
 

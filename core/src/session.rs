@@ -98,10 +98,9 @@ impl Session {
     /// [`Session::seal`] with header flags (e.g. [`crate::wire::FLAG_CONTROL`]).
     pub fn seal_with_flags(&self, buf: &mut [u8], len: usize, flags: u8) -> Option<usize> {
         let counter = self.tx_counter.fetch_add(1, Relaxed);
-        let (hdr, body) = buf.split_at_mut_checked(DATA_HEADER_LEN)?;
-        let hdr: &mut [u8; DATA_HEADER_LEN] = hdr.try_into().ok()?;
+        let hdr: &mut [u8; DATA_HEADER_LEN] = buf.get_mut(..DATA_HEADER_LEN)?.try_into().ok()?;
         DataHeader { flags, lane: 0, receiver_index: self.remote_index, counter }.emit(hdr);
-        let n = self.tx.seal(counter, hdr, body, len).ok()?;
+        let n = self.tx.seal(counter, buf, DATA_HEADER_LEN, len).ok()?;
         Some(DATA_HEADER_LEN + n)
     }
 
@@ -111,8 +110,10 @@ impl Session {
         if !self.replay.lock().check(hdr.counter) {
             return Err(DropReason::Replay);
         }
-        let (aad, body) = buf.split_at_mut_checked(DATA_HEADER_LEN).ok_or(DropReason::Malformed)?;
-        let n = self.rx.open(hdr.counter, aad, body).map_err(|_| DropReason::AuthFailed)?;
+        if buf.len() < DATA_HEADER_LEN {
+            return Err(DropReason::Malformed);
+        }
+        let n = self.rx.open(hdr.counter, buf, DATA_HEADER_LEN).map_err(|_| DropReason::AuthFailed)?;
         // Another thread may have accepted the same counter meanwhile; mark decides.
         if !self.replay.lock().mark(hdr.counter) {
             return Err(DropReason::Replay);
@@ -222,9 +223,9 @@ mod tests {
             assert!(d[DATA_HEADER_LEN..DATA_HEADER_LEN + 100].iter().all(|x| *x == 0xab));
             let mut d = sealed.clone();
             assert_eq!(b.open(&hdr, &mut d), Err(DropReason::Replay), "{cipher}");
-            if cipher != Cipher::InsecureNone {
+            {
                 // A tampered copy with a fresh counter must fail authentication and
-                // must not advance the window.
+                // must not advance the window, in every mode including `none`.
                 let mut t = sealed.clone();
                 t[8] = 1; // counter 1 in the header (also the AAD)
                 let th = DataHeader::parse(&t).unwrap();

@@ -141,7 +141,7 @@ fn tx_to_rx_round_trip_every_cipher() {
         let packets: Vec<Vec<u8>> = (0..40).map(|i| ipv4_packet(A, B, &vec![i as u8; 100 + i * 30])).collect();
         let dgrams = seal(&mut e, &packets, &drops);
         assert_eq!(dgrams.len(), 40);
-        if cipher != Cipher::InsecureNone {
+        if cipher.encrypts() {
             assert!(
                 dgrams.iter().zip(&packets).all(|(d, p)| !d.windows(p.len()).any(|w| w == &p[..])),
                 "plaintext leaked"
@@ -245,4 +245,38 @@ fn relays_clamp_the_hop_limit_and_take_frames_only_from_neighbours() {
         assert!(relay(&mut e, &routes, from, &[frame(5)]).is_empty(), "{from}");
     }
     assert_eq!(e.stats_b.drops.get(DropReason::RelayRefused), 2);
+}
+
+#[test]
+fn none_mode_never_confirms_or_delivers_an_untagged_packet() {
+    // An outsider that got an IK response (psk2 is only mixed into the response) knows
+    // the new session's index from the response header. In the old `none` mode any
+    // data packet to that index confirmed the session and was delivered.
+    let mut e = ends(Cipher::AuthOnly);
+    let held = Arc::new(Session::new(SessionParams {
+        local_index: 2,
+        remote_index: 1,
+        cipher: Cipher::AuthOnly,
+        keys: SessionKeys { send: [8; 32], recv: [9; 32] },
+        endpoint: "192.0.2.1:11010".parse::<SocketAddr>().unwrap().into(),
+        peer_addr: A,
+        confirmed: false,
+        stats: Arc::default(),
+    }));
+    e.shared_b.routes.store(Arc::new(RouteSnapshot::new([], [held.clone()])));
+    let inner = ipv4_packet(A, B, b"let me in");
+    let mut forged = Vec::new();
+    for tail in [&[][..], &[0u8; 16][..]] {
+        let mut d = vec![4u8, 0, 0, 0, 2, 0, 0, 0];
+        d.extend_from_slice(&7u64.to_le_bytes());
+        d.extend_from_slice(&inner);
+        d.extend_from_slice(tail);
+        forged.push(d);
+    }
+    // A packet sealed by a member under another session's key fails too.
+    forged.extend(seal(&mut e, std::slice::from_ref(&inner), &DropCounters::default()));
+    assert!(deliver(&mut e, &forged).is_empty(), "nothing reaches the TUN");
+    assert!(!held.is_confirmed(), "the held session stays unconfirmed");
+    assert!(e.sink.0.lock().iter().all(|ev| !matches!(ev, ControlEvent::Confirmed { .. })));
+    assert_eq!(held.stats.drops.get(DropReason::AuthFailed), 3);
 }
