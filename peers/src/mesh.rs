@@ -154,7 +154,7 @@ impl Node {
             // restarted; jump past it so ours wins. Only a record we signed ourselves
             // (in an earlier run) counts: nobody else can make us skip numbers, and
             // parsing caps the sequence far below u64::MAX.
-            if rec.seq >= self.seq && rec.verify(network) {
+            if rec.seq >= self.seq && rec.seq < crate::topology::MAX_SEQ && rec.verify(network) {
                 self.seq = rec.seq + 1;
                 self.record_dirty = true;
             }
