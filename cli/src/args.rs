@@ -140,6 +140,11 @@ pub struct UpArgs {
     /// Prefer the path with the lowest latency over the one with the fewest hops.
     #[arg(long)]
     pub latency_first: bool,
+    /// Route subnets other members proxy even when shorter than /8 (e.g. a member
+    /// that is an exit to the internet announcing 0.0.0.0/1 and 128.0.0.0/1);
+    /// without it such subnets are refused.
+    #[arg(long)]
+    pub accept_wide_subnets: bool,
     /// Rekey interval in seconds (default 120); for testing.
     #[arg(long, value_name = "SECS", hide = true)]
     pub rekey_after: Option<u64>,

@@ -57,6 +57,7 @@ pub struct FileConfig {
     no_udp_gro: Option<bool>,
     pin: Option<bool>,
     latency_first: Option<bool>,
+    accept_wide_subnets: Option<bool>,
     lan_discovery: Option<bool>,
     dhcp: Option<bool>,
     #[serde(default)]
@@ -226,6 +227,8 @@ pub struct NodeConfig {
     pub pin: bool,
     /// Route by latency rather than hop count.
     pub latency_first: bool,
+    /// Route other members' subnets shorter than /8.
+    pub accept_wide_subnets: bool,
     /// Subnets this node proxies for the mesh.
     pub proxy_networks: Vec<Ipv4Net>,
     /// Multicast LAN discovery.
@@ -388,6 +391,7 @@ impl NodeConfig {
             },
             pin: args.pin || file.pin.unwrap_or(false),
             latency_first: args.latency_first || file.latency_first.unwrap_or(false),
+            accept_wide_subnets: args.accept_wide_subnets || file.accept_wide_subnets.unwrap_or(false),
             lan_discovery: args.lan_discovery || file.lan_discovery.unwrap_or(false),
             dhcp,
             proxy_networks: proxy_networks(if args.proxy_network.is_empty() {
@@ -483,6 +487,24 @@ mod tests {
             let e = NodeConfig::resolve(&a).unwrap_err().to_string();
             assert!(e.contains(needle), "{field}={value}: {e}");
         }
+    }
+
+    #[test]
+    fn wide_subnets_are_refused_unless_opted_in() {
+        assert!(!NodeConfig::resolve(&args()).unwrap().accept_wide_subnets);
+        let a = UpArgs { accept_wide_subnets: true, ..args() };
+        assert!(NodeConfig::resolve(&a).unwrap().accept_wide_subnets);
+        let dir = std::env::temp_dir().join(format!("weft-cfg-wide-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("weft.toml");
+        std::fs::write(
+            &path,
+            "network-name = \"lab\"\nnetwork-secret = \"x\"\nipv4 = \"10.1.1.1/16\"\naccept-wide-subnets = true\n",
+        )
+        .unwrap();
+        let a = UpArgs { config: Some(path), ..UpArgs::default() };
+        assert!(NodeConfig::resolve(&a).unwrap().accept_wide_subnets);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

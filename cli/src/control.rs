@@ -98,6 +98,14 @@ pub struct StatusJson {
     pub routes: Vec<RouteJson>,
     /// Members that claim this node's overlay address.
     pub address_conflicts: Vec<String>,
+    /// Claims of other members this node refuses, with the reason (an overlay address
+    /// another member holds, a proxied subnet it will not route).
+    #[serde(default)]
+    pub refused: Vec<String>,
+    /// Topology records dropped because their origin did not sign them (forged or
+    /// altered by a member).
+    #[serde(default)]
+    pub rejected_records: u64,
     /// Subnets this node proxies.
     pub proxy_networks: Vec<String>,
     /// Configured peers that have not answered yet.

@@ -239,6 +239,8 @@ pub fn run(mut cfg: NodeConfig) -> Result<()> {
             latency_first: cfg.latency_first,
             proxied: cfg.proxy_networks.iter().map(|n| (n.addr, n.prefix)).collect(),
             dynamic: cfg.dhcp.map(|r| (r.addr, r.prefix)),
+            accept_wide_subnets: cfg.accept_wide_subnets,
+            local_networks: local_networks(&cfg.dev_name),
         },
         Box::new(rand::rngs::StdRng::from_entropy()),
     );
@@ -368,6 +370,9 @@ impl Runtime {
             None
         };
         let mut beacon_timer = tokio::time::interval(Duration::from_secs(5));
+        // Interfaces come and go: members' subnets are checked against the networks
+        // this host is connected to now.
+        let mut nets_timer = tokio::time::interval(Duration::from_secs(10));
         loop {
             let deadline = self.engine.poll_timeout().unwrap_or_else(|| Instant::now() + weft_peers::node::TICK);
             tokio::select! {
@@ -406,6 +411,7 @@ impl Runtime {
                         d.announce().await;
                     }
                 }
+                _ = nets_timer.tick() => self.engine.set_local_networks(local_networks(&self.cfg.dev_name)),
                 _ = tokio::signal::ctrl_c() => { info!("interrupted; shutting down"); break }
                 _ = sigterm.recv() => { info!("terminated; shutting down"); break }
             }
@@ -461,17 +467,33 @@ impl Runtime {
         }
     }
 
-    /// Routes the subnets other members proxy into our TUN (and removes stale ones).
+    /// Routes the subnets other members proxy into our TUN (and removes the ones we
+    /// added that are gone). Routes are added, never replaced: a prefix this host
+    /// already routes elsewhere keeps its route (and is logged); only routes we added
+    /// are ever removed.
     fn install_routes(&mut self, subnets: Vec<(std::net::Ipv4Addr, u8)>) {
         let dev = self.cfg.dev_name.clone();
         let own: Vec<(std::net::Ipv4Addr, u8)> = self.cfg.proxy_networks.iter().map(|n| (n.addr, n.prefix)).collect();
-        for (a, p) in self.kernel_routes.iter().filter(|r| !subnets.contains(r)) {
+        let wanted: Vec<(std::net::Ipv4Addr, u8)> = subnets.into_iter().filter(|r| !own.contains(r)).collect();
+        for (a, p) in self.kernel_routes.iter().filter(|r| !wanted.contains(r)) {
             run_ip(&["route", "del", &format!("{a}/{p}"), "dev", &dev]);
         }
-        for (a, p) in subnets.iter().filter(|r| !own.contains(r)) {
-            run_ip(&["route", "replace", &format!("{a}/{p}"), "dev", &dev]);
+        let mut installed = Vec::new();
+        for (a, p) in wanted {
+            let cidr = format!("{a}/{p}");
+            if self.kernel_routes.contains(&(a, p)) {
+                installed.push((a, p));
+                continue;
+            }
+            match ip(&["route", "add", &cidr, "dev", &dev]) {
+                Ok(()) => installed.push((a, p)),
+                Err(e) if e.contains("File exists") => {
+                    warn!(subnet = %cidr, "not routing a member's subnet into the tunnel: this host already has a route for it");
+                }
+                Err(e) => warn!(subnet = %cidr, error = %e, "cannot route a member's subnet into the tunnel"),
+            }
         }
-        self.kernel_routes = subnets;
+        self.kernel_routes = installed;
     }
 
     fn status(&self) -> StatusJson {
@@ -588,6 +610,8 @@ impl Runtime {
                     proxied: r.proxied.iter().map(|(a, p)| format!("{a}/{p}")).collect(),
                 })
                 .collect(),
+            rejected_records: st.rejected_records,
+            refused: st.refused.clone(),
             address_conflicts: st
                 .conflicts
                 .iter()
@@ -782,9 +806,40 @@ fn local_ipv4s(overlay: std::net::Ipv4Addr) -> Vec<std::net::Ipv4Addr> {
 /// Runs `ip ARGS`, logging a failure (route changes are best effort: the mesh works
 /// without them, only the proxied subnets would be unreachable).
 fn run_ip(args: &[&str]) {
-    match std::process::Command::new("ip").args(args).output() {
-        Ok(o) if o.status.success() => debug!(?args, "ip"),
-        Ok(o) => warn!(?args, stderr = %String::from_utf8_lossy(&o.stderr).trim(), "ip command failed"),
-        Err(e) => warn!(?args, error = %e, "cannot run ip"),
+    if let Err(e) = ip(args) {
+        warn!(?args, error = %e, "ip command failed");
     }
+}
+
+/// Runs `ip ARGS`; the error is its standard error (or why it could not run).
+fn ip(args: &[&str]) -> Result<(), String> {
+    match std::process::Command::new("ip").args(args).output() {
+        Ok(o) if o.status.success() => {
+            debug!(?args, "ip");
+            Ok(())
+        }
+        Ok(o) => Err(String::from_utf8_lossy(&o.stderr).trim().to_owned()),
+        Err(e) => Err(format!("cannot run ip: {e}")),
+    }
+}
+
+/// The IPv4 networks this host is directly connected to (every interface but the
+/// tunnel, loopback included): a member proxying one of them is refused.
+fn local_networks(dev_name: &str) -> Vec<(std::net::Ipv4Addr, u8)> {
+    let Ok(ifs) = if_addrs::get_if_addrs() else { return Vec::new() };
+    let mut v: Vec<(std::net::Ipv4Addr, u8)> = ifs
+        .into_iter()
+        .filter(|i| i.name != dev_name)
+        .filter_map(|i| match i.addr {
+            if_addrs::IfAddr::V4(a) => {
+                let prefix = u32::from(a.netmask).leading_ones() as u8;
+                let net = u32::from(a.ip) & weft_core::route::prefix_mask(prefix);
+                Some((std::net::Ipv4Addr::from(net), prefix))
+            }
+            if_addrs::IfAddr::V6(_) => None,
+        })
+        .collect();
+    v.sort();
+    v.dedup();
+    v
 }

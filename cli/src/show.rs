@@ -33,6 +33,13 @@ pub(crate) fn status(s: &StatusJson) -> String {
     for c in &s.address_conflicts {
         let _ = writeln!(o, "CONFLICT  {c}");
     }
+    for r in &s.refused {
+        let _ = writeln!(o, "REFUSED   {r}");
+    }
+    if s.rejected_records > 0 {
+        let _ =
+            writeln!(o, "FORGED    {} topology records not signed by their origin were dropped", s.rejected_records);
+    }
     if !s.drops.is_empty() {
         let d: Vec<String> = s.drops.iter().map(|(k, v)| format!("{k}={v}")).collect();
         let _ = writeln!(o, "drops     {}", d.join(" "));

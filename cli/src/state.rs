@@ -11,7 +11,7 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use tracing::info;
+use tracing::{info, warn};
 use weft_core::handshake::StaticKey;
 use weft_core::transport::conn::TlsIdentity;
 
@@ -68,6 +68,10 @@ fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 /// Loads the node key from `dir`, creating the directory and the key if needed.
+///
+/// The file holds the node's Ed25519 seed (`ed25519 <hex>`); the Noise X25519 key
+/// derives from it. A key file of the old format (an X25519 pair only, which cannot
+/// sign the node's records) is replaced by a new key: the node id changes once.
 pub fn load_or_create_key(dir: &Path) -> Result<StaticKey> {
     fs::create_dir_all(dir).with_context(|| format!("cannot create state directory {}", dir.display()))?;
     let path = dir.join(KEY_FILE);
@@ -76,8 +80,22 @@ pub fn load_or_create_key(dir: &Path) -> Result<StaticKey> {
             // A key others could read may be known to them: say so rather than quietly
             // tightening the mode.
             crate::config::check_private(&path, "node key", "")?;
-            parse_key(&text)
-                .with_context(|| format!("corrupt node key {} (delete it to make a new identity)", path.display()))
+            match parse_key(&text) {
+                Ok(Some(key)) => Ok(key),
+                Ok(None) => {
+                    let key = StaticKey::generate().context("cannot generate node key")?;
+                    write_private(&path, key_file(&key).as_bytes())?;
+                    warn!(
+                        path = %path.display(),
+                        node = %weft_peers::NodeId::from_public(&key.public),
+                        "node key was of the old format (X25519 only, cannot sign records): replaced by a new \
+                         Ed25519 identity; this node's id changes once"
+                    );
+                    Ok(key)
+                }
+                Err(e) => Err(e)
+                    .with_context(|| format!("corrupt node key {} (delete it to make a new identity)", path.display())),
+            }
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let key = StaticKey::generate().context("cannot generate node key")?;
@@ -87,7 +105,7 @@ pub fn load_or_create_key(dir: &Path) -> Result<StaticKey> {
                 .mode(0o600)
                 .open(&path)
                 .with_context(|| format!("cannot write node key {}", path.display()))?;
-            writeln!(f, "{}\n{}", hex(key.private_bytes()), hex(&key.public))?;
+            f.write_all(key_file(&key).as_bytes())?;
             f.sync_all()?;
             info!(path = %path.display(), "created node key");
             Ok(key)
@@ -96,12 +114,25 @@ pub fn load_or_create_key(dir: &Path) -> Result<StaticKey> {
     }
 }
 
-fn parse_key(text: &str) -> Result<StaticKey> {
+const KEY_TAG: &str = "ed25519 ";
+
+fn key_file(key: &StaticKey) -> String {
+    format!("{KEY_TAG}{}\n", hex(key.seed_bytes()))
+}
+
+/// The key in a key file; `None` for the old format (two hex lines: an X25519 pair).
+fn parse_key(text: &str) -> Result<Option<StaticKey>> {
     let mut lines = text.lines();
-    let (Some(private), Some(public)) = (lines.next(), lines.next()) else { bail!("expected two hex lines") };
-    let private = unhex(private.trim())?;
-    let public = unhex(public.trim())?;
-    StaticKey::from_parts(&private, &public).context("expected 32-byte keys")
+    let first = lines.next().unwrap_or("").trim();
+    if let Some(seed) = first.strip_prefix(KEY_TAG) {
+        let seed: [u8; 32] = unhex(seed.trim())?.try_into().map_err(|_| anyhow::anyhow!("expected a 32-byte seed"))?;
+        return Ok(Some(StaticKey::from_seed(seed)));
+    }
+    let second = lines.next().unwrap_or("").trim();
+    match (unhex(first), unhex(second)) {
+        (Ok(a), Ok(b)) if a.len() == 32 && b.len() == 32 => Ok(None),
+        _ => bail!("expected \"{}<64 hex digits>\"", KEY_TAG),
+    }
 }
 
 fn hex(b: &[u8]) -> String {
@@ -130,6 +161,15 @@ mod tests {
         assert_eq!(mode & 0o777, 0o600);
         let b = load_or_create_key(&dir).unwrap();
         assert_eq!(a.public, b.public);
+        assert!(fs::read_to_string(dir.join(KEY_FILE)).unwrap().starts_with("ed25519 "));
+        // A key file of the old format (an X25519 pair) is replaced by a new identity,
+        // written back in the new format and kept private.
+        fs::write(dir.join(KEY_FILE), format!("{}\n{}\n", "11".repeat(32), "22".repeat(32))).unwrap();
+        let c = load_or_create_key(&dir).unwrap();
+        assert_ne!(c.public, a.public);
+        assert_eq!(load_or_create_key(&dir).unwrap().public, c.public);
+        let mode = fs::metadata(dir.join(KEY_FILE)).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
         fs::write(dir.join(KEY_FILE), "zz\n").unwrap();
         assert!(load_or_create_key(&dir).is_err());
 

@@ -268,20 +268,150 @@ fn proxy_network_reaches_a_lan_host_behind_a_node() {
     assert_eq!(np.status()["proxy_networks"][0], "172.16.5.0/24");
 }
 
+/// Whether UDP datagrams from `src` inside `from` reach `dst` inside `to` (four
+/// tries, half a second each; no `ping` needed on the test machine).
+fn udp_reaches(from: &Netns, src: &str, to: &Netns, dst: &str) -> bool {
+    to.within(|| {
+        let rx = UdpSocket::bind(format!("{dst}:7778")).unwrap();
+        rx.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+        for _ in 0..4 {
+            from.within(|| {
+                let tx = UdpSocket::bind(format!("{src}:0")).unwrap();
+                let _ = tx.send_to(b"weft-e2e-probe", format!("{dst}:7778"));
+            });
+            let mut buf = [0u8; 32];
+            if let Ok((n, _)) = rx.recv_from(&mut buf)
+                && &buf[..n] == b"weft-e2e-probe"
+            {
+                return true;
+            }
+        }
+        false
+    })
+}
+
+/// Every reason a node's status gives: refused handshakes, pending dials, peer errors,
+/// refused claims, address conflicts.
+fn reasons(n: &Node) -> String {
+    let st = n.status();
+    let mut v: Vec<String> = Vec::new();
+    for (list, field) in [("refused_handshakes", "reason"), ("pending_peers", "error"), ("peers", "error")] {
+        for e in st[list].as_array().into_iter().flatten() {
+            v.extend(e[field].as_str().map(str::to_owned));
+        }
+    }
+    for list in ["refused", "address_conflicts"] {
+        v.extend(st[list].as_array().into_iter().flatten().filter_map(|x| x.as_str().map(str::to_owned)));
+    }
+    v.join("\n")
+}
+
 #[test]
-fn duplicate_static_address_is_reported_on_both_nodes() {
+fn member_claiming_another_members_address_is_refused_everywhere() {
     require_root();
     let dir = TempDir::new();
-    let (a, b, c) = (Netns::new(), Netns::new(), Netns::new());
-    link(&a, "eth0", "192.0.2.1/24", &b, "eth0", "192.0.2.2/24");
-    link(&b, "eth1", "198.51.100.2/24", &c, "eth0", "198.51.100.3/24");
-    let _nb = Node::start(&b, &dir.0, "b", &args("10.126.126.2/24", &[]));
-    let na = Node::start(&a, &dir.0, "a", &args("10.126.126.7/24", &["-p", "udp://192.0.2.2:11010"]));
-    let nc = Node::start(&c, &dir.0, "c", &args("10.126.126.7/24", &["-p", "udp://198.51.100.2:11010"]));
-    let conflict = |n: &Node| n.status()["address_conflicts"].as_array().is_some_and(|c| !c.is_empty());
-    wait_until(Duration::from_secs(15), "both report the conflict", || conflict(&na) && conflict(&nc));
-    let text = na.status()["address_conflicts"][0].as_str().unwrap().to_owned();
-    assert!(text.contains(nc.status()["node_id"].as_str().unwrap()) && text.contains("10.126.126.7"), "{text}");
+    let lan = netns::Lan::new(3);
+    let hub = |i: usize| format!("udp://{}:11010", lan.addrs[i]);
+    let na = Node::start(&lan.hosts[0], &dir.0, "a", &args("10.126.126.1/24", &[]));
+    let nb = Node::start(&lan.hosts[1], &dir.0, "b", &args("10.126.126.2/24", &["-p", &hub(0)]));
+    wait_until(Duration::from_secs(15), "A and B", || {
+        na.peer_established("10.126.126.2") && nb.peer_established("10.126.126.1")
+    });
+    let a_id = na.status()["node_id"].as_str().unwrap().to_owned();
+    // C claims A's address and dials both.
+    let nc = Node::start(&lan.hosts[2], &dir.0, "c", &args("10.126.126.1/24", &["-p", &hub(0), "-p", &hub(1)]));
+    let c_id = nc.status()["node_id"].as_str().unwrap().to_owned();
+    wait_until(Duration::from_secs(20), "every node says why C is refused", || {
+        let (ra, rb, rc) = (reasons(&na), reasons(&nb), reasons(&nc));
+        ra.contains("address conflict")
+            && ra.contains(&c_id)
+            && rb.contains(&format!("claims 10.126.126.1, which belongs to member {a_id}"))
+            && rc.contains("already belongs to another member")
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    for n in [&na, &nb] {
+        let peers = n.status()["peers"].as_array().unwrap().clone();
+        assert!(peers.iter().all(|p| p["node_id"] != c_id.as_str()), "C became a peer: {peers:?}");
+    }
+    assert!(nc.status()["peers"].as_array().unwrap().iter().all(|p| p["state"] != "established"), "C got a session");
+    // The owner keeps its traffic: B reaches A (and only A answers for the address).
+    let (a, b, c) = (&lan.hosts[0], &lan.hosts[1], &lan.hosts[2]);
+    assert!(udp_reaches(b, "10.126.126.2", a, "10.126.126.1"), "B -> A");
+    assert!(udp_reaches(a, "10.126.126.1", b, "10.126.126.2"), "A -> B");
+    assert!(!udp_reaches(c, "10.126.126.1", b, "10.126.126.2"), "C reaches B");
+    assert!(nb.peer_established("10.126.126.1"));
+    assert_eq!(nb.peer("10.126.126.1").unwrap()["node_id"], a_id.as_str());
+}
+
+#[test]
+fn member_announcing_wide_or_overlay_subnets_gets_them_refused() {
+    require_root();
+    let dir = TempDir::new();
+    let lan = netns::Lan::new(3);
+    let hub = format!("udp://{}:11010", lan.addrs[0]);
+    // A already routes 172.16.5.0/24 somewhere else: weft must not replace that route.
+    lan.hosts[0].exec_ok(&["ip", "route", "add", "blackhole", "172.16.5.0/24"]);
+    let na = Node::start(&lan.hosts[0], &dir.0, "a", &args("10.126.126.1/24", &[]));
+    let nb = Node::start(&lan.hosts[1], &dir.0, "b", &args("10.126.126.2/24", &["-p", &hub]));
+    // P announces half the internet, the overlay range, A's overlay address, the LAN
+    // everyone sits on, and one ordinary subnet.
+    let mut pargs = args("10.126.126.3/24", &["-p", &hub]);
+    for n in ["0.0.0.0/1", "10.126.126.0/24", "10.126.126.1/32", "192.0.2.0/24", "172.16.5.0/24"] {
+        pargs.extend(["--proxy-network", n]);
+    }
+    let np = Node::start(&lan.hosts[2], &dir.0, "p", &pargs);
+    let proxied = |n: &Node| {
+        n.status()["routes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|r| r["proxied"].as_array().is_some_and(|p| p.len() == 5))
+    };
+    wait_until(Duration::from_secs(20), "A and B hold P's record", || {
+        na.peer_established("10.126.126.3") && nb.peer_established("10.126.126.3") && proxied(&na) && proxied(&nb)
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    for (name, node, host) in [("A", &na, &lan.hosts[0]), ("B", &nb, &lan.hosts[1])] {
+        let refused = node.status()["refused"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_str().unwrap().to_owned())
+            .collect::<Vec<_>>()
+            .join("\n");
+        for (what, why) in [
+            ("0.0.0.0/1", "shorter than /8"),
+            ("10.126.126.0/24", "overlay network"),
+            ("10.126.126.1/32", "overlay"),
+            ("192.0.2.0/24", "directly connected"),
+        ] {
+            assert!(
+                refused.lines().any(|l| l.contains(what) && l.contains(why)),
+                "{name}: {what} not refused ({why}): {refused}"
+            );
+        }
+        assert!(!refused.contains("172.16.5.0/24"), "{name}: {refused}");
+        let routes = String::from_utf8_lossy(&host.exec_ok(&["ip", "route", "show"]).stdout).into_owned();
+        for bad in ["0.0.0.0/1", "10.126.126.1 dev", "192.0.2.0/24 dev weft0"] {
+            assert!(!routes.contains(bad), "{name} installed {bad}: {routes}");
+        }
+        // No default route here: unreachable is right, the tunnel is not.
+        let get = String::from_utf8_lossy(&host.cmd("ip").args(["route", "get", "8.8.8.8"]).output().unwrap().stdout)
+            .into_owned();
+        assert!(!get.contains("weft0"), "{name} routes the internet into the tunnel: {get}");
+    }
+    // B installs the ordinary subnet; A keeps its own route for it.
+    let b_routes = String::from_utf8_lossy(&lan.hosts[1].exec_ok(&["ip", "route", "show"]).stdout).into_owned();
+    assert!(b_routes.contains("172.16.5.0/24 dev weft0"), "{b_routes}");
+    let a_routes = String::from_utf8_lossy(&lan.hosts[0].exec_ok(&["ip", "route", "show"]).stdout).into_owned();
+    assert!(
+        a_routes.contains("blackhole 172.16.5.0/24") && !a_routes.contains("172.16.5.0/24 dev weft0"),
+        "{a_routes}"
+    );
+    // Overlay traffic still goes to its owners.
+    assert!(udp_reaches(&lan.hosts[1], "10.126.126.2", &lan.hosts[0], "10.126.126.1"));
+    assert!(udp_reaches(&lan.hosts[0], "10.126.126.1", &lan.hosts[2], "10.126.126.3"));
+    let _ = np;
 }
 
 #[test]

@@ -104,12 +104,19 @@ impl hkdf::KeyType for Len32 {
     }
 }
 
-/// A node's static X25519 key pair.
+/// A node's long-term identity: an Ed25519 signing key, and the static X25519 key pair
+/// Noise uses, derived from it (the X25519 private key is the Ed25519 secret scalar,
+/// the public key the Montgomery form of the Ed25519 public key). So whoever knows a
+/// node's X25519 public key (and with it its node id) can check that an Ed25519
+/// public key is that node's: see [`verify_signed`].
 #[derive(Clone)]
 pub struct StaticKey {
+    seed: [u8; 32],
     private: [u8; 32],
-    /// The public half; the node id derives from it.
+    /// The public X25519 half; the node id derives from it.
     pub public: [u8; 32],
+    /// The Ed25519 public key (its Montgomery form is `public`).
+    pub signing_public: [u8; 32],
 }
 
 impl fmt::Debug for StaticKey {
@@ -119,21 +126,47 @@ impl fmt::Debug for StaticKey {
 }
 
 impl StaticKey {
-    /// Generates a fresh key pair from the OS RNG.
+    /// Generates a fresh identity from the OS RNG.
     pub fn generate() -> Result<Self, HandshakeError> {
-        let kp = builder(XX).generate_keypair().map_err(HandshakeError::Setup)?;
-        Self::from_parts(&kp.private, &kp.public).ok_or(HandshakeError::Unexpected)
+        use ring::rand::SecureRandom;
+        let mut seed = [0u8; 32];
+        ring::rand::SystemRandom::new().fill(&mut seed).map_err(|_| HandshakeError::Unexpected)?;
+        Ok(Self::from_seed(seed))
     }
 
-    /// Rebuilds a key pair from its two halves (as stored on disk).
-    pub fn from_parts(private: &[u8], public: &[u8]) -> Option<Self> {
-        Some(Self { private: private.try_into().ok()?, public: public.try_into().ok()? })
+    /// Rebuilds an identity from its Ed25519 seed (as stored in the key file).
+    pub fn from_seed(seed: [u8; 32]) -> Self {
+        let signing = ed25519_dalek::SigningKey::from_bytes(&seed);
+        let verifying = signing.verifying_key();
+        Self {
+            seed,
+            private: signing.to_scalar_bytes(),
+            public: verifying.to_montgomery().to_bytes(),
+            signing_public: verifying.to_bytes(),
+        }
     }
 
-    /// The private half, for writing to the key file.
-    pub fn private_bytes(&self) -> &[u8; 32] {
-        &self.private
+    /// The Ed25519 seed, for writing to the key file.
+    pub fn seed_bytes(&self) -> &[u8; 32] {
+        &self.seed
     }
+
+    /// Signs `msg` with the Ed25519 key.
+    pub fn sign(&self, msg: &[u8]) -> [u8; 64] {
+        use ed25519_dalek::Signer;
+        ed25519_dalek::SigningKey::from_bytes(&self.seed).sign(msg).to_bytes()
+    }
+}
+
+/// Whether `sig` is a valid Ed25519 signature of `msg` by `signing_public`, and that
+/// key is the identity of the node whose static X25519 key is `static_public`
+/// (strict verification: no weak keys, no malleable signatures).
+pub fn verify_signed(signing_public: &[u8; 32], static_public: &[u8; 32], msg: &[u8], sig: &[u8; 64]) -> bool {
+    let Ok(vk) = ed25519_dalek::VerifyingKey::from_bytes(signing_public) else { return false };
+    if vk.to_montgomery().to_bytes() != *static_public {
+        return false;
+    }
+    vk.verify_strict(msg, &ed25519_dalek::Signature::from_bytes(sig)).is_ok()
 }
 
 /// What each side tells the other inside the handshake.
@@ -411,6 +444,31 @@ mod tests {
         let (a_done, m3) = init.read_response(a, &m2)?;
         let b_done = resp.finish(&m3.unwrap())?;
         Ok((a_done, b_done))
+    }
+
+    #[test]
+    fn x25519_key_derives_from_the_signing_key_and_signatures_bind_to_it() {
+        use snow::params::DHChoice;
+        use snow::resolvers::{CryptoResolver, DefaultResolver};
+        for seed in [[0u8; 32], [7u8; 32], [0xff; 32]] {
+            let k = StaticKey::from_seed(seed);
+            // The public key snow computes from our private key (it clamps) is the
+            // Montgomery form of the Ed25519 public key.
+            let mut dh = DefaultResolver.resolve_dh(&DHChoice::Curve25519).unwrap();
+            dh.set(&k.private);
+            assert_eq!(dh.pubkey(), k.public);
+            assert_eq!(StaticKey::from_seed(*k.seed_bytes()).public, k.public);
+            let sig = k.sign(b"record");
+            assert!(verify_signed(&k.signing_public, &k.public, b"record", &sig));
+            assert!(!verify_signed(&k.signing_public, &k.public, b"recorD", &sig));
+            // Someone else's signing key, however valid its signature, is not bound
+            // to this node's X25519 key.
+            let other = StaticKey::from_seed([9u8; 32]);
+            assert!(!verify_signed(&other.signing_public, &k.public, b"record", &other.sign(b"record")));
+            let mut bad = sig;
+            bad[63] ^= 0x80;
+            assert!(!verify_signed(&k.signing_public, &k.public, b"record", &bad));
+        }
     }
 
     #[test]

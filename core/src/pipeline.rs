@@ -29,7 +29,9 @@ use crate::session::Session;
 use crate::stats::{DropCounters, DropReason};
 use crate::transport::udp::{self, MAX_BATCH, Offload, Outgoing, RecvMeta};
 use crate::transport::{Egress, Endpoint, Inbound, Links, frame};
-use crate::wire::{DATA_HEADER_LEN, DataHeader, FLAG_CONTROL, MessageType, RELAY_HEADER_LEN, RelayHeader, ipv4_addrs};
+use crate::wire::{
+    DATA_HEADER_LEN, DataHeader, FLAG_CONTROL, MAX_HOPS, MessageType, RELAY_HEADER_LEN, RelayHeader, ipv4_addrs,
+};
 
 /// Where the data plane hands what it cannot handle itself.
 pub trait ControlSink: Send + Sync + 'static {
@@ -614,7 +616,9 @@ enum Hop {
 }
 
 /// Unwraps a relay header addressed to us, or decides where a frame for someone else
-/// goes. Relayed frames are accepted only from direct neighbours.
+/// goes. Relayed frames are accepted only from direct neighbours' current endpoints
+/// (where their authenticated packets arrive), and forwarded with at most
+/// [`MAX_HOPS`] hops left.
 fn relay_or_local(routes: &RouteSnapshot, stats: &PipelineStats, from: Endpoint, data: &mut [u8]) -> Hop {
     if MessageType::of(data) != Some(MessageType::Relay) {
         return Hop::Local(0, None);
@@ -643,7 +647,9 @@ fn relay_or_local(routes: &RouteSnapshot, stats: &PipelineStats, from: Endpoint,
         stats.drops.add(DropReason::NoRoute, 1);
         return Hop::Drop;
     };
-    data[1] = h.hop_limit - 1;
+    // A sender may start a frame with any hop limit; no frame crosses more than
+    // MAX_HOPS relays, so a member cannot make one circle the mesh for long.
+    data[1] = h.hop_limit.min(MAX_HOPS) - 1;
     Hop::Forward(next)
 }
 

@@ -127,9 +127,16 @@ impl RouteSnapshot {
     }
 
     /// Whether a packet from inner source `src` may come through `session`: the source
-    /// is the peer's overlay address or inside a subnet the peer proxies.
+    /// is the peer's overlay address or inside a subnet the peer proxies. A member's
+    /// overlay address is accepted only from that member (its sessions share one
+    /// stats block), before any subnet rule: no subnet and no second claim of the
+    /// address lets another member send as it.
     pub fn may_send_from(&self, session: &Session, src: Ipv4Addr) -> bool {
-        src == session.peer_addr || self.subnet_route(src).is_some_and(|r| r.session.peer_addr == session.peer_addr)
+        if let Some(owner) = self.tables.by_dst.get(&src) {
+            return Arc::ptr_eq(&owner.session.stats, &session.stats);
+        }
+        src == session.peer_addr
+            || self.subnet_route(src).is_some_and(|r| Arc::ptr_eq(&r.session.stats, &session.stats))
     }
 
     /// The session that carries packets to `dst`.
@@ -166,4 +173,61 @@ impl RouteSnapshot {
 /// The netmask of a prefix length, as a host-order integer (`/24` → `0xffffff00`).
 pub fn prefix_mask(prefix: u8) -> u32 {
     if prefix == 0 { 0 } else { u32::MAX << (32 - u32::from(prefix.min(32))) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crypto::Cipher;
+    use crate::handshake::SessionKeys;
+    use crate::session::SessionParams;
+
+    fn session(index: u32, peer_addr: [u8; 4], stats: &Arc<crate::stats::PeerStats>) -> Arc<Session> {
+        Arc::new(Session::new(SessionParams {
+            local_index: index,
+            remote_index: index,
+            cipher: Cipher::Aes128Gcm,
+            keys: SessionKeys { send: [index as u8; 32], recv: [index as u8; 32] },
+            endpoint: Endpoint::udp(std::net::SocketAddr::from(([192, 0, 2, index as u8], 11010))),
+            peer_addr: peer_addr.into(),
+            confirmed: true,
+            stats: stats.clone(),
+        }))
+    }
+
+    #[test]
+    fn an_overlay_address_is_accepted_only_from_its_owner_before_subnets() {
+        let (owner_stats, other_stats) = (Arc::default(), Arc::default());
+        let owner = session(1, [10, 0, 0, 1], &owner_stats);
+        let owner_rekeyed = session(3, [10, 0, 0, 1], &owner_stats);
+        // A second member claiming the owner's address, and one proxying a subnet
+        // that holds it.
+        let claimer = session(2, [10, 0, 0, 1], &other_stats);
+        let proxy_stats = Arc::default();
+        let proxy = session(4, [10, 0, 0, 4], &proxy_stats);
+        let route = |s: &Arc<Session>| Route { session: s.clone(), target: s.endpoint, relay: None };
+        let snap = RouteSnapshot::with_relays(
+            [0; 8],
+            [(Ipv4Addr::new(10, 0, 0, 1), route(&owner)), (Ipv4Addr::new(10, 0, 0, 4), route(&proxy))],
+            [owner.clone(), owner_rekeyed.clone(), claimer.clone(), proxy.clone()],
+            [],
+            [],
+        )
+        .with_subnets([
+            (Ipv4Addr::new(10, 0, 0, 0), 24, route(&proxy)),
+            (Ipv4Addr::new(172, 16, 0, 0), 16, route(&proxy)),
+        ]);
+        let a = Ipv4Addr::new(10, 0, 0, 1);
+        assert!(snap.may_send_from(&owner, a));
+        assert!(snap.may_send_from(&owner_rekeyed, a), "every session of the owner");
+        assert!(!snap.may_send_from(&claimer, a), "a second claim of the address");
+        assert!(!snap.may_send_from(&proxy, a), "a subnet that holds another member's address");
+        assert!(snap.may_send_from(&proxy, Ipv4Addr::new(10, 0, 0, 9)), "the rest of the subnet");
+        assert!(snap.may_send_from(&proxy, Ipv4Addr::new(172, 16, 3, 4)));
+        assert!(!snap.may_send_from(&owner, Ipv4Addr::new(172, 16, 3, 4)));
+        // An address nobody routes yet (a session still held): its own hello address.
+        let held = session(5, [10, 0, 1, 7], &Arc::default());
+        assert!(snap.may_send_from(&held, Ipv4Addr::new(10, 0, 1, 7)));
+        assert!(!snap.may_send_from(&held, Ipv4Addr::new(10, 0, 1, 8)));
+    }
 }

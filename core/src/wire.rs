@@ -192,6 +192,8 @@ pub enum RejectReason {
     AuthFailed = 1,
     /// The payload could not be parsed (version skew).
     BadPayload = 2,
+    /// The overlay address in the hello already belongs to another member.
+    AddressTaken = 3,
 }
 
 /// A reject message.
@@ -213,6 +215,7 @@ impl RejectRepr {
         let reason = match b[1] {
             1 => RejectReason::AuthFailed,
             2 => RejectReason::BadPayload,
+            3 => RejectReason::AddressTaken,
             _ => return Err(WireError::Invalid),
         };
         Ok(Self { reason, receiver_index: u32::from_le_bytes([b[4], b[5], b[6], b[7]]) })
@@ -353,6 +356,8 @@ mod tests {
         assert_eq!(RejectRepr::parse(&b), Ok(r));
         assert_eq!(RejectRepr::parse(&b[..7]), Err(WireError::Truncated));
         assert_eq!(RejectRepr::parse(&[5, 9, 0, 0, 0, 0, 0, 0]), Err(WireError::Invalid));
+        let taken = RejectRepr { reason: RejectReason::AddressTaken, receiver_index: 7 };
+        assert_eq!(RejectRepr::parse(&taken.emit()), Ok(taken));
     }
 
     static RELAY_BYTES: [u8; 20] = [6, 5, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16];

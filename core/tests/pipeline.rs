@@ -19,7 +19,9 @@ use weft_core::pipeline::{
 use weft_core::route::RouteSnapshot;
 use weft_core::session::{Session, SessionParams};
 use weft_core::stats::{DropCounters, DropReason};
+use weft_core::transport::Endpoint;
 use weft_core::transport::udp::{Offload, RecvMeta};
+use weft_core::wire::{MAX_HOPS, RelayHeader};
 
 #[derive(Default)]
 struct Sink(Mutex<Vec<ControlEvent>>);
@@ -217,6 +219,43 @@ fn rx_hands_handshakes_to_the_control_plane() {
     assert!(deliver(&mut e, std::slice::from_ref(&hs)).is_empty());
     let evs = e.sink.0.lock();
     assert!(matches!(&evs[..], [ControlEvent::Datagram { bytes, .. }] if *bytes == hs));
+}
+
+/// Feeds datagrams from `from` into B's Rx (with `routes`), returns what it forwards.
+fn relay(e: &mut Ends, routes: &RouteSnapshot, from: &str, dgrams: &[Vec<u8>]) -> Vec<(Endpoint, Vec<u8>)> {
+    let (slab, slot, metas) = e.rx.slab();
+    for (i, d) in dgrams.iter().enumerate() {
+        slab[i * slot..i * slot + d.len()].copy_from_slice(d);
+        metas[i] = RecvMeta { from: from.parse().unwrap(), len: d.len(), stride: d.len(), truncated: false };
+    }
+    let mut out = Collect(Vec::new());
+    e.rx.process(routes, &e.shared_b, &e.stats_b, dgrams.len(), 1, &mut out);
+    e.rx.forwarded().map(|(to, b)| (to, b.to_vec())).collect()
+}
+
+#[test]
+fn relays_clamp_the_hop_limit_and_take_frames_only_from_neighbours() {
+    let mut e = ends(Cipher::Aes128Gcm);
+    let neighbour: Endpoint = "192.0.2.1:11010".parse::<SocketAddr>().unwrap().into();
+    let next: Endpoint = "198.51.100.9:11010".parse::<SocketAddr>().unwrap().into();
+    let routes = RouteSnapshot::with_relays([1; 8], [], [e.b_from_a.clone()], [([9; 8], next)], [neighbour]);
+    let frame = |hops: u8| RelayHeader { hop_limit: hops, dst: [9; 8], src: [2; 8] }.wrap(b"sealed inner datagram");
+    // A neighbour's frame is forwarded with its hop limit decremented, and a limit
+    // above MAX_HOPS is clamped first.
+    for (sent, left) in [(5u8, 4u8), (MAX_HOPS, MAX_HOPS - 1), (MAX_HOPS + 1, MAX_HOPS - 1), (255, MAX_HOPS - 1)] {
+        let out = relay(&mut e, &routes, "192.0.2.1:11010", &[frame(sent)]);
+        assert_eq!(out.len(), 1, "hop limit {sent}");
+        assert_eq!(out[0].0, next);
+        assert_eq!(RelayHeader::parse(&out[0].1).unwrap().hop_limit, left, "hop limit {sent}");
+    }
+    assert!(relay(&mut e, &routes, "192.0.2.1:11010", &[frame(0)]).is_empty());
+    assert_eq!(e.stats_b.drops.get(DropReason::HopLimit), 1);
+    // The same frame from anywhere else (another port of the neighbour's host, or a
+    // stranger) is refused: only the neighbour's current endpoint counts.
+    for from in ["192.0.2.1:11011", "203.0.113.5:11010"] {
+        assert!(relay(&mut e, &routes, from, &[frame(5)]).is_empty(), "{from}");
+    }
+    assert_eq!(e.stats_b.drops.get(DropReason::RelayRefused), 2);
 }
 
 #[test]

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use weft_core::transport::{Endpoint, Proto};
 
 use rand::RngCore;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 use weft_core::handshake::Hello;
 use weft_core::route::{Route, RouteSnapshot};
 use weft_core::wire::{DATA_HEADER_LEN, FLAG_CONTROL};
@@ -29,6 +29,9 @@ const PUNCH_FIRST: Duration = Duration::from_secs(2);
 const PUNCH_MAX: Duration = Duration::from_secs(30);
 /// Most candidate endpoints tried per punch.
 const MAX_CANDIDATES: usize = 16;
+/// A peer's punch requests are answered at most this often (its own retries back off
+/// from `PUNCH_FIRST`).
+const PUNCH_ANSWER_EVERY: Duration = Duration::from_secs(1);
 /// First probe of a better transport (doubles up to `UPGRADE_MAX`).
 const UPGRADE_FIRST: Duration = Duration::from_secs(5);
 const UPGRADE_MAX: Duration = Duration::from_secs(60);
@@ -37,7 +40,7 @@ const UPGRADE_MAX: Duration = Duration::from_secs(60);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Msg {
     /// A topology record (ours or one we forward).
-    Record(Record),
+    Record(Box<Record>),
     /// Latency probe.
     Ping(u64),
     /// Answer to a probe.
@@ -77,7 +80,7 @@ impl Msg {
     pub(crate) fn parse(b: &[u8]) -> Option<Self> {
         let (&kind, rest) = b.split_first()?;
         Some(match kind {
-            1 => Self::Record(Record::parse(rest).ok()?),
+            1 => Self::Record(Box::new(Record::parse(rest).ok()?)),
             2 => Self::Ping(u64::from_le_bytes(rest.get(..8)?.try_into().ok()?)),
             3 => Self::Pong(u64::from_le_bytes(rest.get(..8)?.try_into().ok()?)),
             4 => {
@@ -97,7 +100,7 @@ impl Node {
             return;
         };
         match msg {
-            Msg::Record(rec) => self.handle_record(now, key, rec),
+            Msg::Record(rec) => self.handle_record(now, key, *rec),
             Msg::Ping(n) => self.send_msg(&key, &Msg::Pong(n), now),
             Msg::Pong(n) => {
                 // Link latencies reach the mesh with the next periodic record.
@@ -105,10 +108,7 @@ impl Node {
                     p.probe.answered(n, now);
                 }
             }
-            Msg::Punch(eps) => {
-                debug!(peer = %NodeId::from_public(&key), candidates = eps.len(), "punch request");
-                self.punch_to(now, &key, &eps);
-            }
+            Msg::Punch(eps) => self.handle_punch(now, key, &eps),
         }
     }
 
@@ -148,25 +148,49 @@ impl Node {
 
     fn handle_record(&mut self, now: Instant, from_key: [u8; 32], rec: Record) {
         let node = rec.node();
+        let network = &self.cfg.handshake.network_name;
         if node == self.id {
             // Our own record came back: never older than what we publish, unless we
-            // restarted; jump past it so ours wins.
-            if rec.seq >= self.seq {
+            // restarted; jump past it so ours wins. Only a record we signed ourselves
+            // (in an earlier run) counts: nobody else can make us skip numbers, and
+            // parsing caps the sequence far below u64::MAX.
+            if rec.seq >= self.seq && rec.seq < crate::topology::MAX_SEQ && rec.verify(network) {
                 self.seq = rec.seq + 1;
                 self.record_dirty = true;
             }
             return;
         }
+        // Only what would change our table is worth a signature check.
+        if !self.topology.is_newer(&rec) {
+            return;
+        }
+        if !rec.verify(network) {
+            // A member altered or forged someone's record: drop it, never forward it.
+            self.rejected_records += 1;
+            warn!(from = %NodeId::from_public(&from_key), origin = %node, seq = rec.seq, "dropped a topology record whose signature is not its origin's");
+            return;
+        }
         let overlay = rec.overlay;
         let hostname = rec.hostname.clone();
         let key = rec.key;
+        let before = self.topology.get(&node).map(|r| r.proxied.clone()).unwrap_or_default();
         if !self.topology.apply(rec.clone(), now) {
             return;
+        }
+        for (a, p) in rec.proxied.iter().filter(|s| !before.contains(s)) {
+            if let Some(why) = self.subnet_refusal(*a, *p) {
+                warn!(peer = %node, host = %rec.hostname, subnet = %format!("{a}/{p}"), "refused proxied subnet: {why}");
+            }
         }
         // A member we have not met: it exists for routing and status from now on
         // (unless it claims our own address: that is a conflict, or a former identity
         // of this very node, and shows in status as such).
-        if !self.peers.contains_key(&key) && overlay != self.cfg.handshake.hello.ipv4 {
+        // Nor when another member already holds the address: the first holder keeps it.
+        let taken = self.address_owner(overlay, node, |_| false);
+        if let Some(owner) = taken {
+            debug!(peer = %node, %overlay, %owner, "member's record claims another member's address");
+        }
+        if !self.peers.contains_key(&key) && overlay != self.cfg.handshake.hello.ipv4 && taken.is_none() {
             let ours = &self.cfg.handshake.hello;
             let hello = Hello { cipher: ours.cipher, ipv4: overlay, prefix: ours.prefix, hostname };
             self.peers.insert(key, Peer::new(key, hello, None, now, Arc::default()));
@@ -176,7 +200,7 @@ impl Node {
         self.recompute_paths();
         // Flood on to every other direct neighbour.
         let from_id = NodeId::from_public(&from_key);
-        let msg = Msg::Record(rec);
+        let msg = Msg::Record(Box::new(rec));
         let targets: Vec<[u8; 32]> =
             self.direct_neighbours().filter(|k| NodeId::from_public(k) != from_id && *k != key).collect();
         for k in targets {
@@ -292,13 +316,14 @@ impl Node {
         let rec = self.own_record(now);
         self.topology.apply(rec.clone(), now);
         self.recompute_paths();
-        let msg = Msg::Record(rec);
+        let msg = Msg::Record(Box::new(rec));
         let targets: Vec<[u8; 32]> = self.direct_neighbours().collect();
         for k in targets {
             self.send_msg(&k, &msg, now);
         }
     }
 
+    /// Our record, signed.
     fn own_record(&self, now: Instant) -> Record {
         let hello = &self.cfg.handshake.hello;
         let mut neighbours: Vec<Neighbour> = self
@@ -315,8 +340,10 @@ impl Node {
             })
             .collect();
         neighbours.sort_by_key(|n| n.node);
-        Record {
+        let mut rec = Record {
             key: self.cfg.handshake.local.public,
+            signer: self.cfg.handshake.local.signing_public,
+            sig: [0; 64],
             seq: self.seq,
             hostname: hello.hostname.clone(),
             overlay: hello.ipv4,
@@ -324,7 +351,9 @@ impl Node {
             neighbours,
             proxied: self.cfg.proxied.clone(),
             dynamic: self.cfg.dynamic.is_some(),
-        }
+        };
+        rec.sign(&self.cfg.handshake.local, &self.cfg.handshake.network_name);
+        rec
     }
 
     /// Sends every record we know to a new neighbour.
@@ -336,7 +365,7 @@ impl Node {
         // Our own record may be stale in the table when a neighbour just appeared.
         self.record_dirty = true;
         for r in recs {
-            self.send_msg(&key, &Msg::Record(r), now);
+            self.send_msg(&key, &Msg::Record(Box::new(r)), now);
         }
     }
 
@@ -398,6 +427,24 @@ impl Node {
             self.send_msg(&key, &Msg::Punch(ours), now);
             self.punch_to(now, &key, &theirs);
         }
+    }
+
+    /// A peer asks us to send to it directly at `eps` now. Only addresses where it may
+    /// really be are used (the endpoints its signed record announces, and the UDP
+    /// addresses its neighbours observe), never an arbitrary address a member names
+    /// (that would make us send to a third party for it), and at most once a second
+    /// per peer.
+    fn handle_punch(&mut self, now: Instant, key: [u8; 32], eps: &[Endpoint]) {
+        let Some(p) = self.peers.get_mut(&key) else { return };
+        if p.punch_answer_next.is_some_and(|t| now < t) {
+            debug!(peer = %p.id, "punch request too soon; ignored");
+            return;
+        }
+        p.punch_answer_next = Some(now + PUNCH_ANSWER_EVERY);
+        let known = self.candidates(&key);
+        let targets: Vec<Endpoint> = eps.iter().filter(|e| known.contains(e)).copied().collect();
+        debug!(peer = %NodeId::from_public(&key), asked = eps.len(), used = targets.len(), "punch request");
+        self.punch_to(now, &key, &targets);
     }
 
     /// Sends a keepalive of `key`'s session straight to each address.
@@ -523,17 +570,19 @@ impl Node {
                 next_hops.insert(p.id.to_bytes(), e);
             }
         }
-        let neighbours: Vec<Endpoint> =
-            self.peers.values().filter(|p| p.direct && !p.sessions.is_empty()).filter_map(|p| p.endpoint).collect();
+        // Relayed frames are taken only from these: the current (authenticated) endpoint
+        // of each direct neighbour with a confirmed session.
+        let neighbours: Vec<Endpoint> = self
+            .peers
+            .values()
+            .filter(|p| p.direct && p.sessions.iter().any(|s| s.session.is_confirmed()))
+            .filter_map(|p| p.endpoint)
+            .collect();
         let by_overlay: BTreeMap<std::net::Ipv4Addr, Route> = routes.iter().cloned().collect();
         let subnets: Vec<(std::net::Ipv4Addr, u8, Route)> = self
-            .topology
-            .records()
-            .filter(|r| r.node() != self.id)
-            .flat_map(|r| {
-                let route = by_overlay.get(&r.overlay).cloned();
-                r.proxied.iter().filter(|(_, p)| *p > 0).filter_map(move |(a, p)| Some((*a, *p, route.clone()?)))
-            })
+            .accepted_subnets()
+            .into_iter()
+            .filter_map(|(r, a, p)| Some((a, p, by_overlay.get(&r.overlay)?.clone())))
             .collect();
         RouteSnapshot::with_relays(self.id.to_bytes(), routes, receiving, next_hops, neighbours)
             .with_subnets(subnets)
@@ -544,13 +593,10 @@ impl Node {
     /// into the TUN.
     pub(crate) fn proxied_routes(&self) -> Vec<(std::net::Ipv4Addr, u8)> {
         let mut v: Vec<(std::net::Ipv4Addr, u8)> = self
-            .topology
-            .records()
-            .filter(|r| r.node() != self.id && self.paths.contains_key(&r.node()))
-            .flat_map(|r| r.proxied.iter().copied())
-            // A /0 from a misconfigured member would capture every member's traffic,
-            // the underlay to the peers included.
-            .filter(|(_, p)| *p > 0)
+            .accepted_subnets()
+            .into_iter()
+            .filter(|(r, _, _)| self.paths.contains_key(&r.node()))
+            .map(|(_, a, p)| (a, p))
             .collect();
         v.sort();
         v.dedup();
@@ -602,6 +648,81 @@ impl Node {
         for k in keys {
             self.rehandshake(now, k);
         }
+    }
+
+    /// Whether `r`'s node is the member we route its overlay address to (a record
+    /// claiming an address another member holds gets nothing routed).
+    fn owns_address(&self, r: &Record) -> bool {
+        self.peers.get(&r.key).is_some_and(|p| p.hello.ipv4 == r.overlay)
+            && self.address_owner(r.overlay, r.node(), |_| false).is_none()
+    }
+
+    /// Subnets other members proxy that we accept, with the record announcing each.
+    fn accepted_subnets(&self) -> Vec<(&Record, std::net::Ipv4Addr, u8)> {
+        self.topology
+            .records()
+            .filter(|r| !r.proxied.is_empty() && r.node() != self.id && self.owns_address(r))
+            .flat_map(|r| r.proxied.iter().map(move |(a, p)| (r, *a, *p)))
+            .filter(|(_, a, p)| self.subnet_refusal(*a, *p).is_none())
+            .collect()
+    }
+
+    /// Why we will not route subnet `a/p` that a member proxies, if we will not: it
+    /// would capture traffic that is not the member's to take.
+    pub(crate) fn subnet_refusal(&self, a: std::net::Ipv4Addr, p: u8) -> Option<String> {
+        let overlaps = |b: std::net::Ipv4Addr, q: u8| {
+            let m = weft_core::route::prefix_mask(p.min(q));
+            u32::from(a) & m == u32::from(b) & m
+        };
+        if p == 0 {
+            return Some("a /0 would route every destination, the underlay included, to that member".into());
+        }
+        if p < 8 && !self.cfg.accept_wide_subnets {
+            return Some(format!("/{p} is shorter than /8 (accepted only with --accept-wide-subnets on this node)"));
+        }
+        let hello = &self.cfg.handshake.hello;
+        if overlaps(hello.ipv4, hello.prefix) {
+            let m = weft_core::route::prefix_mask(hello.prefix);
+            let net = std::net::Ipv4Addr::from(u32::from(hello.ipv4) & m);
+            return Some(format!("overlaps the overlay network {net}/{}", hello.prefix));
+        }
+        let members = self
+            .topology
+            .records()
+            .map(|r| (r.overlay, r.node()))
+            .chain(self.peers.values().map(|x| (x.hello.ipv4, x.id)));
+        for (addr, id) in members {
+            if overlaps(addr, 32) {
+                return Some(format!("holds member {id}'s overlay address {addr}"));
+            }
+        }
+        if let Some((b, q)) = self.cfg.local_networks.iter().find(|(b, q)| overlaps(*b, *q)) {
+            return Some(format!("overlaps {b}/{q}, a network this node is directly connected to"));
+        }
+        None
+    }
+
+    /// Claims in other members' records that we refuse, each with the reason (for
+    /// status): an overlay address another member holds.
+    pub(crate) fn refused_claims(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        for r in self.topology.records().filter(|r| r.node() != self.id) {
+            if let Some(owner) = self.address_owner(r.overlay, r.node(), |_| false) {
+                v.push(format!(
+                    "member {} ({:?}) claims overlay address {}, which belongs to member {owner}: refused",
+                    r.node(),
+                    r.hostname,
+                    r.overlay
+                ));
+                continue;
+            }
+            for (a, p) in &r.proxied {
+                if let Some(why) = self.subnet_refusal(*a, *p) {
+                    v.push(format!("member {} ({:?}) proxies {a}/{p}: refused, {why}", r.node(), r.hostname));
+                }
+            }
+        }
+        v
     }
 
     /// Members whose record claims our overlay address.

@@ -26,7 +26,7 @@ use weft_core::wire::{
 use crate::identity::NodeId;
 use crate::peer::{Driver, Peer, SessionEntry};
 use crate::status::{DialStatus, InboundFailure, NodeStatus, PathStatus, PeerState, PeerStatus};
-use crate::topology::{Path, Topology};
+use crate::topology::{Path, Record, Topology};
 
 /// Timing of the session engine.
 #[derive(Debug, Clone, Copy)]
@@ -127,6 +127,12 @@ pub struct Config {
     pub proxied: Vec<(Ipv4Addr, u8)>,
     /// `--dhcp`: the range the overlay address was picked from; it moves on a conflict.
     pub dynamic: Option<(Ipv4Addr, u8)>,
+    /// `--accept-wide-subnets`: route subnets other members proxy even when shorter
+    /// than /8 (never a /0).
+    pub accept_wide_subnets: bool,
+    /// Networks this node is directly connected to (its interfaces' networks): a
+    /// member's proxied subnet overlapping one is refused.
+    pub local_networks: Vec<(Ipv4Addr, u8)>,
 }
 
 /// A fact the runtime reports.
@@ -351,6 +357,8 @@ pub struct Node {
     prev_load_count: u32,
     overloaded_until: Option<Instant>,
     admission: AdmissionStats,
+    /// Topology records dropped because their signature was not their origin's.
+    pub(crate) rejected_records: u64,
 }
 
 impl Node {
@@ -406,6 +414,7 @@ impl Node {
             prev_load_count: 0,
             overloaded_until: None,
             admission: AdmissionStats::default(),
+            rejected_records: 0,
         }
     }
 
@@ -485,7 +494,24 @@ impl Node {
             peers,
             dials,
             inbound_failures: self.inbound_failures.iter().cloned().collect(),
+            rejected_records: self.rejected_records,
+            refused: self.refused_claims(),
         }
+    }
+
+    /// Replaces the networks this node is directly connected to (the runtime reads its
+    /// interfaces); proxied subnets are checked against them again.
+    pub fn set_local_networks(&mut self, networks: Vec<(Ipv4Addr, u8)>) {
+        if networks != self.cfg.local_networks {
+            self.cfg.local_networks = networks;
+            self.routes_dirty = true;
+            self.finish_step();
+        }
+    }
+
+    /// The topology records this node holds (every member's signed self-description).
+    pub fn topology(&self) -> &Topology {
+        &self.topology
     }
 
     /// Replaces the endpoints announced in our record (once the listeners are bound).
@@ -710,6 +736,12 @@ impl Node {
                     .insert(local, PendingResp { responder, from, via, remote_index: hdr.sender_index, started: now });
             }
             Ok(Responded::Completed(done, msg)) => {
+                // IK: the hello is known now; a taken address is refused before we
+                // answer (only members reach this far once handshakes carry a MAC).
+                if let Some(why) = self.claim_refused(&done.remote_static, done.hello.ipv4, from, via) {
+                    self.refuse_claim(now, back, hdr.sender_index, None, why);
+                    return;
+                }
                 let local = self.new_index();
                 self.send_handshake(&back, MessageType::HandshakeResponse, hdr.pattern, local, hdr.sender_index, &msg);
                 // IK responder: the PSK is only proven by the initiator's first data packet.
@@ -741,6 +773,10 @@ impl Node {
                 self.handshake_failed(now, p.target, msg);
             }
             Ok((done, finish)) => {
+                if let Some(why) = self.claim_refused(&done.remote_static, done.hello.ipv4, from, via) {
+                    self.refuse_claim(now, back, hdr.sender_index, Some(p.target), why);
+                    return;
+                }
                 // XX: send the finish message even on a cipher mismatch, so that the
                 // responder learns of it through an authenticated handshake too.
                 if let Some(fin) = finish {
@@ -776,7 +812,16 @@ impl Node {
         let why = match r.reason {
             RejectReason::AuthFailed => "authentication failed: network secret or name differs",
             RejectReason::BadPayload => "malformed hello (version mismatch?)",
+            RejectReason::AddressTaken => {
+                "our overlay address already belongs to another member of the mesh (choose another --ipv4)"
+            }
         };
+        let ours = self.pending_init.contains_key(&r.receiver_index) || self.held.contains_key(&r.receiver_index);
+        if ours && r.reason == RejectReason::AddressTaken && self.cfg.dynamic.is_some() {
+            // Our --dhcp address is held by another member: move, and let the retry
+            // find us elsewhere.
+            self.move_address(now, None);
+        }
         if let Some(p) = self.pending_init.remove(&r.receiver_index) {
             let msg = format!("peer {from} rejected our handshake: {why}");
             warn!("{msg}");
@@ -793,10 +838,19 @@ impl Node {
                     self.handshake_failed(now, target, msg);
                 }
                 None => {
-                    let reason = format!("peer could not authenticate our handshake response: {why}");
+                    let reason = match r.reason {
+                        RejectReason::AddressTaken => format!("peer {from} refused our handshake: {why}"),
+                        _ => format!("peer could not authenticate our handshake response: {why}"),
+                    };
                     self.record_inbound_failure(now, from, reason);
                 }
             }
+            return;
+        }
+        // An XX handshake we answered, refused by the initiator before its finish.
+        if r.reason == RejectReason::AddressTaken && self.pending_resp.remove(&r.receiver_index).is_some() {
+            warn!(peer = %from, "handshake refused: {why}");
+            self.record_inbound_failure(now, from, format!("peer {from} refused our handshake: {why}"));
         }
     }
 
@@ -861,6 +915,10 @@ impl Node {
             Some(format!("cipher mismatch: we use {}, peer {id} at {from} uses {}", ours.cipher, done.hello.cipher))
         } else if done.hello.ipv4 == ours.ipv4 {
             Some(format!("address conflict: peer {id} at {from} also claims {}", ours.ipv4))
+        } else if let Some(why) = self.claim_refused(&done.remote_static, done.hello.ipv4, from, via) {
+            // XX responder (the finish carried the hello): tell the initiator why.
+            self.refuse_claim(now, Dest::reply(from, via, self.id), remote, target, why);
+            return;
         } else {
             None
         };
@@ -933,6 +991,11 @@ impl Node {
             return;
         }
         let id = NodeId::from_public(&key);
+        if let Some(why) = self.claim_refused(&key, hello.ipv4, from, via) {
+            self.refuse_claim(now, Dest::reply(from, via, self.id), entry.session.remote_index, target, why);
+            self.routes_dirty = true;
+            return;
+        }
         // A node that came back with a new key at the same endpoint replaces its old entry:
         // once the old entry is down, or at once if it claims the old entry's endpoint
         // and address (a restart faster than dead_after).
@@ -1010,6 +1073,67 @@ impl Node {
         self.send_reject(&back, reject);
         debug!(peer = %back.to, error = %e, "inbound handshake refused");
         self.record_inbound_failure(now, back.to, e.to_string());
+    }
+
+    /// Why node `key`'s claim of overlay address `addr` (in a hello from `from`) is
+    /// refused: another live member holds it. The first holder keeps it, whatever the
+    /// keys; only a node back with a new key at its old entry's endpoint and address
+    /// (a restart) replaces that entry.
+    pub(crate) fn claim_refused(
+        &self,
+        key: &[u8; 32],
+        addr: Ipv4Addr,
+        from: Endpoint,
+        via: Option<NodeId>,
+    ) -> Option<String> {
+        let id = NodeId::from_public(key);
+        let owner = self.address_owner(addr, id, |p| via.is_none() && p.endpoint == Some(from))?;
+        let host = self
+            .topology
+            .get(&owner)
+            .map(|r| r.hostname.as_str())
+            .or_else(|| self.ids.get(&owner).and_then(|k| self.peers.get(k)).map(|p| p.hello.hostname.as_str()));
+        Some(format!(
+            "address conflict: peer {id} at {from} claims {addr}, which belongs to member {owner} ({:?})",
+            host.unwrap_or("?")
+        ))
+    }
+
+    /// The live member other than `claimant` that holds `addr`: a peer with a confirmed
+    /// session, else a member reachable in the topology whose record claims it. A peer
+    /// for which `restart` holds does not count (its entry is about to be replaced).
+    pub(crate) fn address_owner(
+        &self,
+        addr: Ipv4Addr,
+        claimant: NodeId,
+        restart: impl Fn(&Peer) -> bool,
+    ) -> Option<NodeId> {
+        let up = self.peers.values().find(|p| p.id != claimant && p.hello.ipv4 == addr && p.is_up());
+        if let Some(p) = up {
+            return (!restart(p)).then_some(p.id);
+        }
+        self.topology
+            .records()
+            .filter(|r| r.overlay == addr && r.node() != claimant && r.node() != self.id)
+            .filter(|r| self.paths.contains_key(&r.node()))
+            // A member whose session with us died is not holding anything, whatever
+            // its last record says.
+            .find(|r| {
+                self.peers.get(&r.key).is_none_or(|p| p.hello.ipv4 == addr && p.down_since.is_none() && !restart(p))
+            })
+            .map(Record::node)
+    }
+
+    /// Refuses a handshake whose hello claims a taken address: the other end gets a
+    /// reject saying so, our status the reason.
+    fn refuse_claim(&mut self, now: Instant, back: Dest, remote_index: u32, target: Option<Target>, why: String) {
+        warn!("{why}");
+        let reject = RejectRepr { reason: RejectReason::AddressTaken, receiver_index: remote_index };
+        self.send_reject(&back, reject);
+        match target {
+            Some(t) => self.handshake_failed(now, t, why),
+            None => self.record_inbound_failure(now, back.to, why),
+        }
     }
 
     fn record_inbound_failure(&mut self, now: Instant, from: Endpoint, reason: String) {

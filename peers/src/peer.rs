@@ -72,6 +72,8 @@ pub(crate) struct Peer {
     pub(crate) probe: Probe,
     /// Hole punching towards a relayed peer.
     pub(crate) punch: Driver,
+    /// The peer's punch requests are not answered again before this (rate limit).
+    pub(crate) punch_answer_next: Option<Instant>,
     /// Newest first.
     pub(crate) sessions: Vec<SessionEntry>,
     pub(crate) driver: Driver,
@@ -109,6 +111,7 @@ impl Peer {
             stats,
             probe: Probe::default(),
             punch: Driver::default(),
+            punch_answer_next: None,
             sessions: Vec::new(),
             driver: Driver::default(),
             last_handshake: None,

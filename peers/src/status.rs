@@ -137,4 +137,10 @@ pub struct NodeStatus {
     pub dials: Vec<DialStatus>,
     /// Refused inbound handshakes.
     pub inbound_failures: Vec<InboundFailure>,
+    /// Topology records dropped because they were not signed by their origin
+    /// (forged or altered by a member).
+    pub rejected_records: u64,
+    /// Claims of other members we refuse, each with the reason (an overlay address
+    /// another member holds, a proxied subnet we will not route).
+    pub refused: Vec<String>,
 }

@@ -22,9 +22,21 @@ pub const RECORD_TTL: Duration = Duration::from_secs(90);
 pub const REFRESH: Duration = Duration::from_secs(30);
 /// Longest usable path: a relayed frame crosses at most `MAX_HOPS` relays.
 pub const MAX_LINKS: u32 = weft_core::wire::MAX_HOPS as u32 + 1;
-/// Most neighbours or endpoints a record may carry.
-const MAX_LIST: usize = 255;
-const RECORD_VERSION: u8 = 2;
+/// Most neighbours a record may carry.
+pub const MAX_NEIGHBOURS: usize = 255;
+/// Most endpoints a record may carry.
+pub const MAX_ENDPOINTS: usize = 32;
+/// Most proxied subnets a record may carry.
+pub const MAX_SUBNETS: usize = 32;
+/// Most records a node holds (its own always fits).
+pub const MAX_RECORDS: usize = 4096;
+/// Highest sequence number accepted. A node bumps its own once per change, so it never
+/// gets near; a record above it (which would leave its origin no newer number to
+/// publish) is refused.
+pub const MAX_SEQ: u64 = 1 << 62;
+const RECORD_VERSION: u8 = 3;
+/// Domain separation of record signatures.
+const SIGN_CONTEXT: &[u8] = b"weft/v1/record\0";
 
 /// A direct neighbour in a record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,6 +56,8 @@ pub struct Neighbour {
 pub struct Record {
     /// The node's static public key (its id derives from it).
     pub key: [u8; 32],
+    /// The node's Ed25519 public key; its Montgomery form must be `key`.
+    pub signer: [u8; 32],
     /// Increases with every change; the highest wins.
     pub seq: u64,
     /// Host name.
@@ -58,6 +72,8 @@ pub struct Record {
     pub proxied: Vec<(Ipv4Addr, u8)>,
     /// The overlay address was picked by `--dhcp` and moves on a conflict.
     pub dynamic: bool,
+    /// The origin's Ed25519 signature of [`Record::signed_message`].
+    pub sig: [u8; 64],
 }
 
 /// A record that does not parse.
@@ -71,10 +87,40 @@ impl Record {
         NodeId::from_public(&self.key)
     }
 
-    /// Appends the encoding to `out`.
+    /// Appends the encoding (the signed body, then the signature) to `out`.
     pub fn emit(&self, out: &mut Vec<u8>) {
+        self.emit_body(out);
+        out.extend_from_slice(&self.sig);
+    }
+
+    /// What the origin signs: a context naming the network, then the canonical body
+    /// (everything but the signature, as [`Record::emit`] writes it).
+    pub fn signed_message(&self, network: &str) -> Vec<u8> {
+        let mut m = SIGN_CONTEXT.to_vec();
+        let net = &network.as_bytes()[..network.len().min(255)];
+        m.push(net.len() as u8);
+        m.extend_from_slice(net);
+        self.emit_body(&mut m);
+        m
+    }
+
+    /// Signs the record with the origin's key (whose public halves it must carry).
+    pub fn sign(&mut self, key: &weft_core::handshake::StaticKey, network: &str) {
+        self.key = key.public;
+        self.signer = key.signing_public;
+        self.sig = key.sign(&self.signed_message(network));
+    }
+
+    /// Whether the record is signed by the node it describes (its Ed25519 key is the
+    /// one its X25519 key, and so its id, derives from) within `network`.
+    pub fn verify(&self, network: &str) -> bool {
+        weft_core::handshake::verify_signed(&self.signer, &self.key, &self.signed_message(network), &self.sig)
+    }
+
+    fn emit_body(&self, out: &mut Vec<u8>) {
         out.push(RECORD_VERSION);
         out.extend_from_slice(&self.key);
+        out.extend_from_slice(&self.signer);
         out.extend_from_slice(&self.seq.to_le_bytes());
         let name = &self.hostname.as_bytes()[..self.hostname.len().min(255)];
         let name = match std::str::from_utf8(name) {
@@ -84,12 +130,12 @@ impl Record {
         out.push(name.len() as u8);
         out.extend_from_slice(name);
         out.extend_from_slice(&self.overlay.octets());
-        let eps = &self.endpoints[..self.endpoints.len().min(MAX_LIST)];
+        let eps = &self.endpoints[..self.endpoints.len().min(MAX_ENDPOINTS)];
         out.push(eps.len() as u8);
         for e in eps {
             emit_addr(e, out);
         }
-        let ns = &self.neighbours[..self.neighbours.len().min(MAX_LIST)];
+        let ns = &self.neighbours[..self.neighbours.len().min(MAX_NEIGHBOURS)];
         out.push(ns.len() as u8);
         for n in ns {
             out.extend_from_slice(&n.node.to_bytes());
@@ -98,7 +144,7 @@ impl Record {
             emit_addr(&n.observed, out);
         }
         out.push(u8::from(self.dynamic));
-        let ps = &self.proxied[..self.proxied.len().min(MAX_LIST)];
+        let ps = &self.proxied[..self.proxied.len().min(MAX_SUBNETS)];
         out.push(ps.len() as u8);
         for (a, p) in ps {
             out.extend_from_slice(&a.octets());
@@ -113,12 +159,20 @@ impl Record {
             return Err(BadRecord);
         }
         let key: [u8; 32] = r.take(32)?.try_into().map_err(|_| BadRecord)?;
+        let signer: [u8; 32] = r.take(32)?.try_into().map_err(|_| BadRecord)?;
         let seq = u64::from_le_bytes(r.take(8)?.try_into().map_err(|_| BadRecord)?);
+        if seq > MAX_SEQ {
+            return Err(BadRecord);
+        }
         let n = usize::from(r.u8()?);
         let hostname = std::str::from_utf8(r.take(n)?).map_err(|_| BadRecord)?.to_owned();
         let o = r.take(4)?;
         let overlay = Ipv4Addr::new(o[0], o[1], o[2], o[3]);
-        let endpoints = (0..r.u8()?).map(|_| r.addr()).collect::<Result<_, _>>()?;
+        let n = r.u8()?;
+        if usize::from(n) > MAX_ENDPOINTS {
+            return Err(BadRecord);
+        }
+        let endpoints = (0..n).map(|_| r.addr()).collect::<Result<_, _>>()?;
         let neighbours = (0..r.u8()?)
             .map(|_| {
                 let node = NodeId::from_bytes(r.take(8)?.try_into().map_err(|_| BadRecord)?);
@@ -135,7 +189,11 @@ impl Record {
             1 => true,
             _ => return Err(BadRecord),
         };
-        let proxied = (0..r.u8()?)
+        let n = r.u8()?;
+        if usize::from(n) > MAX_SUBNETS {
+            return Err(BadRecord);
+        }
+        let proxied = (0..n)
             .map(|_| {
                 let a = r.take(4)?;
                 let prefix = r.u8()?;
@@ -145,7 +203,11 @@ impl Record {
                 Ok((Ipv4Addr::new(a[0], a[1], a[2], a[3]), prefix))
             })
             .collect::<Result<_, _>>()?;
-        Ok(Self { key, seq, hostname, overlay, endpoints, neighbours, proxied, dynamic })
+        let sig: [u8; 64] = r.take(64)?.try_into().map_err(|_| BadRecord)?;
+        if !r.0.is_empty() {
+            return Err(BadRecord);
+        }
+        Ok(Self { key, signer, seq, hostname, overlay, endpoints, neighbours, proxied, dynamic, sig })
     }
 }
 
@@ -211,16 +273,30 @@ pub struct Topology {
 }
 
 impl Topology {
-    /// Stores `rec` if it is newer than what we have. Returns true if it was.
+    /// Stores `rec` if it is newer than what we have (and, for a node we do not know,
+    /// if the table is not full). Returns true if it was. The caller checks the
+    /// signature.
     pub fn apply(&mut self, rec: Record, now: Instant) -> bool {
-        let id = rec.node();
-        match self.records.get(&id) {
-            Some((old, _)) if old.seq >= rec.seq => false,
-            _ => {
-                self.records.insert(id, (rec, now));
-                true
-            }
+        if !self.is_newer(&rec) || rec.seq > MAX_SEQ {
+            return false;
         }
+        let id = rec.node();
+        if !self.records.contains_key(&id) && self.records.len() >= MAX_RECORDS {
+            return false;
+        }
+        self.records.insert(id, (rec, now));
+        true
+    }
+
+    /// Whether `rec` would replace what we hold about its node (a cheap test before
+    /// checking a signature).
+    pub fn is_newer(&self, rec: &Record) -> bool {
+        self.records.get(&rec.node()).is_none_or(|(old, _)| old.seq < rec.seq)
+    }
+
+    /// Whether the table holds [`MAX_RECORDS`] records.
+    pub fn is_full(&self) -> bool {
+        self.records.len() >= MAX_RECORDS
     }
 
     /// Forgets a node's record (its key was replaced).
@@ -317,13 +393,19 @@ impl Topology {
 mod tests {
     use super::*;
 
+    fn static_key(i: u8) -> weft_core::handshake::StaticKey {
+        weft_core::handshake::StaticKey::from_seed([i; 32])
+    }
+
     fn key(i: u8) -> [u8; 32] {
-        [i; 32]
+        static_key(i).public
     }
 
     fn rec(i: u8, seq: u64, ns: &[(u8, u32)]) -> Record {
-        Record {
+        let mut r = Record {
             key: key(i),
+            signer: [0; 32],
+            sig: [0; 64],
             seq,
             hostname: format!("n{i}"),
             overlay: Ipv4Addr::new(10, 0, 0, i),
@@ -339,7 +421,9 @@ mod tests {
                 .collect(),
             proxied: vec![(Ipv4Addr::new(172, 16, i, 0), 24)],
             dynamic: i.is_multiple_of(2),
-        }
+        };
+        r.sign(&static_key(i), "net");
+        r
     }
 
     fn id(i: u8) -> NodeId {
@@ -350,12 +434,87 @@ mod tests {
     fn record_round_trip_and_truncation() {
         let mut r = rec(1, 7, &[(2, 5), (3, 9)]);
         r.endpoints.push("[2001:db8::1]:11010".parse().unwrap());
+        r.sign(&static_key(1), "net");
         let mut b = Vec::new();
         r.emit(&mut b);
-        assert_eq!(Record::parse(&b).unwrap(), r);
+        let back = Record::parse(&b).unwrap();
+        assert_eq!(back, r);
+        assert!(back.verify("net"));
         for cut in 0..b.len() {
             assert!(Record::parse(&b[..cut]).is_err(), "cut at {cut}");
         }
+        b.push(0);
+        assert!(Record::parse(&b).is_err(), "trailing bytes");
+    }
+
+    #[test]
+    fn signatures_bind_the_record_to_its_origin_and_network() {
+        let r = rec(1, 7, &[(2, 5)]);
+        assert!(r.verify("net"));
+        assert!(!r.verify("other-net"), "a record signed for one network is not valid in another");
+        // Any change by someone else breaks the signature.
+        let mut forged = r.clone();
+        forged.endpoints = vec![Endpoint::from(SocketAddr::from(([203, 0, 113, 66], 11010)))];
+        assert!(!forged.verify("net"));
+        let mut forged = r.clone();
+        forged.seq += 1;
+        assert!(!forged.verify("net"));
+        let mut forged = r.clone();
+        forged.proxied.push((Ipv4Addr::new(10, 99, 0, 0), 16));
+        assert!(!forged.verify("net"));
+        // Re-signing with another member's key does not help: that key's Montgomery
+        // form is not the record's X25519 key (so not its node id).
+        let mut forged = r;
+        forged.seq += 1;
+        let mut msg_key = static_key(3);
+        forged.signer = msg_key.signing_public;
+        forged.sig = msg_key.sign(&forged.signed_message("net"));
+        assert!(!forged.verify("net"));
+        // And re-signing it as a whole makes it the forger's record, not node 1's.
+        msg_key = static_key(3);
+        forged.sign(&msg_key, "net");
+        assert!(forged.verify("net"));
+        assert_eq!(forged.node(), id(3));
+    }
+
+    #[test]
+    fn caps_on_counts_sequence_and_table_size() {
+        // Too many endpoints or subnets on the wire are refused.
+        let mut r = rec(1, 1, &[]);
+        r.endpoints =
+            (0..MAX_ENDPOINTS as u16 + 1).map(|p| Endpoint::from(SocketAddr::from(([192, 0, 2, 1], p)))).collect();
+        let mut b = Vec::new();
+        r.emit(&mut b);
+        // emit itself caps, so forge the count byte: find it after the fixed prefix.
+        let at = 1 + 32 + 32 + 8 + 1 + r.hostname.len() + 4;
+        assert_eq!(usize::from(b[at]), MAX_ENDPOINTS);
+        b[at] = MAX_ENDPOINTS as u8 + 1;
+        assert!(Record::parse(&b).is_err());
+        // A sequence number above the bound is refused, whoever signed it.
+        let mut top = rec(1, MAX_SEQ + 1, &[]);
+        top.sign(&static_key(1), "net");
+        let mut b = Vec::new();
+        top.emit(&mut b);
+        assert!(Record::parse(&b).is_err());
+        let mut t = Topology::default();
+        let now = Instant::now();
+        assert!(!t.apply(top, now));
+        let max = rec(1, u64::MAX, &[]);
+        assert!(!t.apply(max, now));
+        // The table holds at most MAX_RECORDS nodes; known nodes still update.
+        let mut t = Topology::default();
+        let mut base = rec(1, 1, &[]);
+        for i in 0..MAX_RECORDS as u32 {
+            let mut k = [0u8; 32];
+            k[..4].copy_from_slice(&i.to_le_bytes());
+            base.key = k;
+            assert!(t.apply(base.clone(), now));
+        }
+        assert!(t.is_full());
+        assert!(!t.apply(rec(2, 1, &[]), now), "a new node does not fit a full table");
+        base.seq = 2;
+        assert!(t.apply(base, now), "a known node still updates");
+        assert_eq!(t.len(), MAX_RECORDS);
     }
 
     #[test]

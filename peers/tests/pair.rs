@@ -25,10 +25,11 @@ use rand_chacha::ChaCha8Rng;
 use weft_core::crypto::Cipher;
 use weft_core::handshake::{Initiator, Params, StaticKey};
 use weft_core::session::Session;
-use weft_core::wire::{DATA_HEADER_LEN, DataHeader, MessageType};
+use weft_core::wire::{DATA_HEADER_LEN, DataHeader, FLAG_CONTROL, MessageType};
 use weft_peers::node::TICK;
 use weft_peers::status::{PathStatus, PeerState, PeerStatus};
-use weft_peers::{Node, NodeId, PeerRef, Timers};
+use weft_peers::topology::{MAX_SEQ, Record};
+use weft_peers::{Config, Node, NodeId, PeerRef, Timers};
 
 const NET: &str = "pairnet";
 const SECRET: &str = "correct horse battery staple";
@@ -103,9 +104,14 @@ struct Sim {
     log: Vec<Sent>,
     boots: u64,
     tag: u64,
+    /// Changes to a node's engine configuration, applied at each boot.
+    tweaks: Vec<(usize, Tweak)>,
 }
 
 type Queue = VecDeque<Wire>;
+
+/// A change to a node's engine configuration.
+type Tweak = Box<dyn Fn(&mut Config)>;
 
 impl Sim {
     /// Builds the nodes (`(params, dials, timers)` each) and runs the first tick at
@@ -135,6 +141,7 @@ impl Sim {
             log: Vec::new(),
             boots: 0,
             tag: 0,
+            tweaks: Vec::new(),
         };
         for i in 0..sim.slots.len() {
             sim.boot(i);
@@ -157,6 +164,9 @@ impl Sim {
         let dial = s.dial.iter().map(|&j| addr(j)).collect();
         let mut cfg = harness::config(s.params.clone(), dial, self.epoch, s.timers, addr(i));
         cfg.endpoints.extend(self.extra.iter().map(|p| Endpoint::new(*p, addr(i).addr)));
+        for (_, f) in self.tweaks.iter().filter(|(j, _)| *j == i) {
+            f(&mut cfg);
+        }
         let rng: Box<dyn RngCore + Send> = Box::new(ChaCha8Rng::seed_from_u64(s.seed + 1000 * self.boots));
         s.host.start(Node::new(cfg, rng));
     }
@@ -357,6 +367,30 @@ impl Sim {
             [] => Err("not delivered"),
             _ => Err("wrong packets delivered"),
         }
+    }
+
+    /// Member `from` sends `to` a control message of its own making (what a
+    /// compromised member could send): sealed on its real session with `to`.
+    fn send_control(&mut self, from: usize, to: usize, msg: &[u8]) {
+        let session = self.route(from, to).expect("a session to send the message on");
+        let mut buf = vec![0u8; DATA_HEADER_LEN + msg.len() + 16];
+        buf[DATA_HEADER_LEN..DATA_HEADER_LEN + msg.len()].copy_from_slice(msg);
+        let n = session.seal_with_flags(&mut buf, msg.len(), FLAG_CONTROL).expect("seal");
+        buf.truncate(n);
+        let src = self.slots[from].host.addr;
+        self.inject_raw(to, src, &buf);
+    }
+
+    /// Member `from` sends `to` a topology record.
+    fn send_record(&mut self, from: usize, to: usize, rec: &Record) {
+        let mut msg = vec![1u8]; // Msg::Record
+        rec.emit(&mut msg);
+        self.send_control(from, to, &msg);
+    }
+
+    /// The record `i` holds about `j`.
+    fn record(&self, i: usize, j: usize) -> Option<Record> {
+        self.node(i).topology().get(&self.id(j)).cloned()
     }
 
     /// Handshake init datagrams sent by `from` from log position `since` on.
@@ -1103,4 +1137,266 @@ fn a_member_joins_through_a_replayed_init_flood_with_a_cookie() {
     let (a, b) = (sim.node(A).admission(sim.now), sim.node(B).admission(sim.now));
     assert!(b.cookies_sent > 0 && a.cookies_received >= 1, "A {a:?} B {b:?}");
     assert!(sim.send_data(A, B).is_ok() && sim.send_data(B, A).is_ok());
+}
+
+// ----- members: a compromised member cannot take what is not theirs -----
+
+/// A, B, C all connected; B is the compromised member.
+fn three_members() -> Sim {
+    let timers = Timers::default();
+    let mut sim = Sim::new(vec![
+        (params(A, Cipher::Aes128Gcm, SECRET), vec![B, C], timers),
+        (params(B, Cipher::Aes128Gcm, SECRET), vec![C], timers),
+        (params(C, Cipher::Aes128Gcm, SECRET), vec![], timers),
+    ]);
+    let all = |s: &Sim| (0..3).all(|i| (0..3).all(|j| i == j || (s.established(i, j) && s.record(i, j).is_some())));
+    assert!(sim.run_until(Duration::from_secs(2), all).is_some(), "mesh did not come up");
+    sim
+}
+
+#[test]
+fn forged_records_are_dropped_counted_and_never_forwarded() {
+    let mut sim = three_members();
+    let genuine = sim.record(B, A).expect("B holds A's record");
+    assert_eq!(sim.node(C).status(sim.now).rejected_records, 0);
+    let mut forgeries = Vec::new();
+    // A's record, newer, claiming endpoints and a subnet that are B's to capture.
+    let mut f = genuine.clone();
+    f.seq += 1;
+    f.endpoints = vec![Endpoint::udp(SocketAddr::from(([203, 0, 113, 66], 11010)))];
+    f.proxied = vec![(Ipv4Addr::new(192, 168, 50, 0), 24)];
+    forgeries.push(f.clone());
+    // The same, signed by B's own key but carrying A's X25519 key (and so A's id).
+    let b_key = sim.slots[B].params.local.clone();
+    f.signer = b_key.signing_public;
+    f.sig = b_key.sign(&f.signed_message(NET));
+    forgeries.push(f);
+    // The highest sequence number a record may carry: if it stuck, A could never
+    // publish a newer one.
+    let mut f = genuine.clone();
+    f.seq = MAX_SEQ;
+    forgeries.push(f);
+    for f in &forgeries {
+        sim.send_record(B, C, f);
+        // To A about itself: it must not jump its own numbering for a forgery.
+        sim.send_record(B, A, f);
+    }
+    let seen = sim.record(C, A).expect("C still holds A's record");
+    assert_eq!(seen, genuine, "C took a forged record of A");
+    assert_eq!(sim.node(C).status(sim.now).rejected_records, forgeries.len() as u64);
+    assert!(sim.node(C).status(sim.now).routes.iter().all(|r| r.proxied.is_empty()));
+    // u64::MAX does not even parse (above MAX_SEQ): dropped before any state.
+    let mut f = genuine.clone();
+    f.seq = u64::MAX;
+    sim.send_record(B, C, &f);
+    sim.send_record(B, A, &f);
+    assert_eq!(sim.record(C, A), Some(genuine.clone()));
+    // A keeps publishing and C keeps taking A's genuine records.
+    sim.slots[A].host.admin(
+        |n| n.set_endpoints(vec![addr(A), Endpoint::udp(SocketAddr::from(([192, 0, 2, 1], 11011)))]),
+        &mut Vec::new(),
+    );
+    sim.run(Duration::from_secs(1));
+    let newer = sim.record(C, A).expect("C holds A's record");
+    assert!(newer.seq > genuine.seq && newer.seq < MAX_SEQ, "A's numbering was pinned: {}", newer.seq);
+    assert_eq!(newer.endpoints.len(), 2);
+    assert!(newer.verify(NET));
+    // Nothing forged went anywhere: no node's view of A carries B's claims.
+    for i in [B, C] {
+        let r = sim.record(i, A).expect("record");
+        assert!(r.proxied.is_empty() && !r.endpoints.iter().any(|e| e.addr.ip() == Ipv4Addr::new(203, 0, 113, 66)));
+    }
+    assert_eq!(sim.send_data(C, A), Ok(84));
+    assert_eq!(sim.send_data(A, C), Ok(84));
+}
+
+#[test]
+fn a_second_member_claiming_an_address_is_refused_everywhere_and_says_why() {
+    // C claims A's overlay address; with one key it sorts below A's, with the other
+    // above: no "lower key wins", the first holder keeps it.
+    let timers = Timers::default();
+    let a_id = NodeId::from_public(&params(A, Cipher::Aes128Gcm, SECRET).local.public);
+    let mut orders = HashSet::new();
+    for seed in 0..8u64 {
+        let key = static_key(&mut ChaCha8Rng::seed_from_u64(0xc1a1_0000 + seed));
+        let below = NodeId::from_public(&key.public) < a_id;
+        if !orders.insert(below) {
+            continue;
+        }
+        let mut sim = Sim::new(vec![
+            (params(A, Cipher::Aes128Gcm, SECRET), vec![B], timers),
+            (params(B, Cipher::Aes128Gcm, SECRET), vec![], timers),
+        ]);
+        assert!(sim.run_until(Duration::from_secs(1), |s| s.established(A, B) && s.established(B, A)).is_some());
+        sim.run(Duration::from_secs(1));
+        // The claimer joins: it dials both, and B dials it too (both roles refuse).
+        let claimer = harness::params(key, NET, SECRET, Cipher::Aes128Gcm, overlay(A), "claimer".into());
+        sim.slots.push(Slot {
+            params: claimer,
+            dial: vec![A, B],
+            timers,
+            seed: 0xc1a1,
+            host: Host::new(addr(C), sim.epoch),
+        });
+        sim.boot(C);
+        sim.slots[B].host.admin(|n| n.add_peer(sim.now, addr(C)), &mut Vec::new()).expect("add peer");
+        sim.run(Duration::from_secs(10));
+        let c_id = sim.id(C);
+        for i in [A, B] {
+            assert!(sim.peer_status(i, C).is_none(), "node {i} lists the claimer (below: {below})");
+            assert_eq!(sim.routed(i), vec![overlay(1 - i)], "node {i} routes (below: {below})");
+            let why = sim.reasons(i);
+            assert!(
+                why.iter().any(|r| r.contains("address conflict") && r.contains(&c_id.to_string())),
+                "node {i}: {why:?}"
+            );
+        }
+        let at_b = sim.reasons(B).join("\n");
+        assert!(at_b.contains(&format!("belongs to member {a_id}")), "{at_b}");
+        let at_c = sim.reasons(C).join("\n");
+        assert!(at_c.contains("already belongs to another member"), "claimer not told why: {at_c}");
+        assert!(sim.routed(C).is_empty(), "the claimer got a route: {:?}", sim.routed(C));
+        // The owner keeps its traffic.
+        assert_eq!(sim.send_data(B, A), Ok(84));
+        assert_eq!(sim.send_data(A, B), Ok(84));
+        assert!(sim.established(A, B) && sim.established(B, A));
+    }
+    assert_eq!(orders.len(), 2, "keys on both sides of A's");
+}
+
+#[test]
+fn proxied_subnets_that_capture_others_traffic_are_refused_with_a_reason() {
+    let timers = Timers::default();
+    let mut sim = Sim::new(vec![
+        (params(A, Cipher::Aes128Gcm, SECRET), vec![B, C], timers),
+        (params(B, Cipher::Aes128Gcm, SECRET), vec![C], timers),
+        (params(C, Cipher::Aes128Gcm, SECRET), vec![], timers),
+    ]);
+    let net = |a: [u8; 4], p: u8| (Ipv4Addr::from(a), p);
+    let fine = net([172, 16, 5, 0], 24);
+    let wide = net([4, 0, 0, 0], 6);
+    let lan = net([192, 168, 7, 0], 24);
+    // A (compromised or misconfigured) proxies half the internet, the overlay range,
+    // B's overlay address, B's LAN, a wide but harmless-looking range, and one
+    // ordinary subnet.
+    let announced = vec![net([0, 0, 0, 0], 1), net([10, 77, 0, 0], 16), net([10, 77, 0, 2], 32), lan, wide, fine];
+    let a_proxies = announced.clone();
+    sim.tweaks.push((A, Box::new(move |c: &mut Config| c.proxied = a_proxies.clone())));
+    // B sits on 192.168.7.0/24; C opted in to wide subnets.
+    sim.tweaks.push((B, Box::new(|c: &mut Config| c.local_networks = vec![(Ipv4Addr::new(192, 168, 7, 1), 24)])));
+    sim.tweaks.push((C, Box::new(|c: &mut Config| c.accept_wide_subnets = true)));
+    for i in [C, B, A] {
+        let p = sim.slots[i].params.clone();
+        let d = sim.slots[i].dial.clone();
+        sim.restart_with(i, p, d);
+    }
+    let all = |s: &Sim| (0..3).all(|i| (0..3).all(|j| i == j || (s.established(i, j) && s.record(i, j).is_some())));
+    assert!(sim.run_until(Duration::from_secs(3), all).is_some(), "mesh did not come up");
+    sim.run(Duration::from_secs(1));
+    assert_eq!(sim.record(B, A).expect("A's record").proxied, announced);
+    assert_eq!(sim.slots[B].host.installed, vec![fine], "B installs only the ordinary subnet");
+    // C opted in to the wide one, and is not on B's LAN.
+    assert_eq!(sim.slots[C].host.installed, vec![wide, fine, lan]);
+    // The data plane routes the same, and takes sources only from accepted subnets.
+    let snap = sim.slots[B].host.routes.clone();
+    assert!(snap.route_for(Ipv4Addr::new(172, 16, 5, 9)).is_some());
+    for dst in [[8, 8, 8, 8], [192, 168, 7, 20], [4, 1, 2, 3], [10, 77, 9, 9]] {
+        assert!(snap.route_for(Ipv4Addr::from(dst)).is_none(), "B routes {dst:?} to A");
+    }
+    assert_eq!(snap.route_for(overlay(C)).map(|r| r.session.peer_addr), Some(overlay(C)));
+    let a_session = sim.route(A, B).expect("A's session with B");
+    let lan_src = ip_packet(Ipv4Addr::new(192, 168, 7, 20), overlay(B), 16, 1);
+    assert_eq!(sim.inject_data(B, addr(A), &seal(&a_session, &lan_src)), Err("spoofed_source"));
+    let ok_src = ip_packet(Ipv4Addr::new(172, 16, 5, 20), overlay(B), 16, 2);
+    assert!(sim.inject_data(B, addr(A), &seal(&a_session, &ok_src)).is_ok());
+    // Status says what was refused and why.
+    let refused = sim.node(B).status(sim.now).refused.join("\n");
+    for (what, why) in [
+        ("0.0.0.0/1", "shorter than /8"),
+        ("10.77.0.0/16", "overlay network"),
+        ("10.77.0.2/32", "overlay"),
+        ("192.168.7.0/24", "directly connected"),
+        ("4.0.0.0/6", "--accept-wide-subnets"),
+    ] {
+        assert!(refused.lines().any(|l| l.contains(what) && l.contains(why)), "B: no {what} ({why}) in {refused}");
+    }
+    assert!(!refused.contains("172.16.5.0/24"), "{refused}");
+    let refused_c = sim.node(C).status(sim.now).refused.join("\n");
+    assert!(!refused_c.contains("4.0.0.0/6") && refused_c.contains("0.0.0.0/1"), "{refused_c}");
+}
+
+#[test]
+fn punch_requests_only_reach_the_requesters_own_addresses_and_are_rate_limited() {
+    let timers = Timers::default();
+    let mut sim = Sim::new(vec![
+        (params(A, Cipher::Aes128Gcm, SECRET), vec![B], timers),
+        (params(B, Cipher::Aes128Gcm, SECRET), vec![], timers),
+    ]);
+    // B announces a second UDP endpoint (nobody listens there in this test).
+    let spare = Endpoint::udp(SocketAddr::from(([192, 0, 2, 2], 11099)));
+    sim.tweaks.push((B, Box::new(move |c: &mut Config| c.endpoints.push(spare))));
+    let p = sim.slots[B].params.clone();
+    sim.restart_with(B, p, vec![]);
+    let ok = |s: &Sim| {
+        s.established(A, B) && s.established(B, A) && s.record(A, B).is_some_and(|r| r.endpoints.contains(&spare))
+    };
+    // (A notices B's restart by the dead-peer timer.)
+    assert!(sim.run_until(Duration::from_secs(15), ok).is_some(), "pair did not come up");
+    // A third party B would like A to flood, and an address B never announced.
+    let victim = Endpoint::udp(SocketAddr::from(([203, 0, 113, 9], 53)));
+    let other = Endpoint::udp(SocketAddr::from(([192, 0, 2, 99], 11010)));
+    let punch = |eps: &[Endpoint]| {
+        let mut m = vec![4u8, eps.len() as u8]; // Msg::Punch
+        for e in eps {
+            let SocketAddr::V4(v4) = e.addr else { unreachable!() };
+            m.push(4); // UDP, IPv4
+            m.extend_from_slice(&v4.ip().octets());
+            m.extend_from_slice(&v4.port().to_le_bytes());
+        }
+        m
+    };
+    let sent_to =
+        |s: &Sim, to: Endpoint, since: usize| s.log[since..].iter().filter(|x| x.from == A && x.to == to).count();
+    let mark = sim.log.len();
+    for _ in 0..5 {
+        sim.send_control(B, A, &punch(&[victim, other, spare]));
+    }
+    assert_eq!(sent_to(&sim, victim, mark), 0, "A sent to an address B named");
+    assert_eq!(sent_to(&sim, other, mark), 0, "A sent to an address B never announced");
+    assert_eq!(sent_to(&sim, spare, mark), 1, "five requests at once answered once");
+    sim.run(Duration::from_secs(1));
+    let mark = sim.log.len();
+    sim.send_control(B, A, &punch(&[spare]));
+    assert_eq!(sent_to(&sim, spare, mark), 1, "answered again a second later");
+    assert!(sim.established(A, B) && sim.established(B, A));
+}
+
+#[test]
+fn dhcp_node_told_its_address_is_taken_moves_and_joins() {
+    // A holds 10.77.0.1 with C; B starts with --dhcp on that same address and dials C.
+    let timers = Timers::default();
+    let mut b = params(B, Cipher::Aes128Gcm, SECRET);
+    b.hello.ipv4 = overlay(A);
+    let mut sim = Sim::new(vec![
+        (params(A, Cipher::Aes128Gcm, SECRET), vec![C], timers),
+        (b.clone(), vec![], timers),
+        (params(C, Cipher::Aes128Gcm, SECRET), vec![], timers),
+    ]);
+    sim.kill(B);
+    assert!(sim.run_until(Duration::from_secs(2), |s| s.established(A, C) && s.established(C, A)).is_some());
+    sim.tweaks.push((B, Box::new(|c: &mut Config| c.dynamic = Some((Ipv4Addr::new(10, 77, 0, 0), 16)))));
+    sim.restart_with(B, b, vec![C]);
+    let moved = |s: &Sim| s.slots[B].host.addresses.last().map(|(_, new, _)| *new);
+    let joined = |s: &Sim| {
+        moved(s).is_some_and(|new| s.node(C).routed().contains(&new) && s.node(B).routed().contains(&overlay(C)))
+    };
+    assert!(sim.run_until(Duration::from_secs(15), joined).is_some(), "B did not move and join: {:?}", sim.reasons(B));
+    let (old, new, _) = sim.slots[B].host.addresses[0];
+    assert_eq!(old, overlay(A));
+    assert_ne!(new, overlay(A));
+    // A kept its address and its traffic.
+    assert!(sim.established(A, C) && sim.established(C, A));
+    assert_eq!(sim.send_data(C, A), Ok(84));
+    let c_view = sim.node(C).status(sim.now).peers;
+    assert_eq!(c_view.iter().filter(|p| p.overlay == overlay(A)).count(), 1);
 }

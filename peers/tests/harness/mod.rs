@@ -27,8 +27,6 @@ use weft_core::transport::Endpoint;
 
 use arc_swap::ArcSwap;
 use rand::RngCore;
-use snow::params::DHChoice;
-use snow::resolvers::{CryptoResolver, DefaultResolver};
 use tun_rs::{GROTable, VIRTIO_NET_HDR_LEN};
 use weft_core::admission::MacKeys;
 use weft_core::crypto::Cipher;
@@ -356,16 +354,16 @@ pub fn config(handshake: Params, dial: Vec<Endpoint>, epoch: Instant, timers: Ti
         latency_first: false,
         proxied: Vec::new(),
         dynamic: None,
+        accept_wide_subnets: false,
+        local_networks: Vec::new(),
     }
 }
 
 /// A static key drawn from `rng` (deterministic, unlike `StaticKey::generate`).
 pub fn static_key(rng: &mut impl RngCore) -> StaticKey {
-    let mut private = [0u8; 32];
-    rng.fill_bytes(&mut private);
-    let mut dh = DefaultResolver.resolve_dh(&DHChoice::Curve25519).expect("x25519");
-    dh.set(&private);
-    StaticKey::from_parts(dh.privkey(), dh.pubkey()).expect("32-byte halves")
+    let mut seed = [0u8; 32];
+    rng.fill_bytes(&mut seed);
+    StaticKey::from_seed(seed)
 }
 
 /// The PSK of a network, derived once per (name, secret) for the whole test binary:
