@@ -502,6 +502,7 @@ mod tests {
             "network-name = \"lab\"\nnetwork-secret = \"x\"\nipv4 = \"10.1.1.1/16\"\naccept-wide-subnets = true\n",
         )
         .unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
         let a = UpArgs { config: Some(path), ..UpArgs::default() };
         assert!(NodeConfig::resolve(&a).unwrap().accept_wide_subnets);
         std::fs::remove_dir_all(&dir).unwrap();
