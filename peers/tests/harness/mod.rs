@@ -369,7 +369,7 @@ pub fn static_key(rng: &mut impl RngCore) -> StaticKey {
 /// Argon2id costs tens of milliseconds by design, and simulations build hundreds of
 /// nodes.
 pub fn psk(net: &str, secret: &str) -> Psk {
-    static CACHE: std::sync::Mutex<Vec<(String, String, Psk)>> = std::sync::Mutex::new(Vec::new());
+    static CACHE: Mutex<Vec<(String, String, Psk)>> = Mutex::new(Vec::new());
     let mut cache = CACHE.lock().expect("psk cache");
     if let Some((_, _, p)) = cache.iter().find(|(n, s, _)| n == net && s == secret) {
         return p.clone();
