@@ -81,7 +81,8 @@ pub struct UpArgs {
     /// Private key (PEM) of --tls-cert.
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
-    /// Connections each tcp/ws/wss/quic listener accepts at most (default 256).
+    /// Connections each tcp/ws/wss/quic listener accepts at most (default 256); one
+    /// source address (IPv6: one /64) gets at most a quarter of them, 8 at most.
     #[arg(long, value_name = "N")]
     pub max_connections: Option<usize>,
     /// Peer to dial and keep connected; repeatable.

@@ -5,8 +5,9 @@
 //! mesh whose links each end up on a different transport because of per-pair
 //! firewalls. UDP dropped by nftables mid-session: the pair moves to another
 //! transport and keeps its session, then returns to UDP once it is allowed again.
-//! Hostile clients (garbage, a silent connection, a bad WebSocket or TLS handshake,
-//! too many connections) are closed and counted while the tunnel keeps working.
+//! Hostile clients (garbage, a trickled first frame, a bad WebSocket or TLS handshake,
+//! too many connections from one address or from many) are closed or refused and
+//! counted while the tunnel keeps working.
 #![allow(unsafe_code, unreachable_pub, clippy::unwrap_used)]
 
 mod netns;
@@ -223,41 +224,41 @@ fn udp_blocked_falls_back_and_returns() {
     assert!(ping(&lan.hosts[0], IPS[1]));
 }
 
-/// Garbage, silence, bad WebSocket and TLS handshakes, and more connections than
-/// allowed: each closed and counted, and the tunnel between the two nodes keeps
+/// Garbage, a trickled first frame, bad WebSocket and TLS handshakes, more
+/// connections from one address than its share, and more connections than allowed:
+/// each closed or refused and counted, and the tunnel between the two nodes keeps
 /// working. An unreachable tcp:// peer is retried and its error shown.
 #[test]
 fn hostile_connections_are_closed_and_counted() {
     require_root();
     let lan = Lan::new(2);
     let dir = TempDir::new();
-    let a = start(&lan, &dir, 0, &["--max-connections", "4"]);
+    // Eight slots, at most two per source address.
+    let a = start(&lan, &dir, 0, &["--max-connections", "8"]);
     let unreachable = format!("tcp://{}:9", lan.addrs[0]);
     let b = start(&lan, &dir, 1, &["-p", &format!("tcp://{}:11010", lan.addrs[0]), "-p", &unreachable]);
     wait_until(Duration::from_secs(10), "session", || a.peer_established(IPS[1]) && b.peer_established(IPS[0]));
+    // More source addresses for host 1 (inside its namespace, gone with it).
+    let extra: Vec<String> = (101..105).map(|i| format!("192.0.2.{i}")).collect();
+    for e in &extra {
+        lan.hosts[1].exec_ok(&["ip", "addr", "add", &format!("{e}/24"), "dev", "eth0"]);
+    }
     let a_ip = lan.addrs[0].clone();
     lan.hosts[1].within(|| {
-        let connect = |port: u16| {
-            let c =
-                TcpStream::connect_timeout(&format!("{a_ip}:{port}").parse().unwrap(), Duration::from_secs(2)).unwrap();
+        let connect_from = |src: Option<&str>, port: u16| {
+            let to: std::net::SocketAddr = format!("{a_ip}:{port}").parse().unwrap();
+            let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+            if let Some(src) = src {
+                s.bind(&format!("{src}:0").parse::<std::net::SocketAddr>().unwrap().into()).unwrap();
+            }
+            s.connect_timeout(&to.into(), Duration::from_secs(2)).unwrap();
+            let c: TcpStream = s.into();
             c.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
             c
         };
-        // Not our framing: a zero length.
-        let mut g = connect(11010);
-        g.write_all(&[0, 0, 1, 2, 3]).unwrap();
-        // A WebSocket client that speaks plain text instead of an HTTP upgrade.
-        let mut w = connect(11011);
-        w.write_all(b"hello there\r\n\r\n").unwrap();
-        // A TLS client that sends garbage instead of a ClientHello.
-        let mut t = connect(11012);
-        t.write_all(&[0x16, 0x03, 0x01, 0x00, 0x05, 1, 2, 3, 4, 5]).unwrap();
-        // Slow loris: connects and never sends a whole frame.
-        let mut s = connect(11010);
-        s.write_all(&[0x05]).unwrap();
+        let connect = |port: u16| connect_from(None, port);
         // Each is closed by the node (read returns 0 or an error, never hangs).
-        for (what, c) in [("garbage", &mut g), ("ws garbage", &mut w), ("tls garbage", &mut t), ("slow loris", &mut s)]
-        {
+        let closed = |what: &str, c: &mut TcpStream, within: Duration| {
             let started = Instant::now();
             let mut buf = [0u8; 4096];
             loop {
@@ -266,19 +267,58 @@ fn hostile_connections_are_closed_and_counted() {
                     Ok(_) => {}
                 }
             }
-            assert!(started.elapsed() < Duration::from_secs(14), "{what} was not closed");
+            assert!(started.elapsed() < within, "{what} was not closed within {within:?}");
+        };
+        // Not our framing: a zero length. (B's own connection holds one of the two
+        // slots of this address on 11010; this takes the other.)
+        let mut g = connect(11010);
+        g.write_all(&[0, 0, 1, 2, 3]).unwrap();
+        closed("garbage", &mut g, Duration::from_secs(3));
+        // A WebSocket client that speaks plain text instead of an HTTP upgrade.
+        let mut w = connect(11011);
+        w.write_all(b"hello there\r\n\r\n").unwrap();
+        // A TLS client that sends garbage instead of a ClientHello.
+        let mut t = connect(11012);
+        t.write_all(&[0x16, 0x03, 0x01, 0x00, 0x05, 1, 2, 3, 4, 5]).unwrap();
+        closed("ws garbage", &mut w, Duration::from_secs(14));
+        closed("tls garbage", &mut t, Duration::from_secs(14));
+        // Slow loris: a first frame trickled one byte a second never completes in
+        // time, although every read arrives well within the deadline.
+        let mut s = connect(11010);
+        let mut sw = s.try_clone().unwrap();
+        let trickler = std::thread::spawn(move || {
+            let mut frame = vec![0u8, 200];
+            frame.extend([7u8; 200]);
+            for byte in frame {
+                if sw.write_all(&[byte]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        });
+        closed("slow loris", &mut s, Duration::from_secs(9));
+        drop(s);
+        trickler.join().unwrap();
+        // One address beyond its share: refused at once, the real peer's link stays.
+        let mut over: Vec<TcpStream> = (0..6).map(|_| connect(11010)).collect();
+        for (i, c) in over.iter_mut().enumerate().skip(1) {
+            closed(&format!("connection {i} beyond the share"), c, Duration::from_secs(2));
         }
-        // More connections than allowed: the extra ones are closed at once.
-        let held: Vec<TcpStream> = (0..6).map(|_| connect(11010)).collect();
+        drop(over);
+        // Many addresses: two each from four more fill the listener; the rest is refused.
+        let held: Vec<TcpStream> =
+            extra.iter().flat_map(|e| [connect_from(Some(e), 11010), connect_from(Some(e), 11010)]).collect();
         std::thread::sleep(Duration::from_millis(500));
         drop(held);
     });
     let st = a.status();
-    for (name, at_least) in [("protocol_errors", 1), ("handshake_failures", 2), ("timeouts", 1), ("refused_full", 2)] {
+    for (name, at_least) in
+        [("protocol_errors", 1), ("handshake_failures", 2), ("timeouts", 1), ("refused_source", 4), ("refused_full", 1)]
+    {
         assert!(counter(&st, name) >= at_least, "{name} not counted: {}", st["transport_counters"]);
     }
     assert!(a.peer_established(IPS[1]), "the real peer stayed up");
-    assert!(ping(&lan.hosts[1], IPS[0]));
+    assert!(ping(&lan.hosts[1], IPS[0]), "A: {}\nB: {}\nA status: {}", a.log_text(), b.log_text(), a.status());
     let pending = b.status()["pending_peers"].clone();
     let entry = pending.as_array().unwrap().iter().find(|p| p["endpoint"] == unreachable.as_str()).cloned();
     let entry = entry.unwrap_or_else(|| panic!("unreachable peer not listed: {pending}"));

@@ -21,5 +21,5 @@ pub mod status;
 pub mod topology;
 
 pub use identity::NodeId;
-pub use mesh::pick_address;
+pub use mesh::{pick_address, reencode_message};
 pub use node::{Action, Config, Input, Node, PeerRef, Timers};

@@ -92,6 +92,12 @@ impl Msg {
     }
 }
 
+/// Parses a control message as the engine does and encodes it again: `None` when the
+/// engine would drop it. The control wire format's entry point for the fuzz targets.
+pub fn reencode_message(b: &[u8]) -> Option<Vec<u8>> {
+    Msg::parse(b).map(|m| m.emit())
+}
+
 impl Node {
     pub(crate) fn handle_message(&mut self, now: Instant, local_index: u32, bytes: &[u8]) {
         let Some(key) = self.key_of_session(local_index) else { return };

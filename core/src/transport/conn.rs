@@ -8,16 +8,21 @@
 //! sessions above, so TLS here only disguises the traffic as HTTPS: certificates are
 //! not checked (a self-signed one is fine), the Noise handshake authenticates peers.
 //!
-//! Hostile or broken peers cost little: a listener holds at most `max_connections`
-//! connections, TLS and WebSocket handshakes must finish within
-//! [`HANDSHAKE_TIMEOUT`], a connection must deliver a whole first frame within the
-//! same time, a frame may not stall halfway for longer than [`STALL_TIMEOUT`], idle
-//! connections close after [`IDLE_TIMEOUT`], and anything that is not our framing
-//! closes the connection. Every such close is counted in [`LinkCounters`].
+//! Hostile or broken peers cost little. A listener holds at most `max_connections`
+//! connections, and at most [`per_source_limit`] of them from one source (an IPv4
+//! address or an IPv6 /64), so one address cannot take every slot. Every deadline is
+//! total, never per read, so a peer that trickles a byte now and then gains nothing:
+//! TLS, WebSocket and QUIC handshakes must finish within [`HANDSHAKE_TIMEOUT`]; an
+//! accepted connection (TCP, WebSocket or QUIC) must then deliver a whole first frame
+//! within the same time; on TCP a frame that started arriving must be complete within
+//! [`STALL_TIMEOUT`]; a connection closes when no whole frame (or WebSocket message,
+//! or QUIC frame) arrived for [`IDLE_TIMEOUT`] — WebSocket pings and pongs and QUIC's
+//! own keepalives extend none of these. Anything that is not our framing closes the
+//! connection. Every refusal and close is counted in [`LinkCounters`].
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
@@ -28,7 +33,8 @@ use parking_lot::Mutex;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::time::{Instant, timeout_at};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
@@ -37,14 +43,19 @@ use tracing::{debug, warn};
 use super::links::{Inbound, LINK_QUEUE, LinkCounters, Links};
 use super::{Endpoint, Proto, frame};
 
-/// TLS, WebSocket and QUIC handshakes, TCP connects, and the first frame of an
-/// accepted connection must finish within this.
+/// TLS, WebSocket and QUIC handshakes and TCP connects must finish within this, and
+/// an accepted connection must deliver its first whole frame within this after that
+/// (a total deadline, not one per read).
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
-/// A frame that started arriving must be complete within this.
+/// A frame that started arriving on a TCP stream must be complete within this
+/// (total, from its first byte).
 pub const STALL_TIMEOUT: Duration = Duration::from_secs(10);
-/// A connection on which nothing arrives for this long closes (sessions send
-/// keepalives every few seconds on the path they use).
+/// A connection on which no whole frame arrives for this long closes (sessions send
+/// keepalives every few seconds on the path they use; WebSocket pings and QUIC
+/// keepalives do not count).
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Most connections one source may hold on a listener, whatever the limit.
+pub const PER_SOURCE_MAX: usize = 8;
 /// Accepted connections' remote ends remembered so that they are never dialled.
 const ACCEPTED_MEMORY: usize = 4096;
 /// Frames queued for a connection that is still being dialled.
@@ -252,7 +263,7 @@ impl Connector {
     }
 
     async fn accept_tcp(self, proto: Proto, listener: TcpListener) {
-        let slots = Arc::new(Semaphore::new(self.inner.max_connections));
+        let slots = Slots::new(self.inner.max_connections);
         let counters = &self.inner.links.counters;
         loop {
             let (stream, from) = match listener.accept().await {
@@ -264,10 +275,13 @@ impl Connector {
                     continue;
                 }
             };
-            let Ok(permit) = slots.clone().try_acquire_owned() else {
-                counters.refused_full.fetch_add(1, Relaxed);
-                debug!(%from, "listener full; connection refused");
-                continue;
+            let permit = match slots.take(from.ip()) {
+                Ok(p) => p,
+                Err(refused) => {
+                    refused.count(counters);
+                    debug!(%from, ?refused, "connection refused");
+                    continue;
+                }
             };
             counters.accepted.fetch_add(1, Relaxed);
             let me = self.clone();
@@ -319,12 +333,15 @@ impl Connector {
     }
 
     async fn accept_quic(self, endpoint: quinn::Endpoint) {
-        let slots = Arc::new(Semaphore::new(self.inner.max_connections));
+        let slots = Slots::new(self.inner.max_connections);
         while let Some(incoming) = endpoint.accept().await {
-            let Ok(permit) = slots.clone().try_acquire_owned() else {
-                self.inner.links.counters.refused_full.fetch_add(1, Relaxed);
-                incoming.refuse();
-                continue;
+            let permit = match slots.take(incoming.remote_address().ip()) {
+                Ok(p) => p,
+                Err(refused) => {
+                    refused.count(&self.inner.links.counters);
+                    incoming.refuse();
+                    continue;
+                }
             };
             let me = self.clone();
             tokio::spawn(async move {
@@ -471,21 +488,24 @@ impl Connector {
             let mut buf = vec![0u8; 2 * (frame::PREFIX + frame::MAX_FRAME)];
             let mut have = 0;
             let mut first = accepted;
+            // Total deadlines: the first frame's from the accept, a partial frame's from
+            // its first byte; reads do not extend them. `None`: idle between frames.
+            let mut deadline = first.then(|| Instant::now() + HANDSHAKE_TIMEOUT);
             loop {
-                let limit = if first {
-                    HANDSHAKE_TIMEOUT
-                } else if have > 0 {
-                    STALL_TIMEOUT
-                } else {
-                    IDLE_TIMEOUT
-                };
-                let n = match tokio::time::timeout(limit, r.read(&mut buf[have..])).await {
+                let until = deadline.unwrap_or_else(|| Instant::now() + IDLE_TIMEOUT);
+                let n = match timeout_at(until, r.read(&mut buf[have..])).await {
                     Ok(Ok(0)) => return Ok(()),
                     Ok(Ok(n)) => n,
                     Ok(Err(e)) => return Err(e.to_string()),
                     Err(_) => {
                         counters.timeouts.fetch_add(1, Relaxed);
-                        return Err(format!("nothing received for {} s", limit.as_secs()));
+                        return Err(if first {
+                            format!("no whole frame within {} s", HANDSHAKE_TIMEOUT.as_secs())
+                        } else if have > 0 {
+                            format!("frame not complete within {} s", STALL_TIMEOUT.as_secs())
+                        } else {
+                            format!("nothing received for {} s", IDLE_TIMEOUT.as_secs())
+                        });
                     }
                 };
                 have += n;
@@ -499,6 +519,16 @@ impl Connector {
                     buf.copy_within(used..have, 0);
                     have -= used;
                 }
+                deadline = if first {
+                    deadline
+                } else if have == 0 {
+                    None
+                } else if used > 0 || deadline.is_none() {
+                    // A new frame started arriving.
+                    Some(Instant::now() + STALL_TIMEOUT)
+                } else {
+                    deadline
+                };
             }
         };
         let r = tokio::select! {
@@ -527,9 +557,10 @@ impl Connector {
         let counters = &self.inner.links.counters;
         let reader = async {
             let mut first = accepted;
+            // Only binary messages move the deadline: pings and pongs never do.
+            let mut deadline = Instant::now() + if first { HANDSHAKE_TIMEOUT } else { IDLE_TIMEOUT };
             loop {
-                let limit = if first { HANDSHAKE_TIMEOUT } else { IDLE_TIMEOUT };
-                let msg = match tokio::time::timeout(limit, stream.next()).await {
+                let msg = match timeout_at(deadline, stream.next()).await {
                     Ok(Some(Ok(m))) => m,
                     Ok(None) => return Ok(()),
                     Ok(Some(Err(e))) => {
@@ -538,7 +569,11 @@ impl Connector {
                     }
                     Err(_) => {
                         counters.timeouts.fetch_add(1, Relaxed);
-                        return Err(format!("nothing received for {} s", limit.as_secs()));
+                        return Err(if first {
+                            format!("no whole frame within {} s", HANDSHAKE_TIMEOUT.as_secs())
+                        } else {
+                            format!("nothing received for {} s", IDLE_TIMEOUT.as_secs())
+                        });
                     }
                 };
                 match msg {
@@ -548,6 +583,7 @@ impl Connector {
                             return Err("not a weft stream: malformed batch".into());
                         }
                         first = false;
+                        deadline = Instant::now() + IDLE_TIMEOUT;
                         self.inner.links.deliver(Inbound { from: ep, batch: b.to_vec() });
                     }
                     Message::Ping(_) | Message::Pong(_) => {}
@@ -586,13 +622,28 @@ impl Connector {
             }
             Ok::<(), String>(())
         };
+        let counters = &self.inner.links.counters;
         let reader = async {
             let mut reasm = Reassembly::default();
+            // Like streams: an accepted connection's first whole frame within
+            // HANDSHAKE_TIMEOUT, then a whole frame at least every IDLE_TIMEOUT. QUIC's
+            // own keepalives and stray fragments do not count.
+            let mut first = accepted;
+            let mut deadline = Instant::now() + if first { HANDSHAKE_TIMEOUT } else { IDLE_TIMEOUT };
             loop {
                 // One wakeup takes every datagram already there, up to a batch, so the
                 // links RX thread gets batches rather than single frames.
                 let mut batch = Vec::new();
-                let mut next = Some(conn.read_datagram().await);
+                let Ok(d) = timeout_at(deadline, conn.read_datagram()).await else {
+                    counters.timeouts.fetch_add(1, Relaxed);
+                    conn.close(2u32.into(), b"timeout");
+                    return Err(if first {
+                        format!("no whole frame within {} s", HANDSHAKE_TIMEOUT.as_secs())
+                    } else {
+                        format!("nothing received for {} s", IDLE_TIMEOUT.as_secs())
+                    });
+                };
+                let mut next = Some(d);
                 while let Some(d) = next.take() {
                     let d = d.map_err(|e| e.to_string())?;
                     match reasm.push(&d, self.inner.mtu) {
@@ -600,8 +651,8 @@ impl Connector {
                             frame::push(&mut batch, &f);
                         }
                         Ok(None) => {}
-                        Err(()) => {
-                            self.inner.links.counters.protocol_errors.fetch_add(1, Relaxed);
+                        Err(MalformedDatagram) => {
+                            counters.protocol_errors.fetch_add(1, Relaxed);
                             conn.close(1u32.into(), b"malformed datagram");
                             return Err("not a weft connection: malformed datagram".into());
                         }
@@ -611,6 +662,8 @@ impl Connector {
                     }
                 }
                 if !batch.is_empty() {
+                    first = false;
+                    deadline = Instant::now() + IDLE_TIMEOUT;
                     self.inner.links.deliver(Inbound { from: ep, batch });
                 }
             }
@@ -622,6 +675,87 @@ impl Connector {
         self.inner.links.unregister(ep, id);
         conn.close(0u32.into(), b"");
         r
+    }
+}
+
+/// The most connections one source may hold on a listener with `max_connections`
+/// slots: a quarter of them, at least one, at most [`PER_SOURCE_MAX`].
+pub fn per_source_limit(max_connections: usize) -> usize {
+    (max_connections / 4).clamp(1, PER_SOURCE_MAX)
+}
+
+/// What counts as one source: an IPv4 address, or an IPv6 /64 (what one host or
+/// site usually gets); IPv4-mapped IPv6 addresses count as IPv4.
+fn source_of(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !u128::from(u64::MAX))),
+        v4 => v4,
+    }
+}
+
+/// The connection slots of one listener: a total limit and one per source.
+struct Slots {
+    total: Arc<Semaphore>,
+    per_source: usize,
+    by_source: Mutex<HashMap<IpAddr, usize>>,
+}
+
+/// Why a listener turned a connection away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refused {
+    /// Every slot is taken.
+    Full,
+    /// The source holds its share of the slots.
+    Source,
+}
+
+impl Refused {
+    fn count(self, c: &LinkCounters) {
+        match self {
+            Self::Full => c.refused_full.fetch_add(1, Relaxed),
+            Self::Source => c.refused_source.fetch_add(1, Relaxed),
+        };
+    }
+}
+
+/// A taken slot, given back on drop.
+struct Slot {
+    slots: Arc<Slots>,
+    source: IpAddr,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Slots {
+    fn new(max_connections: usize) -> Arc<Self> {
+        Arc::new(Self {
+            total: Arc::new(Semaphore::new(max_connections)),
+            per_source: per_source_limit(max_connections),
+            by_source: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn take(self: &Arc<Self>, ip: IpAddr) -> Result<Slot, Refused> {
+        let source = source_of(ip);
+        let mut by = self.by_source.lock();
+        let held = by.get(&source).copied().unwrap_or(0);
+        if held >= self.per_source {
+            return Err(Refused::Source);
+        }
+        let permit = self.total.clone().try_acquire_owned().map_err(|_| Refused::Full)?;
+        by.insert(source, held + 1);
+        Ok(Slot { slots: self.clone(), source, _permit: permit })
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut by = self.slots.by_source.lock();
+        if let Some(n) = by.get_mut(&self.source) {
+            *n -= 1;
+            if *n == 0 {
+                by.remove(&self.source);
+            }
+        }
     }
 }
 
@@ -671,8 +805,9 @@ const WHOLE: u8 = 0;
 const PART: u8 = 1;
 const PART_HEADER: usize = 5;
 
-/// Splits a frame into QUIC datagrams of at most `max` bytes.
-fn fragment(f: &[u8], max: usize, id: u16) -> Vec<Bytes> {
+/// Splits a frame into QUIC datagrams of at most `max` bytes (none when it would
+/// take more than 255).
+pub fn fragment(f: &[u8], max: usize, id: u16) -> Vec<Bytes> {
     if f.len() < max {
         let mut d = Vec::with_capacity(1 + f.len());
         d.push(WHOLE);
@@ -698,10 +833,16 @@ fn fragment(f: &[u8], max: usize, id: u16) -> Vec<Bytes> {
         .collect()
 }
 
-/// Reassembles fragmented frames; keeps a few incomplete ones (a lost fragment
-/// loses its frame, like a lost datagram).
-#[derive(Default)]
-struct Reassembly {
+/// A QUIC datagram that no weft node sends; its connection is closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("malformed QUIC datagram")]
+pub struct MalformedDatagram;
+
+/// Reassembles fragmented frames of one QUIC connection; keeps a few incomplete ones
+/// (a lost fragment loses its frame, like a lost datagram). Pure: public so that the
+/// fuzz targets reach it.
+#[derive(Debug, Default)]
+pub struct Reassembly {
     /// (id, count, received parts).
     partial: Vec<(u16, u8, Vec<Option<Bytes>>)>,
 }
@@ -709,9 +850,9 @@ struct Reassembly {
 impl Reassembly {
     const KEEP: usize = 8;
 
-    /// Takes one datagram; returns a complete frame when there is one, an error for a
-    /// datagram no weft node sends.
-    fn push(&mut self, d: &Bytes, mtu: usize) -> Result<Option<Vec<u8>>, ()> {
+    /// Takes one datagram; returns a complete frame when there is one (at most `mtu`
+    /// bytes), an error for a datagram no weft node sends.
+    pub fn push(&mut self, d: &Bytes, mtu: usize) -> Result<Option<Vec<u8>>, MalformedDatagram> {
         match d.first() {
             Some(&WHOLE) if d.len() > 1 => Ok(Some(d[1..].to_vec())),
             Some(&PART) if d.len() > PART_HEADER => {
@@ -719,7 +860,7 @@ impl Reassembly {
                 let (index, count) = (d[3], d[4]);
                 let max_parts = mtu.div_ceil(16).min(usize::from(u8::MAX));
                 if count < 2 || index >= count || usize::from(count) > max_parts {
-                    return Err(());
+                    return Err(MalformedDatagram);
                 }
                 let pos = match self.partial.iter().position(|p| p.0 == id && p.1 == count) {
                     Some(p) => p,
@@ -739,13 +880,13 @@ impl Reassembly {
                         f.extend_from_slice(&p);
                     }
                     if f.len() > mtu {
-                        return Err(());
+                        return Err(MalformedDatagram);
                     }
                     return Ok(Some(f));
                 }
                 Ok(None)
             }
-            _ => Err(()),
+            _ => Err(MalformedDatagram),
         }
     }
 }
@@ -812,12 +953,194 @@ mod tests {
         assert_eq!(whole.len(), 1);
         assert_eq!(r.push(&whole[0], 1500), Ok(Some(b"small".to_vec())));
         for bad in [&b""[..], &[WHOLE], &[9, 1, 2], &[PART, 0, 1, 3, 2, 0xff], &[PART, 0, 1, 0, 1, 0xff]] {
-            assert_eq!(r.push(&Bytes::copy_from_slice(bad), 1500), Err(()), "{bad:?}");
+            assert_eq!(r.push(&Bytes::copy_from_slice(bad), 1500), Err(MalformedDatagram), "{bad:?}");
         }
         // A frame larger than the MTU does not come together.
         let big = fragment(&vec![1u8; 3000], 1200, 10);
         let mut r = Reassembly::default();
         let last = big.iter().map(|p| r.push(p, 1500)).last();
-        assert_eq!(last, Some(Err(())));
+        assert_eq!(last, Some(Err(MalformedDatagram)));
+    }
+
+    /// Hostile clients of the listeners, on loopback with the real deadlines: each
+    /// test takes a few seconds because the deadlines are the production ones.
+    mod hostile {
+        use std::time::Instant as StdInstant;
+
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio::net::{TcpSocket, TcpStream};
+
+        use super::*;
+
+        struct Listener {
+            conn: Connector,
+            addr: SocketAddr,
+            // Kept so that deliveries and link-down reports have somewhere to go.
+            _inbound: std::sync::mpsc::Receiver<Inbound>,
+            _down: mpsc::Receiver<LinkDown>,
+        }
+
+        fn tls() -> TlsIdentity {
+            let cert = rcgen::generate_simple_self_signed(vec!["weft".to_owned()]).expect("certificate");
+            TlsIdentity {
+                chain: vec![cert.cert.der().clone()],
+                key: PrivateKeyDer::try_from(cert.signing_key.serialize_der()).expect("key"),
+            }
+        }
+
+        async fn listener(proto: Proto, max: usize) -> Listener {
+            let (links, inbound) = Links::new(64);
+            let (down_tx, down) = mpsc::channel(64);
+            let conn = Connector::new(links, down_tx, Some(tls()), max, 1500).expect("connector");
+            let addr = conn.listen(Endpoint::new(proto, "127.0.0.1:0".parse().expect("addr"))).await.expect("listen");
+            Listener { conn, addr, _inbound: inbound, _down: down }
+        }
+
+        /// Reads until the server closes the connection; returns when, or `None`
+        /// if it was still open after `within`.
+        async fn closed_within(r: &mut (impl AsyncRead + Unpin), within: Duration) -> Option<Duration> {
+            let start = StdInstant::now();
+            let mut b = [0u8; 256];
+            let end = tokio::time::timeout(within, async {
+                loop {
+                    match r.read(&mut b).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(_) => {}
+                    }
+                }
+            });
+            end.await.ok().map(|()| start.elapsed())
+        }
+
+        /// Writes `bytes` one byte at a time, `every` apart, until the write fails.
+        fn trickle(mut w: impl AsyncWrite + Unpin + Send + 'static, bytes: Vec<u8>, every: Duration) {
+            tokio::spawn(async move {
+                for b in bytes {
+                    tokio::time::sleep(every).await;
+                    if w.write_all(&[b]).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+
+        #[tokio::test]
+        async fn tcp_first_frame_trickled_closes_at_the_deadline() {
+            let l = listener(Proto::Tcp, 16).await;
+            let (mut r, w) = TcpStream::connect(l.addr).await.expect("connect").into_split();
+            // A 200-byte frame, one byte per second: every read comes well within the
+            // handshake timeout, the whole frame never does.
+            let mut frame = vec![0u8, 200];
+            frame.extend([7u8; 200]);
+            trickle(w, frame, Duration::from_secs(1));
+            let took = closed_within(&mut r, HANDSHAKE_TIMEOUT + Duration::from_secs(4)).await;
+            assert!(took.is_some(), "a trickled first frame held the connection open");
+            assert_eq!(l.conn.counters().timeouts.load(Relaxed), 1);
+        }
+
+        #[tokio::test]
+        async fn tcp_frame_trickled_after_the_first_closes_at_the_stall_deadline() {
+            let l = listener(Proto::Tcp, 16).await;
+            let (mut r, mut w) = TcpStream::connect(l.addr).await.expect("connect").into_split();
+            w.write_all(&[0, 1, 0x42]).await.expect("first frame");
+            let mut frame = vec![0u8, 100];
+            frame.extend([7u8; 100]);
+            let start = StdInstant::now();
+            trickle(w, frame, Duration::from_secs(1));
+            let took = closed_within(&mut r, STALL_TIMEOUT + Duration::from_secs(4)).await;
+            assert!(took.is_some(), "a trickled frame held the connection open");
+            assert!(start.elapsed() >= STALL_TIMEOUT - Duration::from_millis(100), "closed early");
+            assert_eq!(l.conn.counters().timeouts.load(Relaxed), 1);
+        }
+
+        #[tokio::test]
+        async fn ws_pings_do_not_extend_the_first_frame_deadline() {
+            let l = listener(Proto::Ws, 16).await;
+            let tcp = TcpStream::connect(l.addr).await.expect("connect");
+            let url = format!("ws://{}/", l.addr);
+            let (ws, _) = tokio_tungstenite::client_async(url, tcp).await.expect("websocket");
+            let (mut sink, mut stream) = ws.split();
+            tokio::spawn(async move {
+                while sink.send(Message::Ping(Bytes::from_static(b"hi"))).await.is_ok() {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+            });
+            let start = StdInstant::now();
+            let ended = tokio::time::timeout(HANDSHAKE_TIMEOUT + Duration::from_secs(4), async {
+                while let Some(Ok(_)) = stream.next().await {}
+            })
+            .await;
+            assert!(ended.is_ok(), "pings kept a connection without a frame open");
+            assert!(start.elapsed() < HANDSHAKE_TIMEOUT + Duration::from_secs(2));
+            assert_eq!(l.conn.counters().timeouts.load(Relaxed), 1);
+        }
+
+        #[tokio::test]
+        async fn quic_silent_connection_closes_at_the_first_frame_deadline() {
+            let l = listener(Proto::Quic, 16).await;
+            let (links, _inbound) = Links::new(8);
+            let (down_tx, _down) = mpsc::channel(8);
+            let client = Connector::new(links, down_tx, None, 4, 1500).expect("client");
+            let endpoint = client.quic_endpoint().expect("client endpoint");
+            let conn = endpoint.connect(l.addr, "weft").expect("connect").await.expect("QUIC handshake");
+            let start = StdInstant::now();
+            let closed = tokio::time::timeout(HANDSHAKE_TIMEOUT + Duration::from_secs(4), conn.closed()).await;
+            assert!(closed.is_ok(), "a silent QUIC connection stayed open");
+            assert!(start.elapsed() < HANDSHAKE_TIMEOUT + Duration::from_secs(2));
+            assert_eq!(l.conn.counters().timeouts.load(Relaxed), 1);
+        }
+
+        async fn connect_from(src: [u8; 4], to: SocketAddr) -> TcpStream {
+            let s = TcpSocket::new_v4().expect("socket");
+            s.bind(SocketAddr::from((src, 0))).expect("bind");
+            s.connect(to).await.expect("connect")
+        }
+
+        #[tokio::test]
+        async fn one_source_cannot_take_every_slot() {
+            let max = 8;
+            let per = per_source_limit(max);
+            assert_eq!(per, 2);
+            let l = listener(Proto::Tcp, max).await;
+            let mut held = Vec::new();
+            for _ in 0..per {
+                held.push(connect_from([127, 0, 0, 1], l.addr).await);
+            }
+            let mut extra = connect_from([127, 0, 0, 1], l.addr).await;
+            assert!(
+                closed_within(&mut extra, Duration::from_secs(2)).await.is_some(),
+                "a source got more than its share"
+            );
+            for s in &mut held {
+                assert_eq!(closed_within(s, Duration::from_millis(200)).await, None, "its share stays open");
+            }
+            // Another source still gets in, and a freed slot is reusable.
+            let mut other = connect_from([127, 0, 0, 2], l.addr).await;
+            assert_eq!(closed_within(&mut other, Duration::from_millis(200)).await, None);
+            drop(held.pop());
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let mut again = connect_from([127, 0, 0, 1], l.addr).await;
+            assert_eq!(closed_within(&mut again, Duration::from_millis(200)).await, None);
+            let c = l.conn.counters();
+            assert_eq!(c.refused_source.load(Relaxed), 1);
+            assert_eq!(c.refused_full.load(Relaxed), 0);
+            assert_eq!(c.accepted.load(Relaxed), 4);
+        }
+
+        #[test]
+        fn sources_and_shares() {
+            assert_eq!(per_source_limit(1), 1);
+            assert_eq!(per_source_limit(7), 1);
+            assert_eq!(per_source_limit(16), 4);
+            assert_eq!(per_source_limit(256), PER_SOURCE_MAX);
+            let v4: IpAddr = "192.0.2.1".parse().expect("v4");
+            let mapped: IpAddr = "::ffff:192.0.2.1".parse().expect("mapped");
+            assert_eq!(source_of(mapped), v4);
+            let a: IpAddr = "2001:db8:1:2:aaaa::1".parse().expect("v6");
+            let b: IpAddr = "2001:db8:1:2:bbbb::9".parse().expect("v6");
+            let c: IpAddr = "2001:db8:1:3::1".parse().expect("v6");
+            assert_eq!(source_of(a), source_of(b), "one /64 is one source");
+            assert_ne!(source_of(a), source_of(c));
+        }
     }
 }

@@ -41,11 +41,15 @@ pub struct LinkCounters {
     pub dial_failures: AtomicU64,
     /// Connections turned away because the listener was at its limit.
     pub refused_full: AtomicU64,
+    /// Connections turned away because their source address held its share of the
+    /// listener's slots.
+    pub refused_source: AtomicU64,
     /// Inbound TLS, WebSocket or QUIC handshakes that failed or timed out.
     pub handshake_failures: AtomicU64,
     /// Connections closed for speaking something other than our framing.
     pub protocol_errors: AtomicU64,
-    /// Connections closed for stalling mid-frame or idling.
+    /// Connections closed for missing a deadline: no first frame in time, a frame
+    /// not complete in time, or idle.
     pub timeouts: AtomicU64,
     /// Received batches dropped because the links RX thread was behind.
     pub rx_queue_full: AtomicU64,
@@ -53,13 +57,14 @@ pub struct LinkCounters {
 
 impl LinkCounters {
     /// Name and value of each counter.
-    pub fn snapshot(&self) -> [(&'static str, u64); 8] {
+    pub fn snapshot(&self) -> [(&'static str, u64); 9] {
         let l = |a: &AtomicU64| a.load(Relaxed);
         [
             ("accepted", l(&self.accepted)),
             ("dialled", l(&self.dialled)),
             ("dial_failures", l(&self.dial_failures)),
             ("refused_full", l(&self.refused_full)),
+            ("refused_source", l(&self.refused_source)),
             ("handshake_failures", l(&self.handshake_failures)),
             ("protocol_errors", l(&self.protocol_errors)),
             ("timeouts", l(&self.timeouts)),

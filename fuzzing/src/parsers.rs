@@ -1,0 +1,142 @@
+//! One target per parser of peer bytes. Each parses arbitrary input and, when it
+//! parses, checks that encoding the result again gives the same bytes back (or at
+//! least parses to the same value).
+
+use arbitrary::{Arbitrary, Unstructured};
+use bytes::Bytes;
+use weft_core::handshake::Hello;
+use weft_core::transport::conn::{Reassembly, fragment};
+use weft_core::transport::frame::{self, FrameError};
+use weft_core::wire::{
+    DATA_HEADER_LEN, DataHeader, HANDSHAKE_HEADER_LEN, HandshakeHeader, RELAY_HEADER_LEN, RejectRepr, RelayHeader,
+};
+use weft_peers::topology::Record;
+
+/// `DataHeader::parse`: a header that parses emits the same 16 bytes.
+pub fn data_header(data: &[u8]) {
+    if let Ok(h) = DataHeader::parse(data) {
+        let mut out = [0u8; DATA_HEADER_LEN];
+        h.emit(&mut out);
+        assert_eq!(out[..], data[..DATA_HEADER_LEN]);
+    }
+}
+
+/// `HandshakeHeader::parse`: the header emits the same 12 bytes and the Noise
+/// message is exactly the rest.
+pub fn handshake_header(data: &[u8]) {
+    if let Ok((h, rest)) = HandshakeHeader::parse(data) {
+        let mut out = Vec::new();
+        h.emit(&mut out);
+        assert_eq!(out[..], data[..HANDSHAKE_HEADER_LEN]);
+        assert_eq!(rest, &data[HANDSHAKE_HEADER_LEN..]);
+    }
+}
+
+/// `RejectRepr::parse`: parse → emit → parse is the identity.
+pub fn reject(data: &[u8]) {
+    if let Ok(r) = RejectRepr::parse(data) {
+        assert_eq!(RejectRepr::parse(&r.emit()), Ok(r));
+    }
+}
+
+/// `RelayHeader::parse`: the header emits the same 20 bytes and wraps the rest back
+/// into the input.
+pub fn relay_header(data: &[u8]) {
+    if let Ok(h) = RelayHeader::parse(data) {
+        let mut out = [0u8; RELAY_HEADER_LEN];
+        h.emit(&mut out);
+        assert_eq!(out[..], data[..RELAY_HEADER_LEN]);
+        assert_eq!(h.wrap(&data[RELAY_HEADER_LEN..]), data);
+    }
+}
+
+/// `Hello::parse` (the payload of every handshake message): a hello that parses
+/// emits exactly the bytes it was parsed from (trailing bytes are ignored).
+pub fn hello(data: &[u8]) {
+    if let Ok(h) = Hello::parse(data) {
+        let mut out = Vec::new();
+        h.emit(&mut out);
+        assert_eq!(out[..], data[..out.len()]);
+        assert_eq!(Hello::parse(&out).ok(), Some(h));
+    }
+}
+
+/// `Record::parse` (topology records flooded by members): parse → emit → parse is
+/// the identity and the encoding is the input's prefix.
+pub fn record(data: &[u8]) {
+    if let Ok(r) = Record::parse(data) {
+        let mut out = Vec::new();
+        r.emit(&mut out);
+        assert_eq!(Record::parse(&out).as_ref(), Ok(&r));
+        assert_eq!(out[..], data[..out.len()]);
+    }
+}
+
+/// Control messages inside sessions (`Msg::parse`, through
+/// `weft_peers::reencode_message`): encoding is idempotent after one round.
+pub fn control(data: &[u8]) {
+    if let Some(out) = weft_peers::reencode_message(data) {
+        assert_eq!(weft_peers::reencode_message(&out).as_deref(), Some(&out[..]));
+    }
+}
+
+/// Stream framing (`frame::complete_prefix`, `frame::frames`): the complete prefix
+/// re-frames to itself, the rest is one incomplete frame, and a stream that is not
+/// our framing is refused by both functions alike.
+pub fn stream_frames(data: &[u8]) {
+    match frame::complete_prefix(data) {
+        Ok(n) => {
+            assert!(n <= data.len());
+            let mut again = Vec::new();
+            for f in frame::frames(&data[..n]) {
+                let f = f.unwrap_or_else(|e| panic!("complete prefix holds a bad frame: {e}"));
+                assert!(frame::push(&mut again, f));
+            }
+            assert_eq!(again[..], data[..n]);
+            if n < data.len() {
+                assert_eq!(frame::frames(&data[n..]).next(), Some(Err(FrameError::Truncated)));
+            }
+        }
+        Err(_) => assert!(frame::frames(data).any(|f| f.is_err())),
+    }
+}
+
+/// Input of [`quic_reassembly`].
+#[derive(Debug, Arbitrary)]
+struct QuicInput {
+    mtu: u16,
+    /// Datagrams as a peer could send them.
+    datagrams: Vec<Vec<u8>>,
+    /// Frames to fragment at a datagram size and reassemble.
+    frames: Vec<(Vec<u8>, u16, u16)>,
+}
+
+/// QUIC fragment reassembly (`conn::Reassembly`): arbitrary datagrams never panic
+/// and never yield an empty frame or a fragmented one larger than the MTU; frames cut
+/// by `conn::fragment` come back whole.
+pub fn quic_reassembly(data: &[u8]) {
+    let Ok(input) = QuicInput::arbitrary_take_rest(Unstructured::new(data)) else { return };
+    let mtu = usize::from(input.mtu.max(576));
+    let mut r = Reassembly::default();
+    for d in &input.datagrams {
+        if let Ok(Some(f)) = r.push(&Bytes::copy_from_slice(d), mtu) {
+            assert!(!f.is_empty());
+            assert!(f.len() <= mtu || d.first() == Some(&0), "fragmented frame over the MTU");
+        }
+    }
+    for (f, max, id) in &input.frames {
+        let max = usize::from(*max).max(64);
+        let parts = fragment(f, max, *id);
+        if f.is_empty() || f.len() > mtu || parts.is_empty() {
+            continue;
+        }
+        assert!(parts.iter().all(|p| p.len() <= max), "a fragment over the datagram size");
+        let mut r = Reassembly::default();
+        let mut got = None;
+        // Last fragment first: order does not matter.
+        for p in parts.iter().rev() {
+            got = r.push(p, mtu).unwrap_or_else(|e| panic!("own fragment refused: {e}"));
+        }
+        assert_eq!(got.as_deref(), Some(&f[..]));
+    }
+}

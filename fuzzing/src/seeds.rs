@@ -1,0 +1,103 @@
+//! Seed inputs made by the code's own emitters: real headers, a real handshake, a
+//! real record. `weft-fuzz-seeds` writes them under `fuzz/corpus/`; the corpus test
+//! also replays them straight from here, so the seeds follow the emitters.
+
+use std::net::{Ipv4Addr, SocketAddr};
+
+use weft_core::crypto::Cipher;
+use weft_core::handshake::Hello;
+use weft_core::transport::{Endpoint, Proto, frame};
+use weft_core::wire::{DataHeader, RejectReason, RejectRepr, RelayHeader};
+use weft_peers::topology::{Neighbour, Record};
+use weft_peers::{NodeId, reencode_message};
+
+use crate::node::{handshake_transcript, member_key};
+
+/// A seed: target, file name, bytes.
+pub type Seed = (&'static str, String, Vec<u8>);
+
+fn record() -> Record {
+    let key = member_key();
+    let ep = |p, port| Endpoint::new(p, SocketAddr::from(([198, 51, 100, 7], port)));
+    Record {
+        key,
+        seq: 42,
+        hostname: "gateway-1".into(),
+        overlay: Ipv4Addr::new(10, 9, 0, 2),
+        endpoints: vec![
+            ep(Proto::Udp, 11010),
+            ep(Proto::Quic, 443),
+            "[2001:db8::1]:8443".parse().map_or_else(
+                |_: std::net::AddrParseError| ep(Proto::Tcp, 1),
+                |a: SocketAddr| Endpoint::new(Proto::Wss, a),
+            ),
+        ],
+        neighbours: vec![Neighbour {
+            node: NodeId::from_bytes([7; 8]),
+            rtt_ms: 12,
+            loss_pct: 3,
+            observed: ep(Proto::Udp, 40001),
+        }],
+        proxied: vec![(Ipv4Addr::new(192, 168, 50, 0), 24)],
+        dynamic: true,
+    }
+}
+
+/// Every seed.
+pub fn seeds() -> Vec<Seed> {
+    let mut s: Vec<Seed> = Vec::new();
+    let mut data = [0u8; 16];
+    DataHeader { flags: 1, lane: 0, receiver_index: 0x1234_5678, counter: 99 }.emit(&mut data);
+    s.push(("data_header", "seed-data".into(), data.to_vec()));
+    s.push(("data_header", "seed-data-tail".into(), [&data[..], &[0xaa; 20]].concat()));
+    let hs = handshake_transcript();
+    for (i, m) in hs.iter().enumerate() {
+        // The proving side's first keepalive follows the handshake: a real data packet.
+        let target = if m.first() == Some(&4) { "data_header" } else { "handshake_header" };
+        s.push((target, format!("seed-handshake-{i}"), m.clone()));
+        let relayed = RelayHeader { hop_limit: 16, dst: [1; 8], src: [2; 8] }.wrap(m);
+        s.push(("relay_header", format!("seed-relay-{i}"), relayed));
+    }
+    for reason in [RejectReason::AuthFailed, RejectReason::BadPayload] {
+        s.push((
+            "reject",
+            format!("seed-reject-{}", reason as u8),
+            RejectRepr { reason, receiver_index: 7 }.emit().to_vec(),
+        ));
+    }
+    for (i, cipher) in Cipher::ALL.into_iter().enumerate() {
+        let mut h = Vec::new();
+        Hello { cipher, ipv4: Ipv4Addr::new(10, 9, 0, 1), prefix: 16, hostname: format!("host-é-{i}") }.emit(&mut h);
+        s.push(("hello", format!("seed-hello-{i}"), h));
+    }
+    let mut rec = Vec::new();
+    record().emit(&mut rec);
+    s.push(("record", "seed-record".into(), rec.clone()));
+    let mut empty = Vec::new();
+    Record { endpoints: Vec::new(), neighbours: Vec::new(), proxied: Vec::new(), dynamic: false, ..record() }
+        .emit(&mut empty);
+    s.push(("record", "seed-record-bare".into(), empty));
+    // Control messages: tag 1 record, 2 ping, 3 pong, 4 punch (count, addresses as in
+    // records). Each is checked to parse by the test below.
+    let ping = [&[2u8][..], &7u64.to_le_bytes()].concat();
+    let pong = [&[3u8][..], &7u64.to_le_bytes()].concat();
+    s.push(("control", "seed-record".into(), [&[1u8][..], &rec].concat()));
+    s.push(("control", "seed-ping".into(), ping));
+    s.push(("control", "seed-pong".into(), pong));
+    let addr = |tag: u8, ip: &[u8], port: u16| [&[tag][..], ip, &port.to_le_bytes()].concat();
+    let mut punch = vec![4u8, 2];
+    punch.extend(addr(0x04, &[198, 51, 100, 7], 11010));
+    punch.extend(addr(0x16, &[0x20, 1, 0xd, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1], 443));
+    s.push(("control", "seed-punch".into(), punch));
+    let mut batch = Vec::new();
+    for m in &hs {
+        frame::push(&mut batch, m);
+    }
+    s.push(("stream_frames", "seed-handshake-batch".into(), batch.clone()));
+    s.push(("stream_frames", "seed-cut".into(), batch[..batch.len() - 3].to_vec()));
+    assert!(
+        s.iter().filter(|x| x.0 == "control").all(|x| reencode_message(&x.2).is_some()),
+        "a control seed does not parse"
+    );
+    s
+}
