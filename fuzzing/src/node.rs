@@ -11,8 +11,6 @@ use std::time::{Duration, Instant};
 use arbitrary::{Arbitrary, Unstructured};
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::SeedableRng;
-use snow::params::DHChoice;
-use snow::resolvers::{CryptoResolver, DefaultResolver};
 use weft_core::crypto::Cipher;
 use weft_core::handshake::{Hello, Params, Psk, StaticKey};
 use weft_core::transport::{Endpoint, Proto};
@@ -20,7 +18,7 @@ use weft_core::wire::{HandshakeHeader, MessageType};
 use weft_peers::topology::{Neighbour, Record};
 use weft_peers::{Action, Config, Input, Node, NodeId, PeerRef, Timers};
 
-const NET: &str = "fuzz";
+pub(crate) const NET: &str = "fuzz";
 /// Most steps run per input: longer sequences cost time without reaching new code.
 const MAX_STEPS: usize = 256;
 /// Datagrams from B kept for delivery.
@@ -33,12 +31,10 @@ fn psk() -> Psk {
 }
 
 fn key(seed: u8) -> StaticKey {
-    let Some(mut dh) = DefaultResolver.resolve_dh(&DHChoice::Curve25519) else { unreachable!("x25519") };
-    dh.set(&[seed; 32]);
-    StaticKey::from_parts(dh.privkey(), dh.pubkey()).unwrap_or_else(|| unreachable!("32-byte halves"))
+    StaticKey::from_seed([seed; 32])
 }
 
-fn keys() -> &'static [StaticKey; 3] {
+pub(crate) fn keys() -> &'static [StaticKey; 3] {
     static KEYS: OnceLock<[StaticKey; 3]> = OnceLock::new();
     KEYS.get_or_init(|| [key(1), key(2), key(3)])
 }
@@ -75,6 +71,8 @@ fn config(local: StaticKey, ipv4: Ipv4Addr, dial: Vec<Endpoint>, me: Endpoint, e
         latency_first: false,
         proxied: Vec::new(),
         dynamic: None,
+        accept_wide_subnets: false,
+        local_networks: Vec::new(),
     }
 }
 
@@ -234,8 +232,9 @@ impl World {
             3 => [p.key; 32],
             k => keys[usize::from(k)].public,
         };
-        let rec = Record {
+        let mut rec = Record {
             key,
+            signer: [0; 32],
             seq: p.seq,
             hostname: format!("r{}", p.key),
             overlay: p.overlay.into(),
@@ -253,7 +252,13 @@ impl World {
                 .collect(),
             proxied: p.proxied.iter().take(8).map(|&(a, len)| (a.into(), len % 33)).collect(),
             dynamic: p.dynamic,
+            sig: [0; 64],
         };
+        // Records of the three real keys are signed by their origin (the fourth key
+        // is garbage and stays unsigned): both must be handled.
+        if let Some(k) = keys.get(usize::from(p.key % 4)) {
+            rec.sign(k, NET);
+        }
         let mut out = vec![1];
         rec.emit(&mut out);
         out
@@ -368,9 +373,4 @@ pub(crate) fn handshake_transcript() -> Vec<Vec<u8>> {
         }
     }
     out
-}
-
-/// B's key, for seeds.
-pub(crate) fn member_key() -> [u8; 32] {
-    keys()[1].public
 }

@@ -11,15 +11,15 @@ use weft_core::wire::{DataHeader, RejectReason, RejectRepr, RelayHeader};
 use weft_peers::topology::{Neighbour, Record};
 use weft_peers::{NodeId, reencode_message};
 
-use crate::node::{handshake_transcript, member_key};
+use crate::node::{handshake_transcript, keys};
 
 /// A seed: target, file name, bytes.
 pub type Seed = (&'static str, String, Vec<u8>);
 
 fn record() -> Record {
-    let key = member_key();
+    let key = keys()[1].public;
     let ep = |p, port| Endpoint::new(p, SocketAddr::from(([198, 51, 100, 7], port)));
-    Record {
+    signed(Record {
         key,
         seq: 42,
         hostname: "gateway-1".into(),
@@ -40,7 +40,15 @@ fn record() -> Record {
         }],
         proxied: vec![(Ipv4Addr::new(192, 168, 50, 0), 24)],
         dynamic: true,
-    }
+        signer: [0; 32],
+        sig: [0; 64],
+    })
+}
+
+/// Signs a record as its origin (B's key) within the fuzzed network.
+fn signed(mut r: Record) -> Record {
+    r.sign(&keys()[1], crate::node::NET);
+    r
 }
 
 /// Every seed.
@@ -74,7 +82,7 @@ pub fn seeds() -> Vec<Seed> {
     record().emit(&mut rec);
     s.push(("record", "seed-record".into(), rec.clone()));
     let mut empty = Vec::new();
-    Record { endpoints: Vec::new(), neighbours: Vec::new(), proxied: Vec::new(), dynamic: false, ..record() }
+    signed(Record { endpoints: Vec::new(), neighbours: Vec::new(), proxied: Vec::new(), dynamic: false, ..record() })
         .emit(&mut empty);
     s.push(("record", "seed-record-bare".into(), empty));
     // Control messages: tag 1 record, 2 ping, 3 pong, 4 punch (count, addresses as in
