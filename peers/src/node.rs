@@ -250,6 +250,14 @@ pub enum Action {
     },
 }
 
+/// Whom a handshake rate bucket belongs to: a source address, or a relayed sender
+/// (relays only forward frames from their authenticated neighbours).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Source {
+    Ip(std::net::IpAddr),
+    Node(NodeId),
+}
+
 /// Where a cookie we hold applies: an endpoint, and the node behind a relay.
 type CookieDest = (Endpoint, Option<[u8; 8]>);
 
@@ -351,7 +359,7 @@ pub struct Node {
     cookie_rotated: Option<Instant>,
     /// Cookies other nodes gave us, by destination.
     cookies: BTreeMap<CookieDest, (Cookie, Instant)>,
-    buckets: BTreeMap<Vec<u8>, Bucket>,
+    buckets: BTreeMap<Source, Bucket>,
     load_window: Option<Instant>,
     load_count: u32,
     prev_load_count: u32,
@@ -602,7 +610,7 @@ impl Node {
                     self.handle_reject(now, from, r);
                 }
             }
-            Some(MessageType::CookieReply) => self.handle_cookie_reply(bytes),
+            Some(MessageType::CookieReply) => self.handle_cookie_reply(now, bytes),
             Some(MessageType::Data | MessageType::Relay) | None => {}
             Some(_) => {
                 let Ok((hdr, noise)) = HandshakeHeader::parse(body) else { return };
@@ -633,8 +641,8 @@ impl Node {
         // Rate per source address (relayed inits: per claimed sender; relays only
         // accept frames from their authenticated neighbours).
         let source = match via {
-            Some(v) => [&b"node "[..], &v.to_bytes()].concat(),
-            None => from.addr.ip().to_string().into_bytes(),
+            Some(v) => Source::Node(v),
+            None => Source::Ip(from.addr.ip()),
         };
         if self.buckets.len() >= MAX_BUCKETS && !self.buckets.contains_key(&source) {
             self.buckets.retain(|_, b| !b.is_full(SOURCE_RATE, SOURCE_BURST, now_ms));
@@ -702,27 +710,28 @@ impl Node {
 
     /// A responder under load sent us a cookie for one of our inits: keep it for that
     /// destination and resend the init once with mac2.
-    fn handle_cookie_reply(&mut self, bytes: &[u8]) {
+    fn handle_cookie_reply(&mut self, now: Instant, bytes: &[u8]) {
         let Some(index) = MacKeys::cookie_reply_index(bytes) else { return };
         let Some(p) = self.pending_init.get_mut(&index) else { return };
         let Some(cookie) = self.macs.open_cookie_reply(bytes, &p.mac1) else { return };
         self.admission.cookies_received += 1;
-        let key = (p.to.to, p.to.relay.map(|r| r.dst));
-        if p.resent {
-            return;
-        }
-        p.resent = true;
-        let (to, mut msg) = (p.to, p.msg.clone());
-        p.mac1 = self.macs.seal(&mut msg, Some(&cookie));
+        let to = p.to;
+        let resend = (!p.resent).then(|| {
+            p.resent = true;
+            let mut msg = p.msg.clone();
+            p.mac1 = self.macs.seal(&mut msg, Some(&cookie));
+            msg
+        });
         if self.cookies.len() >= MAX_COOKIES
             && let Some(oldest) = self.cookies.iter().min_by_key(|(_, (_, t))| *t).map(|(k, _)| *k)
         {
             self.cookies.remove(&oldest);
         }
-        let started = p.started;
-        self.cookies.insert(key, (cookie, started));
-        debug!(to = %to.to, "resending handshake with a cookie");
-        self.actions.push_back(to.send(msg));
+        self.cookies.insert((to.to, to.relay.map(|r| r.dst)), (cookie, now));
+        if let Some(msg) = resend {
+            debug!(to = %to.to, "resending handshake with a cookie");
+            self.actions.push_back(to.send(msg));
+        }
     }
 
     fn handle_init(&mut self, now: Instant, from: Endpoint, via: Option<NodeId>, hdr: HandshakeHeader, noise: &[u8]) {
