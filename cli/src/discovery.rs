@@ -18,6 +18,7 @@ use ring::{digest, hmac};
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::UdpSocket;
 use tracing::{debug, warn};
+use weft_core::admission::{MAC_LEN, ct_eq, mac};
 
 /// Multicast group and port of the beacons.
 pub const GROUP: Ipv4Addr = Ipv4Addr::new(239, 255, 77, 77);
@@ -28,7 +29,6 @@ pub const KEY_LABEL: &[u8] = b"weft/v1/lan-beacon";
 /// How far a beacon's time may be from ours.
 pub const MAX_SKEW: Duration = Duration::from_secs(10);
 const MAGIC: &[u8; 5] = b"WEFT2";
-const MAC_LEN: usize = 16;
 const BODY: usize = 5 + 8 + 8 + 4 + 2 + 8;
 /// Length of a beacon on the wire.
 pub const LEN: usize = BODY + MAC_LEN;
@@ -83,8 +83,8 @@ impl Beacon {
         b[21..25].copy_from_slice(&self.addr.octets());
         b[25..27].copy_from_slice(&self.port.to_le_bytes());
         b[27..35].copy_from_slice(&now_ms.to_le_bytes());
-        let tag = hmac::sign(key, &b[..BODY]);
-        b[BODY..].copy_from_slice(&tag.as_ref()[..MAC_LEN]);
+        let tag = mac(key, &b[..BODY]);
+        b[BODY..].copy_from_slice(&tag);
         b
     }
 
@@ -97,10 +97,7 @@ impl Beacon {
         if &b[5..13] != network {
             return Err(Refused::OtherNetwork);
         }
-        let tag = hmac::sign(key, &b[..BODY]);
-        // Compare every byte whatever the first difference (no early exit to time).
-        let diff = tag.as_ref()[..MAC_LEN].iter().zip(&b[BODY..]).fold(0u8, |acc, (x, y)| acc | (x ^ y));
-        if diff != 0 {
+        if !ct_eq(&mac(key, &b[..BODY]), &b[BODY..]) {
             return Err(Refused::BadMac);
         }
         let mut sent = [0u8; 8];

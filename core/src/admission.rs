@@ -208,14 +208,17 @@ impl CookieSecret {
     }
 }
 
-fn mac(key: &hmac::Key, data: &[u8]) -> [u8; MAC_LEN] {
+/// HMAC-SHA256 of `data` truncated to [`MAC_LEN`] bytes (every MAC of Weft's wire:
+/// handshakes, cookies, LAN beacons).
+pub fn mac(key: &hmac::Key, data: &[u8]) -> [u8; MAC_LEN] {
     let tag = hmac::sign(key, data);
     let mut out = [0u8; MAC_LEN];
     out.copy_from_slice(&tag.as_ref()[..MAC_LEN]);
     out
 }
 
-fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+/// Whether two MACs are equal, comparing every byte whatever the first difference.
+pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
