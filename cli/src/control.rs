@@ -106,6 +106,10 @@ pub struct StatusJson {
     /// altered by a member).
     #[serde(default)]
     pub rejected_records: u64,
+    /// Packets for members without a session dropped while their sessions were
+    /// being made (too many held, or the handshake failed).
+    #[serde(default)]
+    pub queued_dropped: u64,
     /// Subnets this node proxies.
     pub proxy_networks: Vec<String>,
     /// Configured peers that have not answered yet.
@@ -192,8 +196,12 @@ pub struct PeerJson {
     pub rtt_ms: Option<f64>,
     /// Fraction of recent probes lost, 0.0 to 1.0.
     pub loss: Option<f32>,
-    /// connecting, established or down.
+    /// connecting, established, idle (a member reachable without a session: one is
+    /// made when traffic wants it) or down.
     pub state: String,
+    /// Whether it is a link of the mesh (a direct neighbour one end dials).
+    #[serde(default)]
+    pub link: bool,
     /// Seconds since the last handshake.
     pub last_handshake_secs: Option<u64>,
     /// Bytes received.

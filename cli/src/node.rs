@@ -271,6 +271,7 @@ pub fn run(mut cfg: NodeConfig) -> Result<()> {
     }
     let mut engine = engine;
     engine.set_endpoints(local_endpoints(&bound, cfg.ipv4.addr));
+    let netcfg = NetConfig::spawn(cfg.dev_name.clone())?;
     let runtime = Runtime {
         cfg,
         engine,
@@ -280,7 +281,7 @@ pub fn run(mut cfg: NodeConfig) -> Result<()> {
         tun_offload,
         pipelines,
         drops: DropCounters::default(),
-        kernel_routes: Vec::new(),
+        netcfg,
         connector,
         links_stats,
         listeners: bound,
@@ -304,8 +305,8 @@ struct Runtime {
     pipelines: Vec<Arc<PipelineStats>>,
     /// Drops of the control plane's own sends.
     drops: DropCounters,
-    /// Proxied subnets currently routed into the TUN.
-    kernel_routes: Vec<(std::net::Ipv4Addr, u8)>,
+    /// Kernel routes and addresses, changed on a thread of their own.
+    netcfg: NetConfig,
     /// TCP, WebSocket and QUIC connections.
     connector: Connector,
     /// Counters of the thread that opens what connections receive.
@@ -333,6 +334,7 @@ impl Runtime {
                 self.engine.handle(now, Input::Message { local_index, bytes: &bytes })
             }
             ControlEvent::Direct { local_index, from } => self.engine.handle(now, Input::Direct { local_index, from }),
+            ControlEvent::Unrouted { dst, packet } => self.engine.handle(now, Input::Unrouted { dst, packet: &packet }),
         }
     }
 
@@ -374,7 +376,8 @@ impl Runtime {
         // this host is connected to now.
         let mut nets_timer = tokio::time::interval(Duration::from_secs(10));
         loop {
-            let deadline = self.engine.poll_timeout().unwrap_or_else(|| Instant::now() + weft_peers::node::TICK);
+            // The engine's next deadline; with none, it waits for an input.
+            let deadline = self.engine.poll_timeout().unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
             tokio::select! {
                 // Authenticated events first: a flood of handshakes must not delay them.
                 biased;
@@ -430,13 +433,12 @@ impl Runtime {
                     debug!(routes = snap.route_count(), "publishing routes");
                     self.shared.routes.store(snap);
                 }
-                Action::InstallRoutes(subnets) => self.install_routes(subnets),
+                Action::InstallRoutes(subnets) => {
+                    let own = self.cfg.proxy_networks.iter().map(|n| (n.addr, n.prefix)).collect();
+                    self.netcfg.send(NetJob::Routes { wanted: subnets, own });
+                }
                 Action::SetAddress { old, new, prefix } => {
-                    let dev = self.cfg.dev_name.clone();
-                    // Delete first: removing a primary address also removes the
-                    // secondaries of its subnet (promote_secondaries is off by default).
-                    run_ip(&["addr", "del", &format!("{old}/{prefix}"), "dev", &dev]);
-                    run_ip(&["addr", "add", &format!("{new}/{prefix}"), "dev", &dev]);
+                    self.netcfg.send(NetJob::Address { old, new, prefix });
                     self.cfg.ipv4.addr = new;
                     info!(%new, "overlay address changed");
                 }
@@ -465,35 +467,6 @@ impl Runtime {
             Ok(message) => Reply::Done { message },
             Err(message) => Reply::Error { message },
         }
-    }
-
-    /// Routes the subnets other members proxy into our TUN (and removes the ones we
-    /// added that are gone). Routes are added, never replaced: a prefix this host
-    /// already routes elsewhere keeps its route (and is logged); only routes we added
-    /// are ever removed.
-    fn install_routes(&mut self, subnets: Vec<(std::net::Ipv4Addr, u8)>) {
-        let dev = self.cfg.dev_name.clone();
-        let own: Vec<(std::net::Ipv4Addr, u8)> = self.cfg.proxy_networks.iter().map(|n| (n.addr, n.prefix)).collect();
-        let wanted: Vec<(std::net::Ipv4Addr, u8)> = subnets.into_iter().filter(|r| !own.contains(r)).collect();
-        for (a, p) in self.kernel_routes.iter().filter(|r| !wanted.contains(r)) {
-            run_ip(&["route", "del", &format!("{a}/{p}"), "dev", &dev]);
-        }
-        let mut installed = Vec::new();
-        for (a, p) in wanted {
-            let cidr = format!("{a}/{p}");
-            if self.kernel_routes.contains(&(a, p)) {
-                installed.push((a, p));
-                continue;
-            }
-            match ip(&["route", "add", &cidr, "dev", &dev]) {
-                Ok(()) => installed.push((a, p)),
-                Err(e) if e.contains("File exists") => {
-                    warn!(subnet = %cidr, "not routing a member's subnet into the tunnel: this host already has a route for it");
-                }
-                Err(e) => warn!(subnet = %cidr, error = %e, "cannot route a member's subnet into the tunnel"),
-            }
-        }
-        self.kernel_routes = installed;
     }
 
     fn status(&self) -> StatusJson {
@@ -542,6 +515,7 @@ impl Runtime {
                     rtt_ms: p.rtt.map(|r| r.as_secs_f64() * 1000.0),
                     loss: p.loss,
                     state: p.state.name().into(),
+                    link: p.link,
                     last_handshake_secs: p.last_handshake.map(|d| d.as_secs()),
                     rx_bytes: p.stats.rx_bytes.load(Ordering::Relaxed),
                     rx_packets: p.stats.rx_packets.load(Ordering::Relaxed),
@@ -611,6 +585,7 @@ impl Runtime {
                 })
                 .collect(),
             rejected_records: st.rejected_records,
+            queued_dropped: st.queued_dropped,
             refused: st.refused.clone(),
             address_conflicts: st
                 .conflicts
@@ -801,6 +776,82 @@ fn local_ipv4s(overlay: std::net::Ipv4Addr) -> Vec<std::net::Ipv4Addr> {
             _ => None,
         })
         .collect()
+}
+
+/// A change to the host's network configuration (`ip` commands).
+enum NetJob {
+    /// Route these subnets (other members proxy them) into the TUN, except `own`.
+    Routes { wanted: Vec<(std::net::Ipv4Addr, u8)>, own: Vec<(std::net::Ipv4Addr, u8)> },
+    /// Move the TUN's overlay address.
+    Address { old: std::net::Ipv4Addr, new: std::net::Ipv4Addr, prefix: u8 },
+}
+
+/// The thread that runs `ip` commands, in order, so that the control loop never
+/// waits for a process.
+struct NetConfig {
+    jobs: std::sync::mpsc::Sender<NetJob>,
+}
+
+impl NetConfig {
+    fn spawn(dev: String) -> std::io::Result<Self> {
+        let (jobs, rx) = std::sync::mpsc::channel::<NetJob>();
+        std::thread::Builder::new().name("weft-netcfg".into()).spawn(move || {
+            // Proxied subnets currently routed into the TUN (by us).
+            let mut kernel_routes: Vec<(std::net::Ipv4Addr, u8)> = Vec::new();
+            while let Ok(job) = rx.recv() {
+                match job {
+                    NetJob::Routes { wanted, own } => {
+                        kernel_routes = install_routes(&dev, &kernel_routes, wanted, &own)
+                    }
+                    NetJob::Address { old, new, prefix } => {
+                        // Delete first: removing a primary address also removes the
+                        // secondaries of its subnet (promote_secondaries is off by default).
+                        run_ip(&["addr", "del", &format!("{old}/{prefix}"), "dev", &dev]);
+                        run_ip(&["addr", "add", &format!("{new}/{prefix}"), "dev", &dev]);
+                    }
+                }
+            }
+        })?;
+        Ok(Self { jobs })
+    }
+
+    fn send(&self, job: NetJob) {
+        if self.jobs.send(job).is_err() {
+            warn!("the network configuration thread is gone; kernel routes are not updated");
+        }
+    }
+}
+
+/// Routes the subnets other members proxy into our TUN (and removes the ones we added
+/// that are gone); returns what is routed now. Routes are added, never replaced: a
+/// prefix this host already routes elsewhere keeps its route (and is logged); only
+/// routes we added are ever removed.
+fn install_routes(
+    dev: &str,
+    current: &[(std::net::Ipv4Addr, u8)],
+    subnets: Vec<(std::net::Ipv4Addr, u8)>,
+    own: &[(std::net::Ipv4Addr, u8)],
+) -> Vec<(std::net::Ipv4Addr, u8)> {
+    let wanted: Vec<(std::net::Ipv4Addr, u8)> = subnets.into_iter().filter(|r| !own.contains(r)).collect();
+    for (a, p) in current.iter().filter(|r| !wanted.contains(r)) {
+        run_ip(&["route", "del", &format!("{a}/{p}"), "dev", dev]);
+    }
+    let mut installed = Vec::new();
+    for (a, p) in wanted {
+        let cidr = format!("{a}/{p}");
+        if current.contains(&(a, p)) {
+            installed.push((a, p));
+            continue;
+        }
+        match ip(&["route", "add", &cidr, "dev", dev]) {
+            Ok(()) => installed.push((a, p)),
+            Err(e) if e.contains("File exists") => {
+                warn!(subnet = %cidr, "not routing a member's subnet into the tunnel: this host already has a route for it");
+            }
+            Err(e) => warn!(subnet = %cidr, error = %e, "cannot route a member's subnet into the tunnel"),
+        }
+    }
+    installed
 }
 
 /// Runs `ip ARGS`, logging a failure (route changes are best effort: the mesh works

@@ -71,6 +71,14 @@ pub enum ControlEvent {
         /// The session's local index.
         local_index: u32,
     },
+    /// A packet from our TUN for a member without a session (at most a few per member
+    /// and snapshot): the control plane starts the handshake and sends it afterwards.
+    Unrouted {
+        /// Its destination address.
+        dst: std::net::Ipv4Addr,
+        /// The IP packet.
+        packet: Vec<u8>,
+    },
 }
 
 /// What all pipelines of a node share.
@@ -280,6 +288,9 @@ pub struct Tx {
     out: Vec<Outgoing>,
     /// Plaintext bytes of the datagrams in `out`.
     sent_bytes: u64,
+    /// Packets of the last batch for members without a session (the slow path: at
+    /// most a few per member and snapshot, see [`crate::route::Demand`]).
+    unrouted: Vec<(std::net::Ipv4Addr, Vec<u8>)>,
 }
 
 impl Tx {
@@ -293,6 +304,7 @@ impl Tx {
             sizes: vec![0; IDEAL_BATCH_SIZE],
             out: Vec::with_capacity(IDEAL_BATCH_SIZE),
             sent_bytes: 0,
+            unrouted: Vec::new(),
         }
     }
 
@@ -313,6 +325,11 @@ impl Tx {
             let routes = shared.routes.load();
             self.process(&routes, &stats.drops, n, now_ms(shared.epoch));
             egress.send(&self.bufs, &self.out).count(&stats.drops);
+            for (dst, packet) in self.unrouted.drain(..) {
+                if !shared.control.try_push(ControlEvent::Unrouted { dst, packet }) {
+                    stats.drops.add(DropReason::ControlQueueFull, 1);
+                }
+            }
             stats.tx_batches.fetch_add(1, Relaxed);
             stats.tx_packets.fetch_add(self.out.len() as u64, Relaxed);
             stats.tx_bytes.fetch_add(self.sent_bytes, Relaxed);
@@ -323,6 +340,7 @@ impl Tx {
     /// datagrams to send.
     pub fn process(&mut self, routes: &RouteSnapshot, drops: &DropCounters, n: usize, now: u64) {
         self.out.clear();
+        self.unrouted.clear();
         self.sent_bytes = 0;
         let mut tally = Tally::new();
         for i in 0..n {
@@ -333,7 +351,11 @@ impl Tx {
                 continue;
             };
             let Some(route) = routes.route_for(dst) else {
-                drops.add(DropReason::NoRoute, 1);
+                match routes.demand_for(dst) {
+                    Some(d) if d.take() => self.unrouted.push((dst, buf[TX_HEADROOM..TX_HEADROOM + len].to_vec())),
+                    Some(_) => drops.add(DropReason::NoSession, 1),
+                    None => drops.add(DropReason::NoRoute, 1),
+                }
                 continue;
             };
             if route.session.is_expired(now) {
@@ -363,6 +385,12 @@ impl Tx {
     /// Buffers and sizes, for feeding packets without a TUN (tests and benches).
     pub fn buffers(&mut self) -> (&mut [Vec<u8>], &mut [usize]) {
         (&mut self.bufs, &mut self.sizes)
+    }
+
+    /// The packets of the last [`Tx::process`] for members without a session (the
+    /// runtime hands them to the control plane as [`ControlEvent::Unrouted`]).
+    pub fn take_unrouted(&mut self) -> Vec<(std::net::Ipv4Addr, Vec<u8>)> {
+        std::mem::take(&mut self.unrouted)
     }
 
     /// The datagrams of the last [`Tx::process`].

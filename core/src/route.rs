@@ -5,6 +5,7 @@
 
 use std::net::Ipv4Addr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
@@ -23,6 +24,29 @@ pub struct Route {
     pub relay: Option<RelayHeader>,
 }
 
+/// A member the node knows (it has a route) but holds no session with: the first
+/// packets for it go to the control plane, which starts a handshake and sends them once
+/// the session is up. Each snapshot hands over at most `budget` packets per member; the
+/// rest are dropped and counted ([`crate::stats::DropReason::NoSession`]).
+#[derive(Debug)]
+pub struct Demand {
+    /// The member's node id.
+    pub node: [u8; 8],
+    budget: AtomicU32,
+}
+
+impl Demand {
+    /// A member that may hand `budget` packets to the control plane.
+    pub fn new(node: [u8; 8], budget: u32) -> Self {
+        Self { node, budget: AtomicU32::new(budget) }
+    }
+
+    /// Takes one packet of the budget; false when it is spent.
+    pub fn take(&self) -> bool {
+        self.budget.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| b.checked_sub(1)).is_ok()
+    }
+}
+
 /// One immutable routing state.
 ///
 /// Sessions still waiting for the peer's proof of the PSK ("held") live in a table of
@@ -34,7 +58,7 @@ pub struct RouteSnapshot {
     held: FxHashMap<u32, Arc<Session>>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Tables {
     local: [u8; 8],
     by_dst: FxHashMap<Ipv4Addr, Route>,
@@ -43,6 +67,10 @@ struct Tables {
     neighbours: FxHashSet<Endpoint>,
     /// Proxied subnets, longest prefix first: (network, prefix, route).
     subnets: Vec<(u32, u8, Route)>,
+    /// Members without a session, by overlay address.
+    demand: FxHashMap<Ipv4Addr, Arc<Demand>>,
+    /// Subnets proxied by members without a session, longest prefix first.
+    demand_subnets: Vec<(u32, u8, Arc<Demand>)>,
 }
 
 impl RouteSnapshot {
@@ -81,7 +109,7 @@ impl RouteSnapshot {
             by_index: receiving.into_iter().map(|s| (s.local_index, s)).collect(),
             next_hops: next_hops.into_iter().collect(),
             neighbours: neighbours.into_iter().collect(),
-            subnets: Vec::new(),
+            ..Tables::default()
         };
         Self { tables: Arc::new(tables), held: FxHashMap::default() }
     }
@@ -94,36 +122,48 @@ impl RouteSnapshot {
 
     /// Adds routes for subnets proxied by members (`--proxy-network`).
     pub fn with_subnets(mut self, subnets: impl IntoIterator<Item = (Ipv4Addr, u8, Route)>) -> Self {
-        let mut v: Vec<(u32, u8, Route)> =
-            subnets.into_iter().map(|(a, p, r)| (u32::from(a) & prefix_mask(p), p, r)).collect();
-        v.sort_by_key(|(_, p, _)| std::cmp::Reverse(*p));
-        match Arc::get_mut(&mut self.tables) {
-            Some(t) => t.subnets = v,
-            None => {
-                let t = &self.tables;
-                let tables = Tables {
-                    local: t.local,
-                    by_dst: t.by_dst.clone(),
-                    by_index: t.by_index.clone(),
-                    next_hops: t.next_hops.clone(),
-                    neighbours: t.neighbours.clone(),
-                    subnets: v,
-                };
-                self.tables = Arc::new(tables);
-            }
-        }
+        Arc::make_mut(&mut self.tables).subnets = by_prefix(subnets);
+        self
+    }
+
+    /// Adds the members without a session (by overlay address) and the subnets they
+    /// proxy: packets for them go to the control plane ([`RouteSnapshot::demand_for`]).
+    pub fn with_demand(
+        mut self,
+        members: impl IntoIterator<Item = (Ipv4Addr, Arc<Demand>)>,
+        subnets: impl IntoIterator<Item = (Ipv4Addr, u8, Arc<Demand>)>,
+    ) -> Self {
+        let t = Arc::make_mut(&mut self.tables);
+        t.demand = members.into_iter().collect();
+        t.demand_subnets = by_prefix(subnets);
         self
     }
 
     /// How to reach `dst`: its owner's overlay address, else the longest proxied
-    /// subnet that holds it.
+    /// subnet that holds it (none when a longer one belongs to a member without a
+    /// session: see [`RouteSnapshot::demand_for`]).
     pub fn route_for(&self, dst: Ipv4Addr) -> Option<&Route> {
-        self.tables.by_dst.get(&dst).or_else(|| self.subnet_route(dst))
+        if let Some(r) = self.tables.by_dst.get(&dst) {
+            return Some(r);
+        }
+        let (p, r) = longest(&self.tables.subnets, dst)?;
+        match longest(&self.tables.demand_subnets, dst) {
+            Some((q, _)) if q > p => None,
+            _ => Some(r),
+        }
+    }
+
+    /// The member without a session that `dst` belongs to (its overlay address, or
+    /// the longest subnet it proxies), when [`RouteSnapshot::route_for`] has none.
+    pub fn demand_for(&self, dst: Ipv4Addr) -> Option<&Demand> {
+        if let Some(d) = self.tables.demand.get(&dst) {
+            return Some(d);
+        }
+        longest(&self.tables.demand_subnets, dst).map(|(_, d)| &**d)
     }
 
     fn subnet_route(&self, dst: Ipv4Addr) -> Option<&Route> {
-        let d = u32::from(dst);
-        self.tables.subnets.iter().find(|(net, p, _)| d & prefix_mask(*p) == *net).map(|(_, _, r)| r)
+        longest(&self.tables.subnets, dst).map(|(_, r)| r)
     }
 
     /// Whether a packet from inner source `src` may come through `session`: the source
@@ -168,6 +208,19 @@ impl RouteSnapshot {
     pub fn route_count(&self) -> usize {
         self.tables.by_dst.len()
     }
+}
+
+/// Subnets as (masked network, prefix, value), longest prefix first.
+fn by_prefix<T>(subnets: impl IntoIterator<Item = (Ipv4Addr, u8, T)>) -> Vec<(u32, u8, T)> {
+    let mut v: Vec<(u32, u8, T)> = subnets.into_iter().map(|(a, p, r)| (u32::from(a) & prefix_mask(p), p, r)).collect();
+    v.sort_by_key(|(_, p, _)| std::cmp::Reverse(*p));
+    v
+}
+
+/// The longest entry of `table` (sorted by [`by_prefix`]) holding `dst`.
+fn longest<T>(table: &[(u32, u8, T)], dst: Ipv4Addr) -> Option<(u8, &T)> {
+    let d = u32::from(dst);
+    table.iter().find(|(net, p, _)| d & prefix_mask(*p) == *net).map(|(_, p, r)| (*p, r))
 }
 
 /// The netmask of a prefix length, as a host-order integer (`/24` → `0xffffff00`).

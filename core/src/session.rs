@@ -103,6 +103,11 @@ impl Session {
         now_ms >= self.expires_ms.load(Relaxed)
     }
 
+    /// When the keys expire, on the pipeline clock (`u64::MAX`: not set).
+    pub fn expires_at_ms(&self) -> u64 {
+        self.expires_ms.load(Relaxed)
+    }
+
     /// Bytes `seal` adds in front of and behind the payload.
     pub fn overhead(&self) -> usize {
         DATA_HEADER_LEN + self.tx.cipher().overhead()

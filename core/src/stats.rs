@@ -29,6 +29,9 @@ pub enum DropReason {
     Malformed,
     /// No session for the destination overlay address.
     NoRoute,
+    /// The destination is a member without a session: its handshake is under way and
+    /// the packets it holds meanwhile are already queued (a bounded few).
+    NoSession,
     /// The inner packet is not IPv4 (IPv6 is not routed yet).
     NotIpv4,
     /// A relayed frame from an address that is not a direct neighbour.
@@ -47,7 +50,7 @@ pub enum DropReason {
 
 impl DropReason {
     /// All reasons, in counter order.
-    pub const ALL: [Self; 15] = [
+    pub const ALL: [Self; 16] = [
         Self::AuthFailed,
         Self::ControlQueueFull,
         Self::HandshakeMac,
@@ -56,6 +59,7 @@ impl DropReason {
         Self::LinkSend,
         Self::Malformed,
         Self::NoRoute,
+        Self::NoSession,
         Self::NotIpv4,
         Self::RelayRefused,
         Self::Replay,
@@ -76,6 +80,7 @@ impl DropReason {
             Self::LinkSend => "link_send",
             Self::Malformed => "malformed",
             Self::NoRoute => "no_route",
+            Self::NoSession => "no_session",
             Self::NotIpv4 => "not_ipv4",
             Self::RelayRefused => "relay_refused",
             Self::Replay => "replay",

@@ -153,6 +153,8 @@ pub enum Health {
     Up,
     /// Handshaking; no traffic yet.
     Connecting,
+    /// A reachable member without a session (one is made when traffic wants it).
+    Idle,
     /// No session or no path.
     Down,
 }
@@ -164,6 +166,7 @@ impl Health {
             (_, "none") | ("down", _) => Self::Down,
             ("established", _) => Self::Up,
             ("connecting", _) => Self::Connecting,
+            ("idle", _) => Self::Idle,
             _ => Self::Down,
         }
     }
@@ -173,6 +176,7 @@ impl Health {
         match self {
             Self::Up => "up",
             Self::Connecting => "connecting",
+            Self::Idle => "idle",
             Self::Down => "DOWN",
         }
     }

@@ -284,12 +284,13 @@ impl Dashboard {
     }
 
     fn peer_row(&mut self, row: &mut egui_extras::TableRow<'_, '_>, p: &PeerRow) {
-        let down = p.health != Health::Up;
+        let down = !matches!(p.health, Health::Up | Health::Idle);
         let cell = |row: &mut egui_extras::TableRow<'_, '_>, text: String| {
             row.col(|ui| {
                 let color = match p.health {
                     Health::Up => ui.visuals().text_color(),
                     Health::Connecting => ui.visuals().warn_fg_color,
+                    Health::Idle => ui.visuals().weak_text_color(),
                     Health::Down => ui.visuals().error_fg_color,
                 };
                 if down {

@@ -13,10 +13,12 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod deadline;
 pub mod identity;
 mod mesh;
 pub mod node;
 mod peer;
+mod routing;
 pub mod status;
 pub mod topology;
 

@@ -1,40 +1,46 @@
-//! The mesh half of the engine: topology records flooded over sessions, shortest
-//! paths, relayed sessions with every member, latency probes, and hole punching that
-//! moves a relayed peer to a direct path.
+//! The mesh: topology records flooded over links, digests that repair what flooding
+//! lost, shortest paths, and the control messages that carry them.
 //!
-//! Control messages travel inside sessions (data packets flagged
-//! [`FLAG_CONTROL`]), so only members that proved the PSK can flood records.
+//! [`Mesh`] owns the records, the paths computed from them and the publication of our
+//! own record; the engine feeds it records and asks it what to send. Records travel
+//! only on links (direct neighbours that one end dials), as control messages inside
+//! sessions (data packets flagged [`FLAG_CONTROL`]), so only members that proved the
+//! PSK can flood them. A record is flooded when it changes and never refreshed
+//! periodically: every [`SUMMARY_EVERY`] each end of a link sends a summary (count and
+//! hash of the (origin, sequence) pairs it holds); when two summaries differ, each
+//! side sends its digest and the other pushes exactly the records it lacks.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
-use weft_core::transport::{Endpoint, Proto};
+use weft_core::transport::Endpoint;
 
-use rand::RngCore;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 use weft_core::handshake::Hello;
-use weft_core::route::{Route, RouteSnapshot};
-use weft_core::wire::{DATA_HEADER_LEN, FLAG_CONTROL};
 
 use crate::identity::NodeId;
-use crate::node::{Dest, Node, ms_since};
-use crate::peer::Peer;
-use crate::status::{PathStatus, RouteStatus};
-use crate::topology::{Neighbour, REFRESH, Reader, Record, emit_addr};
+use crate::node::Node;
+use crate::peer::{Anchor, Peer};
+use crate::topology::{Neighbour, Path, Reader, Record, Topology, emit_addr};
 
-/// How often each peer is probed for latency and loss.
-const PING_EVERY: Duration = Duration::from_secs(5);
-/// First hole-punching retry delay (doubles up to `PUNCH_MAX`).
-const PUNCH_FIRST: Duration = Duration::from_secs(2);
-const PUNCH_MAX: Duration = Duration::from_secs(30);
+/// How often each link's ends compare summaries.
+pub(crate) const SUMMARY_EVERY: Duration = Duration::from_secs(5);
+/// A peer that sent us a summary keeps its link with us this long.
+pub(crate) const LINK_HOLD: Duration = Duration::from_secs(16);
+/// Our digest goes to one neighbour at most this often.
+const DIGEST_GAP: Duration = Duration::from_secs(2);
+/// Entries per digest message (16 bytes each: the message stays under 1.1 kB).
+const DIGEST_CHUNK: usize = 64;
+/// A change of our record is published after this (changes within it coalesce).
+const PUBLISH_DELAY: Duration = Duration::from_millis(100);
+/// Our record is published at most this often.
+const PUBLISH_GAP: Duration = Duration::from_millis(500);
+/// A change in a link's measured latency alone republishes our record at most this often.
+const RTT_PUBLISH_GAP: Duration = Duration::from_secs(60);
+/// Paths are recomputed this long after the records changed (records arriving
+/// together cost one Dijkstra).
+const PATHS_DELAY: Duration = Duration::from_millis(50);
 /// Most candidate endpoints tried per punch.
-const MAX_CANDIDATES: usize = 16;
-/// A peer's punch requests are answered at most this often (its own retries back off
-/// from `PUNCH_FIRST`).
-const PUNCH_ANSWER_EVERY: Duration = Duration::from_secs(1);
-/// First probe of a better transport (doubles up to `UPGRADE_MAX`).
-const UPGRADE_FIRST: Duration = Duration::from_secs(5);
-const UPGRADE_MAX: Duration = Duration::from_secs(60);
+pub(crate) const MAX_CANDIDATES: usize = 16;
 
 /// A control message inside a session.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,6 +53,24 @@ pub(crate) enum Msg {
     Pong(u64),
     /// "Send to me directly at these addresses now": the other half of a hole punch.
     Punch(Vec<Endpoint>),
+    /// What the sender's topology holds: the count of records and a hash of their
+    /// (origin, sequence) pairs. Sent only on links: it also says "I keep this link".
+    Summary {
+        /// Records summarised.
+        count: u32,
+        /// XOR of a hash of each (origin, sequence).
+        hash: u64,
+    },
+    /// Part of the sender's digest: every (origin, sequence) it holds with origin in
+    /// `lo..=hi`.
+    Digest {
+        /// First origin covered.
+        lo: NodeId,
+        /// Last origin covered.
+        hi: NodeId,
+        /// (origin, sequence), sorted by origin.
+        entries: Vec<(NodeId, u64)>,
+    },
 }
 
 impl Msg {
@@ -73,19 +97,60 @@ impl Msg {
                     emit_addr(e, &mut out);
                 }
             }
+            Self::Summary { count, hash } => {
+                out.push(5);
+                out.extend_from_slice(&count.to_le_bytes());
+                out.extend_from_slice(&hash.to_le_bytes());
+            }
+            Self::Digest { lo, hi, entries } => {
+                out.push(6);
+                out.extend_from_slice(&lo.to_bytes());
+                out.extend_from_slice(&hi.to_bytes());
+                let entries = &entries[..entries.len().min(DIGEST_CHUNK)];
+                out.push(entries.len() as u8);
+                for (id, seq) in entries {
+                    out.extend_from_slice(&id.to_bytes());
+                    out.extend_from_slice(&seq.to_le_bytes());
+                }
+            }
         }
         out
     }
 
     pub(crate) fn parse(b: &[u8]) -> Option<Self> {
         let (&kind, rest) = b.split_first()?;
+        let u64_at = |b: &[u8], at: usize| b.get(at..at + 8).and_then(|x| x.try_into().ok()).map(u64::from_le_bytes);
+        let id_at = |b: &[u8], at: usize| b.get(at..at + 8).and_then(|x| x.try_into().ok()).map(NodeId::from_bytes);
         Some(match kind {
             1 => Self::Record(Box::new(Record::parse(rest).ok()?)),
-            2 => Self::Ping(u64::from_le_bytes(rest.get(..8)?.try_into().ok()?)),
-            3 => Self::Pong(u64::from_le_bytes(rest.get(..8)?.try_into().ok()?)),
+            2 if rest.len() == 8 => Self::Ping(u64_at(rest, 0)?),
+            3 if rest.len() == 8 => Self::Pong(u64_at(rest, 0)?),
             4 => {
                 let mut r = Reader(rest);
-                Self::Punch((0..r.u8().ok()?).map(|_| r.addr()).collect::<Result<_, _>>().ok()?)
+                let eps: Vec<Endpoint> = (0..r.u8().ok()?).map(|_| r.addr()).collect::<Result<_, _>>().ok()?;
+                if !r.0.is_empty() || eps.len() > MAX_CANDIDATES {
+                    return None;
+                }
+                Self::Punch(eps)
+            }
+            5 if rest.len() == 12 => {
+                Self::Summary { count: u32::from_le_bytes(rest[..4].try_into().ok()?), hash: u64_at(rest, 4)? }
+            }
+            6 => {
+                let (lo, hi) = (id_at(rest, 0)?, id_at(rest, 8)?);
+                let n = usize::from(*rest.get(16)?);
+                let body = &rest[17..];
+                if n > DIGEST_CHUNK || body.len() != n * 16 || lo > hi {
+                    return None;
+                }
+                let entries: Vec<(NodeId, u64)> =
+                    body.chunks_exact(16).map(|c| Some((id_at(c, 0)?, u64_at(c, 8)?))).collect::<Option<_>>()?;
+                // Sorted, inside the range: anything else is not a digest we emit.
+                let sorted = entries.windows(2).all(|w| w[0].0 < w[1].0);
+                if !sorted || entries.iter().any(|(id, _)| *id < lo || *id > hi) {
+                    return None;
+                }
+                Self::Digest { lo, hi, entries }
             }
             _ => return None,
         })
@@ -96,6 +161,232 @@ impl Msg {
 /// engine would drop it. The control wire format's entry point for the fuzz targets.
 pub fn reencode_message(b: &[u8]) -> Option<Vec<u8>> {
     Msg::parse(b).map(|m| m.emit())
+}
+
+/// What became of a record a neighbour sent.
+pub(crate) enum Received {
+    /// Not newer than ours (or ours echoed back): nothing to do.
+    Stale,
+    /// Not signed by its origin: dropped and counted.
+    Forged,
+    /// Stored: flood it on. Carries the subnets the node proxied before.
+    Stored(Vec<(std::net::Ipv4Addr, u8)>),
+}
+
+/// Whether two of our records say the same but for latency and loss.
+fn same_shape(a: &Record, b: &Record) -> bool {
+    a.hostname == b.hostname
+        && a.overlay == b.overlay
+        && a.endpoints == b.endpoints
+        && a.proxied == b.proxied
+        && a.dynamic == b.dynamic
+        && a.neighbours.len() == b.neighbours.len()
+        && a.neighbours.iter().zip(&b.neighbours).all(|(x, y)| x.node == y.node && x.observed == y.observed)
+}
+
+/// The topology records, the paths computed from them, and our record's publication.
+#[derive(Debug)]
+pub(crate) struct Mesh {
+    pub(crate) topology: Topology,
+    /// Shortest paths to every reachable node.
+    pub(crate) paths: BTreeMap<NodeId, Path>,
+    /// Our record's sequence number.
+    pub(crate) seq: u64,
+    /// The record we last published.
+    published: Option<Record>,
+    last_publish: Option<Instant>,
+    /// Our record is due to be published (it may have changed).
+    publish_at: Option<Instant>,
+    /// The paths are due to be recomputed.
+    paths_at: Option<Instant>,
+    /// Next look for records that aged out (while some node is unreachable).
+    expire_at: Option<Instant>,
+    /// Summary of the synced records (cached until they change).
+    summary: Option<(u32, u64)>,
+    /// Topology records dropped because their signature was not their origin's.
+    pub(crate) rejected_records: u64,
+}
+
+impl Mesh {
+    pub(crate) fn new() -> Self {
+        Self {
+            topology: Topology::default(),
+            paths: BTreeMap::new(),
+            seq: 0,
+            published: None,
+            last_publish: None,
+            publish_at: None,
+            paths_at: None,
+            expire_at: None,
+            summary: None,
+            rejected_records: 0,
+        }
+    }
+
+    /// When the mesh next has work.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        [self.publish_at, self.paths_at, self.expire_at].into_iter().flatten().min()
+    }
+
+    /// Our record may have changed: publish it soon (coalesced, rate limited; an
+    /// unchanged record is not published).
+    pub(crate) fn record_changed(&mut self, now: Instant) {
+        let at = (now + PUBLISH_DELAY).max(self.last_publish.map_or(now, |t| t + PUBLISH_GAP));
+        self.publish_at = Some(self.publish_at.map_or(at, |p| p.min(at)));
+    }
+
+    /// Whether publishing is due.
+    pub(crate) fn publish_due(&self, now: Instant) -> bool {
+        self.publish_at.is_some_and(|t| now >= t)
+    }
+
+    /// The records changed: recompute the paths soon.
+    pub(crate) fn paths_changed(&mut self, now: Instant) {
+        self.summary = None;
+        let at = now + PATHS_DELAY;
+        self.paths_at = Some(self.paths_at.map_or(at, |p| p.min(at)));
+    }
+
+    /// Recomputes the paths if due; returns whether it did.
+    pub(crate) fn refresh_paths(&mut self, now: Instant, local: NodeId, latency_first: bool) -> bool {
+        if self.paths_at.is_none_or(|t| now < t) {
+            return false;
+        }
+        self.paths_at = None;
+        self.paths = self.topology.paths(local, latency_first);
+        self.summary = None;
+        if self.topology.has_unreachable() || self.topology.len() > self.paths.len() + 1 {
+            self.expire_at = Some(self.expire_at.unwrap_or(now + Duration::from_secs(5)));
+        }
+        true
+    }
+
+    /// Drops records of nodes unreachable for [`crate::topology::RECORD_TTL`] (when
+    /// the look is due); returns whether any went.
+    pub(crate) fn expire(&mut self, now: Instant, local: NodeId) -> bool {
+        if self.expire_at.is_none_or(|t| now < t) {
+            return false;
+        }
+        let paths = &self.paths;
+        let gone = self.topology.expire(now, local, |id| paths.contains_key(id));
+        self.expire_at = self.topology.has_unreachable().then(|| now + Duration::from_secs(5));
+        if gone.is_empty() {
+            return false;
+        }
+        debug!(count = gone.len(), "records of unreachable nodes aged out");
+        self.summary = None;
+        true
+    }
+
+    /// Whether `id`'s record is synced with neighbours: ours, or a reachable node's
+    /// (the records of unreachable nodes only wait to age out; nobody is sent them).
+    fn synced(&self, local: NodeId) -> impl Fn(&NodeId) -> bool + '_ {
+        move |id| *id == local || self.paths.contains_key(id)
+    }
+
+    /// Our summary.
+    pub(crate) fn summary(&mut self, local: NodeId) -> (u32, u64) {
+        if let Some(s) = self.summary {
+            return s;
+        }
+        let s = self.topology.summary(self.synced(local));
+        self.summary = Some(s);
+        s
+    }
+
+    /// Our digest, as messages covering every origin between them.
+    pub(crate) fn digest(&self, local: NodeId) -> Vec<Msg> {
+        let all = self.topology.digest(self.synced(local));
+        let chunks: Vec<&[(NodeId, u64)]> = all.chunks(DIGEST_CHUNK).collect();
+        let mut out = Vec::with_capacity(chunks.len().max(1));
+        let mut lo = NodeId::from_bytes([0; 8]);
+        for (k, chunk) in chunks.iter().enumerate() {
+            let next = chunks.get(k + 1).map(|c| c[0].0);
+            let hi = match next {
+                // Origins sort as big-endian numbers: the range ends just before the next chunk.
+                Some(n) => NodeId::from_bytes((u64::from_be_bytes(n.to_bytes()) - 1).to_be_bytes()),
+                None => NodeId::from_bytes([0xff; 8]),
+            };
+            out.push(Msg::Digest { lo, hi, entries: chunk.to_vec() });
+            if let Some(n) = next {
+                lo = n;
+            }
+        }
+        if out.is_empty() {
+            out.push(Msg::Digest { lo, hi: NodeId::from_bytes([0xff; 8]), entries: Vec::new() });
+        }
+        out
+    }
+
+    /// The records a neighbour whose digest of `lo..=hi` is `entries` lacks.
+    pub(crate) fn missing_from(&self, local: NodeId, lo: NodeId, hi: NodeId, entries: &[(NodeId, u64)]) -> Vec<Record> {
+        self.topology.newer_than(lo, hi, entries, self.synced(local)).cloned().collect()
+    }
+
+    /// Takes a record a neighbour sent. Our own record coming back makes us jump past
+    /// its sequence number when we signed it (an earlier run of this node).
+    pub(crate) fn receive(&mut self, rec: &Record, local: NodeId, network: &str, now: Instant) -> Received {
+        if rec.node() == local {
+            if rec.seq >= self.seq && rec.seq < crate::topology::MAX_SEQ && rec.verify(network) {
+                self.seq = rec.seq + 1;
+                self.published = None;
+                self.record_changed(now);
+            }
+            return Received::Stale;
+        }
+        // Only what would change our table is worth a signature check.
+        if !self.topology.is_newer(rec) {
+            return Received::Stale;
+        }
+        if !rec.verify(network) {
+            self.rejected_records += 1;
+            return Received::Forged;
+        }
+        let before = self.topology.get(&rec.node()).map(|r| r.proxied.clone()).unwrap_or_default();
+        if !self.topology.apply(rec.clone()) {
+            return Received::Stale;
+        }
+        self.paths_changed(now);
+        Received::Stored(before)
+    }
+
+    /// Publishes `rec` (our record, unsigned, with seq 0) if it differs from the last
+    /// one we published: returns it signed and stored, or `None` when nothing changed
+    /// enough. A neighbour's latency alone counts when it moved a lot, and then at
+    /// most every [`RTT_PUBLISH_GAP`].
+    pub(crate) fn publish(
+        &mut self,
+        mut rec: Record,
+        key: &weft_core::handshake::StaticKey,
+        network: &str,
+        now: Instant,
+    ) -> Option<Record> {
+        self.publish_at = None;
+        if let Some(old) = &self.published
+            && same_shape(old, &rec)
+        {
+            let pairs =
+                || old.neighbours.iter().zip(&rec.neighbours).map(|(o, n)| (i64::from(o.rtt_ms), i64::from(n.rtt_ms)));
+            let first_rtt = pairs().any(|(o, n)| o == 0 && n != 0);
+            let moved = pairs().any(|(o, n)| (o - n).abs() > 5 && (o - n).abs() * 2 > o);
+            let gap_ok = self.last_publish.is_none_or(|t| now.saturating_duration_since(t) >= RTT_PUBLISH_GAP);
+            if !(first_rtt || (moved && gap_ok)) {
+                if moved {
+                    // Publish the new latency once the gap allows.
+                    self.publish_at = self.last_publish.map(|t| t + RTT_PUBLISH_GAP);
+                }
+                return None;
+            }
+        }
+        self.seq += 1;
+        rec.seq = self.seq;
+        rec.sign(key, network);
+        self.topology.apply(rec.clone());
+        self.published = Some(rec.clone());
+        self.last_publish = Some(now);
+        self.paths_changed(now);
+        Some(rec)
+    }
 }
 
 impl Node {
@@ -109,688 +400,175 @@ impl Node {
             Msg::Record(rec) => self.handle_record(now, key, *rec),
             Msg::Ping(n) => self.send_msg(&key, &Msg::Pong(n), now),
             Msg::Pong(n) => {
-                // Link latencies reach the mesh with the next periodic record.
-                if let Some(p) = self.peers.get_mut(&key) {
-                    p.probe.answered(n, now);
+                if let Some(p) = self.peers.get_mut(&key)
+                    && p.probe.answered(n, now)
+                    && p.is_link(now)
+                {
+                    // A link's latency is in our record (republished when it moved a lot).
+                    self.mesh.record_changed(now);
                 }
             }
             Msg::Punch(eps) => self.handle_punch(now, key, &eps),
+            Msg::Summary { count, hash } => self.handle_summary(now, key, (count, hash)),
+            Msg::Digest { lo, hi, entries } => {
+                // Only a link's digest is answered (records travel on links).
+                if !self.peers.get(&key).is_some_and(|p| p.is_link(now)) {
+                    return;
+                }
+                let recs = self.mesh.missing_from(self.id, lo, hi, &entries);
+                if !recs.is_empty() {
+                    debug!(peer = %NodeId::from_public(&key), count = recs.len(), "repairing a neighbour's topology");
+                }
+                for r in recs {
+                    self.send_msg(&key, &Msg::Record(Box::new(r)), now);
+                }
+            }
+        }
+        self.touch(key);
+    }
+
+    /// A neighbour's summary: it keeps a link with us; when its table differs from
+    /// ours, it gets our digest (and pushes what we lack once it has compared).
+    fn handle_summary(&mut self, now: Instant, key: [u8; 32], theirs: (u32, u64)) {
+        let Some(p) = self.peers.get_mut(&key) else { return };
+        let was_link = p.is_link(now);
+        if p.anchor != Anchor::Dialled {
+            p.anchor = Anchor::Held(now + LINK_HOLD);
+        }
+        if !p.is_link(now) {
+            return;
+        }
+        if !was_link {
+            // A new link: it is in our record from now on, and gets our summary.
+            self.mesh.record_changed(now);
+            self.send_summary(now, key);
+        }
+        let ours = self.mesh.summary(self.id);
+        let Some(p) = self.peers.get_mut(&key) else { return };
+        if ours == theirs || p.digest_sent.is_some_and(|t| now.saturating_duration_since(t) < DIGEST_GAP) {
+            return;
+        }
+        p.digest_sent = Some(now);
+        for m in self.mesh.digest(self.id) {
+            self.send_msg(&key, &m, now);
         }
     }
 
-    /// Authenticated packets of a session arrive straight from `from`: that address is
-    /// a working direct path to the peer (a hole punch succeeded, or it roamed).
-    ///
-    /// The peer moves there when it is a better transport than the current path, or
-    /// the current path is stale (nothing arrived on it lately): so a node prefers
-    /// UDP, then QUIC, TCP, WebSocket, and follows whichever path still works.
-    pub(crate) fn handle_direct(&mut self, now: Instant, local_index: u32, from: Endpoint) {
-        let Some(key) = self.key_of_session(local_index) else { return };
-        let stale_after = self.stale_after();
-        let Some(p) = self.peers.get_mut(&key) else { return };
-        if p.endpoint == Some(from) {
-            p.path_seen = Some(now);
-            if p.direct {
-                return;
-            }
-        } else {
-            let better = p.endpoint.is_none_or(|cur| from.proto < cur.proto);
-            if p.direct && !better && !p.path_stale(now, stale_after) {
-                return;
-            }
+    /// Sends our summary on a link and schedules the next.
+    pub(crate) fn send_summary(&mut self, now: Instant, key: [u8; 32]) {
+        let (count, hash) = self.mesh.summary(self.id);
+        if let Some(p) = self.peers.get_mut(&key) {
+            p.summary_next = Some(now + SUMMARY_EVERY);
         }
-        info!(peer = %p.id, %from, "direct path up");
-        p.endpoint = Some(from);
-        p.direct = true;
-        p.direct_since = Some(now);
-        p.path_seen = Some(now);
-        p.upgrade = Default::default();
-        p.failover_next = None;
-        p.punch = Default::default();
-        self.record_dirty = true;
-        self.routes_dirty = true;
-        self.sync_topology(key, now);
+        self.send_msg(&key, &Msg::Summary { count, hash }, now);
     }
 
     fn handle_record(&mut self, now: Instant, from_key: [u8; 32], rec: Record) {
         let node = rec.node();
-        let network = &self.cfg.handshake.network_name;
-        if node == self.id {
-            // Our own record came back: never older than what we publish, unless we
-            // restarted; jump past it so ours wins. Only a record we signed ourselves
-            // (in an earlier run) counts: nobody else can make us skip numbers, and
-            // parsing caps the sequence far below u64::MAX.
-            if rec.seq >= self.seq && rec.seq < crate::topology::MAX_SEQ && rec.verify(network) {
-                self.seq = rec.seq + 1;
-                self.record_dirty = true;
+        let network = self.cfg.handshake.network_name.clone();
+        let before = match self.mesh.receive(&rec, self.id, &network, now) {
+            Received::Stale => return,
+            Received::Forged => {
+                // A member altered or forged someone's record: dropped, never forwarded.
+                warn!(from = %NodeId::from_public(&from_key), origin = %node, seq = rec.seq, "dropped a topology record whose signature is not its origin's");
+                return;
             }
-            return;
-        }
-        // Only what would change our table is worth a signature check.
-        if !self.topology.is_newer(&rec) {
-            return;
-        }
-        if !rec.verify(network) {
-            // A member altered or forged someone's record: drop it, never forward it.
-            self.rejected_records += 1;
-            warn!(from = %NodeId::from_public(&from_key), origin = %node, seq = rec.seq, "dropped a topology record whose signature is not its origin's");
-            return;
-        }
-        let overlay = rec.overlay;
-        let hostname = rec.hostname.clone();
-        let key = rec.key;
-        let before = self.topology.get(&node).map(|r| r.proxied.clone()).unwrap_or_default();
-        if !self.topology.apply(rec.clone(), now) {
-            return;
-        }
+            Received::Stored(before) => before,
+        };
         for (a, p) in rec.proxied.iter().filter(|s| !before.contains(s)) {
             if let Some(why) = self.subnet_refusal(*a, *p) {
                 warn!(peer = %node, host = %rec.hostname, subnet = %format!("{a}/{p}"), "refused proxied subnet: {why}");
             }
         }
-        // A member we have not met: it exists for routing and status from now on
-        // (unless it claims our own address: that is a conflict, or a former identity
-        // of this very node, and shows in status as such).
-        // Nor when another member already holds the address: the first holder keeps it.
-        let taken = self.address_owner(overlay, node, |_| false);
+        // A member we have not met exists for routing and status from now on, as an
+        // idle peer (a session is made when traffic wants one) -- unless it claims our
+        // own address (a conflict, or a former identity of this very node) or another
+        // member's: the first holder keeps it.
+        let taken = self.address_owner(rec.overlay, node, |_| false);
         if let Some(owner) = taken {
-            debug!(peer = %node, %overlay, %owner, "member's record claims another member's address");
+            debug!(peer = %node, overlay = %rec.overlay, %owner, "member's record claims another member's address");
         }
-        if !self.peers.contains_key(&key) && overlay != self.cfg.handshake.hello.ipv4 && taken.is_none() {
+        let key = rec.key;
+        if !self.peers.contains_key(&key) && rec.overlay != self.cfg.handshake.hello.ipv4 && taken.is_none() {
             let ours = &self.cfg.handshake.hello;
-            let hello = Hello { cipher: ours.cipher, ipv4: overlay, prefix: ours.prefix, hostname };
-            self.peers.insert(key, Peer::new(key, hello, None, now, Arc::default()));
+            let hello =
+                Hello { cipher: ours.cipher, ipv4: rec.overlay, prefix: ours.prefix, hostname: rec.hostname.clone() };
+            self.peers.insert(key, Peer::new(key, hello, now, std::sync::Arc::default()));
             self.ids.insert(node, key);
-            debug!(peer = %node, %overlay, "learned member from topology");
+            debug!(peer = %node, overlay = %rec.overlay, "learned member from topology");
         }
-        self.recompute_paths();
-        // Flood on to every other direct neighbour.
+        if self.cfg.dynamic.is_some() && rec.overlay == self.cfg.handshake.hello.ipv4 {
+            self.resolve_address_conflict(now);
+        }
+        // Flood on to every other link.
         let from_id = NodeId::from_public(&from_key);
         let msg = Msg::Record(Box::new(rec));
         let targets: Vec<[u8; 32]> =
-            self.direct_neighbours().filter(|k| NodeId::from_public(k) != from_id && *k != key).collect();
+            self.links(now).filter(|k| NodeId::from_public(k) != from_id && *k != key).collect();
         for k in targets {
             self.send_msg(&k, &msg, now);
         }
     }
 
-    /// Periodic mesh work: publish our record, expire old ones, probe, punch.
+    /// The mesh's timers: recompute paths, age records out, publish our record.
     pub(crate) fn drive_mesh(&mut self, now: Instant) {
-        let t = self.cfg.timers;
-        let epoch = self.cfg.epoch;
-        let now_ms = ms_since(epoch, now);
-        // A direct path that went silent falls back to relaying.
-        for p in self.peers.values_mut() {
-            if !p.direct {
-                continue;
-            }
-            if !p.sessions.iter().any(|s| s.session.is_confirmed()) {
-                continue;
-            }
-            let last = p.sessions.iter().map(|s| s.session.last_direct_rx_ms()).max().unwrap_or(0);
-            let since = p.direct_since.map_or(0, |t| ms_since(epoch, t));
-            let silent = now_ms.saturating_sub(last.max(since));
-            if silent >= t.dead_after.as_millis() as u64 {
-                info!(peer = %p.id, "direct path silent; falling back to relay");
-                p.direct = false;
-                self.record_dirty = true;
-                self.routes_dirty = true;
-            }
+        if self.mesh.refresh_paths(now, self.id, self.cfg.latency_first) {
+            self.routes_dirty = true;
         }
-        self.resolve_address_conflict(now);
-        let expired = self.topology.expire(now, self.id);
-        if !expired.is_empty() {
-            debug!(count = expired.len(), "topology records aged out");
-            self.recompute_paths();
+        if self.mesh.expire(now, self.id) {
+            self.mesh.paths_changed(now);
         }
-        if self.record_dirty || self.next_publish.is_none_or(|t| now >= t) {
+        if self.mesh.publish_due(now) {
             self.publish_record(now);
         }
-        self.probe_peers(now);
-        self.punch_relayed(now);
-        self.probe_paths(now);
-    }
-
-    /// How long a direct path may stay quiet before other paths are tried: two
-    /// missed keepalives and a little.
-    pub(crate) fn stale_after(&self) -> Duration {
-        2 * self.cfg.timers.keepalive + Duration::from_millis(500)
-    }
-
-    /// For direct peers: while the path is stale, send session keepalives over every
-    /// other candidate (the first to answer becomes the path: failover, e.g. from a
-    /// UDP path a firewall started dropping to TCP); while it works but a better
-    /// transport is announced, try that now and then (upgrade, with backoff).
-    fn probe_paths(&mut self, now: Instant) {
-        let stale_after = self.stale_after();
-        let keepalive = self.cfg.timers.keepalive;
-        let due: Vec<([u8; 32], bool)> = self
-            .peers
-            .values()
-            .filter(|p| p.direct && p.sessions.iter().any(|s| s.session.is_confirmed()))
-            .filter_map(|p| {
-                if p.path_stale(now, stale_after) {
-                    p.failover_next.is_none_or(|t| now >= t).then_some((p.key, true))
-                } else {
-                    // Nothing beats UDP: no candidate scan for a peer already on it.
-                    let improvable = p.endpoint.is_some_and(|e| e.proto != Proto::Udp);
-                    (improvable && p.upgrade.next_attempt.is_none_or(|t| now >= t)).then_some((p.key, false))
-                }
-            })
-            .collect();
-        for (key, failover) in due {
-            let current = self.peers.get(&key).and_then(|p| p.endpoint);
-            let targets: Vec<Endpoint> = self
-                .candidates(&key)
-                .into_iter()
-                .filter(|c| Some(*c) != current)
-                .filter(|c| failover || current.is_some_and(|cur| c.proto < cur.proto))
-                .collect();
-            let jitter = self.rng.next_u32();
-            let Some(p) = self.peers.get_mut(&key) else { continue };
-            if failover {
-                p.failover_next = Some(now + keepalive);
-            } else {
-                let d = &mut p.upgrade;
-                d.backoff = if d.backoff.is_zero() { UPGRADE_FIRST } else { (d.backoff * 2).min(UPGRADE_MAX) };
-                let spread = d.backoff.as_millis() as u64 / 4;
-                d.next_attempt = Some(now + d.backoff + Duration::from_millis(u64::from(jitter) % spread.max(1)));
-            }
-            if !targets.is_empty() {
-                debug!(peer = %p.id, failover, candidates = targets.len(), "probing other paths");
-                self.punch_to(now, &key, &targets);
-            }
-        }
-    }
-
-    /// A connection (TCP, WebSocket, QUIC) closed or could not be opened: peers whose
-    /// path it was look for another at once, and a handshake waiting on it fails now
-    /// with the reason instead of timing out.
-    pub(crate) fn handle_link_down(&mut self, now: Instant, endpoint: Endpoint, error: &str) {
-        for p in self.peers.values_mut().filter(|p| p.endpoint == Some(endpoint)) {
-            debug!(peer = %p.id, %endpoint, error, "path's connection is down");
-            p.path_seen = None;
-            p.failover_next = None;
-        }
-        self.fail_handshakes_to(now, endpoint, error);
     }
 
     fn publish_record(&mut self, now: Instant) {
-        self.seq += 1;
-        self.record_dirty = false;
-        self.next_publish = Some(now + REFRESH);
         let rec = self.own_record(now);
-        self.topology.apply(rec.clone(), now);
-        self.recompute_paths();
+        let network = self.cfg.handshake.network_name.clone();
+        let Some(rec) = self.mesh.publish(rec, &self.cfg.handshake.local, &network, now) else { return };
+        debug!(seq = rec.seq, neighbours = rec.neighbours.len(), "publishing our record");
         let msg = Msg::Record(Box::new(rec));
-        let targets: Vec<[u8; 32]> = self.direct_neighbours().collect();
+        let targets: Vec<[u8; 32]> = self.links(now).collect();
         for k in targets {
             self.send_msg(&k, &msg, now);
         }
     }
 
-    /// Our record, signed.
-    fn own_record(&self, now: Instant) -> Record {
+    /// Our record, unsigned (the mesh numbers and signs what it publishes).
+    pub(crate) fn own_record(&self, now: Instant) -> Record {
         let hello = &self.cfg.handshake.hello;
         let mut neighbours: Vec<Neighbour> = self
             .peers
             .values()
-            .filter(|p| p.direct && p.sessions.iter().any(|s| s.session.is_confirmed()))
+            .filter(|p| p.is_link(now))
             .filter_map(|p| {
                 Some(Neighbour {
                     node: p.id,
                     rtt_ms: p.probe.rtt.map_or(0, |r| r.as_millis().min(u128::from(u32::MAX)) as u32),
                     loss_pct: p.probe.loss(now).map_or(0, |l| (l * 100.0).round().clamp(0.0, 100.0) as u8),
-                    observed: p.endpoint?,
+                    observed: p.path.direct()?.endpoint,
                 })
             })
             .collect();
         neighbours.sort_by_key(|n| n.node);
-        let mut rec = Record {
+        Record {
             key: self.cfg.handshake.local.public,
             signer: self.cfg.handshake.local.signing_public,
             sig: [0; 64],
-            seq: self.seq,
+            seq: 0,
             hostname: hello.hostname.clone(),
             overlay: hello.ipv4,
             endpoints: self.cfg.endpoints.clone(),
             neighbours,
             proxied: self.cfg.proxied.clone(),
             dynamic: self.cfg.dynamic.is_some(),
-        };
-        rec.sign(&self.cfg.handshake.local, &self.cfg.handshake.network_name);
-        rec
-    }
-
-    /// Sends every record we know to a new neighbour.
-    pub(crate) fn sync_topology(&mut self, key: [u8; 32], now: Instant) {
-        let mut recs: Vec<Record> = self.topology.records().cloned().collect();
-        if !recs.iter().any(|r| r.node() == self.id) {
-            recs.push(self.own_record(now));
-        }
-        // Our own record may be stale in the table when a neighbour just appeared.
-        self.record_dirty = true;
-        for r in recs {
-            self.send_msg(&key, &Msg::Record(Box::new(r)), now);
         }
     }
 
-    /// Marks the paths stale; they are recomputed once per tick ([`Node::refresh_paths`]),
-    /// not once per record, which is what keeps a 200-node mesh cheap to converge.
-    pub(crate) fn recompute_paths(&mut self) {
-        self.paths_dirty = true;
-    }
-
-    pub(crate) fn refresh_paths(&mut self) {
-        if self.paths_dirty {
-            self.paths_dirty = false;
-            self.paths = self.topology.paths(self.id, self.cfg.latency_first);
-            self.routes_dirty = true;
-        }
-    }
-
-    fn probe_peers(&mut self, now: Instant) {
-        let due: Vec<[u8; 32]> = self
-            .peers
-            .values()
-            .filter(|p| p.sessions.iter().any(|s| s.session.is_confirmed()))
-            .filter(|p| p.probe.next.is_none_or(|t| now >= t))
-            .map(|p| p.key)
-            .collect();
-        for key in due {
-            let nonce = self.rng.next_u64();
-            if let Some(p) = self.peers.get_mut(&key) {
-                p.probe.sent(nonce, now);
-                p.probe.next = Some(now + PING_EVERY);
-            }
-            self.send_msg(&key, &Msg::Ping(nonce), now);
-        }
-    }
-
-    /// For relayed peers: send to their known addresses directly and ask them (through
-    /// the relay) to do the same towards ours, so both NATs open at once.
-    fn punch_relayed(&mut self, now: Instant) {
-        let due: Vec<[u8; 32]> = self
-            .peers
-            .values()
-            .filter(|p| !p.direct && p.sessions.iter().any(|s| s.session.is_confirmed()))
-            .filter(|p| p.punch.next_attempt.is_none_or(|t| now >= t))
-            .map(|p| p.key)
-            .collect();
-        for key in due {
-            let theirs = self.candidates(&key);
-            let ours = self.candidates(&self.cfg.handshake.local.public);
-            if theirs.is_empty() && ours.is_empty() {
-                continue;
-            }
-            let jitter = self.rng.next_u32();
-            if let Some(p) = self.peers.get_mut(&key) {
-                let d = &mut p.punch;
-                d.backoff = if d.backoff.is_zero() { PUNCH_FIRST } else { (d.backoff * 2).min(PUNCH_MAX) };
-                let spread = d.backoff.as_millis() as u64 / 4;
-                d.next_attempt = Some(now + d.backoff + Duration::from_millis(u64::from(jitter) % spread.max(1)));
-            }
-            self.send_msg(&key, &Msg::Punch(ours), now);
-            self.punch_to(now, &key, &theirs);
-        }
-    }
-
-    /// A peer asks us to send to it directly at `eps` now. Only addresses where it may
-    /// really be are used (the endpoints its signed record announces, and the UDP
-    /// addresses its neighbours observe), never an arbitrary address a member names
-    /// (that would make us send to a third party for it), and at most once a second
-    /// per peer.
-    fn handle_punch(&mut self, now: Instant, key: [u8; 32], eps: &[Endpoint]) {
-        let Some(p) = self.peers.get_mut(&key) else { return };
-        if p.punch_answer_next.is_some_and(|t| now < t) {
-            debug!(peer = %p.id, "punch request too soon; ignored");
-            return;
-        }
-        p.punch_answer_next = Some(now + PUNCH_ANSWER_EVERY);
-        let known = self.candidates(&key);
-        let targets: Vec<Endpoint> = eps.iter().filter(|e| known.contains(e)).copied().collect();
-        debug!(peer = %NodeId::from_public(&key), asked = eps.len(), used = targets.len(), "punch request");
-        self.punch_to(now, &key, &targets);
-    }
-
-    /// Sends a keepalive of `key`'s session straight to each address.
-    fn punch_to(&mut self, now: Instant, key: &[u8; 32], eps: &[Endpoint]) {
-        let Some(p) = self.peers.get(key) else { return };
-        let Some(tx) = p.sessions.iter().find(|s| s.session.is_confirmed()) else { return };
-        let session = tx.session.clone();
-        for ep in eps.iter().take(MAX_CANDIDATES) {
-            let ka = crate::node::keepalive(&session, now, self.cfg.epoch);
-            self.actions.push_back(Dest::direct(*ep).send(ka));
-        }
-    }
-
-    /// Where a node may be reachable directly, best transport first: the endpoints it
-    /// announces and the UDP addresses its neighbours observe for it (a connection's
-    /// observed address is an ephemeral port nobody can dial).
-    pub(crate) fn candidates(&self, key: &[u8; 32]) -> Vec<Endpoint> {
-        let id = NodeId::from_public(key);
-        let mut out: Vec<Endpoint> = Vec::new();
-        for r in self.topology.records() {
-            for n in &r.neighbours {
-                if n.node == id && n.observed.proto == Proto::Udp && !out.contains(&n.observed) {
-                    out.push(n.observed);
-                }
-            }
-        }
-        if let Some(r) = self.topology.get(&id) {
-            for e in &r.endpoints {
-                if !out.contains(e) {
-                    out.push(*e);
-                }
-            }
-        }
-        // Stable: observed addresses before announced ones within a transport.
-        out.sort_by_key(|e| e.proto);
-        out.truncate(MAX_CANDIDATES);
-        out
-    }
-
-    /// Seals a control message on the peer's session and sends it along its path.
-    pub(crate) fn send_msg(&mut self, key: &[u8; 32], msg: &Msg, now: Instant) {
-        let Some(dest) = self.dest_for(key) else { return };
-        let Some(p) = self.peers.get(key) else { return };
-        let Some(tx) = p.sessions.iter().find(|s| s.session.is_confirmed()) else { return };
-        let body = msg.emit();
-        let mut buf = vec![0u8; DATA_HEADER_LEN + body.len() + 16];
-        buf[DATA_HEADER_LEN..DATA_HEADER_LEN + body.len()].copy_from_slice(&body);
-        let Some(n) = tx.session.seal_with_flags(&mut buf, body.len(), FLAG_CONTROL) else { return };
-        buf.truncate(n);
-        tx.session.touch_tx(ms_since(self.cfg.epoch, now));
-        self.actions.push_back(dest.send(buf));
-    }
-
-    /// Where to send a handshake to a peer: its current path first; when that is a
-    /// direct one, after each failure the next of its other candidates in turn (the
-    /// path's transport may have stopped working while another still does).
-    pub(crate) fn handshake_dest(&self, key: &[u8; 32]) -> Option<Dest> {
-        let p = self.peers.get(key)?;
-        let first = self.dest_for(key);
-        let failures = p.driver.failures as usize;
-        let direct = first.is_some_and(|d| d.relay.is_none());
-        if failures == 0 || !direct || p.sessions.iter().any(|s| s.session.is_confirmed()) {
-            return first;
-        }
-        let mut options: Vec<Dest> = first.into_iter().collect();
-        for c in self.candidates(key) {
-            let d = Dest::direct(c);
-            if !options.contains(&d) {
-                options.push(d);
-            }
-        }
-        options.get(failures % options.len().max(1)).copied()
-    }
-
-    /// How to reach a peer right now: directly when its direct path works (or it is
-    /// a configured endpoint with no relay path), else through the first relay.
-    pub(crate) fn dest_for(&self, key: &[u8; 32]) -> Option<Dest> {
-        let p = self.peers.get(key)?;
-        if p.direct
-            && let Some(e) = p.endpoint
-        {
-            return Some(Dest::direct(e));
-        }
-        if let Some(path) = self.paths.get(&p.id)
-            && path.next_hop != p.id
-            && let Some(hop) = self.peer_by_id(path.next_hop)
-            && hop.direct
-            && let Some(to) = hop.endpoint
-        {
-            return Some(Dest::relayed(to, p.id, self.id));
-        }
-        // No path computed yet (paths refresh once per tick): a session that came
-        // through a relay goes back the way its handshake came.
-        if let Some(s) = p.sessions.iter().find(|s| s.session.is_confirmed())
-            && Some(s.session.endpoint) != p.endpoint
-            && self.peers.values().any(|n| n.direct && n.endpoint == Some(s.session.endpoint))
-        {
-            return Some(Dest::relayed(s.session.endpoint, p.id, self.id));
-        }
-        p.endpoint.map(Dest::direct)
-    }
-
-    pub(crate) fn snapshot(&self) -> RouteSnapshot {
-        let mut routes = Vec::new();
-        for p in self.peers.values() {
-            let Some(tx) = p.sessions.iter().find(|s| s.session.is_confirmed()) else { continue };
-            let Some(dest) = self.dest_for(&p.key) else { continue };
-            routes.push((p.hello.ipv4, Route { session: tx.session.clone(), target: dest.to, relay: dest.relay }));
-        }
-        let receiving = self.peers.values().flat_map(|p| p.sessions.iter().map(|s| s.session.clone()));
-        // Forwarding table for relayed frames: every reachable node through its first hop.
-        let mut next_hops: BTreeMap<[u8; 8], Endpoint> = BTreeMap::new();
-        for (id, path) in &self.paths {
-            if let Some(hop) = self.peer_by_id(path.next_hop)
-                && hop.direct
-                && let Some(e) = hop.endpoint
-            {
-                next_hops.insert(id.to_bytes(), e);
-            }
-        }
-        for p in self.peers.values().filter(|p| p.direct) {
-            if let Some(e) = p.endpoint {
-                next_hops.insert(p.id.to_bytes(), e);
-            }
-        }
-        // Relayed frames are taken only from these: the current (authenticated) endpoint
-        // of each direct neighbour with a confirmed session.
-        let neighbours: Vec<Endpoint> = self
-            .peers
-            .values()
-            .filter(|p| p.direct && p.sessions.iter().any(|s| s.session.is_confirmed()))
-            .filter_map(|p| p.endpoint)
-            .collect();
-        let by_overlay: BTreeMap<std::net::Ipv4Addr, Route> = routes.iter().cloned().collect();
-        let subnets: Vec<(std::net::Ipv4Addr, u8, Route)> = self
-            .accepted_subnets()
-            .into_iter()
-            .filter_map(|(r, a, p)| Some((a, p, by_overlay.get(&r.overlay)?.clone())))
-            .collect();
-        RouteSnapshot::with_relays(self.id.to_bytes(), routes, receiving, next_hops, neighbours)
-            .with_subnets(subnets)
-            .with_held(self.held_sessions())
-    }
-
-    /// Subnets other members proxy and that we can reach: the kernel should route them
-    /// into the TUN.
-    pub(crate) fn proxied_routes(&self) -> Vec<(std::net::Ipv4Addr, u8)> {
-        let mut v: Vec<(std::net::Ipv4Addr, u8)> = self
-            .accepted_subnets()
-            .into_iter()
-            .filter(|(r, _, _)| self.paths.contains_key(&r.node()))
-            .map(|(_, a, p)| (a, p))
-            .collect();
-        v.sort();
-        v.dedup();
-        v
-    }
-
-    /// With `--dhcp`: if a member claims our address and it is static, or dynamic with a
-    /// lower node id, move to the first free address of the range.
-    fn resolve_address_conflict(&mut self, now: Instant) {
-        if self.cfg.dynamic.is_none() {
-            return;
-        }
-        let ours = self.cfg.handshake.hello.ipv4;
-        let must_move = self
-            .topology
-            .records()
-            .any(|r| r.node() != self.id && r.overlay == ours && (!r.dynamic || r.node() < self.id));
-        if must_move {
-            self.move_address(now, None);
-        }
-    }
-
-    /// Moves a `--dhcp` node to a free address (also avoiding `avoid`, a conflicting
-    /// address learned in a handshake). Does nothing for static addresses.
-    pub(crate) fn move_address(&mut self, now: Instant, avoid: Option<std::net::Ipv4Addr>) {
-        let Some((net, prefix)) = self.cfg.dynamic else { return };
-        let ours = self.cfg.handshake.hello.ipv4;
-        let mut used: std::collections::HashSet<std::net::Ipv4Addr> =
-            self.topology.records().filter(|r| r.node() != self.id).map(|r| r.overlay).collect();
-        used.extend(self.peers.values().map(|p| p.hello.ipv4));
-        used.extend(avoid);
-        used.insert(ours);
-        let Some(new) = pick_address(net, prefix, self.id, &used) else {
-            tracing::warn!("no free overlay address left in the --dhcp range");
-            return;
-        };
-        info!(old = %ours, new = %new, "overlay address taken by another member; moving");
-        self.cfg.handshake.hello.ipv4 = new;
-        self.record_dirty = true;
-        self.routes_dirty = true;
-        self.actions.push_back(crate::node::Action::SetAddress { old: ours, new, prefix });
-        // Peers learn the new address through a new handshake (the hello carries it).
-        let keys: Vec<[u8; 32]> = self
-            .peers
-            .values()
-            .filter(|p| p.sessions.iter().any(|s| s.session.is_confirmed()))
-            .map(|p| p.key)
-            .collect();
-        for k in keys {
-            self.rehandshake(now, k);
-        }
-    }
-
-    /// Whether `r`'s node is the member we route its overlay address to (a record
-    /// claiming an address another member holds gets nothing routed).
-    fn owns_address(&self, r: &Record) -> bool {
-        self.peers.get(&r.key).is_some_and(|p| p.hello.ipv4 == r.overlay)
-            && self.address_owner(r.overlay, r.node(), |_| false).is_none()
-    }
-
-    /// Subnets other members proxy that we accept, with the record announcing each.
-    fn accepted_subnets(&self) -> Vec<(&Record, std::net::Ipv4Addr, u8)> {
-        self.topology
-            .records()
-            .filter(|r| !r.proxied.is_empty() && r.node() != self.id && self.owns_address(r))
-            .flat_map(|r| r.proxied.iter().map(move |(a, p)| (r, *a, *p)))
-            .filter(|(_, a, p)| self.subnet_refusal(*a, *p).is_none())
-            .collect()
-    }
-
-    /// Why we will not route subnet `a/p` that a member proxies, if we will not: it
-    /// would capture traffic that is not the member's to take.
-    pub(crate) fn subnet_refusal(&self, a: std::net::Ipv4Addr, p: u8) -> Option<String> {
-        let overlaps = |b: std::net::Ipv4Addr, q: u8| {
-            let m = weft_core::route::prefix_mask(p.min(q));
-            u32::from(a) & m == u32::from(b) & m
-        };
-        if p == 0 {
-            return Some("a /0 would route every destination, the underlay included, to that member".into());
-        }
-        if p < 8 && !self.cfg.accept_wide_subnets {
-            return Some(format!("/{p} is shorter than /8 (accepted only with --accept-wide-subnets on this node)"));
-        }
-        let hello = &self.cfg.handshake.hello;
-        if overlaps(hello.ipv4, hello.prefix) {
-            let m = weft_core::route::prefix_mask(hello.prefix);
-            let net = std::net::Ipv4Addr::from(u32::from(hello.ipv4) & m);
-            return Some(format!("overlaps the overlay network {net}/{}", hello.prefix));
-        }
-        let members = self
-            .topology
-            .records()
-            .map(|r| (r.overlay, r.node()))
-            .chain(self.peers.values().map(|x| (x.hello.ipv4, x.id)));
-        for (addr, id) in members {
-            if overlaps(addr, 32) {
-                return Some(format!("holds member {id}'s overlay address {addr}"));
-            }
-        }
-        if let Some((b, q)) = self.cfg.local_networks.iter().find(|(b, q)| overlaps(*b, *q)) {
-            return Some(format!("overlaps {b}/{q}, a network this node is directly connected to"));
-        }
-        None
-    }
-
-    /// Claims in other members' records that we refuse, each with the reason (for
-    /// status): an overlay address another member holds.
-    pub(crate) fn refused_claims(&self) -> Vec<String> {
-        let mut v = Vec::new();
-        for r in self.topology.records().filter(|r| r.node() != self.id) {
-            if let Some(owner) = self.address_owner(r.overlay, r.node(), |_| false) {
-                v.push(format!(
-                    "member {} ({:?}) claims overlay address {}, which belongs to member {owner}: refused",
-                    r.node(),
-                    r.hostname,
-                    r.overlay
-                ));
-                continue;
-            }
-            for (a, p) in &r.proxied {
-                if let Some(why) = self.subnet_refusal(*a, *p) {
-                    v.push(format!("member {} ({:?}) proxies {a}/{p}: refused, {why}", r.node(), r.hostname));
-                }
-            }
-        }
-        v
-    }
-
-    /// Members whose record claims our overlay address.
-    pub(crate) fn conflicts(&self) -> Vec<(NodeId, String)> {
-        let ours = self.cfg.handshake.hello.ipv4;
-        self.topology
-            .records()
-            .filter(|r| r.node() != self.id && r.overlay == ours)
-            .map(|r| (r.node(), r.hostname.clone()))
-            .collect()
-    }
-
-    pub(crate) fn path_status(&self, p: &Peer) -> PathStatus {
-        match self.dest_for(&p.key) {
-            Some(Dest { relay: None, .. }) if p.direct => PathStatus::Direct,
-            Some(Dest { to, relay: Some(_) }) => {
-                // Before the paths are computed (once per tick) the relay is the
-                // neighbour the session's handshake came through.
-                let path = self.paths.get(&p.id);
-                let via = path
-                    .map(|x| x.next_hop)
-                    .or_else(|| self.peers.values().find(|n| n.direct && n.endpoint == Some(to)).map(|n| n.id));
-                PathStatus::Relay { via: via.unwrap_or(p.id), hops: path.map_or(2, |x| x.hops) }
-            }
-            _ => PathStatus::None,
-        }
-    }
-
-    pub(crate) fn route_status(&self) -> Vec<RouteStatus> {
-        let mut v: Vec<RouteStatus> = self
-            .paths
-            .iter()
-            .filter_map(|(id, path)| {
-                let rec = self.topology.get(id)?;
-                let session =
-                    self.peers.get(&rec.key).is_some_and(|p| p.sessions.iter().any(|s| s.session.is_confirmed()));
-                Some(RouteStatus {
-                    node: *id,
-                    hostname: rec.hostname.clone(),
-                    overlay: rec.overlay,
-                    proxied: rec.proxied.clone(),
-                    next_hop: path.next_hop,
-                    hops: path.hops,
-                    latency_ms: path.latency_ms,
-                    session,
-                })
-            })
-            .collect();
-        v.sort_by_key(|r| r.overlay);
-        v
-    }
-
-    fn direct_neighbours(&self) -> impl Iterator<Item = [u8; 32]> + '_ {
-        self.peers.values().filter(|p| p.direct && p.sessions.iter().any(|s| s.session.is_confirmed())).map(|p| p.key)
-    }
-
-    fn peer_by_id(&self, id: NodeId) -> Option<&Peer> {
-        self.ids.get(&id).and_then(|k| self.peers.get(k))
-    }
-
-    fn key_of_session(&self, local_index: u32) -> Option<[u8; 32]> {
-        self.peers.values().find(|p| p.sessions.iter().any(|s| s.session.local_index == local_index)).map(|p| p.key)
+    /// The links: peers with a working direct path that one end keeps.
+    pub(crate) fn links(&self, now: Instant) -> impl Iterator<Item = [u8; 32]> + '_ {
+        self.peers.values().filter(move |p| p.is_link(now)).map(|p| p.key)
     }
 }
 

@@ -6,7 +6,7 @@
 //! [`Action::Send`]) and never blocks; the runtime feeds it [`Input`]s and carries out
 //! its actions.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::Ipv4Addr;
 
 use std::sync::Arc;
@@ -23,10 +23,12 @@ use weft_core::wire::{
     DATA_HEADER_LEN, HandshakeHeader, MAX_HOPS, MessageType, Pattern, RejectReason, RejectRepr, RelayHeader,
 };
 
+use crate::deadline::Deadlines;
 use crate::identity::NodeId;
-use crate::peer::{Driver, Peer, SessionEntry};
+use crate::mesh::Mesh;
+use crate::peer::{Anchor, Driver, Peer, PeerPath, SessionEntry};
 use crate::status::{DialStatus, InboundFailure, NodeStatus, PathStatus, PeerState, PeerStatus};
-use crate::topology::{Path, Record, Topology};
+use crate::topology::{Record, Topology};
 
 /// Timing of the session engine.
 #[derive(Debug, Clone, Copy)]
@@ -61,8 +63,20 @@ impl Default for Timers {
 /// Rekey once a session has sent this many packets (about 47 GB at 1420 bytes), well
 /// inside AES-GCM's usage limit.
 pub const REKEY_AFTER_PACKETS: u64 = 1 << 25;
-/// How often the node wants [`Node::handle_timeout`].
-pub const TICK: Duration = Duration::from_millis(200);
+/// A session with a member that is not a link is retired after this long without data
+/// either way (no keepalives keep it in between).
+pub const IDLE_RETIRE: Duration = Duration::from_secs(120);
+/// Data within this window makes a session active: it is probed for latency and loss,
+/// and hole punching is tried while it is relayed.
+pub(crate) const ACTIVE_WINDOW: Duration = Duration::from_secs(10);
+/// Links and active sessions are probed for latency and loss this often.
+const PING_EVERY: Duration = Duration::from_secs(5);
+/// Packets held for one member while its session is made, at most.
+pub const MAX_QUEUED_PER_PEER: usize = 16;
+/// Packets held for all members while their sessions are made, at most.
+pub const MAX_QUEUED: usize = 1024;
+/// A packet for a member keeps its handshake retried this long.
+const WANTED_FOR: Duration = Duration::from_secs(10);
 /// Sessions kept per peer (current plus the ones in-flight packets may still use).
 const MAX_SESSIONS: usize = 3;
 /// An XX responder waiting for the finish message gives up after this.
@@ -179,6 +193,15 @@ pub enum Input<'a> {
         /// Why, for status (e.g. "connection refused").
         error: &'a str,
     },
+    /// A packet from our TUN for a member without a session: the engine starts the
+    /// handshake and sends the packet once the session is up (a few are held per
+    /// member; the rest are dropped and counted).
+    Unrouted {
+        /// Its destination.
+        dst: Ipv4Addr,
+        /// The IP packet.
+        packet: &'a [u8],
+    },
 }
 
 /// A peer named by an administrator: a dialled endpoint or a member's node id.
@@ -291,6 +314,20 @@ struct PendingResp {
     started: Instant,
 }
 
+/// A handshake that just finished, from either side.
+struct Finished {
+    done: Completed,
+    /// Where it came from (the last relay when `via` is set).
+    from: Endpoint,
+    via: Option<NodeId>,
+    local: u32,
+    remote: u32,
+    /// What we dialled, when we were the initiator.
+    target: Option<Target>,
+    /// Whether the peer already proved the PSK (IK response, XX finish).
+    confirmed: bool,
+}
+
 /// A finished handshake waiting for the peer's proof of the PSK.
 pub(crate) struct Held {
     key: [u8; 32],
@@ -325,31 +362,49 @@ pub const MAX_DISCOVERED: usize = 64;
 /// A discovered endpoint that no beacon announced for this long is forgotten.
 pub const DISCOVERED_EXPIRY: Duration = Duration::from_secs(300);
 
+/// What a deadline of the engine is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Wake {
+    /// Handshakes waiting for an answer or a proof time out.
+    Handshakes,
+    /// Records, paths and our record's publication.
+    Mesh,
+    /// Endpoints we dial.
+    Dials,
+    /// One peer's sessions and paths.
+    Peer([u8; 32]),
+}
+
 /// The session engine.
 pub struct Node {
     pub(crate) cfg: Config,
     pub(crate) id: NodeId,
     pub(crate) rng: Box<dyn RngCore + Send>,
     /// Endpoints we dial, by a stable slot number ([`Target::Dial`]).
-    pub(crate) dials: BTreeMap<usize, Dial>,
+    dials: BTreeMap<usize, Dial>,
     next_dial: usize,
     pub(crate) peers: BTreeMap<[u8; 32], Peer>,
     /// Node id → key of every entry in `peers` (ids are derived from keys; this only
     /// saves a scan per lookup on paths that run for every peer).
     pub(crate) ids: BTreeMap<NodeId, [u8; 32]>,
+    /// Local session index → peer key, rebuilt with every snapshot.
+    pub(crate) session_index: BTreeMap<u32, [u8; 32]>,
     pending_init: BTreeMap<u32, PendingInit>,
     pending_resp: BTreeMap<u32, PendingResp>,
-    pub(crate) held: BTreeMap<u32, Held>,
+    held: BTreeMap<u32, Held>,
     inbound_failures: VecDeque<InboundFailure>,
     pub(crate) actions: VecDeque<Action>,
     pub(crate) routes_dirty: bool,
-    next_tick: Option<Instant>,
-    pub(crate) topology: Topology,
-    pub(crate) paths: BTreeMap<NodeId, Path>,
-    pub(crate) seq: u64,
-    pub(crate) record_dirty: bool,
-    pub(crate) next_publish: Option<Instant>,
-    pub(crate) paths_dirty: bool,
+    /// The mesh: records, paths, our record.
+    pub(crate) mesh: Mesh,
+    /// When each part of the engine next has work.
+    deadlines: Deadlines<Wake>,
+    /// Peers whose deadline must be recomputed at the end of this step.
+    touched: BTreeSet<[u8; 32]>,
+    /// Packets held for members while their sessions are made.
+    queued: usize,
+    /// Packets for members without a session dropped because too many were held.
+    queued_dropped: u64,
     installed_subnets: Vec<(Ipv4Addr, u8)>,
     /// Held sessions changed: publish them without rebuilding every route.
     held_dirty: bool,
@@ -365,8 +420,8 @@ pub struct Node {
     prev_load_count: u32,
     overloaded_until: Option<Instant>,
     admission: AdmissionStats,
-    /// Topology records dropped because their signature was not their origin's.
-    pub(crate) rejected_records: u64,
+    /// The `now` of the last step (for calls that are not handed one).
+    last_now: Option<Instant>,
 }
 
 impl Node {
@@ -396,19 +451,18 @@ impl Node {
             dials,
             peers: BTreeMap::new(),
             ids: BTreeMap::new(),
+            session_index: BTreeMap::new(),
             pending_init: BTreeMap::new(),
             pending_resp: BTreeMap::new(),
             held: BTreeMap::new(),
             inbound_failures: VecDeque::new(),
             actions: VecDeque::new(),
             routes_dirty: true,
-            next_tick: None,
-            topology: Topology::default(),
-            paths: BTreeMap::new(),
-            seq: 0,
-            record_dirty: true,
-            next_publish: None,
-            paths_dirty: false,
+            mesh: Mesh::new(),
+            deadlines: Deadlines::default(),
+            touched: BTreeSet::new(),
+            queued: 0,
+            queued_dropped: 0,
             installed_subnets: Vec::new(),
             held_dirty: false,
             last_snapshot: None,
@@ -422,7 +476,7 @@ impl Node {
             prev_load_count: 0,
             overloaded_until: None,
             admission: AdmissionStats::default(),
-            rejected_records: 0,
+            last_now: None,
         }
     }
 
@@ -456,23 +510,31 @@ impl Node {
             Input::Direct { local_index, from } => self.handle_direct(now, local_index, from),
             Input::Discovered { endpoint } => self.handle_discovered(now, endpoint),
             Input::LinkDown { endpoint, error } => self.handle_link_down(now, endpoint, error),
+            Input::Unrouted { dst, packet } => self.handle_unrouted(now, dst, packet),
         }
-        self.finish_step();
+        self.finish_step(now);
     }
 
-    /// Runs the timers: retries, keepalives, rekeys, dead-peer detection.
+    /// Runs what is due: handshake timeouts, retries, keepalives, rekeys, dead-peer
+    /// detection, the mesh's work. Calling it early does no harm.
     pub fn handle_timeout(&mut self, now: Instant) {
-        self.next_tick = Some(now + TICK);
-        self.expire_pending(now);
-        self.refresh_paths();
-        self.drive_mesh(now);
-        self.refresh_paths();
-        self.drive_dials(now);
-        let keys: Vec<[u8; 32]> = self.peers.keys().copied().collect();
-        for key in keys {
-            self.drive_peer(now, key);
+        if self.last_now.is_none() {
+            // First call: publish our record and start dialling.
+            self.mesh.record_changed(now);
+            self.deadlines.set(Wake::Dials, Some(now));
         }
-        self.finish_step();
+        for wake in self.deadlines.pop_due(now) {
+            match wake {
+                Wake::Handshakes => self.expire_pending(now),
+                Wake::Mesh => self.drive_mesh(now),
+                Wake::Dials => self.drive_dials(now),
+                Wake::Peer(key) => {
+                    self.drive_peer(now, key);
+                    self.touch(key);
+                }
+            }
+        }
+        self.finish_step(now);
     }
 
     /// The next action to carry out, if any.
@@ -480,14 +542,24 @@ impl Node {
         self.actions.pop_front()
     }
 
-    /// When the node next wants [`Node::handle_timeout`].
+    /// When the node next wants [`Node::handle_timeout`] (`None` before the first
+    /// call: call it at once).
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.next_tick
+        self.deadlines.next()
+    }
+
+    /// Marks a peer whose timers may have changed (recomputed at the end of the step).
+    pub(crate) fn touch(&mut self, key: [u8; 32]) {
+        self.touched.insert(key);
     }
 
     /// A summary for status output.
     pub fn status(&self, now: Instant) -> NodeStatus {
-        let mut peers: Vec<PeerStatus> = self.peers.values().map(|p| p.status(now, self.path_status(p))).collect();
+        let mut peers: Vec<PeerStatus> = self
+            .peers
+            .values()
+            .map(|p| p.status(now, self.path_status(p), self.mesh.paths.contains_key(&p.id)))
+            .collect();
         peers.sort_by_key(|p| p.overlay);
         let dials = self
             .dials
@@ -502,8 +574,9 @@ impl Node {
             peers,
             dials,
             inbound_failures: self.inbound_failures.iter().cloned().collect(),
-            rejected_records: self.rejected_records,
+            rejected_records: self.mesh.rejected_records,
             refused: self.refused_claims(),
+            queued_dropped: self.queued_dropped,
         }
     }
 
@@ -513,19 +586,23 @@ impl Node {
         if networks != self.cfg.local_networks {
             self.cfg.local_networks = networks;
             self.routes_dirty = true;
-            self.finish_step();
+            let now = self.last_now.unwrap_or(self.cfg.epoch);
+            self.finish_step(now);
         }
     }
 
     /// The topology records this node holds (every member's signed self-description).
     pub fn topology(&self) -> &Topology {
-        &self.topology
+        &self.mesh.topology
     }
 
     /// Replaces the endpoints announced in our record (once the listeners are bound).
     pub fn set_endpoints(&mut self, endpoints: Vec<Endpoint>) {
         self.cfg.endpoints = endpoints;
-        self.record_dirty = true;
+        if let Some(now) = self.last_now {
+            self.mesh.record_changed(now);
+            self.deadlines.at_most(Wake::Mesh, now);
+        }
     }
 
     /// Dials `endpoint` from now on and keeps it connected, like a `--peer` given at
@@ -543,7 +620,7 @@ impl Node {
         }
         info!(%endpoint, "peer added");
         self.drive_dials(now);
-        self.finish_step();
+        self.finish_step(now);
         Ok(())
     }
 
@@ -574,18 +651,18 @@ impl Node {
             if let Some(p) = self.peers.get_mut(&key) {
                 what = format!("{what}; closed the sessions with {} ({})", p.id, p.hello.hostname);
                 p.sessions.clear();
-                p.configured = false;
-                p.direct = false;
-                p.endpoint = None;
+                p.anchor = Anchor::None;
+                p.path = PeerPath::Relayed { last: None };
                 p.down_since = Some(now);
                 p.error = Some("removed by the administrator".into());
                 p.driver = Driver::default();
                 self.routes_dirty = true;
-                self.record_dirty = true;
+                self.mesh.record_changed(now);
+                self.touch(key);
             }
         }
         info!("{what}");
-        self.finish_step();
+        self.finish_step(now);
         Ok(what)
     }
 
@@ -743,6 +820,7 @@ impl Node {
                 self.send_handshake(&back, MessageType::HandshakeResponse, hdr.pattern, local, hdr.sender_index, &msg);
                 self.pending_resp
                     .insert(local, PendingResp { responder, from, via, remote_index: hdr.sender_index, started: now });
+                self.deadlines.at_most(Wake::Handshakes, now + CONFIRM_TIMEOUT);
             }
             Ok(Responded::Completed(done, msg)) => {
                 // IK: the hello is known now; a taken address is refused before we
@@ -754,7 +832,10 @@ impl Node {
                 let local = self.new_index();
                 self.send_handshake(&back, MessageType::HandshakeResponse, hdr.pattern, local, hdr.sender_index, &msg);
                 // IK responder: the PSK is only proven by the initiator's first data packet.
-                self.complete(now, done, from, via, local, hdr.sender_index, None, false);
+                self.complete(
+                    now,
+                    Finished { done, from, via, local, remote: hdr.sender_index, target: None, confirmed: false },
+                );
             }
         }
     }
@@ -801,7 +882,9 @@ impl Node {
                 // IK: the response proves the responder holds the PSK. XX: the
                 // responder proves it with its first data packet.
                 let confirmed = pattern == Pattern::Ik;
-                self.complete(now, done, from, via, hdr.receiver_index, hdr.sender_index, Some(p.target), confirmed);
+                let target = Some(p.target);
+                let (local, remote) = (hdr.receiver_index, hdr.sender_index);
+                self.complete(now, Finished { done, from, via, local, remote, target, confirmed });
             }
         }
     }
@@ -812,7 +895,8 @@ impl Node {
             Err(e) => self.refuse_inbound(now, Dest::reply(from, p.via, self.id), p.remote_index, &e),
             Ok(done) => {
                 // XXpsk3: reading the finish message proves the initiator holds the PSK.
-                self.complete(now, done, p.from, p.via, hdr.receiver_index, p.remote_index, None, true);
+                let (from, via, local, remote) = (p.from, p.via, hdr.receiver_index, p.remote_index);
+                self.complete(now, Finished { done, from, via, local, remote, target: None, confirmed: true });
             }
         }
     }
@@ -874,7 +958,7 @@ impl Node {
             }
             return;
         }
-        if self.peers.values().any(|p| p.endpoint == Some(endpoint) && p.direct) {
+        if self.peers.values().any(|p| p.path.direct().is_some_and(|d| d.endpoint == endpoint)) {
             return;
         }
         if self.dials.values().filter(|d| d.discovered).count() >= MAX_DISCOVERED {
@@ -891,12 +975,68 @@ impl Node {
             self.promote(now, h);
             return;
         }
-        for peer in self.peers.values_mut() {
-            if peer.sessions.iter().any(|s| s.session.local_index == local_index) {
-                debug!(peer = %peer.id, local_index, "session confirmed");
-                peer.error = None;
-                self.routes_dirty = true;
+        if let Some(key) = self.key_of_session(local_index)
+            && let Some(peer) = self.peers.get_mut(&key)
+        {
+            debug!(peer = %peer.id, local_index, "session confirmed");
+            peer.error = None;
+            self.routes_dirty = true;
+            self.flush_queued(now, key);
+            self.touch(key);
+        }
+    }
+
+    /// A packet for a member without a session: hold it (a few per member) and start
+    /// the handshake.
+    fn handle_unrouted(&mut self, now: Instant, dst: Ipv4Addr, packet: &[u8]) {
+        let owner = self.last_snapshot.as_ref().and_then(|s| s.demand_for(dst)).map(|d| NodeId::from_bytes(d.node));
+        let Some(key) = owner.and_then(|id| self.ids.get(&id).copied()) else { return };
+        let Some(p) = self.peers.get_mut(&key) else { return };
+        if p.is_up() {
+            // The session came up since the pipeline looked.
+            self.send_sealed(&key, packet, 0, now);
+            p_stats_tx(self.peers.get(&key), packet.len());
+            return;
+        }
+        if p.queued.len() >= MAX_QUEUED_PER_PEER || self.queued >= MAX_QUEUED {
+            self.queued_dropped += 1;
+        } else {
+            p.queued.push_back(packet.to_vec());
+            self.queued += 1;
+        }
+        p.wanted_until = Some(now + WANTED_FOR);
+        if p.driver.in_flight.is_none() && p.driver.next_attempt.is_none_or(|t| now >= t) {
+            debug!(peer = %p.id, %dst, "traffic for an idle member: starting a session");
+            let use_ik = p.driver.failures < 2;
+            if let Some(to) = self.handshake_dest(&key) {
+                self.start_handshake(now, Target::Peer(key), to, use_ik.then_some(key));
             }
+        }
+        self.touch(key);
+    }
+
+    /// Sends the packets held for a peer on its new session.
+    fn flush_queued(&mut self, now: Instant, key: [u8; 32]) {
+        let Some(p) = self.peers.get_mut(&key) else { return };
+        if !p.is_up() || p.queued.is_empty() {
+            return;
+        }
+        let packets: Vec<Vec<u8>> = p.queued.drain(..).collect();
+        self.queued -= packets.len();
+        for pkt in &packets {
+            if self.send_sealed(&key, pkt, 0, now) {
+                p_stats_tx(self.peers.get(&key), pkt.len());
+            }
+        }
+    }
+
+    /// Drops the packets held for a peer (its handshake failed).
+    fn drop_queued(&mut self, key: [u8; 32]) {
+        if let Some(p) = self.peers.get_mut(&key) {
+            let n = p.queued.len();
+            p.queued.clear();
+            self.queued -= n;
+            self.queued_dropped += n as u64;
         }
     }
 
@@ -906,18 +1046,8 @@ impl Node {
     /// the PSK (`confirmed`, or later its first data packet); only then does the peer
     /// exist for routing and status, so that nodes without the secret leave no trace
     /// beyond a refused-handshake record.
-    #[allow(clippy::too_many_arguments)]
-    fn complete(
-        &mut self,
-        now: Instant,
-        done: Completed,
-        from: Endpoint,
-        via: Option<NodeId>,
-        local: u32,
-        remote: u32,
-        target: Option<Target>,
-        confirmed: bool,
-    ) {
+    fn complete(&mut self, now: Instant, f: Finished) {
+        let Finished { done, from, via, local, remote, target, confirmed } = f;
         let ours = self.cfg.handshake.hello.clone();
         let id = NodeId::from_public(&done.remote_static);
         let mismatch = if done.hello.cipher != ours.cipher {
@@ -969,6 +1099,7 @@ impl Node {
             }
             self.held.insert(local, held);
             self.held_dirty = true;
+            self.deadlines.at_most(Wake::Handshakes, now + HELD_TIMEOUT);
         }
     }
 
@@ -1012,7 +1143,7 @@ impl Node {
             .peers
             .iter()
             .filter(|(k, p)| {
-                let same_endpoint = via.is_none() && p.endpoint == Some(from);
+                let same_endpoint = via.is_none() && p.path.endpoint() == Some(from);
                 let same_addr = p.hello.ipv4 == hello.ipv4;
                 **k != key && (same_endpoint || same_addr) && (!p.is_up() || (same_endpoint && same_addr))
             })
@@ -1020,49 +1151,53 @@ impl Node {
             .collect();
         for k in stale {
             info!(old = %NodeId::from_public(&k), new = %id, "peer replaced by a node with a new key");
-            self.peers.remove(&k);
+            if let Some(old) = self.peers.remove(&k) {
+                self.queued -= old.queued.len();
+            }
             self.ids.remove(&NodeId::from_public(&k));
-            self.topology.remove(&NodeId::from_public(&k));
+            self.mesh.topology.remove(&NodeId::from_public(&k));
+            self.mesh.paths_changed(now);
             for d in self.dials.values_mut() {
                 if d.key == Some(k) {
                     d.key = None;
                 }
             }
         }
+        let mut dialled = false;
         if let Some(Target::Dial(i)) = target
             && let Some(d) = self.dials.get_mut(&i)
         {
             d.key = Some(key);
             d.driver.succeeded();
         }
-        let configured = self.dials.values().any(|d| d.key == Some(key) && !d.discovered);
+        dialled |= self.dials.values().any(|d| d.key == Some(key));
         let stats = entry.session.stats.clone();
         self.ids.insert(id, key);
-        let peer = self.peers.entry(key).or_insert_with(|| Peer::new(key, hello.clone(), None, now, stats));
-        peer.configured |= configured;
+        let stale_after = 2 * self.cfg.timers.keepalive.as_millis() as u64;
+        let now_ms = ms_since(self.cfg.epoch, now);
+        let peer = self.peers.entry(key).or_insert_with(|| Peer::new(key, hello.clone(), now, stats));
+        let was_link = peer.is_link(now);
+        if dialled {
+            peer.anchor = Anchor::Dialled;
+        }
         peer.hello = hello;
         // A handshake that arrived straight from the peer proves a direct path.
         if via.is_none() {
-            if !peer.direct || peer.endpoint != Some(from) {
-                self.record_dirty = true;
+            if peer.path.direct().is_none_or(|d| d.endpoint != from) {
+                peer.path.go_direct(from, now);
+            } else if let PeerPath::Direct(d) = &mut peer.path {
+                d.seen = Some(now);
             }
-            peer.endpoint = Some(from);
-            peer.direct = true;
-            peer.direct_since = Some(now);
-            peer.path_seen = Some(now);
-        } else if peer.direct && {
+        } else if peer.path.is_direct() && {
             let last = peer.sessions.iter().map(|s| s.session.last_direct_rx_ms()).max().unwrap_or(0);
-            ms_since(self.cfg.epoch, now).saturating_sub(last) > 2 * self.cfg.timers.keepalive.as_millis() as u64
+            now_ms.saturating_sub(last) > stale_after
         } {
             // The peer came through a relay although we thought we had a direct path,
             // and nothing arrived on that path lately: it cannot hear us directly.
             // Relay until a punch proves the path again.
             info!(peer = %id, "peer handshaked through a relay; direct path considered down");
-            peer.direct = false;
-            self.record_dirty = true;
+            peer.path.lose_direct();
         }
-        let first_session = !peer.sessions.iter().any(|s| s.session.is_confirmed());
-        let direct = peer.direct;
         info!(peer = %id, addr = %peer.hello.ipv4, %from, relayed = via.is_some(), initiator = entry.initiator, "session established");
         peer.sessions.insert(0, entry);
         peer.sessions.truncate(MAX_SESSIONS);
@@ -1070,11 +1205,17 @@ impl Node {
         peer.error = None;
         peer.down_since = None;
         peer.driver.succeeded();
+        // A new session counts as traffic: it is not retired before it had a chance.
+        peer.activity.touch(now);
+        let link = peer.is_link(now);
         self.routes_dirty = true;
-        if first_session && direct {
-            // A new neighbour: tell it everything we know about the mesh.
-            self.sync_topology(key, now);
+        self.mesh.record_changed(now);
+        if link && !was_link {
+            // A new link: compare tables (the neighbour pulls what it lacks).
+            self.send_summary(now, key);
         }
+        self.flush_queued(now, key);
+        self.touch(key);
     }
 
     fn refuse_inbound(&mut self, now: Instant, back: Dest, sender_index: u32, e: &HandshakeError) {
@@ -1096,8 +1237,9 @@ impl Node {
         via: Option<NodeId>,
     ) -> Option<String> {
         let id = NodeId::from_public(key);
-        let owner = self.address_owner(addr, id, |p| via.is_none() && p.endpoint == Some(from))?;
+        let owner = self.address_owner(addr, id, |p| via.is_none() && p.path.endpoint() == Some(from))?;
         let host = self
+            .mesh
             .topology
             .get(&owner)
             .map(|r| r.hostname.as_str())
@@ -1121,10 +1263,11 @@ impl Node {
         if let Some(p) = up {
             return (!restart(p)).then_some(p.id);
         }
-        self.topology
+        self.mesh
+            .topology
             .records()
             .filter(|r| r.overlay == addr && r.node() != claimant && r.node() != self.id)
-            .filter(|r| self.paths.contains_key(&r.node()))
+            .filter(|r| self.mesh.paths.contains_key(&r.node()))
             // A member whose session with us died is not holding anything, whatever
             // its last record says.
             .find(|r| {
@@ -1173,7 +1316,11 @@ impl Node {
                     p.driver.in_flight = None;
                     p.error = Some(msg);
                     p.driver.failed(now, &t, jitter);
+                    if p.wanted_until.is_none_or(|w| now >= w) {
+                        self.drop_queued(k);
+                    }
                 }
+                self.touch(k);
             }
         }
     }
@@ -1216,6 +1363,14 @@ impl Node {
                 None => self.record_inbound_failure(now, h.from, msg),
             }
         }
+        let next = self
+            .pending_init
+            .values()
+            .map(|p| p.started + self.handshake_timeout(p.target))
+            .chain(self.pending_resp.values().map(|p| p.started + CONFIRM_TIMEOUT))
+            .chain(self.held.values().map(|h| h.entry.created + HELD_TIMEOUT))
+            .min();
+        self.deadlines.set(Wake::Handshakes, next);
     }
 
     /// Fails every handshake we sent straight to `endpoint` (its connection is gone).
@@ -1259,9 +1414,12 @@ impl Node {
         let slots: Vec<usize> = self.dials.keys().copied().collect();
         for i in slots {
             let Some(d) = self.dials.get(&i) else { continue };
-            if d.key.is_some_and(|k| self.peers.contains_key(&k)) {
-                if let Some(p) = d.key.and_then(|k| self.peers.get_mut(&k)) {
-                    p.configured |= !d.discovered;
+            if let Some(p) = d.key.and_then(|k| self.peers.get_mut(&k)) {
+                // Known: the peer's own timers keep its session (we dial it: a link).
+                if p.anchor != Anchor::Dialled {
+                    p.anchor = Anchor::Dialled;
+                    let k = p.key;
+                    self.touch(k);
                 }
                 continue;
             }
@@ -1274,11 +1432,61 @@ impl Node {
         }
     }
 
+    /// When [`Node::drive_dials`] next has work.
+    fn dials_deadline(&self) -> Option<Instant> {
+        self.dials
+            .values()
+            .filter(|d| d.key.is_none_or(|k| !self.peers.contains_key(&k)))
+            .filter_map(|d| {
+                let expiry = d.announced.map(|a| a + DISCOVERED_EXPIRY);
+                let dormant = d.discovered && d.driver.failures >= DISCOVERED_ATTEMPTS;
+                let retry =
+                    (!dormant && d.driver.in_flight.is_none()).then(|| d.driver.next_attempt.unwrap_or(self.cfg.epoch));
+                [expiry, retry].into_iter().flatten().min()
+            })
+            .min()
+    }
+
+    /// Whether we want a session with this peer although none is up: we dial it, it
+    /// kept a link with us until recently, or traffic for it is waiting.
+    fn wants_session(&self, p: &Peer, now: Instant) -> bool {
+        let retried_link = match p.anchor {
+            Anchor::Dialled => {
+                self.dials.values().any(|d| d.key == Some(p.key) && !d.discovered) || {
+                    let down_for = now.saturating_duration_since(p.down_since.unwrap_or(p.first_seen));
+                    down_for < self.cfg.timers.learned_retry
+                }
+            }
+            Anchor::Held(_) => {
+                let down_for = now.saturating_duration_since(p.down_since.unwrap_or(p.first_seen));
+                down_for < self.cfg.timers.learned_retry
+            }
+            Anchor::None => false,
+        };
+        retried_link || p.wanted_until.is_some_and(|w| now < w)
+    }
+
+    /// One peer's timers. A link (a direct neighbour one end dials) keeps its session
+    /// with keepalives and is declared dead after `dead_after` of silence. Any other
+    /// session lives while data flows: keepalives only answer data (so a one-way
+    /// stream still proves the path), it is dead when data sent gets nothing back
+    /// for `dead_after`, and it is retired after [`IDLE_RETIRE`] without data. Probes
+    /// run on links and active sessions; hole punching only for active ones.
     fn drive_peer(&mut self, now: Instant, key: [u8; 32]) {
         let t = self.cfg.timers;
         let epoch = self.cfg.epoch;
-        let Some(peer) = self.peers.get_mut(&key) else { return };
         let now_ms = ms_since(epoch, now);
+        let Some(peer) = self.peers.get_mut(&key) else { return };
+        let last_rx_ms = peer.last_rx_ms();
+        let last_rx = (last_rx_ms > 0).then(|| epoch + Duration::from_millis(last_rx_ms - 1));
+        peer.activity.sample(&peer.stats, now, last_rx);
+        if let Anchor::Held(until) = peer.anchor
+            && now >= until
+        {
+            debug!(peer = %peer.id, "neighbour stopped keeping its link with us");
+            peer.anchor = Anchor::None;
+            self.mesh.record_changed(now);
+        }
         // Retire sessions that are superseded and idle, or never confirmed.
         let newest_confirmed = peer.sessions.iter().position(|s| s.session.is_confirmed());
         let before = peer.sessions.len();
@@ -1304,60 +1512,164 @@ impl Node {
         if peer.sessions.len() != before {
             self.routes_dirty = true;
         }
-        let tx = peer.sessions.iter().find(|s| s.session.is_confirmed()).cloned();
-        let mut want_handshake = false;
-        let mut ka_out = None;
-        if let Some(tx) = &tx {
-            let last_rx = peer.sessions.iter().map(|s| s.session.last_rx_ms()).max().unwrap_or(0);
-            let silent = now_ms.saturating_sub(last_rx.max(ms_since(epoch, tx.created)));
-            if silent >= t.dead_after.as_millis() as u64 {
-                let msg = format!("peer not responding: nothing received for {} s", silent / 1000);
-                warn!(peer = %peer.id, "{msg}");
-                peer.error = Some(msg);
-                peer.sessions.clear();
-                peer.down_since = Some(now);
-                peer.driver = Driver::default();
-                self.routes_dirty = true;
-                want_handshake = true;
-            } else {
-                let age = now.duration_since(tx.created);
-                let due = if tx.initiator { t.rekey_after } else { t.rekey_after + t.rekey_after / 4 };
-                if (age >= due || tx.session.sent_packets() >= REKEY_AFTER_PACKETS)
-                    && peer.driver.in_flight.is_none()
-                    && now >= peer.driver.next_attempt.unwrap_or(now)
-                {
-                    debug!(peer = %peer.id, "rekeying");
-                    want_handshake = true;
-                }
-                let last_tx = tx.session.last_tx_ms().max(ms_since(epoch, tx.created));
-                if now_ms.saturating_sub(last_tx) >= t.keepalive.as_millis() as u64 {
-                    ka_out = Some(keepalive(&tx.session, now, epoch));
-                }
+        let kept = peer.anchor != Anchor::None;
+        let Some(tx) = peer.tx().cloned() else {
+            if peer.sessions.is_empty() && peer.path.is_direct() && !kept {
+                peer.path.lose_direct();
             }
-        } else if peer.driver.in_flight.is_none() && now >= peer.driver.next_attempt.unwrap_or(now) {
-            let down_for = now.duration_since(peer.down_since.unwrap_or(peer.first_seen));
-            let in_mesh = self.paths.contains_key(&peer.id);
-            if peer.configured || in_mesh || down_for < t.learned_retry {
-                want_handshake = true;
-            } else if peer.sessions.is_empty() {
-                info!(peer = %peer.id, "forgetting silent peer");
+            let (in_flight, due) = (peer.driver.in_flight.is_some(), now >= peer.driver.next_attempt.unwrap_or(now));
+            if !in_flight && due && self.wants_session(&self.peers[&key], now) {
+                let use_ik = self.peers[&key].driver.failures < 2;
+                if let Some(to) = self.handshake_dest(&key) {
+                    self.start_handshake(now, Target::Peer(key), to, use_ik.then_some(key));
+                }
+            } else if !in_flight && self.forgettable(&key, now) {
+                info!(peer = %NodeId::from_public(&key), "forgetting silent peer");
                 self.peers.remove(&key);
                 self.ids.remove(&NodeId::from_public(&key));
                 self.routes_dirty = true;
-                return;
+            }
+            return;
+        };
+        let silent = now_ms.saturating_sub(last_rx_ms.max(ms_since(epoch, tx.created)));
+        let dead = if kept {
+            silent >= t.dead_after.as_millis() as u64
+        } else {
+            peer.activity.unanswered_since.is_some_and(|s| now.saturating_duration_since(s) >= t.dead_after)
+        };
+        if dead {
+            let msg = format!("peer not responding: nothing received for {} s", silent / 1000);
+            warn!(peer = %peer.id, "{msg}");
+            peer.error = Some(msg);
+            peer.sessions.clear();
+            peer.down_since = Some(now);
+            peer.driver = Driver::default();
+            peer.activity.unanswered_since = None;
+            if !kept {
+                peer.path.lose_direct();
+            }
+            self.routes_dirty = true;
+            self.mesh.record_changed(now);
+            if self.wants_session(&self.peers[&key], now) {
+                let use_ik = self.peers[&key].driver.failures < 2;
+                if let Some(to) = self.handshake_dest(&key) {
+                    self.start_handshake(now, Target::Peer(key), to, use_ik.then_some(key));
+                }
+            }
+            return;
+        }
+        if !kept && !peer.activity.active(now, IDLE_RETIRE) {
+            debug!(peer = %peer.id, "no traffic for {} s: session retired", IDLE_RETIRE.as_secs());
+            peer.sessions.clear();
+            peer.path.lose_direct();
+            peer.wanted_until = None;
+            self.routes_dirty = true;
+            return;
+        }
+        let active = kept || peer.activity.active(now, ACTIVE_WINDOW);
+        let age = now.duration_since(tx.created);
+        let due = if tx.initiator { t.rekey_after } else { t.rekey_after + t.rekey_after / 4 };
+        // An idle session is not rekeyed: it retires (or its keys expire) instead.
+        let rekey = (age >= due || tx.session.sent_packets() >= REKEY_AFTER_PACKETS)
+            && (kept || peer.activity.active(now, 3 * ACTIVE_WINDOW))
+            && peer.driver.in_flight.is_none()
+            && now >= peer.driver.next_attempt.unwrap_or(now);
+        let last_tx = tx.session.last_tx_ms().max(ms_since(epoch, tx.created));
+        let quiet = now_ms.saturating_sub(last_tx) >= t.keepalive.as_millis() as u64;
+        // Links: a keepalive whenever we were quiet. Others: only to answer data that
+        // arrived since we last sent anything (WireGuard's passive keepalive).
+        let answer_data = peer.activity.last_data_rx.is_some_and(|r| ms_since(epoch, r) > last_tx);
+        let send_keepalive = quiet && (kept || answer_data);
+        let probe = active && peer.probe.next.is_none_or(|n| now >= n);
+        let punch = !kept && !peer.path.is_direct() && active && peer.punch.next_attempt.is_none_or(|n| now >= n);
+        let summary = peer.is_link(now) && peer.summary_next.is_none_or(|n| now >= n);
+        if rekey {
+            debug!(peer = %peer.id, "rekeying");
+            let use_ik = peer.driver.failures < 2;
+            if let Some(to) = self.handshake_dest(&key) {
+                self.start_handshake(now, Target::Peer(key), to, use_ik.then_some(key));
             }
         }
-        let use_ik = peer.driver.failures < 2;
-        if let Some(ka) = ka_out
-            && let Some(d) = self.dest_for(&key)
-        {
-            self.actions.push_back(d.send(ka));
+        if send_keepalive && let Some(d) = self.dest_for(&key) {
+            self.actions.push_back(d.send(keepalive(&tx.session, now, epoch)));
         }
-        if want_handshake && let Some(to) = self.handshake_dest(&key) {
-            self.start_handshake(now, Target::Peer(key), to, use_ik.then_some(key));
+        if probe {
+            let nonce = self.rng.next_u64();
+            if let Some(p) = self.peers.get_mut(&key) {
+                p.probe.sent(nonce, now);
+                p.probe.next = Some(now + PING_EVERY);
+            }
+            self.send_msg(&key, &crate::mesh::Msg::Ping(nonce), now);
         }
+        if summary {
+            self.send_summary(now, key);
+        }
+        if punch {
+            self.punch(now, key);
+        }
+        self.drive_direct(now, key);
     }
 
+    /// A peer that is no use any more: no session, not wanted, not a member we can
+    /// reach, silent for `learned_retry`.
+    fn forgettable(&self, key: &[u8; 32], now: Instant) -> bool {
+        let Some(p) = self.peers.get(key) else { return false };
+        let down_for = now.saturating_duration_since(p.down_since.unwrap_or(p.first_seen));
+        p.sessions.is_empty()
+            && p.queued.is_empty()
+            && !self.wants_session(p, now)
+            && !self.mesh.paths.contains_key(&p.id)
+            && self.mesh.topology.get(&p.id).is_none()
+            && down_for >= self.cfg.timers.learned_retry
+    }
+
+    /// When [`Node::drive_peer`] next has work for a peer (`None`: nothing until an
+    /// input arrives).
+    fn peer_deadline(&self, key: &[u8; 32], now: Instant) -> Option<Instant> {
+        let p = self.peers.get(key)?;
+        let t = self.cfg.timers;
+        let epoch = self.cfg.epoch;
+        let at_ms = |ms: u64| epoch + Duration::from_millis(ms.saturating_sub(1));
+        let held = match p.anchor {
+            Anchor::Held(until) => Some(until),
+            _ => None,
+        };
+        let Some(tx) = p.tx() else {
+            let retire_unconfirmed = p.sessions.iter().map(|s| s.created + CONFIRM_TIMEOUT).min();
+            let retry = (p.driver.in_flight.is_none() && self.wants_session(p, now))
+                .then(|| p.driver.next_attempt.unwrap_or(now));
+            // Forgetting a peer is checked now and then, not exactly.
+            let forget = (p.sessions.is_empty() && p.anchor != Anchor::None || p.down_since.is_some())
+                .then(|| now + t.learned_retry);
+            return [retire_unconfirmed, retry, forget, held].into_iter().flatten().min();
+        };
+        let kept = p.anchor != Anchor::None;
+        let mut v: Vec<Instant> = Vec::with_capacity(8);
+        v.extend(held);
+        let due = if tx.initiator { t.rekey_after } else { t.rekey_after + t.rekey_after / 4 };
+        v.push((tx.created + due).max(p.driver.next_attempt.unwrap_or(now)));
+        if p.sessions.len() > 1 {
+            v.push(now + RETIRE_IDLE / 2);
+        }
+        if tx.session.expires_at_ms() != u64::MAX {
+            v.push(at_ms(tx.session.expires_at_ms()));
+        }
+        if kept {
+            let last_tx = tx.session.last_tx_ms().max(ms_since(epoch, tx.created));
+            v.push(at_ms(last_tx) + t.keepalive);
+            let last_rx = p.last_rx_ms().max(ms_since(epoch, tx.created));
+            v.push(at_ms(last_rx) + t.dead_after);
+            v.push(p.probe.next.unwrap_or(now));
+            if p.is_link(now) {
+                v.push(p.summary_next.unwrap_or(now));
+            }
+        } else {
+            // Traffic is sampled each keepalive interval while the session lives.
+            v.push(now + t.keepalive);
+        }
+        v.extend(self.direct_deadline(p, now));
+        v.into_iter().min()
+    }
     /// Starts a fresh IK handshake with a known peer (to announce a new hello).
     pub(crate) fn rehandshake(&mut self, now: Instant, key: [u8; 32]) {
         if let Some(to) = self.dest_for(&key) {
@@ -1387,6 +1699,10 @@ impl Node {
         self.actions.push_back(to.send(sealed));
         self.pending_init
             .insert(local, PendingInit { initiator, target, to, started: now, msg: bytes, mac1, resent: false });
+        self.deadlines.at_most(Wake::Handshakes, now + self.handshake_timeout(target));
+        if let Target::Peer(k) = target {
+            self.touch(k);
+        }
         let driver = match target {
             Target::Dial(i) => match self.dials.get_mut(&i) {
                 Some(d) => &mut d.driver,
@@ -1437,14 +1753,15 @@ impl Node {
                 || self.pending_init.contains_key(&i)
                 || self.pending_resp.contains_key(&i)
                 || self.held.contains_key(&i)
-                || self.peers.values().any(|p| p.sessions.iter().any(|s| s.session.local_index == i));
+                || self.key_of_session(i).is_some();
             if !used {
                 return i;
             }
         }
     }
 
-    fn finish_step(&mut self) {
+    fn finish_step(&mut self, now: Instant) {
+        self.last_now = Some(now);
         // Clear in-flight markers whose handshake is gone (confirmed, failed or expired).
         let busy = |i: u32| self.pending_init.contains_key(&i) || self.held.contains_key(&i);
         for d in self.dials.values_mut() {
@@ -1452,10 +1769,23 @@ impl Node {
                 d.driver.in_flight = None;
             }
         }
-        for p in self.peers.values_mut() {
-            if p.driver.in_flight.is_some_and(|i| !busy(i)) {
+        let done: Vec<[u8; 32]> =
+            self.peers.values().filter(|p| p.driver.in_flight.is_some_and(|i| !busy(i))).map(|p| p.key).collect();
+        for k in done {
+            if let Some(p) = self.peers.get_mut(&k) {
                 p.driver.in_flight = None;
             }
+            self.touch(k);
+        }
+        // The mesh first: new paths change routes.
+        if self.mesh.deadline().is_some_and(|t| now >= t) {
+            self.drive_mesh(now);
+        }
+        self.deadlines.set(Wake::Mesh, self.mesh.deadline());
+        self.deadlines.set(Wake::Dials, self.dials_deadline());
+        for k in std::mem::take(&mut self.touched) {
+            let at = self.peer_deadline(&k, now);
+            self.deadlines.set(Wake::Peer(k), at);
         }
         if !self.routes_dirty
             && self.held_dirty
@@ -1470,6 +1800,8 @@ impl Node {
         if self.routes_dirty || self.held_dirty {
             self.routes_dirty = false;
             self.held_dirty = false;
+            self.session_index =
+                self.peers.values().flat_map(|p| p.sessions.iter().map(|s| (s.session.local_index, p.key))).collect();
             let snap = Arc::new(self.snapshot());
             self.last_snapshot = Some(snap.clone());
             self.actions.push_back(Action::PublishRoutes(snap));
@@ -1483,12 +1815,7 @@ impl Node {
 
     /// Addresses currently routed, for tests.
     pub fn routed(&self) -> Vec<Ipv4Addr> {
-        let mut v: Vec<Ipv4Addr> = self
-            .peers
-            .values()
-            .filter(|p| p.sessions.iter().any(|s| s.session.is_confirmed()))
-            .map(|p| p.hello.ipv4)
-            .collect();
+        let mut v: Vec<Ipv4Addr> = self.peers.values().filter(|p| p.is_up()).map(|p| p.hello.ipv4).collect();
         v.sort();
         v
     }
@@ -1523,11 +1850,24 @@ pub(crate) fn keepalive(session: &Session, now: Instant, epoch: Instant) -> Vec<
     buf
 }
 
+/// Counts a packet the engine sent for the pipelines (held while a session was made).
+fn p_stats_tx(p: Option<&Peer>, len: usize) {
+    if let Some(p) = p {
+        p.stats.add_tx(1, len as u64);
+    }
+}
+
 impl Peer {
-    fn status(&self, now: Instant, path: PathStatus) -> PeerStatus {
+    fn status(&self, now: Instant, path: PathStatus, reachable: bool) -> PeerStatus {
         let state = if self.is_up() {
             PeerState::Established
-        } else if self.sessions.is_empty() && self.error.is_some() {
+        } else if self.driver.in_flight.is_some() || !self.sessions.is_empty() {
+            PeerState::Connecting
+        } else if self.error.is_some() && (self.anchor != Anchor::None || self.wanted_until.is_some_and(|w| now < w)) {
+            PeerState::Down
+        } else if reachable {
+            PeerState::Idle
+        } else if self.error.is_some() {
             PeerState::Down
         } else {
             PeerState::Connecting
@@ -1536,19 +1876,16 @@ impl Peer {
             node_id: NodeId::from_public(&self.key),
             hostname: self.hello.hostname.clone(),
             overlay: self.hello.ipv4,
-            endpoint: self.endpoint,
+            endpoint: self.path.endpoint(),
             path,
             rtt: self.probe.rtt,
             loss: self.probe.loss(now),
             state,
+            link: self.is_link(now),
             last_handshake: self.last_handshake.map(|t| now.saturating_duration_since(t)),
             sessions: self.sessions.len(),
             error: self.error.clone(),
             stats: self.stats.clone(),
         }
-    }
-
-    fn is_up(&self) -> bool {
-        self.sessions.iter().any(|s| s.session.is_confirmed())
     }
 }

@@ -49,25 +49,148 @@ pub(crate) struct SessionEntry {
     pub(crate) initiator: bool,
 }
 
+/// A working direct path to a peer: authenticated packets arrive straight from
+/// `endpoint`.
+#[derive(Debug, Clone)]
+pub(crate) struct Direct {
+    pub(crate) endpoint: Endpoint,
+    /// When it came up.
+    pub(crate) since: Instant,
+    /// When packets last arrived on `endpoint` itself (rather than on another path).
+    pub(crate) seen: Option<Instant>,
+    /// Probes of better transports than this path's.
+    pub(crate) upgrade: Driver,
+    /// Next probe of every candidate while the path is stale.
+    pub(crate) failover_next: Option<Instant>,
+}
+
+/// How a peer is reached.
+#[derive(Debug, Clone)]
+pub(crate) enum PeerPath {
+    /// No direct path works: traffic goes through the mesh's next hop, if it has a
+    /// route. `last` is where the peer was last reached directly, or the endpoint we
+    /// dial for it (handshakes are tried there when no relay path exists).
+    Relayed { last: Option<Endpoint> },
+    /// Straight to the peer.
+    Direct(Direct),
+}
+
+impl PeerPath {
+    /// The direct path, if it works.
+    pub(crate) fn direct(&self) -> Option<&Direct> {
+        match self {
+            Self::Direct(d) => Some(d),
+            Self::Relayed { .. } => None,
+        }
+    }
+
+    pub(crate) fn is_direct(&self) -> bool {
+        matches!(self, Self::Direct(_))
+    }
+
+    /// The direct endpoint, or the last known one.
+    pub(crate) fn endpoint(&self) -> Option<Endpoint> {
+        match self {
+            Self::Direct(d) => Some(d.endpoint),
+            Self::Relayed { last } => *last,
+        }
+    }
+
+    /// Moves to a direct path at `endpoint` (a fresh one: no probes pending).
+    pub(crate) fn go_direct(&mut self, endpoint: Endpoint, now: Instant) {
+        *self = Self::Direct(Direct {
+            endpoint,
+            since: now,
+            seen: Some(now),
+            upgrade: Driver::default(),
+            failover_next: None,
+        });
+    }
+
+    /// Falls back to relaying, remembering the endpoint.
+    pub(crate) fn lose_direct(&mut self) {
+        *self = Self::Relayed { last: self.endpoint() };
+    }
+}
+
+/// Why the engine keeps a session with a peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Anchor {
+    /// We dial it (`--peer`, `weft peer add`, a LAN beacon): a link, kept forever.
+    Dialled,
+    /// It keeps a link with us: it dialled us (its summaries say so) until
+    /// the given time.
+    Held(Instant),
+    /// A member met through the mesh: a session only while traffic flows.
+    None,
+}
+
+/// Data traffic of a peer's sessions as the engine last sampled it (the pipelines
+/// count packets; keepalives and control messages are not data).
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Activity {
+    rx_packets: u64,
+    tx_packets: u64,
+    /// When data last went either way (as sampled).
+    pub(crate) last_data: Option<Instant>,
+    /// When data was last received (as sampled).
+    pub(crate) last_data_rx: Option<Instant>,
+    /// The first data sent since the last packet received, if any: no answer for
+    /// `dead_after` after it means the session is dead.
+    pub(crate) unanswered_since: Option<Instant>,
+}
+
+impl Activity {
+    /// Samples the counters; `last_rx` is when anything (data or not) last arrived.
+    pub(crate) fn sample(&mut self, stats: &PeerStats, now: Instant, last_rx: Option<Instant>) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let rx = stats.rx_packets.load(Relaxed);
+        let tx = stats.tx_packets.load(Relaxed);
+        if rx != self.rx_packets {
+            self.last_data = Some(now);
+            self.last_data_rx = Some(now);
+        }
+        if tx != self.tx_packets {
+            self.last_data = Some(now);
+            if self.unanswered_since.is_none() {
+                self.unanswered_since = Some(now);
+            }
+        }
+        if let (Some(sent), Some(rx)) = (self.unanswered_since, last_rx)
+            && rx >= sent
+        {
+            self.unanswered_since = None;
+        }
+        self.rx_packets = rx;
+        self.tx_packets = tx;
+    }
+
+    /// Counts as data now (a new session gets its chance before it is retired).
+    pub(crate) fn touch(&mut self, now: Instant) {
+        self.last_data = Some(now);
+    }
+
+    /// Whether data went either way within `window`.
+    pub(crate) fn active(&self, now: Instant, window: Duration) -> bool {
+        self.last_data.is_some_and(|t| now.saturating_duration_since(t) < window)
+    }
+}
+
 /// A remote node, keyed by its static public key.
 #[derive(Debug)]
 pub(crate) struct Peer {
     pub(crate) key: [u8; 32],
     pub(crate) id: NodeId,
     pub(crate) hello: Hello,
-    /// Where the peer is reached directly (observed or configured), if anywhere.
-    pub(crate) endpoint: Option<Endpoint>,
-    /// Whether the direct endpoint currently works (authenticated packets arrive on it).
-    pub(crate) direct: bool,
-    /// When the direct path last came up.
-    pub(crate) direct_since: Option<Instant>,
-    /// When packets last arrived on `endpoint` itself (rather than on another path).
-    pub(crate) path_seen: Option<Instant>,
-    /// Probes of better transports than the current direct path's.
-    pub(crate) upgrade: Driver,
-    /// Next probe of every candidate while the direct path is stale.
-    pub(crate) failover_next: Option<Instant>,
+    pub(crate) path: PeerPath,
+    pub(crate) anchor: Anchor,
     pub(crate) stats: Arc<PeerStats>,
+    pub(crate) activity: Activity,
+    /// Packets waiting for a session (sent once it is up), oldest first.
+    pub(crate) queued: std::collections::VecDeque<Vec<u8>>,
+    /// Data wanted this peer recently (a packet arrived for it without a session):
+    /// handshakes are retried until then.
+    pub(crate) wanted_until: Option<Instant>,
     /// Latency and loss probes.
     pub(crate) probe: Probe,
     /// Hole punching towards a relayed peer.
@@ -79,36 +202,26 @@ pub(crate) struct Peer {
     pub(crate) driver: Driver,
     pub(crate) last_handshake: Option<Instant>,
     pub(crate) error: Option<String>,
-    /// Dialled from the configuration: retried forever.
-    pub(crate) configured: bool,
     pub(crate) first_seen: Instant,
     pub(crate) down_since: Option<Instant>,
+    /// A topology summary is due on this link.
+    pub(crate) summary_next: Option<Instant>,
+    /// Our digest was last sent to this link (rate limit).
+    pub(crate) digest_sent: Option<Instant>,
 }
 
 impl Peer {
-    /// Whether nothing arrived on the direct path's own endpoint for `after`.
-    pub(crate) fn path_stale(&self, now: Instant, after: Duration) -> bool {
-        self.path_seen.is_none_or(|t| now.saturating_duration_since(t) >= after)
-    }
-
-    pub(crate) fn new(
-        key: [u8; 32],
-        hello: Hello,
-        endpoint: Option<Endpoint>,
-        now: Instant,
-        stats: Arc<PeerStats>,
-    ) -> Self {
+    pub(crate) fn new(key: [u8; 32], hello: Hello, now: Instant, stats: Arc<PeerStats>) -> Self {
         Self {
             key,
             id: NodeId::from_public(&key),
             hello,
-            endpoint,
-            direct: false,
-            direct_since: None,
-            path_seen: None,
-            upgrade: Driver::default(),
-            failover_next: None,
+            path: PeerPath::Relayed { last: None },
+            anchor: Anchor::None,
             stats,
+            activity: Activity::default(),
+            queued: std::collections::VecDeque::new(),
+            wanted_until: None,
             probe: Probe::default(),
             punch: Driver::default(),
             punch_answer_next: None,
@@ -116,10 +229,44 @@ impl Peer {
             driver: Driver::default(),
             last_handshake: None,
             error: None,
-            configured: false,
             first_seen: now,
             down_since: None,
+            summary_next: None,
+            digest_sent: None,
         }
+    }
+
+    /// The session that carries traffic: the newest confirmed one.
+    pub(crate) fn tx(&self) -> Option<&SessionEntry> {
+        self.sessions.iter().find(|s| s.session.is_confirmed())
+    }
+
+    /// Whether a confirmed session is up.
+    pub(crate) fn is_up(&self) -> bool {
+        self.tx().is_some()
+    }
+
+    /// Whether this peer is a link of the mesh: a working direct path with a session,
+    /// kept by us (we dial it) or by it (it dialled us). Links are what records list
+    /// and what relays forward over; other direct paths (hole punched for traffic)
+    /// go when the traffic stops.
+    pub(crate) fn is_link(&self, now: Instant) -> bool {
+        let kept = match self.anchor {
+            Anchor::Dialled => true,
+            Anchor::Held(until) => now < until,
+            Anchor::None => false,
+        };
+        kept && self.path.is_direct() && self.is_up()
+    }
+
+    /// Whether nothing arrived on the direct path's own endpoint for `after`.
+    pub(crate) fn path_stale(&self, now: Instant, after: Duration) -> bool {
+        self.path.direct().is_none_or(|d| d.seen.is_none_or(|t| now.saturating_duration_since(t) >= after))
+    }
+
+    /// When anything last arrived on any session (ms on the pipeline clock).
+    pub(crate) fn last_rx_ms(&self) -> u64 {
+        self.sessions.iter().map(|s| s.session.last_rx_ms()).max().unwrap_or(0)
     }
 }
 

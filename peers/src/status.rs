@@ -19,6 +19,9 @@ pub enum PeerState {
     Down,
     /// A confirmed session carries traffic.
     Established,
+    /// A member we can reach but hold no session with (none is needed until traffic
+    /// wants one).
+    Idle,
 }
 
 impl PeerState {
@@ -28,6 +31,7 @@ impl PeerState {
             Self::Connecting => "connecting",
             Self::Down => "down",
             Self::Established => "established",
+            Self::Idle => "idle",
         }
     }
 }
@@ -51,6 +55,9 @@ pub struct PeerStatus {
     pub loss: Option<f32>,
     /// Session state.
     pub state: PeerState,
+    /// Whether it is a link of the mesh (a direct neighbour one end dials, listed in
+    /// our record and kept with keepalives).
+    pub link: bool,
     /// Time since the last completed handshake.
     pub last_handshake: Option<Duration>,
     /// Live sessions (current and draining).
@@ -143,4 +150,7 @@ pub struct NodeStatus {
     /// Claims of other members we refuse, each with the reason (an overlay address
     /// another member holds, a proxied subnet we will not route).
     pub refused: Vec<String>,
+    /// Packets for members without a session dropped because too many were held
+    /// while their handshakes ran (or the handshake failed).
+    pub queued_dropped: u64,
 }

@@ -3,8 +3,10 @@
 //!
 //! Each node publishes a [`Record`] with a sequence number: who it is, its overlay
 //! address, where it can be reached, and its direct neighbours with measured latency.
-//! A record replaces an older one from the same node; records not refreshed within
-//! [`RECORD_TTL`] age out. Links count only when both ends list each other.
+//! A record replaces an older one from the same node. Records are not refreshed
+//! periodically: neighbours compare digests instead ([`Topology::summary`],
+//! [`Topology::digest`]). A record whose node has been unreachable for
+//! [`RECORD_TTL`] is dropped. Links count only when both ends list each other.
 
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -16,10 +18,9 @@ use thiserror::Error;
 
 use crate::identity::NodeId;
 
-/// A record not refreshed for this long is dropped.
-pub const RECORD_TTL: Duration = Duration::from_secs(90);
-/// Nodes republish their record at least this often.
-pub const REFRESH: Duration = Duration::from_secs(30);
+/// A record whose node has been unreachable (no path in the graph of links) for this
+/// long is dropped.
+pub const RECORD_TTL: Duration = Duration::from_secs(60);
 /// Longest usable path: a relayed frame crosses at most `MAX_HOPS` relays.
 pub const MAX_LINKS: u32 = weft_core::wire::MAX_HOPS as u32 + 1;
 /// Most neighbours a record may carry.
@@ -255,6 +256,13 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// A 64-bit finaliser (splitmix64): spreads a (node, sequence) pair over the hash.
+fn mix(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
 /// How to reach one destination.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Path {
@@ -266,17 +274,18 @@ pub struct Path {
     pub latency_ms: u32,
 }
 
-/// All records a node knows.
+/// All records a node knows, each with the time its node became unreachable (if it
+/// is).
 #[derive(Debug, Default)]
 pub struct Topology {
-    records: BTreeMap<NodeId, (Record, Instant)>,
+    records: BTreeMap<NodeId, (Record, Option<Instant>)>,
 }
 
 impl Topology {
     /// Stores `rec` if it is newer than what we have (and, for a node we do not know,
     /// if the table is not full). Returns true if it was. The caller checks the
     /// signature.
-    pub fn apply(&mut self, rec: Record, now: Instant) -> bool {
+    pub fn apply(&mut self, rec: Record) -> bool {
         if !self.is_newer(&rec) || rec.seq > MAX_SEQ {
             return false;
         }
@@ -284,7 +293,8 @@ impl Topology {
         if !self.records.contains_key(&id) && self.records.len() >= MAX_RECORDS {
             return false;
         }
-        self.records.insert(id, (rec, now));
+        let unreachable = self.records.get(&id).and_then(|(_, u)| *u);
+        self.records.insert(id, (rec, unreachable));
         true
     }
 
@@ -304,18 +314,64 @@ impl Topology {
         self.records.remove(id);
     }
 
-    /// Drops records not refreshed within [`RECORD_TTL`]; returns the ids dropped.
-    pub fn expire(&mut self, now: Instant, keep: NodeId) -> Vec<NodeId> {
-        let old: Vec<NodeId> = self
-            .records
-            .iter()
-            .filter(|(id, (_, at))| **id != keep && now.saturating_duration_since(*at) >= RECORD_TTL)
-            .map(|(id, _)| *id)
-            .collect();
+    /// Notes which nodes are reachable (`reachable`, plus `keep`: ourselves) and drops
+    /// the records of nodes unreachable for [`RECORD_TTL`]; returns the ids dropped.
+    pub fn expire(&mut self, now: Instant, keep: NodeId, reachable: impl Fn(&NodeId) -> bool) -> Vec<NodeId> {
+        let mut old = Vec::new();
+        for (id, (_, since)) in self.records.iter_mut() {
+            if *id == keep || reachable(id) {
+                *since = None;
+                continue;
+            }
+            let t = *since.get_or_insert(now);
+            if now.saturating_duration_since(t) >= RECORD_TTL {
+                old.push(*id);
+            }
+        }
         for id in &old {
             self.records.remove(id);
         }
         old
+    }
+
+    /// Whether some record's node is unreachable (its record will age out).
+    pub fn has_unreachable(&self) -> bool {
+        self.records.values().any(|(_, u)| u.is_some())
+    }
+
+    /// A summary of the records of the nodes for which `synced` holds: their count and
+    /// a hash of every (node, sequence) pair. Neighbours whose summaries differ
+    /// exchange digests.
+    pub fn summary(&self, synced: impl Fn(&NodeId) -> bool) -> (u32, u64) {
+        let mut count = 0u32;
+        let mut hash = 0u64;
+        for (id, (r, _)) in self.records.iter().filter(|(id, _)| synced(id)) {
+            count += 1;
+            hash ^= mix(u64::from_le_bytes(id.to_bytes()) ^ r.seq.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        }
+        (count, hash)
+    }
+
+    /// (node, sequence) of the records for which `synced` holds, by node id.
+    pub fn digest(&self, synced: impl Fn(&NodeId) -> bool) -> Vec<(NodeId, u64)> {
+        self.records.iter().filter(|(id, _)| synced(id)).map(|(id, (r, _))| (*id, r.seq)).collect()
+    }
+
+    /// The records for which `synced` holds, with ids in `lo..=hi`, that `theirs` (a
+    /// neighbour's digest of that range) lacks or holds an older sequence of.
+    pub fn newer_than<'a>(
+        &'a self,
+        lo: NodeId,
+        hi: NodeId,
+        theirs: &'a [(NodeId, u64)],
+        synced: impl Fn(&NodeId) -> bool + 'a,
+    ) -> impl Iterator<Item = &'a Record> + 'a {
+        let theirs: BTreeMap<NodeId, u64> = theirs.iter().copied().collect();
+        self.records
+            .range(lo..=hi)
+            .filter(move |(id, _)| synced(id))
+            .filter(move |(id, (r, _))| theirs.get(id).is_none_or(|s| *s < r.seq))
+            .map(|(_, (r, _))| r)
     }
 
     /// The record of `id`.
@@ -497,10 +553,9 @@ mod tests {
         top.emit(&mut b);
         assert!(Record::parse(&b).is_err());
         let mut t = Topology::default();
-        let now = Instant::now();
-        assert!(!t.apply(top, now));
+        assert!(!t.apply(top));
         let max = rec(1, u64::MAX, &[]);
-        assert!(!t.apply(max, now));
+        assert!(!t.apply(max));
         // The table holds at most MAX_RECORDS nodes; known nodes still update.
         let mut t = Topology::default();
         let mut base = rec(1, 1, &[]);
@@ -508,34 +563,32 @@ mod tests {
             let mut k = [0u8; 32];
             k[..4].copy_from_slice(&i.to_le_bytes());
             base.key = k;
-            assert!(t.apply(base.clone(), now));
+            assert!(t.apply(base.clone()));
         }
         assert!(t.is_full());
-        assert!(!t.apply(rec(2, 1, &[]), now), "a new node does not fit a full table");
+        assert!(!t.apply(rec(2, 1, &[])), "a new node does not fit a full table");
         base.seq = 2;
-        assert!(t.apply(base, now), "a known node still updates");
+        assert!(t.apply(base), "a known node still updates");
         assert_eq!(t.len(), MAX_RECORDS);
     }
 
     #[test]
     fn newer_sequence_wins() {
         let mut t = Topology::default();
-        let now = Instant::now();
-        assert!(t.apply(rec(1, 2, &[]), now));
-        assert!(!t.apply(rec(1, 1, &[(2, 1)]), now));
-        assert!(!t.apply(rec(1, 2, &[(2, 1)]), now));
-        assert!(t.apply(rec(1, 3, &[(2, 1)]), now));
+        assert!(t.apply(rec(1, 2, &[])));
+        assert!(!t.apply(rec(1, 1, &[(2, 1)])));
+        assert!(!t.apply(rec(1, 2, &[(2, 1)])));
+        assert!(t.apply(rec(1, 3, &[(2, 1)])));
         assert_eq!(t.get(&id(1)).unwrap().neighbours.len(), 1);
     }
 
     #[test]
     fn chain_routes_through_the_middle_and_links_need_both_ends() {
         let mut t = Topology::default();
-        let now = Instant::now();
-        t.apply(rec(1, 1, &[(2, 1)]), now);
-        t.apply(rec(2, 1, &[(1, 1), (3, 1)]), now);
-        t.apply(rec(3, 1, &[(2, 1), (4, 1)]), now); // 4 does not list 3
-        t.apply(rec(4, 1, &[]), now);
+        t.apply(rec(1, 1, &[(2, 1)]));
+        t.apply(rec(2, 1, &[(1, 1), (3, 1)]));
+        t.apply(rec(3, 1, &[(2, 1), (4, 1)])); // 4 does not list 3
+        t.apply(rec(4, 1, &[]));
         let p = t.paths(id(1), false);
         assert_eq!(p[&id(2)], Path { next_hop: id(2), hops: 1, latency_ms: 1 });
         assert_eq!(p[&id(3)], Path { next_hop: id(2), hops: 2, latency_ms: 2 });
@@ -546,23 +599,63 @@ mod tests {
     fn hops_versus_latency_first() {
         // 1-2 direct but slow (100 ms); 1-3-2 fast (2 + 2 ms).
         let mut t = Topology::default();
-        let now = Instant::now();
-        t.apply(rec(1, 1, &[(2, 100), (3, 2)]), now);
-        t.apply(rec(2, 1, &[(1, 100), (3, 2)]), now);
-        t.apply(rec(3, 1, &[(1, 2), (2, 2)]), now);
+        t.apply(rec(1, 1, &[(2, 100), (3, 2)]));
+        t.apply(rec(2, 1, &[(1, 100), (3, 2)]));
+        t.apply(rec(3, 1, &[(1, 2), (2, 2)]));
         assert_eq!(t.paths(id(1), false)[&id(2)].next_hop, id(2));
         let lf = t.paths(id(1), true)[&id(2)];
         assert_eq!((lf.next_hop, lf.hops, lf.latency_ms), (id(3), 2, 4));
     }
 
     #[test]
-    fn records_age_out() {
+    fn unreachable_records_age_out_and_reachable_ones_stay() {
         let mut t = Topology::default();
         let now = Instant::now();
-        t.apply(rec(1, 1, &[]), now);
-        t.apply(rec(2, 1, &[]), now);
-        assert!(t.expire(now + RECORD_TTL / 2, id(1)).is_empty());
-        assert_eq!(t.expire(now + RECORD_TTL, id(1)), vec![id(2)]);
-        assert_eq!(t.len(), 1);
+        t.apply(rec(1, 1, &[]));
+        t.apply(rec(2, 1, &[]));
+        t.apply(rec(3, 1, &[]));
+        let reach = |n: &NodeId| *n == id(3);
+        assert!(t.expire(now, id(1), reach).is_empty());
+        assert!(t.has_unreachable());
+        assert!(t.expire(now + RECORD_TTL / 2, id(1), reach).is_empty());
+        assert_eq!(t.expire(now + RECORD_TTL, id(1), reach), vec![id(2)]);
+        assert_eq!(t.len(), 2);
+        // Reachable again: the clock starts over.
+        t.apply(rec(2, 2, &[]));
+        assert!(t.expire(now + RECORD_TTL * 2, id(1), |_| true).is_empty());
+        assert!(!t.has_unreachable());
+    }
+
+    #[test]
+    fn digests_find_exactly_what_a_neighbour_lacks() {
+        let mut a = Topology::default();
+        let mut b = Topology::default();
+        for i in 1..=6 {
+            a.apply(rec(i, 1, &[]));
+            b.apply(rec(i, 1, &[]));
+        }
+        let all = |_: &NodeId| true;
+        assert_eq!(a.summary(all), b.summary(all));
+        a.apply(rec(2, 5, &[]));
+        a.apply(rec(7, 1, &[]));
+        b.apply(rec(4, 3, &[]));
+        assert_ne!(a.summary(all), b.summary(all));
+        let (lo, hi) = (NodeId::from_bytes([0; 8]), NodeId::from_bytes([0xff; 8]));
+        let bd = b.digest(all);
+        let mut push: Vec<NodeId> = a.newer_than(lo, hi, &bd, all).map(Record::node).collect();
+        push.sort();
+        let mut want = vec![id(2), id(7)];
+        want.sort();
+        assert_eq!(push, want);
+        let ad = a.digest(all);
+        let back: Vec<NodeId> = b.newer_than(lo, hi, &ad, all).map(Record::node).collect();
+        assert_eq!(back, vec![id(4)]);
+        for r in a.newer_than(lo, hi, &bd, all).cloned().collect::<Vec<_>>() {
+            b.apply(r);
+        }
+        a.apply(rec(4, 3, &[]));
+        assert_eq!(a.summary(all), b.summary(all));
+        // Only nodes the filter keeps are summarised.
+        assert_eq!(a.summary(|n| *n == id(1)).0, 1);
     }
 }

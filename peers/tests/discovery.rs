@@ -14,7 +14,10 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use weft_core::crypto::Cipher;
 use weft_core::transport::Endpoint;
-use weft_peers::node::{DISCOVERED_EXPIRY, Input, MAX_DISCOVERED, TICK};
+use weft_peers::node::{DISCOVERED_EXPIRY, Input, MAX_DISCOVERED};
+
+/// How far each step of the test clock moves.
+const TICK: Duration = Duration::from_millis(200);
 use weft_peers::{Node, Timers};
 
 fn lan(i: usize) -> Endpoint {

@@ -480,7 +480,7 @@ impl Net {
             (0..count).map(|k| ip_packet(overlay(x), overlay(y), 100 + k, 0xda7a_0000 + k as u64)).collect();
         let mut out = Vec::new();
         let now = self.now();
-        let sent = self.dp.send(&self.hosts[x], now, &pkts, &mut out);
+        let sent = self.dp.send(&mut self.hosts[x], now, &pkts, &mut out);
         assert_eq!(sent, count, "{x} has no route to {y}");
         self.transmit(out);
         self.run_for(Duration::from_secs(1));

@@ -296,6 +296,9 @@ impl DataPlane {
                     }
                     ControlEvent::Direct { local_index, from } => node.handle(now, Input::Direct { local_index, from }),
                     ControlEvent::Confirmed { local_index } => node.handle(now, Input::Confirmed { local_index }),
+                    ControlEvent::Unrouted { dst, packet } => {
+                        node.handle(now, Input::Unrouted { dst, packet: &packet })
+                    }
                 }
                 host.drain(out);
             }
@@ -304,15 +307,18 @@ impl DataPlane {
     }
 
     /// `host`'s TX pipeline reads `packets` from its TUN at `now`: the sealed datagrams
-    /// are appended to `out`. Returns how many datagrams it produced.
-    pub fn send(&mut self, host: &Host, now: Instant, packets: &[Vec<u8>], out: &mut Vec<Wire>) -> usize {
-        self.send_with(host, now, packets, out, &host.stats.drops)
+    /// are appended to `out`; packets for members without a session go to the engine
+    /// (which sends them once it has one). Returns how many datagrams the pipeline
+    /// produced.
+    pub fn send(&mut self, host: &mut Host, now: Instant, packets: &[Vec<u8>], out: &mut Vec<Wire>) -> usize {
+        let stats = host.stats.clone();
+        self.send_with(host, now, packets, out, &stats.drops)
     }
 
     /// [`DataPlane::send`] counting drops in `drops`.
     pub fn send_with(
         &mut self,
-        host: &Host,
+        host: &mut Host,
         now: Instant,
         packets: &[Vec<u8>],
         out: &mut Vec<Wire>,
@@ -336,6 +342,11 @@ impl DataPlane {
                     forwarded: false,
                 });
                 produced += 1;
+            }
+            for (dst, packet) in self.tx.take_unrouted() {
+                let Some(node) = host.node.as_mut() else { break };
+                node.handle(now, Input::Unrouted { dst, packet: &packet });
+                host.drain(out);
             }
         }
         produced

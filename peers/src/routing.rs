@@ -1,0 +1,567 @@
+//! How packets reach peers: direct paths (failover, transport upgrades, hole
+//! punching), where to send a peer's datagrams, the route snapshot the pipelines use,
+//! and which overlay addresses and subnets members may own.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use weft_core::transport::{Endpoint, Proto};
+
+use rand::RngCore;
+use tracing::{debug, info};
+use weft_core::route::{Demand, Route, RouteSnapshot};
+use weft_core::wire::{DATA_HEADER_LEN, FLAG_CONTROL};
+
+use crate::identity::NodeId;
+use crate::mesh::{MAX_CANDIDATES, Msg};
+use crate::node::{Dest, Node, ms_since};
+use crate::peer::{Driver, Peer, PeerPath};
+use crate::status::{PathStatus, RouteStatus};
+use crate::topology::Record;
+
+/// First hole-punching retry delay (doubles up to `PUNCH_MAX`).
+const PUNCH_FIRST: Duration = Duration::from_secs(2);
+const PUNCH_MAX: Duration = Duration::from_secs(30);
+/// A peer's punch requests are answered at most this often (its own retries back off
+/// from `PUNCH_FIRST`).
+const PUNCH_ANSWER_EVERY: Duration = Duration::from_secs(1);
+/// First probe of a better transport (doubles up to `UPGRADE_MAX`).
+const UPGRADE_FIRST: Duration = Duration::from_secs(5);
+const UPGRADE_MAX: Duration = Duration::from_secs(60);
+/// Packets for a member without a session that one snapshot hands the engine, at most.
+pub(crate) const DEMAND_BUDGET: u32 = 8;
+
+fn backoff(d: &mut Driver, now: Instant, first: Duration, max: Duration, jitter: u32) {
+    d.backoff = if d.backoff.is_zero() { first } else { (d.backoff * 2).min(max) };
+    let spread = d.backoff.as_millis() as u64 / 4;
+    d.next_attempt = Some(now + d.backoff + Duration::from_millis(u64::from(jitter) % spread.max(1)));
+}
+
+/// Whether a direct path is watched (failover, upgrades, falling back when silent):
+/// a link's always, a traffic shortcut's while data flows (an idle one is silent by
+/// design and goes with its session).
+fn watched(p: &Peer, now: Instant) -> bool {
+    p.anchor != crate::peer::Anchor::None || p.activity.active(now, crate::node::ACTIVE_WINDOW)
+}
+
+impl Node {
+    /// Authenticated packets of a session arrive straight from `from`: that address is
+    /// a working direct path to the peer (a hole punch succeeded, or it roamed).
+    ///
+    /// The peer moves there when it is a better transport than the current path, or
+    /// the current path is stale (nothing arrived on it lately): so a node prefers
+    /// UDP, then QUIC, TCP, WebSocket, and follows whichever path still works.
+    pub(crate) fn handle_direct(&mut self, now: Instant, local_index: u32, from: Endpoint) {
+        let Some(key) = self.key_of_session(local_index) else { return };
+        let stale_after = self.stale_after();
+        let Some(p) = self.peers.get_mut(&key) else { return };
+        let current = p.path.endpoint();
+        if current == Some(from) {
+            if let PeerPath::Direct(d) = &mut p.path {
+                d.seen = Some(now);
+                return;
+            }
+        } else {
+            let better = current.is_none_or(|cur| from.proto < cur.proto);
+            if p.path.is_direct() && !better && !p.path_stale(now, stale_after) {
+                return;
+            }
+        }
+        info!(peer = %p.id, %from, "direct path up");
+        p.path.go_direct(from, now);
+        p.punch = Driver::default();
+        self.mesh.record_changed(now);
+        self.routes_dirty = true;
+        if p.is_link(now) {
+            self.send_summary(now, key);
+        }
+        self.touch(key);
+    }
+
+    /// How long a direct path may stay quiet before other paths are tried: two
+    /// missed keepalives and a little.
+    pub(crate) fn stale_after(&self) -> Duration {
+        2 * self.cfg.timers.keepalive + Duration::from_millis(500)
+    }
+
+    /// A direct path's timers: silent for `dead_after`, it falls back to the relay;
+    /// while stale, session keepalives go to every other candidate (the first to
+    /// answer becomes the path: failover, e.g. from a UDP path a firewall started
+    /// dropping to TCP); while it works but a better transport is announced, that one
+    /// is tried now and then (upgrade, with backoff).
+    pub(crate) fn drive_direct(&mut self, now: Instant, key: [u8; 32]) {
+        let t = self.cfg.timers;
+        let epoch = self.cfg.epoch;
+        let stale_after = self.stale_after();
+        let now_ms = ms_since(epoch, now);
+        let Some(p) = self.peers.get_mut(&key) else { return };
+        let Some(d) = p.path.direct() else { return };
+        if !p.is_up() || !watched(p, now) {
+            return;
+        }
+        let last = p.sessions.iter().map(|s| s.session.last_direct_rx_ms()).max().unwrap_or(0);
+        if now_ms.saturating_sub(last.max(ms_since(epoch, d.since))) >= t.dead_after.as_millis() as u64 {
+            info!(peer = %p.id, "direct path silent; falling back to relay");
+            p.path.lose_direct();
+            self.mesh.record_changed(now);
+            self.routes_dirty = true;
+            return;
+        }
+        let stale = p.path_stale(now, stale_after);
+        let due = if stale {
+            d.failover_next.is_none_or(|x| now >= x)
+        } else {
+            // Nothing beats UDP: no candidate scan for a peer already on it.
+            d.endpoint.proto != Proto::Udp && d.upgrade.next_attempt.is_none_or(|x| now >= x)
+        };
+        if !due {
+            return;
+        }
+        let current = d.endpoint;
+        let targets: Vec<Endpoint> =
+            self.candidates(&key).into_iter().filter(|c| *c != current && (stale || c.proto < current.proto)).collect();
+        let jitter = self.rng.next_u32();
+        let Some(PeerPath::Direct(d)) = self.peers.get_mut(&key).map(|p| &mut p.path) else { return };
+        if stale {
+            d.failover_next = Some(now + t.keepalive);
+        } else {
+            backoff(&mut d.upgrade, now, UPGRADE_FIRST, UPGRADE_MAX, jitter);
+        }
+        if !targets.is_empty() {
+            debug!(peer = %NodeId::from_public(&key), failover = stale, candidates = targets.len(), "probing other paths");
+            self.punch_to(now, &key, &targets);
+        }
+    }
+
+    /// When [`Node::drive_direct`] next has work for a peer.
+    pub(crate) fn direct_deadline(&self, p: &Peer, now: Instant) -> Option<Instant> {
+        let d = p.path.direct()?;
+        if !p.is_up() || !watched(p, now) {
+            return None;
+        }
+        if p.path_stale(d.seen.unwrap_or(d.since), self.stale_after()) {
+            return Some(d.failover_next.unwrap_or(d.since));
+        }
+        let stale_at = d.seen.unwrap_or(d.since) + self.stale_after();
+        let upgrade = (d.endpoint.proto != Proto::Udp).then(|| d.upgrade.next_attempt.unwrap_or(d.since));
+        Some(upgrade.map_or(stale_at, |u| u.min(stale_at)))
+    }
+
+    /// A connection (TCP, WebSocket, QUIC) closed or could not be opened: peers whose
+    /// path it was look for another at once, and a handshake waiting on it fails now
+    /// with the reason instead of timing out.
+    pub(crate) fn handle_link_down(&mut self, now: Instant, endpoint: Endpoint, error: &str) {
+        let mut hit = Vec::new();
+        for p in self.peers.values_mut() {
+            if let PeerPath::Direct(d) = &mut p.path
+                && d.endpoint == endpoint
+            {
+                debug!(peer = %p.id, %endpoint, error, "path's connection is down");
+                d.seen = None;
+                d.failover_next = None;
+                hit.push(p.key);
+            }
+        }
+        for k in hit {
+            self.touch(k);
+        }
+        self.fail_handshakes_to(now, endpoint, error);
+    }
+
+    /// For a relayed peer with traffic: send to its known addresses directly and ask
+    /// it (through the relay) to do the same towards ours, so both NATs open at once.
+    pub(crate) fn punch(&mut self, now: Instant, key: [u8; 32]) {
+        let theirs = self.candidates(&key);
+        let ours = self.candidates(&self.cfg.handshake.local.public);
+        let jitter = self.rng.next_u32();
+        let Some(p) = self.peers.get_mut(&key) else { return };
+        backoff(&mut p.punch, now, PUNCH_FIRST, PUNCH_MAX, jitter);
+        if theirs.is_empty() && ours.is_empty() {
+            return;
+        }
+        self.send_msg(&key, &Msg::Punch(ours), now);
+        self.punch_to(now, &key, &theirs);
+    }
+
+    /// A peer asks us to send to it directly at `eps` now. Only addresses where it may
+    /// really be are used (the endpoints its signed record announces, and the UDP
+    /// addresses its neighbours observe), never an arbitrary address a member names
+    /// (that would make us send to a third party for it), and at most once a second
+    /// per peer.
+    pub(crate) fn handle_punch(&mut self, now: Instant, key: [u8; 32], eps: &[Endpoint]) {
+        let Some(p) = self.peers.get_mut(&key) else { return };
+        if p.punch_answer_next.is_some_and(|t| now < t) {
+            debug!(peer = %p.id, "punch request too soon; ignored");
+            return;
+        }
+        p.punch_answer_next = Some(now + PUNCH_ANSWER_EVERY);
+        let known = self.candidates(&key);
+        let targets: Vec<Endpoint> = eps.iter().filter(|e| known.contains(e)).copied().collect();
+        debug!(peer = %NodeId::from_public(&key), asked = eps.len(), used = targets.len(), "punch request");
+        self.punch_to(now, &key, &targets);
+    }
+
+    /// Sends a keepalive of `key`'s session straight to each address.
+    fn punch_to(&mut self, now: Instant, key: &[u8; 32], eps: &[Endpoint]) {
+        let Some(session) = self.peers.get(key).and_then(Peer::tx).map(|s| s.session.clone()) else { return };
+        for ep in eps.iter().take(MAX_CANDIDATES) {
+            let ka = crate::node::keepalive(&session, now, self.cfg.epoch);
+            self.actions.push_back(Dest::direct(*ep).send(ka));
+        }
+    }
+
+    /// Where a node may be reachable directly, best transport first: the endpoints it
+    /// announces and the UDP addresses its neighbours observe for it (a connection's
+    /// observed address is an ephemeral port nobody can dial).
+    pub(crate) fn candidates(&self, key: &[u8; 32]) -> Vec<Endpoint> {
+        let id = NodeId::from_public(key);
+        let mut out: Vec<Endpoint> = Vec::new();
+        let Some(own) = self.mesh.topology.get(&id) else { return out };
+        // Its neighbours are the records that can observe it.
+        for n in &own.neighbours {
+            if let Some(r) = self.mesh.topology.get(&n.node) {
+                for m in r.neighbours.iter().filter(|m| m.node == id) {
+                    if m.observed.proto == Proto::Udp && !out.contains(&m.observed) {
+                        out.push(m.observed);
+                    }
+                }
+            }
+        }
+        for e in &own.endpoints {
+            if !out.contains(e) {
+                out.push(*e);
+            }
+        }
+        // Stable: observed addresses before announced ones within a transport.
+        out.sort_by_key(|e| e.proto);
+        out.truncate(MAX_CANDIDATES);
+        out
+    }
+
+    /// Seals a control message on the peer's session and sends it along its path.
+    pub(crate) fn send_msg(&mut self, key: &[u8; 32], msg: &Msg, now: Instant) {
+        self.send_sealed(key, &msg.emit(), FLAG_CONTROL, now);
+    }
+
+    /// Seals `body` (a control message, or an IP packet with `flags` 0) on the peer's
+    /// session and sends it along its path. Returns whether it went.
+    pub(crate) fn send_sealed(&mut self, key: &[u8; 32], body: &[u8], flags: u8, now: Instant) -> bool {
+        let Some(dest) = self.dest_for(key) else { return false };
+        let Some(tx) = self.peers.get(key).and_then(Peer::tx) else { return false };
+        let mut buf = vec![0u8; DATA_HEADER_LEN + body.len() + 16];
+        buf[DATA_HEADER_LEN..DATA_HEADER_LEN + body.len()].copy_from_slice(body);
+        let Some(n) = tx.session.seal_with_flags(&mut buf, body.len(), flags) else { return false };
+        buf.truncate(n);
+        tx.session.touch_tx(ms_since(self.cfg.epoch, now));
+        self.actions.push_back(dest.send(buf));
+        true
+    }
+
+    /// Where to send a handshake to a peer: its current path first; when that is a
+    /// direct one, after each failure the next of its other candidates in turn (the
+    /// path's transport may have stopped working while another still does).
+    pub(crate) fn handshake_dest(&self, key: &[u8; 32]) -> Option<Dest> {
+        let p = self.peers.get(key)?;
+        let first = self.dest_for(key);
+        let failures = p.driver.failures as usize;
+        let direct = first.is_some_and(|d| d.relay.is_none());
+        if failures == 0 || !direct || p.is_up() {
+            return first;
+        }
+        let mut options: Vec<Dest> = first.into_iter().collect();
+        for c in self.candidates(key) {
+            let d = Dest::direct(c);
+            if !options.contains(&d) {
+                options.push(d);
+            }
+        }
+        options.get(failures % options.len().max(1)).copied()
+    }
+
+    /// How to reach a peer right now: directly when its direct path works (or it is
+    /// an endpoint we dial with no relay path), else through the first relay.
+    pub(crate) fn dest_for(&self, key: &[u8; 32]) -> Option<Dest> {
+        let p = self.peers.get(key)?;
+        if let Some(d) = p.path.direct() {
+            return Some(Dest::direct(d.endpoint));
+        }
+        if let Some(path) = self.mesh.paths.get(&p.id)
+            && path.next_hop != p.id
+            && let Some(hop) = self.peer_by_id(path.next_hop)
+            && let Some(d) = hop.path.direct()
+        {
+            return Some(Dest::relayed(d.endpoint, p.id, self.id));
+        }
+        // No path computed yet: a session that came through a relay goes back the
+        // way its handshake came.
+        if let Some(s) = p.tx()
+            && Some(s.session.endpoint) != p.path.endpoint()
+            && self.peers.values().any(|n| n.path.direct().is_some_and(|d| d.endpoint == s.session.endpoint))
+        {
+            return Some(Dest::relayed(s.session.endpoint, p.id, self.id));
+        }
+        p.path.endpoint().map(Dest::direct)
+    }
+
+    pub(crate) fn snapshot(&self) -> RouteSnapshot {
+        let mut routes = Vec::new();
+        let mut demand: Vec<(Ipv4Addr, Arc<Demand>)> = Vec::new();
+        for p in self.peers.values() {
+            match p.tx() {
+                Some(tx) => {
+                    let Some(dest) = self.dest_for(&p.key) else { continue };
+                    routes.push((
+                        p.hello.ipv4,
+                        Route { session: tx.session.clone(), target: dest.to, relay: dest.relay },
+                    ));
+                }
+                // A member we can reach but hold no session with: its first packets
+                // start one.
+                None if self.mesh.paths.contains_key(&p.id) && self.owns(p) => {
+                    demand.push((p.hello.ipv4, Arc::new(Demand::new(p.id.to_bytes(), DEMAND_BUDGET))));
+                }
+                None => {}
+            }
+        }
+        let receiving = self.peers.values().flat_map(|p| p.sessions.iter().map(|s| s.session.clone()));
+        // Forwarding table for relayed frames: every reachable node through its first hop.
+        let mut next_hops: BTreeMap<[u8; 8], Endpoint> = BTreeMap::new();
+        for (id, path) in &self.mesh.paths {
+            if let Some(d) = self.peer_by_id(path.next_hop).and_then(|hop| hop.path.direct()) {
+                next_hops.insert(id.to_bytes(), d.endpoint);
+            }
+        }
+        for p in self.peers.values() {
+            if let Some(d) = p.path.direct() {
+                next_hops.insert(p.id.to_bytes(), d.endpoint);
+            }
+        }
+        // Relayed frames are taken only from these: the current (authenticated) endpoint
+        // of each direct neighbour with a confirmed session.
+        let neighbours: Vec<Endpoint> =
+            self.peers.values().filter(|p| p.is_up()).filter_map(|p| p.path.direct()).map(|d| d.endpoint).collect();
+        let by_overlay: BTreeMap<Ipv4Addr, Route> = routes.iter().cloned().collect();
+        let by_demand: BTreeMap<Ipv4Addr, Arc<Demand>> = demand.iter().cloned().collect();
+        let mut subnets = Vec::new();
+        let mut demand_subnets = Vec::new();
+        for (r, a, p) in self.accepted_subnets() {
+            if let Some(route) = by_overlay.get(&r.overlay) {
+                subnets.push((a, p, route.clone()));
+            } else if let Some(d) = by_demand.get(&r.overlay) {
+                demand_subnets.push((a, p, d.clone()));
+            }
+        }
+        RouteSnapshot::with_relays(self.id.to_bytes(), routes, receiving, next_hops, neighbours)
+            .with_subnets(subnets)
+            .with_demand(demand, demand_subnets)
+            .with_held(self.held_sessions())
+    }
+
+    /// Whether the overlay address in `p`'s hello is its own to route to.
+    fn owns(&self, p: &Peer) -> bool {
+        self.address_owner(p.hello.ipv4, p.id, |_| false).is_none()
+            && self.mesh.topology.get(&p.id).is_none_or(|r| r.overlay == p.hello.ipv4)
+    }
+
+    /// Subnets other members proxy and that we can reach: the kernel should route them
+    /// into the TUN.
+    pub(crate) fn proxied_routes(&self) -> Vec<(Ipv4Addr, u8)> {
+        let mut v: Vec<(Ipv4Addr, u8)> = self
+            .accepted_subnets()
+            .into_iter()
+            .filter(|(r, _, _)| self.mesh.paths.contains_key(&r.node()))
+            .map(|(_, a, p)| (a, p))
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    /// With `--dhcp`: if a member claims our address and it is static, or dynamic with a
+    /// lower node id, move to the first free address of the range.
+    pub(crate) fn resolve_address_conflict(&mut self, now: Instant) {
+        if self.cfg.dynamic.is_none() {
+            return;
+        }
+        let ours = self.cfg.handshake.hello.ipv4;
+        let must_move = self
+            .mesh
+            .topology
+            .records()
+            .any(|r| r.node() != self.id && r.overlay == ours && (!r.dynamic || r.node() < self.id));
+        if must_move {
+            self.move_address(now, None);
+        }
+    }
+
+    /// Moves a `--dhcp` node to a free address (also avoiding `avoid`, a conflicting
+    /// address learned in a handshake). Does nothing for static addresses.
+    pub(crate) fn move_address(&mut self, now: Instant, avoid: Option<Ipv4Addr>) {
+        let Some((net, prefix)) = self.cfg.dynamic else { return };
+        let ours = self.cfg.handshake.hello.ipv4;
+        let mut used: std::collections::HashSet<Ipv4Addr> =
+            self.mesh.topology.records().filter(|r| r.node() != self.id).map(|r| r.overlay).collect();
+        used.extend(self.peers.values().map(|p| p.hello.ipv4));
+        used.extend(avoid);
+        used.insert(ours);
+        let Some(new) = crate::mesh::pick_address(net, prefix, self.id, &used) else {
+            tracing::warn!("no free overlay address left in the --dhcp range");
+            return;
+        };
+        info!(old = %ours, new = %new, "overlay address taken by another member; moving");
+        self.cfg.handshake.hello.ipv4 = new;
+        self.mesh.record_changed(now);
+        self.routes_dirty = true;
+        self.actions.push_back(crate::node::Action::SetAddress { old: ours, new, prefix });
+        // Peers learn the new address through a new handshake (the hello carries it).
+        let keys: Vec<[u8; 32]> = self.peers.values().filter(|p| p.is_up()).map(|p| p.key).collect();
+        for k in keys {
+            self.rehandshake(now, k);
+        }
+    }
+
+    /// Whether `r`'s node is the member we route its overlay address to (a record
+    /// claiming an address another member holds gets nothing routed).
+    fn owns_address(&self, r: &Record) -> bool {
+        self.peers.get(&r.key).is_some_and(|p| p.hello.ipv4 == r.overlay)
+            && self.address_owner(r.overlay, r.node(), |_| false).is_none()
+    }
+
+    /// Subnets other members proxy that we accept, with the record announcing each.
+    fn accepted_subnets(&self) -> Vec<(&Record, Ipv4Addr, u8)> {
+        self.mesh
+            .topology
+            .records()
+            .filter(|r| !r.proxied.is_empty() && r.node() != self.id && self.owns_address(r))
+            .flat_map(|r| r.proxied.iter().map(move |(a, p)| (r, *a, *p)))
+            .filter(|(_, a, p)| self.subnet_refusal(*a, *p).is_none())
+            .collect()
+    }
+
+    /// Why we will not route subnet `a/p` that a member proxies, if we will not: it
+    /// would capture traffic that is not the member's to take.
+    pub(crate) fn subnet_refusal(&self, a: Ipv4Addr, p: u8) -> Option<String> {
+        let overlaps = |b: Ipv4Addr, q: u8| {
+            let m = weft_core::route::prefix_mask(p.min(q));
+            u32::from(a) & m == u32::from(b) & m
+        };
+        if p == 0 {
+            return Some("a /0 would route every destination, the underlay included, to that member".into());
+        }
+        if p < 8 && !self.cfg.accept_wide_subnets {
+            return Some(format!("/{p} is shorter than /8 (accepted only with --accept-wide-subnets on this node)"));
+        }
+        let hello = &self.cfg.handshake.hello;
+        if overlaps(hello.ipv4, hello.prefix) {
+            let m = weft_core::route::prefix_mask(hello.prefix);
+            let net = Ipv4Addr::from(u32::from(hello.ipv4) & m);
+            return Some(format!("overlaps the overlay network {net}/{}", hello.prefix));
+        }
+        let members = self
+            .mesh
+            .topology
+            .records()
+            .map(|r| (r.overlay, r.node()))
+            .chain(self.peers.values().map(|x| (x.hello.ipv4, x.id)));
+        for (addr, id) in members {
+            if overlaps(addr, 32) {
+                return Some(format!("holds member {id}'s overlay address {addr}"));
+            }
+        }
+        if let Some((b, q)) = self.cfg.local_networks.iter().find(|(b, q)| overlaps(*b, *q)) {
+            return Some(format!("overlaps {b}/{q}, a network this node is directly connected to"));
+        }
+        None
+    }
+
+    /// Claims in other members' records that we refuse, each with the reason (for
+    /// status): an overlay address another member holds.
+    pub(crate) fn refused_claims(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        for r in self.mesh.topology.records().filter(|r| r.node() != self.id) {
+            if let Some(owner) = self.address_owner(r.overlay, r.node(), |_| false) {
+                v.push(format!(
+                    "member {} ({:?}) claims overlay address {}, which belongs to member {owner}: refused",
+                    r.node(),
+                    r.hostname,
+                    r.overlay
+                ));
+                continue;
+            }
+            for (a, p) in &r.proxied {
+                if let Some(why) = self.subnet_refusal(*a, *p) {
+                    v.push(format!("member {} ({:?}) proxies {a}/{p}: refused, {why}", r.node(), r.hostname));
+                }
+            }
+        }
+        v
+    }
+
+    /// Members whose record claims our overlay address.
+    pub(crate) fn conflicts(&self) -> Vec<(NodeId, String)> {
+        let ours = self.cfg.handshake.hello.ipv4;
+        self.mesh
+            .topology
+            .records()
+            .filter(|r| r.node() != self.id && r.overlay == ours)
+            .map(|r| (r.node(), r.hostname.clone()))
+            .collect()
+    }
+
+    pub(crate) fn path_status(&self, p: &Peer) -> PathStatus {
+        match self.dest_for(&p.key) {
+            Some(Dest { relay: None, .. }) if p.path.is_direct() => PathStatus::Direct,
+            Some(Dest { to, relay: Some(_) }) => {
+                // Before the paths are computed (once per tick) the relay is the
+                // neighbour the session's handshake came through.
+                let path = self.mesh.paths.get(&p.id);
+                let via = path.map(|x| x.next_hop).or_else(|| {
+                    self.peers.values().find(|n| n.path.direct().is_some_and(|d| d.endpoint == to)).map(|n| n.id)
+                });
+                PathStatus::Relay { via: via.unwrap_or(p.id), hops: path.map_or(2, |x| x.hops) }
+            }
+            _ => PathStatus::None,
+        }
+    }
+
+    pub(crate) fn route_status(&self) -> Vec<RouteStatus> {
+        let mut v: Vec<RouteStatus> = self
+            .mesh
+            .paths
+            .iter()
+            .filter_map(|(id, path)| {
+                let rec = self.mesh.topology.get(id)?;
+                let session = self.peers.get(&rec.key).is_some_and(Peer::is_up);
+                Some(RouteStatus {
+                    node: *id,
+                    hostname: rec.hostname.clone(),
+                    overlay: rec.overlay,
+                    proxied: rec.proxied.clone(),
+                    next_hop: path.next_hop,
+                    hops: path.hops,
+                    latency_ms: path.latency_ms,
+                    session,
+                })
+            })
+            .collect();
+        v.sort_by_key(|r| r.overlay);
+        v
+    }
+
+    pub(crate) fn peer_by_id(&self, id: NodeId) -> Option<&Peer> {
+        self.ids.get(&id).and_then(|k| self.peers.get(k))
+    }
+
+    /// The peer holding the session with this local index.
+    pub(crate) fn key_of_session(&self, local_index: u32) -> Option<[u8; 32]> {
+        let indexed = self.session_index.get(&local_index).copied();
+        if let Some(k) = indexed
+            && self.peers.get(&k).is_some_and(|p| p.sessions.iter().any(|s| s.session.local_index == local_index))
+        {
+            return Some(k);
+        }
+        // A session added since the index was rebuilt (it is rebuilt with every snapshot).
+        self.peers.values().find(|p| p.sessions.iter().any(|s| s.session.local_index == local_index)).map(|p| p.key)
+    }
+}
