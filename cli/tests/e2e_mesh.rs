@@ -46,11 +46,14 @@ fn chain_relays_sealed_traffic_it_cannot_read() {
     let nb = Node::start(&b, &dir.0, "b", &args("10.126.126.2/24", &[]));
     let na = Node::start(&a, &dir.0, "a", &args("10.126.126.1/24", &["-p", "udp://192.0.2.2:11010"]));
     let nc = Node::start(&c, &dir.0, "c", &args("10.126.126.3/24", &["-p", "udp://198.51.100.2:11010"]));
-    wait_until(Duration::from_secs(15), "A and C through B", || {
-        na.peer_established("10.126.126.3") && nc.peer_established("10.126.126.1")
+    wait_until(Duration::from_secs(15), "A and C learn each other through B", || {
+        na.routes_to("10.126.126.3") && nc.routes_to("10.126.126.1")
     });
+    // Members without traffic hold no session: the first packet makes one.
+    assert_eq!(na.peer("10.126.126.3").unwrap()["state"], "idle");
     assert!(ping(&a, "10.126.126.3"), "A -> C through B");
     assert!(ping(&c, "10.126.126.1"), "C -> A through B");
+    assert!(na.peer_established("10.126.126.3") && nc.peer_established("10.126.126.1"));
     assert_eq!(peer_path(&na, "10.126.126.3"), "relay");
     assert_eq!(via_host(&na, "10.126.126.3"), Some(nb.status()["node_id"].as_str().unwrap().to_owned()));
     let routes = na.status()["routes"].as_array().unwrap().clone();
@@ -129,7 +132,7 @@ fn nodes_behind_nat_punch_through_to_a_direct_path() {
     let na = Node::start(&a, &dir.0, "a", &args("10.126.126.1/24", &["-p", "udp://203.0.113.2:11010"]));
     let nc = Node::start(&c, &dir.0, "c", &args("10.126.126.3/24", &["-p", "udp://203.0.113.2:11010"]));
     wait_until(Duration::from_secs(15), "A and C meet through B", || {
-        na.peer_established("10.126.126.3") && nc.peer_established("10.126.126.1")
+        na.routes_to("10.126.126.3") && nc.routes_to("10.126.126.1")
     });
     assert!(ping(&a, "10.126.126.3"), "A -> C works at once, relayed if need be");
     // A TCP connection opened while the path is relayed survives the move to direct:
@@ -226,7 +229,7 @@ fn dead_relay_is_routed_around() {
         &args("10.126.126.3/24", &["-p", "udp://192.0.2.5:11010", "-p", "udp://192.0.2.13:11010"]),
     );
     wait_until(Duration::from_secs(15), "A and C through a relay", || {
-        na.peer_established("10.126.126.3") && ping(&a, "10.126.126.3")
+        na.routes_to("10.126.126.3") && ping(&a, "10.126.126.3")
     });
     let via = via_host(&na, "10.126.126.3").expect("relayed");
     let b_id = nb.status()["node_id"].as_str().unwrap().to_owned();
@@ -368,7 +371,7 @@ fn member_announcing_wide_or_overlay_subnets_gets_them_refused() {
             .any(|r| r["proxied"].as_array().is_some_and(|p| p.len() == 5))
     };
     wait_until(Duration::from_secs(20), "A and B hold P's record", || {
-        na.peer_established("10.126.126.3") && nb.peer_established("10.126.126.3") && proxied(&na) && proxied(&nb)
+        na.routes_to("10.126.126.3") && nb.routes_to("10.126.126.3") && proxied(&na) && proxied(&nb)
     });
     std::thread::sleep(Duration::from_secs(1));
     for (name, node, host) in [("A", &na, &lan.hosts[0]), ("B", &nb, &lan.hosts[1])] {

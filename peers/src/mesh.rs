@@ -489,6 +489,17 @@ impl Node {
             debug!(peer = %node, overlay = %rec.overlay, %owner, "member's record claims another member's address");
         }
         let key = rec.key;
+        if let Some(p) = self.peers.get_mut(&key)
+            && !p.is_up()
+            && taken.is_none()
+            && (p.hello.ipv4 != rec.overlay || p.hello.hostname != rec.hostname)
+        {
+            // A member without a session moved (--dhcp) or renamed: its signed record
+            // is what we know of it until a handshake tells us more.
+            p.hello.ipv4 = rec.overlay;
+            p.hello.hostname.clone_from(&rec.hostname);
+            self.routes_dirty = true;
+        }
         if !self.peers.contains_key(&key) && rec.overlay != self.cfg.handshake.hello.ipv4 && taken.is_none() {
             let ours = &self.cfg.handshake.hello;
             let hello =

@@ -313,6 +313,12 @@ impl Node {
     pub fn peer_established(&self, addr: &str) -> bool {
         self.peer(addr).is_some_and(|p| p["state"] == "established")
     }
+
+    /// Whether the node has a route to the member at `addr` (a session is made when
+    /// traffic wants one).
+    pub fn routes_to(&self, addr: &str) -> bool {
+        self.status()["routes"].as_array().is_some_and(|r| r.iter().any(|r| r["overlay"] == addr))
+    }
 }
 
 fn spawn(ns: &str, state: &Path, control: &Path, log: &Path, args: &[String]) -> Child {
