@@ -348,8 +348,11 @@ fn relay_between_two_transports() {
     let a = start(&lan, &dir, 0, &["-p", &format!("tcp://{b_ip}:11010")]);
     let c = start(&lan, &dir, 2, &["-p", &format!("ws://{b_ip}:11011/")]);
     let relayed = |n: &Node, ip: &str| n.peer(ip).is_some_and(|p| p["state"] == "established" && p["path"] == "relay");
-    let t =
-        wait_until(Duration::from_secs(30), "A and C relayed through B", || relayed(&a, IPS[2]) && relayed(&c, IPS[0]));
+    // A and C learn each other through B; the first packet makes their session.
+    wait_until(Duration::from_secs(30), "A and C learn each other", || a.routes_to(IPS[2]) && c.routes_to(IPS[0]));
+    let t = wait_until(Duration::from_secs(30), "A and C relayed through B", || {
+        ping(&lan.hosts[0], IPS[2]) && relayed(&a, IPS[2]) && relayed(&c, IPS[0])
+    });
     eprintln!("A <-> C relayed after {t:?}");
     assert_eq!(
         peer_field(&a, IPS[2], "transport").as_deref(),
