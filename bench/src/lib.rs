@@ -1,7 +1,21 @@
 //! weft-bench: benchmarks of Weft. The criterion benches live in `benches/`, the netns
 //! throughput comparison in `netns/compare.sh`, and recorded results in `RESULTS.md`.
-//! This library holds the synthetic traffic the benches share.
+//! This library holds the synthetic traffic the benches share, the virtual-clock
+//! [`harness`] that drives real engines and the real data plane in memory, and the
+//! mesh simulator [`sim`] behind the `meshsim` binary and `tests/sim.rs`.
+//!
+//! ```text
+//!  sim::Net (event queue, links, loss, partitions)
+//!     |  Deliver / Timer / Boot events on a virtual clock
+//!     v
+//!  harness::Host (weft_peers::Node + snapshot + TUN) --- harness::DataPlane (real Rx/Tx)
+//! ```
+//!
+//! It is not part of any shipped binary: nothing here runs in `weft up`.
 #![warn(missing_docs)]
+
+pub mod harness;
+pub mod sim;
 
 /// Length of the IPv4 + TCP headers of the synthetic packets.
 pub const HEADERS: usize = 40;

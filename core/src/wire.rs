@@ -17,8 +17,10 @@ pub const DATA_HEADER_LEN: usize = 16;
 pub const HANDSHAKE_HEADER_LEN: usize = 12;
 /// Length of the relay header in front of a forwarded datagram.
 pub const RELAY_HEADER_LEN: usize = 20;
-/// Hop limit of a fresh relay header.
-pub const MAX_HOPS: u8 = 16;
+/// Hop limit of a fresh relay header (as IP's TTL: meshes that grow by members joining
+/// through any other member form long chains of links; a loop costs at most this many
+/// forwards).
+pub const MAX_HOPS: u8 = 64;
 /// Data header flag: the plaintext is a control message for the peer's control
 /// plane, not an IP packet.
 pub const FLAG_CONTROL: u8 = 0x01;

@@ -39,6 +39,10 @@ const RTT_PUBLISH_GAP: Duration = Duration::from_secs(60);
 /// Paths are recomputed this long after the records changed (records arriving
 /// together cost one Dijkstra).
 const PATHS_DELAY: Duration = Duration::from_millis(50);
+/// A record whose node became unreachable is still synced this long (well under
+/// [`crate::topology::RECORD_TTL`], so that a record on its way out is not revived by
+/// neighbours that still hold it).
+const SYNC_UNREACHABLE: Duration = Duration::from_secs(20);
 /// Most candidate endpoints tried per punch.
 pub(crate) const MAX_CANDIDATES: usize = 16;
 
@@ -256,47 +260,54 @@ impl Mesh {
         self.paths = self.topology.paths(local, latency_first);
         self.summary = None;
         if self.topology.has_unreachable() || self.topology.len() > self.paths.len() + 1 {
-            self.expire_at = Some(self.expire_at.unwrap_or(now + Duration::from_secs(5)));
+            // At once: a node's unreachable time starts when the paths say so.
+            self.expire_at = Some(now);
         }
         true
     }
 
     /// Drops records of nodes unreachable for [`crate::topology::RECORD_TTL`] (when
     /// the look is due); returns whether any went.
-    pub(crate) fn expire(&mut self, now: Instant, local: NodeId) -> bool {
+    pub(crate) fn expire(&mut self, now: Instant, local: NodeId) -> Vec<NodeId> {
         if self.expire_at.is_none_or(|t| now < t) {
-            return false;
+            return Vec::new();
         }
         let paths = &self.paths;
         let gone = self.topology.expire(now, local, |id| paths.contains_key(id));
-        self.expire_at = self.topology.has_unreachable().then(|| now + Duration::from_secs(5));
-        if gone.is_empty() {
-            return false;
+        self.expire_at = self.topology.has_unreachable().then(|| now + Duration::from_secs(1));
+        if !gone.is_empty() {
+            debug!(count = gone.len(), "records of unreachable nodes aged out");
+            self.summary = None;
         }
-        debug!(count = gone.len(), "records of unreachable nodes aged out");
-        self.summary = None;
-        true
+        gone
     }
 
-    /// Whether `id`'s record is synced with neighbours: ours, or a reachable node's
-    /// (the records of unreachable nodes only wait to age out; nobody is sent them).
-    fn synced(&self, local: NodeId) -> impl Fn(&NodeId) -> bool + '_ {
-        move |id| *id == local || self.paths.contains_key(id)
+    /// Whether `id`'s record is synced with neighbours: ours, a reachable node's, or
+    /// one that became unreachable less than [`SYNC_UNREACHABLE`] ago (it may be the
+    /// very record that makes its node reachable again, e.g. a link's). Older ones only
+    /// wait to age out: nobody is sent them, so a departed node's record is not passed
+    /// around for ever.
+    fn synced(&self, local: NodeId, now: Instant) -> impl Fn(&NodeId) -> bool + '_ {
+        move |id| {
+            *id == local
+                || self.paths.contains_key(id)
+                || self.topology.unreachable_for(id, now).is_none_or(|d| d < SYNC_UNREACHABLE)
+        }
     }
 
     /// Our summary.
-    pub(crate) fn summary(&mut self, local: NodeId) -> (u32, u64) {
+    pub(crate) fn summary(&mut self, local: NodeId, now: Instant) -> (u32, u64) {
         if let Some(s) = self.summary {
             return s;
         }
-        let s = self.topology.summary(self.synced(local));
+        let s = self.topology.summary(self.synced(local, now));
         self.summary = Some(s);
         s
     }
 
     /// Our digest, as messages covering every origin between them.
-    pub(crate) fn digest(&self, local: NodeId) -> Vec<Msg> {
-        let all = self.topology.digest(self.synced(local));
+    pub(crate) fn digest(&self, local: NodeId, now: Instant) -> Vec<Msg> {
+        let all = self.topology.digest(self.synced(local, now));
         let chunks: Vec<&[(NodeId, u64)]> = all.chunks(DIGEST_CHUNK).collect();
         let mut out = Vec::with_capacity(chunks.len().max(1));
         let mut lo = NodeId::from_bytes([0; 8]);
@@ -319,8 +330,15 @@ impl Mesh {
     }
 
     /// The records a neighbour whose digest of `lo..=hi` is `entries` lacks.
-    pub(crate) fn missing_from(&self, local: NodeId, lo: NodeId, hi: NodeId, entries: &[(NodeId, u64)]) -> Vec<Record> {
-        self.topology.newer_than(lo, hi, entries, self.synced(local)).cloned().collect()
+    pub(crate) fn missing_from(
+        &self,
+        local: NodeId,
+        now: Instant,
+        lo: NodeId,
+        hi: NodeId,
+        entries: &[(NodeId, u64)],
+    ) -> Vec<Record> {
+        self.topology.newer_than(lo, hi, entries, self.synced(local, now)).cloned().collect()
     }
 
     /// Takes a record a neighbour sent. Our own record coming back makes us jump past
@@ -415,7 +433,7 @@ impl Node {
                 if !self.peers.get(&key).is_some_and(|p| p.is_link(now)) {
                     return;
                 }
-                let recs = self.mesh.missing_from(self.id, lo, hi, &entries);
+                let recs = self.mesh.missing_from(self.id, now, lo, hi, &entries);
                 if !recs.is_empty() {
                     debug!(peer = %NodeId::from_public(&key), count = recs.len(), "repairing a neighbour's topology");
                 }
@@ -443,20 +461,20 @@ impl Node {
             self.mesh.record_changed(now);
             self.send_summary(now, key);
         }
-        let ours = self.mesh.summary(self.id);
+        let ours = self.mesh.summary(self.id, now);
         let Some(p) = self.peers.get_mut(&key) else { return };
         if ours == theirs || p.digest_sent.is_some_and(|t| now.saturating_duration_since(t) < DIGEST_GAP) {
             return;
         }
         p.digest_sent = Some(now);
-        for m in self.mesh.digest(self.id) {
+        for m in self.mesh.digest(self.id, now) {
             self.send_msg(&key, &m, now);
         }
     }
 
     /// Sends our summary on a link and schedules the next.
     pub(crate) fn send_summary(&mut self, now: Instant, key: [u8; 32]) {
-        let (count, hash) = self.mesh.summary(self.id);
+        let (count, hash) = self.mesh.summary(self.id, now);
         if let Some(p) = self.peers.get_mut(&key) {
             p.summary_next = Some(now + SUMMARY_EVERY);
         }
@@ -526,8 +544,23 @@ impl Node {
         if self.mesh.refresh_paths(now, self.id, self.cfg.latency_first) {
             self.routes_dirty = true;
         }
-        if self.mesh.expire(now, self.id) {
+        let gone = self.mesh.expire(now, self.id);
+        if !gone.is_empty() {
             self.mesh.paths_changed(now);
+            // Members we only knew from their records go with them (a peer we dial,
+            // or with a session, stays until its own timers decide).
+            for id in gone {
+                let Some(key) = self.ids.get(&id).copied() else { continue };
+                if self
+                    .peers
+                    .get(&key)
+                    .is_some_and(|p| p.sessions.is_empty() && p.anchor == Anchor::None && p.queued.is_empty())
+                {
+                    self.peers.remove(&key);
+                    self.ids.remove(&id);
+                    self.routes_dirty = true;
+                }
+            }
         }
         if self.mesh.publish_due(now) {
             self.publish_record(now);

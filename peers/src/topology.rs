@@ -334,6 +334,12 @@ impl Topology {
         old
     }
 
+    /// How long `id`'s node has been unreachable, as of the last [`Topology::expire`]
+    /// (`None`: reachable, or not looked at since its record arrived).
+    pub fn unreachable_for(&self, id: &NodeId, now: Instant) -> Option<Duration> {
+        self.records.get(id).and_then(|(_, u)| *u).map(|t| now.saturating_duration_since(t))
+    }
+
     /// Whether some record's node is unreachable (its record will age out).
     pub fn has_unreachable(&self) -> bool {
         self.records.values().any(|(_, u)| u.is_some())

@@ -4,14 +4,14 @@
 // The virtual clock starts at a real instant; the engine itself never reads it.
 #![allow(clippy::unwrap_used, clippy::disallowed_methods)]
 
-mod harness;
+use weft_bench::harness;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use harness::static_key;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
+use weft_bench::harness::static_key;
 use weft_core::admission::MacKeys;
 use weft_core::crypto::Cipher;
 use weft_core::handshake::{Initiator, Params};

@@ -4,7 +4,7 @@
 // Tests stand in for the runtime: they make the epoch the engine is handed.
 #![allow(clippy::disallowed_methods)]
 
-mod harness;
+use weft_bench::harness;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;

@@ -11,7 +11,7 @@
 // Tests stand in for the runtime: they make the epoch the engine is handed.
 #![allow(clippy::disallowed_methods)]
 
-mod harness;
+use weft_bench::harness;
 
 use std::collections::{HashSet, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -19,9 +19,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use weft_core::transport::{Endpoint, Proto};
 
-use harness::{DataPlane, Host, Wire, ip_packet, static_key};
 use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use weft_bench::harness::{DataPlane, Host, Wire, ip_packet, static_key};
 use weft_core::crypto::Cipher;
 use weft_core::handshake::{Initiator, Params, StaticKey};
 use weft_core::session::Session;

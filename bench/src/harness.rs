@@ -1,5 +1,6 @@
-//! Shared test harness: [`Node`]s driven on a virtual clock with the REAL data plane
-//! in memory.
+//! The virtual-clock harness: [`Node`]s driven on a virtual clock with the REAL data
+//! plane in memory. The mesh simulator ([`crate::sim`], the `meshsim` binary) and the
+//! engine's pair, admission and discovery tests (`peers/tests/`) are built on it.
 //!
 //! Each [`Host`] keeps what the runtime keeps for one node: the engine, its latest
 //! published [`RouteSnapshot`], a [`Shared`] whose control sink collects the
@@ -17,7 +18,10 @@
 //! Virtual time moves in whole milliseconds: `Rx::process` and `Tx::process` take the
 //! pipeline clock as a parameter, and the harness passes the virtual millisecond the
 //! engine sees.
-#![allow(dead_code, unreachable_pub)]
+//!
+//! Every [`ControlEvent`] the pipelines raise reaches the engine through one function,
+//! [`Host::dispatch`] (RX's events after each slab, TX's after each send): a new event
+//! kind is one more arm there.
 
 use std::net::Ipv4Addr;
 use std::sync::atomic::AtomicBool;
@@ -98,17 +102,20 @@ pub struct Host {
     pub installed: Vec<(Ipv4Addr, u8)>,
     /// Overlay address changes the engine ordered (`Action::SetAddress`).
     pub addresses: Vec<(Ipv4Addr, Ipv4Addr, u8)>,
-    /// Datagrams and bytes the engine sent (`Action::Send`): control-plane traffic.
+    /// Datagrams the engine sent (`Action::Send`): control-plane traffic.
     pub ctl_datagrams: u64,
+    /// Bytes of those datagrams.
     pub ctl_bytes: u64,
-    /// Relayed frames and bytes this host's RX forwarded.
+    /// Relayed frames this host's RX forwarded.
     pub fwd_datagrams: u64,
+    /// Bytes of those frames.
     pub fwd_bytes: u64,
     sink: Arc<Sink>,
     shared: Shared,
 }
 
 impl Host {
+    /// A stopped host at `addr` whose pipelines count time from `epoch`.
     pub fn new(addr: Endpoint, epoch: Instant) -> Self {
         let sink = Arc::new(Sink::default());
         let shared = Shared {
@@ -152,14 +159,17 @@ impl Host {
         self.sink.take();
     }
 
+    /// Whether the engine runs.
     pub fn running(&self) -> bool {
         self.node.is_some()
     }
 
+    /// The engine; panics when the node is stopped.
     pub fn node(&self) -> &Node {
         self.node.as_ref().expect("node is running")
     }
 
+    /// The engine's node id; panics when the node is stopped.
     pub fn id(&self) -> NodeId {
         self.node().id()
     }
@@ -182,6 +192,33 @@ impl Host {
                     out.push(Wire { from: self.addr, to, bytes, forwarded: false });
                 }
             }
+        }
+    }
+
+    /// When the engine next wants [`Host::timeout`] (`Node::poll_timeout`); `None`
+    /// when it is stopped or has nothing scheduled.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.node.as_ref().and_then(Node::poll_timeout)
+    }
+
+    /// Hands the control events the pipelines raised to the engine, in order, draining
+    /// its actions after each; `out` gets the datagrams. The one place where a
+    /// [`ControlEvent`] becomes an [`Input`].
+    pub fn dispatch(&mut self, now: Instant, out: &mut Vec<Wire>) {
+        for ev in self.sink.take() {
+            let Some(node) = self.node.as_mut() else { break };
+            match ev {
+                ControlEvent::Datagram { from, via, bytes } => {
+                    node.handle(now, Input::Datagram { from, via: via.map(NodeId::from_bytes), bytes: &bytes });
+                }
+                ControlEvent::Message { local_index, bytes } => {
+                    node.handle(now, Input::Message { local_index, bytes: &bytes });
+                }
+                ControlEvent::Direct { local_index, from } => node.handle(now, Input::Direct { local_index, from }),
+                ControlEvent::Confirmed { local_index } => node.handle(now, Input::Confirmed { local_index }),
+                ControlEvent::Unrouted { dst, packet } => node.handle(now, Input::Unrouted { dst, packet: &packet }),
+            }
+            self.drain(out);
         }
     }
 
@@ -238,6 +275,7 @@ pub struct DataPlane {
 }
 
 impl DataPlane {
+    /// Pipelines whose clock counts from `epoch`.
     pub fn new(epoch: Instant) -> Self {
         Self { rx: Rx::new(PIPELINE), tx: Tx::new(PIPELINE), epoch }
     }
@@ -285,31 +323,17 @@ impl DataPlane {
                 host.fwd_bytes += frame.len() as u64;
                 out.push(Wire { from: host.addr, to, bytes: frame.to_vec(), forwarded: true });
             }
-            for ev in host.sink.take() {
-                let Some(node) = host.node.as_mut() else { break };
-                match ev {
-                    ControlEvent::Datagram { from, via, bytes } => {
-                        node.handle(now, Input::Datagram { from, via: via.map(NodeId::from_bytes), bytes: &bytes });
-                    }
-                    ControlEvent::Message { local_index, bytes } => {
-                        node.handle(now, Input::Message { local_index, bytes: &bytes });
-                    }
-                    ControlEvent::Direct { local_index, from } => node.handle(now, Input::Direct { local_index, from }),
-                    ControlEvent::Confirmed { local_index } => node.handle(now, Input::Confirmed { local_index }),
-                    ControlEvent::Unrouted { dst, packet } => {
-                        node.handle(now, Input::Unrouted { dst, packet: &packet })
-                    }
-                }
-                host.drain(out);
-            }
+            host.dispatch(now, out);
         }
         host.tun.len() - before
     }
 
     /// `host`'s TX pipeline reads `packets` from its TUN at `now`: the sealed datagrams
     /// are appended to `out`; packets for members without a session go to the engine
-    /// (which sends them once it has one). Returns how many datagrams the pipeline
-    /// produced.
+    /// (which sends them once it has one), then the control events TX raised go to
+    /// the engine ([`Host::dispatch`]) and its datagrams follow in `out`. Returns how
+    /// many datagrams TX produced (not whether they will arrive: check the receiver's
+    /// TUN).
     pub fn send(&mut self, host: &mut Host, now: Instant, packets: &[Vec<u8>], out: &mut Vec<Wire>) -> usize {
         let stats = host.stats.clone();
         self.send_with(host, now, packets, out, &stats.drops)
@@ -349,6 +373,7 @@ impl DataPlane {
                 host.drain(out);
             }
         }
+        host.dispatch(now, out);
         produced
     }
 }
