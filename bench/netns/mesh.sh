@@ -20,6 +20,7 @@
 # node k is 10.200.((k-1)/250).((k-1)%250+1)), whose other end v<k> is a port of br0. No
 # namespace has a default route, IPv4 forwarding is off and IPv6 is disabled everywhere, the
 # root namespace has no interface or route into any of them: no packet can leave the test.
+# Every node holds a permanent ARP entry for every other (see "Static neighbours" below).
 # Every node listens on udp://0.0.0.0:11010 only, has overlay address 10.201.x.y/16 (same
 # x.y as its underlay address) on weft0, and dials one earlier node picked at random (seeded:
 # mesh_report.py plan; node 1 dials nobody). BLOCK_PCT % of all pairs, drawn among the pairs
@@ -167,6 +168,7 @@ done <"$DATA/plan.txt"
 under() { echo "10.200.$((($1 - 1) / 250)).$((($1 - 1) % 250 + 1))"; }
 over() { echo "10.201.$((($1 - 1) / 250)).$((($1 - 1) % 250 + 1))"; }
 ns_of() { echo "$PFX-n$1"; }
+mac() { printf '02:57:00:00:%02x:%02x' $(($1 / 256)) $(($1 % 256)); }
 : >"$DATA/nodes.txt"
 for ((k = 1; k <= NODES; k++)); do echo "$k $(under "$k") $(over "$k")" >>"$DATA/nodes.txt"; done
 
@@ -186,12 +188,22 @@ for ((k = 1; k <= NODES; k++)); do
     ns=$(ns_of "$k")
     ip netns add "$ns"; NS_LIST+=("$ns")
     quiet_ns "$ns"
-    ip link add eth0 netns "$ns" type veth peer name "v$k" netns "$NS_SW"
+    ip link add eth0 netns "$ns" address "$(mac "$k")" type veth peer name "v$k" netns "$NS_SW"
     ip -n "$ns" link set lo up
     ip -n "$ns" addr add "$(under "$k")/16" dev eth0
     ip -n "$ns" link set eth0 up
     ip -n "$NS_SW" link set "v$k" master br0
     ip -n "$NS_SW" link set "v$k" up
+done
+# Static neighbours: the kernel's ARP table is shared by all namespaces, and its limit
+# (net.ipv4.neigh.default.gc_thresh3, 1024 by default, settable only in the root namespace)
+# is below NODES * (NODES - 1) entries at 50 nodes: past it, sends fail with ENOBUFS
+# ("neighbor table overflow"). Permanent entries do not count against it (Linux >= 5.0), so
+# every node gets one for every other and never ARPs; the host's settings stay untouched.
+for ((k = 1; k <= NODES; k++)); do
+    for ((j = 1; j <= NODES; j++)); do
+        [ "$j" = "$k" ] || echo "neigh replace $(under "$j") lladdr $(mac "$j") dev eth0 nud permanent"
+    done | ip -n "$(ns_of "$k")" -batch -
 done
 {
     echo "table bridge weftmesh {"
