@@ -49,8 +49,21 @@ fn chain_relays_sealed_traffic_it_cannot_read() {
     wait_until(Duration::from_secs(15), "A and C learn each other through B", || {
         na.routes_to("10.126.126.3") && nc.routes_to("10.126.126.1")
     });
-    // Members without traffic hold no session: the first packet makes one.
+    // Members without traffic hold no session: the first packet makes one, and is
+    // answered (held while the handshake runs, not dropped).
     assert_eq!(na.peer("10.126.126.3").unwrap()["state"], "idle");
+    let first = a.cmd("ping").args(["-c", "1", "-W", "3", "10.126.126.3"]).output().unwrap();
+    assert!(
+        first.status.success(),
+        "the first packet to an idle member was lost: {}\nA {}\nC {}",
+        String::from_utf8_lossy(&first.stdout),
+        na.status(),
+        nc.status()
+    );
+    eprintln!(
+        "first packet to an idle member: {}",
+        String::from_utf8_lossy(&first.stdout).lines().nth(1).unwrap_or("")
+    );
     assert!(ping(&a, "10.126.126.3"), "A -> C through B");
     assert!(ping(&c, "10.126.126.1"), "C -> A through B");
     assert!(na.peer_established("10.126.126.3") && nc.peer_established("10.126.126.1"));

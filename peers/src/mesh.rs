@@ -452,6 +452,7 @@ impl Node {
         let was_link = p.is_link(now);
         if p.anchor != Anchor::Dialled {
             p.anchor = Anchor::Held(now + LINK_HOLD);
+            self.anchored.insert(key);
         }
         if !p.is_link(now) {
             return;
@@ -583,8 +584,9 @@ impl Node {
     pub(crate) fn own_record(&self, now: Instant) -> Record {
         let hello = &self.cfg.handshake.hello;
         let mut neighbours: Vec<Neighbour> = self
-            .peers
-            .values()
+            .anchored
+            .iter()
+            .filter_map(|k| self.peers.get(k))
             .filter(|p| p.is_link(now))
             .filter_map(|p| {
                 Some(Neighbour {
@@ -612,7 +614,7 @@ impl Node {
 
     /// The links: peers with a working direct path that one end keeps.
     pub(crate) fn links(&self, now: Instant) -> impl Iterator<Item = [u8; 32]> + '_ {
-        self.peers.values().filter(move |p| p.is_link(now)).map(|p| p.key)
+        self.anchored.iter().filter_map(|k| self.peers.get(k)).filter(move |p| p.is_link(now)).map(|p| p.key)
     }
 }
 

@@ -389,6 +389,9 @@ pub struct Node {
     pub(crate) ids: BTreeMap<NodeId, [u8; 32]>,
     /// Local session index → peer key, rebuilt with every snapshot.
     pub(crate) session_index: BTreeMap<u32, [u8; 32]>,
+    /// Peers whose anchor is not `None`: the only ones that can be links (so that
+    /// flooding and publishing never scan every member).
+    pub(crate) anchored: BTreeSet<[u8; 32]>,
     pending_init: BTreeMap<u32, PendingInit>,
     pending_resp: BTreeMap<u32, PendingResp>,
     held: BTreeMap<u32, Held>,
@@ -452,6 +455,7 @@ impl Node {
             peers: BTreeMap::new(),
             ids: BTreeMap::new(),
             session_index: BTreeMap::new(),
+            anchored: BTreeSet::new(),
             pending_init: BTreeMap::new(),
             pending_resp: BTreeMap::new(),
             held: BTreeMap::new(),
@@ -652,6 +656,7 @@ impl Node {
                 what = format!("{what}; closed the sessions with {} ({})", p.id, p.hello.hostname);
                 p.sessions.clear();
                 p.anchor = Anchor::None;
+                self.anchored.remove(&key);
                 p.path = PeerPath::Relayed { last: None };
                 p.down_since = Some(now);
                 p.error = Some("removed by the administrator".into());
@@ -989,8 +994,18 @@ impl Node {
     /// A packet for a member without a session: hold it (a few per member) and start
     /// the handshake.
     fn handle_unrouted(&mut self, now: Instant, dst: Ipv4Addr, packet: &[u8]) {
-        let owner = self.last_snapshot.as_ref().and_then(|s| s.demand_for(dst)).map(|d| NodeId::from_bytes(d.node));
-        let Some(key) = owner.and_then(|id| self.ids.get(&id).copied()) else { return };
+        // The member it is for: from the snapshot the pipeline looked at, or (when a
+        // session came up meanwhile, e.g. this is the answer to the packet that made
+        // it) from the route the current snapshot has for it.
+        let Some(snap) = self.last_snapshot.clone() else { return };
+        let key = match snap.demand_for(dst) {
+            Some(d) => self.ids.get(&NodeId::from_bytes(d.node)).copied(),
+            None => snap.route_for(dst).and_then(|r| self.key_of_session(r.session.local_index)),
+        };
+        let Some(key) = key else {
+            self.queued_dropped += 1;
+            return;
+        };
         let Some(p) = self.peers.get_mut(&key) else { return };
         if p.is_up() {
             // The session came up since the pipeline looked.
@@ -1151,6 +1166,7 @@ impl Node {
             .collect();
         for k in stale {
             info!(old = %NodeId::from_public(&k), new = %id, "peer replaced by a node with a new key");
+            self.anchored.remove(&k);
             if let Some(old) = self.peers.remove(&k) {
                 self.queued -= old.queued.len();
             }
@@ -1179,6 +1195,7 @@ impl Node {
         let was_link = peer.is_link(now);
         if dialled {
             peer.anchor = Anchor::Dialled;
+            self.anchored.insert(key);
         }
         peer.hello = hello;
         // A handshake that arrived straight from the peer proves a direct path.
@@ -1419,6 +1436,7 @@ impl Node {
                 if p.anchor != Anchor::Dialled {
                     p.anchor = Anchor::Dialled;
                     let k = p.key;
+                    self.anchored.insert(k);
                     self.touch(k);
                 }
                 continue;
@@ -1485,6 +1503,7 @@ impl Node {
         {
             debug!(peer = %peer.id, "neighbour stopped keeping its link with us");
             peer.anchor = Anchor::None;
+            self.anchored.remove(&key);
             self.mesh.record_changed(now);
         }
         // Retire sessions that are superseded and idle, or never confirmed.
@@ -1526,6 +1545,7 @@ impl Node {
             } else if !in_flight && self.forgettable(&key, now) {
                 info!(peer = %NodeId::from_public(&key), "forgetting silent peer");
                 self.peers.remove(&key);
+                self.anchored.remove(&key);
                 self.ids.remove(&NodeId::from_public(&key));
                 self.routes_dirty = true;
             }
@@ -1769,8 +1789,14 @@ impl Node {
                 d.driver.in_flight = None;
             }
         }
-        let done: Vec<[u8; 32]> =
-            self.peers.values().filter(|p| p.driver.in_flight.is_some_and(|i| !busy(i))).map(|p| p.key).collect();
+        // Peers whose handshake ended this step were touched by it.
+        let done: Vec<[u8; 32]> = self
+            .touched
+            .iter()
+            .filter_map(|k| self.peers.get(k))
+            .filter(|p| p.driver.in_flight.is_some_and(|i| !busy(i)))
+            .map(|p| p.key)
+            .collect();
         for k in done {
             if let Some(p) = self.peers.get_mut(&k) {
                 p.driver.in_flight = None;
@@ -1795,7 +1821,9 @@ impl Node {
             let snap = Arc::new(last.with_held(self.held_sessions()));
             self.held_dirty = false;
             self.last_snapshot = Some(snap.clone());
-            self.actions.push_back(Action::PublishRoutes(snap));
+            // Before this step's datagrams: an answer to them (the first data packet
+            // of a session we just made) must find the session in the pipelines.
+            self.publish(snap);
         }
         if self.routes_dirty || self.held_dirty {
             self.routes_dirty = false;
@@ -1804,13 +1832,21 @@ impl Node {
                 self.peers.values().flat_map(|p| p.sessions.iter().map(|s| (s.session.local_index, p.key))).collect();
             let snap = Arc::new(self.snapshot());
             self.last_snapshot = Some(snap.clone());
-            self.actions.push_back(Action::PublishRoutes(snap));
+            self.publish(snap);
             let subnets = self.proxied_routes();
             if subnets != self.installed_subnets {
                 self.installed_subnets = subnets.clone();
                 self.actions.push_back(Action::InstallRoutes(subnets));
             }
         }
+    }
+
+    /// Queues a snapshot ahead of this step's datagrams (an answer to them, such as the
+    /// first data packet of a session we just made, must find the session in the
+    /// pipelines), replacing any older one not yet carried out.
+    fn publish(&mut self, snap: Arc<RouteSnapshot>) {
+        self.actions.retain(|a| !matches!(a, Action::PublishRoutes(_)));
+        self.actions.push_front(Action::PublishRoutes(snap));
     }
 
     /// Addresses currently routed, for tests.

@@ -307,6 +307,23 @@ impl Node {
     pub(crate) fn snapshot(&self) -> RouteSnapshot {
         let mut routes = Vec::new();
         let mut demand: Vec<(Ipv4Addr, Arc<Demand>)> = Vec::new();
+        // Who claims each address (peers with a session, reachable members' records):
+        // an address with one claimant is its own, without the per-member scan of
+        // `address_owner` (which settles the rare contested ones).
+        let mut claims: std::collections::HashMap<Ipv4Addr, (NodeId, bool)> = std::collections::HashMap::new();
+        let mut claim = |addr: Ipv4Addr, id: NodeId| {
+            claims.entry(addr).and_modify(|(first, contested)| *contested |= *first != id).or_insert((id, false));
+        };
+        for p in self.peers.values().filter(|p| p.is_up()) {
+            claim(p.hello.ipv4, p.id);
+        }
+        for r in self.mesh.topology.records().filter(|r| self.mesh.paths.contains_key(&r.node())) {
+            claim(r.overlay, r.node());
+        }
+        let owns = |p: &Peer| match claims.get(&p.hello.ipv4) {
+            Some((id, false)) => *id == p.id,
+            _ => self.owns(p),
+        };
         for p in self.peers.values() {
             match p.tx() {
                 Some(tx) => {
@@ -318,7 +335,7 @@ impl Node {
                 }
                 // A member we can reach but hold no session with: its first packets
                 // start one.
-                None if self.mesh.paths.contains_key(&p.id) && self.owns(p) => {
+                None if self.mesh.paths.contains_key(&p.id) && owns(p) => {
                     demand.push((p.hello.ipv4, Arc::new(Demand::new(p.id.to_bytes(), DEMAND_BUDGET))));
                 }
                 None => {}

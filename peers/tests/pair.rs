@@ -865,6 +865,28 @@ fn three_nodes_mesh_and_one_dies() {
 // ----- relays -----
 
 #[test]
+fn the_answer_to_a_first_packet_reaches_the_new_session_through_a_stale_snapshot() {
+    // C answers A's first packet at once: its TX pipeline may still hold the snapshot
+    // from before the session (A idle there), and the engine must send the answer on
+    // the session that is up by then rather than drop it.
+    let timers = Timers::default();
+    let mut sim = Sim::new(vec![
+        (params(A, Cipher::Aes128Gcm, SECRET), vec![B], timers),
+        (params(B, Cipher::Aes128Gcm, SECRET), vec![], timers),
+        (params(C, Cipher::Aes128Gcm, SECRET), vec![B], timers),
+    ]);
+    sim.partition(A, C);
+    let routes = |s: &Sim| (0..3).all(|i| s.node(i).status(s.now).routes.len() == 2);
+    assert!(sim.run_until(Duration::from_secs(5), routes).is_some());
+    let stale = sim.slots[C].host.routes.clone();
+    assert!(stale.demand_for(overlay(A)).is_some(), "A is idle for C");
+    assert_eq!(sim.send_data(A, C), Ok(84));
+    sim.slots[C].host.routes = stale;
+    assert_eq!(sim.send_data(C, A), Ok(84), "the answer was lost");
+    assert_eq!(sim.state(C, A), Some(PeerState::Established));
+}
+
+#[test]
 fn chain_relays_on_demand_punches_a_direct_path_and_retires_when_idle() {
     // A and C both dial B but cannot reach each other: they learn each other from
     // the topology, as idle members (no session until traffic wants one).
