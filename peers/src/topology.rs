@@ -8,7 +8,7 @@
 //! [`Topology::digest`]). A record whose node has been unreachable for
 //! [`RECORD_TTL`] is dropped. Links count only when both ends list each other.
 
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::collections::{BTreeMap, BinaryHeap};
 use std::net::{Ipv4Addr, SocketAddr};
 
 use std::time::{Duration, Instant};
@@ -404,9 +404,11 @@ impl Topology {
     /// latency), or lowest latency with `latency_first` (ties broken by hops). A link
     /// counts only if both ends list each other.
     pub fn paths(&self, from: NodeId, latency_first: bool) -> BTreeMap<NodeId, Path> {
-        let mut best: BTreeMap<NodeId, (u64, Path)> = BTreeMap::new();
-        let mut heap = BinaryHeap::new();
-        heap.push(std::cmp::Reverse((0u64, 0u32, from, from)));
+        // Nodes by index, so that the search runs over arrays (it runs on every
+        // topology change, on every node).
+        let ids: Vec<NodeId> = self.records.keys().copied().collect();
+        let index: std::collections::HashMap<NodeId, usize> = ids.iter().enumerate().map(|(i, id)| (*id, i)).collect();
+        let Some(&start) = index.get(&from) else { return BTreeMap::new() };
         let cost = |hops: u32, lat: u32| -> u64 {
             if latency_first {
                 (u64::from(lat) << 16) + u64::from(hops)
@@ -414,16 +416,21 @@ impl Topology {
                 (u64::from(hops) << 32) + u64::from(lat)
             }
         };
-        let mut done: BTreeSet<NodeId> = BTreeSet::new();
-        // Entries: (cost, latency, node, first hop).
-        while let Some(std::cmp::Reverse((c, lat, node, first))) = heap.pop() {
-            if !done.insert(node) {
+        let mut best: Vec<Option<(u64, Path)>> = vec![None; ids.len()];
+        let mut done = vec![false; ids.len()];
+        let mut heap = BinaryHeap::new();
+        // Entries: (cost, latency, node, first hop); ties resolve by node id.
+        heap.push(std::cmp::Reverse((0u64, 0u32, from, from)));
+        while let Some(std::cmp::Reverse((_, lat, node, first))) = heap.pop() {
+            let Some(&u) = index.get(&node) else { continue };
+            if std::mem::replace(&mut done[u], true) {
                 continue;
             }
-            let hops = if node == from { 0 } else { best.get(&node).map_or(0, |(_, p)| p.hops) };
+            let hops = if u == start { 0 } else { best[u].map_or(0, |(_, p)| p.hops) };
             let Some((rec, _)) = self.records.get(&node) else { continue };
             for n in &rec.neighbours {
-                if done.contains(&n.node) || !self.lists(n.node, node) {
+                let Some(&v) = index.get(&n.node) else { continue };
+                if done[v] || !self.lists(n.node, node) {
                     continue;
                 }
                 let nh = hops + 1;
@@ -433,16 +440,14 @@ impl Topology {
                 }
                 let nlat = lat.saturating_add(n.rtt_ms.max(1));
                 let nc = cost(nh, nlat);
-                let first_hop = if node == from { n.node } else { first };
-                let better = best.get(&n.node).is_none_or(|(bc, _)| nc < *bc);
-                if better {
-                    best.insert(n.node, (nc, Path { next_hop: first_hop, hops: nh, latency_ms: nlat }));
+                let first_hop = if u == start { n.node } else { first };
+                if best[v].is_none_or(|(bc, _)| nc < bc) {
+                    best[v] = Some((nc, Path { next_hop: first_hop, hops: nh, latency_ms: nlat }));
                     heap.push(std::cmp::Reverse((nc, nlat, n.node, first_hop)));
                 }
             }
-            let _ = c;
         }
-        best.into_iter().filter(|(id, _)| *id != from).map(|(id, (_, p))| (id, p)).collect()
+        ids.into_iter().zip(best).filter(|(id, _)| *id != from).filter_map(|(id, b)| Some((id, b?.1))).collect()
     }
 
     fn lists(&self, who: NodeId, whom: NodeId) -> bool {
