@@ -307,19 +307,7 @@ impl Node {
     pub(crate) fn snapshot(&self) -> RouteSnapshot {
         let mut routes = Vec::new();
         let mut demand: Vec<(Ipv4Addr, Arc<Demand>)> = Vec::new();
-        // Who claims each address (peers with a session, reachable members' records):
-        // an address with one claimant is its own, without the per-member scan of
-        // `address_owner` (which settles the rare contested ones).
-        let mut claims: std::collections::HashMap<Ipv4Addr, (NodeId, bool)> = std::collections::HashMap::new();
-        let mut claim = |addr: Ipv4Addr, id: NodeId| {
-            claims.entry(addr).and_modify(|(first, contested)| *contested |= *first != id).or_insert((id, false));
-        };
-        for p in self.peers.values().filter(|p| p.is_up()) {
-            claim(p.hello.ipv4, p.id);
-        }
-        for r in self.mesh.topology.records().filter(|r| self.mesh.paths.contains_key(&r.node())) {
-            claim(r.overlay, r.node());
-        }
+        let claims = self.claimants();
         let owns = |p: &Peer| match claims.get(&p.hello.ipv4) {
             Some((id, false)) => *id == p.id,
             _ => self.owns(p),
@@ -373,6 +361,24 @@ impl Node {
             .with_subnets(subnets)
             .with_demand(demand, demand_subnets)
             .with_held(self.held_sessions())
+    }
+
+    /// Who claims each overlay address (peers with a session, every record), and
+    /// whether more than one node does: an address with one claimant is its own
+    /// without the per-member scan of `address_owner`, which settles the rare
+    /// contested ones.
+    fn claimants(&self) -> std::collections::HashMap<Ipv4Addr, (NodeId, bool)> {
+        let mut claims: std::collections::HashMap<Ipv4Addr, (NodeId, bool)> = std::collections::HashMap::new();
+        let mut claim = |addr: Ipv4Addr, id: NodeId| {
+            claims.entry(addr).and_modify(|(first, contested)| *contested |= *first != id).or_insert((id, false));
+        };
+        for p in self.peers.values().filter(|p| p.is_up()) {
+            claim(p.hello.ipv4, p.id);
+        }
+        for r in self.mesh.topology.records() {
+            claim(r.overlay, r.node());
+        }
+        claims
     }
 
     /// Whether the overlay address in `p`'s hello is its own to route to.
@@ -496,8 +502,10 @@ impl Node {
     /// status): an overlay address another member holds.
     pub(crate) fn refused_claims(&self) -> Vec<String> {
         let mut v = Vec::new();
+        let claims = self.claimants();
         for r in self.mesh.topology.records().filter(|r| r.node() != self.id) {
-            if let Some(owner) = self.address_owner(r.overlay, r.node(), |_| false) {
+            let contested = claims.get(&r.overlay).is_some_and(|(_, c)| *c);
+            if let Some(owner) = contested.then(|| self.address_owner(r.overlay, r.node(), |_| false)).flatten() {
                 v.push(format!(
                     "member {} ({:?}) claims overlay address {}, which belongs to member {owner}: refused",
                     r.node(),
