@@ -864,11 +864,8 @@ fn three_nodes_mesh_and_one_dies() {
 
 // ----- relays -----
 
-#[test]
-fn the_answer_to_a_first_packet_reaches_the_new_session_through_a_stale_snapshot() {
-    // C answers A's first packet at once: its TX pipeline may still hold the snapshot
-    // from before the session (A idle there), and the engine must send the answer on
-    // the session that is up by then rather than drop it.
+/// A and C both dial B but cannot reach each other.
+fn a_and_c_through_b() -> Sim {
     let timers = Timers::default();
     let mut sim = Sim::new(vec![
         (params(A, Cipher::Aes128Gcm, SECRET), vec![B], timers),
@@ -876,6 +873,15 @@ fn the_answer_to_a_first_packet_reaches_the_new_session_through_a_stale_snapshot
         (params(C, Cipher::Aes128Gcm, SECRET), vec![B], timers),
     ]);
     sim.partition(A, C);
+    sim
+}
+
+#[test]
+fn the_answer_to_a_first_packet_reaches_the_new_session_through_a_stale_snapshot() {
+    // C answers A's first packet at once: its TX pipeline may still hold the snapshot
+    // from before the session (A idle there), and the engine must send the answer on
+    // the session that is up by then rather than drop it.
+    let mut sim = a_and_c_through_b();
     let routes = |s: &Sim| (0..3).all(|i| s.node(i).status(s.now).routes.len() == 2);
     assert!(sim.run_until(Duration::from_secs(5), routes).is_some());
     let stale = sim.slots[C].host.routes.clone();
@@ -890,13 +896,7 @@ fn the_answer_to_a_first_packet_reaches_the_new_session_through_a_stale_snapshot
 fn chain_relays_on_demand_punches_a_direct_path_and_retires_when_idle() {
     // A and C both dial B but cannot reach each other: they learn each other from
     // the topology, as idle members (no session until traffic wants one).
-    let timers = Timers::default();
-    let mut sim = Sim::new(vec![
-        (params(A, Cipher::Aes128Gcm, SECRET), vec![B], timers),
-        (params(B, Cipher::Aes128Gcm, SECRET), vec![], timers),
-        (params(C, Cipher::Aes128Gcm, SECRET), vec![B], timers),
-    ]);
-    sim.partition(A, C);
+    let mut sim = a_and_c_through_b();
     let routes_everywhere = |s: &Sim| {
         (0..3).all(|i| s.node(i).status(s.now).routes.len() == 2) && s.established(A, B) && s.established(C, B)
     };
