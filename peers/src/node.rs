@@ -1009,8 +1009,9 @@ impl Node {
         let Some(p) = self.peers.get_mut(&key) else { return };
         if p.is_up() {
             // The session came up since the pipeline looked.
-            self.send_sealed(&key, packet, 0, now);
-            p_stats_tx(self.peers.get(&key), packet.len());
+            if !self.send_sealed(&key, packet, 0, now) {
+                self.queued_dropped += 1;
+            }
             return;
         }
         if p.queued.len() >= MAX_QUEUED_PER_PEER || self.queued >= MAX_QUEUED {
@@ -1022,10 +1023,7 @@ impl Node {
         p.wanted_until = Some(now + WANTED_FOR);
         if p.driver.in_flight.is_none() && p.driver.next_attempt.is_none_or(|t| now >= t) {
             debug!(peer = %p.id, %dst, "traffic for an idle member: starting a session");
-            let use_ik = p.driver.failures < 2;
-            if let Some(to) = self.handshake_dest(&key) {
-                self.start_handshake(now, Target::Peer(key), to, use_ik.then_some(key));
-            }
+            self.handshake_with(now, key);
         }
         self.touch(key);
     }
@@ -1039,8 +1037,8 @@ impl Node {
         let packets: Vec<Vec<u8>> = p.queued.drain(..).collect();
         self.queued -= packets.len();
         for pkt in &packets {
-            if self.send_sealed(&key, pkt, 0, now) {
-                p_stats_tx(self.peers.get(&key), pkt.len());
+            if !self.send_sealed(&key, pkt, 0, now) {
+                self.queued_dropped += 1;
             }
         }
     }
@@ -1468,17 +1466,11 @@ impl Node {
     /// Whether we want a session with this peer although none is up: we dial it, it
     /// kept a link with us until recently, or traffic for it is waiting.
     fn wants_session(&self, p: &Peer, now: Instant) -> bool {
+        let recently_up =
+            now.saturating_duration_since(p.down_since.unwrap_or(p.first_seen)) < self.cfg.timers.learned_retry;
         let retried_link = match p.anchor {
-            Anchor::Dialled => {
-                self.dials.values().any(|d| d.key == Some(p.key) && !d.discovered) || {
-                    let down_for = now.saturating_duration_since(p.down_since.unwrap_or(p.first_seen));
-                    down_for < self.cfg.timers.learned_retry
-                }
-            }
-            Anchor::Held(_) => {
-                let down_for = now.saturating_duration_since(p.down_since.unwrap_or(p.first_seen));
-                down_for < self.cfg.timers.learned_retry
-            }
+            Anchor::Dialled => recently_up || self.dials.values().any(|d| d.key == Some(p.key) && !d.discovered),
+            Anchor::Held(_) => recently_up,
             Anchor::None => false,
         };
         retried_link || p.wanted_until.is_some_and(|w| now < w)
@@ -1538,10 +1530,7 @@ impl Node {
             }
             let (in_flight, due) = (peer.driver.in_flight.is_some(), now >= peer.driver.next_attempt.unwrap_or(now));
             if !in_flight && due && self.wants_session(&self.peers[&key], now) {
-                let use_ik = self.peers[&key].driver.failures < 2;
-                if let Some(to) = self.handshake_dest(&key) {
-                    self.start_handshake(now, Target::Peer(key), to, use_ik.then_some(key));
-                }
+                self.handshake_with(now, key);
             } else if !in_flight && self.forgettable(&key, now) {
                 info!(peer = %NodeId::from_public(&key), "forgetting silent peer");
                 self.peers.remove(&key);
@@ -1571,10 +1560,7 @@ impl Node {
             self.routes_dirty = true;
             self.mesh.record_changed(now);
             if self.wants_session(&self.peers[&key], now) {
-                let use_ik = self.peers[&key].driver.failures < 2;
-                if let Some(to) = self.handshake_dest(&key) {
-                    self.start_handshake(now, Target::Peer(key), to, use_ik.then_some(key));
-                }
+                self.handshake_with(now, key);
             }
             return;
         }
@@ -1605,10 +1591,7 @@ impl Node {
         let summary = peer.is_link(now) && peer.summary_next.is_none_or(|n| now >= n);
         if rekey {
             debug!(peer = %peer.id, "rekeying");
-            let use_ik = peer.driver.failures < 2;
-            if let Some(to) = self.handshake_dest(&key) {
-                self.start_handshake(now, Target::Peer(key), to, use_ik.then_some(key));
-            }
+            self.handshake_with(now, key);
         }
         if send_keepalive && let Some(d) = self.dest_for(&key) {
             self.actions.push_back(d.send(keepalive(&tx.session, now, epoch)));
@@ -1690,6 +1673,16 @@ impl Node {
         v.extend(self.direct_deadline(p, now));
         v.into_iter().min()
     }
+    /// Starts a handshake with a known peer along its best destination: IK, or XX
+    /// after two failures (the peer may have a new key).
+    fn handshake_with(&mut self, now: Instant, key: [u8; 32]) {
+        let Some(p) = self.peers.get(&key) else { return };
+        let use_ik = p.driver.failures < 2;
+        if let Some(to) = self.handshake_dest(&key) {
+            self.start_handshake(now, Target::Peer(key), to, use_ik.then_some(key));
+        }
+    }
+
     /// Starts a fresh IK handshake with a known peer (to announce a new hello).
     pub(crate) fn rehandshake(&mut self, now: Instant, key: [u8; 32]) {
         if let Some(to) = self.dest_for(&key) {
@@ -1884,13 +1877,6 @@ pub(crate) fn keepalive(session: &Session, now: Instant, epoch: Instant) -> Vec<
     buf.truncate(n);
     session.touch_tx(ms_since(epoch, now));
     buf
-}
-
-/// Counts a packet the engine sent for the pipelines (held while a session was made).
-fn p_stats_tx(p: Option<&Peer>, len: usize) {
-    if let Some(p) = p {
-        p.stats.add_tx(1, len as u64);
-    }
 }
 
 impl Peer {

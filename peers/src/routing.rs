@@ -254,6 +254,10 @@ impl Node {
         let Some(n) = tx.session.seal_with_flags(&mut buf, body.len(), flags) else { return false };
         buf.truncate(n);
         tx.session.touch_tx(ms_since(self.cfg.epoch, now));
+        if flags & FLAG_CONTROL == 0 {
+            // An IP packet held while the session was made: data, as the pipelines count it.
+            tx.session.stats.add_tx(1, body.len() as u64);
+        }
         self.actions.push_back(dest.send(buf));
         true
     }
