@@ -399,7 +399,11 @@ impl NodeConfig {
             } else {
                 &args.proxy_network
             })?,
-            rekey_after: std::time::Duration::from_secs(args.rekey_after.unwrap_or(120).max(1)),
+            rekey_after: match args.rekey_after.unwrap_or(120) {
+                // The responder rekeys at 1.25x; keys are refused after 180 s.
+                s @ 1..=140 => std::time::Duration::from_secs(s),
+                s => return usage(format!("--rekey-after {s}: must be 1 to 140 seconds (keys expire after 180 s)")),
+            },
         })
     }
 }

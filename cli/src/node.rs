@@ -216,8 +216,8 @@ pub fn run(mut cfg: NodeConfig) -> Result<()> {
             .context("cannot start the links thread")?;
     }
 
-    // Argon2id, once: the handshake PSK and the LAN beacon key both come from it.
-    let psk = Psk::derive(&cfg.network_name, &cfg.network_secret.0);
+    // The PSK derived above (Argon2id, once): the handshake, its MACs and the LAN
+    // beacon key all come from it.
     let beacon_key = crate::discovery::beacon_key(&psk.subkey(crate::discovery::KEY_LABEL));
     let engine = Node::new(
         Config {
@@ -379,17 +379,11 @@ impl Runtime {
             // The engine's next deadline; with none, it waits for an input.
             let deadline = self.engine.poll_timeout().unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
             tokio::select! {
-                // Authenticated events first: a flood of handshakes must not delay them.
+                // Authenticated events first and handshakes last: a flood of handshakes must
+                // not delay anything else.
                 biased;
                 ev = events.recv() => {
                     let Some(ev) = ev else { break };
-                    self.handle_event(ev);
-                }
-                ev = handshakes.recv() => {
-                    let Some(ev) = ev else { break };
-                    if sink.overloaded.swap(false, Ordering::Relaxed) {
-                        self.engine.note_overload(Instant::now());
-                    }
                     self.handle_event(ev);
                 }
                 () = tokio::time::sleep_until(deadline.into()) => self.engine.handle_timeout(Instant::now()),
@@ -417,6 +411,15 @@ impl Runtime {
                 _ = nets_timer.tick() => self.engine.set_local_networks(local_networks(&self.cfg.dev_name)),
                 _ = tokio::signal::ctrl_c() => { info!("interrupted; shutting down"); break }
                 _ = sigterm.recv() => { info!("terminated; shutting down"); break }
+                // Last: handshake datagrams (even replayed ones pass mac1) must never keep
+                // the timers, requests or signals above from being served.
+                ev = handshakes.recv() => {
+                    let Some(ev) = ev else { break };
+                    if sink.overloaded.swap(false, Ordering::Relaxed) {
+                        self.engine.note_overload(Instant::now());
+                    }
+                    self.handle_event(ev);
+                }
             }
             self.drain();
         }

@@ -37,6 +37,9 @@ fn malformed_values_exit_2_naming_the_value() {
     assert_fails(&up(&["--cipher", "xor"]), 2, "xor");
     assert_fails(&up(&["--mtu", "100"]), 2, "100");
     assert_fails(&up(&["--threads", "0"]), 2, "--threads 0");
+    // A rekey interval the key lifetime (180 s) cannot honour, or one that overflows.
+    assert_fails(&up(&["--rekey-after", "170"]), 2, "--rekey-after 170");
+    assert_fails(&up(&["--rekey-after", "18446744073709551615"]), 2, "--rekey-after 18446744073709551615");
     assert_fails(
         &weft(&["up", "--network-name", "t", "--network-secret", "s", "-i", "10.126.126.300/24"]),
         2,

@@ -24,7 +24,7 @@ use tun_rs::{GROTable, IDEAL_BATCH_SIZE, SyncDevice, VIRTIO_NET_HDR_LEN};
 
 use crate::admission::MacKeys;
 use crate::crypto::TAG_LEN;
-use crate::route::RouteSnapshot;
+use crate::route::{Lookup, RouteSnapshot};
 use crate::session::Session;
 use crate::stats::{DropCounters, DropReason};
 use crate::transport::udp::{self, MAX_BATCH, Offload, Outgoing, RecvMeta};
@@ -350,13 +350,20 @@ impl Tx {
                 drops.add(DropReason::NotIpv4, 1);
                 continue;
             };
-            let Some(route) = routes.route_for(dst) else {
-                match routes.demand_for(dst) {
-                    Some(d) if d.take() => self.unrouted.push((dst, buf[TX_HEADROOM..TX_HEADROOM + len].to_vec())),
-                    Some(_) => drops.add(DropReason::NoSession, 1),
-                    None => drops.add(DropReason::NoRoute, 1),
+            let route = match routes.lookup(dst) {
+                Lookup::Route(r) => r,
+                Lookup::Demand(d) if d.take() => {
+                    self.unrouted.push((dst, buf[TX_HEADROOM..TX_HEADROOM + len].to_vec()));
+                    continue;
                 }
-                continue;
+                Lookup::Demand(_) => {
+                    drops.add(DropReason::NoSession, 1);
+                    continue;
+                }
+                Lookup::None => {
+                    drops.add(DropReason::NoRoute, 1);
+                    continue;
+                }
             };
             if route.session.is_expired(now) {
                 route.session.stats.drops.add(DropReason::KeyExpired, 1);

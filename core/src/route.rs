@@ -47,6 +47,17 @@ impl Demand {
     }
 }
 
+/// What a snapshot has for a destination.
+#[derive(Debug)]
+pub enum Lookup<'a> {
+    /// A session carries it.
+    Route(&'a Route),
+    /// It belongs to a member without a session (one is made on demand).
+    Demand(&'a Demand),
+    /// Nobody.
+    None,
+}
+
 /// One immutable routing state.
 ///
 /// Sessions still waiting for the peer's proof of the PSK ("held") live in a table of
@@ -139,27 +150,41 @@ impl RouteSnapshot {
         self
     }
 
-    /// How to reach `dst`: its owner's overlay address, else the longest proxied
-    /// subnet that holds it (none when a longer one belongs to a member without a
-    /// session: see [`RouteSnapshot::demand_for`]).
-    pub fn route_for(&self, dst: Ipv4Addr) -> Option<&Route> {
-        if let Some(r) = self.tables.by_dst.get(&dst) {
-            return Some(r);
+    /// Where a packet for `dst` goes: its owner's overlay address, else the longest
+    /// subnet that holds it, proxied by a member with a session ([`Lookup::Route`]) or
+    /// without one ([`Lookup::Demand`]). One hash lookup and one pass over each subnet
+    /// table (the TX pipeline's per-packet lookup).
+    pub fn lookup(&self, dst: Ipv4Addr) -> Lookup<'_> {
+        let t = &*self.tables;
+        if let Some(r) = t.by_dst.get(&dst) {
+            return Lookup::Route(r);
         }
-        let (p, r) = longest(&self.tables.subnets, dst)?;
-        match longest(&self.tables.demand_subnets, dst) {
-            Some((q, _)) if q > p => None,
-            _ => Some(r),
+        if let Some(d) = t.demand.get(&dst) {
+            return Lookup::Demand(d);
+        }
+        match (longest(&t.subnets, dst), longest(&t.demand_subnets, dst)) {
+            (Some((p, r)), Some((q, _))) if p >= q => Lookup::Route(r),
+            (_, Some((_, d))) => Lookup::Demand(d),
+            (Some((_, r)), None) => Lookup::Route(r),
+            (None, None) => Lookup::None,
+        }
+    }
+
+    /// How to reach `dst` over a session, if it can be ([`RouteSnapshot::lookup`]).
+    pub fn route_for(&self, dst: Ipv4Addr) -> Option<&Route> {
+        match self.lookup(dst) {
+            Lookup::Route(r) => Some(r),
+            _ => None,
         }
     }
 
     /// The member without a session that `dst` belongs to (its overlay address, or
-    /// the longest subnet it proxies), when [`RouteSnapshot::route_for`] has none.
+    /// the longest subnet it proxies), when no route has it.
     pub fn demand_for(&self, dst: Ipv4Addr) -> Option<&Demand> {
-        if let Some(d) = self.tables.demand.get(&dst) {
-            return Some(d);
+        match self.lookup(dst) {
+            Lookup::Demand(d) => Some(d),
+            _ => None,
         }
-        longest(&self.tables.demand_subnets, dst).map(|(_, d)| &**d)
     }
 
     fn subnet_route(&self, dst: Ipv4Addr) -> Option<&Route> {
@@ -174,6 +199,10 @@ impl RouteSnapshot {
     pub fn may_send_from(&self, session: &Session, src: Ipv4Addr) -> bool {
         if let Some(owner) = self.tables.by_dst.get(&src) {
             return Arc::ptr_eq(&owner.session.stats, &session.stats);
+        }
+        if self.tables.demand.contains_key(&src) {
+            // A member without a session with us: its address is its own all the same.
+            return src == session.peer_addr;
         }
         src == session.peer_addr
             || self.subnet_route(src).is_some_and(|r| Arc::ptr_eq(&r.session.stats, &session.stats))

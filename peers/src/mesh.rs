@@ -269,7 +269,7 @@ impl Mesh {
     }
 
     /// Drops records of nodes unreachable for [`crate::topology::RECORD_TTL`] (when
-    /// the look is due); returns whether any went.
+    /// the look is due); returns the nodes whose records went.
     pub(crate) fn expire(&mut self, now: Instant, local: NodeId) -> Vec<NodeId> {
         if self.expire_at.is_none_or(|t| now < t) {
             return Vec::new();
@@ -417,7 +417,11 @@ impl Node {
             return;
         };
         match msg {
-            Msg::Record(rec) => self.handle_record(now, key, *rec),
+            // Records travel on links only (a member cannot fill our table from afar).
+            Msg::Record(rec) if self.peers.get(&key).is_some_and(|p| p.is_link(now)) => {
+                self.handle_record(now, key, *rec);
+            }
+            Msg::Record(_) => debug!(local_index, "topology record from a member that is not a link: ignored"),
             Msg::Ping(n) => self.send_msg(&key, &Msg::Pong(n), now),
             Msg::Pong(n) => {
                 if let Some(p) = self.peers.get_mut(&key)
@@ -432,9 +436,22 @@ impl Node {
             Msg::Summary { count, hash } => self.handle_summary(now, key, (count, hash)),
             Msg::Digest { lo, hi, entries } => {
                 // Only a link's digest is answered (records travel on links).
-                if !self.peers.get(&key).is_some_and(|p| p.is_link(now)) {
+                let Some(p) = self.peers.get_mut(&key).filter(|p| p.is_link(now)) else { return };
+                // A digest walks the id space upwards in chunks; within DIGEST_GAP a
+                // range already answered is not answered again (a member repeating a
+                // 17-byte empty digest would otherwise pull our whole table each time).
+                let fresh = match p.digest_answered {
+                    Some((since, upto)) if now.saturating_duration_since(since) < DIGEST_GAP => lo > upto,
+                    _ => true,
+                };
+                if !fresh {
                     return;
                 }
+                let since = match p.digest_answered {
+                    Some((since, _)) if now.saturating_duration_since(since) < DIGEST_GAP => since,
+                    _ => now,
+                };
+                p.digest_answered = Some((since, hi));
                 let recs = self.mesh.missing_from(self.id, now, lo, hi, &entries);
                 if !recs.is_empty() {
                     debug!(peer = %NodeId::from_public(&key), count = recs.len(), "repairing a neighbour's topology");
@@ -452,6 +469,11 @@ impl Node {
     fn handle_summary(&mut self, now: Instant, key: [u8; 32], theirs: (u32, u64)) {
         let Some(p) = self.peers.get_mut(&key) else { return };
         let was_link = p.is_link(now);
+        // Only a member that reaches us directly can keep a link with us (as if it
+        // had dialled us); a summary over a relayed session means nothing.
+        if !(p.path.is_direct() && p.is_up()) {
+            return;
+        }
         if p.anchor != Anchor::Dialled {
             p.anchor = Anchor::Held(now + LINK_HOLD);
             self.anchored.insert(key);

@@ -618,6 +618,7 @@ impl Node {
             }
             // Found on the LAN before: from now on it is configured (retried forever).
             d.discovered = false;
+            d.announced = None;
             d.driver = Driver::default();
         } else {
             self.push_dial(Dial { endpoint, key: None, driver: Driver::default(), discovered: false, announced: None });
@@ -1454,7 +1455,7 @@ impl Node {
             .values()
             .filter(|d| d.key.is_none_or(|k| !self.peers.contains_key(&k)))
             .filter_map(|d| {
-                let expiry = d.announced.map(|a| a + DISCOVERED_EXPIRY);
+                let expiry = d.announced.filter(|_| d.discovered).map(|a| a + DISCOVERED_EXPIRY);
                 let dormant = d.discovered && d.driver.failures >= DISCOVERED_ATTEMPTS;
                 let retry =
                     (!dormant && d.driver.in_flight.is_none()).then(|| d.driver.next_attempt.unwrap_or(self.cfg.epoch));
@@ -1641,8 +1642,9 @@ impl Node {
             let retire_unconfirmed = p.sessions.iter().map(|s| s.created + CONFIRM_TIMEOUT).min();
             let retry = (p.driver.in_flight.is_none() && self.wants_session(p, now))
                 .then(|| p.driver.next_attempt.unwrap_or(now));
-            // Forgetting a peer is checked now and then, not exactly.
-            let forget = (p.sessions.is_empty() && p.anchor != Anchor::None || p.down_since.is_some())
+            // Forgetting a link that went silent is checked now and then (a member known
+            // only from its record goes with the record: Mesh::expire).
+            let forget = ((p.sessions.is_empty() && p.anchor != Anchor::None) || p.down_since.is_some())
                 .then(|| now + t.learned_retry);
             return [retire_unconfirmed, retry, forget, held].into_iter().flatten().min();
         };
@@ -1650,7 +1652,11 @@ impl Node {
         let mut v: Vec<Instant> = Vec::with_capacity(8);
         v.extend(held);
         let due = if tx.initiator { t.rekey_after } else { t.rekey_after + t.rekey_after / 4 };
-        v.push((tx.created + due).max(p.driver.next_attempt.unwrap_or(now)));
+        // The rekey, when drive_peer would do it (an in-flight one is timed by the
+        // handshake table; an idle session is retired instead).
+        if p.driver.in_flight.is_none() && (kept || p.activity.active(now, 3 * ACTIVE_WINDOW)) {
+            v.push((tx.created + due).max(p.driver.next_attempt.unwrap_or(now)));
+        }
         if p.sessions.len() > 1 {
             v.push(now + RETIRE_IDLE / 2);
         }
@@ -1678,8 +1684,10 @@ impl Node {
     fn handshake_with(&mut self, now: Instant, key: [u8; 32]) {
         let Some(p) = self.peers.get(&key) else { return };
         let use_ik = p.driver.failures < 2;
-        if let Some(to) = self.handshake_dest(&key) {
-            self.start_handshake(now, Target::Peer(key), to, use_ik.then_some(key));
+        match self.handshake_dest(&key) {
+            Some(to) => self.start_handshake(now, Target::Peer(key), to, use_ik.then_some(key)),
+            // Nowhere to send it (no path right now): try again after the backoff.
+            None => self.handshake_failed(now, Target::Peer(key), "no path to the peer".into()),
         }
     }
 
@@ -1857,7 +1865,6 @@ fn reason_of(e: &HandshakeError) -> RejectReason {
     }
 }
 
-/// Milliseconds from `epoch` to `now` on the pipeline clock (0 means "never").
 /// What a cookie is bound to: the source endpoint, or a relayed sender's node id.
 fn cookie_source(from: Endpoint, via: Option<NodeId>) -> Vec<u8> {
     match via {
@@ -1866,6 +1873,7 @@ fn cookie_source(from: Endpoint, via: Option<NodeId>) -> Vec<u8> {
     }
 }
 
+/// Milliseconds from `epoch` to `now` on the pipeline clock (0 means "never").
 pub(crate) fn ms_since(epoch: Instant, now: Instant) -> u64 {
     now.saturating_duration_since(epoch).as_millis() as u64 + 1
 }

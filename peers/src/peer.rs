@@ -29,11 +29,15 @@ pub(crate) struct Driver {
 impl Driver {
     pub(crate) fn failed(&mut self, now: Instant, t: &Timers, jitter: u32) {
         self.failures += 1;
-        self.backoff = if self.backoff.is_zero() { t.initial_backoff } else { (self.backoff * 2).min(t.max_backoff) };
-        // Up to 25 % jitter so that many nodes do not retry in lockstep.
+        self.back_off(now, t.initial_backoff, t.max_backoff, jitter);
+    }
+
+    /// Doubles the delay (from `first`, up to `max`) and schedules the next attempt
+    /// after it, with up to 25 % jitter so that many nodes do not retry in lockstep.
+    pub(crate) fn back_off(&mut self, now: Instant, first: Duration, max: Duration, jitter: u32) {
+        self.backoff = if self.backoff.is_zero() { first } else { (self.backoff * 2).min(max) };
         let spread = self.backoff.as_millis() as u64 / 4;
-        let j = if spread == 0 { 0 } else { u64::from(jitter) % spread };
-        self.next_attempt = Some(now + self.backoff + Duration::from_millis(j));
+        self.next_attempt = Some(now + self.backoff + Duration::from_millis(u64::from(jitter) % spread.max(1)));
     }
 
     pub(crate) fn succeeded(&mut self) {
@@ -208,6 +212,9 @@ pub(crate) struct Peer {
     pub(crate) summary_next: Option<Instant>,
     /// Our digest was last sent to this link (rate limit).
     pub(crate) digest_sent: Option<Instant>,
+    /// Its digest: when the current answering window began and the highest origin
+    /// answered in it (rate limit).
+    pub(crate) digest_answered: Option<(Instant, NodeId)>,
 }
 
 impl Peer {
@@ -233,6 +240,7 @@ impl Peer {
             down_since: None,
             summary_next: None,
             digest_sent: None,
+            digest_answered: None,
         }
     }
 

@@ -32,12 +32,6 @@ const UPGRADE_MAX: Duration = Duration::from_secs(60);
 /// Packets for a member without a session that one snapshot hands the engine, at most.
 pub(crate) const DEMAND_BUDGET: u32 = 8;
 
-fn backoff(d: &mut Driver, now: Instant, first: Duration, max: Duration, jitter: u32) {
-    d.backoff = if d.backoff.is_zero() { first } else { (d.backoff * 2).min(max) };
-    let spread = d.backoff.as_millis() as u64 / 4;
-    d.next_attempt = Some(now + d.backoff + Duration::from_millis(u64::from(jitter) % spread.max(1)));
-}
-
 /// Whether a direct path is watched (failover, upgrades, falling back when silent):
 /// a link's always, a traffic shortcut's while data flows (an idle one is silent by
 /// design and goes with its session).
@@ -126,7 +120,7 @@ impl Node {
         if stale {
             d.failover_next = Some(now + t.keepalive);
         } else {
-            backoff(&mut d.upgrade, now, UPGRADE_FIRST, UPGRADE_MAX, jitter);
+            d.upgrade.back_off(now, UPGRADE_FIRST, UPGRADE_MAX, jitter);
         }
         if !targets.is_empty() {
             debug!(peer = %NodeId::from_public(&key), failover = stale, candidates = targets.len(), "probing other paths");
@@ -140,7 +134,7 @@ impl Node {
         if !p.is_up() || !watched(p, now) {
             return None;
         }
-        if p.path_stale(d.seen.unwrap_or(d.since), self.stale_after()) {
+        if p.path_stale(now, self.stale_after()) {
             return Some(d.failover_next.unwrap_or(d.since));
         }
         let stale_at = d.seen.unwrap_or(d.since) + self.stale_after();
@@ -176,7 +170,7 @@ impl Node {
         let ours = self.candidates(&self.cfg.handshake.local.public);
         let jitter = self.rng.next_u32();
         let Some(p) = self.peers.get_mut(&key) else { return };
-        backoff(&mut p.punch, now, PUNCH_FIRST, PUNCH_MAX, jitter);
+        p.punch.back_off(now, PUNCH_FIRST, PUNCH_MAX, jitter);
         if theirs.is_empty() && ours.is_empty() {
             return;
         }

@@ -975,15 +975,21 @@ fn chain_relays_on_demand_punches_a_direct_path_and_retires_when_idle() {
         "the direct path needed a new handshake instead of the punch"
     );
 
-    // Without traffic the session is retired, with nothing sent in between.
-    sim.run(Duration::from_secs(10));
+    // Without traffic the session is retired, with nothing sent in between (once the
+    // last data is older than the 10 s activity window, sampled every 2 s).
+    sim.run(Duration::from_secs(15));
     let quiet_from = sim.log.len();
     sim.run(IDLE_RETIRE);
     let between = sim.log[quiet_from..]
         .iter()
         .filter(|x| (x.from == A && x.to == addr(C)) || (x.from == C && x.to == addr(A)))
         .count();
-    assert_eq!(between, 0, "an idle session kept talking");
+    let what: Vec<_> = sim.log[quiet_from..]
+        .iter()
+        .filter(|x| (x.from == A && x.to == addr(C)) || (x.from == C && x.to == addr(A)))
+        .map(|x| (x.at, x.from, x.kind(), x.bytes.len()))
+        .collect();
+    assert_eq!(between, 0, "an idle session kept talking: {what:?}");
     assert_eq!(sim.state(A, C), Some(PeerState::Idle), "{:?}", sim.peer_status(A, C));
     assert_eq!(sim.state(C, A), Some(PeerState::Idle));
     assert_eq!(sim.peer_status(A, C).expect("known").path, PathStatus::Relay { via: sim.id(B), hops: 2 });
@@ -1473,4 +1479,32 @@ fn dhcp_node_told_its_address_is_taken_moves_and_joins() {
     assert_eq!(sim.send_data(C, A), Ok(84));
     let c_view = sim.node(C).status(sim.now).peers;
     assert_eq!(c_view.iter().filter(|p| p.overlay == overlay(A)).count(), 1);
+}
+
+#[test]
+fn a_repeated_empty_digest_pulls_the_table_once_per_gap() {
+    // A member's 17-byte digest claiming it holds nothing pulls every record we sync;
+    // repeating it must not pull them again and again.
+    let mut sim = three_members();
+    let mut digest = vec![6u8];
+    digest.extend_from_slice(&[0; 8]);
+    digest.extend_from_slice(&[0xff; 8]);
+    digest.push(0);
+    let records_to_a = |s: &Sim, since: usize| {
+        s.log[since..].iter().filter(|x| x.from == B && x.to == addr(A) && x.bytes.len() > 200).count()
+    };
+    let mark = sim.log.len();
+    sim.send_control(A, B, &digest);
+    let first = records_to_a(&sim, mark);
+    assert!(first >= 3, "the first digest pulled {first} records");
+    let mark = sim.log.len();
+    for _ in 0..50 {
+        sim.send_control(A, B, &digest);
+    }
+    assert_eq!(records_to_a(&sim, mark), 0, "repeated digests pulled the table again");
+    // After the gap it is answered again (a real repair).
+    sim.run(Duration::from_secs(3));
+    let mark = sim.log.len();
+    sim.send_control(A, B, &digest);
+    assert!(records_to_a(&sim, mark) >= 3);
 }
