@@ -38,6 +38,10 @@ pub enum Command {
     /// reading the status needs only the weft group).
     #[command(subcommand)]
     Peer(PeerCommand),
+    /// Manage the clients of this node's WireGuard portal (`--wg-portal`): add and
+    /// remove need root or the weft-admin group.
+    #[command(subcommand)]
+    Wg(WgCommand),
     /// Make network secrets.
     #[command(subcommand)]
     Secret(SecretCommand),
@@ -146,6 +150,19 @@ pub struct UpArgs {
     /// without it such subnets are refused.
     #[arg(long)]
     pub accept_wide_subnets: bool,
+    /// Serve stock WireGuard clients (phones, routers, the official apps) on this UDP
+    /// address, e.g. udp://0.0.0.0:51820; add them with `weft wg add NAME`. Needs
+    /// --wg-portal-net.
+    #[arg(long, value_name = "URI")]
+    pub wg_portal: Option<String>,
+    /// The addresses the portal gives its clients, e.g. 10.127.0.0/24 (the portal has
+    /// the first host); the mesh routes it to this node like a proxied subnet.
+    #[arg(long, value_name = "CIDR")]
+    pub wg_portal_net: Option<String>,
+    /// HOST:PORT written as the Endpoint of client configs (default: the --wg-portal
+    /// address, or this host's first address when it listens on all).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub wg_portal_endpoint: Option<String>,
     /// Rekey interval in seconds (default 120); for testing.
     #[arg(long, value_name = "SECS", hide = true)]
     pub rekey_after: Option<u64>,
@@ -177,6 +194,46 @@ pub struct PeerArgs {
     /// Peer URI (e.g. udp://198.51.100.7:11010); for remove also a node id.
     #[arg(value_name = "PEER")]
     pub peer: String,
+    /// Control socket of the node.
+    #[arg(long, value_name = "PATH", env = "WEFT_CONTROL", default_value = DEFAULT_CONTROL)]
+    pub control: PathBuf,
+}
+
+/// `weft wg`.
+#[derive(Debug, Subcommand)]
+pub enum WgCommand {
+    /// Add a client: prints its wg-quick config (with a new private key, shown once:
+    /// the node does not keep it) for `wg-quick up` or a WireGuard app.
+    Add(WgAddArgs),
+    /// List the clients: address, endpoint, last handshake, traffic.
+    List(QueryArgs),
+    /// Remove a client: its key gets nothing through any more.
+    Remove(WgNameArgs),
+}
+
+/// Arguments of `weft wg add`.
+#[derive(Debug, Args)]
+pub struct WgAddArgs {
+    /// Client name: 1 to 32 letters, digits, '.', '_' or '-'.
+    #[arg(value_name = "NAME")]
+    pub name: String,
+    /// Also print the config as a QR code (for the phone apps' "scan from QR code").
+    #[arg(long)]
+    pub qr: bool,
+    /// Print JSON (name, address, public key, endpoint, config).
+    #[arg(long, conflicts_with = "qr")]
+    pub json: bool,
+    /// Control socket of the node.
+    #[arg(long, value_name = "PATH", env = "WEFT_CONTROL", default_value = DEFAULT_CONTROL)]
+    pub control: PathBuf,
+}
+
+/// Arguments of `weft wg remove`.
+#[derive(Debug, Args)]
+pub struct WgNameArgs {
+    /// Client name.
+    #[arg(value_name = "NAME")]
+    pub name: String,
     /// Control socket of the node.
     #[arg(long, value_name = "PATH", env = "WEFT_CONTROL", default_value = DEFAULT_CONTROL)]
     pub control: PathBuf,

@@ -62,6 +62,9 @@ pub struct FileConfig {
     dhcp: Option<bool>,
     #[serde(default)]
     proxy_network: Vec<String>,
+    wg_portal: Option<String>,
+    wg_portal_net: Option<String>,
+    wg_portal_endpoint: Option<String>,
 }
 
 impl FileConfig {
@@ -238,6 +241,8 @@ pub struct NodeConfig {
     pub dhcp: Option<Ipv4Net>,
     /// Rekey interval.
     pub rekey_after: std::time::Duration,
+    /// `--wg-portal`: a WireGuard endpoint for stock clients.
+    pub wg_portal: Option<crate::portal::PortalConfig>,
 }
 
 /// Which offloads the user allows.
@@ -365,6 +370,23 @@ impl NodeConfig {
         if admin_group.is_empty() || admin_group.contains([':', '\n']) {
             return usage(format!("invalid --admin-group {admin_group:?}: expected a group name"));
         }
+        let proxy_networks =
+            proxy_networks(if args.proxy_network.is_empty() { &file.proxy_network } else { &args.proxy_network })?;
+        let portal_net = args.wg_portal_net.clone().or(file.wg_portal_net);
+        let portal_endpoint = args.wg_portal_endpoint.clone().or(file.wg_portal_endpoint);
+        let wg_portal = match args.wg_portal.clone().or(file.wg_portal) {
+            Some(listen) => Some(crate::portal::PortalConfig::parse(
+                &listen,
+                portal_net.as_deref(),
+                portal_endpoint.as_deref(),
+                ipv4,
+                &proxy_networks,
+            )?),
+            None if portal_net.is_some() || portal_endpoint.is_some() => {
+                return usage("--wg-portal-net and --wg-portal-endpoint need --wg-portal udp://ADDR:PORT");
+            }
+            None => None,
+        };
         Ok(Self {
             network_name,
             network_secret: secret,
@@ -394,16 +416,13 @@ impl NodeConfig {
             accept_wide_subnets: args.accept_wide_subnets || file.accept_wide_subnets.unwrap_or(false),
             lan_discovery: args.lan_discovery || file.lan_discovery.unwrap_or(false),
             dhcp,
-            proxy_networks: proxy_networks(if args.proxy_network.is_empty() {
-                &file.proxy_network
-            } else {
-                &args.proxy_network
-            })?,
+            proxy_networks,
             rekey_after: match args.rekey_after.unwrap_or(120) {
                 // The responder rekeys at 1.25x; keys are refused after 180 s.
                 s @ 1..=140 => std::time::Duration::from_secs(s),
                 s => return usage(format!("--rekey-after {s}: must be 1 to 140 seconds (keys expire after 180 s)")),
             },
+            wg_portal,
         })
     }
 }

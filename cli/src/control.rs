@@ -25,6 +25,17 @@ pub enum Request {
         /// A URI given to `--peer` or `add-peer`, or a member's node id.
         peer: String,
     },
+    /// Add a client to the WireGuard portal; the reply carries its config (with its
+    /// private key, which the node does not keep).
+    WgAdd {
+        /// Client name: 1 to 32 letters, digits, `.`, `_` or `-`.
+        name: String,
+    },
+    /// Remove a client of the WireGuard portal.
+    WgRemove {
+        /// Its name.
+        name: String,
+    },
 }
 
 impl Request {
@@ -34,7 +45,7 @@ impl Request {
     pub fn changes_node(&self) -> bool {
         match self {
             Self::Status => false,
-            Self::AddPeer { .. } | Self::RemovePeer { .. } => true,
+            Self::AddPeer { .. } | Self::RemovePeer { .. } | Self::WgAdd { .. } | Self::WgRemove { .. } => true,
         }
     }
 }
@@ -45,6 +56,8 @@ impl Request {
 pub enum Reply {
     /// Status.
     Status(Box<StatusJson>),
+    /// A new WireGuard portal client.
+    WgClient(Box<WgConfigJson>),
     /// The request was carried out.
     Done {
         /// What was done.
@@ -119,6 +132,64 @@ pub struct StatusJson {
     /// What handshake admission control dropped or answered with a cookie.
     #[serde(default)]
     pub admission: AdmissionJson,
+    /// The WireGuard portal, when this node runs one (`--wg-portal`).
+    #[serde(default)]
+    pub wg_portal: Option<PortalJson>,
+}
+
+/// The WireGuard portal of a node.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PortalJson {
+    /// Listen URI (`udp://ADDR:PORT`).
+    pub listen: String,
+    /// The portal network: the portal has its first host, clients the others.
+    pub net: String,
+    /// The portal's TUN device.
+    pub dev_name: String,
+    /// The portal's WireGuard public key (base64).
+    pub public_key: String,
+    /// Its clients.
+    pub clients: Vec<PortalClientJson>,
+    /// Datagrams and packets the portal dropped, by reason.
+    pub drops: std::collections::BTreeMap<String, u64>,
+}
+
+/// One WireGuard client of the portal.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PortalClientJson {
+    /// Its name.
+    pub name: String,
+    /// The address it was given (its only allowed source).
+    pub address: String,
+    /// Its public key (base64).
+    pub public_key: String,
+    /// Where it last sent an authenticated message from.
+    pub endpoint: Option<String>,
+    /// Seconds since its last handshake.
+    pub last_handshake_secs: Option<u64>,
+    /// Plaintext bytes received from it.
+    pub rx_bytes: u64,
+    /// Plaintext bytes sent to it.
+    pub tx_bytes: u64,
+    /// Packets from it delivered to the mesh.
+    pub rx_packets: u64,
+    /// Datagrams sent to it.
+    pub tx_packets: u64,
+}
+
+/// What `weft wg add` prints: a new client and its wg-quick config.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WgConfigJson {
+    /// Its name.
+    pub name: String,
+    /// Its address.
+    pub address: String,
+    /// Its public key (base64).
+    pub public_key: String,
+    /// The Endpoint written into the config.
+    pub endpoint: String,
+    /// The wg-quick config, private key included (shown once, not kept by the node).
+    pub config: String,
 }
 
 /// Handshake admission counters (datagrams the pipelines dropped for a bad mac1 are

@@ -18,6 +18,7 @@ pub mod control;
 pub mod discovery;
 mod meta;
 pub mod node;
+pub mod portal;
 pub mod secret;
 mod show;
 pub mod state;
@@ -25,7 +26,7 @@ pub mod state;
 use anyhow::Result;
 use tracing_subscriber::EnvFilter;
 
-use crate::args::{Cli, Command, PeerCommand, SecretCommand};
+use crate::args::{Cli, Command, PeerCommand, SecretCommand, WgCommand};
 use crate::config::{NodeConfig, UsageError};
 
 /// Runs a parsed command line.
@@ -47,6 +48,9 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Routes(q) => query(&q, show::routes),
         Command::Peer(PeerCommand::Add(a)) => change(&a.control, &control::Request::AddPeer { uri: a.peer }),
         Command::Peer(PeerCommand::Remove(a)) => change(&a.control, &control::Request::RemovePeer { peer: a.peer }),
+        Command::Wg(WgCommand::Add(a)) => wg_add(&a),
+        Command::Wg(WgCommand::List(q)) => query(&q, show::portal),
+        Command::Wg(WgCommand::Remove(a)) => change(&a.control, &control::Request::WgRemove { name: a.name }),
         Command::Secret(SecretCommand::Generate) => {
             println!("{}", secret::generate()?);
             Ok(())
@@ -62,7 +66,35 @@ fn query(q: &args::QueryArgs, table: fn(&control::StatusJson) -> String) -> Resu
         control::Reply::Status(s) if q.json => println!("{}", serde_json::to_string_pretty(&s)?),
         control::Reply::Status(s) => print!("{}", table(&s)),
         control::Reply::Error { message } => anyhow::bail!("node refused the request: {}", show::printable(&message)),
-        control::Reply::Done { .. } => anyhow::bail!("unexpected reply from the node"),
+        control::Reply::Done { .. } | control::Reply::WgClient(_) => anyhow::bail!("unexpected reply from the node"),
+    }
+    Ok(())
+}
+
+/// `weft wg add`: prints the new client's config (and a QR code of it with `--qr`).
+fn wg_add(a: &args::WgAddArgs) -> Result<()> {
+    match control::request(&a.control, &control::Request::WgAdd { name: a.name.clone() })? {
+        control::Reply::WgClient(c) if a.json => println!("{}", serde_json::to_string_pretty(&c)?),
+        control::Reply::WgClient(c) => {
+            print!("{}", c.config);
+            if a.qr {
+                let code = qrcode::QrCode::new(c.config.as_bytes())
+                    .map_err(|e| anyhow::anyhow!("cannot make a QR code of the config: {e}"))?;
+                let art = code
+                    .render::<qrcode::render::unicode::Dense1x2>()
+                    .dark_color(qrcode::render::unicode::Dense1x2::Light)
+                    .light_color(qrcode::render::unicode::Dense1x2::Dark)
+                    .build();
+                println!("\n{art}");
+            }
+            eprintln!(
+                "client {} has address {}; this is the only copy of its private key",
+                show::printable(&c.name),
+                c.address
+            );
+        }
+        control::Reply::Error { message } => return Err(UsageError(show::printable(&message).into_owned()).into()),
+        _ => anyhow::bail!("unexpected reply from the node"),
     }
     Ok(())
 }
@@ -74,7 +106,7 @@ fn change(path: &std::path::Path, req: &control::Request) -> Result<()> {
         // Messages may quote peer-supplied names: no raw control characters.
         control::Reply::Done { message } => println!("{}", show::printable(&message)),
         control::Reply::Error { message } => return Err(UsageError(show::printable(&message).into_owned()).into()),
-        control::Reply::Status(_) => anyhow::bail!("unexpected reply from the node"),
+        control::Reply::Status(_) | control::Reply::WgClient(_) => anyhow::bail!("unexpected reply from the node"),
     }
     Ok(())
 }

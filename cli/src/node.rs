@@ -78,6 +78,8 @@ enum Ask {
     Status,
     AddPeer(Endpoint, PeerUri),
     RemovePeer(PeerRef),
+    WgAdd(String),
+    WgRemove(String),
 }
 
 /// Turns a request into an [`Ask`]: parses URIs and node ids and resolves host names
@@ -105,6 +107,8 @@ async fn ask(req: Request) -> Result<Ask, String> {
             let u = peer.parse::<PeerUri>().map_err(|e| format!("{e} (or give a node id: 16 hex digits)"))?;
             Ok(Ask::RemovePeer(PeerRef::Endpoint(resolve(u).await?.0)))
         }
+        Request::WgAdd { name } => Ok(Ask::WgAdd(name)),
+        Request::WgRemove { name } => Ok(Ask::WgRemove(name)),
     }
 }
 
@@ -161,6 +165,11 @@ pub fn run(mut cfg: NodeConfig) -> Result<()> {
     let needs_tls = cfg.listeners.iter().any(|l| matches!(l.proto, Proto::Wss | Proto::Quic));
     let tls = if needs_tls { Some(state::load_or_create_tls(&cfg.state_dir, cfg.tls.as_ref())?) } else { None };
 
+    // The portal network is a subnet this node proxies: members route it here, and
+    // the kernel forwards between the two TUN devices.
+    if let Some(p) = &cfg.wg_portal {
+        cfg.proxy_networks.push(p.net);
+    }
     if !cfg.proxy_networks.is_empty() {
         // The kernel forwards between the TUN and the proxied LAN. Under systemd this
         // file is the one tunable the unit leaves writable (ReadWritePaths=); an admin
@@ -178,6 +187,10 @@ pub fn run(mut cfg: NodeConfig) -> Result<()> {
             }
         }
     }
+    let portal = match &cfg.wg_portal {
+        Some(p) => Some(crate::portal::Portal::start(p, &cfg.state_dir, &cfg.dev_name, cfg.mtu)?),
+        None => None,
+    };
     let epoch = Instant::now();
     let psk = Psk::derive(&cfg.network_name, &cfg.network_secret.0);
     let (ctl_tx, ctl_rx) = mpsc::channel(CONTROL_QUEUE);
@@ -270,7 +283,8 @@ pub fn run(mut cfg: NodeConfig) -> Result<()> {
         bound.push(ep);
     }
     let mut engine = engine;
-    engine.set_endpoints(local_endpoints(&bound, cfg.ipv4.addr));
+    let portal_dev = cfg.wg_portal.as_ref().map(|_| crate::portal::device_name(&cfg.dev_name));
+    engine.set_endpoints(local_endpoints(&bound, cfg.ipv4.addr, portal_dev.as_deref()));
     let netcfg = NetConfig::spawn(cfg.dev_name.clone())?;
     let runtime = Runtime {
         cfg,
@@ -288,7 +302,10 @@ pub fn run(mut cfg: NodeConfig) -> Result<()> {
         udp_port: udp_bound.port(),
         beacon_key,
         beacon_drops: None,
+        portal,
+        member_subnets: Vec::new(),
     };
+    runtime.update_portal();
     let result = rt.block_on(runtime.serve(ctl_rx, hs_rx, sink, down_rx));
     // Pipeline threads block in TUN reads; the process exit ends them.
     rt.shutdown_timeout(Duration::from_millis(200));
@@ -319,9 +336,38 @@ struct Runtime {
     beacon_key: ring::hmac::Key,
     /// LAN beacons dropped, with `--lan-discovery`.
     beacon_drops: Option<Arc<crate::discovery::Drops>>,
+    /// The WireGuard portal (`--wg-portal`).
+    portal: Option<crate::portal::Portal>,
+    /// The subnets other members proxy (routed into the TUN).
+    member_subnets: Vec<(std::net::Ipv4Addr, u8)>,
 }
 
 impl Runtime {
+    /// The networks of the mesh: the overlay, our proxied subnets (the portal
+    /// network among them) and the other members'.
+    fn mesh_networks(&self) -> Vec<(std::net::Ipv4Addr, u8)> {
+        let p = self.cfg.ipv4.prefix;
+        let overlay = (std::net::Ipv4Addr::from(u32::from(self.cfg.ipv4.addr) & weft_core::route::prefix_mask(p)), p);
+        let mut v = vec![overlay];
+        v.extend(self.cfg.proxy_networks.iter().map(|n| (n.addr, n.prefix)));
+        v.extend(self.member_subnets.iter().copied());
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// The WireGuard portal's TUN device, when there is one.
+    fn portal_dev(&self) -> Option<String> {
+        self.cfg.wg_portal.as_ref().map(|_| crate::portal::device_name(&self.cfg.dev_name))
+    }
+
+    /// Tells the portal where its clients may send.
+    fn update_portal(&self) {
+        if let Some(p) = &self.portal {
+            p.set_destinations(self.mesh_networks());
+        }
+    }
+
     fn handle_event(&mut self, ev: ControlEvent) {
         let now = Instant::now();
         match ev {
@@ -357,7 +403,7 @@ impl Runtime {
         self.engine.handle_timeout(Instant::now());
         self.drain();
         let discovery = if self.cfg.lan_discovery {
-            let ifs = local_ipv4s(self.cfg.ipv4.addr);
+            let ifs = local_ipv4s(self.cfg.ipv4.addr, self.portal_dev().as_deref());
             info!(interfaces = ifs.len(), "LAN discovery on");
             let d = Discovery::new(
                 ifs,
@@ -437,6 +483,8 @@ impl Runtime {
                     self.shared.routes.store(snap);
                 }
                 Action::InstallRoutes(subnets) => {
+                    self.member_subnets.clone_from(&subnets);
+                    self.update_portal();
                     let own = self.cfg.proxy_networks.iter().map(|n| (n.addr, n.prefix)).collect();
                     self.netcfg.send(NetJob::Routes { wanted: subnets, own });
                 }
@@ -465,6 +513,21 @@ impl Runtime {
                 self.engine.add_peer(now, to).map(|()| format!("added {u}"))
             }
             Ask::RemovePeer(which) => self.engine.remove_peer(now, which),
+            Ask::WgAdd(name) => {
+                let Some(p) = &self.portal else { return no_portal() };
+                // The client routes the mesh's networks (not the portal network, which
+                // the config always carries) through the portal.
+                let own = self.cfg.wg_portal.as_ref().map(|c| (c.net.addr, c.net.prefix));
+                let nets: Vec<_> = self.mesh_networks().into_iter().filter(|n| Some(*n) != own).collect();
+                return match p.add(&name, &nets, &local_ipv4s(self.cfg.ipv4.addr, self.portal_dev().as_deref())) {
+                    Ok(c) => Reply::WgClient(Box::new(c)),
+                    Err(message) => Reply::Error { message },
+                };
+            }
+            Ask::WgRemove(name) => match &self.portal {
+                Some(p) => p.remove(&name),
+                None => return no_portal(),
+            },
         };
         match done {
             Ok(message) => Reply::Done { message },
@@ -478,6 +541,9 @@ impl Runtime {
         let mut drops = counters(&self.drops);
         for (k, v) in self.beacon_drops.iter().flat_map(|d| d.nonzero()) {
             drops.insert(k.to_owned(), v);
+        }
+        for (k, v) in self.portal.iter().flat_map(crate::portal::Portal::drops) {
+            drops.insert(format!("wg_{k}"), v);
         }
         for p in self.pipelines.iter().chain([&self.links_stats]) {
             for (k, v) in counters(&p.drops) {
@@ -622,7 +688,15 @@ impl Runtime {
                     under_load: a.under_load,
                 }
             },
+            wg_portal: self.portal.as_ref().map(crate::portal::Portal::status),
         }
+    }
+}
+
+fn no_portal() -> Reply {
+    Reply::Error {
+        message: "this node runs no WireGuard portal (start it with --wg-portal udp://ADDR:PORT --wg-portal-net CIDR)"
+            .into(),
     }
 }
 
@@ -756,8 +830,8 @@ async fn serve_client(stream: UnixStream, requests: mpsc::Sender<StatusRequest>,
 
 /// The addresses peers may reach this node at: the listen address, or with a wildcard
 /// listener every non-loopback IPv4 interface address except the overlay's own.
-fn local_endpoints(listeners: &[Endpoint], overlay: std::net::Ipv4Addr) -> Vec<Endpoint> {
-    let ips = local_ipv4s(overlay);
+fn local_endpoints(listeners: &[Endpoint], overlay: std::net::Ipv4Addr, portal_dev: Option<&str>) -> Vec<Endpoint> {
+    let ips = local_ipv4s(overlay, portal_dev);
     let mut out = Vec::new();
     for l in listeners {
         if l.addr.ip().is_unspecified() {
@@ -769,11 +843,13 @@ fn local_endpoints(listeners: &[Endpoint], overlay: std::net::Ipv4Addr) -> Vec<E
     out
 }
 
-/// Non-loopback, non-link-local IPv4 addresses of this host, except the overlay's own.
-fn local_ipv4s(overlay: std::net::Ipv4Addr) -> Vec<std::net::Ipv4Addr> {
+/// Non-loopback, non-link-local IPv4 addresses of this host, except the overlay's own
+/// and those of the WireGuard portal's device (both live inside the overlay: a member
+/// that dialled them would carry the overlay through itself).
+fn local_ipv4s(overlay: std::net::Ipv4Addr, portal_dev: Option<&str>) -> Vec<std::net::Ipv4Addr> {
     let Ok(ifs) = if_addrs::get_if_addrs() else { return Vec::new() };
     ifs.into_iter()
-        .filter(|i| !i.is_loopback())
+        .filter(|i| !i.is_loopback() && Some(i.name.as_str()) != portal_dev)
         .filter_map(|i| match i.ip() {
             std::net::IpAddr::V4(v4) if v4 != overlay && !v4.is_link_local() => Some(v4),
             _ => None,

@@ -30,6 +30,17 @@ pub(crate) fn status(s: &StatusJson) -> String {
     if !s.proxy_networks.is_empty() {
         let _ = writeln!(o, "proxies   {}", s.proxy_networks.join(", "));
     }
+    if let Some(p) = &s.wg_portal {
+        let _ = writeln!(
+            o,
+            "portal    WireGuard on {} for {} ({} on {}), {} clients",
+            p.listen,
+            p.net,
+            p.public_key,
+            p.dev_name,
+            p.clients.len()
+        );
+    }
     for c in &s.address_conflicts {
         let _ = writeln!(o, "CONFLICT  {c}");
     }
@@ -122,6 +133,44 @@ pub(crate) fn peers(s: &StatusJson) -> String {
         ];
         table(&mut o, head, &rows);
     }
+    if s.wg_portal.as_ref().is_some_and(|p| !p.clients.is_empty()) {
+        o.push('\n');
+        o.push_str(&portal(s));
+    }
+    o
+}
+
+/// Renders `weft wg list`.
+pub(crate) fn portal(s: &StatusJson) -> String {
+    let Some(p) = &s.wg_portal else {
+        return "this node runs no WireGuard portal (start it with --wg-portal udp://ADDR:PORT --wg-portal-net CIDR)\n"
+            .into();
+    };
+    let mut o = String::new();
+    let _ = writeln!(o, "portal {} for {} (public key {})", p.listen, p.net, p.public_key);
+    if !p.drops.is_empty() {
+        let d: Vec<String> = p.drops.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let _ = writeln!(o, "drops  {}", d.join(" "));
+    }
+    if p.clients.is_empty() {
+        o.push_str("no clients (add one with `weft wg add NAME`)\n");
+        return o.lines().map(|l| format!("{}\n", printable(l))).collect();
+    }
+    let rows: Vec<[String; 6]> = p
+        .clients
+        .iter()
+        .map(|c| {
+            [
+                c.name.clone(),
+                c.address.clone(),
+                c.endpoint.clone().unwrap_or_else(|| "-".into()),
+                c.last_handshake_secs.map_or_else(|| "never".into(), |x| format!("{} ago", human_secs(x))),
+                format!("{} / {}", human_bytes(c.rx_bytes), human_bytes(c.tx_bytes)),
+                c.public_key.clone(),
+            ]
+        })
+        .collect();
+    table(&mut o, ["CLIENT", "ADDRESS", "ENDPOINT", "HANDSHAKE", "RX / TX", "PUBLIC KEY"], &rows);
     o
 }
 
@@ -239,7 +288,16 @@ mod tests {
             }))
             .unwrap(),
         );
-        for out in [status(&s), peers(&s), routes(&s)] {
+        s.wg_portal = Some(
+            serde_json::from_value(serde_json::json!({
+                "listen": "udp://0.0.0.0:51820", "net": "10.127.0.0/24", "dev_name": "wg-weft0",
+                "public_key": "k", "drops": {},
+                "clients": [{"name": evil, "address": "10.127.0.2", "public_key": "p", "endpoint": null,
+                    "last_handshake_secs": null, "rx_bytes": 0, "tx_bytes": 0, "rx_packets": 0, "tx_packets": 0}],
+            }))
+            .unwrap(),
+        );
+        for out in [status(&s), peers(&s), routes(&s), portal(&s)] {
             assert!(!out.contains('\x1b'), "{out}");
             assert!(out.contains("h\\u{1b}[31mred"), "{out}");
             assert!(out.chars().all(|c| c == '\n' || !c.is_control()), "{out}");

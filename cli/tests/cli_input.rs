@@ -48,6 +48,19 @@ fn malformed_values_exit_2_naming_the_value() {
     assert_fails(&weft(&["up", "--network-name", "t", "--network-secret", "s", "-i", "10.1.1.1"]), 2, "10.1.1.1");
     assert_fails(&weft(&["up", "--network-name", "t", "-i", "10.1.1.1/24"]), 2, "network secret");
     assert_fails(&weft(&["up", "--bogus-flag"]), 2, "--bogus-flag");
+    // WireGuard portal options.
+    let net = ["--wg-portal-net", "10.127.0.0/24"];
+    assert_fails(&up(&[&["--wg-portal", "tcp://0.0.0.0:51820"][..], &net].concat()), 2, "UDP only");
+    assert_fails(&up(&["--wg-portal", "udp://0.0.0.0:51820"]), 2, "--wg-portal-net");
+    assert_fails(&up(&["--wg-portal-net", "10.127.0.0/24"]), 2, "need --wg-portal");
+    let portal = ["--wg-portal", "udp://0.0.0.0:51820", "--wg-portal-net"];
+    assert_fails(&up(&[&portal[..], &["10.127.0.0/33"]].concat()), 2, "10.127.0.0/33");
+    assert_fails(&up(&[&portal[..], &["10.126.0.0/16"]].concat()), 2, "overlaps the overlay network");
+    assert_fails(
+        &up(&[&portal[..], &["192.168.9.0/24", "--proxy-network", "192.168.0.0/16"]].concat()),
+        2,
+        "overlaps --proxy-network 192.168.0.0/16",
+    );
 }
 
 #[test]

@@ -48,6 +48,13 @@ impl Node {
     /// UDP, then QUIC, TCP, WebSocket, and follows whichever path still works.
     pub(crate) fn handle_direct(&mut self, now: Instant, local_index: u32, from: Endpoint) {
         let Some(key) = self.key_of_session(local_index) else { return };
+        if self.tunnelled(&from) {
+            // It came through our own tunnel (the peer sent to one of our addresses
+            // that its kernel routes into the overlay): a path over the overlay would
+            // carry the overlay inside itself.
+            debug!(%from, "not a direct path: the address is routed through the tunnel");
+            return;
+        }
         let stale_after = self.stale_after();
         let Some(p) = self.peers.get_mut(&key) else { return };
         let current = p.path.endpoint();
@@ -227,10 +234,26 @@ impl Node {
                 out.push(*e);
             }
         }
+        out.retain(|e| !self.tunnelled(e));
         // Stable: observed addresses before announced ones within a transport.
         out.sort_by_key(|e| e.proto);
         out.truncate(MAX_CANDIDATES);
         out
+    }
+
+    /// Whether `ep`'s address lies in the overlay network or in a subnet the kernel
+    /// routes into the tunnel (a member's proxied subnet, such as a WireGuard
+    /// portal's network): such an address is never an underlay path. A member that
+    /// announces one (a wildcard listener on a host with such an interface) would
+    /// otherwise be dialled through the overlay itself.
+    pub(crate) fn tunnelled(&self, ep: &Endpoint) -> bool {
+        let std::net::IpAddr::V4(ip) = ep.addr.ip() else { return false };
+        let hello = &self.cfg.handshake.hello;
+        let within = |a: Ipv4Addr, p: u8| {
+            let mask = weft_core::route::prefix_mask(p);
+            u32::from(ip) & mask == u32::from(a) & mask
+        };
+        within(hello.ipv4, hello.prefix) || self.proxied_routes().iter().any(|(a, p)| within(*a, *p))
     }
 
     /// Seals a control message on the peer's session and sends it along its path.

@@ -1406,6 +1406,55 @@ fn proxied_subnets_that_capture_others_traffic_are_refused_with_a_reason() {
 }
 
 #[test]
+fn an_address_routed_into_the_tunnel_is_never_a_direct_path() {
+    // A proxies a subnet that holds one of its own addresses (a WireGuard portal's
+    // network, or a LAN it serves) and announces it as an endpoint, as a wildcard
+    // listener does; A and C reach each other only through B. C routes that subnet
+    // into the tunnel: sending there would carry the overlay through itself, and a
+    // packet from there (or from an overlay address) came through the overlay.
+    let mut sim = a_and_c_through_b();
+    let inside = Endpoint::udp(SocketAddr::from(([172, 16, 5, 1], 11010)));
+    sim.tweaks.push((
+        A,
+        Box::new(move |c: &mut Config| {
+            c.proxied = vec![(Ipv4Addr::new(172, 16, 5, 0), 24)];
+            c.endpoints.push(inside);
+        }),
+    ));
+    for i in [C, B, A] {
+        let p = sim.slots[i].params.clone();
+        let d = sim.slots[i].dial.clone();
+        sim.restart_with(i, p, d);
+    }
+    let routes = |s: &Sim| (0..3).all(|i| s.node(i).status(s.now).routes.len() == 2);
+    assert!(
+        sim.run_until(Duration::from_secs(5), routes).is_some(),
+        "no routes: {:?}",
+        (0..3).map(|i| sim.node(i).status(sim.now).routes).collect::<Vec<_>>()
+    );
+    assert_eq!(sim.send_data(A, C), Ok(84));
+    assert_eq!(sim.send_data(C, A), Ok(84));
+    assert!(sim.slots[C].host.installed.contains(&(Ipv4Addr::new(172, 16, 5, 0), 24)));
+    let relayed = PathStatus::Relay { via: sim.id(B), hops: 2 };
+    assert_eq!(sim.peer_status(C, A).map(|p| p.path), Some(relayed));
+    let a_session = sim.route(A, C).expect("A's session with C");
+    for (n, from) in [inside, Endpoint::udp(SocketAddr::from(([10, 77, 0, 1], 11010)))].into_iter().enumerate() {
+        // The data itself is genuine and delivered; only the path is not taken.
+        let pkt = ip_packet(overlay(A), overlay(C), 16, 100 + n as u64);
+        assert!(sim.inject_data(C, from, &seal(&a_session, &pkt)).is_ok());
+        sim.run(Duration::from_millis(200));
+        assert_eq!(sim.peer_status(C, A).map(|p| p.path), Some(relayed), "C took {from} as a direct path");
+    }
+    // Nor does C ever send there while traffic flows (no punch or probe inside).
+    let mark = sim.log.len();
+    for _ in 0..10 {
+        assert_eq!(sim.send_data(C, A), Ok(84));
+        sim.run(Duration::from_secs(1));
+    }
+    assert!(!sim.log[mark..].iter().any(|x| x.from == C && x.to == inside), "C sent to an address inside the tunnel");
+}
+
+#[test]
 fn punch_requests_only_reach_the_requesters_own_addresses_and_are_rate_limited() {
     let timers = Timers::default();
     let mut sim = Sim::new(vec![

@@ -1,0 +1,844 @@
+//! The WireGuard portal: devices that run a stock WireGuard client (phones, routers,
+//! laptops with the official apps) join the mesh through one member.
+//!
+//! The WireGuard protocol is boringtun's `noise` module; this file is the glue. The
+//! portal owns a UDP socket for its clients and a second TUN device whose subnet is
+//! the portal network (`--wg-portal-net`). The node announces that network as a
+//! subnet it proxies, so members route it here; the kernel forwards between the
+//! overlay TUN and the portal TUN as it does for any proxied subnet.
+//!
+//! ```text
+//!  client --UDP--> weft-wg-rx: mac1/cookie check, client by key or index,
+//!                  decapsulate, source == the client's address, destination in the
+//!                  mesh --> portal TUN --kernel--> overlay TUN --> mesh
+//!  mesh --> overlay TUN --kernel--> portal TUN --> weft-wg-tx: client by destination,
+//!                  encapsulate --UDP--> client
+//! ```
+//!
+//! Clients (name, public key, preshared key, address) persist in the state directory
+//! (`wg-portal.json`, mode 0600, with the portal's own private key); a client's
+//! private key is made when it is added, printed once in its config, and never kept.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use arc_swap::ArcSwap;
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as B64;
+use boringtun::noise::handshake::parse_handshake_anon;
+use boringtun::noise::rate_limiter::RateLimiter;
+use boringtun::noise::{Packet, Tunn, TunnResult};
+use boringtun::x25519::{PublicKey, StaticSecret};
+use ring::rand::SecureRandom;
+use serde::{Deserialize, Serialize};
+use tracing::{debug, info, warn};
+use weft_core::route::prefix_mask;
+use weft_core::tun::{SyncDevice, Tun, TunConfig};
+
+use crate::config::{Ipv4Net, UsageError};
+use crate::control::{PortalClientJson, PortalJson, WgConfigJson};
+
+/// The file of the portal's key and clients, in the state directory.
+pub const STORE_FILE: &str = "wg-portal.json";
+/// Handshakes per second (all clients) before the portal answers with cookies.
+const HANDSHAKE_RATE_LIMIT: u64 = 100;
+/// How often every client's WireGuard timers run (retries, keepalives, expiry), as in
+/// boringtun's own device.
+const TIMER_TICK: Duration = Duration::from_millis(250);
+/// Keepalive interval written into client configs: keeps the client's NAT mapping
+/// open so that members can reach it first.
+const CLIENT_KEEPALIVE: u16 = 25;
+/// Longest client name.
+const MAX_NAME: usize = 32;
+/// Largest datagram or packet handled.
+const BUF: usize = 65_535 + 64;
+
+/// `--wg-portal` and its companions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortalConfig {
+    /// UDP address the portal listens on.
+    pub listen: SocketAddr,
+    /// The portal network: the portal has its first host, clients get the others.
+    pub net: Ipv4Net,
+    /// `HOST:PORT` written as the Endpoint of client configs (default: the listen
+    /// address, or this host's first address when it listens on all of them).
+    pub endpoint: Option<String>,
+}
+
+impl PortalConfig {
+    /// Parses `--wg-portal udp://ADDR:PORT`, `--wg-portal-net CIDR` and
+    /// `--wg-portal-endpoint HOST:PORT`, and checks that the portal network overlaps
+    /// neither the overlay nor a proxied subnet.
+    pub fn parse(
+        listen: &str,
+        net: Option<&str>,
+        endpoint: Option<&str>,
+        overlay: Ipv4Net,
+        proxied: &[Ipv4Net],
+    ) -> Result<Self, UsageError> {
+        let uri: crate::config::PeerUri = listen
+            .parse()
+            .map_err(|e: UsageError| UsageError(format!("invalid --wg-portal: {e} (expected udp://ADDR:PORT)")))?;
+        if uri.proto != weft_core::transport::Proto::Udp {
+            return Err(UsageError(format!(
+                "invalid --wg-portal {listen:?}: WireGuard clients speak UDP only (expected udp://ADDR:PORT)"
+            )));
+        }
+        let listen = uri.resolve()?.addr;
+        let Some(net) = net else {
+            return Err(UsageError(
+                "--wg-portal needs --wg-portal-net CIDR: the addresses its clients get (e.g. 10.127.0.0/24)".into(),
+            ));
+        };
+        let bad = || UsageError(format!("invalid --wg-portal-net {net:?}: expected a CIDR such as 10.127.0.0/24"));
+        let (addr, prefix) = net.split_once('/').ok_or_else(bad)?;
+        let addr: Ipv4Addr = addr.parse().map_err(|_| bad())?;
+        let prefix: u8 = prefix.parse().map_err(|_| bad())?;
+        if !(8..=30).contains(&prefix) {
+            return Err(UsageError(format!(
+                "invalid --wg-portal-net {net:?}: the prefix must be /8 to /30 (room for the portal and a client)"
+            )));
+        }
+        let net = Ipv4Net { addr: Ipv4Addr::from(u32::from(addr) & prefix_mask(prefix)), prefix };
+        if overlaps(net, overlay) {
+            return Err(UsageError(format!("--wg-portal-net {net} overlaps the overlay network {overlay}")));
+        }
+        if let Some(p) = proxied.iter().find(|p| overlaps(net, **p)) {
+            return Err(UsageError(format!("--wg-portal-net {net} overlaps --proxy-network {p}")));
+        }
+        if let Some(e) = endpoint {
+            let ok = e.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
+            if !ok || e.contains(char::is_whitespace) {
+                return Err(UsageError(format!("invalid --wg-portal-endpoint {e:?}: expected HOST:PORT")));
+            }
+        }
+        Ok(Self { listen, net, endpoint: endpoint.map(str::to_owned) })
+    }
+
+    /// The portal's own address: the first host of the portal network.
+    pub fn portal_addr(&self) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.net.addr) + 1)
+    }
+}
+
+/// Whether two prefixes share an address.
+fn overlaps(a: Ipv4Net, b: Ipv4Net) -> bool {
+    let p = a.prefix.min(b.prefix);
+    u32::from(a.addr) & prefix_mask(p) == u32::from(b.addr) & prefix_mask(p)
+}
+
+/// Whether `addr` is in `net`.
+fn contains(net: (Ipv4Addr, u8), addr: Ipv4Addr) -> bool {
+    u32::from(addr) & prefix_mask(net.1) == u32::from(net.0) & prefix_mask(net.1)
+}
+
+/// The TUN device of the portal: `wg-` and the overlay device's name, at most 15 bytes.
+pub fn device_name(overlay_dev: &str) -> String {
+    let mut n = format!("wg-{overlay_dev}");
+    n.truncate(15);
+    n
+}
+
+/// What is kept on disk.
+#[derive(Debug, Serialize, Deserialize)]
+struct Store {
+    /// The portal's X25519 private key, base64.
+    private_key: String,
+    clients: Vec<StoredClient>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct StoredClient {
+    name: String,
+    /// X25519 public key, base64 (as `wg` shows it).
+    public_key: String,
+    /// Preshared key, base64.
+    preshared_key: String,
+    address: Ipv4Addr,
+}
+
+/// A client name: 1 to 32 of `A-Z a-z 0-9 . _ -`.
+fn check_name(name: &str) -> Result<(), String> {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    if name.is_empty() || name.len() > MAX_NAME || !name.chars().all(ok_char) {
+        return Err(format!(
+            "invalid client name {name:?}: 1 to {MAX_NAME} letters, digits, '.', '_' or '-' (e.g. alice-phone)"
+        ));
+    }
+    Ok(())
+}
+
+fn random32() -> Result<[u8; 32]> {
+    let mut b = [0u8; 32];
+    ring::rand::SystemRandom::new().fill(&mut b).map_err(|_| anyhow::anyhow!("the OS random generator failed"))?;
+    Ok(b)
+}
+
+fn key32(text: &str, what: &str) -> Result<[u8; 32]> {
+    let v = B64.decode(text.trim()).with_context(|| format!("{what} is not base64"))?;
+    v.try_into().map_err(|_| anyhow::anyhow!("{what} is not 32 bytes"))
+}
+
+impl Store {
+    /// Reads the store, or makes a new portal key when there is none.
+    fn load_or_create(path: &Path) -> Result<Self> {
+        match std::fs::read_to_string(path) {
+            Ok(text) => {
+                crate::config::check_private(path, "WireGuard portal file", "holds private keys and")?;
+                let s: Self = serde_json::from_str(&text)
+                    .with_context(|| format!("corrupt WireGuard portal file {}", path.display()))?;
+                key32(&s.private_key, "the portal's private key")?;
+                for c in &s.clients {
+                    key32(&c.public_key, "a client's public key")?;
+                    key32(&c.preshared_key, "a client's preshared key")?;
+                }
+                Ok(s)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let s = Self { private_key: B64.encode(random32()?), clients: Vec::new() };
+                s.save(path)?;
+                info!(path = %path.display(), "created the WireGuard portal key");
+                Ok(s)
+            }
+            Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
+        }
+    }
+
+    /// Writes the store (mode 0600) through a temporary file and a rename, so that a
+    /// crash never leaves half a file.
+    fn save(&self, path: &Path) -> Result<()> {
+        let tmp = path.with_extension("json.tmp");
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .with_context(|| format!("cannot write {}", tmp.display()))?;
+        f.write_all(serde_json::to_string_pretty(self)?.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
+        Ok(())
+    }
+}
+
+/// Packets and datagrams the portal dropped, by reason.
+#[derive(Debug, Default)]
+pub struct Drops {
+    /// Not a WireGuard message, bad mac1, or a handshake that did not decrypt.
+    bad_packet: AtomicU64,
+    /// A handshake from a key that is no client (never added, or removed).
+    unknown_key: AtomicU64,
+    /// A message for a session index no client has.
+    unknown_session: AtomicU64,
+    /// Data that failed authentication, or replayed.
+    bad_data: AtomicU64,
+    /// A client's packet whose source is not the address it was given.
+    spoofed_source: AtomicU64,
+    /// A client's packet to an address outside the mesh (overlay, proxied subnets,
+    /// portal network): the portal is no router to its own LAN or the internet.
+    forbidden_destination: AtomicU64,
+    /// IPv6 (the overlay is IPv4).
+    not_ipv4: AtomicU64,
+    /// A packet from the mesh for a portal address no client has.
+    no_client: AtomicU64,
+    /// A packet for a client that never connected (no endpoint yet).
+    no_endpoint: AtomicU64,
+    /// Send or TUN write errors.
+    io_error: AtomicU64,
+    /// Handshakes answered with a cookie (under load).
+    cookies_sent: AtomicU64,
+}
+
+impl Drops {
+    fn bump(c: &AtomicU64) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The non-zero counters by name.
+    pub fn nonzero(&self) -> BTreeMap<String, u64> {
+        [
+            ("bad_packet", &self.bad_packet),
+            ("unknown_key", &self.unknown_key),
+            ("unknown_session", &self.unknown_session),
+            ("bad_data", &self.bad_data),
+            ("spoofed_source", &self.spoofed_source),
+            ("forbidden_destination", &self.forbidden_destination),
+            ("not_ipv4", &self.not_ipv4),
+            ("no_client", &self.no_client),
+            ("no_endpoint", &self.no_endpoint),
+            ("io_error", &self.io_error),
+            ("cookies_sent", &self.cookies_sent),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| {
+            let n = v.load(Ordering::Relaxed);
+            (n > 0).then(|| (k.to_owned(), n))
+        })
+        .collect()
+    }
+}
+
+/// One client: its identity and its WireGuard state.
+struct Client {
+    name: String,
+    address: Ipv4Addr,
+    public: [u8; 32],
+    conn: Mutex<Conn>,
+    rx_packets: AtomicU64,
+    tx_packets: AtomicU64,
+}
+
+struct Conn {
+    tunn: Tunn,
+    /// Where the client last sent an authenticated message from (WireGuard roaming).
+    endpoint: Option<SocketAddr>,
+}
+
+impl Client {
+    fn conn(&self) -> std::sync::MutexGuard<'_, Conn> {
+        self.conn.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The clients, found by public key (handshake initiations), by session index (every
+/// other message) and by address (packets from the mesh).
+#[derive(Default)]
+struct Table {
+    by_key: HashMap<[u8; 32], Arc<Client>>,
+    by_index: HashMap<u32, Arc<Client>>,
+    by_addr: HashMap<Ipv4Addr, Arc<Client>>,
+}
+
+struct Inner {
+    cfg: PortalConfig,
+    store_path: PathBuf,
+    store: Mutex<Store>,
+    secret: StaticSecret,
+    public: PublicKey,
+    table: RwLock<Table>,
+    next_index: AtomicU32,
+    limiter: RateLimiter,
+    socket: UdpSocket,
+    tun: SyncDevice,
+    /// Where clients may send: the overlay, proxied subnets, the portal network.
+    destinations: ArcSwap<Vec<(Ipv4Addr, u8)>>,
+    drops: Drops,
+    /// The address the UDP socket is bound to.
+    bound: SocketAddr,
+    /// Inner MTU written into client configs.
+    mtu: u16,
+}
+
+/// A running portal (threads `weft-wg-rx`, `weft-wg-tx`); the process exit ends them.
+pub struct Portal {
+    inner: Arc<Inner>,
+}
+
+impl Portal {
+    /// Loads or creates the portal's key and clients in `state_dir`, opens the portal
+    /// TUN and the UDP socket, and starts the two threads.
+    pub fn start(cfg: &PortalConfig, state_dir: &Path, overlay_dev: &str, mtu: u16) -> Result<Self> {
+        std::fs::create_dir_all(state_dir)
+            .with_context(|| format!("cannot create state directory {}", state_dir.display()))?;
+        let store_path = state_dir.join(STORE_FILE);
+        let store = Store::load_or_create(&store_path)?;
+        let secret = StaticSecret::from(key32(&store.private_key, "the portal's private key")?);
+        let public = PublicKey::from(&secret);
+        let socket = UdpSocket::bind(cfg.listen)
+            .with_context(|| format!("cannot listen on --wg-portal udp://{}", cfg.listen))?;
+        let bound = socket.local_addr().context("the portal socket has no address")?;
+        let dev = device_name(overlay_dev);
+        let tun = Tun::open(&TunConfig {
+            name: dev.clone(),
+            ipv4: cfg.portal_addr(),
+            prefix: cfg.net.prefix,
+            mtu,
+            queues: 1,
+            offload: false,
+        })?;
+        let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{dev}/disable_ipv6"), "1");
+        let tun = tun.queues.into_iter().next().context("the portal TUN has no queue")?;
+        let start_index = u32::from_le_bytes(random32()?[..4].try_into().unwrap_or_default()) & 0x00ff_ffff;
+        let inner = Arc::new(Inner {
+            cfg: cfg.clone(),
+            store_path,
+            store: Mutex::new(Store { private_key: store.private_key.clone(), clients: Vec::new() }),
+            limiter: RateLimiter::new(&public, HANDSHAKE_RATE_LIMIT),
+            secret,
+            public,
+            table: RwLock::new(Table::default()),
+            next_index: AtomicU32::new(start_index),
+            socket,
+            tun,
+            destinations: ArcSwap::from_pointee(vec![(cfg.net.addr, cfg.net.prefix)]),
+            drops: Drops::default(),
+            bound,
+            mtu,
+        });
+        for c in &store.clients {
+            inner.insert(c)?;
+        }
+        inner.store_mut().clients = store.clients;
+        let rx = inner.clone();
+        std::thread::Builder::new()
+            .name("weft-wg-rx".into())
+            .spawn(move || rx.rx_loop())
+            .context("cannot start the portal threads")?;
+        let tx = inner.clone();
+        std::thread::Builder::new()
+            .name("weft-wg-tx".into())
+            .spawn(move || tx.tx_loop())
+            .context("cannot start the portal threads")?;
+        info!(
+            listen = %bound,
+            net = %cfg.net,
+            dev = %dev,
+            public_key = %B64.encode(inner.public.as_bytes()),
+            clients = inner.table().by_key.len(),
+            "WireGuard portal up"
+        );
+        Ok(Self { inner })
+    }
+
+    /// Sets where clients may send: the overlay network, our proxied subnets and the
+    /// subnets other members proxy (the portal network is always allowed).
+    pub fn set_destinations(&self, mut nets: Vec<(Ipv4Addr, u8)>) {
+        let c = &self.inner.cfg;
+        nets.push((c.net.addr, c.net.prefix));
+        nets.sort_unstable();
+        nets.dedup();
+        self.inner.destinations.store(Arc::new(nets));
+    }
+
+    /// Adds a client: a new key pair and preshared key, the first free address; keeps
+    /// it on disk and returns its wg-quick config. `allowed` is what the client routes
+    /// through the portal (the overlay network and the proxied subnets).
+    pub fn add(&self, name: &str, allowed: &[(Ipv4Addr, u8)], local: &[Ipv4Addr]) -> Result<WgConfigJson, String> {
+        check_name(name)?;
+        let inner = &self.inner;
+        let mut store = inner.store_mut();
+        if store.clients.iter().any(|c| c.name == name) {
+            return Err(format!("a client named {name:?} exists already (remove it first, or pick another name)"));
+        }
+        let taken: Vec<Ipv4Addr> = store.clients.iter().map(|c| c.address).collect();
+        let address = free_address(inner.cfg.net, &taken)
+            .ok_or_else(|| format!("the portal network {} is full", inner.cfg.net))?;
+        let private = random32().map_err(|e| e.to_string())?;
+        let psk = random32().map_err(|e| e.to_string())?;
+        let public = PublicKey::from(&StaticSecret::from(private));
+        let stored = StoredClient {
+            name: name.to_owned(),
+            public_key: B64.encode(public.as_bytes()),
+            preshared_key: B64.encode(psk),
+            address,
+        };
+        let mut next = store.clients.clone();
+        next.push(stored.clone());
+        Store { private_key: store.private_key.clone(), clients: next.clone() }
+            .save(&inner.store_path)
+            .map_err(|e| format!("{e:#}"))?;
+        inner.insert(&stored).map_err(|e| e.to_string())?;
+        store.clients = next;
+        drop(store);
+        let mut routes: Vec<(Ipv4Addr, u8)> = allowed.to_vec();
+        routes.push((inner.cfg.net.addr, inner.cfg.net.prefix));
+        routes.sort_unstable();
+        routes.dedup();
+        let allowed_ips: Vec<String> = routes.iter().map(|(a, p)| format!("{a}/{p}")).collect();
+        let endpoint = self.endpoint(local);
+        let config = format!(
+            "[Interface]\n# {name}, a WireGuard client of weft's portal\nPrivateKey = {private}\nAddress = {address}/32\nMTU = {mtu}\n\n[Peer]\nPublicKey = {portal}\nPresharedKey = {psk}\nEndpoint = {endpoint}\nAllowedIPs = {allowed}\nPersistentKeepalive = {CLIENT_KEEPALIVE}\n",
+            private = B64.encode(private),
+            mtu = inner.mtu,
+            portal = B64.encode(inner.public.as_bytes()),
+            psk = B64.encode(psk),
+            allowed = allowed_ips.join(", "),
+        );
+        info!(client = name, %address, "WireGuard portal client added");
+        Ok(WgConfigJson {
+            name: name.to_owned(),
+            address: address.to_string(),
+            public_key: stored.public_key,
+            endpoint,
+            config,
+        })
+    }
+
+    /// Removes a client: its sessions end at once, and its key gets nothing through.
+    pub fn remove(&self, name: &str) -> Result<String, String> {
+        let inner = &self.inner;
+        let mut store = inner.store_mut();
+        let Some(i) = store.clients.iter().position(|c| c.name == name) else {
+            return Err(format!("no WireGuard client named {name:?} (see `weft wg list`)"));
+        };
+        let mut next = store.clients.clone();
+        let gone = next.remove(i);
+        Store { private_key: store.private_key.clone(), clients: next.clone() }
+            .save(&inner.store_path)
+            .map_err(|e| format!("{e:#}"))?;
+        store.clients = next;
+        let mut t = inner.table.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some(c) = t.by_addr.remove(&gone.address) {
+            t.by_key.remove(&c.public);
+            t.by_index.retain(|_, v| !Arc::ptr_eq(v, &c));
+        }
+        info!(client = name, "WireGuard portal client removed");
+        Ok(format!("removed WireGuard client {name} ({})", gone.address))
+    }
+
+    /// The Endpoint written into client configs.
+    fn endpoint(&self, local: &[Ipv4Addr]) -> String {
+        let c = &self.inner.cfg;
+        if let Some(e) = &c.endpoint {
+            return e.clone();
+        }
+        let port = self.inner.bound.port();
+        if !self.inner.bound.ip().is_unspecified() {
+            return self.inner.bound.to_string();
+        }
+        let ip = local.iter().find(|a| !contains((c.net.addr, c.net.prefix), **a)).copied();
+        match ip {
+            Some(ip) => SocketAddr::new(IpAddr::V4(ip), port).to_string(),
+            None => format!("HOST:{port}"),
+        }
+    }
+
+    /// The portal and its clients, for status.
+    pub fn status(&self) -> PortalJson {
+        let inner = &self.inner;
+        let t = inner.table();
+        let mut clients: Vec<PortalClientJson> = t
+            .by_addr
+            .values()
+            .map(|c| {
+                let conn = c.conn();
+                let (since, tx_bytes, rx_bytes, _, _) = conn.tunn.stats();
+                PortalClientJson {
+                    name: c.name.clone(),
+                    address: c.address.to_string(),
+                    public_key: B64.encode(c.public),
+                    endpoint: conn.endpoint.map(|e| e.to_string()),
+                    last_handshake_secs: since.map(|d| d.as_secs()),
+                    rx_bytes: rx_bytes as u64,
+                    tx_bytes: tx_bytes as u64,
+                    rx_packets: c.rx_packets.load(Ordering::Relaxed),
+                    tx_packets: c.tx_packets.load(Ordering::Relaxed),
+                }
+            })
+            .collect();
+        clients.sort_by(|a, b| a.name.cmp(&b.name));
+        PortalJson {
+            listen: format!("udp://{}", inner.bound),
+            net: inner.cfg.net.to_string(),
+            dev_name: device_name_of(inner),
+            public_key: B64.encode(inner.public.as_bytes()),
+            clients,
+            drops: inner.drops.nonzero(),
+        }
+    }
+
+    /// The non-zero drop counters.
+    pub fn drops(&self) -> BTreeMap<String, u64> {
+        self.inner.drops.nonzero()
+    }
+}
+
+fn device_name_of(inner: &Inner) -> String {
+    inner.tun.name().unwrap_or_default()
+}
+
+/// The lowest host address of `net` after the portal's own that is not taken.
+fn free_address(net: Ipv4Net, taken: &[Ipv4Addr]) -> Option<Ipv4Addr> {
+    let base = u32::from(net.addr);
+    let size = 1u64 << (32 - u32::from(net.prefix));
+    // .0 is the network, .1 the portal, the last the broadcast address.
+    (2..size.saturating_sub(1)).map(|i| Ipv4Addr::from(base + i as u32)).find(|a| !taken.contains(a))
+}
+
+impl Inner {
+    fn table(&self) -> std::sync::RwLockReadGuard<'_, Table> {
+        self.table.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn store_mut(&self) -> std::sync::MutexGuard<'_, Store> {
+        self.store.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Makes the WireGuard state of a stored client and puts it in the table.
+    fn insert(&self, c: &StoredClient) -> Result<()> {
+        let public = key32(&c.public_key, "a client's public key")?;
+        let psk = key32(&c.preshared_key, "a client's preshared key")?;
+        let index = self.next_index.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff;
+        // No shared limiter: each tunnel keeps its own per-peer handshake limit; the
+        // portal-wide one runs before a client is even looked up (rx_datagram).
+        let tunn = Tunn::new(self.secret.clone(), PublicKey::from(public), Some(psk), None, index, None);
+        let client = Arc::new(Client {
+            name: c.name.clone(),
+            address: c.address,
+            public,
+            conn: Mutex::new(Conn { tunn, endpoint: None }),
+            rx_packets: AtomicU64::new(0),
+            tx_packets: AtomicU64::new(0),
+        });
+        let mut t = self.table.write().unwrap_or_else(PoisonError::into_inner);
+        t.by_key.insert(public, client.clone());
+        t.by_index.insert(index, client.clone());
+        t.by_addr.insert(c.address, client);
+        Ok(())
+    }
+
+    /// The client a verified message belongs to.
+    fn client_for(&self, packet: &Packet<'_>) -> Option<Arc<Client>> {
+        let t = self.table();
+        let found = match packet {
+            Packet::HandshakeInit(p) => match parse_handshake_anon(&self.secret, &self.public, p) {
+                Ok(half) => {
+                    let c = t.by_key.get(&half.peer_static_public).cloned();
+                    if c.is_none() {
+                        Drops::bump(&self.drops.unknown_key);
+                    }
+                    return c;
+                }
+                Err(_) => {
+                    Drops::bump(&self.drops.bad_packet);
+                    return None;
+                }
+            },
+            Packet::HandshakeResponse(p) => t.by_index.get(&(p.receiver_idx >> 8)),
+            Packet::PacketCookieReply(p) => t.by_index.get(&(p.receiver_idx >> 8)),
+            Packet::PacketData(p) => t.by_index.get(&(p.receiver_idx >> 8)),
+        };
+        if found.is_none() {
+            Drops::bump(&self.drops.unknown_session);
+        }
+        found.cloned()
+    }
+
+    fn send(&self, bytes: &[u8], to: SocketAddr) {
+        if let Err(e) = self.socket.send_to(bytes, to) {
+            debug!(%to, error = %e, "portal send failed");
+            Drops::bump(&self.drops.io_error);
+        }
+    }
+
+    /// Receives client datagrams; every 250 ms runs the clients' timers.
+    fn rx_loop(&self) {
+        let _ = self.socket.set_read_timeout(Some(TIMER_TICK));
+        let mut buf = vec![0u8; BUF];
+        let mut out = vec![0u8; BUF];
+        let mut next_tick = Instant::now() + TIMER_TICK;
+        let mut next_reset = Instant::now() + Duration::from_secs(1);
+        loop {
+            match self.socket.recv_from(&mut buf) {
+                Ok((n, from)) => self.rx_datagram(&buf[..n], from, &mut out),
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                Err(e) => {
+                    debug!(error = %e, "portal receive failed");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+            let now = Instant::now();
+            if now >= next_reset {
+                self.limiter.reset_count();
+                next_reset = now + Duration::from_secs(1);
+            }
+            if now >= next_tick {
+                self.tick(&mut out);
+                next_tick = now + TIMER_TICK;
+            }
+        }
+    }
+
+    fn tick(&self, out: &mut [u8]) {
+        let clients: Vec<Arc<Client>> = self.table().by_key.values().cloned().collect();
+        for c in clients {
+            let mut conn = c.conn();
+            let endpoint = conn.endpoint;
+            if let (TunnResult::WriteToNetwork(p), Some(to)) = (conn.tunn.update_timers(out), endpoint) {
+                self.send(p, to);
+            }
+        }
+    }
+
+    fn rx_datagram(&self, datagram: &[u8], from: SocketAddr, out: &mut [u8]) {
+        // mac1 (keyed by our public key) first, and cookies under load, before any
+        // Diffie-Hellman or table lookup.
+        let packet = match self.limiter.verify_packet(Some(from.ip()), datagram, out) {
+            Ok(p) => p,
+            Err(TunnResult::WriteToNetwork(cookie)) => {
+                Drops::bump(&self.drops.cookies_sent);
+                self.send(cookie, from);
+                return;
+            }
+            Err(_) => {
+                Drops::bump(&self.drops.bad_packet);
+                return;
+            }
+        };
+        let authenticates = !matches!(packet, Packet::PacketCookieReply(_));
+        let Some(client) = self.client_for(&packet) else { return };
+        let mut conn = client.conn();
+        let mut flush = false;
+        match conn.tunn.decapsulate(Some(from.ip()), datagram, out) {
+            TunnResult::Done => {}
+            TunnResult::Err(e) => {
+                debug!(client = %client.name, error = ?e, "portal: message refused");
+                Drops::bump(&self.drops.bad_data);
+                return;
+            }
+            TunnResult::WriteToNetwork(p) => {
+                self.send(p, from);
+                flush = true;
+            }
+            TunnResult::WriteToTunnelV4(p, src) => {
+                let dst = Tunn::dst_address(p);
+                if src != client.address {
+                    Drops::bump(&self.drops.spoofed_source);
+                } else if !matches!(dst, Some(IpAddr::V4(d)) if self.allowed(d)) {
+                    Drops::bump(&self.drops.forbidden_destination);
+                } else if self.tun.send(p).is_err() {
+                    Drops::bump(&self.drops.io_error);
+                } else {
+                    client.rx_packets.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            TunnResult::WriteToTunnelV6(..) => Drops::bump(&self.drops.not_ipv4),
+        }
+        if authenticates {
+            if conn.endpoint != Some(from) {
+                debug!(client = %client.name, endpoint = %from, "portal client endpoint");
+            }
+            conn.endpoint = Some(from);
+        }
+        if flush {
+            // Packets queued while the handshake ran.
+            while let TunnResult::WriteToNetwork(p) = conn.tunn.decapsulate(None, &[], out) {
+                self.send(p, from);
+                client.tx_packets.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn allowed(&self, dst: Ipv4Addr) -> bool {
+        self.destinations.load().iter().any(|n| contains(*n, dst))
+    }
+
+    /// Reads packets the kernel routes to the portal network and seals them for
+    /// their client.
+    fn tx_loop(&self) {
+        let mut buf = vec![0u8; BUF];
+        let mut out = vec![0u8; BUF];
+        loop {
+            let n = match self.tun.recv(&mut buf) {
+                Ok(n) => n,
+                Err(e) => {
+                    warn!(error = %e, "portal TUN read failed");
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
+            };
+            let packet = &buf[..n];
+            let Some(IpAddr::V4(dst)) = Tunn::dst_address(packet) else {
+                Drops::bump(&self.drops.not_ipv4);
+                continue;
+            };
+            let Some(client) = self.table().by_addr.get(&dst).cloned() else {
+                Drops::bump(&self.drops.no_client);
+                continue;
+            };
+            let mut conn = client.conn();
+            let endpoint = conn.endpoint;
+            match conn.tunn.encapsulate(packet, &mut out) {
+                TunnResult::WriteToNetwork(p) => match endpoint {
+                    Some(to) => {
+                        self.send(p, to);
+                        client.tx_packets.fetch_add(1, Ordering::Relaxed);
+                    }
+                    None => Drops::bump(&self.drops.no_endpoint),
+                },
+                TunnResult::Err(_) => Drops::bump(&self.drops.io_error),
+                _ => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn net(s: &str) -> Ipv4Net {
+        let (a, p) = s.split_once('/').unwrap();
+        Ipv4Net { addr: a.parse().unwrap(), prefix: p.parse().unwrap() }
+    }
+
+    #[test]
+    fn bad_portal_options_name_themselves() {
+        let overlay = net("10.126.126.1/24");
+        let proxied = [net("192.168.7.0/24")];
+        let ok = PortalConfig::parse("udp://0.0.0.0:51820", Some("10.127.0.9/24"), None, overlay, &proxied).unwrap();
+        assert_eq!(ok.net, net("10.127.0.0/24"), "host bits are cleared");
+        assert_eq!(ok.portal_addr(), Ipv4Addr::new(10, 127, 0, 1));
+        for (listen, n, endpoint, needle) in [
+            ("tcp://0.0.0.0:51820", Some("10.127.0.0/24"), None, "UDP only"),
+            ("udp://0.0.0.0", Some("10.127.0.0/24"), None, "--wg-portal"),
+            ("udp://0.0.0.0:51820", None, None, "--wg-portal-net"),
+            ("udp://0.0.0.0:51820", Some("10.127.0.0"), None, "10.127.0.0"),
+            ("udp://0.0.0.0:51820", Some("10.127.0.0/31"), None, "/8 to /30"),
+            ("udp://0.0.0.0:51820", Some("10.126.0.0/16"), None, "overlaps the overlay"),
+            ("udp://0.0.0.0:51820", Some("192.168.7.128/25"), None, "overlaps --proxy-network"),
+            ("udp://0.0.0.0:51820", Some("10.127.0.0/24"), Some("vpn.example.org"), "HOST:PORT"),
+        ] {
+            let e = PortalConfig::parse(listen, n, endpoint, overlay, &proxied).unwrap_err().to_string();
+            assert!(e.contains(needle), "{listen} {n:?} {endpoint:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn names_and_addresses() {
+        for good in ["alice", "bob-phone", "r1.home_2"] {
+            assert!(check_name(good).is_ok(), "{good}");
+        }
+        for bad in ["", "has space", "a/b", "\u{1b}[31m", &"x".repeat(33)] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
+        }
+        let n = net("10.127.0.0/30");
+        assert_eq!(free_address(n, &[]), Some(Ipv4Addr::new(10, 127, 0, 2)));
+        assert_eq!(free_address(n, &[Ipv4Addr::new(10, 127, 0, 2)]), None, "a /30 holds one client");
+        let n = net("10.127.0.0/24");
+        let taken = [Ipv4Addr::new(10, 127, 0, 2), Ipv4Addr::new(10, 127, 0, 4)];
+        assert_eq!(free_address(n, &taken), Some(Ipv4Addr::new(10, 127, 0, 3)), "a freed address is reused");
+        assert!(overlaps(net("10.0.0.0/8"), net("10.127.0.0/24")));
+        assert!(!overlaps(net("10.126.126.0/24"), net("10.127.0.0/24")));
+        assert_eq!(device_name("weft0"), "wg-weft0");
+        assert_eq!(device_name("a-very-long-nm"), "wg-a-very-long-");
+    }
+
+    #[test]
+    fn the_store_is_private_and_survives_a_reload() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("weft-portal-store-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(STORE_FILE);
+        let s = Store::load_or_create(&path).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        let again = Store::load_or_create(&path).unwrap();
+        assert_eq!(s.private_key, again.private_key, "the portal key is made once");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = Store::load_or_create(&path).unwrap_err().to_string();
+        assert!(e.contains("chmod 600"), "{e}");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::write(&path, "{\"private_key\": \"short\", \"clients\": []}").unwrap();
+        let e = format!("{:#}", Store::load_or_create(&path).unwrap_err());
+        assert!(e.contains("private key"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

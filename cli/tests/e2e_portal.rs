@@ -1,0 +1,228 @@
+//! End-to-end: the WireGuard portal with a WireGuard implementation nobody here wrote
+//! as the client (wireguard-go and wg from Debian's packages), set up from the config
+//! `weft wg add` prints, the way wg-quick does it.
+//!
+//! ```text
+//!  W (client) --203.0.113.0/24-- P (portal) --192.0.2.0/24-- A --198.51.100.0/24-- B
+//! ```
+//! B has no link to P: the client reaches it two hops away through A.
+#![allow(unsafe_code, unreachable_pub, clippy::unwrap_used)]
+
+mod netns;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use netns::{Netns, Node, TempDir, ip, ping, require_root, run, transfer, wait_until, weft_bin};
+use serde_json::Value;
+
+const NET: [&str; 4] = ["--network-name", "portal", "--network-secret", "portal secret"];
+
+fn args<'a>(overlay: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut v = NET.to_vec();
+    v.extend(["-i", overlay, "--threads", "1"]);
+    v.extend(extra);
+    v
+}
+
+fn link(a: &Netns, a_if: &str, a_addr: &str, b: &Netns, b_if: &str, b_addr: &str) {
+    ip(&["link", "add", "name", a_if, "netns", &a.name, "type", "veth", "peer", "name", b_if, "netns", &b.name]);
+    a.exec_ok(&["ip", "addr", "add", a_addr, "dev", a_if]);
+    b.exec_ok(&["ip", "addr", "add", b_addr, "dev", b_if]);
+    a.exec_ok(&["ip", "link", "set", "dev", a_if, "up"]);
+    b.exec_ok(&["ip", "link", "set", "dev", b_if, "up"]);
+}
+
+fn weft(args: &[&str]) -> std::process::Output {
+    Command::new(weft_bin()).args(args).output().unwrap()
+}
+
+/// A wireguard-go client in `ns`, configured from a wg-quick file; stopped (by its
+/// own PID) on drop.
+struct WgClient<'a> {
+    ns: &'a Netns,
+    iface: String,
+    child: Child,
+    /// The wg(8) part of the config (what `wg-quick strip` leaves).
+    setconf: PathBuf,
+}
+
+impl<'a> WgClient<'a> {
+    fn up(ns: &'a Netns, iface: &str, config: &str, dir: &Path) -> Self {
+        let conf = dir.join(format!("{iface}.conf"));
+        std::fs::write(&conf, config).unwrap();
+        let stripped = run(Command::new("wg-quick").arg("strip").arg(&conf)).stdout;
+        let setconf = dir.join(format!("{iface}.wg"));
+        std::fs::write(&setconf, stripped).unwrap();
+        let log = std::fs::File::create(dir.join(format!("{iface}.log"))).unwrap();
+        let child = ns
+            .cmd("wireguard-go")
+            .args(["-f", iface])
+            .env("WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD", "1")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("wireguard-go (apt install wireguard-go wireguard-tools)");
+        let c = Self { ns, iface: iface.to_owned(), child, setconf };
+        wait_until(Duration::from_secs(10), "wireguard-go creates its interface", || {
+            ns.exec_status(&["wg", "show", iface])
+        });
+        c.setconf();
+        // What wg-quick does with the rest: address, MTU, a route per AllowedIPs.
+        let value = |key: &str| {
+            config.lines().find_map(|l| l.strip_prefix(key).map(|v| v.trim_start_matches([' ', '=']).trim().to_owned()))
+        };
+        ns.exec_ok(&["ip", "addr", "add", &value("Address").unwrap(), "dev", iface]);
+        ns.exec_ok(&["ip", "link", "set", "dev", iface, "mtu", &value("MTU").unwrap(), "up"]);
+        for net in value("AllowedIPs").unwrap().split(',') {
+            ns.exec_ok(&["ip", "route", "add", net.trim(), "dev", iface]);
+        }
+        c
+    }
+
+    /// Loads the peer configuration again (a new peer: the next packet handshakes).
+    fn setconf(&self) {
+        self.ns.exec_ok(&["wg", "setconf", &self.iface, self.setconf.to_str().unwrap()]);
+    }
+}
+
+impl Drop for WgClient<'_> {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn portal_status(n: &Node) -> Value {
+    n.status()["wg_portal"].clone()
+}
+
+fn portal_drop(n: &Node, reason: &str) -> u64 {
+    portal_status(n)["drops"][reason].as_u64().unwrap_or(0)
+}
+
+fn ping_from(ns: &Netns, src: &str, dst: &str) -> bool {
+    ns.exec_status(&["ping", "-c", "2", "-i", "0.3", "-W", "1", "-I", src, dst])
+}
+
+#[test]
+fn a_stock_wireguard_client_reaches_the_mesh_through_the_portal() {
+    require_root();
+    let dir = TempDir::new();
+    let (w, p, a, b) = (Netns::new(), Netns::new(), Netns::new(), Netns::new());
+    link(&w, "eth0", "203.0.113.2/24", &p, "wan", "203.0.113.1/24");
+    link(&p, "eth0", "192.0.2.1/24", &a, "eth0", "192.0.2.2/24");
+    link(&a, "eth1", "198.51.100.2/24", &b, "eth0", "198.51.100.3/24");
+    let portal = ["--wg-portal", "udp://0.0.0.0:51820", "--wg-portal-net", "10.127.0.0/24"];
+    let mut np = Node::start(&p, &dir.0, "p", &args("10.126.126.1/24", &portal));
+    let na = Node::start(&a, &dir.0, "a", &args("10.126.126.2/24", &["-p", "udp://192.0.2.1:11010"]));
+    let nb = Node::start(&b, &dir.0, "b", &args("10.126.126.3/24", &["-p", "udp://198.51.100.2:11010"]));
+    wait_until(Duration::from_secs(20), "P and B learn each other through A", || {
+        np.routes_to("10.126.126.3") && nb.routes_to("10.126.126.1")
+    });
+    // The mesh learns the portal network as a subnet P proxies.
+    wait_until(Duration::from_secs(10), "B routes the portal network to P", || {
+        nb.status()["routes"].as_array().unwrap().iter().any(|r| {
+            r["overlay"] == "10.126.126.1" && r["proxied"].as_array().unwrap().iter().any(|s| s == "10.127.0.0/24")
+        })
+    });
+    let ctl = |n: &Node| n.control.to_str().unwrap().to_owned();
+
+    // Bad input: names, duplicates, a node without a portal.
+    let out = weft(&["wg", "add", "bad name", "--control", &ctl(&np)]);
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid client name"));
+    let out = weft(&["wg", "add", "alice", "--control", &ctl(&na)]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no WireGuard portal"));
+
+    let out = weft(&["wg", "add", "alice", "--json", "--control", &ctl(&np)]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let added: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(added["address"], "10.127.0.2");
+    let config = added["config"].as_str().unwrap().to_owned();
+    assert!(
+        config.contains("Endpoint = 203.0.113.1:51820") || config.contains("Endpoint = 192.0.2.1:51820"),
+        "{config}"
+    );
+    assert!(config.contains("AllowedIPs = 10.126.126.0/24, 10.127.0.0/24"), "{config}");
+    let dup = weft(&["wg", "add", "alice", "--control", &ctl(&np)]);
+    assert_eq!(dup.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&dup.stderr).contains("exists already"));
+    // The client dials the address on its side of the link.
+    let config = config.replace("Endpoint = 192.0.2.1:51820", "Endpoint = 203.0.113.1:51820");
+    let iface = format!("wgt{}", std::process::id() % 100_000);
+    let wg = WgClient::up(&w, &iface, &config, &dir.0);
+
+    // The client reaches the portal, a member behind it and one two hops away; members
+    // reach the client.
+    for (to, what) in
+        [("10.126.126.1", "the portal"), ("10.126.126.2", "A behind the portal"), ("10.126.126.3", "B two hops away")]
+    {
+        assert!(ping(&w, to) || ping(&w, to), "client -> {what}\nP {}", np.status());
+    }
+    assert!(ping(&a, "10.127.0.2"), "A -> client");
+    assert!(ping(&b, "10.127.0.2"), "B -> client (two hops)");
+    let st = portal_status(&np);
+    let alice = &st["clients"][0];
+    assert_eq!(alice["name"], "alice");
+    assert!(alice["endpoint"].as_str().is_some_and(|e| e.starts_with("203.0.113.2:")), "{st}");
+    assert!(alice["last_handshake_secs"].as_u64().is_some(), "{st}");
+    let peers = weft(&["peers", "--control", &ctl(&np)]);
+    let text = String::from_utf8_lossy(&peers.stdout);
+    assert!(text.contains("alice") && text.contains("10.127.0.2"), "weft peers lists portal clients: {text}");
+
+    // 64 MiB both ways, checksummed.
+    let (sent, got, took) = transfer(&w, &a, "10.126.126.2", 64 << 20);
+    assert_eq!(sent, got, "client -> A: SHA-256 differs");
+    eprintln!("client -> A: 64 MiB in {took:?}");
+    let (sent, got, took) = transfer(&b, &w, "10.127.0.2", 64 << 20);
+    assert_eq!(sent, got, "B -> client: SHA-256 differs");
+    eprintln!("B -> client: 64 MiB in {took:?}");
+    assert!(portal_status(&np)["clients"][0]["rx_bytes"].as_u64().unwrap() > 64 << 20);
+
+    // A client spoofing another portal address gets nothing through, counted.
+    w.exec_ok(&["ip", "addr", "add", "10.127.0.9/32", "dev", &iface]);
+    assert!(!ping_from(&w, "10.127.0.9", "10.126.126.2"), "a spoofed source got through");
+    assert!(portal_drop(&np, "spoofed_source") > 0, "{}", portal_status(&np));
+    // The portal is no router to the networks beside it (here A's underlay).
+    let portal_key = config.lines().find_map(|l| l.strip_prefix("PublicKey = ")).unwrap();
+    let wider = "10.126.126.0/24,10.127.0.0/24,192.0.2.0/24";
+    w.exec_ok(&["wg", "set", &iface, "peer", portal_key, "allowed-ips", wider]);
+    w.exec_ok(&["ip", "route", "add", "192.0.2.0/24", "dev", &iface]);
+    assert!(!ping(&w, "192.0.2.2"), "the portal routed a client to its own LAN");
+    assert!(portal_drop(&np, "forbidden_destination") > 0, "{}", portal_status(&np));
+
+    // An unknown key gets nothing through, counted.
+    let key = run(Command::new("wg").arg("genkey")).stdout;
+    let key_file = dir.0.join("other.key");
+    std::fs::write(&key_file, key).unwrap();
+    w.exec_ok(&["wg", "set", &iface, "private-key", key_file.to_str().unwrap()]);
+    assert!(!ping(&w, "10.126.126.2"), "an unknown key got through");
+    wait_until(Duration::from_secs(5), "the portal counts the unknown key", || portal_drop(&np, "unknown_key") > 0);
+
+    // Clients persist: after a restart the portal knows alice (same key) and lets her in.
+    np.restart();
+    let after = portal_status(&np);
+    assert_eq!(after["clients"][0]["public_key"], added["public_key"], "{after}");
+    wait_until(Duration::from_secs(20), "P routes to A again", || np.routes_to("10.126.126.2"));
+    wg.setconf();
+    assert!(ping(&w, "10.126.126.2") || ping(&w, "10.126.126.2"), "the client is let in after a restart");
+
+    // A removed client gets nothing through.
+    let out = weft(&["wg", "remove", "alice", "--control", &ctl(&np)]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    wg.setconf();
+    assert!(!ping(&w, "10.126.126.2"), "a removed client got through");
+    let list = weft(&["wg", "list", "--control", &ctl(&np)]);
+    assert!(String::from_utf8_lossy(&list.stdout).contains("no clients"));
+    let removed = std::fs::read_to_string(np.state.join("wg-portal.json")).unwrap();
+    assert!(!removed.contains("alice"), "{removed}");
+
+    // --qr prints the config and a QR code of it.
+    let out = weft(&["wg", "add", "phone", "--qr", "--control", &ctl(&np)]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("[Interface]") && text.contains('▀'), "{text}");
+    drop(na);
+}
