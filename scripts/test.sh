@@ -10,13 +10,14 @@ if [ "$(id -u)" -ne 0 ]; then
     exit 2
 fi
 need=()
-for tool in ip:iproute2 ping:iputils-ping tcpdump:tcpdump setpriv:util-linux unshare:util-linux nft:nftables iperf3:iperf3 sysctl:procps Xvfb:xvfb; do
+# wireguard-go and wg: the WireGuard portal's test uses them as the stock client.
+for tool in ip:iproute2 ping:iputils-ping tcpdump:tcpdump setpriv:util-linux unshare:util-linux nft:nftables iperf3:iperf3 sysctl:procps Xvfb:xvfb wireguard-go:wireguard-go wg:wireguard-tools; do
     command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool##*:}")
 done
 if [ ${#need[@]} -gt 0 ]; then
     echo "installing: ${need[*]}"
     DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 # --include-ignored: the 200-node simulation (about 3 minutes) is part of the suite.
 cargo test --workspace --locked "$@" -- --include-ignored

@@ -224,11 +224,14 @@ impl Worker {
             Request::Status => "status".to_owned(),
             Request::AddPeer { uri } => format!("add-peer {uri}"),
             Request::RemovePeer { peer } => format!("remove-peer {peer}"),
+            Request::WgAdd { name } => format!("wg-add {name}"),
+            Request::WgRemove { name } => format!("wg-remove {name}"),
         };
         let (ok, message) = match control::request(&self.control, req) {
             Ok(Reply::Done { message }) => (true, message),
             Ok(Reply::Error { message }) => (false, message),
             Ok(Reply::Status(_)) => (true, "status received".to_owned()),
+            Ok(Reply::WgClient(c)) => (true, format!("WireGuard client {} added at {}", c.name, c.address)),
             Err(e) => (false, format!("{e:#}")),
         };
         Outcome { action, ok, message }

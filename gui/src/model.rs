@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use weft::control::{PeerJson, RouteJson, StatusJson};
+use weft::control::{PeerJson, PortalClientJson, RouteJson, StatusJson};
 
 /// How far back the throughput plot reaches.
 pub const HISTORY: Duration = Duration::from_secs(300);
@@ -406,6 +406,53 @@ impl RouteRow {
 /// `1.5 MB/s`-style text for a rate in bytes per second (decimal units, as iperf).
 pub fn format_rate(bytes_per_sec: f64) -> String {
     format!("{}/s", format_bytes(bytes_per_sec))
+}
+
+/// One client of the node's WireGuard portal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortalRow {
+    /// Client name.
+    pub name: String,
+    /// The address it was given.
+    pub address: String,
+    /// Where it last sent from, or `-`.
+    pub endpoint: String,
+    /// `active` (a handshake in the last 3 minutes: WireGuard rekeys every 2 while
+    /// traffic flows), `idle`, or `never connected`.
+    pub state: &'static str,
+    /// `12s ago`, or `never`.
+    pub handshake: String,
+    /// `received / sent`, in the window's byte units.
+    pub traffic: String,
+}
+
+impl PortalRow {
+    /// WireGuard keys are refused after 180 s: a client quieter than that has no session.
+    const ACTIVE_SECS: u64 = 180;
+
+    /// The row of `c`.
+    pub fn new(c: &PortalClientJson) -> Self {
+        let state = match c.last_handshake_secs {
+            None => "never connected",
+            Some(s) if s <= Self::ACTIVE_SECS => "active",
+            Some(_) => "idle",
+        };
+        Self {
+            name: c.name.clone(),
+            address: c.address.clone(),
+            endpoint: c.endpoint.clone().unwrap_or_else(|| "-".into()),
+            state,
+            handshake: c.last_handshake_secs.map_or_else(|| "never".into(), |s| format!("{} ago", format_duration(s))),
+            traffic: format!("{} / {}", format_bytes(c.rx_bytes as f64), format_bytes(c.tx_bytes as f64)),
+        }
+    }
+
+    /// The rows of the node's portal clients, by name; empty without a portal.
+    pub fn rows(s: &StatusJson) -> Vec<Self> {
+        let mut v: Vec<Self> = s.wg_portal.iter().flat_map(|p| p.clients.iter().map(Self::new)).collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        v
+    }
 }
 
 /// `1.5 MB`-style text (decimal units).

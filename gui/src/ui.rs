@@ -14,7 +14,9 @@ use egui_plot::{HoverPosition, Legend, Line, Plot};
 use weft::control::{Request, StatusJson};
 
 use crate::client::{Client, Link, Outcome, POLL_INTERVAL};
-use crate::model::{HISTORY, Health, PeerColumn, PeerRow, Rate, RouteRow, Series, Sort, format_duration, format_rate};
+use crate::model::{
+    HISTORY, Health, PeerColumn, PeerRow, PortalRow, Rate, RouteRow, Series, Sort, format_duration, format_rate,
+};
 
 /// The whole window's contents and the choices the user made in it.
 #[derive(Debug)]
@@ -31,6 +33,7 @@ struct View {
     status: Option<Arc<StatusJson>>,
     peers: Vec<PeerRow>,
     routes: Vec<RouteRow>,
+    portal: Vec<PortalRow>,
     total: Option<Rate>,
     total_series: Series,
     peer_series: Vec<(String, Series)>,
@@ -65,6 +68,10 @@ impl Dashboard {
                     self.peers_table(ui, &view);
                     ui.add_space(10.0);
                     routes_table(ui, &view.routes);
+                    if let Some(p) = view.status.as_ref().and_then(|s| s.wg_portal.as_ref()) {
+                        ui.add_space(10.0);
+                        portal_table(ui, p, &view.portal);
+                    }
                 } else {
                     self.problem(ui, &view);
                 }
@@ -101,6 +108,7 @@ impl Dashboard {
             .unwrap_or_default();
         self.sort.apply(&mut peers);
         let routes = st.status.as_ref().map(|s| s.routes.iter().map(RouteRow::new).collect()).unwrap_or_default();
+        let portal = st.status.as_deref().map(PortalRow::rows).unwrap_or_default();
         let peer_series = peers
             .iter()
             .filter(|p| self.plotted.contains(&p.node_id))
@@ -111,6 +119,7 @@ impl Dashboard {
             status: st.status.clone(),
             peers,
             routes,
+            portal,
             total: st.history.total_rate(),
             total_series: st.history.total_series(now),
             peer_series,
@@ -412,6 +421,54 @@ fn routes_table(ui: &mut Ui, routes: &[RouteRow]) {
                     ] {
                         row.col(|ui| {
                             ui.add(egui::Label::new(text).truncate());
+                        });
+                    }
+                });
+            }
+        });
+}
+
+fn portal_table(ui: &mut Ui, portal: &weft::control::PortalJson, rows: &[PortalRow]) {
+    ui.label(RichText::new(format!("WireGuard clients ({})", rows.len())).strong());
+    ui.label(
+        RichText::new(format!("portal {} for {} · public key {}", portal.listen, portal.net, portal.public_key)).weak(),
+    );
+    if rows.is_empty() {
+        ui.label("No clients yet: add one with `weft wg add NAME`.");
+        return;
+    }
+    let em = ui.text_style_height(&egui::TextStyle::Body);
+    let row_height = em + 6.0;
+    TableBuilder::new(ui)
+        .id_salt("portal")
+        .striped(true)
+        .resizable(true)
+        .vscroll(false)
+        .cell_layout(egui::Layout::left_to_right(egui::Align::Center))
+        .column(Column::initial(8.0 * em).at_least(4.0 * em).clip(true))
+        .column(Column::initial(7.0 * em).at_least(4.0 * em).clip(true))
+        .column(Column::initial(7.0 * em).at_least(4.0 * em).clip(true))
+        .column(Column::initial(11.0 * em).at_least(4.0 * em).clip(true))
+        .column(Column::initial(6.0 * em).at_least(3.0 * em).clip(true))
+        .column(Column::remainder().at_least(5.0 * em).clip(true))
+        .header(row_height, |mut h| {
+            for t in ["Client", "Address", "State", "Endpoint", "Handshake", "Received / sent"] {
+                h.col(|ui| {
+                    ui.strong(t);
+                });
+            }
+        })
+        .body(|mut body| {
+            for r in rows {
+                body.row(row_height, |mut row| {
+                    let active = r.state == "active";
+                    for (i, text) in
+                        [&r.name, &r.address, r.state, &r.endpoint, &r.handshake, &r.traffic].into_iter().enumerate()
+                    {
+                        row.col(|ui| {
+                            let t = RichText::new(text);
+                            let t = if i == 2 && active { t.color(ok_color(ui)) } else { t };
+                            ui.add(egui::Label::new(t).truncate());
                         });
                     }
                 });

@@ -39,13 +39,17 @@ struct FakeNode {
 
 impl FakeNode {
     fn start(path: &Path) -> Self {
+        Self::serving(path, recorded())
+    }
+
+    /// A node whose status is `status`.
+    fn serving(path: &Path, status: StatusJson) -> Self {
         let _ = std::fs::remove_file(path);
         let listener = UnixListener::bind(path).unwrap();
         listener.set_nonblocking(true).unwrap();
         let lines = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let (l, s) = (Arc::clone(&lines), Arc::clone(&stop));
-        let status = recorded();
         let thread = std::thread::spawn(move || {
             while !s.load(Ordering::Relaxed) {
                 let Ok((conn, _)) = listener.accept() else {
@@ -273,4 +277,39 @@ fn ticking_a_peer_adds_it_to_the_throughput_plot() {
     h.query_all_by_role(Role::CheckBox).nth(1).unwrap().click();
     h.run_steps(2);
     assert!(h.state().summary().ends_with("plotted: "), "unticked: {}", h.state().summary());
+}
+
+#[test]
+fn a_portal_lists_its_wireguard_clients() {
+    let dir = Scratch::new();
+    let mut st = recorded();
+    st.wg_portal = Some(
+        serde_json::from_value(serde_json::json!({
+            "listen": "udp://0.0.0.0:51820", "net": "10.127.0.0/24", "dev_name": "wg-weft0",
+            "public_key": "MQlwX7fONwNOqtpmaf3IpTuHTaIQbHwVnAI5UcdseDM=", "drops": {},
+            "clients": [
+                {"name": "alice-phone", "address": "10.127.0.2", "public_key": "p", "endpoint": "203.0.113.2:49404",
+                 "last_handshake_secs": 40, "rx_bytes": 75_900_000, "tx_bytes": 917_000, "rx_packets": 1, "tx_packets": 1},
+                {"name": "router", "address": "10.127.0.3", "public_key": "q", "endpoint": null,
+                 "last_handshake_secs": null, "rx_bytes": 0, "tx_bytes": 0, "rx_packets": 0, "tx_packets": 0},
+            ],
+        }))
+        .unwrap(),
+    );
+    let _node = FakeNode::serving(&dir.sock(), st);
+    let mut h = harness(dir.sock());
+    wait_for(&mut h, "the portal table", |h| has(h, "WireGuard clients (2)"));
+    for label in ["alice-phone", "10.127.0.2", "active", "203.0.113.2:49404", "40s ago", "75.9 MB / 917.0 kB"] {
+        assert!(has(&h, label), "{label}");
+    }
+    for label in ["router", "never connected", "never"] {
+        assert!(has(&h, label), "{label}");
+    }
+    assert!(has_contains(&h, "portal udp://0.0.0.0:51820 for 10.127.0.0/24"));
+    // Without a portal there is no such table.
+    let dir2 = Scratch::new();
+    let _plain = FakeNode::start(&dir2.sock());
+    let mut h2 = harness(dir2.sock());
+    wait_for(&mut h2, "the peers table", |h| has(h, "Peers (3)"));
+    assert!(!has_contains(&h2, "WireGuard clients"));
 }

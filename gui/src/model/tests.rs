@@ -207,3 +207,34 @@ fn formatting() {
     assert_eq!(format_duration(7_500), "2h 5m");
     assert_eq!(format_duration(3 * 86_400 + 4 * 3600 + 1), "3d 4h");
 }
+
+#[test]
+fn portal_rows_say_whether_a_client_is_connected() {
+    let mut st = status("n", 10, 0, 0, vec![]);
+    assert!(PortalRow::rows(&st).is_empty(), "no portal, no rows");
+    st.wg_portal = Some(
+        serde_json::from_value(serde_json::json!({
+            "listen": "udp://0.0.0.0:51820", "net": "10.127.0.0/24", "dev_name": "wg-weft0", "public_key": "k",
+            "drops": {},
+            "clients": [
+                {"name": "phone", "address": "10.127.0.3", "public_key": "p", "endpoint": null,
+                 "last_handshake_secs": null, "rx_bytes": 0, "tx_bytes": 0, "rx_packets": 0, "tx_packets": 0},
+                {"name": "laptop", "address": "10.127.0.2", "public_key": "q", "endpoint": "203.0.113.9:4444",
+                 "last_handshake_secs": 42, "rx_bytes": 1500000, "tx_bytes": 2000, "rx_packets": 9, "tx_packets": 3},
+                {"name": "router", "address": "10.127.0.4", "public_key": "r", "endpoint": "203.0.113.7:51820",
+                 "last_handshake_secs": 600, "rx_bytes": 1, "tx_bytes": 1, "rx_packets": 1, "tx_packets": 1},
+            ],
+        }))
+        .unwrap(),
+    );
+    let rows = PortalRow::rows(&st);
+    let names: Vec<&str> = rows.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["laptop", "phone", "router"]);
+    assert_eq!((rows[0].state, rows[0].handshake.as_str()), ("active", "42s ago"));
+    assert_eq!(rows[0].traffic, "1.5 MB / 2.0 kB");
+    assert_eq!(
+        (rows[1].state, rows[1].endpoint.as_str(), rows[1].handshake.as_str()),
+        ("never connected", "-", "never")
+    );
+    assert_eq!(rows[2].state, "idle");
+}
