@@ -352,7 +352,12 @@ impl Portal {
         let store = Store::load_or_create(&store_path)?;
         let secret = StaticSecret::from(key32(&store.private_key, "the portal's private key")?);
         let public = PublicKey::from(&secret);
-        let socket = UdpSocket::bind(cfg.listen)
+        // 4 MiB buffers, as the node's own sockets: a burst from a fast client must not
+        // overflow the kernel's default before the portal thread reads it.
+        let socket = weft_core::transport::udp::bind_reuseport(cfg.listen, 1, TIMER_TICK)
+            .ok()
+            .and_then(|v| v.into_iter().next())
+            .map_or_else(|| UdpSocket::bind(cfg.listen), Ok)
             .with_context(|| format!("cannot listen on --wg-portal udp://{}", cfg.listen))?;
         let bound = socket.local_addr().context("the portal socket has no address")?;
         let dev = device_name(overlay_dev);

@@ -91,6 +91,8 @@ impl Drop for WgClient<'_> {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // Its control socket lives outside the namespace.
+        let _ = std::fs::remove_file(format!("/var/run/wireguard/{}.sock", self.iface));
     }
 }
 
@@ -193,6 +195,27 @@ fn a_stock_wireguard_client_reaches_the_mesh_through_the_portal() {
     w.exec_ok(&["ip", "route", "add", "192.0.2.0/24", "dev", &iface]);
     assert!(!ping(&w, "192.0.2.2"), "the portal routed a client to its own LAN");
     assert!(portal_drop(&np, "forbidden_destination") > 0, "{}", portal_status(&np));
+
+    // Garbage and truncated WireGuard messages from anywhere are dropped and counted;
+    // the portal keeps serving.
+    w.within(|| {
+        let s = std::net::UdpSocket::bind("203.0.113.2:0").unwrap();
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for i in 0..2000u32 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let len = [0usize, 3, 4, 32, 92, 148, 200, 1500][(i % 8) as usize];
+            let mut d: Vec<u8> = (0..len).map(|k| (x >> (k % 8 * 8)) as u8 ^ k as u8).collect();
+            if len >= 4 {
+                // Every message type, with the reserved bytes zero as real ones have.
+                d[..4].copy_from_slice(&(1 + i % 4).to_le_bytes());
+            }
+            let _ = s.send_to(&d, "203.0.113.1:51820");
+        }
+    });
+    wait_until(Duration::from_secs(5), "the portal counts the garbage", || portal_drop(&np, "bad_packet") > 100);
+    assert!(ping(&w, "10.126.126.2"), "the portal stopped serving after garbage");
 
     // An unknown key gets nothing through, counted.
     let key = run(Command::new("wg").arg("genkey")).stdout;
