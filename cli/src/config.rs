@@ -65,6 +65,8 @@ pub struct FileConfig {
     wg_portal: Option<String>,
     wg_portal_net: Option<String>,
     wg_portal_endpoint: Option<String>,
+    log_level: Option<String>,
+    log_format: Option<String>,
 }
 
 impl FileConfig {
@@ -243,6 +245,37 @@ pub struct NodeConfig {
     pub rekey_after: std::time::Duration,
     /// `--wg-portal`: a WireGuard endpoint for stock clients.
     pub wg_portal: Option<crate::portal::PortalConfig>,
+    /// `log-level` of the config file (the flag, WEFT_LOG_LEVEL and RUST_LOG win).
+    pub log_level: Option<String>,
+    /// `log-format` of the config file (the flag and WEFT_LOG_FORMAT win).
+    pub log_format: Option<String>,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line (timestamp, level, target, fields).
+    Json,
+}
+
+impl FromStr for LogFormat {
+    type Err = UsageError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "text" => Ok(Self::Text),
+            "json" => Ok(Self::Json),
+            _ => usage(format!("invalid log format {s:?}: expected text or json")),
+        }
+    }
+}
+
+/// The tracing filter for `spec`, or an error naming it.
+pub fn log_filter(spec: &str) -> Result<tracing_subscriber::EnvFilter, UsageError> {
+    tracing_subscriber::EnvFilter::try_new(spec)
+        .or_else(|e| usage(format!("invalid log level {spec:?}: {e} (expected e.g. info, debug, or weft=debug,warn)")))
 }
 
 /// Which offloads the user allows.
@@ -387,6 +420,19 @@ impl NodeConfig {
             }
             None => None,
         };
+        if let Some(p) = &wg_portal {
+            let clash = listeners.iter().find(|l| {
+                l.proto == Proto::Udp
+                    && l.addr.port() == p.listen.port()
+                    && (l.addr.ip() == p.listen.ip() || l.addr.ip().is_unspecified() || p.listen.ip().is_unspecified())
+            });
+            if let Some(l) = clash {
+                return usage(format!(
+                    "--wg-portal udp://{} would share the port of the listener {l}: give the portal a port of its own (WireGuard's usual one is 51820)",
+                    p.listen
+                ));
+            }
+        }
         Ok(Self {
             network_name,
             network_secret: secret,
@@ -423,6 +469,8 @@ impl NodeConfig {
                 s => return usage(format!("--rekey-after {s}: must be 1 to 140 seconds (keys expire after 180 s)")),
             },
             wg_portal,
+            log_level: file.log_level,
+            log_format: file.log_format,
         })
     }
 }
@@ -572,6 +620,24 @@ mod tests {
         a.listen = vec!["tcp://0.0.0.0:11010".into()];
         let e = NodeConfig::resolve(&a).unwrap_err().to_string();
         assert!(e.contains("none is configured"), "{e}");
+    }
+
+    #[test]
+    fn log_settings_parse_or_name_the_value() {
+        assert_eq!("json".parse::<LogFormat>().unwrap(), LogFormat::Json);
+        assert_eq!("text".parse::<LogFormat>().unwrap(), LogFormat::Text);
+        let e = "xml".parse::<LogFormat>().unwrap_err().to_string();
+        assert!(e.contains("\"xml\"") && e.contains("text or json"), "{e}");
+        assert!(log_filter("weft=debug,warn").is_ok());
+        let e = log_filter("weft=loud").unwrap_err().to_string();
+        assert!(e.contains("weft=loud"), "{e}");
+        let dir = std::env::temp_dir().join(format!("weft-cfg-log-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("weft.toml");
+        std::fs::write(&path, "log-level = \"debug\"\nlog-format = \"json\"\n").unwrap();
+        let c = NodeConfig::resolve(&UpArgs { config: Some(path), ..args() }).unwrap();
+        assert_eq!((c.log_level.as_deref(), c.log_format.as_deref()), (Some("debug"), Some("json")));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -47,8 +47,10 @@ use crate::control::{PortalClientJson, PortalJson, WgConfigJson};
 
 /// The file of the portal's key and clients, in the state directory.
 pub const STORE_FILE: &str = "wg-portal.json";
-/// Handshakes per second (all clients) before the portal answers with cookies.
-const HANDSHAKE_RATE_LIMIT: u64 = 100;
+/// Handshakes per second (all clients) before the portal answers with cookies. Each
+/// handshake is counted twice (once before the client is looked up, once by its
+/// tunnel), so this is about 100 real handshakes a second.
+const HANDSHAKE_RATE_LIMIT: u64 = 200;
 /// How often every client's WireGuard timers run (retries, keepalives, expiry), as in
 /// boringtun's own device.
 const TIMER_TICK: Duration = Duration::from_millis(250);
@@ -128,6 +130,18 @@ impl PortalConfig {
     }
 }
 
+/// The portal's socket: 4 MiB buffers, as the node's own sockets (a burst from a fast
+/// client must not overflow the kernel's default before the portal thread reads it),
+/// and no SO_REUSEPORT: a port some other socket holds is an error, never shared.
+fn bind(addr: SocketAddr) -> std::io::Result<UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let s = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    weft_core::transport::udp::grow_buffers(&s);
+    s.set_read_timeout(Some(TIMER_TICK))?;
+    s.bind(&addr.into())?;
+    Ok(s.into())
+}
+
 /// Whether two prefixes share an address.
 fn overlaps(a: Ipv4Net, b: Ipv4Net) -> bool {
     let p = a.prefix.min(b.prefix);
@@ -187,18 +201,20 @@ fn key32(text: &str, what: &str) -> Result<[u8; 32]> {
 }
 
 impl Store {
-    /// Reads the store, or makes a new portal key when there is none.
-    fn load_or_create(path: &Path) -> Result<Self> {
+    /// Reads the store, or makes a new portal key when there is none. Every client
+    /// must be valid for the portal network `net`: a name, keys, and an address of its
+    /// own inside the network (not the network, portal or broadcast address).
+    fn load_or_create(path: &Path, net: Ipv4Net) -> Result<Self> {
         match std::fs::read_to_string(path) {
             Ok(text) => {
                 crate::config::check_private(path, "WireGuard portal file", "holds private keys and")?;
                 let s: Self = serde_json::from_str(&text)
                     .with_context(|| format!("corrupt WireGuard portal file {}", path.display()))?;
-                key32(&s.private_key, "the portal's private key")?;
-                for c in &s.clients {
-                    key32(&c.public_key, "a client's public key")?;
-                    key32(&c.preshared_key, "a client's preshared key")?;
-                }
+                key32(&s.private_key, "the portal's private key")
+                    .with_context(|| format!("corrupt WireGuard portal file {}", path.display()))?;
+                s.check(net).map_err(|e| {
+                    anyhow::anyhow!("WireGuard portal file {}: {e} (fix or remove that client)", path.display())
+                })?;
                 Ok(s)
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -209,6 +225,28 @@ impl Store {
             }
             Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
         }
+    }
+
+    fn check(&self, net: Ipv4Net) -> Result<(), String> {
+        let mut names = std::collections::HashSet::new();
+        let mut keys = std::collections::HashSet::new();
+        let mut addrs = std::collections::HashSet::new();
+        let hosts = free_hosts(net);
+        for c in &self.clients {
+            check_name(&c.name)?;
+            let key = key32(&c.public_key, "public key").map_err(|e| format!("client {:?}: {e}", c.name))?;
+            key32(&c.preshared_key, "preshared key").map_err(|e| format!("client {:?}: {e}", c.name))?;
+            if !hosts.contains(&c.address) {
+                return Err(format!(
+                    "client {:?} has address {}, which is not a client address of --wg-portal-net {net}",
+                    c.name, c.address
+                ));
+            }
+            if !names.insert(c.name.as_str()) || !keys.insert(key) || !addrs.insert(c.address) {
+                return Err(format!("client {:?} repeats a name, key or address of another client", c.name));
+            }
+        }
+        Ok(())
     }
 
     /// Writes the store (mode 0600) through a temporary file and a rename, so that a
@@ -325,7 +363,9 @@ struct Inner {
     public: PublicKey,
     table: RwLock<Table>,
     next_index: AtomicU32,
-    limiter: RateLimiter,
+    /// mac1, and cookies under load: one limiter (one cookie secret) for the portal
+    /// and every client's tunnel, as in boringtun's own device.
+    limiter: Arc<RateLimiter>,
     socket: UdpSocket,
     tun: SyncDevice,
     /// Where clients may send: the overlay, proxied subnets, the portal network.
@@ -349,16 +389,10 @@ impl Portal {
         std::fs::create_dir_all(state_dir)
             .with_context(|| format!("cannot create state directory {}", state_dir.display()))?;
         let store_path = state_dir.join(STORE_FILE);
-        let store = Store::load_or_create(&store_path)?;
+        let store = Store::load_or_create(&store_path, cfg.net)?;
         let secret = StaticSecret::from(key32(&store.private_key, "the portal's private key")?);
         let public = PublicKey::from(&secret);
-        // 4 MiB buffers, as the node's own sockets: a burst from a fast client must not
-        // overflow the kernel's default before the portal thread reads it.
-        let socket = weft_core::transport::udp::bind_reuseport(cfg.listen, 1, TIMER_TICK)
-            .ok()
-            .and_then(|v| v.into_iter().next())
-            .map_or_else(|| UdpSocket::bind(cfg.listen), Ok)
-            .with_context(|| format!("cannot listen on --wg-portal udp://{}", cfg.listen))?;
+        let socket = bind(cfg.listen).with_context(|| format!("cannot listen on --wg-portal udp://{}", cfg.listen))?;
         let bound = socket.local_addr().context("the portal socket has no address")?;
         let dev = device_name(overlay_dev);
         let tun = Tun::open(&TunConfig {
@@ -376,7 +410,7 @@ impl Portal {
             cfg: cfg.clone(),
             store_path,
             store: Mutex::new(Store { private_key: store.private_key.clone(), clients: Vec::new() }),
-            limiter: RateLimiter::new(&public, HANDSHAKE_RATE_LIMIT),
+            limiter: Arc::new(RateLimiter::new(&public, HANDSHAKE_RATE_LIMIT)),
             secret,
             public,
             table: RwLock::new(Table::default()),
@@ -560,12 +594,18 @@ fn device_name_of(inner: &Inner) -> String {
     inner.tun.name().unwrap_or_default()
 }
 
-/// The lowest host address of `net` after the portal's own that is not taken.
-fn free_address(net: Ipv4Net, taken: &[Ipv4Addr]) -> Option<Ipv4Addr> {
+/// The client addresses of `net`: every host after the portal's own (.0 is the
+/// network, .1 the portal, the last the broadcast address).
+fn free_hosts(net: Ipv4Net) -> std::ops::RangeInclusive<Ipv4Addr> {
     let base = u32::from(net.addr);
-    let size = 1u64 << (32 - u32::from(net.prefix));
-    // .0 is the network, .1 the portal, the last the broadcast address.
-    (2..size.saturating_sub(1)).map(|i| Ipv4Addr::from(base + i as u32)).find(|a| !taken.contains(a))
+    let last = base | !prefix_mask(net.prefix);
+    Ipv4Addr::from(base + 2)..=Ipv4Addr::from(last - 1)
+}
+
+/// The lowest client address of `net` that is not taken.
+fn free_address(net: Ipv4Net, taken: &[Ipv4Addr]) -> Option<Ipv4Addr> {
+    let r = free_hosts(net);
+    (u32::from(*r.start())..=u32::from(*r.end())).map(Ipv4Addr::from).find(|a| !taken.contains(a))
 }
 
 impl Inner {
@@ -582,9 +622,10 @@ impl Inner {
         let public = key32(&c.public_key, "a client's public key")?;
         let psk = key32(&c.preshared_key, "a client's preshared key")?;
         let index = self.next_index.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff;
-        // No shared limiter: each tunnel keeps its own per-peer handshake limit; the
-        // portal-wide one runs before a client is even looked up (rx_datagram).
-        let tunn = Tunn::new(self.secret.clone(), PublicKey::from(public), Some(psk), None, index, None);
+        // The portal's limiter: a tunnel with one of its own would answer with cookies
+        // of another secret, which the portal-wide check then refuses.
+        let tunn =
+            Tunn::new(self.secret.clone(), PublicKey::from(public), Some(psk), None, index, Some(self.limiter.clone()));
         let client = Arc::new(Client {
             name: c.name.clone(),
             address: c.address,
@@ -688,7 +729,7 @@ impl Inner {
                 return;
             }
         };
-        let authenticates = !matches!(packet, Packet::PacketCookieReply(_));
+        let mut authenticates = !matches!(packet, Packet::PacketCookieReply(_));
         let Some(client) = self.client_for(&packet) else { return };
         let mut conn = client.conn();
         let mut flush = false;
@@ -698,6 +739,13 @@ impl Inner {
                 debug!(client = %client.name, error = ?e, "portal: message refused");
                 Drops::bump(&self.drops.bad_data);
                 return;
+            }
+            // A cookie reply (message type 3): the init was not checked, only asked
+            // to prove its source. Nothing about the client changes.
+            TunnResult::WriteToNetwork(p) if p.first() == Some(&3) => {
+                Drops::bump(&self.drops.cookies_sent);
+                self.send(p, from);
+                authenticates = false;
             }
             TunnResult::WriteToNetwork(p) => {
                 self.send(p, from);
@@ -833,17 +881,38 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("weft-portal-store-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join(STORE_FILE);
-        let s = Store::load_or_create(&path).unwrap();
+        let n = net("10.127.0.0/24");
+        let s = Store::load_or_create(&path, n).unwrap();
         assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
-        let again = Store::load_or_create(&path).unwrap();
+        let again = Store::load_or_create(&path, n).unwrap();
         assert_eq!(s.private_key, again.private_key, "the portal key is made once");
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-        let e = Store::load_or_create(&path).unwrap_err().to_string();
+        let e = Store::load_or_create(&path, n).unwrap_err().to_string();
         assert!(e.contains("chmod 600"), "{e}");
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         std::fs::write(&path, "{\"private_key\": \"short\", \"clients\": []}").unwrap();
-        let e = format!("{:#}", Store::load_or_create(&path).unwrap_err());
+        let e = format!("{:#}", Store::load_or_create(&path, n).unwrap_err());
         assert!(e.contains("private key"), "{e}");
+        // Clients that do not fit the portal network (it changed, or the file was
+        // edited) are refused by name, not silently unreachable.
+        let key = B64.encode([7u8; 32]);
+        let client = |name: &str, addr: &str, k: &str| serde_json::json!({"name": name, "public_key": k, "preshared_key": key, "address": addr});
+        for (clients, needle) in [
+            (vec![client("a", "10.127.1.2", &key)], "not a client address"),
+            (vec![client("a", "10.127.0.1", &key)], "not a client address"),
+            (vec![client("a", "10.127.0.255", &key)], "not a client address"),
+            (vec![client("a", "10.127.0.2", &key), client("a", "10.127.0.3", &B64.encode([8u8; 32]))], "repeats"),
+            (vec![client("a", "10.127.0.2", &key), client("b", "10.127.0.3", &key)], "repeats"),
+            (vec![client("a b", "10.127.0.2", &key)], "invalid client name"),
+        ] {
+            let text = serde_json::json!({"private_key": key, "clients": clients}).to_string();
+            std::fs::write(&path, text).unwrap();
+            let e = format!("{:#}", Store::load_or_create(&path, n).unwrap_err());
+            assert!(e.contains(needle) && e.contains(STORE_FILE), "{needle}: {e}");
+        }
+        let ok = serde_json::json!({"private_key": key, "clients": [client("a", "10.127.0.254", &key)]});
+        std::fs::write(&path, ok.to_string()).unwrap();
+        assert_eq!(Store::load_or_create(&path, n).unwrap().clients.len(), 1);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

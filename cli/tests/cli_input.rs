@@ -48,6 +48,8 @@ fn malformed_values_exit_2_naming_the_value() {
     assert_fails(&weft(&["up", "--network-name", "t", "--network-secret", "s", "-i", "10.1.1.1"]), 2, "10.1.1.1");
     assert_fails(&weft(&["up", "--network-name", "t", "-i", "10.1.1.1/24"]), 2, "network secret");
     assert_fails(&weft(&["up", "--bogus-flag"]), 2, "--bogus-flag");
+    assert_fails(&up(&["--log-format", "xml"]), 2, "invalid log format \"xml\"");
+    assert_fails(&up(&["--log-level", "weft=loud"]), 2, "weft=loud");
     // WireGuard portal options.
     let net = ["--wg-portal-net", "10.127.0.0/24"];
     assert_fails(&up(&[&["--wg-portal", "tcp://0.0.0.0:51820"][..], &net].concat()), 2, "UDP only");
@@ -55,6 +57,11 @@ fn malformed_values_exit_2_naming_the_value() {
     assert_fails(&up(&["--wg-portal-net", "10.127.0.0/24"]), 2, "need --wg-portal");
     let portal = ["--wg-portal", "udp://0.0.0.0:51820", "--wg-portal-net"];
     assert_fails(&up(&[&portal[..], &["10.127.0.0/33"]].concat()), 2, "10.127.0.0/33");
+    assert_fails(
+        &up(&["--wg-portal", "udp://127.0.0.1:11010", "--wg-portal-net", "10.127.0.0/24"]),
+        2,
+        "would share the port of the listener udp://0.0.0.0:11010",
+    );
     assert_fails(&up(&[&portal[..], &["10.126.0.0/16"]].concat()), 2, "overlaps the overlay network");
     assert_fails(
         &up(&[&portal[..], &["192.168.9.0/24", "--proxy-network", "192.168.0.0/16"]].concat()),

@@ -408,7 +408,8 @@ pub struct Node {
     queued: usize,
     /// Packets for members without a session dropped because too many were held.
     queued_dropped: u64,
-    installed_subnets: Vec<(Ipv4Addr, u8)>,
+    /// Subnets routed into the TUN (last `InstallRoutes`).
+    pub(crate) installed_subnets: Vec<(Ipv4Addr, u8)>,
     /// Held sessions changed: publish them without rebuilding every route.
     held_dirty: bool,
     last_snapshot: Option<Arc<RouteSnapshot>>,

@@ -253,7 +253,9 @@ impl Node {
             let mask = weft_core::route::prefix_mask(p);
             u32::from(ip) & mask == u32::from(a) & mask
         };
-        within(hello.ipv4, hello.prefix) || self.proxied_routes().iter().any(|(a, p)| within(*a, *p))
+        // The subnets routed into the TUN now (kept from the last route update, so this
+        // costs no topology walk per endpoint).
+        within(hello.ipv4, hello.prefix) || self.installed_subnets.iter().any(|(a, p)| within(*a, *p))
     }
 
     /// Seals a control message on the peer's session and sends it along its path.
