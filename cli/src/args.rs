@@ -15,9 +15,14 @@ pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("WEFT_GI
 #[derive(Debug, Parser)]
 #[command(name = "weft", version = VERSION, about, propagate_version = true)]
 pub struct Cli {
-    /// Log filter (tracing EnvFilter syntax, e.g. `info` or `weft=debug`); RUST_LOG also works.
+    /// Log filter (tracing EnvFilter syntax, e.g. `info` or `weft=debug`); RUST_LOG also
+    /// works, and `log-level` in the config file of `weft up` (flag and environment win).
     #[arg(long, global = true, env = "WEFT_LOG_LEVEL")]
     pub log_level: Option<String>,
+    /// Log format on standard error: `text` (default) or `json` (one JSON object per
+    /// line, for log shippers); also `log-format` in the config file of `weft up`.
+    #[arg(long, global = true, env = "WEFT_LOG_FORMAT", value_name = "FORMAT")]
+    pub log_format: Option<String>,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,

@@ -24,25 +24,53 @@ mod show;
 pub mod state;
 
 use anyhow::Result;
-use tracing_subscriber::EnvFilter;
 
 use crate::args::{Cli, Command, PeerCommand, SecretCommand, WgCommand};
 use crate::config::{NodeConfig, UsageError};
 
 /// Runs a parsed command line.
 pub fn run(cli: Cli) -> Result<()> {
-    let filter = cli
-        .log_level
-        .clone()
-        .map(EnvFilter::new)
-        .unwrap_or_else(|| EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")));
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).init();
-    match cli.command {
+    let Cli { log_level, log_format, command } = cli;
+    match command {
         Command::Up(args) => {
+            // The config file may set the log level and format: read it first (its
+            // errors go to standard error without a subscriber).
             let cfg = NodeConfig::resolve(&args)?;
+            init_logging(log_level, log_format.as_deref(), cfg.log_level.as_deref(), cfg.log_format.as_deref())?;
             node::run(cfg)
         }
+        command => {
+            init_logging(log_level, log_format.as_deref(), None, None)?;
+            run_command(command)
+        }
+    }
+}
+
+/// Installs the tracing subscriber on standard error. Level: `--log-level` (or
+/// WEFT_LOG_LEVEL), else RUST_LOG, else the config file's, else `info`; format:
+/// `--log-format` (or WEFT_LOG_FORMAT), else the config file's, else text.
+fn init_logging(
+    level: Option<String>,
+    format: Option<&str>,
+    file_level: Option<&str>,
+    file_format: Option<&str>,
+) -> Result<()> {
+    let env = std::env::var("RUST_LOG").ok().filter(|s| !s.is_empty());
+    let level = level.or(env).or_else(|| file_level.map(str::to_owned));
+    let filter = config::log_filter(level.as_deref().unwrap_or("info"))?;
+    let format: config::LogFormat = format.or(file_format).unwrap_or("text").parse()?;
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let fmt = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        config::LogFormat::Text => fmt.with_ansi(ansi).init(),
+        config::LogFormat::Json => fmt.json().with_current_span(false).with_span_list(false).init(),
+    }
+    Ok(())
+}
+
+fn run_command(command: Command) -> Result<()> {
+    match command {
+        Command::Up(args) => node::run(NodeConfig::resolve(&args)?),
         Command::Status(q) => query(&q, show::status),
         Command::Peers(q) => query(&q, show::peers),
         Command::Routes(q) => query(&q, show::routes),

@@ -259,3 +259,28 @@ fn lan_beacons_without_the_secret_or_replayed_are_dropped_and_counted() {
     let want = format!("udp://{}:11010", lan.addrs[1]);
     wait_until(Duration::from_secs(5), "an authentic beacon is dialled", || pending(&a).contains(&want));
 }
+
+#[test]
+fn json_logs_are_one_object_per_line() {
+    require_root();
+    let ns = Netns::new();
+    let dir = TempDir::new();
+    // From the config file (the flag would win; RUST_LOG=info from the harness sets the level).
+    let cfg = dir.0.join("weft.toml");
+    std::fs::write(&cfg, "log-format = \"json\"\n").unwrap();
+    let node = Node::start(&ns, &dir.0, "a", &args(&["--config", cfg.to_str().unwrap()]));
+    let log = node.log_text();
+    let lines: Vec<&str> = log.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(!lines.is_empty(), "no log lines");
+    for l in &lines {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
+        assert!(v["timestamp"].is_string() && v["level"].is_string() && v["target"].is_string(), "{l}");
+    }
+    let start = lines
+        .iter()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|v| v["fields"]["message"] == "node starting")
+        .expect("the start line");
+    assert_eq!(start["fields"]["addr"], "10.126.126.1/24", "{start}");
+    assert_eq!(start["level"], "INFO");
+}
