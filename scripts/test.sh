@@ -19,6 +19,24 @@ if [ ${#need[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
+# promtool (Debian's prometheus package) checks the metrics in cli/tests/e2e_metrics.rs:
+# taken out of the package, not installed, so no Prometheus server starts here.
+if [ -z "${PROMTOOL:-}" ]; then
+    if command -v promtool >/dev/null 2>&1; then
+        PROMTOOL=$(command -v promtool)
+    else
+        PROMTOOL=$PWD/target/promtool/usr/bin/promtool
+        if [ ! -x "$PROMTOOL" ]; then
+            echo "fetching promtool (from Debian's prometheus package)"
+            tmp=$(mktemp -d)
+            (cd "$tmp" && apt-get download -qq prometheus 2>/dev/null || { apt-get update -qq && apt-get download -qq prometheus; })
+            mkdir -p target/promtool
+            dpkg-deb -x "$tmp"/prometheus_*.deb target/promtool
+            rm -rf "$tmp"
+        fi
+    fi
+fi
+export PROMTOOL
 # --include-ignored: the 200-node simulation (about 3 minutes) is part of the suite.
 cargo test --workspace --locked "$@" -- --include-ignored
 # The end-to-end suites once more with every offload off (TUN TSO/GRO, UDP GSO/GRO).

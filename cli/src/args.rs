@@ -168,6 +168,11 @@ pub struct UpArgs {
     /// address, or this host's first address when it listens on all).
     #[arg(long, value_name = "HOST:PORT")]
     pub wg_portal_endpoint: Option<String>,
+    /// Serve Prometheus metrics (text format) at http://ADDR:PORT/metrics, e.g.
+    /// 127.0.0.1:9108 or the overlay address; off by default. The numbers are those of
+    /// `weft status --json`; anyone who can reach the address can read them.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<String>,
     /// Rekey interval in seconds (default 120); for testing.
     #[arg(long, value_name = "SECS", hide = true)]
     pub rekey_after: Option<u64>,

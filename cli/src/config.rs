@@ -67,6 +67,7 @@ pub struct FileConfig {
     wg_portal_endpoint: Option<String>,
     log_level: Option<String>,
     log_format: Option<String>,
+    metrics: Option<String>,
 }
 
 impl FileConfig {
@@ -249,6 +250,8 @@ pub struct NodeConfig {
     pub log_level: Option<String>,
     /// `log-format` of the config file (the flag and WEFT_LOG_FORMAT win).
     pub log_format: Option<String>,
+    /// `--metrics`: where to serve Prometheus metrics.
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 /// How log lines are written.
@@ -471,6 +474,12 @@ impl NodeConfig {
             wg_portal,
             log_level: file.log_level,
             log_format: file.log_format,
+            metrics: match args.metrics.clone().or(file.metrics) {
+                Some(m) => Some(m.parse().or_else(|_| {
+                    usage(format!("invalid --metrics {m:?}: expected ADDR:PORT such as 127.0.0.1:9108"))
+                })?),
+                None => None,
+            },
         })
     }
 }

@@ -17,6 +17,7 @@ pub mod config;
 pub mod control;
 pub mod discovery;
 mod meta;
+pub mod metrics;
 pub mod node;
 pub mod portal;
 pub mod secret;

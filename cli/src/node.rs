@@ -187,6 +187,15 @@ pub fn run(mut cfg: NodeConfig) -> Result<()> {
             }
         }
     }
+    let metrics = match cfg.metrics {
+        Some(addr) => {
+            let l = std::net::TcpListener::bind(addr).with_context(|| format!("cannot listen on --metrics {addr}"))?;
+            l.set_nonblocking(true)?;
+            info!(%addr, "serving Prometheus metrics at /metrics");
+            Some(l)
+        }
+        None => None,
+    };
     let portal = match &cfg.wg_portal {
         Some(p) => Some(crate::portal::Portal::start(p, &cfg.state_dir, &cfg.dev_name, cfg.mtu)?),
         None => None,
@@ -306,7 +315,7 @@ pub fn run(mut cfg: NodeConfig) -> Result<()> {
         member_subnets: Vec::new(),
     };
     runtime.update_portal();
-    let result = rt.block_on(runtime.serve(ctl_rx, hs_rx, sink, down_rx));
+    let result = rt.block_on(runtime.serve(ctl_rx, hs_rx, sink, down_rx, metrics));
     // Pipeline threads block in TUN reads; the process exit ends them.
     rt.shutdown_timeout(Duration::from_millis(200));
     result
@@ -390,9 +399,14 @@ impl Runtime {
         mut handshakes: mpsc::Receiver<ControlEvent>,
         sink: Arc<QueueSink>,
         mut link_down: mpsc::Receiver<LinkDown>,
+        metrics: Option<std::net::TcpListener>,
     ) -> Result<()> {
         let listener = bind_control(&self.cfg.control)?;
         let (req_tx, mut requests) = mpsc::channel::<StatusRequest>(16);
+        let metrics = match metrics {
+            Some(l) => Some(tokio::spawn(metrics_loop(tokio::net::TcpListener::from_std(l)?, req_tx.clone()))),
+            None => None,
+        };
         let admins =
             Admins { group: self.cfg.admin_group.clone(), gid: crate::access::group_id(&self.cfg.admin_group) };
         if admins.gid.is_none() {
@@ -471,6 +485,9 @@ impl Runtime {
         }
         self.shared.stop.store(true, Ordering::Relaxed);
         accept.abort();
+        if let Some(m) = metrics {
+            m.abort();
+        }
         let _ = std::fs::remove_file(&self.cfg.control);
         Ok(())
     }
@@ -826,6 +843,84 @@ async fn serve_client(stream: UnixStream, requests: mpsc::Sender<StatusRequest>,
         // A client that does not read its reply loses it, and its slot.
         let _ = tokio::time::timeout(CONTROL_IO_LIMIT, w.write_all(text.as_bytes())).await;
     }
+}
+
+/// Scrapes served at once; more are closed at once.
+const MAX_SCRAPES: usize = 8;
+/// Longest HTTP request head.
+const MAX_HTTP_HEAD: usize = 8192;
+
+/// Serves `GET /metrics` (HTTP/1.1, one request per connection): at most 8 at once,
+/// each with 5 s to send its request and take the reply.
+async fn metrics_loop(listener: tokio::net::TcpListener, requests: mpsc::Sender<StatusRequest>) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_SCRAPES));
+    loop {
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                debug!(error = %e, "metrics accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else { continue };
+        let requests = requests.clone();
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(2 * CONTROL_IO_LIMIT, scrape(stream, requests)).await;
+            drop(slot);
+        });
+    }
+}
+
+async fn scrape(mut stream: tokio::net::TcpStream, requests: mpsc::Sender<StatusRequest>) -> std::io::Result<()> {
+    let mut head = vec![0u8; MAX_HTTP_HEAD];
+    let mut n = 0;
+    let complete = loop {
+        let got = tokio::time::timeout(CONTROL_IO_LIMIT, stream.read(&mut head[n..]))
+            .await
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+        if got == 0 {
+            return Ok(());
+        }
+        n += got;
+        if head[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+            break true;
+        }
+        if n == head.len() {
+            break false;
+        }
+    };
+    let line = String::from_utf8_lossy(&head[..n]).lines().next().unwrap_or_default().to_owned();
+    let mut parts = line.split(' ');
+    let (method, path) = (parts.next().unwrap_or_default(), parts.next().unwrap_or_default());
+    let text = |s: &str| ("text/plain; charset=utf-8", s.to_owned());
+    let (status, (ctype, body)) = if !complete {
+        ("431 Request Header Fields Too Large", text("request head too large\n"))
+    } else if method != "GET" {
+        ("405 Method Not Allowed", text("only GET\n"))
+    } else if path != "/metrics" && !path.starts_with("/metrics?") {
+        ("404 Not Found", text("metrics are at /metrics\n"))
+    } else {
+        let (tx, rx) = oneshot::channel();
+        let status = match requests.send((Ask::Status, tx)).await {
+            Ok(()) => rx.await.ok(),
+            Err(_) => None,
+        };
+        match status.map(|r| match r {
+            Reply::Status(s) => crate::metrics::render(&s).map_err(|e| e.to_string()),
+            _ => Err("no status".to_owned()),
+        }) {
+            Some(Ok(body)) => ("200 OK", (crate::metrics::CONTENT_TYPE, body)),
+            Some(Err(e)) => ("500 Internal Server Error", text(&format!("{e}\n"))),
+            None => ("503 Service Unavailable", text("the node is shutting down\n")),
+        }
+    };
+    let reply = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(reply.as_bytes()).await?;
+    stream.shutdown().await
 }
 
 /// The addresses peers may reach this node at: the listen address, or with a wildcard

@@ -49,6 +49,7 @@ fn malformed_values_exit_2_naming_the_value() {
     assert_fails(&weft(&["up", "--network-name", "t", "-i", "10.1.1.1/24"]), 2, "network secret");
     assert_fails(&weft(&["up", "--bogus-flag"]), 2, "--bogus-flag");
     assert_fails(&up(&["--log-format", "xml"]), 2, "invalid log format \"xml\"");
+    assert_fails(&up(&["--metrics", "localhost"]), 2, "invalid --metrics \"localhost\"");
     assert_fails(&up(&["--log-level", "weft=loud"]), 2, "weft=loud");
     // WireGuard portal options.
     let net = ["--wg-portal-net", "10.127.0.0/24"];

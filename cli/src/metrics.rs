@@ -1,0 +1,293 @@
+//! Prometheus metrics: with `--metrics ADDR:PORT` the node answers `GET /metrics` in
+//! the text exposition format (0.0.4). Each scrape builds a fresh registry from the
+//! node's status (the same numbers `weft status --json` shows) with the `prometheus`
+//! crate, so the metrics never disagree with the status and cost nothing between
+//! scrapes. Names follow the Prometheus conventions: `weft_` prefix, base units
+//! (`_bytes`, `_seconds`, `_ratio`), `_total` on counters.
+
+use std::collections::BTreeMap;
+
+use prometheus::{Encoder, GaugeVec, IntCounterVec, Opts, Registry, TextEncoder};
+
+use crate::control::StatusJson;
+
+/// Content type of the text exposition format.
+pub const CONTENT_TYPE: &str = prometheus::TEXT_FORMAT;
+
+/// Adds metric families to one registry.
+struct Families {
+    reg: Registry,
+}
+
+impl Families {
+    fn counter<const N: usize>(
+        &self,
+        name: &str,
+        help: &str,
+        labels: [&str; N],
+        samples: impl IntoIterator<Item = ([String; N], u64)>,
+    ) -> prometheus::Result<()> {
+        let c = IntCounterVec::new(Opts::new(name, help), &labels)?;
+        for (values, v) in samples {
+            let values: Vec<&str> = values.iter().map(String::as_str).collect();
+            c.get_metric_with_label_values(&values)?.inc_by(v);
+        }
+        self.reg.register(Box::new(c))
+    }
+
+    fn gauge<const N: usize>(
+        &self,
+        name: &str,
+        help: &str,
+        labels: [&str; N],
+        samples: impl IntoIterator<Item = ([String; N], f64)>,
+    ) -> prometheus::Result<()> {
+        let g = GaugeVec::new(Opts::new(name, help), &labels)?;
+        for (values, v) in samples {
+            let values: Vec<&str> = values.iter().map(String::as_str).collect();
+            g.get_metric_with_label_values(&values)?.set(v);
+        }
+        self.reg.register(Box::new(g))
+    }
+
+    fn one_counter(&self, name: &str, help: &str, v: u64) -> prometheus::Result<()> {
+        self.counter(name, help, [], [([], v)])
+    }
+
+    fn one_gauge(&self, name: &str, help: &str, v: f64) -> prometheus::Result<()> {
+        self.gauge(name, help, [], [([], v)])
+    }
+}
+
+fn by_key(m: &BTreeMap<String, u64>) -> impl Iterator<Item = ([String; 1], u64)> + '_ {
+    m.iter().map(|(k, v)| ([k.clone()], *v))
+}
+
+/// The metrics of a node, from its status.
+pub fn render(s: &StatusJson) -> prometheus::Result<String> {
+    let f = Families { reg: Registry::new() };
+    f.gauge(
+        "weft_build_info",
+        "Version and commit of the running weft binary (always 1).",
+        ["version", "commit"],
+        [([env!("CARGO_PKG_VERSION").to_owned(), env!("WEFT_GIT_COMMIT").to_owned()], 1.0)],
+    )?;
+    f.gauge(
+        "weft_node_info",
+        "This node: id, host name, network, overlay address and cipher (always 1).",
+        ["node_id", "hostname", "network", "overlay", "cipher"],
+        [([s.node_id.clone(), s.hostname.clone(), s.network_name.clone(), s.overlay.clone(), s.cipher.clone()], 1.0)],
+    )?;
+    f.one_gauge("weft_uptime_seconds", "Seconds since the node started.", s.uptime_secs as f64)?;
+
+    // Peers.
+    let peer = |p: &crate::control::PeerJson| [p.node_id.clone(), p.hostname.clone(), p.overlay.clone()];
+    let mut states: BTreeMap<String, u64> = BTreeMap::new();
+    for p in &s.peers {
+        *states.entry(p.state.clone()).or_default() += 1;
+    }
+    f.gauge(
+        "weft_peers",
+        "Known members by session state (connecting, established, idle, down).",
+        ["state"],
+        states.iter().map(|(k, v)| ([k.clone()], *v as f64)),
+    )?;
+    let labels = ["node_id", "hostname", "overlay"];
+    f.counter(
+        "weft_peer_receive_bytes_total",
+        "Plaintext bytes received from the member.",
+        labels,
+        s.peers.iter().map(|p| (peer(p), p.rx_bytes)),
+    )?;
+    f.counter(
+        "weft_peer_transmit_bytes_total",
+        "Plaintext bytes sent to the member.",
+        labels,
+        s.peers.iter().map(|p| (peer(p), p.tx_bytes)),
+    )?;
+    f.counter(
+        "weft_peer_receive_packets_total",
+        "Packets received from the member.",
+        labels,
+        s.peers.iter().map(|p| (peer(p), p.rx_packets)),
+    )?;
+    f.counter(
+        "weft_peer_transmit_packets_total",
+        "Packets sent to the member.",
+        labels,
+        s.peers.iter().map(|p| (peer(p), p.tx_packets)),
+    )?;
+    f.gauge(
+        "weft_peer_session_up",
+        "1 when the end-to-end session with the member is established, with its path (direct, relay, none) and the transport of its first link.",
+        ["node_id", "hostname", "overlay", "path", "transport"],
+        s.peers.iter().map(|p| {
+            let [id, host, overlay] = peer(p);
+            ([id, host, overlay, p.path.clone(), p.transport.clone()], f64::from(u8::from(p.state == "established")))
+        }),
+    )?;
+    f.gauge(
+        "weft_peer_hops",
+        "Links on the path to the member.",
+        labels,
+        s.peers.iter().map(|p| (peer(p), f64::from(p.hops))),
+    )?;
+    f.gauge(
+        "weft_peer_rtt_seconds",
+        "Smoothed round-trip time of the session with the member.",
+        labels,
+        s.peers.iter().filter_map(|p| p.rtt_ms.map(|r| (peer(p), r / 1000.0))),
+    )?;
+    f.gauge(
+        "weft_peer_loss_ratio",
+        "Fraction of recent probes to the member that were lost (0 to 1).",
+        labels,
+        s.peers.iter().filter_map(|p| p.loss.map(|l| (peer(p), f64::from(l)))),
+    )?;
+    f.gauge(
+        "weft_peer_last_handshake_age_seconds",
+        "Seconds since the last handshake with the member.",
+        labels,
+        s.peers.iter().filter_map(|p| p.last_handshake_secs.map(|a| (peer(p), a as f64))),
+    )?;
+    f.one_gauge("weft_routes", "Members this node has a route to.", s.routes.len() as f64)?;
+
+    // Drops, handshakes, connections.
+    f.counter("weft_drops_total", "Packets and datagrams dropped, by reason.", ["reason"], by_key(&s.drops))?;
+    let mut refused: BTreeMap<String, u64> = BTreeMap::new();
+    for r in &s.refused_handshakes {
+        *refused.entry(r.reason.clone()).or_default() += r.count;
+    }
+    f.counter(
+        "weft_handshakes_refused_total",
+        "Handshakes refused after the PSK MAC passed, by reason (sources currently remembered).",
+        ["reason"],
+        by_key(&refused),
+    )?;
+    let a = &s.admission;
+    f.counter(
+        "weft_admission_total",
+        "Handshake admission control: bad_mac, rate_limited, cookies_sent, cookies_received, state_full.",
+        ["event"],
+        [
+            (["bad_mac".to_owned()], a.bad_mac),
+            (["rate_limited".to_owned()], a.rate_limited),
+            (["cookies_sent".to_owned()], a.cookies_sent),
+            (["cookies_received".to_owned()], a.cookies_received),
+            (["state_full".to_owned()], a.state_full),
+        ],
+    )?;
+    f.one_gauge(
+        "weft_admission_under_load",
+        "1 while the node answers handshakes with cookies.",
+        f64::from(u8::from(a.under_load)),
+    )?;
+    f.one_gauge("weft_connections", "Live TCP, WebSocket and QUIC connections.", s.connections as f64)?;
+    f.counter(
+        "weft_transport_events_total",
+        "Events of the connection transports (accepted, dialled, refused_full, handshake_failures, timeouts, ...).",
+        ["event"],
+        by_key(&s.transport_counters),
+    )?;
+    f.one_counter(
+        "weft_queued_dropped_total",
+        "Packets for members without a session dropped while their sessions were being made.",
+        s.queued_dropped,
+    )?;
+    f.one_counter(
+        "weft_rejected_records_total",
+        "Topology records dropped because their origin did not sign them.",
+        s.rejected_records,
+    )?;
+
+    // Pipelines (the last one opens what connections receive).
+    let pipe = |i: usize| [i.to_string()];
+    for (name, help, get) in [
+        (
+            "weft_pipeline_transmit_packets_total",
+            "Packets sent by the pipeline.",
+            (|p| p.tx_packets) as fn(&crate::control::PipelineJson) -> u64,
+        ),
+        ("weft_pipeline_transmit_bytes_total", "Plaintext bytes sent by the pipeline.", |p| p.tx_bytes),
+        ("weft_pipeline_transmit_batches_total", "TUN read batches of the pipeline.", |p| p.tx_batches),
+        ("weft_pipeline_receive_packets_total", "Packets the pipeline delivered to the TUN.", |p| p.rx_packets),
+        ("weft_pipeline_receive_bytes_total", "Plaintext bytes the pipeline delivered.", |p| p.rx_bytes),
+        ("weft_pipeline_receive_batches_total", "recvmmsg batches of the pipeline.", |p| p.rx_batches),
+    ] {
+        f.counter(name, help, ["pipeline"], s.pipelines.iter().enumerate().map(|(i, p)| (pipe(i), get(p))))?;
+    }
+
+    // The WireGuard portal.
+    if let Some(p) = &s.wg_portal {
+        let client = |c: &crate::control::PortalClientJson| [c.name.clone(), c.address.clone()];
+        f.one_gauge("weft_wg_clients", "Clients of the WireGuard portal.", p.clients.len() as f64)?;
+        f.counter(
+            "weft_wg_client_receive_bytes_total",
+            "Plaintext bytes received from the WireGuard client.",
+            ["client", "address"],
+            p.clients.iter().map(|c| (client(c), c.rx_bytes)),
+        )?;
+        f.counter(
+            "weft_wg_client_transmit_bytes_total",
+            "Plaintext bytes sent to the WireGuard client.",
+            ["client", "address"],
+            p.clients.iter().map(|c| (client(c), c.tx_bytes)),
+        )?;
+        f.gauge(
+            "weft_wg_client_last_handshake_age_seconds",
+            "Seconds since the WireGuard client's last handshake.",
+            ["client", "address"],
+            p.clients.iter().filter_map(|c| c.last_handshake_secs.map(|a| (client(c), a as f64))),
+        )?;
+        f.counter(
+            "weft_wg_drops_total",
+            "Datagrams and packets the portal dropped, by reason.",
+            ["reason"],
+            by_key(&p.drops),
+        )?;
+    }
+
+    let mut out = Vec::new();
+    TextEncoder::new().encode(&f.reg.gather(), &mut out)?;
+    String::from_utf8(out).map_err(|e| prometheus::Error::Msg(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_renders_with_escaped_labels_and_every_family_typed() {
+        let s: StatusJson = serde_json::from_value(serde_json::json!({
+            "node_id": "00", "network_name": "n", "hostname": "a", "overlay": "10.0.0.1/24",
+            "cipher": "aes-128-gcm", "listeners": [], "dev_name": "weft0",
+            "offloads": {"tun": false, "tun_gro": false, "udp_gso": false, "udp_gro": false},
+            "pipelines": [{"tx_packets": 1, "tx_bytes": 2, "tx_batches": 1, "rx_packets": 3, "rx_bytes": 4,
+                "rx_batches": 1, "drops": {}}],
+            "threads": 1, "uptime_secs": 7, "drops": {"replay": 5}, "routes": [],
+            "peers": [{"node_id": "11", "hostname": "evil\"\n\\host", "overlay": "10.0.0.2", "endpoint": null,
+                "path": "direct", "via": null, "via_hostname": null, "hops": 1, "transport": "udp", "rtt_ms": 1.5,
+                "loss": 0.25, "state": "established", "last_handshake_secs": 3, "rx_bytes": 100, "rx_packets": 2,
+                "tx_bytes": 200, "tx_packets": 4, "drops": {}, "error": null}],
+            "address_conflicts": [], "proxy_networks": [], "pending_peers": [], "refused_handshakes": [],
+        }))
+        .unwrap();
+        let text = render(&s).unwrap();
+        assert!(text.contains("# TYPE weft_peer_receive_bytes_total counter"), "{text}");
+        assert!(
+            text.contains(
+                r#"weft_peer_receive_bytes_total{hostname="evil\"\n\\host",node_id="11",overlay="10.0.0.2"} 100"#
+            ),
+            "{text}"
+        );
+        assert!(text.contains("weft_peer_rtt_seconds{") && text.contains("} 0.0015"), "{text}");
+        assert!(text.contains(r#"weft_drops_total{reason="replay"} 5"#), "{text}");
+        assert!(text.contains(r#"weft_peers{state="established"} 1"#), "{text}");
+        assert!(!text.contains("weft_wg_"), "no portal, no portal metrics");
+        for family in text.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
+            let name = family.split(' ').next().unwrap();
+            assert!(text.contains(&format!("# HELP {name} ")), "{name} has no help");
+            assert!(name.starts_with("weft_"), "{name}");
+        }
+    }
+}
