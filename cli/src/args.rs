@@ -43,6 +43,11 @@ pub enum Command {
     /// reading the status needs only the weft group).
     #[command(subcommand)]
     Peer(PeerCommand),
+    /// Re-read the running node's config file and apply what can change live: peers,
+    /// listeners (tcp, ws, wss), proxied subnets, LAN discovery, metrics address, log
+    /// level. Sessions stay up; what needs a restart is named and left as it was. SIGHUP
+    /// does the same (`systemctl reload weft`). Root or the weft-admin group only.
+    Reload(ControlArgs),
     /// Manage the clients of this node's WireGuard portal (`--wg-portal`): add and
     /// remove need root or the weft-admin group.
     #[command(subcommand)]
@@ -187,6 +192,14 @@ pub struct QueryArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// Options of commands that only need the control socket.
+#[derive(Debug, Args)]
+pub struct ControlArgs {
+    /// Control socket of the node.
+    #[arg(long, value_name = "PATH", env = "WEFT_CONTROL", default_value = DEFAULT_CONTROL)]
+    pub control: PathBuf,
 }
 
 /// `weft peer`.

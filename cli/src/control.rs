@@ -36,6 +36,8 @@ pub enum Request {
         /// Its name.
         name: String,
     },
+    /// Re-read the config file and apply what can change live.
+    Reload,
 }
 
 impl Request {
@@ -45,7 +47,11 @@ impl Request {
     pub fn changes_node(&self) -> bool {
         match self {
             Self::Status => false,
-            Self::AddPeer { .. } | Self::RemovePeer { .. } | Self::WgAdd { .. } | Self::WgRemove { .. } => true,
+            Self::AddPeer { .. }
+            | Self::RemovePeer { .. }
+            | Self::WgAdd { .. }
+            | Self::WgRemove { .. }
+            | Self::Reload => true,
         }
     }
 }

@@ -37,8 +37,9 @@ pub fn run(cli: Cli) -> Result<()> {
             // The config file may set the log level and format: read it first (its
             // errors go to standard error without a subscriber).
             let cfg = NodeConfig::resolve(&args)?;
+            let pinned = log_level.is_some() || std::env::var("RUST_LOG").is_ok_and(|s| !s.is_empty());
             init_logging(log_level, log_format.as_deref(), cfg.log_level.as_deref(), cfg.log_format.as_deref())?;
-            node::run(cfg)
+            node::run(cfg, node::Reloadable { args: *args, log_level_pinned: pinned })
         }
         command => {
             init_logging(log_level, log_format.as_deref(), None, None)?;
@@ -63,15 +64,40 @@ fn init_logging(
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let fmt = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     match format {
-        config::LogFormat::Text => fmt.with_ansi(ansi).init(),
-        config::LogFormat::Json => fmt.json().with_current_span(false).with_span_list(false).init(),
+        config::LogFormat::Text => {
+            let b = fmt.with_ansi(ansi).with_filter_reloading();
+            let h = b.reload_handle();
+            let _ = LOG_RELOAD.set(Box::new(move |f| h.reload(f).map_err(|e| e.to_string())));
+            b.init();
+        }
+        config::LogFormat::Json => {
+            let b = fmt.json().with_current_span(false).with_span_list(false).with_filter_reloading();
+            let h = b.reload_handle();
+            let _ = LOG_RELOAD.set(Box::new(move |f| h.reload(f).map_err(|e| e.to_string())));
+            b.init();
+        }
     }
     Ok(())
 }
 
+/// Replaces the log filter of the installed subscriber.
+type Reloader = Box<dyn Fn(tracing_subscriber::EnvFilter) -> Result<(), String> + Send + Sync>;
+static LOG_RELOAD: std::sync::OnceLock<Reloader> = std::sync::OnceLock::new();
+
+/// Sets the log level of the running process (a live reload).
+pub fn set_log_level(spec: &str) -> Result<(), String> {
+    let filter = config::log_filter(spec).map_err(|e| e.to_string())?;
+    match LOG_RELOAD.get() {
+        Some(reload) => reload(filter),
+        None => Err("no log subscriber installed".into()),
+    }
+}
+
 fn run_command(command: Command) -> Result<()> {
     match command {
-        Command::Up(args) => node::run(NodeConfig::resolve(&args)?),
+        Command::Up(args) => {
+            node::run(NodeConfig::resolve(&args)?, node::Reloadable { args: *args, log_level_pinned: true })
+        }
         Command::Status(q) => query(&q, show::status),
         Command::Peers(q) => query(&q, show::peers),
         Command::Routes(q) => query(&q, show::routes),
@@ -80,6 +106,7 @@ fn run_command(command: Command) -> Result<()> {
         Command::Wg(WgCommand::Add(a)) => wg_add(&a),
         Command::Wg(WgCommand::List(q)) => query(&q, show::portal),
         Command::Wg(WgCommand::Remove(a)) => change(&a.control, &control::Request::WgRemove { name: a.name }),
+        Command::Reload(a) => change(&a.control, &control::Request::Reload),
         Command::Secret(SecretCommand::Generate) => {
             println!("{}", secret::generate()?);
             Ok(())

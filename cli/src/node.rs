@@ -80,11 +80,51 @@ enum Ask {
     RemovePeer(PeerRef),
     WgAdd(String),
     WgRemove(String),
+    Reload(Box<Reloaded>),
+}
+
+/// What a live reload needs: the command line `weft up` started with (its flags win
+/// over the file again), and whether a flag or RUST_LOG set the log level (then the
+/// file's is not applied).
+pub struct Reloadable {
+    /// The `weft up` arguments.
+    pub args: crate::args::UpArgs,
+    /// Whether `--log-level`, WEFT_LOG_LEVEL or RUST_LOG chose the level.
+    pub log_level_pinned: bool,
+}
+
+/// The config read again for a reload, with its peers resolved (off the control loop).
+pub struct Reloaded {
+    cfg: NodeConfig,
+    peers: Vec<(PeerUri, Endpoint)>,
+}
+
+/// Reads the config file again with the flags `weft up` was given, and resolves its
+/// peers: at most 10 s, on a blocking thread.
+async fn load_again(args: Arc<crate::args::UpArgs>) -> Result<Reloaded, String> {
+    if args.config.is_none() {
+        return Err("nothing to reload: this node was started without --config".into());
+    }
+    let job = tokio::task::spawn_blocking(move || {
+        let cfg = NodeConfig::resolve(&args).map_err(|e| e.to_string())?;
+        let peers = cfg
+            .peers
+            .iter()
+            .map(|p| p.resolve().map(|e| (p.clone(), e)))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| e.to_string())?;
+        Ok(Reloaded { cfg, peers })
+    });
+    match tokio::time::timeout(Duration::from_secs(10), job).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => Err(format!("cannot reload: {e}")),
+        Err(_) => Err("reading the config and resolving its peers took longer than 10 s".into()),
+    }
 }
 
 /// Turns a request into an [`Ask`]: parses URIs and node ids and resolves host names
 /// (at most 5 s), or says what is wrong with them.
-async fn ask(req: Request) -> Result<Ask, String> {
+async fn ask(req: Request, args: &Arc<crate::args::UpArgs>) -> Result<Ask, String> {
     let resolve = |u: PeerUri| async move {
         let job = tokio::task::spawn_blocking(move || u.resolve().map(|e| (e, u)));
         match tokio::time::timeout(Duration::from_secs(5), job).await {
@@ -109,11 +149,12 @@ async fn ask(req: Request) -> Result<Ask, String> {
         }
         Request::WgAdd { name } => Ok(Ask::WgAdd(name)),
         Request::WgRemove { name } => Ok(Ask::WgRemove(name)),
+        Request::Reload => Ok(Ask::Reload(Box::new(load_again(args.clone()).await?))),
     }
 }
 
 /// Runs a node until SIGINT or SIGTERM.
-pub fn run(mut cfg: NodeConfig) -> Result<()> {
+pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
     crate::secret::warn_if_weak(&cfg.network_secret.0);
     let key = state::load_or_create_key(&cfg.state_dir)?;
     if let Some(range) = cfg.dhcp {
@@ -171,21 +212,7 @@ pub fn run(mut cfg: NodeConfig) -> Result<()> {
         cfg.proxy_networks.push(p.net);
     }
     if !cfg.proxy_networks.is_empty() {
-        // The kernel forwards between the TUN and the proxied LAN. Under systemd this
-        // file is the one tunable the unit leaves writable (ReadWritePaths=); an admin
-        // who enabled forwarding already (sysctl.d) needs no write at all.
-        const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
-        if std::fs::read_to_string(IP_FORWARD).is_ok_and(|v| v.trim() == "1") {
-            info!("IPv4 forwarding already on for --proxy-network");
-        } else {
-            match std::fs::write(IP_FORWARD, "1") {
-                Ok(()) => info!("IPv4 forwarding enabled for --proxy-network"),
-                Err(e) => warn!(
-                    error = %e,
-                    "cannot enable IPv4 forwarding ({IP_FORWARD}); proxied subnets will not be reachable (under systemd the unit needs ReadWritePaths={IP_FORWARD}, or set net.ipv4.ip_forward=1 in sysctl.d)"
-                ),
-            }
-        }
+        enable_forwarding();
     }
     let metrics = match cfg.metrics {
         Some(addr) => {
@@ -295,6 +322,7 @@ pub fn run(mut cfg: NodeConfig) -> Result<()> {
     let portal_dev = cfg.wg_portal.as_ref().map(|_| crate::portal::device_name(&cfg.dev_name));
     engine.set_endpoints(local_endpoints(&bound, cfg.ipv4.addr, portal_dev.as_deref()));
     let netcfg = NetConfig::spawn(cfg.dev_name.clone())?;
+    let cfg_peers = cfg.peers.clone();
     let runtime = Runtime {
         cfg,
         engine,
@@ -313,6 +341,9 @@ pub fn run(mut cfg: NodeConfig) -> Result<()> {
         beacon_drops: None,
         portal,
         member_subnets: Vec::new(),
+        dialled: cfg_peers.into_iter().zip(dial).collect(),
+        args: Arc::new(reloadable.args),
+        log_level_pinned: reloadable.log_level_pinned,
     };
     runtime.update_portal();
     let result = rt.block_on(runtime.serve(ctl_rx, hs_rx, sink, down_rx, metrics));
@@ -349,6 +380,13 @@ struct Runtime {
     portal: Option<crate::portal::Portal>,
     /// The subnets other members proxy (routed into the TUN).
     member_subnets: Vec<(std::net::Ipv4Addr, u8)>,
+    /// The peers of the config (file or flags), as resolved: a reload dials the new
+    /// ones and stops dialling the ones gone.
+    dialled: Vec<(PeerUri, Endpoint)>,
+    /// The `weft up` arguments, for reloads.
+    args: Arc<crate::args::UpArgs>,
+    /// A flag or RUST_LOG set the log level: reloads leave it.
+    log_level_pinned: bool,
 }
 
 impl Runtime {
@@ -363,6 +401,209 @@ impl Runtime {
         v.sort_unstable();
         v.dedup();
         v
+    }
+
+    /// Starts LAN discovery on this host's interfaces.
+    fn discovery(&mut self) -> Result<Discovery> {
+        let ifs = local_ipv4s(self.cfg.ipv4.addr, self.portal_dev().as_deref());
+        info!(interfaces = ifs.len(), "LAN discovery on");
+        let d = Discovery::new(
+            ifs,
+            Beacon::network_hash(&self.cfg.network_name),
+            self.engine.id().to_bytes(),
+            self.udp_port,
+            self.beacon_key.clone(),
+        )?;
+        self.beacon_drops = Some(d.drops.clone());
+        Ok(d)
+    }
+
+    /// Applies a config read again: peers, tcp/ws/wss listeners, proxied subnets, LAN
+    /// discovery, the metrics address and the log level change live (sessions stay
+    /// up); every other difference is named in the reply and left as it was.
+    async fn reload(
+        &mut self,
+        new: Reloaded,
+        discovery: &mut Option<Discovery>,
+        metrics: &mut Option<tokio::task::JoinHandle<()>>,
+        req_tx: &mpsc::Sender<StatusRequest>,
+    ) -> Reply {
+        let now = Instant::now();
+        let Reloaded { cfg: new, peers } = new;
+        let old = &self.cfg;
+        let mut restart: Vec<&str> = Vec::new();
+        let fixed = [
+            ("network-name", old.network_name != new.network_name),
+            ("network-secret", old.network_secret != new.network_secret),
+            ("cipher", old.cipher != new.cipher),
+            ("ipv4", if old.dhcp.is_some() { old.dhcp != new.dhcp } else { old.ipv4 != new.ipv4 }),
+            ("dev-name", old.dev_name != new.dev_name),
+            ("mtu", old.mtu != new.mtu),
+            ("threads", old.threads != new.threads),
+            ("hostname", old.hostname != new.hostname),
+            ("state-dir", old.state_dir != new.state_dir),
+            ("control", old.control != new.control),
+            ("admin-group", old.admin_group != new.admin_group),
+            ("offloads", old.offload != new.offload),
+            ("pin", old.pin != new.pin),
+            ("latency-first", old.latency_first != new.latency_first),
+            ("accept-wide-subnets", old.accept_wide_subnets != new.accept_wide_subnets),
+            ("max-connections", old.max_connections != new.max_connections),
+            ("tls-cert/tls-key", old.tls != new.tls),
+            ("wg-portal", old.wg_portal != new.wg_portal),
+            ("log-format", old.log_format != new.log_format),
+        ];
+        restart.extend(fixed.iter().filter(|(_, changed)| *changed).map(|(name, _)| *name));
+        let mut done: Vec<String> = Vec::new();
+        let mut failed: Vec<String> = Vec::new();
+
+        // Peers: dial the new ones, stop dialling the ones gone (peers added with
+        // `weft peer add` are not in the file and stay).
+        let gone: Vec<(PeerUri, Endpoint)> =
+            self.dialled.iter().filter(|(u, _)| !peers.iter().any(|(n, _)| n == u)).cloned().collect();
+        for (u, ep) in gone {
+            match self.engine.remove_peer(now, PeerRef::Endpoint(ep)) {
+                Ok(_) => done.push(format!("removed peer {u}")),
+                Err(e) => failed.push(format!("peer {u}: {e}")),
+            }
+        }
+        for (u, ep) in peers.iter().filter(|(u, _)| !self.dialled.iter().any(|(o, _)| o == u)) {
+            self.connector.set_path(*ep, u.path.clone());
+            match self.engine.add_peer(now, *ep) {
+                Ok(()) => done.push(format!("added peer {u}")),
+                Err(e) => failed.push(format!("peer {u}: {e}")),
+            }
+        }
+        self.dialled = peers;
+        self.cfg.peers = new.peers.clone();
+
+        // Proxied subnets (the portal network stays among them).
+        let mut proxied = new.proxy_networks.clone();
+        if let Some(p) = &self.cfg.wg_portal {
+            proxied.push(p.net);
+        }
+        if proxied != self.cfg.proxy_networks {
+            if !proxied.is_empty() {
+                enable_forwarding();
+            }
+            self.engine.set_proxied(now, proxied.iter().map(|n| (n.addr, n.prefix)).collect());
+            let list: Vec<String> = new.proxy_networks.iter().map(ToString::to_string).collect();
+            done.push(format!("proxied subnets now [{}]", list.join(", ")));
+            self.cfg.proxy_networks = proxied;
+            self.update_portal();
+        }
+
+        // Listeners: tcp, ws and wss ones can be opened and closed; the UDP sockets
+        // belong to the pipelines and the QUIC socket to outgoing QUIC as well.
+        let mut listeners_changed = false;
+        for proto in [Proto::Udp, Proto::Quic, Proto::Tcp, Proto::Ws, Proto::Wss] {
+            let was = self.cfg.listeners.iter().find(|l| l.proto == proto).copied();
+            let now_ = new.listeners.iter().find(|l| l.proto == proto).copied();
+            if was == now_ {
+                continue;
+            }
+            if matches!(proto, Proto::Udp | Proto::Quic) {
+                restart.push(if proto == Proto::Udp { "udp listener" } else { "quic listener" });
+                continue;
+            }
+            if was.is_some()
+                && let Some(bound) = self.listeners.iter().position(|b| b.proto == proto)
+            {
+                let b = self.listeners.remove(bound);
+                self.connector.close_listener(b);
+                done.push(format!("closed listener {b}"));
+                listeners_changed = true;
+            }
+            if let Some(l) = now_ {
+                match self.connector.listen(l).await {
+                    Ok(addr) => {
+                        let b = Endpoint::new(proto, addr);
+                        self.listeners.push(b);
+                        done.push(format!("listening on {b}"));
+                        listeners_changed = true;
+                    }
+                    Err(e) => failed.push(format!("listener {l}: {e}")),
+                }
+            }
+        }
+        if listeners_changed {
+            // What is bound now: the UDP and QUIC listeners of the start, and the tcp,
+            // ws and wss ones of the new config that bound.
+            let reliable = |e: &Endpoint| !matches!(e.proto, Proto::Udp | Proto::Quic);
+            let mut l: Vec<Endpoint> = self.cfg.listeners.iter().filter(|e| !reliable(e)).copied().collect();
+            l.extend(new.listeners.iter().filter(|e| reliable(e) && self.listeners.iter().any(|b| b.proto == e.proto)));
+            self.cfg.listeners = l;
+            let bound = self.listeners.clone();
+            self.engine.set_endpoints(local_endpoints(&bound, self.cfg.ipv4.addr, self.portal_dev().as_deref()));
+        }
+
+        // LAN discovery.
+        if new.lan_discovery != self.cfg.lan_discovery {
+            if new.lan_discovery {
+                match self.discovery() {
+                    Ok(d) => {
+                        *discovery = Some(d);
+                        self.cfg.lan_discovery = true;
+                        done.push("LAN discovery on".into());
+                    }
+                    Err(e) => failed.push(format!("LAN discovery: {e:#}")),
+                }
+            } else {
+                *discovery = None;
+                self.cfg.lan_discovery = false;
+                done.push("LAN discovery off".into());
+            }
+        }
+
+        // Metrics: bind the new address before letting the old one go.
+        if new.metrics != self.cfg.metrics {
+            let bound = match new.metrics {
+                Some(addr) => std::net::TcpListener::bind(addr)
+                    .and_then(|l| l.set_nonblocking(true).map(|()| l))
+                    .and_then(tokio::net::TcpListener::from_std)
+                    .map(Some)
+                    .map_err(|e| format!("metrics on {addr}: {e}")),
+                None => Ok(None),
+            };
+            match bound {
+                Ok(l) => {
+                    if let Some(old) = metrics.take() {
+                        old.abort();
+                    }
+                    *metrics = l.map(|l| tokio::spawn(metrics_loop(l, req_tx.clone())));
+                    self.cfg.metrics = new.metrics;
+                    done.push(new.metrics.map_or_else(|| "metrics off".into(), |a| format!("metrics on {a}")));
+                }
+                Err(e) => failed.push(e),
+            }
+        }
+
+        // Log level (unless a flag or RUST_LOG chose it).
+        if new.log_level != self.cfg.log_level && !self.log_level_pinned {
+            let spec = new.log_level.clone().unwrap_or_else(|| "info".into());
+            match crate::set_log_level(&spec) {
+                Ok(()) => {
+                    done.push(format!("log level {spec}"));
+                    self.cfg.log_level = new.log_level;
+                }
+                Err(e) => failed.push(format!("log level: {e}")),
+            }
+        }
+
+        let file = self.args.config.as_ref().map_or_else(String::new, |p| format!(" {}", p.display()));
+        let mut message = if done.is_empty() {
+            format!("reloaded{file}: nothing changed")
+        } else {
+            format!("reloaded{file}: {}", done.join("; "))
+        };
+        if !failed.is_empty() {
+            message.push_str(&format!("; FAILED: {}", failed.join("; ")));
+        }
+        if !restart.is_empty() {
+            message.push_str(&format!("; needs a restart to change (left as it was): {}", restart.join(", ")));
+        }
+        info!("{message}");
+        if failed.is_empty() { Reply::Done { message } } else { Reply::Error { message } }
     }
 
     /// The WireGuard portal's TUN device, when there is one.
@@ -403,7 +644,7 @@ impl Runtime {
     ) -> Result<()> {
         let listener = bind_control(&self.cfg.control)?;
         let (req_tx, mut requests) = mpsc::channel::<StatusRequest>(16);
-        let metrics = match metrics {
+        let mut metrics = match metrics {
             Some(l) => Some(tokio::spawn(metrics_loop(tokio::net::TcpListener::from_std(l)?, req_tx.clone()))),
             None => None,
         };
@@ -412,25 +653,12 @@ impl Runtime {
         if admins.gid.is_none() {
             info!(group = %admins.group, "admin group not found in /etc/group: only root may change the node");
         }
-        let accept = tokio::spawn(accept_loop(listener, req_tx, admins));
+        let accept = tokio::spawn(accept_loop(listener, req_tx.clone(), admins, self.args.clone()));
         let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let mut sighup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
         self.engine.handle_timeout(Instant::now());
         self.drain();
-        let discovery = if self.cfg.lan_discovery {
-            let ifs = local_ipv4s(self.cfg.ipv4.addr, self.portal_dev().as_deref());
-            info!(interfaces = ifs.len(), "LAN discovery on");
-            let d = Discovery::new(
-                ifs,
-                Beacon::network_hash(&self.cfg.network_name),
-                self.engine.id().to_bytes(),
-                self.udp_port,
-                self.beacon_key.clone(),
-            )?;
-            self.beacon_drops = Some(d.drops.clone());
-            Some(d)
-        } else {
-            None
-        };
+        let mut discovery = if self.cfg.lan_discovery { Some(self.discovery()?) } else { None };
         let mut beacon_timer = tokio::time::interval(Duration::from_secs(5));
         // Interfaces come and go: members' subnets are checked against the networks
         // this host is connected to now.
@@ -454,8 +682,31 @@ impl Runtime {
                 }
                 req = requests.recv() => {
                     if let Some((req, reply)) = req {
-                        let _ = reply.send(self.request(req));
+                        let r = self.request(req, &mut discovery, &mut metrics, &req_tx).await;
+                        let _ = reply.send(r);
                     }
+                }
+                _ = sighup.recv() => {
+                    info!("SIGHUP: reloading the config");
+                    // Read and resolve off the loop; the result comes back as a request.
+                    let (args, req_tx) = (self.args.clone(), req_tx.clone());
+                    tokio::spawn(async move {
+                        let reply = match load_again(args).await {
+                            Ok(new) => {
+                                let (tx, rx) = oneshot::channel();
+                                if req_tx.send((Ask::Reload(Box::new(new)), tx)).await.is_err() {
+                                    return;
+                                }
+                                rx.await.ok()
+                            }
+                            Err(message) => Some(Reply::Error { message }),
+                        };
+                        match reply {
+                            Some(Reply::Done { message }) => info!("{message}"),
+                            Some(Reply::Error { message }) => warn!("reload refused: {message}"),
+                            _ => {}
+                        }
+                    });
                 }
                 endpoint = async {
                     match &discovery {
@@ -521,9 +772,16 @@ impl Runtime {
         }
     }
 
-    fn request(&mut self, ask: Ask) -> Reply {
+    async fn request(
+        &mut self,
+        ask: Ask,
+        discovery: &mut Option<Discovery>,
+        metrics: &mut Option<tokio::task::JoinHandle<()>>,
+        req_tx: &mpsc::Sender<StatusRequest>,
+    ) -> Reply {
         let now = Instant::now();
         let done = match ask {
+            Ask::Reload(new) => return self.reload(*new, discovery, metrics, req_tx).await,
             Ask::Status => return Reply::Status(Box::new(self.status())),
             Ask::AddPeer(to, u) => {
                 self.connector.set_path(to, u.path.clone());
@@ -710,6 +968,24 @@ impl Runtime {
     }
 }
 
+/// Turns IPv4 forwarding on (proxied subnets and the portal need it). Under systemd
+/// this file is the one tunable the unit leaves writable (ReadWritePaths=); an admin
+/// who enabled forwarding already (sysctl.d) needs no write at all.
+fn enable_forwarding() {
+    const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
+    if std::fs::read_to_string(IP_FORWARD).is_ok_and(|v| v.trim() == "1") {
+        info!("IPv4 forwarding already on for --proxy-network");
+        return;
+    }
+    match std::fs::write(IP_FORWARD, "1") {
+        Ok(()) => info!("IPv4 forwarding enabled for --proxy-network"),
+        Err(e) => warn!(
+            error = %e,
+            "cannot enable IPv4 forwarding ({IP_FORWARD}); proxied subnets will not be reachable (under systemd the unit needs ReadWritePaths={IP_FORWARD}, or set net.ipv4.ip_forward=1 in sysctl.d)"
+        ),
+    }
+}
+
 fn no_portal() -> Reply {
     Reply::Error {
         message: "this node runs no WireGuard portal (start it with --wg-portal udp://ADDR:PORT --wg-portal-net CIDR)"
@@ -757,7 +1033,12 @@ struct Admins {
     gid: Option<u32>,
 }
 
-async fn accept_loop(listener: UnixListener, requests: mpsc::Sender<StatusRequest>, admins: Admins) {
+async fn accept_loop(
+    listener: UnixListener,
+    requests: mpsc::Sender<StatusRequest>,
+    admins: Admins,
+    args: Arc<crate::args::UpArgs>,
+) {
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONTROL_CLIENTS));
     let reserve = Arc::new(tokio::sync::Semaphore::new(ADMIN_CONTROL_RESERVE));
     loop {
@@ -778,9 +1059,9 @@ async fn accept_loop(listener: UnixListener, requests: mpsc::Sender<StatusReques
                     drop(stream);
                     continue;
                 };
-                let (requests, admins) = (requests.clone(), admins.clone());
+                let (requests, admins, args) = (requests.clone(), admins.clone(), args.clone());
                 tokio::spawn(async move {
-                    serve_client(stream, requests, &admins).await;
+                    serve_client(stream, requests, &admins, &args).await;
                     drop(slot);
                 });
             }
@@ -799,7 +1080,12 @@ fn client_of(stream: &UnixStream) -> Option<crate::access::Client> {
     Some(crate::access::Client { uid: cred.uid(), gid: cred.gid(), groups })
 }
 
-async fn serve_client(stream: UnixStream, requests: mpsc::Sender<StatusRequest>, admins: &Admins) {
+async fn serve_client(
+    stream: UnixStream,
+    requests: mpsc::Sender<StatusRequest>,
+    admins: &Admins,
+    args: &Arc<crate::args::UpArgs>,
+) {
     let client = client_of(&stream);
     let (r, mut w) = stream.into_split();
     // One request line, at most 64 KiB, within 5 s: a client that never sends a
@@ -821,7 +1107,7 @@ async fn serve_client(stream: UnixStream, requests: mpsc::Sender<StatusRequest>,
                 }
                 Reply::Error { message: crate::access::refusal(&admins.group) }
             }
-            Ok(req) => match ask(req).await {
+            Ok(req) => match ask(req, args).await {
                 Ok(a) => {
                     let (tx, rx) = oneshot::channel();
                     if requests.send((a, tx)).await.is_err() {

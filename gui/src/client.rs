@@ -226,6 +226,7 @@ impl Worker {
             Request::RemovePeer { peer } => format!("remove-peer {peer}"),
             Request::WgAdd { name } => format!("wg-add {name}"),
             Request::WgRemove { name } => format!("wg-remove {name}"),
+            Request::Reload => "reload".to_owned(),
         };
         let (ok, message) = match control::request(&self.control, req) {
             Ok(Reply::Done { message }) => (true, message),

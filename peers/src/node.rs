@@ -610,6 +610,20 @@ impl Node {
         }
     }
 
+    /// Replaces the subnets this node proxies (a live reload): our record is
+    /// republished, so members route (or stop routing) them to us within a flood.
+    pub fn set_proxied(&mut self, now: Instant, subnets: Vec<(Ipv4Addr, u8)>) {
+        if subnets == self.cfg.proxied {
+            return;
+        }
+        info!(?subnets, "proxied subnets changed");
+        self.cfg.proxied = subnets;
+        self.mesh.record_changed(now);
+        self.deadlines.at_most(Wake::Mesh, now);
+        self.routes_dirty = true;
+        self.finish_step(now);
+    }
+
     /// Dials `endpoint` from now on and keeps it connected, like a `--peer` given at
     /// start-up. Fails when it is already configured.
     pub fn add_peer(&mut self, now: Instant, endpoint: Endpoint) -> Result<(), String> {

@@ -118,6 +118,9 @@ struct Inner {
     accepted: Mutex<(HashSet<Endpoint>, VecDeque<Endpoint>)>,
     max_connections: usize,
     mtu: usize,
+    /// Accept loops of the TCP, WS and WSS listeners, by bound endpoint (closed by
+    /// aborting them, which drops the socket).
+    tcp_listeners: Mutex<HashMap<Endpoint, tokio::task::AbortHandle>>,
 }
 
 impl Connector {
@@ -170,6 +173,7 @@ impl Connector {
                 accepted: Mutex::default(),
                 max_connections,
                 mtu,
+                tcp_listeners: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -207,8 +211,23 @@ impl Connector {
         }
         let listener = TcpListener::bind(ep.addr).await.map_err(bind)?;
         let local = listener.local_addr().map_err(bind)?;
-        tokio::spawn(self.clone().accept_tcp(ep.proto, listener));
+        let task = tokio::spawn(self.clone().accept_tcp(ep.proto, listener));
+        self.inner.tcp_listeners.lock().insert(Endpoint::new(ep.proto, local), task.abort_handle());
         Ok(local)
+    }
+
+    /// Closes a TCP, WebSocket or WebSocket-over-TLS listener that [`Self::listen`]
+    /// bound at `bound` (its port is free again at once; the connections it accepted
+    /// stay up). Returns whether there was one. QUIC listeners share their socket with
+    /// outgoing QUIC and are not closed here.
+    pub fn close_listener(&self, bound: Endpoint) -> bool {
+        match self.inner.tcp_listeners.lock().remove(&bound) {
+            Some(task) => {
+                task.abort();
+                true
+            }
+            None => false,
+        }
     }
 
     /// Sends one frame (a handshake or control message) to `to`: on its connection,
