@@ -408,6 +408,113 @@ pub fn format_rate(bytes_per_sec: f64) -> String {
     format!("{}/s", format_bytes(bytes_per_sec))
 }
 
+/// How a member is reached, on the mesh map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EdgeKind {
+    /// A direct path between the two ends.
+    Direct,
+    /// The last part of a relayed path: from the first relay to the member.
+    Relayed,
+}
+
+/// A line on the mesh map between two of its nodes (indexes into `MeshMap::nodes`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MapEdge {
+    /// One end.
+    pub from: usize,
+    /// The other end.
+    pub to: usize,
+    /// Direct or relayed.
+    pub kind: EdgeKind,
+}
+
+/// One member on the mesh map.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MapNode {
+    /// Node id.
+    pub node_id: String,
+    /// Host name, or the overlay address when it has none.
+    pub label: String,
+    /// Whether this is the node the window shows.
+    pub me: bool,
+    /// Session health (this node is always up).
+    pub health: Health,
+    /// What hovering shows: overlay, path, transport, latency, loss.
+    pub detail: String,
+}
+
+/// The mesh as this node sees it: itself, every member it knows, a line for each
+/// direct path and a dashed one from the first relay to each relayed member.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct MeshMap {
+    /// This node first, then the members by overlay address.
+    pub nodes: Vec<MapNode>,
+    /// The lines.
+    pub edges: Vec<MapEdge>,
+}
+
+impl MeshMap {
+    /// The map of `s`.
+    pub fn new(s: &StatusJson) -> Self {
+        let mut peers: Vec<&PeerJson> = s.peers.iter().collect();
+        peers.sort_by_key(|p| p.overlay.parse::<Ipv4Addr>().ok());
+        let mut nodes = vec![MapNode {
+            node_id: s.node_id.clone(),
+            label: if s.hostname.is_empty() { s.overlay.clone() } else { s.hostname.clone() },
+            me: true,
+            health: Health::Up,
+            detail: format!("this node · {} · {}", s.overlay, s.cipher),
+        }];
+        for p in &peers {
+            let ms = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |r| format!("{r:.1} ms"));
+            let via = p.via_hostname.as_deref().filter(|h| !h.is_empty()).or(p.via.as_deref());
+            let path = match (p.path.as_str(), via) {
+                ("relay", Some(v)) => format!("relayed via {v} ({} hops)", p.hops),
+                (other, _) => other.to_owned(),
+            };
+            nodes.push(MapNode {
+                node_id: p.node_id.clone(),
+                label: if p.hostname.is_empty() { p.overlay.clone() } else { p.hostname.clone() },
+                me: false,
+                health: Health::of(p),
+                detail: format!(
+                    "{} · {} · {} · rtt {} · loss {} · {}",
+                    p.overlay,
+                    path,
+                    p.transport,
+                    ms(p.rtt_ms),
+                    p.loss.map_or_else(|| "-".to_owned(), |l| format!("{:.0}%", l * 100.0)),
+                    Health::of(p).label()
+                ),
+            });
+        }
+        let index = |id: &str| nodes.iter().position(|n| n.node_id == id);
+        let mut edges = Vec::new();
+        for p in &peers {
+            let Some(to) = index(&p.node_id) else { continue };
+            match (p.path.as_str(), p.via.as_deref().and_then(index)) {
+                ("direct", _) => edges.push(MapEdge { from: 0, to, kind: EdgeKind::Direct }),
+                ("relay", Some(via)) => edges.push(MapEdge { from: via, to, kind: EdgeKind::Relayed }),
+                _ => {}
+            }
+        }
+        Self { nodes, edges }
+    }
+
+    /// One line on what the map shows (also the accessible name of the drawing).
+    pub fn summary(&self) -> String {
+        let count = |k: EdgeKind| self.edges.iter().filter(|e| e.kind == k).count();
+        let down = self.nodes.iter().filter(|n| n.health == Health::Down).count();
+        format!(
+            "Mesh map: {} members, {} direct paths, {} relayed, {} down",
+            self.nodes.len(),
+            count(EdgeKind::Direct),
+            count(EdgeKind::Relayed),
+            down
+        )
+    }
+}
+
 /// One client of the node's WireGuard portal.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PortalRow {

@@ -15,7 +15,8 @@ use weft::control::{Request, StatusJson};
 
 use crate::client::{Client, Link, Outcome, POLL_INTERVAL};
 use crate::model::{
-    HISTORY, Health, PeerColumn, PeerRow, PortalRow, Rate, RouteRow, Series, Sort, format_duration, format_rate,
+    EdgeKind, HISTORY, Health, MeshMap, PeerColumn, PeerRow, PortalRow, Rate, RouteRow, Series, Sort, format_duration,
+    format_rate,
 };
 
 /// The whole window's contents and the choices the user made in it.
@@ -34,6 +35,7 @@ struct View {
     peers: Vec<PeerRow>,
     routes: Vec<RouteRow>,
     portal: Vec<PortalRow>,
+    map: MeshMap,
     total: Option<Rate>,
     total_series: Series,
     peer_series: Vec<(String, Series)>,
@@ -58,7 +60,13 @@ impl Dashboard {
                 .resizable(true)
                 .default_size(ui.available_height() * 0.38)
                 .min_size(120.0)
-                .show(ui, |ui| self.plot(ui, &view));
+                .show(ui, |ui| {
+                    // The throughput plot and the mesh map side by side.
+                    ui.columns(2, |c| {
+                        self.plot(&mut c[0], &view);
+                        mesh_map(&mut c[1], &view.map);
+                    });
+                });
         }
         egui::CentralPanel::default().show(ui, |ui| {
             egui::ScrollArea::vertical().auto_shrink(false).show(ui, |ui| {
@@ -109,6 +117,7 @@ impl Dashboard {
         self.sort.apply(&mut peers);
         let routes = st.status.as_ref().map(|s| s.routes.iter().map(RouteRow::new).collect()).unwrap_or_default();
         let portal = st.status.as_deref().map(PortalRow::rows).unwrap_or_default();
+        let map = st.status.as_deref().map(MeshMap::new).unwrap_or_default();
         let peer_series = peers
             .iter()
             .filter(|p| self.plotted.contains(&p.node_id))
@@ -120,6 +129,7 @@ impl Dashboard {
             peers,
             routes,
             portal,
+            map,
             total: st.history.total_rate(),
             total_series: st.history.total_series(now),
             peer_series,
@@ -426,6 +436,71 @@ fn routes_table(ui: &mut Ui, routes: &[RouteRow]) {
                 });
             }
         });
+}
+
+/// The mesh as a picture: this node in the middle (highlighted), the members on a
+/// circle around it, solid lines for direct paths and dashed ones from the first relay
+/// to each relayed member; hover a member for its path, transport, latency and loss.
+fn mesh_map(ui: &mut Ui, map: &MeshMap) {
+    let summary = map.summary();
+    ui.horizontal(|ui| {
+        ui.strong("Mesh map");
+        ui.label(RichText::new(&summary).weak());
+    });
+    {
+        let height = ui.available_height().max(120.0);
+        let (rect, _) = ui.allocate_exact_size(egui::vec2(ui.available_width(), height), egui::Sense::hover());
+        let painter = ui.painter_at(rect);
+        let center = rect.center();
+        let radius = (rect.height() * 0.5 - 28.0).max(30.0);
+        let others = map.nodes.len().saturating_sub(1).max(1) as f32;
+        let pos: Vec<egui::Pos2> = (0..map.nodes.len())
+            .map(|i| {
+                if i == 0 {
+                    return center;
+                }
+                // Start at the top, clockwise; a wider ellipse uses the panel's width.
+                let a = (i - 1) as f32 / others * std::f32::consts::TAU - std::f32::consts::FRAC_PI_2;
+                let rx = (rect.width() * 0.5 - 90.0).clamp(radius, radius * 2.2);
+                center + egui::vec2(rx * a.cos(), radius * a.sin())
+            })
+            .collect();
+        let visuals = ui.visuals();
+        let direct = egui::Stroke::new(2.0, ok_color(ui));
+        let relayed = egui::Stroke::new(1.5, visuals.weak_text_color());
+        for e in &map.edges {
+            let (a, b) = (pos[e.from], pos[e.to]);
+            match e.kind {
+                EdgeKind::Direct => {
+                    painter.line_segment([a, b], direct);
+                }
+                EdgeKind::Relayed => {
+                    painter.extend(egui::Shape::dashed_line(&[a, b], relayed, 6.0, 4.0));
+                }
+            }
+        }
+        for (i, n) in map.nodes.iter().enumerate() {
+            let fill = match (n.me, n.health) {
+                (true, _) => visuals.selection.bg_fill,
+                (false, Health::Up) => ok_color(ui),
+                (false, Health::Idle) => visuals.weak_text_color(),
+                (false, Health::Connecting) => Color32::from_rgb(220, 170, 40),
+                (false, Health::Down) => visuals.error_fg_color,
+            };
+            let r = if n.me { 11.0 } else { 8.0 };
+            painter.circle(pos[i], r, fill, egui::Stroke::new(1.0, visuals.strong_text_color()));
+            let label = if n.me { format!("{} (this node)", n.label) } else { n.label.clone() };
+            painter.text(
+                pos[i] + egui::vec2(0.0, r + 3.0),
+                egui::Align2::CENTER_TOP,
+                label,
+                egui::FontId::proportional(12.0),
+                visuals.strong_text_color(),
+            );
+            let hover = egui::Rect::from_center_size(pos[i], egui::vec2(2.0 * r + 8.0, 2.0 * r + 8.0));
+            ui.interact(hover, ui.scope_id().with(("map-node", i)), egui::Sense::hover()).on_hover_text(&n.detail);
+        }
+    }
 }
 
 fn portal_table(ui: &mut Ui, portal: &weft::control::PortalJson, rows: &[PortalRow]) {

@@ -313,3 +313,14 @@ fn a_portal_lists_its_wireguard_clients() {
     wait_for(&mut h2, "the peers table", |h| has(h, "Peers (3)"));
     assert!(!has_contains(&h2, "WireGuard clients"));
 }
+
+#[test]
+fn the_mesh_map_shows_the_recorded_mesh() {
+    let dir = Scratch::new();
+    let _node = FakeNode::start(&dir.sock());
+    let mut h = harness(dir.sock());
+    wait_for(&mut h, "the mesh map", |h| has_contains(h, "Mesh map: "));
+    // The recording: bravo direct, charlie relayed through bravo, delta down.
+    assert!(has(&h, "Mesh map: 4 members, 1 direct paths, 1 relayed, 1 down"));
+    assert!(h.query_by_label("Mesh map").is_some(), "the collapsible section");
+}

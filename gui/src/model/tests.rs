@@ -238,3 +238,39 @@ fn portal_rows_say_whether_a_client_is_connected() {
     );
     assert_eq!(rows[2].state, "idle");
 }
+
+#[test]
+fn the_mesh_map_draws_direct_and_relayed_paths_from_the_status() {
+    let mut relayed = peer("cc", "10.0.0.3", "established", "relay", 0, 0);
+    relayed["via"] = json!("bb");
+    relayed["via_hostname"] = json!("host-bb");
+    relayed["hops"] = json!(2);
+    let st = status(
+        "me",
+        10,
+        0,
+        0,
+        vec![
+            peer("dd", "10.0.0.4", "down", "none", 0, 0),
+            relayed,
+            peer("bb", "10.0.0.2", "established", "direct", 0, 0),
+            peer("ee", "10.0.0.5", "idle", "direct", 0, 0),
+        ],
+    );
+    let map = MeshMap::new(&st);
+    let ids: Vec<&str> = map.nodes.iter().map(|n| n.node_id.as_str()).collect();
+    assert_eq!(ids, ["me", "bb", "cc", "dd", "ee"], "this node first, then by overlay");
+    assert!(map.nodes[0].me && !map.nodes[1].me);
+    assert_eq!(
+        map.edges,
+        [
+            MapEdge { from: 0, to: 1, kind: EdgeKind::Direct },
+            MapEdge { from: 1, to: 2, kind: EdgeKind::Relayed },
+            MapEdge { from: 0, to: 4, kind: EdgeKind::Direct },
+        ],
+        "bb direct, cc relayed from bb, dd without a path, ee direct"
+    );
+    assert_eq!(map.nodes[3].health, Health::Down);
+    assert!(map.nodes[2].detail.contains("relayed via host-bb (2 hops)"), "{}", map.nodes[2].detail);
+    assert_eq!(map.summary(), "Mesh map: 5 members, 2 direct paths, 1 relayed, 1 down");
+}
