@@ -231,11 +231,12 @@ fn human_secs(s: u64) -> String {
 }
 
 fn human_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    // Decimal units, as the desktop window shows them.
+    const UNITS: [&str; 5] = ["B", "kB", "MB", "GB", "TB"];
     let mut v = b as f64;
     let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
+    while v >= 1000.0 && u < UNITS.len() - 1 {
+        v /= 1000.0;
         u += 1;
     }
     if u == 0 { format!("{b} B") } else { format!("{v:.1} {}", UNITS[u]) }
@@ -248,7 +249,8 @@ mod tests {
     #[test]
     fn units() {
         assert_eq!(human_bytes(5), "5 B");
-        assert_eq!(human_bytes(2048), "2.0 KiB");
+        assert_eq!(human_bytes(2048), "2.0 kB");
+        assert_eq!(human_bytes(75_900_000), "75.9 MB");
         assert_eq!(human_secs(61), "1m01s");
         assert_eq!(human_secs(7300), "2h01m");
     }

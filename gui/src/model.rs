@@ -562,16 +562,34 @@ impl PortalRow {
     }
 }
 
-/// `1.5 MB`-style text (decimal units).
-pub fn format_bytes(bytes: f64) -> String {
-    const UNITS: [&str; 5] = ["B", "kB", "MB", "GB", "TB"];
+/// Decimal byte units: everything the window and `weft peers` show uses them.
+const BYTE_UNITS: [&str; 5] = ["B", "kB", "MB", "GB", "TB"];
+
+/// The unit (index into B, kB, MB, GB, TB) `bytes` reads best in; the one a column or an
+/// axis of values up to `bytes` uses for all of them, so rows compare at a glance
+/// (never "8.2 MB/s" over "300.0 kB/s").
+pub fn unit_for(bytes: f64) -> usize {
     let mut v = bytes.max(0.0);
     let mut unit = 0;
-    while v >= 1000.0 && unit + 1 < UNITS.len() {
+    while v >= 1000.0 && unit + 1 < BYTE_UNITS.len() {
         v /= 1000.0;
         unit += 1;
     }
-    if unit == 0 { format!("{v:.0} {}", UNITS[unit]) } else { format!("{v:.1} {}", UNITS[unit]) }
+    unit
+}
+
+/// `bytes_per_sec` in `unit` (see [`unit_for`]): `0.3 MB/s`.
+pub fn format_rate_in(bytes_per_sec: f64, unit: usize) -> String {
+    let unit = unit.min(BYTE_UNITS.len() - 1);
+    let v = bytes_per_sec.max(0.0) / 1000f64.powi(unit as i32);
+    if unit == 0 { format!("{v:.0} B/s") } else { format!("{v:.1} {}/s", BYTE_UNITS[unit]) }
+}
+
+/// `1.5 MB`-style text (decimal units).
+pub fn format_bytes(bytes: f64) -> String {
+    let unit = unit_for(bytes);
+    let v = bytes.max(0.0) / 1000f64.powi(unit as i32);
+    if unit == 0 { format!("{v:.0} {}", BYTE_UNITS[unit]) } else { format!("{v:.1} {}", BYTE_UNITS[unit]) }
 }
 
 /// `3d 4h`, `2h 5m`, `4m 10s` or `9s`.

@@ -16,7 +16,7 @@ use weft::control::{Request, StatusJson};
 use crate::client::{Client, Link, Outcome, POLL_INTERVAL};
 use crate::model::{
     EdgeKind, HISTORY, Health, MeshMap, PeerColumn, PeerRow, PortalRow, Rate, RouteRow, Series, Sort, format_duration,
-    format_rate,
+    format_rate, format_rate_in, unit_for,
 };
 
 /// The whole window's contents and the choices the user made in it.
@@ -273,6 +273,8 @@ impl Dashboard {
             table = table.column(Column::initial(ems * em).at_least(2.5 * em).clip(true));
         }
         let table = table.column(Column::remainder().at_least(70.0)); // remove
+        // One unit for the whole Rx and Tx columns: the largest rate's.
+        let unit = unit_for(view.peers.iter().filter_map(|p| p.rate).map(|r| r.rx.max(r.tx)).fold(0.0, f64::max));
         let mut sort = self.sort;
         table
             .header(row_height, |mut header| {
@@ -296,13 +298,13 @@ impl Dashboard {
             })
             .body(|mut body| {
                 for p in &view.peers {
-                    body.row(row_height, |mut row| self.peer_row(&mut row, p));
+                    body.row(row_height, |mut row| self.peer_row(&mut row, p, unit));
                 }
             });
         self.sort = sort;
     }
 
-    fn peer_row(&mut self, row: &mut egui_extras::TableRow<'_, '_>, p: &PeerRow) {
+    fn peer_row(&mut self, row: &mut egui_extras::TableRow<'_, '_>, p: &PeerRow, unit: usize) {
         let down = !matches!(p.health, Health::Up | Health::Idle);
         let cell = |row: &mut egui_extras::TableRow<'_, '_>, text: String| {
             row.col(|ui| {
@@ -343,8 +345,8 @@ impl Dashboard {
                 PeerColumn::Endpoint => p.endpoint.clone().unwrap_or_else(|| "—".into()),
                 PeerColumn::Latency => p.rtt_ms.map_or_else(|| "—".into(), |ms| format!("{ms:.1} ms")),
                 PeerColumn::Loss => p.loss.map_or_else(|| "—".into(), |l| format!("{:.0} %", l * 100.0)),
-                PeerColumn::Rx => p.rate.map_or_else(|| "…".into(), |r| format_rate(r.rx)),
-                PeerColumn::Tx => p.rate.map_or_else(|| "…".into(), |r| format_rate(r.tx)),
+                PeerColumn::Rx => p.rate.map_or_else(|| "…".into(), |r| format_rate_in(r.rx, unit)),
+                PeerColumn::Tx => p.rate.map_or_else(|| "…".into(), |r| format_rate_in(r.tx, unit)),
                 PeerColumn::Age => p.session_age_secs.map_or_else(|| "—".into(), format_duration),
             };
             cell(row, text);
@@ -365,6 +367,16 @@ impl Dashboard {
         // The x axis starts at a minute and widens with the history, up to five minutes.
         let oldest = view.total_series.rx.first().map_or(0.0, |p| -p[0]);
         let window = (oldest.max(60.0)).min(HISTORY.as_secs_f64());
+        // One unit on the whole axis: the largest value's.
+        let peak = view
+            .total_series
+            .rx
+            .iter()
+            .chain(&view.total_series.tx)
+            .chain(view.peer_series.iter().flat_map(|(_, s)| s.rx.iter().chain(&s.tx)))
+            .map(|p| p[1])
+            .fold(0.0, f64::max);
+        let axis_unit = unit_for(peak);
         Plot::new("throughput-plot")
             .legend(Legend::default())
             .include_x(-window)
@@ -375,7 +387,7 @@ impl Dashboard {
             .allow_scroll(false)
             .x_axis_label("seconds ago")
             .x_axis_formatter(|m, _| format!("{:.0}", -m.value))
-            .y_axis_formatter(|m, _| format_rate(m.value))
+            .y_axis_formatter(move |m, _| format_rate_in(m.value, axis_unit))
             .label_formatter(|hover| match hover {
                 HoverPosition::NearDataPoint { plot_name, position, .. } => {
                     Some(format!("{plot_name}\n{:.0} s ago: {}", -position.x, format_rate(position.y)))

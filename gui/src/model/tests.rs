@@ -209,6 +209,16 @@ fn formatting() {
 }
 
 #[test]
+fn a_column_of_rates_reads_in_one_unit() {
+    let unit = unit_for(8.2e6);
+    assert_eq!(format_rate_in(8.2e6, unit), "8.2 MB/s");
+    assert_eq!(format_rate_in(3.0e5, unit), "0.3 MB/s", "not 300.0 kB/s under 8.2 MB/s");
+    assert_eq!(format_rate_in(0.0, unit), "0.0 MB/s");
+    assert_eq!(format_rate_in(512.0, unit_for(512.0)), "512 B/s");
+    assert_eq!(format_rate(3.0e5), "300.0 kB/s", "a single value keeps its own unit");
+}
+
+#[test]
 fn portal_rows_say_whether_a_client_is_connected() {
     let mut st = status("n", 10, 0, 0, vec![]);
     assert!(PortalRow::rows(&st).is_empty(), "no portal, no rows");
