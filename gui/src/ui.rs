@@ -89,7 +89,7 @@ impl Dashboard {
 
     /// One line on what the window shows, for the screenshot mode's report: `peers:
     /// HOST OVERLAY HEALTH PATH, ...; plot points: N; total rx B/s: X; total tx B/s: Y;
-    /// plotted: HOST OVERLAY, ...`.
+    /// plotted: HOST OVERLAY, ...; map: Mesh map: N members, ...`.
     pub fn summary(&self) -> String {
         let v = self.view();
         let peers: Vec<String> =
@@ -97,12 +97,13 @@ impl Dashboard {
         let plotted: Vec<&str> = v.peer_series.iter().map(|(name, _)| name.as_str()).collect();
         let rate = v.total.unwrap_or_default();
         format!(
-            "peers: {}; plot points: {}; total rx B/s: {:.0}; total tx B/s: {:.0}; plotted: {}",
+            "peers: {}; plot points: {}; total rx B/s: {:.0}; total tx B/s: {:.0}; plotted: {}; map: {}",
             peers.join(", "),
             v.total_series.rx.len(),
             rate.rx,
             rate.tx,
-            plotted.join(", ")
+            plotted.join(", "),
+            v.map.summary()
         )
     }
 

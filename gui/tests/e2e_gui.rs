@@ -177,6 +177,8 @@ fn the_window_shows_a_live_mesh_under_xvfb() {
     assert!(points >= 10, "the plot had points for most of the 20 s: {out}");
     let rx: f64 = field(&out, "total rx B/s").parse().unwrap();
     assert!(rx > 10_000.0, "the flood shows as throughput: {out}");
+    // The mesh map drew this node and both peers, each on a direct path.
+    assert_eq!(field(&out, "map"), "Mesh map: 3 members, 2 direct paths, 0 relayed, 0 down", "{out}");
 
     let img = image::open(&png).unwrap_or_else(|e| panic!("{}: {e}", png.display())).to_rgba8();
     assert_eq!((img.width(), img.height()), (1280, 800), "the window fills the 1280×800 screen at scale 1");
