@@ -291,3 +291,30 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod dashboard {
+    /// Every metric the packaged Grafana dashboard queries is one the node exports.
+    #[test]
+    fn the_grafana_dashboard_queries_only_exported_metrics() {
+        let dash: serde_json::Value =
+            serde_json::from_str(include_str!("../../packaging/grafana/weft-dashboard.json")).unwrap();
+        let source = include_str!("metrics.rs");
+        let mut seen = 0;
+        for p in dash["panels"].as_array().unwrap() {
+            for t in p["targets"].as_array().unwrap() {
+                let expr = t["expr"].as_str().unwrap();
+                for name in
+                    expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).filter(|w| w.starts_with("weft_"))
+                {
+                    assert!(
+                        source.contains(&format!("\"{name}\"")),
+                        "the dashboard queries {name}, which is not exported"
+                    );
+                    seen += 1;
+                }
+            }
+        }
+        assert!(seen >= 14, "{seen}");
+    }
+}
