@@ -46,8 +46,12 @@ WORK=$(mktemp -d /tmp/weft-soak.XXXXXX)
 declare -A PID
 BG=()
 cleanup() {
-    # The nodes' logs stay with the results.
-    mkdir -p "$OUT/logs" && cp "$WORK"/n*.log "$OUT/logs/" 2>/dev/null || true
+    local rc=$?
+    # After a failure the nodes' logs stay, beside the results.
+    if [ "$rc" -ne 0 ]; then
+        mkdir -p "$OUT/logs" && cp "$WORK"/n*.log "$OUT/logs/" 2>/dev/null || true
+        echo "soak.sh: the nodes' logs are in $OUT/logs" >&2
+    fi
     for p in "${PID[@]}" "${BG[@]}"; do kill "$p" 2>/dev/null || true; done
     for p in "${PID[@]}" "${BG[@]}"; do wait "$p" 2>/dev/null || true; done
     for k in $(seq $N); do ip netns del "$TAG-n$k" 2>/dev/null || true; done
