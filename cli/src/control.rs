@@ -141,6 +141,33 @@ pub struct StatusJson {
     /// The WireGuard portal, when this node runs one (`--wg-portal`).
     #[serde(default)]
     pub wg_portal: Option<PortalJson>,
+    /// Handshakes that made a session (either side) since start.
+    #[serde(default)]
+    pub handshakes_completed: u64,
+    /// Handshakes that failed since start, by kind (bad_response, rejected, refused,
+    /// address_taken, no_response, not_confirmed, unreachable, no_path).
+    #[serde(default)]
+    pub handshake_failures: std::collections::BTreeMap<String, u64>,
+    /// What the control plane itself sent and received (handshakes, keepalives,
+    /// probes, records, summaries; not the data the pipelines carry).
+    #[serde(default)]
+    pub control_traffic: ControlTrafficJson,
+    /// Live TCP, WebSocket and QUIC connections by transport.
+    #[serde(default)]
+    pub connections_by_transport: std::collections::BTreeMap<String, usize>,
+}
+
+/// Datagrams and bytes of the control plane.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ControlTrafficJson {
+    /// Datagrams sent.
+    pub sent_packets: u64,
+    /// Bytes sent.
+    pub sent_bytes: u64,
+    /// Datagrams and messages received.
+    pub received_packets: u64,
+    /// Bytes received.
+    pub received_bytes: u64,
 }
 
 /// The WireGuard portal of a node.

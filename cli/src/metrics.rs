@@ -182,7 +182,36 @@ pub fn render(s: &StatusJson) -> prometheus::Result<String> {
         "1 while the node answers handshakes with cookies.",
         f64::from(u8::from(a.under_load)),
     )?;
-    f.one_gauge("weft_connections", "Live TCP, WebSocket and QUIC connections.", s.connections as f64)?;
+    f.gauge(
+        "weft_connections",
+        "Live TCP, WebSocket and QUIC connections, by transport.",
+        ["transport"],
+        s.connections_by_transport.iter().map(|(k, v)| ([k.clone()], *v as f64)),
+    )?;
+    f.one_counter(
+        "weft_handshakes_total",
+        "Handshakes that made a session (as initiator or responder).",
+        s.handshakes_completed,
+    )?;
+    f.counter(
+        "weft_handshake_failures_total",
+        "Handshakes that failed, by kind (bad_response, rejected, refused, address_taken, no_response, not_confirmed, unreachable, no_path).",
+        ["reason"],
+        by_key(&s.handshake_failures),
+    )?;
+    let c = &s.control_traffic;
+    f.one_counter(
+        "weft_control_transmit_bytes_total",
+        "Bytes the control plane sent (handshakes, keepalives, probes, records, summaries).",
+        c.sent_bytes,
+    )?;
+    f.one_counter("weft_control_transmit_packets_total", "Datagrams the control plane sent.", c.sent_packets)?;
+    f.one_counter("weft_control_receive_bytes_total", "Bytes the control plane received.", c.received_bytes)?;
+    f.one_counter(
+        "weft_control_receive_packets_total",
+        "Datagrams and messages the control plane received.",
+        c.received_packets,
+    )?;
     f.counter(
         "weft_transport_events_total",
         "Events of the connection transports (accepted, dialled, refused_full, handshake_failures, timeouts, ...).",

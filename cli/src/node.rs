@@ -344,6 +344,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
         dialled: cfg_peers.into_iter().zip(dial).collect(),
         args: Arc::new(reloadable.args),
         log_level_pinned: reloadable.log_level_pinned,
+        control_traffic: Default::default(),
     };
     runtime.update_portal();
     let result = rt.block_on(runtime.serve(ctl_rx, hs_rx, sink, down_rx, metrics));
@@ -387,6 +388,8 @@ struct Runtime {
     args: Arc<crate::args::UpArgs>,
     /// A flag or RUST_LOG set the log level: reloads leave it.
     log_level_pinned: bool,
+    /// The control plane's own traffic.
+    control_traffic: crate::control::ControlTrafficJson,
 }
 
 impl Runtime {
@@ -620,6 +623,14 @@ impl Runtime {
 
     fn handle_event(&mut self, ev: ControlEvent) {
         let now = Instant::now();
+        let len = match &ev {
+            ControlEvent::Datagram { bytes, .. } | ControlEvent::Message { bytes, .. } => Some(bytes.len()),
+            _ => None,
+        };
+        if let Some(n) = len {
+            self.control_traffic.received_packets += 1;
+            self.control_traffic.received_bytes += n as u64;
+        }
         match ev {
             ControlEvent::Datagram { from, via, bytes } => {
                 let via = via.map(NodeId::from_bytes);
@@ -745,6 +756,10 @@ impl Runtime {
 
     fn drain(&mut self) {
         while let Some(action) = self.engine.poll_action() {
+            if let Action::Send { bytes, .. } = &action {
+                self.control_traffic.sent_packets += 1;
+                self.control_traffic.sent_bytes += bytes.len() as u64;
+            }
             match action {
                 Action::PublishRoutes(snap) => {
                     debug!(routes = snap.route_count(), "publishing routes");
@@ -964,6 +979,10 @@ impl Runtime {
                 }
             },
             wg_portal: self.portal.as_ref().map(crate::portal::Portal::status),
+            handshakes_completed: st.handshakes_completed,
+            handshake_failures: st.handshake_failures.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect(),
+            control_traffic: self.control_traffic.clone(),
+            connections_by_transport: self.connector.links().by_transport().into_iter().collect(),
         }
     }
 }

@@ -84,6 +84,8 @@ fn metrics_pass_promtool_and_move_with_traffic() {
     assert_eq!(status, "HTTP/1.1 200 OK");
     promtool_check(&before);
     let first = samples(&before);
+    assert!(first["weft_handshakes_total"] >= 1.0, "{before}");
+    assert!(first["weft_control_transmit_bytes_total"] > 0.0 && first["weft_control_receive_packets_total"] > 0.0);
     assert_eq!(value(&first, "weft_build_info", "version=\""), 1.0);
     assert_eq!(value(&first, "weft_peer_session_up", "overlay=\"10.126.126.2\""), 1.0);
     assert!(value(&first, "weft_peer_session_up", "path=\"direct\"") == 1.0);

@@ -408,6 +408,10 @@ pub struct Node {
     queued: usize,
     /// Packets for members without a session dropped because too many were held.
     queued_dropped: u64,
+    /// Handshakes that made a session (either side).
+    handshakes_completed: u64,
+    /// Handshakes that failed, by kind.
+    handshake_failures: std::collections::BTreeMap<&'static str, u64>,
     /// Subnets routed into the TUN (last `InstallRoutes`).
     pub(crate) installed_subnets: Vec<(Ipv4Addr, u8)>,
     /// Held sessions changed: publish them without rebuilding every route.
@@ -468,6 +472,8 @@ impl Node {
             touched: BTreeSet::new(),
             queued: 0,
             queued_dropped: 0,
+            handshakes_completed: 0,
+            handshake_failures: std::collections::BTreeMap::new(),
             installed_subnets: Vec::new(),
             held_dirty: false,
             last_snapshot: None,
@@ -582,6 +588,8 @@ impl Node {
             rejected_records: self.mesh.rejected_records,
             refused: self.refused_claims(),
             queued_dropped: self.queued_dropped,
+            handshakes_completed: self.handshakes_completed,
+            handshake_failures: self.handshake_failures.clone(),
         }
     }
 
@@ -881,7 +889,7 @@ impl Node {
                 let msg =
                     format!("handshake response from {from} did not authenticate: network secret or name differs");
                 warn!(peer = %from, "{msg}");
-                self.handshake_failed(now, p.target, msg);
+                self.handshake_failed(now, p.target, msg, "bad_response");
             }
             Ok((done, finish)) => {
                 if let Some(why) = self.claim_refused(&done.remote_static, done.hello.ipv4, from, via) {
@@ -939,7 +947,7 @@ impl Node {
         if let Some(p) = self.pending_init.remove(&r.receiver_index) {
             let msg = format!("peer {from} rejected our handshake: {why}");
             warn!("{msg}");
-            self.handshake_failed(now, p.target, msg);
+            self.handshake_failed(now, p.target, msg, "rejected");
             return;
         }
         // A reject for a session still waiting for its confirmation.
@@ -949,14 +957,14 @@ impl Node {
                 Some(target) => {
                     let msg = format!("peer {from} rejected our handshake: {why}");
                     warn!("{msg}");
-                    self.handshake_failed(now, target, msg);
+                    self.handshake_failed(now, target, msg, "rejected");
                 }
                 None => {
                     let reason = match r.reason {
                         RejectReason::AddressTaken => format!("peer {from} refused our handshake: {why}"),
                         _ => format!("peer could not authenticate our handshake response: {why}"),
                     };
-                    self.record_inbound_failure(now, from, reason);
+                    self.record_inbound_failure(now, from, reason, "rejected");
                 }
             }
             return;
@@ -964,7 +972,7 @@ impl Node {
         // An XX handshake we answered, refused by the initiator before its finish.
         if r.reason == RejectReason::AddressTaken && self.pending_resp.remove(&r.receiver_index).is_some() {
             warn!(peer = %from, "handshake refused: {why}");
-            self.record_inbound_failure(now, from, format!("peer {from} refused our handshake: {why}"));
+            self.record_inbound_failure(now, from, format!("peer {from} refused our handshake: {why}"), "rejected");
         }
     }
 
@@ -1147,8 +1155,8 @@ impl Node {
         }
         warn!("{msg}");
         match target {
-            Some(t) => self.handshake_failed(now, t, msg),
-            None => self.record_inbound_failure(now, from, msg),
+            Some(t) => self.handshake_failed(now, t, msg, "address_taken"),
+            None => self.record_inbound_failure(now, from, msg, "address_taken"),
         }
     }
 
@@ -1230,6 +1238,7 @@ impl Node {
             peer.path.lose_direct();
         }
         info!(peer = %id, addr = %peer.hello.ipv4, %from, relayed = via.is_some(), initiator = entry.initiator, "session established");
+        self.handshakes_completed += 1;
         peer.sessions.insert(0, entry);
         peer.sessions.truncate(MAX_SESSIONS);
         peer.last_handshake = Some(now);
@@ -1253,7 +1262,7 @@ impl Node {
         let reject = RejectRepr { reason: reason_of(e), receiver_index: sender_index };
         self.send_reject(&back, reject);
         debug!(peer = %back.to, error = %e, "inbound handshake refused");
-        self.record_inbound_failure(now, back.to, e.to_string());
+        self.record_inbound_failure(now, back.to, e.to_string(), "refused");
     }
 
     /// Why node `key`'s claim of overlay address `addr` (in a hello from `from`) is
@@ -1314,12 +1323,18 @@ impl Node {
         let reject = RejectRepr { reason: RejectReason::AddressTaken, receiver_index: remote_index };
         self.send_reject(&back, reject);
         match target {
-            Some(t) => self.handshake_failed(now, t, why),
-            None => self.record_inbound_failure(now, back.to, why),
+            Some(t) => self.handshake_failed(now, t, why, "address_taken"),
+            None => self.record_inbound_failure(now, back.to, why, "address_taken"),
         }
     }
 
-    fn record_inbound_failure(&mut self, now: Instant, from: Endpoint, reason: String) {
+    /// Counts a failed handshake by kind (monotonic, for metrics).
+    fn count_failure(&mut self, kind: &'static str) {
+        *self.handshake_failures.entry(kind).or_default() += 1;
+    }
+
+    fn record_inbound_failure(&mut self, now: Instant, from: Endpoint, reason: String, kind: &'static str) {
+        self.count_failure(kind);
         if let Some(f) = self.inbound_failures.iter_mut().find(|f| f.from == from) {
             f.count += 1;
             f.last = now;
@@ -1332,7 +1347,8 @@ impl Node {
         }
     }
 
-    fn handshake_failed(&mut self, now: Instant, target: Target, msg: String) {
+    fn handshake_failed(&mut self, now: Instant, target: Target, msg: String, kind: &'static str) {
+        self.count_failure(kind);
         let t = self.cfg.timers;
         let jitter = self.rng.next_u32();
         match target {
@@ -1372,7 +1388,12 @@ impl Node {
                 let hint = " (unreachable, not running, or its network name or secret differs: members drop \
                             handshakes they cannot authenticate without answering)";
                 let how = if p.to.relay.is_some() { " via relay" } else { "" };
-                self.handshake_failed(now, p.target, format!("no handshake response from {}{how}{hint}", p.to.to));
+                self.handshake_failed(
+                    now,
+                    p.target,
+                    format!("no handshake response from {}{how}{hint}", p.to.to),
+                    "no_response",
+                );
             }
         }
         self.pending_resp.retain(|_, p| now.duration_since(p.started) < CONFIRM_TIMEOUT);
@@ -1390,8 +1411,8 @@ impl Node {
                 None => format!("peer {} never confirmed the session (network secret differs?)", h.from),
             };
             match h.target {
-                Some(t) => self.handshake_failed(now, t, msg),
-                None => self.record_inbound_failure(now, h.from, msg),
+                Some(t) => self.handshake_failed(now, t, msg, "not_confirmed"),
+                None => self.record_inbound_failure(now, h.from, msg, "not_confirmed"),
             }
         }
         let next = self
@@ -1414,7 +1435,7 @@ impl Node {
             .collect();
         for i in gone {
             if let Some(p) = self.pending_init.remove(&i) {
-                self.handshake_failed(now, p.target, format!("cannot reach {endpoint}: {error}"));
+                self.handshake_failed(now, p.target, format!("cannot reach {endpoint}: {error}"), "unreachable");
             }
         }
     }
@@ -1702,7 +1723,7 @@ impl Node {
         match self.handshake_dest(&key) {
             Some(to) => self.start_handshake(now, Target::Peer(key), to, use_ik.then_some(key)),
             // Nowhere to send it (no path right now): try again after the backoff.
-            None => self.handshake_failed(now, Target::Peer(key), "no path to the peer".into()),
+            None => self.handshake_failed(now, Target::Peer(key), "no path to the peer".into(), "no_path"),
         }
     }
 

@@ -153,4 +153,9 @@ pub struct NodeStatus {
     /// Packets for members without a session dropped because too many were held
     /// while their handshakes ran (or the handshake failed).
     pub queued_dropped: u64,
+    /// Handshakes that made a session, either side, since start.
+    pub handshakes_completed: u64,
+    /// Handshakes that failed since start, by kind: bad_response, rejected, refused,
+    /// address_taken, no_response, not_confirmed, unreachable, no_path.
+    pub handshake_failures: std::collections::BTreeMap<&'static str, u64>,
 }

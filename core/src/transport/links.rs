@@ -128,6 +128,20 @@ impl Links {
         self.map.read().len()
     }
 
+    /// Live connections by transport (`tcp`, `ws`, `wss`, `quic`), each named once.
+    pub fn by_transport(&self) -> Vec<(String, usize)> {
+        let mut out: Vec<(String, usize)> = Vec::new();
+        for ep in self.map.read().keys() {
+            let name = ep.proto.to_string();
+            match out.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, c)) => *c += 1,
+                None => out.push((name, 1)),
+            }
+        }
+        out.sort();
+        out
+    }
+
     /// Whether no connection is up.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
