@@ -411,7 +411,7 @@ pub struct Node {
     /// Handshakes that made a session (either side).
     handshakes_completed: u64,
     /// Handshakes that failed, by kind.
-    handshake_failures: std::collections::BTreeMap<&'static str, u64>,
+    handshake_failures: BTreeMap<&'static str, u64>,
     /// Subnets routed into the TUN (last `InstallRoutes`).
     pub(crate) installed_subnets: Vec<(Ipv4Addr, u8)>,
     /// Held sessions changed: publish them without rebuilding every route.
@@ -473,7 +473,7 @@ impl Node {
             queued: 0,
             queued_dropped: 0,
             handshakes_completed: 0,
-            handshake_failures: std::collections::BTreeMap::new(),
+            handshake_failures: BTreeMap::new(),
             installed_subnets: Vec::new(),
             held_dirty: false,
             last_snapshot: None,
