@@ -54,7 +54,11 @@ cleanup() {
     fi
     for p in "${PID[@]}" "${BG[@]}"; do kill "$p" 2>/dev/null || true; done
     for p in "${PID[@]}" "${BG[@]}"; do wait "$p" 2>/dev/null || true; done
-    for k in $(seq $N); do ip netns del "$TAG-n$k" 2>/dev/null || true; done
+    # Whatever still runs inside our namespaces (iperf3, the transfer scripts) is ours.
+    for k in $(seq $N); do
+        ip netns pids "$TAG-n$k" 2>/dev/null | xargs -r kill 2>/dev/null || true
+        ip netns del "$TAG-n$k" 2>/dev/null || true
+    done
     ip netns del "$SW" 2>/dev/null || true
     rm -rf "$WORK"
 }

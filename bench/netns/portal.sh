@@ -42,7 +42,11 @@ PIDS=()
 cleanup() {
     for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
     for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-    for ns in "$W" "$P" "$A"; do ip netns del "$ns" 2>/dev/null || true; done
+    # Whatever still runs inside our namespaces (the iperf3 daemon) is ours.
+    for ns in "$W" "$P" "$A"; do
+        ip netns pids "$ns" 2>/dev/null | xargs -r kill 2>/dev/null || true
+        ip netns del "$ns" 2>/dev/null || true
+    done
     # wireguard-go's control socket lives outside the namespace.
     rm -f "/var/run/wireguard/$WGIF.sock"
     rm -rf "$WORK"
