@@ -8,7 +8,6 @@ use std::str::FromStr;
 
 use serde::Deserialize;
 use weft_core::crypto::Cipher;
-use weft_core::route::prefix_mask;
 use weft_core::transport::{Endpoint, Proto};
 
 use crate::args::{DEFAULT_CONTROL, UpArgs};
@@ -122,6 +121,28 @@ impl FromStr for Ipv4Net {
             return Err(bad());
         }
         Ok(Self { addr, prefix })
+    }
+}
+
+impl Ipv4Net {
+    /// The network this address is in (host bits cleared), e.g. 10.126.126.0/24.
+    pub fn network(self) -> Self {
+        Self { addr: weft_core::route::network(self.addr, self.prefix), prefix: self.prefix }
+    }
+
+    /// Whether the two prefixes share an address.
+    pub fn overlaps(self, other: Self) -> bool {
+        weft_core::route::overlaps(self.addr, self.prefix, other.addr, other.prefix)
+    }
+
+    /// Whether `addr` lies in this prefix.
+    pub fn contains(self, addr: Ipv4Addr) -> bool {
+        weft_core::route::overlaps(self.addr, self.prefix, addr, 32)
+    }
+
+    /// `ADDR/PREFIX` with a prefix of at most 32, as written (host bits kept).
+    pub fn parse_cidr(s: &str) -> Option<Self> {
+        split_cidr(s).map(|(addr, prefix)| Self { addr, prefix })
     }
 }
 
@@ -504,7 +525,7 @@ fn proxy_networks(values: &[String]) -> Result<Vec<Ipv4Net>, UsageError> {
                 ));
             }
             // Keep the network address, whatever host bits were given.
-            Ok(Ipv4Net { addr: Ipv4Addr::from(u32::from(addr) & prefix_mask(prefix)), prefix })
+            Ok(Ipv4Net { addr, prefix }.network())
         })
         .collect()
 }

@@ -396,9 +396,8 @@ impl Runtime {
     /// The networks of the mesh: the overlay, our proxied subnets (the portal
     /// network among them) and the other members'.
     fn mesh_networks(&self) -> Vec<(std::net::Ipv4Addr, u8)> {
-        let p = self.cfg.ipv4.prefix;
-        let overlay = (std::net::Ipv4Addr::from(u32::from(self.cfg.ipv4.addr) & weft_core::route::prefix_mask(p)), p);
-        let mut v = vec![overlay];
+        let overlay = self.cfg.ipv4.network();
+        let mut v = vec![(overlay.addr, overlay.prefix)];
         v.extend(self.cfg.proxy_networks.iter().map(|n| (n.addr, n.prefix)));
         v.extend(self.member_subnets.iter().copied());
         v.sort_unstable();

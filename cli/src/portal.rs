@@ -99,20 +99,19 @@ impl PortalConfig {
                 "--wg-portal needs --wg-portal-net CIDR: the addresses its clients get (e.g. 10.127.0.0/24)".into(),
             ));
         };
-        let bad = || UsageError(format!("invalid --wg-portal-net {net:?}: expected a CIDR such as 10.127.0.0/24"));
-        let (addr, prefix) = net.split_once('/').ok_or_else(bad)?;
-        let addr: Ipv4Addr = addr.parse().map_err(|_| bad())?;
-        let prefix: u8 = prefix.parse().map_err(|_| bad())?;
-        if !(8..=30).contains(&prefix) {
+        let Some(given) = Ipv4Net::parse_cidr(net) else {
+            return Err(UsageError(format!("invalid --wg-portal-net {net:?}: expected a CIDR such as 10.127.0.0/24")));
+        };
+        if !(8..=30).contains(&given.prefix) {
             return Err(UsageError(format!(
                 "invalid --wg-portal-net {net:?}: the prefix must be /8 to /30 (room for the portal and a client)"
             )));
         }
-        let net = Ipv4Net { addr: Ipv4Addr::from(u32::from(addr) & prefix_mask(prefix)), prefix };
-        if overlaps(net, overlay) {
+        let net = given.network();
+        if net.overlaps(overlay) {
             return Err(UsageError(format!("--wg-portal-net {net} overlaps the overlay network {overlay}")));
         }
-        if let Some(p) = proxied.iter().find(|p| overlaps(net, **p)) {
+        if let Some(p) = proxied.iter().find(|p| net.overlaps(**p)) {
             return Err(UsageError(format!("--wg-portal-net {net} overlaps --proxy-network {p}")));
         }
         if let Some(e) = endpoint {
@@ -140,17 +139,6 @@ fn bind(addr: SocketAddr) -> std::io::Result<UdpSocket> {
     s.set_read_timeout(Some(TIMER_TICK))?;
     s.bind(&addr.into())?;
     Ok(s.into())
-}
-
-/// Whether two prefixes share an address.
-fn overlaps(a: Ipv4Net, b: Ipv4Net) -> bool {
-    let p = a.prefix.min(b.prefix);
-    u32::from(a.addr) & prefix_mask(p) == u32::from(b.addr) & prefix_mask(p)
-}
-
-/// Whether `addr` is in `net`.
-fn contains(net: (Ipv4Addr, u8), addr: Ipv4Addr) -> bool {
-    u32::from(addr) & prefix_mask(net.1) == u32::from(net.0) & prefix_mask(net.1)
 }
 
 /// The TUN device of the portal: `wg-` and the overlay device's name, at most 15 bytes.
@@ -543,7 +531,7 @@ impl Portal {
         if !self.inner.bound.ip().is_unspecified() {
             return self.inner.bound.to_string();
         }
-        let ip = local.iter().find(|a| !contains((c.net.addr, c.net.prefix), **a)).copied();
+        let ip = local.iter().find(|a| !c.net.contains(**a)).copied();
         match ip {
             Some(ip) => SocketAddr::new(IpAddr::V4(ip), port).to_string(),
             None => format!("HOST:{port}"),
@@ -781,7 +769,7 @@ impl Inner {
     }
 
     fn allowed(&self, dst: Ipv4Addr) -> bool {
-        self.destinations.load().iter().any(|n| contains(*n, dst))
+        self.destinations.load().iter().any(|(a, p)| weft_core::route::overlaps(*a, *p, dst, 32))
     }
 
     /// Reads packets the kernel routes to the portal network and seals them for
@@ -869,8 +857,8 @@ mod tests {
         let n = net("10.127.0.0/24");
         let taken = [Ipv4Addr::new(10, 127, 0, 2), Ipv4Addr::new(10, 127, 0, 4)];
         assert_eq!(free_address(n, &taken), Some(Ipv4Addr::new(10, 127, 0, 3)), "a freed address is reused");
-        assert!(overlaps(net("10.0.0.0/8"), net("10.127.0.0/24")));
-        assert!(!overlaps(net("10.126.126.0/24"), net("10.127.0.0/24")));
+        assert!(net("10.0.0.0/8").overlaps(net("10.127.0.0/24")));
+        assert!(!net("10.126.126.0/24").overlaps(net("10.127.0.0/24")));
         assert_eq!(device_name("weft0"), "wg-weft0");
         assert_eq!(device_name("a-very-long-nm"), "wg-a-very-long-");
     }

@@ -257,9 +257,32 @@ pub fn prefix_mask(prefix: u8) -> u32 {
     if prefix == 0 { 0 } else { u32::MAX << (32 - u32::from(prefix.min(32))) }
 }
 
+/// The network address of `addr/prefix` (host bits cleared).
+pub fn network(addr: Ipv4Addr, prefix: u8) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(addr) & prefix_mask(prefix))
+}
+
+/// Whether the prefixes `a/p` and `b/q` share an address (one holds the other). With
+/// `q == 32` this is whether `b` lies in `a/p`.
+pub fn overlaps(a: Ipv4Addr, p: u8, b: Ipv4Addr, q: u8) -> bool {
+    let m = prefix_mask(p.min(q));
+    u32::from(a) & m == u32::from(b) & m
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prefixes_overlap_when_one_holds_the_other() {
+        let a = |s: &str| s.parse::<Ipv4Addr>().unwrap();
+        assert_eq!(network(a("10.126.126.9"), 24), a("10.126.126.0"));
+        assert!(overlaps(a("10.0.0.0"), 8, a("10.127.0.0"), 24));
+        assert!(overlaps(a("10.127.0.0"), 24, a("10.0.0.0"), 8), "symmetric");
+        assert!(!overlaps(a("10.126.126.0"), 24, a("10.127.0.0"), 24));
+        assert!(overlaps(a("172.16.5.0"), 24, a("172.16.5.1"), 32), "an address in a subnet");
+        assert!(overlaps(a("1.2.3.4"), 0, a("9.9.9.9"), 32), "/0 holds everything");
+    }
     use crate::crypto::Cipher;
     use crate::handshake::SessionKeys;
     use crate::session::SessionParams;

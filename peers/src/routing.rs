@@ -249,10 +249,7 @@ impl Node {
     pub(crate) fn tunnelled(&self, ep: &Endpoint) -> bool {
         let std::net::IpAddr::V4(ip) = ep.addr.ip() else { return false };
         let hello = &self.cfg.handshake.hello;
-        let within = |a: Ipv4Addr, p: u8| {
-            let mask = weft_core::route::prefix_mask(p);
-            u32::from(ip) & mask == u32::from(a) & mask
-        };
+        let within = |a: Ipv4Addr, p: u8| weft_core::route::overlaps(a, p, ip, 32);
         // The subnets routed into the TUN now (kept from the last route update, so this
         // costs no topology walk per endpoint).
         within(hello.ipv4, hello.prefix) || self.installed_subnets.iter().any(|(a, p)| within(*a, *p))
@@ -488,10 +485,7 @@ impl Node {
     /// Why we will not route subnet `a/p` that a member proxies, if we will not: it
     /// would capture traffic that is not the member's to take.
     pub(crate) fn subnet_refusal(&self, a: Ipv4Addr, p: u8) -> Option<String> {
-        let overlaps = |b: Ipv4Addr, q: u8| {
-            let m = weft_core::route::prefix_mask(p.min(q));
-            u32::from(a) & m == u32::from(b) & m
-        };
+        let overlaps = |b: Ipv4Addr, q: u8| weft_core::route::overlaps(a, p, b, q);
         if p == 0 {
             return Some("a /0 would route every destination, the underlay included, to that member".into());
         }
@@ -500,8 +494,7 @@ impl Node {
         }
         let hello = &self.cfg.handshake.hello;
         if overlaps(hello.ipv4, hello.prefix) {
-            let m = weft_core::route::prefix_mask(hello.prefix);
-            let net = Ipv4Addr::from(u32::from(hello.ipv4) & m);
+            let net = weft_core::route::network(hello.ipv4, hello.prefix);
             return Some(format!("overlaps the overlay network {net}/{}", hello.prefix));
         }
         let members = self
