@@ -8,7 +8,7 @@ mod netns;
 use std::net::UdpSocket;
 use std::time::Duration;
 
-use netns::{Netns, Node, TempDir, ip, ping, require_root, wait_until};
+use netns::{Netns, Node, TempDir, ip, link, ping, require_root, wait_until};
 
 const NET: [&str; 4] = ["--network-name", "mesh", "--network-secret", "mesh secret"];
 
@@ -17,15 +17,6 @@ fn args<'a>(overlay: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     v.extend(["-i", overlay, "--threads", "1"]);
     v.extend(extra);
     v
-}
-
-/// Links two namespaces with a veth pair and addresses.
-fn link(a: &Netns, a_if: &str, a_addr: &str, b: &Netns, b_if: &str, b_addr: &str) {
-    ip(&["link", "add", "name", a_if, "netns", &a.name, "type", "veth", "peer", "name", b_if, "netns", &b.name]);
-    a.exec_ok(&["ip", "addr", "add", a_addr, "dev", a_if]);
-    b.exec_ok(&["ip", "addr", "add", b_addr, "dev", b_if]);
-    a.exec_ok(&["ip", "link", "set", "dev", a_if, "up"]);
-    b.exec_ok(&["ip", "link", "set", "dev", b_if, "up"]);
 }
 
 fn peer_path(n: &Node, overlay: &str) -> String {

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use netns::{Netns, Node, TempDir, ip, ping, require_root, run, transfer, wait_until, weft_bin};
+use netns::{Netns, Node, TempDir, link, ping, require_root, run, transfer, wait_until, weft_bin};
 use serde_json::Value;
 
 const NET: [&str; 4] = ["--network-name", "portal", "--network-secret", "portal secret"];
@@ -24,14 +24,6 @@ fn args<'a>(overlay: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     v.extend(["-i", overlay, "--threads", "1"]);
     v.extend(extra);
     v
-}
-
-fn link(a: &Netns, a_if: &str, a_addr: &str, b: &Netns, b_if: &str, b_addr: &str) {
-    ip(&["link", "add", "name", a_if, "netns", &a.name, "type", "veth", "peer", "name", b_if, "netns", &b.name]);
-    a.exec_ok(&["ip", "addr", "add", a_addr, "dev", a_if]);
-    b.exec_ok(&["ip", "addr", "add", b_addr, "dev", b_if]);
-    a.exec_ok(&["ip", "link", "set", "dev", a_if, "up"]);
-    b.exec_ok(&["ip", "link", "set", "dev", b_if, "up"]);
 }
 
 fn weft(args: &[&str]) -> std::process::Output {

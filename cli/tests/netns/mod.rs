@@ -44,6 +44,15 @@ pub fn require_root() {
     assert_eq!(euid, 0, "the end-to-end tests need root (network namespaces, TUN devices)");
 }
 
+/// Links two namespaces with a veth pair and addresses.
+pub fn link(a: &Netns, a_if: &str, a_addr: &str, b: &Netns, b_if: &str, b_addr: &str) {
+    ip(&["link", "add", "name", a_if, "netns", &a.name, "type", "veth", "peer", "name", b_if, "netns", &b.name]);
+    a.exec_ok(&["ip", "addr", "add", a_addr, "dev", a_if]);
+    b.exec_ok(&["ip", "addr", "add", b_addr, "dev", b_if]);
+    a.exec_ok(&["ip", "link", "set", "dev", a_if, "up"]);
+    b.exec_ok(&["ip", "link", "set", "dev", b_if, "up"]);
+}
+
 /// A network namespace that is deleted on drop.
 pub struct Netns {
     pub name: String,
