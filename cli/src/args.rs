@@ -44,7 +44,7 @@ pub enum Command {
     #[command(subcommand)]
     Peer(PeerCommand),
     /// Re-read the running node's config file and apply what can change live: peers,
-    /// listeners (tcp, ws, wss), proxied subnets, LAN discovery, metrics address, log
+    /// listeners of every transport, proxied subnets, LAN discovery, metrics address, log
     /// level. Sessions stay up; what needs a restart is named and left as it was. SIGHUP
     /// does the same (`systemctl reload weft`). Root or the weft-admin group only.
     Reload(ControlArgs),

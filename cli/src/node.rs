@@ -200,8 +200,10 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
             (false, _) => info!(offload = what, "offload switched off by configuration"),
         }
     }
-    let sender = socks[0].try_clone().context("cannot duplicate the UDP socket")?;
-    let links_sock = Arc::new(socks[0].try_clone().context("cannot duplicate the UDP socket")?);
+    // The runtime keeps every socket (not a duplicate descriptor), so a reload can
+    // move them all to another port with `udp::replace`.
+    let socks: Vec<Arc<UdpSocket>> = socks.into_iter().map(Arc::new).collect();
+    let sender = socks[0].clone();
     let dial = cfg.peers.iter().map(|p| p.resolve()).collect::<Result<Vec<_>, _>>()?;
     let needs_tls = cfg.listeners.iter().any(|l| matches!(l.proto, Proto::Wss | Proto::Quic));
     let tls = if needs_tls { Some(state::load_or_create_tls(&cfg.state_dir, cfg.tls.as_ref())?) } else { None };
@@ -245,7 +247,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
     let (links, inbound) = Links::new(LINKS_QUEUE);
     let mut pipelines = Vec::with_capacity(cfg.threads + 1);
     let mut first_queue = None;
-    for (i, ((q, s), gro)) in tun.queues.into_iter().zip(socks).zip(gro_per_socket).enumerate() {
+    for (i, ((q, s), gro)) in tun.queues.into_iter().zip(socks.iter().cloned()).zip(gro_per_socket).enumerate() {
         let pin = (cfg.pin && cfg.threads <= cores).then_some(i % cores);
         let pcfg = PipelineConfig { mtu: cfg.mtu, offload: tun_offload, udp_gro: gro, pin };
         let stats = Arc::new(PipelineStats::default());
@@ -260,7 +262,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
     let links_stats = Arc::new(PipelineStats::default());
     if let Some(q) = first_queue {
         let pcfg = PipelineConfig { mtu: cfg.mtu, offload: tun_offload, udp_gro: false, pin: None };
-        let egress = Egress::new(links_sock, links.clone(), shared.offload.clone());
+        let egress = Egress::new(sender.clone(), links.clone(), shared.offload.clone());
         pipeline::spawn_links_rx(q, inbound, egress, pcfg, shared.clone(), links_stats.clone())
             .context("cannot start the links thread")?;
     }
@@ -328,6 +330,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
         engine,
         shared,
         sender,
+        udp_socks: socks,
         started: epoch,
         tun_offload,
         pipelines,
@@ -357,7 +360,9 @@ struct Runtime {
     cfg: NodeConfig,
     engine: Node,
     shared: Shared,
-    sender: UdpSocket,
+    /// The pipelines' UDP sockets; `sender` is the first.
+    sender: Arc<UdpSocket>,
+    udp_socks: Vec<Arc<UdpSocket>>,
     started: Instant,
     tun_offload: bool,
     pipelines: Vec<Arc<PipelineStats>>,
@@ -420,7 +425,7 @@ impl Runtime {
         Ok(d)
     }
 
-    /// Applies a config read again: peers, tcp/ws/wss listeners, proxied subnets, LAN
+    /// Applies a config read again: peers, listeners, proxied subnets, LAN
     /// discovery, the metrics address and the log level change live (sessions stay
     /// up); every other difference is named in the reply and left as it was.
     async fn reload(
@@ -495,17 +500,39 @@ impl Runtime {
             self.update_portal();
         }
 
-        // Listeners: tcp, ws and wss ones can be opened and closed; the UDP sockets
-        // belong to the pipelines and the QUIC socket to outgoing QUIC as well.
+        // Listeners. The UDP sockets move to the new address under the running
+        // pipelines (peers follow us by roaming: our next packets come from there);
+        // a closed QUIC listener keeps its connections and stops accepting.
         let mut listeners_changed = false;
+        let mut udp_failed = false;
+        let mut udp_moved = false;
         for proto in [Proto::Udp, Proto::Quic, Proto::Tcp, Proto::Ws, Proto::Wss] {
             let was = self.cfg.listeners.iter().find(|l| l.proto == proto).copied();
-            let now_ = new.listeners.iter().find(|l| l.proto == proto).copied();
-            if was == now_ {
+            let wanted = new.listeners.iter().find(|l| l.proto == proto).copied();
+            if was == wanted {
                 continue;
             }
-            if matches!(proto, Proto::Udp | Proto::Quic) {
-                restart.push(if proto == Proto::Udp { "udp listener" } else { "quic listener" });
+            if proto == Proto::Udp {
+                match self.rebind_udp(wanted.map(|l| l.addr)) {
+                    Ok(addr) => {
+                        udp_moved = true;
+                        self.engine.udp_moved(now);
+                        self.listeners.retain(|b| b.proto != Proto::Udp);
+                        if wanted.is_some() {
+                            let b = Endpoint::new(Proto::Udp, addr);
+                            self.listeners.push(b);
+                            done.push(format!("listening on {b}"));
+                        } else {
+                            done.push(format!("udp listener closed (outgoing UDP from port {})", addr.port()));
+                        }
+                        listeners_changed = true;
+                    }
+                    Err(e) => {
+                        udp_failed = true;
+                        let l = wanted.map_or_else(|| "off".into(), |l| l.to_string());
+                        failed.push(format!("udp listener {l}: {e:#}"));
+                    }
+                }
                 continue;
             }
             if was.is_some()
@@ -516,7 +543,7 @@ impl Runtime {
                 done.push(format!("closed listener {b}"));
                 listeners_changed = true;
             }
-            if let Some(l) = now_ {
+            if let Some(l) = wanted {
                 match self.connector.listen(l).await {
                     Ok(addr) => {
                         let b = Endpoint::new(proto, addr);
@@ -529,17 +556,27 @@ impl Runtime {
             }
         }
         if listeners_changed {
-            // What is bound now: the UDP and QUIC listeners of the start, and the tcp,
-            // ws and wss ones of the new config that bound.
-            let reliable = |e: &Endpoint| !matches!(e.proto, Proto::Udp | Proto::Quic);
-            let mut l: Vec<Endpoint> = self.cfg.listeners.iter().filter(|e| !reliable(e)).copied().collect();
-            l.extend(new.listeners.iter().filter(|e| reliable(e) && self.listeners.iter().any(|b| b.proto == e.proto)));
+            // What is configured now: the new config's listeners that bound, and the
+            // UDP one as it was if it could not move.
+            let udp_from = if udp_failed { &self.cfg.listeners } else { &new.listeners };
+            let udp = udp_from.iter().find(|e| e.proto == Proto::Udp).copied();
+            let mut l: Vec<Endpoint> = new
+                .listeners
+                .iter()
+                .filter(|e| e.proto != Proto::Udp && self.listeners.iter().any(|b| b.proto == e.proto))
+                .copied()
+                .collect();
+            l.extend(udp);
             self.cfg.listeners = l;
             let bound = self.listeners.clone();
             self.engine.set_endpoints(local_endpoints(&bound, self.cfg.ipv4.addr, self.portal_dev().as_deref()));
         }
 
-        // LAN discovery.
+        // LAN discovery (its beacons name our UDP port: start it again if that moved).
+        if udp_moved && self.cfg.lan_discovery && new.lan_discovery {
+            *discovery = None;
+            self.cfg.lan_discovery = false;
+        }
         if new.lan_discovery != self.cfg.lan_discovery {
             if new.lan_discovery {
                 match self.discovery() {
@@ -606,6 +643,25 @@ impl Runtime {
         }
         info!("{message}");
         if failed.is_empty() { Reply::Done { message } } else { Reply::Error { message } }
+    }
+
+    /// Moves every pipeline's UDP socket to `addr` (an ephemeral port when `None`):
+    /// binds the new sockets first, so a port in use changes nothing, then swaps each
+    /// descriptor in place. Returns the new local address.
+    fn rebind_udp(&mut self, addr: Option<SocketAddr>) -> Result<SocketAddr> {
+        let bind = addr.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
+        let socks = udp::bind_reuseport(bind, self.udp_socks.len(), Duration::from_millis(500))
+            .with_context(|| format!("cannot bind udp://{bind}"))?;
+        let local = socks[0].local_addr().context("UDP socket has no address")?;
+        if self.cfg.offload.udp_gro && !socks.iter().all(udp::enable_gro) {
+            warn!("UDP GRO refused on the new sockets; received bursts arrive one datagram at a time");
+        }
+        for (old, new) in self.udp_socks.iter().zip(&socks) {
+            udp::replace(old, new).context("cannot move the UDP socket")?;
+        }
+        info!(from = self.udp_port, to = local.port(), "UDP sockets moved");
+        self.udp_port = local.port();
+        Ok(local)
     }
 
     /// The WireGuard portal's TUN device, when there is one.

@@ -118,3 +118,77 @@ fn reload_adds_and_removes_peers_and_subnets_without_dropping_sessions() {
     assert!(err.contains("bogus") && err.contains("a.toml"), "{err}");
     assert!(a.peer_established("10.126.126.3"));
 }
+
+fn endpoint(n: &Node, addr: &str) -> String {
+    n.peer(addr).and_then(|p| p["endpoint"].as_str().map(str::to_owned)).unwrap_or_default()
+}
+
+fn bound_udp(ns: &netns::Netns, port: u16) -> bool {
+    ns.within(|| std::net::UdpSocket::bind(("0.0.0.0", port)).is_err())
+}
+
+#[test]
+fn reload_moves_udp_and_quic_listeners_under_running_sessions() {
+    require_root();
+    let lan = Lan::new(4);
+    let dir = TempDir::new();
+    let cfg = dir.0.join("a.toml");
+    write_config(&cfg, "listen = [\"udp://0.0.0.0:11010\", \"quic://0.0.0.0:11011\"]\n");
+    let a = Node::start(&lan.hosts[0], &dir.0, "a", &["--config", cfg.to_str().unwrap()]);
+    let peer_of = |i: usize, overlay: &'static str, uri: String| {
+        let mut args: Vec<String> = NET.iter().map(|s| (*s).to_owned()).collect();
+        args.extend(["-i".into(), overlay.into(), "--threads".into(), "1".into(), "-p".into(), uri]);
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        Node::start(&lan.hosts[i], &dir.0, &format!("n{i}"), &refs)
+    };
+    let b = peer_of(1, "10.126.126.2/24", format!("udp://{}:11010", lan.addrs[0]));
+    let c = peer_of(2, "10.126.126.3/24", format!("quic://{}:11011", lan.addrs[0]));
+    wait_until(Duration::from_secs(10), "B and C join A", || {
+        a.peer_established("10.126.126.2") && a.peer_established("10.126.126.3")
+    });
+    assert_eq!(b.peer("10.126.126.1").unwrap()["transport"], "udp");
+    std::thread::sleep(Duration::from_secs(2));
+    let (age_b, age_c) = (handshake_age(&a, "10.126.126.2"), handshake_age(&a, "10.126.126.3"));
+
+    write_config(&cfg, "listen = [\"udp://0.0.0.0:11030\", \"quic://0.0.0.0:11031\"]\n");
+    let out = Command::new(weft_bin()).args(["reload", "--control"]).arg(&a.control).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{said}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(said.contains("listening on udp://0.0.0.0:11030"), "{said}");
+    assert!(
+        said.contains("closed listener quic://0.0.0.0:11011") && said.contains("listening on quic://0.0.0.0:11031"),
+        "{said}"
+    );
+    assert!(!said.contains("restart"), "{said}");
+    assert!(bound_udp(&lan.hosts[0], 11030) && bound_udp(&lan.hosts[0], 11031), "the new ports are not bound");
+    // The old UDP socket closes once the receive blocked on it times out (the old QUIC
+    // socket stays while connections accepted on it live).
+    wait_until(Duration::from_secs(3), "udp 11010 is free", || !bound_udp(&lan.hosts[0], 11010));
+    let listening = a.status()["listeners"].to_string();
+    assert!(listening.contains("udp://0.0.0.0:11030") && listening.contains("quic://0.0.0.0:11031"), "{listening}");
+
+    // B follows A to the new port by roaming, and C (which reached A over QUIC, then
+    // took the UDP path A announced) too; neither session is made again.
+    assert!(netns::ping(&lan.hosts[1], "10.126.126.1"), "B lost A after the UDP port moved");
+    assert!(netns::ping(&lan.hosts[2], "10.126.126.1"), "C lost A after the QUIC listener moved");
+    assert!(c.peer_established("10.126.126.1"));
+    let new_ep = format!("udp://{}:11030", lan.addrs[0]);
+    wait_until(Duration::from_secs(30), "B sends to A's new port", || endpoint(&b, "10.126.126.1") == new_ep);
+    assert!(handshake_age(&a, "10.126.126.2") >= age_b, "A re-handshook with B");
+    assert!(handshake_age(&a, "10.126.126.3") >= age_c, "A re-handshook with C");
+
+    // A newcomer that knows only the new QUIC port joins (its first handshake can go
+    // nowhere else: A's UDP endpoint reaches it only in A's record, after the session).
+    let d = peer_of(3, "10.126.126.4/24", format!("quic://{}:11031", lan.addrs[0]));
+    wait_until(Duration::from_secs(10), "D joins A over QUIC on the new port", || a.peer_established("10.126.126.4"));
+    drop(d);
+
+    // Without a udp:// listener the sockets move to an ephemeral port, still carrying
+    // the sessions.
+    write_config(&cfg, "listen = [\"quic://0.0.0.0:11031\"]\n");
+    let out = Command::new(weft_bin()).args(["reload", "--control"]).arg(&a.control).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("udp listener closed"), "{said}");
+    wait_until(Duration::from_secs(3), "udp 11030 is free", || !bound_udp(&lan.hosts[0], 11030));
+    assert!(netns::ping(&lan.hosts[1], "10.126.126.1"), "B lost A after the UDP listener closed");
+}

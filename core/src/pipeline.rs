@@ -190,18 +190,19 @@ pub struct PipelineConfig {
     pub pin: Option<usize>,
 }
 
-/// Starts the TX and RX thread of pipeline `id`: TUN queue `tun`, UDP socket `sock`,
-/// and the node's connections `links` for paths over other transports.
+/// Starts the TX and RX thread of pipeline `id`: TUN queue `tun`, UDP socket `sock`
+/// (the caller may keep it to move the pipeline to another port with
+/// [`crate::transport::udp::replace`]), and the node's connections `links` for paths
+/// over other transports.
 pub fn spawn(
     id: usize,
     tun: Arc<SyncDevice>,
-    sock: UdpSocket,
+    sock: Arc<UdpSocket>,
     links: Arc<Links>,
     cfg: PipelineConfig,
     shared: Shared,
     stats: Arc<PipelineStats>,
 ) -> io::Result<[JoinHandle<()>; 2]> {
-    let sock = Arc::new(sock);
     let tx_egress = Egress::new(sock.clone(), links.clone(), shared.offload.clone());
     let rx_egress = Egress::new(sock, links, shared.offload.clone());
     let (t2, sh2, st2) = (tun.clone(), shared.clone(), stats.clone());

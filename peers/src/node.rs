@@ -618,6 +618,20 @@ impl Node {
         }
     }
 
+    /// Our UDP sockets moved to another port (a live reload): a keepalive now to
+    /// every peer on a direct UDP path, so each sees the new source and follows it
+    /// (roaming) instead of sending to the old port until our next keepalive.
+    pub fn udp_moved(&mut self, now: Instant) {
+        let epoch = self.cfg.epoch;
+        for p in self.peers.values() {
+            if let (Some(d), Some(tx)) = (p.path.direct(), p.tx())
+                && d.endpoint.proto == weft_core::transport::Proto::Udp
+            {
+                self.actions.push_back(Dest::direct(d.endpoint).send(keepalive(&tx.session, now, epoch)));
+            }
+        }
+    }
+
     /// Replaces the subnets this node proxies (a live reload): our record is
     /// republished, so members route (or stop routing) them to us within a flood.
     pub fn set_proxied(&mut self, now: Instant, subnets: Vec<(Ipv4Addr, u8)>) {

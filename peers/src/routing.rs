@@ -43,7 +43,8 @@ impl Node {
     /// Authenticated packets of a session arrive straight from `from`: that address is
     /// a working direct path to the peer (a hole punch succeeded, or it roamed).
     ///
-    /// The peer moves there when it is a better transport than the current path, or
+    /// The peer moves there when it is a better transport than the current path, the
+    /// same host over UDP from another port (NAT rebinding, a moved listener), or
     /// the current path is stale (nothing arrived on it lately): so a node prefers
     /// UDP, then QUIC, TCP, WebSocket, and follows whichever path still works.
     pub(crate) fn handle_direct(&mut self, now: Instant, local_index: u32, from: Endpoint) {
@@ -65,7 +66,13 @@ impl Node {
             }
         } else {
             let better = current.is_none_or(|cur| from.proto < cur.proto);
-            if p.path.is_direct() && !better && !p.path_stale(now, stale_after) {
+            // The same host over UDP from another port: its NAT rebound or its node
+            // moved its sockets (a reload), and the old port is gone. (Not for stream
+            // transports: two connections between the same hosts would flap.)
+            let moved = current.is_some_and(|cur| {
+                cur.proto == Proto::Udp && from.proto == Proto::Udp && cur.addr.ip() == from.addr.ip()
+            });
+            if p.path.is_direct() && !better && !moved && !p.path_stale(now, stale_after) {
                 return;
             }
         }

@@ -1455,6 +1455,24 @@ fn an_address_routed_into_the_tunnel_is_never_a_direct_path() {
 }
 
 #[test]
+fn a_peer_that_moves_its_udp_port_is_followed_at_once_and_another_host_is_not() {
+    // A peer's NAT rebinding, or its node moving its UDP sockets on a reload: the
+    // same host from another port, authenticated, while the old path is still fresh.
+    let mut sim = default_pair_established();
+    let a_session = sim.route(A, B).expect("A's session with B");
+    let old = addr(A);
+    let moved = Endpoint::udp(SocketAddr::new(old.addr.ip(), old.addr.port() + 20));
+    let elsewhere = Endpoint::udp(SocketAddr::from(([198, 51, 100, 9], old.addr.port())));
+    let endpoint = |s: &Sim| s.peer_status(B, A).and_then(|p| p.endpoint);
+    for (n, (from, expect)) in [(elsewhere, old), (moved, moved)].into_iter().enumerate() {
+        let pkt = ip_packet(overlay(A), overlay(B), 16, 300 + n as u64);
+        assert!(sim.inject_data(B, from, &seal(&a_session, &pkt)).is_ok());
+        sim.run(Duration::from_millis(50));
+        assert_eq!(endpoint(&sim), Some(expect), "after a packet from {from}");
+    }
+}
+
+#[test]
 fn punch_requests_only_reach_the_requesters_own_addresses_and_are_rate_limited() {
     let timers = Timers::default();
     let mut sim = Sim::new(vec![

@@ -118,9 +118,10 @@ struct Inner {
     accepted: Mutex<(HashSet<Endpoint>, VecDeque<Endpoint>)>,
     max_connections: usize,
     mtu: usize,
-    /// Accept loops of the TCP, WS and WSS listeners, by bound endpoint (closed by
-    /// aborting them, which drops the socket).
-    tcp_listeners: Mutex<HashMap<Endpoint, tokio::task::AbortHandle>>,
+    /// Accept loops of the listeners, by bound endpoint (closed by aborting them,
+    /// which drops a TCP socket; a QUIC one stops accepting and stays for the
+    /// connections on it).
+    listeners: Mutex<HashMap<Endpoint, tokio::task::AbortHandle>>,
 }
 
 impl Connector {
@@ -173,7 +174,7 @@ impl Connector {
                 accepted: Mutex::default(),
                 max_connections,
                 mtu,
-                tcp_listeners: Mutex::new(HashMap::new()),
+                listeners: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -202,8 +203,11 @@ impl Connector {
             let mut endpoint = quic_endpoint(ep.addr, Some(server)).map_err(bind)?;
             endpoint.set_default_client_config(self.inner.quic_client.clone());
             let local = endpoint.local_addr().map_err(bind)?;
+            // Outgoing QUIC moves to the new socket (so peers see our listening port);
+            // connections on an earlier one stay there until they end.
             *self.inner.quic.lock() = Some(endpoint.clone());
-            tokio::spawn(self.clone().accept_quic(endpoint));
+            let task = tokio::spawn(self.clone().accept_quic(endpoint));
+            self.inner.listeners.lock().insert(Endpoint::new(Proto::Quic, local), task.abort_handle());
             return Ok(local);
         }
         if ep.proto == Proto::Wss && self.inner.server_tls.is_none() {
@@ -212,22 +216,28 @@ impl Connector {
         let listener = TcpListener::bind(ep.addr).await.map_err(bind)?;
         let local = listener.local_addr().map_err(bind)?;
         let task = tokio::spawn(self.clone().accept_tcp(ep.proto, listener));
-        self.inner.tcp_listeners.lock().insert(Endpoint::new(ep.proto, local), task.abort_handle());
+        self.inner.listeners.lock().insert(Endpoint::new(ep.proto, local), task.abort_handle());
         Ok(local)
     }
 
-    /// Closes a TCP, WebSocket or WebSocket-over-TLS listener that [`Self::listen`]
-    /// bound at `bound` (its port is free again at once; the connections it accepted
-    /// stay up). Returns whether there was one. QUIC listeners share their socket with
-    /// outgoing QUIC and are not closed here.
+    /// Closes a listener that [`Self::listen`] bound at `bound`; the connections it
+    /// accepted stay up. A TCP, WebSocket or WebSocket-over-TLS port is free again at
+    /// once. A QUIC socket also carries the connections on it (accepted and dialled),
+    /// so it stops accepting, later dials use a socket of their own, and it closes
+    /// when its last connection ends. Returns whether there was one.
     pub fn close_listener(&self, bound: Endpoint) -> bool {
-        match self.inner.tcp_listeners.lock().remove(&bound) {
-            Some(task) => {
-                task.abort();
-                true
+        let Some(task) = self.inner.listeners.lock().remove(&bound) else {
+            return false;
+        };
+        task.abort();
+        if bound.proto == Proto::Quic {
+            let mut q = self.inner.quic.lock();
+            if let Some(e) = q.as_ref().filter(|e| e.local_addr().ok() == Some(bound.addr)) {
+                e.set_server_config(None);
+                *q = None;
             }
-            None => false,
         }
+        true
     }
 
     /// Sends one frame (a handshake or control message) to `to`: on its connection,

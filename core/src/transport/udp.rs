@@ -130,6 +130,18 @@ pub fn enable_gro(sock: &UdpSocket) -> bool {
     r == 0
 }
 
+/// Makes the descriptor of `target` refer to the socket `with` (`dup2`): every thread
+/// holding `target` sends and receives on the new socket from its next system call,
+/// and the old socket closes once a receive already blocked on it returns (within its
+/// read timeout). This moves running pipelines to another port without stopping them.
+pub fn replace(target: &UdpSocket, with: &UdpSocket) -> io::Result<()> {
+    // SAFETY: both descriptors are open and owned by sockets borrowed for the whole
+    // call; dup2 atomically closes what `target`'s number referred to and makes the
+    // number refer to `with`'s socket, so each number keeps exactly one owner.
+    let r = unsafe { libc::dup2(with.as_raw_fd(), target.as_raw_fd()) };
+    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+}
+
 /// Metadata of one received message: with GRO it may hold several datagrams of
 /// `stride` bytes each (the last may be shorter).
 #[derive(Debug, Clone, Copy)]
@@ -425,6 +437,8 @@ unsafe fn sockaddr_to_std(ptr: *const libc::sockaddr_storage, len: libc::socklen
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
 
     #[test]
@@ -470,6 +484,30 @@ mod tests {
         let socks = bind_reuseport("127.0.0.1:0".parse().unwrap(), 3, Duration::from_millis(100)).unwrap();
         let port = socks[0].local_addr().unwrap().port();
         assert!(socks.iter().all(|s| s.local_addr().unwrap().port() == port));
+    }
+
+    #[test]
+    fn a_replaced_socket_sends_and_receives_on_the_new_port() {
+        let old = bind_reuseport("127.0.0.1:0".parse().unwrap(), 1, Duration::from_millis(100)).unwrap();
+        let old_addr = old[0].local_addr().unwrap();
+        let new = bind_reuseport("127.0.0.1:0".parse().unwrap(), 1, Duration::from_millis(100)).unwrap();
+        let new_addr = new[0].local_addr().unwrap();
+        // A second handle on the old socket, as a pipeline's Arc would be.
+        let held = Arc::new(old.into_iter().next().unwrap());
+        replace(&held, &new[0]).unwrap();
+        drop(new);
+        assert_eq!(held.local_addr().unwrap(), new_addr);
+        let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
+        peer.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+        peer.send_to(b"to the new port", new_addr).unwrap();
+        let mut buf = [0u8; 64];
+        let (n, from) = held.recv_from(&mut buf).unwrap();
+        assert_eq!((&buf[..n], from), (&b"to the new port"[..], peer.local_addr().unwrap()));
+        held.send_to(b"back", peer.local_addr().unwrap()).unwrap();
+        let (n, from) = peer.recv_from(&mut buf).unwrap();
+        assert_eq!((&buf[..n], from), (&b"back"[..], new_addr));
+        // The old port is closed: nothing bound there any more.
+        assert!(UdpSocket::bind(old_addr).is_ok(), "the old port is still held");
     }
 
     #[test]
