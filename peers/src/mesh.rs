@@ -509,6 +509,19 @@ impl Node {
     fn handle_record(&mut self, now: Instant, from_key: [u8; 32], rec: Record) {
         let node = rec.node();
         let network = self.cfg.handshake.network_name.clone();
+        // The origin itself sends a record no newer than the one we hold, and not the
+        // same: it restarted and numbers from zero again. Our copy goes back so that it
+        // jumps past it; else a change (a new host name) under a sequence number it
+        // already used would never spread, as summaries hash origins and numbers only.
+        if node == NodeId::from_public(&from_key)
+            && let Some(held) = self.mesh.topology.get(&node)
+            && held.seq >= rec.seq
+            && held.sig != rec.sig
+        {
+            let back = Msg::Record(Box::new(held.clone()));
+            self.send_msg(&from_key, &back, now);
+            return;
+        }
         let before = match self.mesh.receive(&rec, self.id, &network, now) {
             Received::Stale => return,
             Received::Forged => {

@@ -1575,3 +1575,25 @@ fn a_repeated_empty_digest_pulls_the_table_once_per_gap() {
     sim.send_control(A, B, &digest);
     assert!(records_to_a(&sim, mark) >= 3);
 }
+
+#[test]
+fn a_member_restarted_under_another_name_is_known_by_it() {
+    // Same key, new host name (its record's sequence numbers start again from zero):
+    // every member ends up with the new name in its table.
+    let mut sim = three_members();
+    sim.run(Duration::from_secs(3));
+    sim.kill(A);
+    sim.run(Duration::from_secs(1));
+    let mut p = sim.slots[A].params.clone();
+    p.hello.hostname = "renamed".into();
+    let d = sim.slots[A].dial.clone();
+    sim.restart_with(A, p, d);
+    let named = |s: &Sim, i: usize| s.record(i, A).is_some_and(|r| r.hostname == "renamed");
+    let t = sim.run_until(Duration::from_secs(20), |s| named(s, B) && named(s, C));
+    assert!(
+        t.is_some(),
+        "A holds {:?}, B holds {:?}",
+        sim.record(B, A).map(|r| (r.hostname, r.seq)),
+        sim.record(C, A).map(|r| (r.hostname, r.seq))
+    );
+}
