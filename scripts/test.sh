@@ -10,8 +10,9 @@ if [ "$(id -u)" -ne 0 ]; then
     exit 2
 fi
 need=()
-# wireguard-go and wg: the WireGuard portal's test uses them as the stock client.
-for tool in ip:iproute2 ping:iputils-ping tcpdump:tcpdump setpriv:util-linux unshare:util-linux nft:nftables iperf3:iperf3 sysctl:procps Xvfb:xvfb wireguard-go:wireguard-go wg:wireguard-tools; do
+# wireguard-go and wg: the WireGuard portal's test uses them as the stock client;
+# dig: the Magic DNS test asks with it.
+for tool in ip:iproute2 ping:iputils-ping tcpdump:tcpdump setpriv:util-linux unshare:util-linux nft:nftables iperf3:iperf3 sysctl:procps Xvfb:xvfb wireguard-go:wireguard-go wg:wireguard-tools dig:bind9-dnsutils; do
     command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool##*:}")
 done
 if [ ${#need[@]} -gt 0 ]; then

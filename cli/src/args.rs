@@ -178,6 +178,18 @@ pub struct UpArgs {
     /// `weft status --json`; anyone who can reach the address can read them.
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics: Option<String>,
+    /// Do not answer DNS for the members' names on the overlay address (Magic DNS is on
+    /// by default: `<host>.<domain>` for every member, everything else refused).
+    #[arg(long)]
+    pub no_magic_dns: bool,
+    /// The Magic DNS domain (default: the network name under `internal`, e.g.
+    /// `office.internal`).
+    #[arg(long, value_name = "DOMAIN")]
+    pub dns_domain: Option<String>,
+    /// Register Magic DNS with systemd-resolved (resolvectl) for its domain only, on
+    /// the TUN device; undone when the node stops.
+    #[arg(long)]
+    pub accept_dns: bool,
     /// Rekey interval in seconds (default 120); for testing.
     #[arg(long, value_name = "SECS", hide = true)]
     pub rekey_after: Option<u64>,

@@ -67,6 +67,9 @@ pub struct FileConfig {
     log_level: Option<String>,
     log_format: Option<String>,
     metrics: Option<String>,
+    magic_dns: Option<bool>,
+    dns_domain: Option<String>,
+    accept_dns: Option<bool>,
 }
 
 impl FileConfig {
@@ -273,6 +276,10 @@ pub struct NodeConfig {
     pub log_format: Option<String>,
     /// `--metrics`: where to serve Prometheus metrics.
     pub metrics: Option<std::net::SocketAddr>,
+    /// The Magic DNS domain, or `None` with `--no-magic-dns`.
+    pub dns_domain: Option<String>,
+    /// `--accept-dns`: register Magic DNS with systemd-resolved.
+    pub accept_dns: bool,
 }
 
 /// How log lines are written.
@@ -457,6 +464,14 @@ impl NodeConfig {
                 ));
             }
         }
+        let dns_domain = if args.no_magic_dns || file.magic_dns == Some(false) {
+            None
+        } else {
+            match args.dns_domain.clone().or(file.dns_domain) {
+                Some(d) => Some(crate::dns::parse_domain(&d).map_err(UsageError)?),
+                None => Some(crate::dns::default_domain(&network_name)),
+            }
+        };
         Ok(Self {
             network_name,
             network_secret: secret,
@@ -501,6 +516,8 @@ impl NodeConfig {
                 })?),
                 None => None,
             },
+            dns_domain,
+            accept_dns: args.accept_dns || file.accept_dns.unwrap_or(false),
         })
     }
 }
@@ -667,6 +684,26 @@ mod tests {
         std::fs::write(&path, "log-level = \"debug\"\nlog-format = \"json\"\n").unwrap();
         let c = NodeConfig::resolve(&UpArgs { config: Some(path), ..args() }).unwrap();
         assert_eq!((c.log_level.as_deref(), c.log_format.as_deref()), (Some("debug"), Some("json")));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn magic_dns_settings_come_from_flags_and_file() {
+        let c = NodeConfig::resolve(&args()).unwrap();
+        assert_eq!((c.dns_domain.as_deref(), c.accept_dns), (Some("office.internal"), false));
+        let c = NodeConfig::resolve(&UpArgs { no_magic_dns: true, ..args() }).unwrap();
+        assert_eq!(c.dns_domain, None);
+        let e = NodeConfig::resolve(&UpArgs { dns_domain: Some("a..b".into()), ..args() }).unwrap_err().to_string();
+        assert!(e.contains("--dns-domain") && e.contains("a..b"), "{e}");
+        let dir = std::env::temp_dir().join(format!("weft-cfg-dns-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("weft.toml");
+        std::fs::write(&path, "dns-domain = \"Mesh.Example\"\naccept-dns = true\n").unwrap();
+        let c = NodeConfig::resolve(&UpArgs { config: Some(path.clone()), ..args() }).unwrap();
+        assert_eq!((c.dns_domain.as_deref(), c.accept_dns), (Some("mesh.example"), true));
+        std::fs::write(&path, "magic-dns = false\n").unwrap();
+        let c = NodeConfig::resolve(&UpArgs { config: Some(path), ..args() }).unwrap();
+        assert_eq!(c.dns_domain, None);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -141,6 +141,9 @@ pub struct StatusJson {
     /// The WireGuard portal, when this node runs one (`--wg-portal`).
     #[serde(default)]
     pub wg_portal: Option<PortalJson>,
+    /// Magic DNS, when this node serves it.
+    #[serde(default)]
+    pub magic_dns: Option<MagicDnsJson>,
     /// Handshakes that made a session (either side) since start.
     #[serde(default)]
     pub handshakes_completed: u64,
@@ -241,6 +244,23 @@ pub struct AdmissionJson {
     pub state_full: u64,
     /// Whether the node is under load now.
     pub under_load: bool,
+}
+
+/// The Magic DNS server of a node.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MagicDnsJson {
+    /// The domain it answers for.
+    pub domain: String,
+    /// Where it listens (the overlay address, port 53).
+    pub server: String,
+    /// This node's own name.
+    pub name: Option<String>,
+    /// Names in the zone (members).
+    pub names: usize,
+    /// Queries answered.
+    pub answered: u64,
+    /// Datagrams that were no query.
+    pub dropped: u64,
 }
 
 /// Offloads in use.

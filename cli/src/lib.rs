@@ -16,6 +16,7 @@ pub mod args;
 pub mod config;
 pub mod control;
 pub mod discovery;
+pub mod dns;
 mod meta;
 pub mod metrics;
 pub mod node;

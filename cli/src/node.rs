@@ -348,6 +348,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
         args: Arc::new(reloadable.args),
         log_level_pinned: reloadable.log_level_pinned,
         control_traffic: Default::default(),
+        dns: None,
     };
     runtime.update_portal();
     let result = rt.block_on(runtime.serve(ctl_rx, hs_rx, sink, down_rx, metrics));
@@ -395,6 +396,8 @@ struct Runtime {
     log_level_pinned: bool,
     /// The control plane's own traffic.
     control_traffic: crate::control::ControlTrafficJson,
+    /// Magic DNS, when on and bound.
+    dns: Option<crate::dns::Server>,
 }
 
 impl Runtime {
@@ -629,6 +632,22 @@ impl Runtime {
             }
         }
 
+        // Magic DNS: a new domain, on or off, registered or not.
+        if new.dns_domain != self.cfg.dns_domain || new.accept_dns != self.cfg.accept_dns {
+            if self.dns.take().is_some() && self.cfg.accept_dns {
+                let dev = self.cfg.dev_name.clone();
+                let _ = tokio::task::spawn_blocking(move || crate::dns::unregister(&dev)).await;
+            }
+            self.cfg.dns_domain.clone_from(&new.dns_domain);
+            self.cfg.accept_dns = new.accept_dns;
+            self.start_dns();
+            match (&self.cfg.dns_domain, &self.dns) {
+                (Some(d), Some(_)) => done.push(format!("Magic DNS for {d}")),
+                (Some(d), None) => failed.push(format!("Magic DNS for {d}: cannot bind port 53 (see the log)")),
+                (None, _) => done.push("Magic DNS off".into()),
+            }
+        }
+
         let file = self.args.config.as_ref().map_or_else(String::new, |p| format!(" {}", p.display()));
         let mut message = if done.is_empty() {
             format!("reloaded{file}: nothing changed")
@@ -662,6 +681,59 @@ impl Runtime {
         info!(from = self.udp_port, to = local.port(), "UDP sockets moved");
         self.udp_port = local.port();
         Ok(local)
+    }
+
+    /// The Magic DNS zone of the mesh as this node knows it: itself and every member
+    /// whose record it holds.
+    fn dns_zone(&self, domain: &str) -> crate::dns::Zone {
+        let me = self.engine.id();
+        let others = self.engine.topology().records().filter(|r| r.node() != me);
+        crate::dns::Zone::new(
+            domain,
+            std::iter::once((me, self.cfg.hostname.as_str(), self.cfg.ipv4.addr))
+                .chain(others.map(|r| (r.node(), r.hostname.as_str(), r.overlay))),
+        )
+    }
+
+    /// Starts Magic DNS on the overlay address (when on), and registers it with
+    /// systemd-resolved (with `--accept-dns`). A port already taken turns it off with a
+    /// warning: the mesh works without it.
+    fn start_dns(&mut self) {
+        self.dns = None;
+        let Some(domain) = self.cfg.dns_domain.clone() else { return };
+        let zone = Arc::new(ArcSwap::from_pointee(self.dns_zone(&domain)));
+        let addr = SocketAddr::from((self.cfg.ipv4.addr, 53));
+        match crate::dns::Server::start(addr, zone) {
+            Ok(s) => {
+                info!(%addr, %domain, "Magic DNS on");
+                self.dns = Some(s);
+            }
+            Err(e) => {
+                warn!(%addr, error = %e, "Magic DNS off: cannot bind its socket");
+                return;
+            }
+        }
+        if self.cfg.accept_dns {
+            let (dev, ip) = (self.cfg.dev_name.clone(), self.cfg.ipv4.addr);
+            tokio::task::spawn_blocking(move || {
+                if crate::dns::register(&dev, ip, &domain) {
+                    info!(%domain, "Magic DNS registered with systemd-resolved");
+                }
+            });
+        }
+    }
+
+    /// Follows members coming, going and renaming, and our own address moving.
+    fn refresh_dns(&mut self) {
+        let Some(d) = &self.dns else { return };
+        if d.addr.ip() != std::net::IpAddr::V4(self.cfg.ipv4.addr) {
+            self.start_dns();
+            return;
+        }
+        let zone = self.dns_zone(&d.zone.load().domain());
+        if d.update(zone) {
+            debug!("Magic DNS zone changed");
+        }
     }
 
     /// The WireGuard portal's TUN device, when there is one.
@@ -725,6 +797,8 @@ impl Runtime {
         self.engine.handle_timeout(Instant::now());
         self.drain();
         let mut discovery = if self.cfg.lan_discovery { Some(self.discovery()?) } else { None };
+        self.start_dns();
+        let mut dns_timer = tokio::time::interval(Duration::from_secs(1));
         let mut beacon_timer = tokio::time::interval(Duration::from_secs(5));
         // Interfaces come and go: members' subnets are checked against the networks
         // this host is connected to now.
@@ -786,6 +860,7 @@ impl Runtime {
                     }
                 }
                 _ = nets_timer.tick() => self.engine.set_local_networks(local_networks(&self.cfg.dev_name)),
+                _ = dns_timer.tick(), if self.dns.is_some() => self.refresh_dns(),
                 _ = tokio::signal::ctrl_c() => { info!("interrupted; shutting down"); break }
                 _ = sigterm.recv() => { info!("terminated; shutting down"); break }
                 // Last: handshake datagrams (even replayed ones pass mac1) must never keep
@@ -802,6 +877,10 @@ impl Runtime {
         }
         self.shared.stop.store(true, Ordering::Relaxed);
         accept.abort();
+        if self.dns.take().is_some() && self.cfg.accept_dns {
+            let dev = self.cfg.dev_name.clone();
+            let _ = tokio::task::spawn_blocking(move || crate::dns::unregister(&dev)).await;
+        }
         if let Some(m) = metrics {
             m.abort();
         }
@@ -1034,6 +1113,17 @@ impl Runtime {
                 }
             },
             wg_portal: self.portal.as_ref().map(crate::portal::Portal::status),
+            magic_dns: self.dns.as_ref().map(|d| {
+                let zone = d.zone.load();
+                crate::control::MagicDnsJson {
+                    domain: zone.domain(),
+                    server: d.addr.to_string(),
+                    name: zone.name_of(self.cfg.ipv4.addr),
+                    names: zone.len(),
+                    answered: d.stats.answered.load(Ordering::Relaxed),
+                    dropped: d.stats.dropped.load(Ordering::Relaxed),
+                }
+            }),
             handshakes_completed: st.handshakes_completed,
             handshake_failures: st.handshake_failures.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect(),
             control_traffic: self.control_traffic.clone(),

@@ -41,6 +41,10 @@ pub(crate) fn status(s: &StatusJson) -> String {
             p.clients.len()
         );
     }
+    if let Some(d) = &s.magic_dns {
+        let name = d.name.as_deref().unwrap_or("-");
+        let _ = writeln!(o, "dns       {name} on {} ({} names in {})", d.server, d.names, d.domain);
+    }
     for c in &s.address_conflicts {
         let _ = writeln!(o, "CONFLICT  {c}");
     }

@@ -1,0 +1,439 @@
+//! Magic DNS: every node answers `<host>.<domain>` for the members of the mesh on its
+//! overlay address, and refuses every other name (it is no resolver, open or not).
+//! The wire format is hickory-proto's; the zone is rebuilt from the topology records.
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use arc_swap::ArcSwap;
+use hickory_proto::op::{Edns, Message, MessageType, OpCode, ResponseCode};
+use hickory_proto::rr::rdata::{A, SOA};
+use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
+use tracing::{debug, warn};
+use weft_peers::NodeId;
+
+/// Seconds members' answers may be cached: a renamed or departed member is gone from
+/// resolvers' caches within this.
+pub const TTL: u32 = 10;
+/// Largest UDP answer we send (RFC 9715's recommendation for EDNS).
+const MAX_UDP: u16 = 1232;
+/// The domain when the network name makes no label.
+const FALLBACK: &str = "weft";
+
+/// A DNS label from a host name: lowercase ASCII letters, digits and hyphens, no
+/// hyphen at either end, at most 63 bytes; empty when nothing is left.
+pub fn label(host: &str) -> String {
+    let mut out = String::with_capacity(host.len().min(63));
+    for c in host.chars() {
+        let c = c.to_ascii_lowercase();
+        if c.is_ascii_lowercase() || c.is_ascii_digit() {
+            out.push(c);
+        } else if !out.is_empty() && !out.ends_with('-') {
+            // Dots, underscores, spaces and other characters become one hyphen.
+            out.push('-');
+        }
+        if out.len() == 63 {
+            break;
+        }
+    }
+    while out.ends_with('-') {
+        out.pop();
+    }
+    out
+}
+
+/// The default domain of a network: its name as a label under `internal.` (the TLD
+/// ICANN keeps for private use), e.g. `office.internal`.
+pub fn default_domain(network: &str) -> String {
+    let l = label(network);
+    format!("{}.internal", if l.is_empty() { FALLBACK } else { &l })
+}
+
+/// Checks a `--dns-domain`: one or more valid labels (letters, digits, hyphens, not
+/// at either end of a label), at most 253 bytes; returned lowercased, without a
+/// trailing dot.
+pub fn parse_domain(s: &str) -> Result<String, String> {
+    let d = s.strip_suffix('.').unwrap_or(s).to_ascii_lowercase();
+    if d.is_empty() || d.len() > 253 {
+        return Err(format!("invalid --dns-domain {s:?}: it must hold 1 to 253 characters"));
+    }
+    for l in d.split('.') {
+        let ok = !l.is_empty()
+            && l.len() <= 63
+            && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-');
+        if !ok {
+            return Err(format!(
+                "invalid --dns-domain {s:?}: label {l:?} must be 1 to 63 letters, digits or inner hyphens"
+            ));
+        }
+    }
+    Ok(d)
+}
+
+/// The members' names: label → address. Members whose host names make the same label
+/// are told apart by their node id: the lowest id keeps the plain label, the others get
+/// `-` and the first six hex digits of their id (stable across restarts).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Zone {
+    domain: Name,
+    names: BTreeMap<String, Ipv4Addr>,
+}
+
+impl Zone {
+    /// A zone for `domain` (already checked by [`parse_domain`]) holding `members`:
+    /// (node id, host name, overlay address).
+    pub fn new<'a>(domain: &str, members: impl IntoIterator<Item = (NodeId, &'a str, Ipv4Addr)>) -> Self {
+        let domain = Name::from_ascii(format!("{domain}.")).unwrap_or_else(|_| Name::root());
+        let mut by_label: BTreeMap<String, Vec<(NodeId, Ipv4Addr)>> = BTreeMap::new();
+        for (id, host, addr) in members {
+            let mut l = label(host);
+            if l.is_empty() {
+                l = format!("node-{id}");
+            }
+            by_label.entry(l).or_default().push((id, addr));
+        }
+        let mut names = BTreeMap::new();
+        for (l, mut group) in by_label {
+            group.sort_unstable_by_key(|(id, _)| *id);
+            for (i, (id, addr)) in group.into_iter().enumerate() {
+                if i == 0 {
+                    names.insert(l.clone(), addr);
+                } else {
+                    let short: String = id.to_string().chars().take(6).collect();
+                    let base: String = l.chars().take(63 - 7).collect();
+                    names.insert(format!("{}-{short}", base.trim_end_matches('-')), addr);
+                }
+            }
+        }
+        Self { domain, names }
+    }
+
+    /// The domain, without the trailing dot.
+    pub fn domain(&self) -> String {
+        self.domain.to_ascii().trim_end_matches('.').to_owned()
+    }
+
+    /// Names in the zone.
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    /// Whether the zone holds no name.
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+
+    /// The fully qualified name of the member at `addr`, if it has one.
+    pub fn name_of(&self, addr: Ipv4Addr) -> Option<String> {
+        self.names.iter().find(|(_, a)| **a == addr).map(|(l, _)| format!("{l}.{}", self.domain()))
+    }
+
+    /// The answer to one datagram, or `None` when it is no query (malformed, or a
+    /// response: answering those could make two servers loop).
+    pub fn answer(&self, query: &[u8]) -> Option<Vec<u8>> {
+        let req = Message::from_vec(query).ok()?;
+        if req.metadata.message_type != MessageType::Query {
+            return None;
+        }
+        let mut resp = Message::response(req.metadata.id, req.metadata.op_code);
+        resp.metadata.recursion_desired = req.metadata.recursion_desired;
+        resp.metadata.recursion_available = false;
+        if req.edns.is_some() {
+            let mut e = Edns::new();
+            e.set_max_payload(MAX_UDP);
+            resp.set_edns(e);
+        }
+        resp.metadata.response_code = self.fill(&req, &mut resp);
+        resp.to_vec().ok()
+    }
+
+    fn fill(&self, req: &Message, resp: &mut Message) -> ResponseCode {
+        if req.metadata.op_code != OpCode::Query {
+            return ResponseCode::NotImp;
+        }
+        let [q] = req.queries.as_slice() else {
+            return ResponseCode::FormErr;
+        };
+        resp.add_query(q.clone());
+        let name = q.name().to_lowercase();
+        if q.query_class() != DNSClass::IN || !self.domain.zone_of(&name) {
+            return ResponseCode::Refused;
+        }
+        resp.metadata.authoritative = true;
+        let depth = name.num_labels().saturating_sub(self.domain.num_labels());
+        let found = if depth == 1 {
+            name.iter().next().and_then(|l| std::str::from_utf8(l).ok()).and_then(|l| self.names.get(l))
+        } else {
+            None
+        };
+        match (depth, found) {
+            (0, _) => {
+                if matches!(q.query_type(), RecordType::SOA | RecordType::ANY) {
+                    resp.add_answer(self.soa());
+                } else {
+                    resp.add_authority(self.soa());
+                }
+                ResponseCode::NoError
+            }
+            (_, Some(addr)) => {
+                if matches!(q.query_type(), RecordType::A | RecordType::ANY) {
+                    resp.add_answer(Record::from_rdata(name, TTL, RData::A(A(*addr))));
+                } else {
+                    // The name exists but has no record of that type (AAAA: the
+                    // overlay is IPv4): NODATA, with the SOA for negative caching.
+                    resp.add_authority(self.soa());
+                }
+                ResponseCode::NoError
+            }
+            (_, None) => {
+                resp.add_authority(self.soa());
+                ResponseCode::NXDomain
+            }
+        }
+    }
+
+    fn soa(&self) -> Record {
+        let host = |l: &str| Name::from_ascii(l).ok().and_then(|n| n.append_domain(&self.domain).ok());
+        let mname = host("ns").unwrap_or_else(|| self.domain.clone());
+        let rname = host("hostmaster").unwrap_or_else(|| self.domain.clone());
+        let soa = SOA::new(mname, rname, 1, 3600, 600, 86400, TTL);
+        Record::from_rdata(self.domain.clone(), TTL, RData::SOA(soa))
+    }
+}
+
+/// Counters of the DNS server.
+#[derive(Debug, Default)]
+pub struct DnsStats {
+    /// Queries answered (any response code).
+    pub answered: AtomicU64,
+    /// Datagrams that were no query, dropped.
+    pub dropped: AtomicU64,
+}
+
+/// Serves the zone in `zone` on `sock` until the task is aborted.
+pub async fn serve(sock: tokio::net::UdpSocket, zone: Arc<ArcSwap<Zone>>, stats: Arc<DnsStats>) {
+    let mut buf = vec![0u8; 4096];
+    loop {
+        let (n, from): (usize, SocketAddr) = match sock.recv_from(&mut buf).await {
+            Ok(x) => x,
+            Err(e) => {
+                debug!(error = %e, "DNS receive failed");
+                continue;
+            }
+        };
+        match zone.load().answer(&buf[..n]) {
+            Some(resp) => {
+                stats.answered.fetch_add(1, Relaxed);
+                if let Err(e) = sock.send_to(&resp, from).await {
+                    debug!(%from, error = %e, "DNS send failed");
+                }
+            }
+            None => {
+                stats.dropped.fetch_add(1, Relaxed);
+            }
+        }
+    }
+}
+
+/// A running DNS server: its zone, counters and task (ended on drop).
+pub struct Server {
+    /// The zone it answers from; replaced as members come, go and rename.
+    pub zone: Arc<ArcSwap<Zone>>,
+    /// Its counters.
+    pub stats: Arc<DnsStats>,
+    /// Where it listens.
+    pub addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Server {
+    /// Binds `addr` and serves `zone` (in a tokio task: call within the runtime).
+    pub fn start(addr: SocketAddr, zone: Arc<ArcSwap<Zone>>) -> std::io::Result<Self> {
+        let sock = std::net::UdpSocket::bind(addr)?;
+        sock.set_nonblocking(true)?;
+        let sock = tokio::net::UdpSocket::from_std(sock)?;
+        let stats = Arc::new(DnsStats::default());
+        let task = tokio::spawn(serve(sock, zone.clone(), stats.clone()));
+        Ok(Self { zone, stats, addr, task })
+    }
+
+    /// Replaces the zone if it changed; returns whether it did.
+    pub fn update(&self, zone: Zone) -> bool {
+        if **self.zone.load() == zone {
+            return false;
+        }
+        self.zone.store(Arc::new(zone));
+        true
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Registers `domain` (only) at the server `addr` for link `dev` with systemd-resolved
+/// (split DNS); an absent or failing `resolvectl` is a warning, not an error.
+pub fn register(dev: &str, addr: Ipv4Addr, domain: &str) -> bool {
+    for args in resolvectl_register(dev, addr, domain) {
+        if !resolvectl(&args) {
+            return false;
+        }
+    }
+    true
+}
+
+/// Undoes [`register`] (`resolvectl revert`).
+pub fn unregister(dev: &str) {
+    resolvectl(&["revert".to_owned(), dev.to_owned()]);
+}
+
+fn resolvectl(args: &[String]) -> bool {
+    match std::process::Command::new("resolvectl").args(args).output() {
+        Ok(out) if out.status.success() => true,
+        Ok(out) => {
+            let err = String::from_utf8_lossy(&out.stderr);
+            warn!(command = %args.join(" "), error = %err.trim(), "resolvectl failed: Magic DNS not registered");
+            false
+        }
+        Err(e) => {
+            warn!(error = %e, "--accept-dns: resolvectl not found (is systemd-resolved installed?)");
+            false
+        }
+    }
+}
+
+/// `resolvectl` arguments that send `domain` (only) to the server at `addr` on link
+/// `dev`, as systemd-resolved's split DNS.
+pub fn resolvectl_register(dev: &str, addr: Ipv4Addr, domain: &str) -> [Vec<String>; 2] {
+    [vec!["dns".into(), dev.into(), addr.to_string()], vec!["domain".into(), dev.into(), format!("~{domain}")]]
+}
+
+#[cfg(test)]
+mod tests {
+    use hickory_proto::op::Query;
+
+    use super::*;
+
+    fn id(b: u8) -> NodeId {
+        NodeId::from_bytes([b, 0x11, 0x22, 0x33, 0, 0, 0, 0])
+    }
+
+    fn zone() -> Zone {
+        Zone::new(
+            "office.internal",
+            [
+                (id(0x30), "Beta", Ipv4Addr::new(10, 0, 0, 3)),
+                (id(0x10), "alpha.example.com", Ipv4Addr::new(10, 0, 0, 1)),
+                (id(0x20), "beta", Ipv4Addr::new(10, 0, 0, 2)),
+                (id(0x40), "!!!", Ipv4Addr::new(10, 0, 0, 4)),
+            ],
+        )
+    }
+
+    fn ask(z: &Zone, name: &str, t: RecordType) -> Message {
+        let mut q = Message::query();
+        q.add_query(Query::query(Name::from_ascii(name).unwrap(), t));
+        q.metadata.recursion_desired = true;
+        Message::from_vec(&z.answer(&q.to_vec().unwrap()).expect("an answer")).unwrap()
+    }
+
+    fn addrs(m: &Message) -> Vec<Ipv4Addr> {
+        m.answers
+            .iter()
+            .filter_map(|r| match r.data {
+                RData::A(a) => Some(a.0),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn labels_are_sanitised() {
+        assert_eq!(label("Alpha.Example.COM"), "alpha-example-com");
+        assert_eq!(label("  my_box  2 "), "my-box-2");
+        assert_eq!(label("-x-"), "x");
+        assert_eq!(label("\u{e9}t\u{e9}"), "t");
+        assert_eq!(label(&"a".repeat(100)).len(), 63);
+        assert_eq!(label("!!!"), "");
+        assert_eq!(default_domain("Office LAN"), "office-lan.internal");
+        assert_eq!(default_domain("***"), "weft.internal");
+    }
+
+    #[test]
+    fn domains_are_checked() {
+        assert_eq!(parse_domain("Mesh.Example.").unwrap(), "mesh.example");
+        for bad in ["", ".", "a..b", "-a.b", "a-.b", "a b", "a_b.c", &"a".repeat(64)] {
+            assert!(parse_domain(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn duplicate_names_get_a_stable_suffix_by_node_id() {
+        let z = zone();
+        assert_eq!(z.name_of(Ipv4Addr::new(10, 0, 0, 2)).unwrap(), "beta.office.internal");
+        assert_eq!(z.name_of(Ipv4Addr::new(10, 0, 0, 3)).unwrap(), "beta-301122.office.internal");
+        assert_eq!(z.name_of(Ipv4Addr::new(10, 0, 0, 1)).unwrap(), "alpha-example-com.office.internal");
+        assert_eq!(z.name_of(Ipv4Addr::new(10, 0, 0, 4)).unwrap(), format!("node-{}.office.internal", id(0x40)));
+        // The same members in another order make the same zone.
+        let mut members = vec![
+            (id(0x20), "beta", Ipv4Addr::new(10, 0, 0, 2)),
+            (id(0x30), "Beta", Ipv4Addr::new(10, 0, 0, 3)),
+            (id(0x10), "alpha.example.com", Ipv4Addr::new(10, 0, 0, 1)),
+            (id(0x40), "!!!", Ipv4Addr::new(10, 0, 0, 4)),
+        ];
+        assert_eq!(Zone::new("office.internal", members.clone()), z);
+        members.reverse();
+        assert_eq!(Zone::new("office.internal", members), z);
+    }
+
+    #[test]
+    fn members_resolve_and_the_rest_is_refused_or_unknown() {
+        let z = zone();
+        let m = ask(&z, "BETA.office.internal.", RecordType::A);
+        assert_eq!((m.metadata.response_code, addrs(&m)), (ResponseCode::NoError, vec![Ipv4Addr::new(10, 0, 0, 2)]));
+        assert!(m.metadata.authoritative && m.metadata.recursion_desired && !m.metadata.recursion_available);
+        assert_eq!(m.answers[0].ttl, TTL);
+        let m = ask(&z, "beta-301122.office.internal.", RecordType::A);
+        assert_eq!(addrs(&m), vec![Ipv4Addr::new(10, 0, 0, 3)]);
+        // AAAA of a member: the name exists, no record (NODATA).
+        let m = ask(&z, "beta.office.internal.", RecordType::AAAA);
+        assert_eq!((m.metadata.response_code, m.answers.len(), m.authorities.len()), (ResponseCode::NoError, 0, 1));
+        let m = ask(&z, "gamma.office.internal.", RecordType::A);
+        assert_eq!((m.metadata.response_code, m.answers.len()), (ResponseCode::NXDomain, 0));
+        let m = ask(&z, "x.beta.office.internal.", RecordType::A);
+        assert_eq!(m.metadata.response_code, ResponseCode::NXDomain);
+        // Not ours: refused, never resolved elsewhere.
+        for other in ["example.com.", "internal.", "beta.other.internal."] {
+            let m = ask(&z, other, RecordType::A);
+            assert_eq!((m.metadata.response_code, m.answers.len()), (ResponseCode::Refused, 0), "{other}");
+        }
+        let m = ask(&z, "office.internal.", RecordType::SOA);
+        assert_eq!((m.metadata.response_code, m.answers.len()), (ResponseCode::NoError, 1));
+    }
+
+    #[test]
+    fn what_is_no_query_gets_no_answer() {
+        let z = zone();
+        assert!(z.answer(&[]).is_none());
+        assert!(z.answer(&[0xff; 7]).is_none());
+        let mut q = Message::query();
+        q.add_query(Query::query(Name::from_ascii("beta.office.internal.").unwrap(), RecordType::A));
+        let mut resp = q.clone();
+        resp.metadata.message_type = MessageType::Response;
+        assert!(z.answer(&resp.to_vec().unwrap()).is_none(), "a response was answered");
+        let mut two = q.clone();
+        two.add_query(Query::query(Name::from_ascii("alpha.office.internal.").unwrap(), RecordType::A));
+        let m = Message::from_vec(&z.answer(&two.to_vec().unwrap()).unwrap()).unwrap();
+        assert_eq!(m.metadata.response_code, ResponseCode::FormErr);
+        let mut notify = q;
+        notify.metadata.op_code = OpCode::Notify;
+        let m = Message::from_vec(&z.answer(&notify.to_vec().unwrap()).unwrap()).unwrap();
+        assert_eq!(m.metadata.response_code, ResponseCode::NotImp);
+    }
+}
