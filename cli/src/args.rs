@@ -178,6 +178,20 @@ pub struct UpArgs {
     /// `weft status --json`; anyone who can reach the address can read them.
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics: Option<String>,
+    /// Offer this node as the mesh's way to the internet: members that choose it
+    /// (--use-exit-node) send their default route here, and it forwards and
+    /// masquerades their traffic (nftables table weft-exit-DEV, removed when it stops).
+    #[arg(long, conflicts_with = "use_exit_node")]
+    pub exit_node: bool,
+    /// Send this host's default route through the member NAME (host name) or ID (node
+    /// id, or its first 6+ hex digits), which runs --exit-node. Weft's own traffic stays
+    /// on the underlay (firewall mark and routing table 30566, as wg-quick does).
+    #[arg(long, value_name = "NAME|ID")]
+    pub use_exit_node: Option<String>,
+    /// While the exit node is unreachable, let traffic out by this host's own default
+    /// route instead of dropping it (without this, it fails closed).
+    #[arg(long, requires = "use_exit_node")]
+    pub exit_fallback: bool,
     /// Do not answer DNS for the members' names on the overlay address (Magic DNS is on
     /// by default: `<host>.<domain>` for every member, everything else refused).
     #[arg(long)]

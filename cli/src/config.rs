@@ -69,6 +69,9 @@ pub struct FileConfig {
     metrics: Option<String>,
     magic_dns: Option<bool>,
     dns_domain: Option<String>,
+    exit_node: Option<bool>,
+    use_exit_node: Option<String>,
+    exit_fallback: Option<bool>,
     accept_dns: Option<bool>,
 }
 
@@ -280,6 +283,12 @@ pub struct NodeConfig {
     pub dns_domain: Option<String>,
     /// `--accept-dns`: register Magic DNS with systemd-resolved.
     pub accept_dns: bool,
+    /// `--exit-node`: offer the internet to members.
+    pub exit_node: bool,
+    /// `--use-exit-node`: the member to send the default route to.
+    pub use_exit: Option<String>,
+    /// `--exit-fallback`: without a reachable exit, use this host's own default route.
+    pub exit_fallback: bool,
 }
 
 /// How log lines are written.
@@ -464,6 +473,23 @@ impl NodeConfig {
                 ));
             }
         }
+        let exit_node = args.exit_node || file.exit_node.unwrap_or(false);
+        let use_exit = args.use_exit_node.clone().or(file.use_exit_node);
+        if let Some(e) = &use_exit {
+            if exit_node {
+                return usage("--exit-node and --use-exit-node: a node is an exit or uses one, not both".to_owned());
+            }
+            if e.trim().is_empty() || e.chars().any(|c| c.is_control() || c.is_whitespace()) {
+                return usage(format!("invalid --use-exit-node {e:?}: give a member's host name or node id"));
+            }
+            if e.eq_ignore_ascii_case(&hostname) {
+                return usage(format!("--use-exit-node {e:?} names this node (its host name); name another member"));
+            }
+        }
+        let exit_fallback = args.exit_fallback || file.exit_fallback.unwrap_or(false);
+        if exit_fallback && use_exit.is_none() {
+            return usage("--exit-fallback needs --use-exit-node".to_owned());
+        }
         let dns_domain = if args.no_magic_dns || file.magic_dns == Some(false) {
             None
         } else {
@@ -517,6 +543,9 @@ impl NodeConfig {
                 None => None,
             },
             dns_domain,
+            exit_node,
+            use_exit,
+            exit_fallback,
             accept_dns: args.accept_dns || file.accept_dns.unwrap_or(false),
         })
     }

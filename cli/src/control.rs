@@ -144,6 +144,15 @@ pub struct StatusJson {
     /// Magic DNS, when this node serves it.
     #[serde(default)]
     pub magic_dns: Option<MagicDnsJson>,
+    /// Whether this node offers the internet to members (`--exit-node`).
+    #[serde(default)]
+    pub exit_node: bool,
+    /// The exit node this node uses (`--use-exit-node`).
+    #[serde(default)]
+    pub exit: Option<ExitJson>,
+    /// Members that offer themselves as exit nodes.
+    #[serde(default)]
+    pub exit_offers: Vec<ExitOfferJson>,
     /// Handshakes that made a session (either side) since start.
     #[serde(default)]
     pub handshakes_completed: u64,
@@ -244,6 +253,31 @@ pub struct AdmissionJson {
     pub state_full: u64,
     /// Whether the node is under load now.
     pub under_load: bool,
+}
+
+/// The exit node in use.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExitJson {
+    /// What `--use-exit-node` names.
+    pub wanted: String,
+    /// The member that matches, if one offers itself as an exit.
+    pub node_id: Option<String>,
+    /// Its host name.
+    pub hostname: Option<String>,
+    /// routing (the default route goes to it), unreachable (it offers, no route to it
+    /// now), or not_offered (no member by that name offers an exit).
+    pub state: String,
+    /// Whether traffic leaves by this host's own route while it is unreachable.
+    pub fallback: bool,
+}
+
+/// A member offering itself as an exit node.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExitOfferJson {
+    /// Its node id.
+    pub node_id: String,
+    /// Its host name.
+    pub hostname: String,
 }
 
 /// The Magic DNS server of a node.

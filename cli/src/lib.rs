@@ -17,6 +17,7 @@ pub mod config;
 pub mod control;
 pub mod discovery;
 pub mod dns;
+pub mod exit;
 mod meta;
 pub mod metrics;
 pub mod node;

@@ -153,10 +153,31 @@ async fn ask(req: Request, args: &Arc<crate::args::UpArgs>) -> Result<Ask, Strin
     }
 }
 
+/// The subnets the engine announces as ours: the proxied ones, and 0.0.0.0/0 when
+/// this node is an exit.
+fn engine_proxied(proxied: &[crate::config::Ipv4Net], exit_node: bool) -> Vec<(std::net::Ipv4Addr, u8)> {
+    let mut v: Vec<_> = proxied.iter().map(|n| (n.addr, n.prefix)).collect();
+    if exit_node {
+        v.push((std::net::Ipv4Addr::UNSPECIFIED, 0));
+    }
+    v
+}
+
 /// Runs a node until SIGINT or SIGTERM.
 pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
     crate::secret::warn_if_weak(&cfg.network_secret.0);
     let key = state::load_or_create_key(&cfg.state_dir)?;
+    if let Some(e) = &cfg.use_exit {
+        let id = NodeId::from_public(&key.public).to_string();
+        if e.len() >= 6 && id.starts_with(&e.to_ascii_lowercase()) {
+            return Err(crate::config::UsageError(format!(
+                "--use-exit-node {e:?} names this node (its node id {id}); name another member"
+            ))
+            .into());
+        }
+        // Weft's own sockets (all opened below) keep to the underlay.
+        weft_core::transport::set_socket_mark(crate::exit::TABLE);
+    }
     if let Some(range) = cfg.dhcp {
         let id = NodeId::from_public(&key.public);
         let addr = weft_peers::pick_address(range.addr, range.prefix, id, &Default::default())
@@ -213,8 +234,20 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
     if let Some(p) = &cfg.wg_portal {
         cfg.proxy_networks.push(p.net);
     }
-    if !cfg.proxy_networks.is_empty() {
+    if !cfg.proxy_networks.is_empty() || cfg.exit_node {
         enable_forwarding();
+    }
+    if cfg.exit_node {
+        crate::exit::offer(&cfg.dev_name, &cfg.ipv4.network().to_string()).map_err(anyhow::Error::msg)?;
+    }
+    if cfg.use_exit.is_some() {
+        // Fail closed from the start: until the exit is reachable, what would leave by
+        // the default route goes into the TUN and is dropped there. With
+        // --exit-fallback the rules come only while the exit is reachable.
+        crate::exit::unroute();
+        if !cfg.exit_fallback {
+            crate::exit::route_through(&cfg.dev_name).map_err(anyhow::Error::msg)?;
+        }
     }
     let metrics = match cfg.metrics {
         Some(addr) => {
@@ -288,9 +321,10 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
             timers: Timers { rekey_after: cfg.rekey_after, ..Timers::default() },
             endpoints: Vec::new(),
             latency_first: cfg.latency_first,
-            proxied: cfg.proxy_networks.iter().map(|n| (n.addr, n.prefix)).collect(),
+            proxied: engine_proxied(&cfg.proxy_networks, cfg.exit_node),
             dynamic: cfg.dhcp.map(|r| (r.addr, r.prefix)),
             accept_wide_subnets: cfg.accept_wide_subnets,
+            use_exit: cfg.use_exit.clone(),
             local_networks: local_networks(&cfg.dev_name),
         },
         Box::new(rand::rngs::StdRng::from_entropy()),
@@ -349,6 +383,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
         log_level_pinned: reloadable.log_level_pinned,
         control_traffic: Default::default(),
         dns: None,
+        exit_routed: false,
     };
     runtime.update_portal();
     let result = rt.block_on(runtime.serve(ctl_rx, hs_rx, sink, down_rx, metrics));
@@ -398,6 +433,8 @@ struct Runtime {
     control_traffic: crate::control::ControlTrafficJson,
     /// Magic DNS, when on and bound.
     dns: Option<crate::dns::Server>,
+    /// Whether the exit node's /0 is routed now (`--use-exit-node`).
+    exit_routed: bool,
 }
 
 impl Runtime {
@@ -407,7 +444,8 @@ impl Runtime {
         let overlay = self.cfg.ipv4.network();
         let mut v = vec![(overlay.addr, overlay.prefix)];
         v.extend(self.cfg.proxy_networks.iter().map(|n| (n.addr, n.prefix)));
-        v.extend(self.member_subnets.iter().copied());
+        // Not an exit's /0: the portal is no way to the internet.
+        v.extend(self.member_subnets.iter().copied().filter(|(_, p)| *p > 0));
         v.sort_unstable();
         v.dedup();
         v
@@ -462,6 +500,9 @@ impl Runtime {
             ("tls-cert/tls-key", old.tls != new.tls),
             ("wg-portal", old.wg_portal != new.wg_portal),
             ("log-format", old.log_format != new.log_format),
+            ("exit-node", old.exit_node != new.exit_node),
+            ("use-exit-node", old.use_exit != new.use_exit),
+            ("exit-fallback", old.exit_fallback != new.exit_fallback),
         ];
         restart.extend(fixed.iter().filter(|(_, changed)| *changed).map(|(name, _)| *name));
         let mut done: Vec<String> = Vec::new();
@@ -496,7 +537,7 @@ impl Runtime {
             if !proxied.is_empty() {
                 enable_forwarding();
             }
-            self.engine.set_proxied(now, proxied.iter().map(|n| (n.addr, n.prefix)).collect());
+            self.engine.set_proxied(now, engine_proxied(&proxied, self.cfg.exit_node));
             let list: Vec<String> = new.proxy_networks.iter().map(ToString::to_string).collect();
             done.push(format!("proxied subnets now [{}]", list.join(", ")));
             self.cfg.proxy_networks = proxied;
@@ -736,6 +777,26 @@ impl Runtime {
         }
     }
 
+    /// The exit node's /0 came or went: say so, and with --exit-fallback add or remove
+    /// the policy routing that sends the default route into the TUN.
+    fn follow_exit(&mut self, routed: bool) {
+        if self.cfg.use_exit.is_none() || routed == self.exit_routed {
+            return;
+        }
+        self.exit_routed = routed;
+        let fallback = self.cfg.exit_fallback;
+        match (routed, fallback) {
+            (true, _) => info!("exit node reachable: the default route goes through it"),
+            (false, false) => warn!("exit node unreachable: traffic for the internet is dropped until it is back"),
+            (false, true) => warn!(
+                "exit node unreachable: traffic for the internet leaves by this host's own route (--exit-fallback)"
+            ),
+        }
+        if fallback {
+            self.netcfg.send(NetJob::ExitRoute(routed));
+        }
+    }
+
     /// The WireGuard portal's TUN device, when there is one.
     fn portal_dev(&self) -> Option<String> {
         self.cfg.wg_portal.as_ref().map(|_| crate::portal::device_name(&self.cfg.dev_name))
@@ -877,6 +938,12 @@ impl Runtime {
         }
         self.shared.stop.store(true, Ordering::Relaxed);
         accept.abort();
+        if self.cfg.use_exit.is_some() {
+            crate::exit::unroute();
+        }
+        if self.cfg.exit_node {
+            crate::exit::withdraw(&self.cfg.dev_name);
+        }
         if self.dns.take().is_some() && self.cfg.accept_dns {
             let dev = self.cfg.dev_name.clone();
             let _ = tokio::task::spawn_blocking(move || crate::dns::unregister(&dev)).await;
@@ -900,6 +967,7 @@ impl Runtime {
                     self.shared.routes.store(snap);
                 }
                 Action::InstallRoutes(subnets) => {
+                    self.follow_exit(subnets.contains(&(std::net::Ipv4Addr::UNSPECIFIED, 0)));
                     self.member_subnets.clone_from(&subnets);
                     self.update_portal();
                     let own = self.cfg.proxy_networks.iter().map(|n| (n.addr, n.prefix)).collect();
@@ -1113,6 +1181,24 @@ impl Runtime {
                 }
             },
             wg_portal: self.portal.as_ref().map(crate::portal::Portal::status),
+            exit_node: self.cfg.exit_node,
+            exit: st.exit.as_ref().map(|e| crate::control::ExitJson {
+                wanted: e.wanted.clone(),
+                node_id: e.node.as_ref().map(|(id, _)| id.to_string()),
+                hostname: e.node.as_ref().map(|(_, h)| h.clone()),
+                state: match (&e.node, e.routing) {
+                    (_, true) => "routing",
+                    (Some(_), false) => "unreachable",
+                    (None, false) => "not_offered",
+                }
+                .into(),
+                fallback: self.cfg.exit_fallback,
+            }),
+            exit_offers: st
+                .exit_offers
+                .iter()
+                .map(|(id, h)| crate::control::ExitOfferJson { node_id: id.to_string(), hostname: h.clone() })
+                .collect(),
             magic_dns: self.dns.as_ref().map(|d| {
                 let zone = d.zone.load();
                 crate::control::MagicDnsJson {
@@ -1408,6 +1494,8 @@ enum NetJob {
     Routes { wanted: Vec<(std::net::Ipv4Addr, u8)>, own: Vec<(std::net::Ipv4Addr, u8)> },
     /// Move the TUN's overlay address.
     Address { old: std::net::Ipv4Addr, new: std::net::Ipv4Addr, prefix: u8 },
+    /// Send the default route into the TUN (true) or stop (--exit-fallback).
+    ExitRoute(bool),
 }
 
 /// The thread that runs `ip` commands, in order, so that the control loop never
@@ -1424,9 +1512,18 @@ impl NetConfig {
             let mut kernel_routes: Vec<(std::net::Ipv4Addr, u8)> = Vec::new();
             while let Ok(job) = rx.recv() {
                 match job {
-                    NetJob::Routes { wanted, own } => {
+                    NetJob::Routes { mut wanted, own } => {
+                        // An exit's /0 is never a main-table route: policy routing
+                        // (crate::exit) carries the default route.
+                        wanted.retain(|(_, p)| *p > 0);
                         kernel_routes = install_routes(&dev, &kernel_routes, wanted, &own)
                     }
+                    NetJob::ExitRoute(true) => {
+                        if let Err(e) = crate::exit::route_through(&dev) {
+                            warn!(error = %e, "cannot route through the exit node");
+                        }
+                    }
+                    NetJob::ExitRoute(false) => crate::exit::unroute(),
                     NetJob::Address { old, new, prefix } => {
                         // Delete first: removing a primary address also removes the
                         // secondaries of its subnet (promote_secondaries is off by default).
@@ -1487,7 +1584,7 @@ fn run_ip(args: &[&str]) {
 }
 
 /// Runs `ip ARGS`; the error is its standard error (or why it could not run).
-fn ip(args: &[&str]) -> Result<(), String> {
+pub(crate) fn ip(args: &[&str]) -> Result<(), String> {
     match std::process::Command::new("ip").args(args).output() {
         Ok(o) if o.status.success() => {
             debug!(?args, "ip");

@@ -135,6 +135,7 @@ impl PortalConfig {
 fn bind(addr: SocketAddr) -> std::io::Result<UdpSocket> {
     use socket2::{Domain, Protocol, Socket, Type};
     let s = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    weft_core::transport::mark_socket(&s)?;
     weft_core::transport::udp::grow_buffers(&s);
     s.set_read_timeout(Some(TIMER_TICK))?;
     s.bind(&addr.into())?;

@@ -41,6 +41,14 @@ pub(crate) fn status(s: &StatusJson) -> String {
             p.clients.len()
         );
     }
+    if s.exit_node {
+        let _ = writeln!(o, "exit      this node offers the internet to members (--exit-node)");
+    }
+    if let Some(e) = &s.exit {
+        let name = e.hostname.as_deref().unwrap_or(&e.wanted);
+        let then = if e.fallback { "own route while unreachable" } else { "dropped while unreachable" };
+        let _ = writeln!(o, "exit      via {name}: {} ({then})", e.state.replace('_', " "));
+    }
     if let Some(d) = &s.magic_dns {
         let name = d.name.as_deref().unwrap_or("-");
         let _ = writeln!(o, "dns       {name} on {} ({} names in {})", d.server, d.names, d.domain);

@@ -141,6 +141,9 @@ pub struct Config {
     pub proxied: Vec<(Ipv4Addr, u8)>,
     /// `--dhcp`: the range the overlay address was picked from; it moves on a conflict.
     pub dynamic: Option<(Ipv4Addr, u8)>,
+    /// `--use-exit-node`: the member (host name or node id) whose 0.0.0.0/0 we route;
+    /// every other member's /0 is ignored (an offer, never a route we did not ask for).
+    pub use_exit: Option<String>,
     /// `--accept-wide-subnets`: route subnets other members proxy even when shorter
     /// than /8 (never a /0).
     pub accept_wide_subnets: bool,
@@ -590,7 +593,20 @@ impl Node {
             queued_dropped: self.queued_dropped,
             handshakes_completed: self.handshakes_completed,
             handshake_failures: self.handshake_failures.clone(),
+            exit_offers: self.exit_offers(),
+            exit: self.exit_status(),
         }
+    }
+
+    /// Chooses the member whose 0.0.0.0/0 this node routes (`None`: no exit).
+    pub fn set_use_exit(&mut self, now: Instant, exit: Option<String>) {
+        if exit == self.cfg.use_exit {
+            return;
+        }
+        info!(?exit, "exit node changed");
+        self.cfg.use_exit = exit;
+        self.routes_dirty = true;
+        self.finish_step(now);
     }
 
     /// Replaces the networks this node is directly connected to (the runtime reads its

@@ -259,7 +259,8 @@ impl Node {
         let within = |a: Ipv4Addr, p: u8| weft_core::route::overlaps(a, p, ip, 32);
         // The subnets routed into the TUN now (kept from the last route update, so this
         // costs no topology walk per endpoint).
-        within(hello.ipv4, hello.prefix) || self.installed_subnets.iter().any(|(a, p)| within(*a, *p))
+        // (Not the exit's /0: policy routing keeps our own sockets out of the tunnel.)
+        within(hello.ipv4, hello.prefix) || self.installed_subnets.iter().any(|(a, p)| *p > 0 && within(*a, *p))
     }
 
     /// Seals a control message on the peer's session and sends it along its path.
@@ -485,8 +486,52 @@ impl Node {
             .records()
             .filter(|r| !r.proxied.is_empty() && r.node() != self.id && self.owns_address(r))
             .flat_map(|r| r.proxied.iter().map(move |(a, p)| (r, *a, *p)))
-            .filter(|(_, a, p)| self.subnet_refusal(*a, *p).is_none())
+            .filter(|(r, a, p)| {
+                if *p == 0 {
+                    // An exit's offer: routed only from the one member we chose.
+                    self.exit_node().is_some_and(|e| e.node() == r.node())
+                } else {
+                    self.subnet_refusal(*a, *p).is_none()
+                }
+            })
             .collect()
+    }
+
+    /// The member `--use-exit-node` names (host name, or node id in full or its first
+    /// 6 or more hex digits) among those that offer themselves as exits; the lowest
+    /// node id when several share the name.
+    pub(crate) fn exit_node(&self) -> Option<&Record> {
+        let wanted = self.cfg.use_exit.as_deref()?;
+        let lower = wanted.to_ascii_lowercase();
+        self.mesh
+            .topology
+            .records()
+            .filter(|r| r.node() != self.id && r.proxied.contains(&(Ipv4Addr::UNSPECIFIED, 0)))
+            .filter(|r| {
+                let id = r.node().to_string();
+                r.hostname == wanted
+                    || r.hostname.eq_ignore_ascii_case(wanted)
+                    || (lower.len() >= 6 && id.starts_with(&lower))
+            })
+            .min_by_key(|r| r.node())
+    }
+
+    /// Members offering themselves as exits.
+    pub(crate) fn exit_offers(&self) -> Vec<(NodeId, String)> {
+        self.mesh
+            .topology
+            .records()
+            .filter(|r| r.node() != self.id && r.proxied.contains(&(Ipv4Addr::UNSPECIFIED, 0)))
+            .map(|r| (r.node(), r.hostname.clone()))
+            .collect()
+    }
+
+    /// The exit in use, for status.
+    pub(crate) fn exit_status(&self) -> Option<crate::status::ExitStatus> {
+        let wanted = self.cfg.use_exit.clone()?;
+        let node = self.exit_node().map(|r| (r.node(), r.hostname.clone()));
+        let routing = self.installed_subnets.contains(&(Ipv4Addr::UNSPECIFIED, 0));
+        Some(crate::status::ExitStatus { wanted, node, routing })
     }
 
     /// Why we will not route subnet `a/p` that a member proxies, if we will not: it
@@ -537,7 +582,7 @@ impl Node {
                 ));
                 continue;
             }
-            for (a, p) in &r.proxied {
+            for (a, p) in r.proxied.iter().filter(|(_, p)| *p > 0) {
                 if let Some(why) = self.subnet_refusal(*a, *p) {
                     v.push(format!("member {} ({:?}) proxies {a}/{p}: refused, {why}", r.node(), r.hostname));
                 }

@@ -158,4 +158,19 @@ pub struct NodeStatus {
     /// Handshakes that failed since start, by kind: bad_response, rejected, refused,
     /// address_taken, no_response, not_confirmed, unreachable, no_path.
     pub handshake_failures: std::collections::BTreeMap<&'static str, u64>,
+    /// Members that offer themselves as exit nodes (node id, host name).
+    pub exit_offers: Vec<(NodeId, String)>,
+    /// The exit node this node was told to use, and what became of it.
+    pub exit: Option<ExitStatus>,
+}
+
+/// The exit node in use (`--use-exit-node`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExitStatus {
+    /// What it was asked for (a host name or node id).
+    pub wanted: String,
+    /// The member that matches and offers itself as an exit, if one does.
+    pub node: Option<(NodeId, String)>,
+    /// Whether the default route goes to it now (a route to it and its /0 accepted).
+    pub routing: bool,
 }

@@ -1597,3 +1597,32 @@ fn a_member_restarted_under_another_name_is_known_by_it() {
         sim.record(C, A).map(|r| (r.hostname, r.seq))
     );
 }
+
+#[test]
+fn an_exit_offer_is_routed_only_by_the_member_that_chose_it() {
+    let mut sim = three_members();
+    let any = (Ipv4Addr::UNSPECIFIED, 0);
+    sim.tweaks.push((A, Box::new(move |c: &mut Config| c.proxied = vec![any])));
+    sim.tweaks.push((B, Box::new(|c: &mut Config| c.use_exit = Some("NODE0".into()))));
+    for i in [C, B, A] {
+        let p = sim.slots[i].params.clone();
+        let d = sim.slots[i].dial.clone();
+        sim.restart_with(i, p, d);
+    }
+    let chose = |s: &Sim| s.node(B).status(s.now).exit.is_some_and(|e| e.routing);
+    assert!(sim.run_until(Duration::from_secs(5), chose).is_some(), "{:?}", sim.node(B).status(sim.now).exit);
+    let exit = sim.node(B).status(sim.now).exit.unwrap();
+    assert_eq!(exit.node, Some((sim.id(A), "node0".to_owned())));
+    assert!(sim.slots[B].host.installed.contains(&any));
+    // C never asked: the offer is listed, never routed, never called a refusal.
+    sim.run(Duration::from_secs(2));
+    let c = sim.node(C).status(sim.now);
+    assert!(!sim.slots[C].host.installed.contains(&any));
+    assert!(c.exit.is_none() && c.refused.is_empty(), "{:?}", c.refused);
+    assert_eq!(c.exit_offers, vec![(sim.id(A), "node0".to_owned())]);
+    // B sends the internet to A; C has no route there.
+    let public = Ipv4Addr::new(203, 0, 113, 10);
+    let via = sim.slots[B].host.routes.route_for(public).map(|r| r.session.peer_addr);
+    assert_eq!(via, Some(overlay(A)));
+    assert!(sim.slots[C].host.routes.route_for(public).is_none());
+}

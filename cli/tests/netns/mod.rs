@@ -275,6 +275,19 @@ impl Node {
         let _ = self.child.wait();
     }
 
+    /// Stops the node as systemd does (SIGTERM) and waits for it to exit.
+    pub fn terminate(&mut self) {
+        run(Command::new("kill").args(["-TERM", &self.child.id().to_string()]));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if !matches!(self.child.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("weft did not stop on SIGTERM: {}", self.log_text());
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }

@@ -422,7 +422,10 @@ impl Connector {
             let conn = endpoint.connect(to.addr, "weft").map_err(|e| e.to_string())?;
             return conn.await.map(Dialled::Quic).map_err(|e| e.to_string());
         }
-        let stream = TcpStream::connect(to.addr).await.map_err(|e| e.to_string())?;
+        let sock = if to.addr.is_ipv4() { tokio::net::TcpSocket::new_v4() } else { tokio::net::TcpSocket::new_v6() }
+            .map_err(|e| e.to_string())?;
+        super::mark_socket(&socket2::SockRef::from(&sock)).map_err(|e| format!("cannot mark the socket: {e}"))?;
+        let stream = sock.connect(to.addr).await.map_err(|e| e.to_string())?;
         let _ = stream.set_nodelay(true);
         let path = self.inner.paths.lock().get(&to).cloned().unwrap_or_else(|| "/".into());
         let host = match to.addr {
@@ -804,6 +807,7 @@ fn quic_endpoint(addr: SocketAddr, server: Option<quinn::ServerConfig>) -> io::R
         s.set_only_v6(false)?;
     }
     super::udp::grow_buffers(&s);
+    super::mark_socket(&s)?;
     s.bind(&addr.into())?;
     let runtime = quinn::default_runtime().ok_or_else(|| io::Error::other("no async runtime for QUIC"))?;
     quinn::Endpoint::new(quinn::EndpointConfig::default(), server, s.into(), runtime)

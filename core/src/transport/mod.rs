@@ -15,6 +15,25 @@ pub mod frame;
 pub mod links;
 pub mod udp;
 
+/// Firewall mark put on every socket Weft opens on the underlay (0: none). With an
+/// exit node in use, policy routing sends unmarked traffic into the tunnel; the mark
+/// keeps Weft's own packets on the main routing table.
+static SOCKET_MARK: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Sets the mark of the underlay sockets opened from now on (before any is opened).
+pub fn set_socket_mark(mark: u32) {
+    SOCKET_MARK.store(mark, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Puts the mark of [`set_socket_mark`] on `s`, when there is one (needs
+/// CAP_NET_ADMIN).
+pub fn mark_socket(s: &socket2::Socket) -> std::io::Result<()> {
+    match SOCKET_MARK.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => Ok(()),
+        m => s.set_mark(m),
+    }
+}
+
 pub use links::{Egress, Inbound, Links, Unsent};
 
 /// A transport, in order of preference: when several paths to a peer work, the one

@@ -27,6 +27,7 @@ pub fn bind_reuseport(addr: SocketAddr, count: usize, read_timeout: Duration) ->
     for _ in 0..count.max(1) {
         let s = Socket::new(Domain::for_address(bound), Type::DGRAM, Some(Protocol::UDP))?;
         s.set_reuse_port(true)?;
+        super::mark_socket(&s)?;
         if bound.is_ipv6() {
             s.set_only_v6(false)?;
         }

@@ -1,0 +1,136 @@
+//! Exit nodes. A member that offers the internet (`--exit-node`) announces 0.0.0.0/0
+//! and forwards and masquerades what members send it, with nftables rules in a table
+//! of its own. A member that uses one (`--use-exit-node`) sends its default route into
+//! the TUN with policy routing, as wg-quick does: Weft's own sockets carry a firewall
+//! mark that keeps them on the main table, a rule sends everything else to a table of
+//! ours whose default route is the TUN, and a rule before it lets the main table's
+//! more specific routes (the LAN, the overlay) win.
+
+use tracing::{info, warn};
+
+/// Routing table of the exit route, and the firewall mark of Weft's own sockets.
+pub const TABLE: u32 = 30566;
+/// Priority of the rule that lets the main table's specific routes win.
+const PRIO_SUPPRESS: u32 = 30565;
+/// Priority of the rule that sends unmarked traffic to [`TABLE`].
+const PRIO_TABLE: u32 = 30566;
+
+/// The nftables table of the exit on `dev`.
+pub fn nft_table(dev: &str) -> String {
+    format!("weft-exit-{dev}")
+}
+
+/// The nftables ruleset that makes this node an exit for `overlay` (the overlay
+/// network, CIDR) on `dev`: forward what members send, masquerade it on the way out,
+/// let the answers back in.
+pub fn nft_ruleset(dev: &str, overlay: &str) -> String {
+    let t = nft_table(dev);
+    format!(
+        "table ip {t} {{\n\
+         \tchain postrouting {{\n\
+         \t\ttype nat hook postrouting priority srcnat; policy accept;\n\
+         \t\tip saddr {overlay} oifname != \"{dev}\" masquerade\n\
+         \t}}\n\
+         \tchain forward {{\n\
+         \t\ttype filter hook forward priority filter; policy accept;\n\
+         \t\tiifname \"{dev}\" ip saddr {overlay} accept\n\
+         \t\toifname \"{dev}\" ct state established,related accept\n\
+         \t}}\n\
+         }}\n"
+    )
+}
+
+/// Installs the exit's rules (after removing any a crashed run left).
+pub fn offer(dev: &str, overlay: &str) -> Result<(), String> {
+    withdraw(dev);
+    nft_stdin(&nft_ruleset(dev, overlay))?;
+    info!(table = %nft_table(dev), "exit node: forwarding and masquerading for {overlay}");
+    Ok(())
+}
+
+/// Removes the exit's rules, if any.
+pub fn withdraw(dev: &str) {
+    let _ = std::process::Command::new("nft")
+        .args(["delete", "table", "ip", &nft_table(dev)])
+        .stderr(std::process::Stdio::null())
+        .status();
+}
+
+fn nft_stdin(script: &str) -> Result<(), String> {
+    use std::io::Write;
+    let mut child = std::process::Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run nft (is nftables installed?): {e}"))?;
+    child.stdin.take().ok_or("nft has no stdin")?.write_all(script.as_bytes()).map_err(|e| e.to_string())?;
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!("nft refused the exit rules: {}", String::from_utf8_lossy(&out.stderr).trim()))
+    }
+}
+
+/// The `ip` commands that send the default route into `dev`.
+fn route_commands(dev: &str) -> Vec<Vec<String>> {
+    let s = |v: &[&str]| v.iter().map(|x| (*x).to_owned()).collect::<Vec<String>>();
+    let (table, suppress, prio) = (TABLE.to_string(), PRIO_SUPPRESS.to_string(), PRIO_TABLE.to_string());
+    vec![
+        s(&["route", "replace", "default", "dev", dev, "table", &table]),
+        s(&["rule", "add", "table", "main", "suppress_prefixlength", "0", "priority", &suppress]),
+        s(&["rule", "add", "not", "fwmark", &table, "table", &table, "priority", &prio]),
+    ]
+}
+
+/// Sends the default route into `dev` (after removing what a crashed run left).
+pub fn route_through(dev: &str) -> Result<(), String> {
+    unroute();
+    for args in route_commands(dev) {
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        crate::node::ip(&refs).map_err(|e| format!("ip {}: {e}", args.join(" ")))?;
+    }
+    info!(%dev, "default route through the exit node (table {TABLE}, rules {PRIO_SUPPRESS} and {PRIO_TABLE})");
+    Ok(())
+}
+
+/// Removes our rules and table (every copy: a crashed run may have left them).
+pub fn unroute() {
+    for prio in [PRIO_SUPPRESS, PRIO_TABLE] {
+        let p = prio.to_string();
+        for _ in 0..16 {
+            if crate::node::ip(&["rule", "del", "priority", &p]).is_err() {
+                break;
+            }
+        }
+    }
+    if let Err(e) = crate::node::ip(&["route", "flush", "table", &TABLE.to_string()])
+        && !e.contains("No such")
+        && !e.contains("FIB table does not exist")
+    {
+        warn!(error = %e, "cannot flush the exit route table");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_exit_rules_are_wg_quick_s_shape_in_tables_of_our_own() {
+        let r = nft_ruleset("weft0", "10.126.126.0/24");
+        assert!(r.starts_with("table ip weft-exit-weft0 {"), "{r}");
+        assert!(r.contains("ip saddr 10.126.126.0/24 oifname != \"weft0\" masquerade"), "{r}");
+        assert!(r.contains("type nat hook postrouting priority srcnat"), "{r}");
+        let cmds: Vec<String> = route_commands("weft0").iter().map(|c| c.join(" ")).collect();
+        assert_eq!(
+            cmds,
+            [
+                "route replace default dev weft0 table 30566",
+                "rule add table main suppress_prefixlength 0 priority 30565",
+                "rule add not fwmark 30566 table 30566 priority 30566",
+            ]
+        );
+    }
+}

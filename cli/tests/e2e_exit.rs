@@ -1,0 +1,179 @@
+//! End-to-end: exit nodes. X offers the internet (a "public" namespace behind it, in
+//! 203.0.113.0/24); M uses it and reaches the public server, which sees X's address;
+//! N does not ask and cannot; when X dies nothing of M's leaks out of its underlay
+//! interface; M's rules and routes are gone after it stops, X's nftables table too.
+#![allow(unsafe_code, unreachable_pub, clippy::unwrap_used)]
+
+mod netns;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use netns::{Lan, Netns, Node, TempDir, link, require_root, stop_capture, wait_until, weft_bin};
+
+const NET: [&str; 4] = ["--network-name", "exit", "--network-secret", "exit secret"];
+const PUBLIC: &str = "203.0.113.10";
+/// The members' own default gateway (it forwards nothing).
+const GATEWAY: &str = "192.0.2.254";
+
+fn args<'a>(i: usize, overlay: &'a str, peer: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut v = NET.to_vec();
+    v.extend(["-i", overlay, "--threads", "1", "--hostname", ["xnode", "mnode", "nnode", "fnode"][i]]);
+    if i > 0 {
+        v.extend(["-p", peer]);
+    }
+    v.extend(extra);
+    v
+}
+
+/// A TCP server in `ns` that answers each connection with the address it saw.
+fn public_server(ns: &Netns) -> Arc<Mutex<Vec<SocketAddr>>> {
+    let l = ns.within(|| TcpListener::bind((PUBLIC, 8080)).unwrap());
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { return };
+            let from = c.peer_addr().unwrap();
+            s.lock().unwrap().push(from);
+            let _ = c.write_all(from.to_string().as_bytes());
+        }
+    });
+    seen
+}
+
+/// Connects from `ns` to the public server; what it says it saw, or why not.
+fn reach(ns: &Netns) -> Result<String, String> {
+    ns.within(|| {
+        let to: SocketAddr = format!("{PUBLIC}:8080").parse().unwrap();
+        let mut c = TcpStream::connect_timeout(&to, Duration::from_secs(2)).map_err(|e| e.to_string())?;
+        c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let mut s = String::new();
+        c.read_to_string(&mut s).map_err(|e| e.to_string())?;
+        Ok(s)
+    })
+}
+
+/// What a command printed (a table that does not exist prints nothing).
+fn ip_out(ns: &Netns, argv: &[&str]) -> String {
+    let out = ns.cmd(argv[0]).args(&argv[1..]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn a_member_reaches_the_internet_through_the_exit_it_chose_and_only_then() {
+    require_root();
+    let lan = Lan::new(4);
+    let public = Netns::new();
+    link(&lan.hosts[0], "pub0", "203.0.113.2/24", &public, "eth0", &format!("{PUBLIC}/24"));
+    for h in &lan.hosts[1..] {
+        // A gateway that resolves but goes nowhere: a leak shows up as packets for the
+        // public address on the underlay interface.
+        h.exec_ok(&["ip", "neigh", "add", GATEWAY, "lladdr", "02:00:00:00:00:fe", "dev", "eth0", "nud", "permanent"]);
+        h.exec_ok(&["ip", "route", "add", "default", "via", GATEWAY]);
+    }
+    let seen = public_server(&public);
+    let dir = TempDir::new();
+    let peer = format!("udp://{}:11010", lan.addrs[0]);
+    let x = Node::start(&lan.hosts[0], &dir.0, "x", &args(0, "10.124.0.1/24", &peer, &["--exit-node"]));
+    let m = Node::start(&lan.hosts[1], &dir.0, "m", &args(1, "10.124.0.2/24", &peer, &["--use-exit-node", "xnode"]));
+    let n = Node::start(&lan.hosts[2], &dir.0, "n", &args(2, "10.124.0.3/24", &peer, &[]));
+    let fallback = ["--use-exit-node", "xnode", "--exit-fallback"];
+    let f = Node::start(&lan.hosts[3], &dir.0, "f", &args(3, "10.124.0.4/24", &peer, &fallback));
+    wait_until(Duration::from_secs(10), "M routes through X", || m.status()["exit"]["state"] == "routing");
+    wait_until(Duration::from_secs(10), "N knows X", || n.routes_to("10.124.0.1"));
+    wait_until(Duration::from_secs(10), "F routes through X", || f.status()["exit"]["state"] == "routing");
+    assert!(reach(&lan.hosts[3]).is_ok_and(|s| s.starts_with("203.0.113.2:")), "F goes through X while it is up");
+
+    // M reaches the public server; the server sees X's public address.
+    let said = reach(&lan.hosts[1]).expect("M reaches the public server through X");
+    assert!(said.starts_with("203.0.113.2:"), "the server saw {said}");
+    assert!(seen.lock().unwrap().iter().all(|a| a.ip().to_string() == "203.0.113.2"));
+    // N never asked: no default route of ours, no rule, and no way out.
+    assert!(reach(&lan.hosts[2]).is_err(), "N reached the internet without asking for an exit");
+    assert!(!ip_out(&lan.hosts[2], &["ip", "rule", "list"]).contains("30566"));
+    assert!(ip_out(&lan.hosts[2], &["ip", "route", "show", "table", "30566"]).trim().is_empty());
+    let routes = ip_out(&lan.hosts[2], &["ip", "route"]);
+    assert!(
+        !routes.lines().any(|l| l.starts_with("default") && l.contains("weft0")),
+        "N routes the internet to us: {routes}"
+    );
+    assert_eq!(n.status()["exit_offers"][0]["hostname"], "xnode");
+    assert!(n.status()["exit"].is_null());
+    assert!(ip_out(&lan.hosts[0], &["nft", "list", "tables"]).contains("weft-exit-weft0"));
+
+    // X dies: M fails closed, nothing for the public address leaves its underlay.
+    let pcap = dir.0.join("m-underlay.pcap");
+    let dump = lan.hosts[1].capture("eth0", &format!("host {PUBLIC}"), &pcap, None);
+    let f_pcap = dir.0.join("f-underlay.pcap");
+    let f_dump = lan.hosts[3].capture("eth0", &format!("dst host {PUBLIC}"), &f_pcap, None);
+    drop(x);
+    wait_until(Duration::from_secs(30), "M sees its exit gone", || m.status()["exit"]["state"] != "routing");
+    for _ in 0..3 {
+        assert!(reach(&lan.hosts[1]).is_err(), "M reached the public server with its exit gone");
+    }
+    stop_capture(dump);
+    let read = |p: &std::path::Path| {
+        let out = Command::new("tcpdump").args(["-n", "-r"]).arg(p).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let leaked = read(&pcap);
+    assert!(leaked.trim().is_empty(), "M's traffic left by its underlay:\n{leaked}");
+    // F asked for the fallback: its traffic now leaves by its own route (which the
+    // same capture sees: the check above can fail).
+    wait_until(Duration::from_secs(30), "F sees its exit gone", || f.status()["exit"]["state"] != "routing");
+    wait_until(Duration::from_secs(5), "F's rules are gone", || {
+        !ip_out(&lan.hosts[3], &["ip", "rule", "list"]).contains("30566")
+    });
+    let _ = reach(&lan.hosts[3]);
+    stop_capture(f_dump);
+    assert!(!read(&f_pcap).trim().is_empty(), "F's traffic did not fall back to its own route");
+    assert!(ip_out(&lan.hosts[0], &["nft", "list", "tables"]).contains("weft-exit-weft0"), "killed: its table stays");
+
+    // M stops: its rules and table go with it.
+    let mut m = m;
+    m.terminate();
+    assert!(!ip_out(&lan.hosts[1], &["ip", "rule", "list"]).contains("30566"));
+    assert!(ip_out(&lan.hosts[1], &["ip", "route", "show", "table", "30566"]).trim().is_empty());
+    drop(n);
+}
+
+#[test]
+fn an_exit_node_that_stops_removes_its_rules_and_one_that_crashed_is_cleaned_at_start() {
+    require_root();
+    let lan = Lan::new(1);
+    let dir = TempDir::new();
+    let mut x = Node::start(&lan.hosts[0], &dir.0, "x", &args(0, "10.124.0.1/24", "", &["--exit-node"]));
+    let tables = || ip_out(&lan.hosts[0], &["nft", "list", "tables"]);
+    assert!(tables().contains("weft-exit-weft0"));
+    let pid = x.pid().to_string();
+    assert!(Command::new("kill").args(["-KILL", &pid]).status().unwrap().success());
+    wait_until(Duration::from_secs(5), "X is gone", || !x.is_running());
+    assert!(tables().contains("weft-exit-weft0"), "a crash leaves the table");
+    x.restart();
+    assert_eq!(tables().matches("weft-exit-weft0").count(), 1, "{}", tables());
+    x.terminate();
+    assert!(!tables().contains("weft-exit-weft0"), "{}", tables());
+}
+
+#[test]
+fn bad_exit_settings_exit_2() {
+    let cases: [(&[&str], &str); 3] = [
+        (&["--exit-node", "--use-exit-node", "other"], "--exit-node"),
+        (&["--hostname", "me", "--use-exit-node", "me"], "names this node"),
+        (&["--use-exit-node", ""], "--use-exit-node"),
+    ];
+    for (extra, says) in cases {
+        let out = Command::new(weft_bin())
+            .args(["up", "--network-name", "n", "--network-secret", "s", "-i", "10.0.0.1/24"])
+            .args(extra)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {err}");
+        assert!(err.contains(says), "{extra:?}: {err}");
+    }
+}
