@@ -217,7 +217,14 @@ impl FromStr for PeerUri {
 
 /// The listeners a node opens when none are configured.
 pub const DEFAULT_LISTENERS: [&str; 5] =
-    ["udp://0.0.0.0:11010", "tcp://0.0.0.0:11010", "ws://0.0.0.0:11011", "quic://0.0.0.0:11012", "wss://0.0.0.0:11012"];
+    ["udp://[::]:11010", "tcp://[::]:11010", "ws://[::]:11011", "quic://[::]:11012", "wss://[::]:11012"];
+
+/// The default listeners: dual-stack `[::]` (IPv6 and IPv4 peers alike), or the IPv4
+/// wildcard on a host without IPv6.
+pub fn default_listeners() -> Vec<String> {
+    let v6 = std::net::UdpSocket::bind("[::]:0").is_ok();
+    DEFAULT_LISTENERS.iter().map(|s| if v6 { (*s).to_owned() } else { s.replace("[::]", "0.0.0.0") }).collect()
+}
 
 /// Everything `weft up` needs, typed.
 #[derive(Debug, Clone)]
@@ -391,7 +398,7 @@ impl NodeConfig {
         };
         let mut listen_uris = if args.listen.is_empty() { file.listen } else { args.listen.clone() };
         if listen_uris.is_empty() {
-            listen_uris = DEFAULT_LISTENERS.iter().map(|s| (*s).to_owned()).collect();
+            listen_uris = default_listeners();
         }
         let mut listeners: Vec<Endpoint> = Vec::new();
         for l in &listen_uris {
@@ -597,7 +604,8 @@ mod tests {
     fn defaults() {
         let c = NodeConfig::resolve(&args()).unwrap();
         let listeners: Vec<String> = c.listeners.iter().map(ToString::to_string).collect();
-        assert_eq!(listeners, DEFAULT_LISTENERS);
+        assert_eq!(listeners, default_listeners());
+        assert!(listeners[0] == "udp://[::]:11010" || listeners[0] == "udp://0.0.0.0:11010", "{listeners:?}");
         assert_eq!(c.cipher, Cipher::Aes128Gcm);
         assert_eq!(c.dev_name, "weft0");
         assert_eq!(c.mtu, 1420);

@@ -1463,10 +1463,15 @@ async fn scrape(mut stream: tokio::net::TcpStream, requests: mpsc::Sender<Status
 /// listener every non-loopback IPv4 interface address except the overlay's own.
 fn local_endpoints(listeners: &[Endpoint], overlay: std::net::Ipv4Addr, portal_dev: Option<&str>) -> Vec<Endpoint> {
     let ips = local_ipv4s(overlay, portal_dev);
+    let ips6 = if listeners.iter().any(|l| l.addr.is_ipv6()) { local_ipv6s(portal_dev) } else { Vec::new() };
     let mut out = Vec::new();
     for l in listeners {
         if l.addr.ip().is_unspecified() {
             out.extend(ips.iter().map(|a| Endpoint::new(l.proto, SocketAddr::new((*a).into(), l.addr.port()))));
+            // `[::]` is dual-stack: its IPv6 addresses too.
+            if l.addr.is_ipv6() {
+                out.extend(ips6.iter().map(|a| Endpoint::new(l.proto, SocketAddr::new((*a).into(), l.addr.port()))));
+            }
         } else {
             out.push(*l);
         }
@@ -1483,6 +1488,19 @@ fn local_ipv4s(overlay: std::net::Ipv4Addr, portal_dev: Option<&str>) -> Vec<std
         .filter(|i| !i.is_loopback() && Some(i.name.as_str()) != portal_dev)
         .filter_map(|i| match i.ip() {
             std::net::IpAddr::V4(v4) if v4 != overlay && !v4.is_link_local() => Some(v4),
+            _ => None,
+        })
+        .collect()
+}
+
+/// This host's IPv6 addresses a member elsewhere could reach: not loopback, not
+/// link-local (they need a scope), not the portal's device.
+fn local_ipv6s(portal_dev: Option<&str>) -> Vec<std::net::Ipv6Addr> {
+    let Ok(ifs) = if_addrs::get_if_addrs() else { return Vec::new() };
+    ifs.into_iter()
+        .filter(|i| !i.is_loopback() && Some(i.name.as_str()) != portal_dev)
+        .filter_map(|i| match i.ip() {
+            std::net::IpAddr::V6(v6) if !v6.is_unicast_link_local() && !v6.is_loopback() => Some(v6),
             _ => None,
         })
         .collect()

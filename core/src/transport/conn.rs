@@ -213,7 +213,7 @@ impl Connector {
         if ep.proto == Proto::Wss && self.inner.server_tls.is_none() {
             return Err(ConnError::Tls("a wss:// listener needs a certificate".into()));
         }
-        let listener = TcpListener::bind(ep.addr).await.map_err(bind)?;
+        let listener = bind_tcp(ep.addr).map_err(bind)?;
         let local = listener.local_addr().map_err(bind)?;
         let task = tokio::spawn(self.clone().accept_tcp(ep.proto, listener));
         self.inner.listeners.lock().insert(Endpoint::new(ep.proto, local), task.abort_handle());
@@ -296,7 +296,8 @@ impl Connector {
         let counters = &self.inner.links.counters;
         loop {
             let (stream, from) = match listener.accept().await {
-                Ok(x) => x,
+                // An IPv4 client of a dual-stack listener is the IPv4 address it is.
+                Ok((s, from)) => (s, super::canonical(from)),
                 Err(e) => {
                     // Out of file descriptors and the like: back off, keep serving.
                     warn!(error = %e, "accept failed");
@@ -376,7 +377,7 @@ impl Connector {
             tokio::spawn(async move {
                 // Not remembered as accepted: a peer dials from its listening socket,
                 // so this address may be exactly where it can be dialled back.
-                let ep = Endpoint::new(Proto::Quic, incoming.remote_address());
+                let ep = Endpoint::new(Proto::Quic, super::canonical(incoming.remote_address()));
                 let r = match me.handshake(async { incoming.accept()?.await }).await {
                     Ok(conn) => {
                         me.inner.links.counters.accepted.fetch_add(1, Relaxed);
@@ -811,6 +812,20 @@ fn quic_endpoint(addr: SocketAddr, server: Option<quinn::ServerConfig>) -> io::R
     s.bind(&addr.into())?;
     let runtime = quinn::default_runtime().ok_or_else(|| io::Error::other("no async runtime for QUIC"))?;
     quinn::Endpoint::new(quinn::EndpointConfig::default(), server, s.into(), runtime)
+}
+
+/// A TCP listener on `addr`; `[::]` takes IPv4 clients too, whatever
+/// `net.ipv6.bindv6only` says.
+fn bind_tcp(addr: SocketAddr) -> io::Result<TcpListener> {
+    let s = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None)?;
+    if addr.is_ipv6() {
+        s.set_only_v6(false)?;
+    }
+    s.set_reuse_address(true)?;
+    s.set_nonblocking(true)?;
+    s.bind(&addr.into())?;
+    s.listen(1024)?;
+    TcpListener::from_std(s.into())
 }
 
 fn ws_config() -> WebSocketConfig {

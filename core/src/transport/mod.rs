@@ -15,6 +15,12 @@ pub mod frame;
 pub mod links;
 pub mod udp;
 
+/// `addr` with an IPv4-mapped IPv6 address (a dual-stack socket's IPv4 peer) as the
+/// IPv4 address it is: one peer has one endpoint whichever socket saw it.
+pub fn canonical(addr: SocketAddr) -> SocketAddr {
+    SocketAddr::new(addr.ip().to_canonical(), addr.port())
+}
+
 /// Firewall mark put on every socket Weft opens on the underlay (0: none). With an
 /// exit node in use, policy routing sends unmarked traffic into the tunnel; the mark
 /// keeps Weft's own packets on the main routing table.
