@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# Relayed throughput: A and C share no link and no route; both dial B, which relays
+# their sealed frames without opening them. Single TCP stream A -> C through B against
+# Weft's direct A -> B in the same run, per transport of the two hops (udp, tcp, ws),
+# and the bare veth A -> B.
+#
+#   A --veth-- B --veth-- C        (B does not forward IP: only Weft crosses it)
+#
+#   sudo bench/netns/relay.sh                      # REPS=3, DURATION=10, udp tcp ws
+#   sudo REPS=1 DURATION=3 TRANSPORTS="udp" bench/netns/relay.sh
+#
+# Environment: DURATION (s per run, default 10), REPS (default 3), TRANSPORTS (default
+# "udp tcp ws"), WEFT (binary; default target/release/weft, built if missing), OUT
+# (default bench/results/relay), MAX_RUNTIME (s; the script stops itself).
+# Namespaces are made here with unique names and removed on every exit path; none has a
+# default route, so nothing leaves them.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+DURATION=${DURATION:-10}
+REPS=${REPS:-3}
+TRANSPORTS=${TRANSPORTS:-udp tcp ws}
+OUT=${OUT:-$ROOT/bench/results/relay}
+NT=$(wc -w <<<"$TRANSPORTS")
+MAX_RUNTIME=${MAX_RUNTIME:-$((NT * (REPS * 2 * (DURATION + 5) + 60) + REPS * (DURATION + 5) + 120))}
+
+[ "$(id -u)" -eq 0 ] || { echo "error: run as root (network namespaces, TUN devices)" >&2; exit 2; }
+for t in ip iperf3 python3; do
+    command -v "$t" >/dev/null || { echo "error: $t missing (apt install iproute2 iperf3 python3)" >&2; exit 2; }
+done
+for t in $TRANSPORTS; do
+    case "$t" in udp|tcp|ws) ;; *) echo "error: transport $t: expected udp, tcp or ws" >&2; exit 2 ;; esac
+done
+if [ -z "${WEFT:-}" ]; then
+    WEFT=$ROOT/target/release/weft
+    [ -x "$WEFT" ] || (cd "$ROOT" && cargo build --release -p weft)
+fi
+
+TAG="wr$$"
+A="$TAG-a"; B="$TAG-b"; C="$TAG-c"
+WORK=$(mktemp -d /tmp/weft-relay-bench.XXXXXX)
+PIDS=()
+WEFTS=()
+stop_wefts() {
+    for pid in "${WEFTS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${WEFTS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    WEFTS=()
+}
+cleanup() {
+    stop_wefts
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    for ns in "$A" "$B" "$C"; do
+        ip netns pids "$ns" 2>/dev/null | xargs -r kill 2>/dev/null || true
+        ip netns del "$ns" 2>/dev/null || true
+    done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT INT TERM
+( sleep "$MAX_RUNTIME"; echo "relay.sh: MAX_RUNTIME ${MAX_RUNTIME}s reached; stopping" >&2; kill -TERM $$ ) &
+PIDS+=("$!")
+
+nsx() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
+for ns in "$A" "$B" "$C"; do ip netns add "$ns"; nsx "$ns" ip link set lo up; done
+ip link add "$TAG-ab" netns "$A" type veth peer name "$TAG-ba" netns "$B"
+ip link add "$TAG-bc" netns "$B" type veth peer name "$TAG-cb" netns "$C"
+nsx "$A" ip addr add 192.0.2.1/24 dev "$TAG-ab"; nsx "$A" ip link set "$TAG-ab" up
+nsx "$B" ip addr add 192.0.2.2/24 dev "$TAG-ba"; nsx "$B" ip link set "$TAG-ba" up
+nsx "$B" ip addr add 198.51.100.2/24 dev "$TAG-bc"; nsx "$B" ip link set "$TAG-bc" up
+nsx "$C" ip addr add 198.51.100.3/24 dev "$TAG-cb"; nsx "$C" ip link set "$TAG-cb" up
+nsx "$B" sysctl -qw net.ipv4.ip_forward=0
+
+for ns in "$B" "$C"; do nsx "$ns" iperf3 -s -D --pidfile "$WORK/iperf3-$ns.pid" >/dev/null; done
+sleep 0.5
+for ns in "$B" "$C"; do PIDS+=("$(cat "$WORK/iperf3-$ns.pid")"); done
+
+RUNS="$WORK/runs.jsonl"
+: >"$RUNS"
+run() { # row ns target
+    local row=$1 ns=$2 dst=$3 j
+    j=$(nsx "$ns" iperf3 -c "$dst" -t "$DURATION" -J 2>/dev/null || true)
+    python3 - "$row" "$j" >>"$RUNS" <<'EOF'
+import json, sys
+row, text = sys.argv[1], sys.argv[2]
+try:
+    end = json.loads(text)["end"]
+    cpu = end.get("cpu_utilization_percent", {})
+    print(json.dumps({"row": row, "gbps": end["sum_received"]["bits_per_second"] / 1e9,
+                      "retransmits": end.get("sum_sent", {}).get("retransmits", 0),
+                      "cpu_host": cpu.get("host_total"), "cpu_remote": cpu.get("remote_total")}))
+except Exception as e:
+    print(json.dumps({"row": row, "error": str(e)}))
+EOF
+    tail -1 "$RUNS" >&2
+}
+
+NET=(--network-name bench --network-secret "relay bench secret" --threads 1)
+start_weft() { # ns name args...
+    local ns=$1 name=$2; shift 2
+    nsx "$ns" "$WEFT" up "${NET[@]}" --state-dir "$WORK/$name-state" --control "$WORK/$name.sock" "$@" \
+        >>"$WORK/$name.log" 2>&1 &
+    WEFTS+=("$!")
+}
+peer_path() { # sock overlay -> path transport
+    "$WEFT" peers --json --control "$1" 2>/dev/null | python3 -c "
+import json, sys
+for p in json.load(sys.stdin):
+    if p['overlay'] == sys.argv[1]:
+        print(p['path'], p['transport'])" "$2"
+}
+RSS="$WORK/rss.txt"
+: >"$RSS"
+for rep in $(seq "$REPS"); do run "veth A->B" "$A" 192.0.2.2; done
+for t in $TRANSPORTS; do
+    case "$t" in udp|tcp) port=11010 ;; ws) port=11011 ;; esac
+    start_weft "$B" b -i 10.126.126.2/24 -l "$t://0.0.0.0:$port"
+    sleep 0.3
+    start_weft "$A" a -i 10.126.126.1/24 -l "$t://0.0.0.0:$port" -p "$t://192.0.2.2:$port"
+    start_weft "$C" c -i 10.126.126.3/24 -l "$t://0.0.0.0:$port" -p "$t://198.51.100.2:$port"
+    ok=0
+    for _ in $(seq 150); do
+        if nsx "$A" ping -c 1 -W 1 10.126.126.3 >/dev/null 2>&1 && nsx "$A" ping -c 1 -W 1 10.126.126.2 >/dev/null 2>&1; then ok=1; break; fi
+        sleep 0.2
+    done
+    [ "$ok" = 1 ] || { echo "error: A never reached C over $t" >&2; tail -20 "$WORK/a.log" >&2; exit 1; }
+    path=$(peer_path "$WORK/a.sock" 10.126.126.3)
+    echo "$t: A sees C as: $path" >&2
+    case "$path" in relay*) ;; *) echo "error: A -> C is not relayed ($path)" >&2; exit 1 ;; esac
+    for rep in $(seq "$REPS"); do
+        run "weft $t A->B direct" "$A" 10.126.126.2
+        run "weft $t A->C via B" "$A" 10.126.126.3
+    done
+    echo "$t $(awk '/VmHWM/ {print $2}' "/proc/$(pgrep -f "$WORK/b.sock" | head -1)/status" 2>/dev/null || echo 0)" >>"$RSS"
+    stop_wefts
+    rm -rf "$WORK"/{a,b,c}-state
+done
+
+mkdir -p "$OUT"
+python3 - "$RUNS" "$OUT" "$DURATION" "$REPS" "$RSS" "$TRANSPORTS" <<'EOF'
+import json, os, platform, statistics, sys, time
+runs_path, out, duration, reps, rss_path, transports = sys.argv[1:7]
+runs = [json.loads(l) for l in open(runs_path) if l.strip()]
+def med(row, key="gbps"):
+    v = [x[key] for x in runs if x["row"] == row and key in x and x[key] is not None]
+    return statistics.median(v) if v else None
+info = open("/proc/cpuinfo").read()
+cpu = info.split("model name")[1].split("\n")[0].strip(": \t") if "model name" in info else "?"
+rss = dict(l.split() for l in open(rss_path) if l.strip())
+veth = med("veth A->B")
+lines = [
+    "# Relayed throughput",
+    "",
+    f"Date {time.strftime('%Y-%m-%d')}, {cpu}, {os.cpu_count()} cores, kernel {platform.release()}.",
+    f"Command: `sudo REPS={reps} DURATION={duration} TRANSPORTS=\"{transports}\" bench/netns/relay.sh`; single TCP stream (iperf3), medians of {reps} runs of {duration} s; aes-128-gcm, --threads 1.",
+    "A and C have no link and no route to each other; B relays their sealed frames (it never opens them).",
+    "",
+    f"veth A->B (no tunnel): {veth:.2f} Gbit/s." if veth else "veth A->B: failed.",
+    "",
+    "| hops over | direct A->B Gbit/s | relayed A->C Gbit/s | relayed / direct | retransmits relayed | relay (B) peak RSS MiB |",
+    "|---|---|---|---|---|---|",
+]
+for t in transports.split():
+    d, r = med(f"weft {t} A->B direct"), med(f"weft {t} A->C via B")
+    retr = med(f"weft {t} A->C via B", "retransmits")
+    ratio = f"{r / d:.2f}x" if d and r else "-"
+    f = lambda v: f"{v:.2f}" if v is not None else "failed"
+    lines.append(f"| {t} | {f(d)} | {f(r)} | {ratio} | {retr if retr is not None else '-'} | {int(rss.get(t, 0)) / 1024:.1f} |")
+open(os.path.join(out, "results.md"), "w").write("\n".join(lines) + "\n")
+json.dump({"runs": runs}, open(os.path.join(out, "results.json"), "w"), indent=1)
+print("\n".join(lines))
+EOF
