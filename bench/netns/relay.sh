@@ -77,6 +77,16 @@ for ns in "$B" "$C"; do PIDS+=("$(cat "$WORK/iperf3-$ns.pid")"); done
 
 RUNS="$WORK/runs.jsonl"
 : >"$RUNS"
+# The relay's resident memory while it relays, sampled every 0.5 s (VmHWM would report
+# the 46 MiB Argon2id derivation of the key at start, freed at once).
+RELAY_PID=""
+rss_watch() {
+    local max=0 v
+    while sleep 0.5; do
+        v=$(awk '/VmRSS/ {print $2}' "/proc/$RELAY_PID/status" 2>/dev/null || echo 0)
+        [ "${v:-0}" -gt "$max" ] && { max=$v; echo "$max" >"$WORK/rss-now"; }
+    done
+}
 run() { # row ns target
     local row=$1 ns=$2 dst=$3 j
     j=$(nsx "$ns" iperf3 -c "$dst" -t "$DURATION" -J 2>/dev/null || true)
@@ -98,14 +108,17 @@ EOF
 NET=(--network-name bench --network-secret "relay bench secret" --threads 1)
 start_weft() { # ns name args...
     local ns=$1 name=$2; shift 2
-    nsx "$ns" "$WEFT" up "${NET[@]}" --state-dir "$WORK/$name-state" --control "$WORK/$name.sock" "$@" \
+    # Not through nsx: $! must be weft itself (ip netns exec execs it), not a subshell,
+    # so that stop_wefts really stops it between transports.
+    ip netns exec "$ns" "$WEFT" up "${NET[@]}" --state-dir "$WORK/$name-state" --control "$WORK/$name.sock" "$@" \
         >>"$WORK/$name.log" 2>&1 &
     WEFTS+=("$!")
 }
 peer_path() { # sock overlay -> path transport
     "$WEFT" peers --json --control "$1" 2>/dev/null | python3 -c "
 import json, sys
-for p in json.load(sys.stdin):
+d = json.load(sys.stdin)
+for p in (d['peers'] if isinstance(d, dict) else d):
     if p['overlay'] == sys.argv[1]:
         print(p['path'], p['transport'])" "$2"
 }
@@ -125,13 +138,22 @@ for t in $TRANSPORTS; do
     done
     [ "$ok" = 1 ] || { echo "error: A never reached C over $t" >&2; tail -20 "$WORK/a.log" >&2; exit 1; }
     path=$(peer_path "$WORK/a.sock" 10.126.126.3)
-    echo "$t: A sees C as: $path" >&2
+    hop=$(peer_path "$WORK/a.sock" 10.126.126.2)
+    echo "$t: A sees C as: $path; B as: $hop" >&2
     case "$path" in relay*) ;; *) echo "error: A -> C is not relayed ($path)" >&2; exit 1 ;; esac
+    [ "$hop" = "direct $t" ] || { echo "error: A -> B is not direct over $t ($hop)" >&2; exit 1; }
+    RELAY_PID=$(pgrep -f "$WORK/b.sock" | head -1)
+    echo 0 >"$WORK/rss-now"
+    rss_watch &
+    WATCH=$!
+    PIDS+=("$WATCH")
     for rep in $(seq "$REPS"); do
         run "weft $t A->B direct" "$A" 10.126.126.2
         run "weft $t A->C via B" "$A" 10.126.126.3
     done
-    echo "$t $(awk '/VmHWM/ {print $2}' "/proc/$(pgrep -f "$WORK/b.sock" | head -1)/status" 2>/dev/null || echo 0)" >>"$RSS"
+    kill "$WATCH" 2>/dev/null || true
+    wait "$WATCH" 2>/dev/null || true
+    echo "$t $(cat "$WORK/rss-now")" >>"$RSS"
     stop_wefts
     rm -rf "$WORK"/{a,b,c}-state
 done
@@ -157,7 +179,7 @@ lines = [
     "",
     f"veth A->B (no tunnel): {veth:.2f} Gbit/s." if veth else "veth A->B: failed.",
     "",
-    "| hops over | direct A->B Gbit/s | relayed A->C Gbit/s | relayed / direct | retransmits relayed | relay (B) peak RSS MiB |",
+    "| hops over | direct A->B Gbit/s | relayed A->C Gbit/s | relayed / direct | retransmits relayed | relay (B) RSS under load MiB |",
     "|---|---|---|---|---|---|",
 ]
 for t in transports.split():
