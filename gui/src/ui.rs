@@ -182,6 +182,23 @@ impl Dashboard {
                 ui.horizontal_wrapped(|ui| field(ui, name, &list.join(", ")));
             }
         }
+        if let Some(d) = &s.magic_dns {
+            let name = d.name.as_deref().unwrap_or("-");
+            ui.horizontal_wrapped(|ui| field(ui, "Magic DNS", &format!("{name} ({} names in {})", d.names, d.domain)));
+        }
+        if s.exit_node {
+            ui.horizontal_wrapped(|ui| field(ui, "Exit node", "this node, offered to members"));
+        }
+        if let Some(e) = &s.exit {
+            let name = e.hostname.as_deref().unwrap_or(&e.wanted);
+            let line = format!("via {name}: {}", e.state.replace('_', " "));
+            ui.horizontal_wrapped(|ui| {
+                let routing = e.state == "routing";
+                ui.label(RichText::new("Exit node").weak());
+                let color = if routing { ok_color(ui) } else { ui.visuals().error_fg_color };
+                ui.label(RichText::new(line).color(color));
+            });
+        }
         for c in &s.address_conflicts {
             ui.label(RichText::new(format!("Address conflict: {c}")).color(ui.visuals().error_fg_color));
         }

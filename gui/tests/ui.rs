@@ -324,3 +324,27 @@ fn the_mesh_map_shows_the_recorded_mesh() {
     assert!(has(&h, "Mesh map: 4 members, 1 direct paths, 1 relayed, 1 down"));
     assert!(h.query_by_label("Mesh map").is_some(), "the collapsible section");
 }
+
+#[test]
+fn magic_dns_and_the_exit_node_show_in_the_overview() {
+    let dir = Scratch::new();
+    let mut st = recorded();
+    st.magic_dns = Some(
+        serde_json::from_value(serde_json::json!({
+            "domain": "lab.internal", "server": "10.126.126.1:53", "name": "alpha.lab.internal",
+            "names": 4, "answered": 12, "dropped": 0,
+        }))
+        .unwrap(),
+    );
+    st.exit = Some(
+        serde_json::from_value(serde_json::json!({
+            "wanted": "bravo", "node_id": "aabbccddeeff0011", "hostname": "bravo", "state": "unreachable", "fallback": false,
+        }))
+        .unwrap(),
+    );
+    let _node = FakeNode::serving(&dir.sock(), st);
+    let mut h = harness(dir.sock());
+    wait_for(&mut h, "the overview", |h| has(h, "Peers (3)"));
+    assert!(has(&h, "alpha.lab.internal (4 names in lab.internal)"));
+    assert!(has(&h, "via bravo: unreachable"));
+}
