@@ -35,7 +35,7 @@ usage() {
     sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'
     echo
     echo "Options: --quick, --only LIST (comma-separated; tools: direct weft wireguard-go boringtun nebula easytier;"
-    echo "         the direct baseline always runs), -h/--help"
+    echo "         the direct and loopback baselines always run), -h/--help"
 }
 
 ALL_TOOLS=(weft wireguard-go boringtun nebula easytier)
@@ -514,8 +514,12 @@ measure() { # REP TOOL MODE TARGET STREAMS DIR(b-to-a|a-to-b)
         return
     fi
     json="$RUN/iperf-r$rep-$tool-$mode-P$streams-$dir.json"
+    # The loopback baseline (what EasyTier's table and the tun-rs benchmark quote their
+    # tunnels against) runs client and server in A over lo.
+    local client_ns=$NS_B
+    [ "$tool" = loopback ] && client_ns=$NS_A
     c0=$(cpu_ticks "${TUN_PIDS[@]}"); t0=$(date +%s.%N)
-    fg_run timeout $((DURATION + 30)) ip netns exec "$NS_B" iperf3 -c "$target" -p 5201 -J -t "$DURATION" \
+    fg_run timeout $((DURATION + 30)) ip netns exec "$client_ns" iperf3 -c "$target" -p 5201 -J -t "$DURATION" \
         -P "$streams" "${rflag[@]}" --connect-timeout 5000 >"$json" 2>"$json.err" || rc=$?
     t1=$(date +%s.%N); c1=$(cpu_ticks "${TUN_PIDS[@]}")
     if [ "${#TUN_PIDS[@]}" -gt 0 ]; then
@@ -550,6 +554,7 @@ run_variant() { # REP TOOL MODE [TRANSPORT]
     START_ERR=""
     case "$tool" in
         direct) target=198.51.100.1; ok=1 ;;
+        loopback) target=127.0.0.1; ok=1 ;;
         weft) start_weft "$mode" "$4" "$rep" && ok=1; mode="$mode over $4" ;;
         wireguard-go|boringtun) start_wg_like "$tool" "$rep" && ok=1 ;;
         nebula) start_nebula "$rep" && ok=1 ;;
@@ -572,6 +577,7 @@ run_variant() { # REP TOOL MODE [TRANSPORT]
 for rep in $(seq "$REPS"); do
     log "repetition $rep/$REPS"
     run_variant "$rep" direct veth
+    run_variant "$rep" loopback lo
     for t in "${ACTIVE[@]}"; do
         case "$t" in
             weft) for v in "${WEFT_VARIANTS[@]}"; do run_variant "$rep" weft "${v% *}" "${v#* }"; done ;;

@@ -21,6 +21,8 @@ from pathlib import Path
 DIRECTIONS = {"b-to-a": "B→A", "a-to-b": "A→B (-R)"}
 BASELINE = "direct"
 SELF = "weft"
+# A second baseline: iperf3 over lo inside namespace A (no veth, no tunnel).
+LOOPBACK = "loopback"
 
 
 def _num(s, cast=float):
@@ -148,7 +150,7 @@ def summarize(runs):
         same = [x for x in rows if x["streams"] == row["streams"] and x["direction"] == row["direction"]
                 and x["median_gbps"] is not None]
         base = [x["median_gbps"] for x in same if x["tool"] == BASELINE]
-        others = [x["median_gbps"] for x in same if x["tool"] not in (BASELINE, SELF)]
+        others = [x["median_gbps"] for x in same if x["tool"] not in (BASELINE, SELF, LOOPBACK)]
         v = row["median_gbps"]
         row["ratio_direct"] = v / base[0] if v is not None and base and base[0] else None
         best = max(others) if others else None
@@ -186,14 +188,14 @@ def chart(rows, title):
     single = [r for r in rows if r["streams"] == 1]
     labels = []
     for r in single:
-        lab = r["tool"] if r["mode"] in ("veth", "default") else f"{r['tool']} {r['mode']}"
+        lab = r["tool"] if r["mode"] in ("veth", "lo", "default") else f"{r['tool']} {r['mode']}"
         if lab not in labels:
             labels.append(lab)
     dirs = [d for d in DIRECTIONS if any(r["direction"] == d for r in single)]
     colors = {"b-to-a": "#3b6fb6", "a-to-b": "#e08a2c"}
     val = {}
     for r in single:
-        lab = r["tool"] if r["mode"] in ("veth", "default") else f"{r['tool']} {r['mode']}"
+        lab = r["tool"] if r["mode"] in ("veth", "lo", "default") else f"{r['tool']} {r['mode']}"
         val[(lab, r["direction"])] = r["median_gbps"]
     vmax = max([v for v in val.values() if v] or [1.0])
     left, width, bar, gap, top = 230, 480, 16, 14, 64
@@ -304,7 +306,8 @@ def cmd_report(a):
         "## How to read this",
         "",
         "- Two network namespaces joined by one veth pair (198.51.100.1/24 and 198.51.100.2/24); "
-        "the iperf3 server runs in A, the client in B. `direct` is iperf3 over the veth itself; every tunnel "
+        "the iperf3 server runs in A, the client in B. `direct` is iperf3 over the veth itself; `loopback` is "
+        "iperf3 over lo inside A (the baseline EasyTier's table and the tun-rs benchmark quote); every tunnel "
         "carries iperf3 between 10.200.0.1 and 10.200.0.2.",
         "- Weft rows are \"CIPHER over TRANSPORT\": both nodes listen on that transport only (`-l`), B dials A "
         "on it, and every iperf3 run starts only after both nodes' `weft status --json` shows the peer "
@@ -314,7 +317,7 @@ def cmd_report(a):
         "`end.sum_received.bits_per_second`; retransmits are `end.sum_sent.retransmits`. Values are medians "
         "over the repetitions; repetitions were interleaved (repetition loop outermost, tools inside).",
         "- × direct: median / the direct baseline's median in the same streams and direction. "
-        "× best non-weft: median / the best median among the other tunnels (not direct, not weft) there.",
+        "× best non-weft: median / the best median among the other tunnels (not direct, loopback or weft) there.",
         "- CPU %: utime+stime of the tunnel processes of both nodes (all threads) during the iperf3 run, "
         "divided by wall time; 100 % = one core. iperf3's own CPU is not included. Peak RSS: the larger "
         "VmHWM of the two nodes at the end of a run (each tool is restarted for every repetition), max over repetitions.",
