@@ -418,6 +418,14 @@ mod tests {
     }
 
     #[test]
+    fn systemd_resolved_gets_the_domain_only() {
+        let cmds = resolvectl_register("weft0", Ipv4Addr::new(10, 0, 0, 1), "office.internal");
+        assert_eq!(cmds[0], ["dns", "weft0", "10.0.0.1"]);
+        // "~": a routing-only domain, so other names keep the host's resolvers.
+        assert_eq!(cmds[1], ["domain", "weft0", "~office.internal"]);
+    }
+
+    #[test]
     fn what_is_no_query_gets_no_answer() {
         let z = zone();
         assert!(z.answer(&[]).is_none());
