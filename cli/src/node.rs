@@ -158,7 +158,7 @@ async fn ask(req: Request, args: &Arc<crate::args::UpArgs>) -> Result<Ask, Strin
 fn engine_proxied(proxied: &[crate::config::Ipv4Net], exit_node: bool) -> Vec<(std::net::Ipv4Addr, u8)> {
     let mut v: Vec<_> = proxied.iter().map(|n| (n.addr, n.prefix)).collect();
     if exit_node {
-        v.push((std::net::Ipv4Addr::UNSPECIFIED, 0));
+        v.push(weft_peers::DEFAULT_ROUTE);
     }
     v
 }
@@ -280,7 +280,9 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
     let (links, inbound) = Links::new(LINKS_QUEUE);
     let mut pipelines = Vec::with_capacity(cfg.threads + 1);
     let mut first_queue = None;
-    for (i, ((q, s), gro)) in tun.queues.into_iter().zip(socks.iter().cloned()).zip(gro_per_socket).enumerate() {
+    for (i, ((q, s), gro)) in
+        tun.queues.into_iter().zip(socks.iter().cloned()).zip(gro_per_socket.iter().copied()).enumerate()
+    {
         let pin = (cfg.pin && cfg.threads <= cores).then_some(i % cores);
         let pcfg = PipelineConfig { mtu: cfg.mtu, offload: tun_offload, udp_gro: gro, pin };
         let stats = Arc::new(PipelineStats::default());
@@ -365,6 +367,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
         shared,
         sender,
         udp_socks: socks,
+        udp_gro: gro_per_socket,
         started: epoch,
         tun_offload,
         pipelines,
@@ -399,6 +402,8 @@ struct Runtime {
     /// The pipelines' UDP sockets; `sender` is the first.
     sender: Arc<UdpSocket>,
     udp_socks: Vec<Arc<UdpSocket>>,
+    /// Whether each pipeline reads with UDP GRO (its receive slots are sized for it).
+    udp_gro: Vec<bool>,
     started: Instant,
     tun_offload: bool,
     pipelines: Vec<Arc<PipelineStats>>,
@@ -445,7 +450,7 @@ impl Runtime {
         let mut v = vec![(overlay.addr, overlay.prefix)];
         v.extend(self.cfg.proxy_networks.iter().map(|n| (n.addr, n.prefix)));
         // Not an exit's /0: the portal is no way to the internet.
-        v.extend(self.member_subnets.iter().copied().filter(|(_, p)| *p > 0));
+        v.extend(self.member_subnets.iter().copied().filter(|s| *s != weft_peers::DEFAULT_ROUTE));
         v.sort_unstable();
         v.dedup();
         v
@@ -713,8 +718,14 @@ impl Runtime {
         let socks = udp::bind_reuseport(bind, self.udp_socks.len(), Duration::from_millis(500))
             .with_context(|| format!("cannot bind udp://{bind}"))?;
         let local = socks[0].local_addr().context("UDP socket has no address")?;
-        if self.cfg.offload.udp_gro && !socks.iter().all(udp::enable_gro) {
-            warn!("UDP GRO refused on the new sockets; received bursts arrive one datagram at a time");
+        // GRO only where the pipeline's receive slots hold coalesced bursts: a socket
+        // with GRO under a pipeline without would truncate them.
+        let refused = self.udp_gro.iter().zip(&socks).filter(|(gro, s)| **gro && !udp::enable_gro(s)).count();
+        if refused > 0 {
+            warn!(
+                sockets = refused,
+                "UDP GRO refused on the new sockets; received bursts arrive one datagram at a time"
+            );
         }
         for (old, new) in self.udp_socks.iter().zip(&socks) {
             udp::replace(old, new).context("cannot move the UDP socket")?;
@@ -967,7 +978,7 @@ impl Runtime {
                     self.shared.routes.store(snap);
                 }
                 Action::InstallRoutes(subnets) => {
-                    self.follow_exit(subnets.contains(&(std::net::Ipv4Addr::UNSPECIFIED, 0)));
+                    self.follow_exit(subnets.contains(&weft_peers::DEFAULT_ROUTE));
                     self.member_subnets.clone_from(&subnets);
                     self.update_portal();
                     let own = self.cfg.proxy_networks.iter().map(|n| (n.addr, n.prefix)).collect();
@@ -1533,7 +1544,7 @@ impl NetConfig {
                     NetJob::Routes { mut wanted, own } => {
                         // An exit's /0 is never a main-table route: policy routing
                         // (crate::exit) carries the default route.
-                        wanted.retain(|(_, p)| *p > 0);
+                        wanted.retain(|s| *s != weft_peers::DEFAULT_ROUTE);
                         kernel_routes = install_routes(&dev, &kernel_routes, wanted, &own)
                     }
                     NetJob::ExitRoute(true) => {

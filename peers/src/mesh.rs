@@ -531,7 +531,7 @@ impl Node {
             }
             Received::Stored(before) => before,
         };
-        for (a, p) in rec.proxied.iter().filter(|s| !before.contains(s) && s.1 > 0) {
+        for (a, p) in rec.proxied.iter().filter(|s| !before.contains(s) && **s != crate::routing::DEFAULT_ROUTE) {
             if let Some(why) = self.subnet_refusal(*a, *p) {
                 warn!(peer = %node, host = %rec.hostname, subnet = %format!("{a}/{p}"), "refused proxied subnet: {why}");
             }

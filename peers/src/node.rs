@@ -598,17 +598,6 @@ impl Node {
         }
     }
 
-    /// Chooses the member whose 0.0.0.0/0 this node routes (`None`: no exit).
-    pub fn set_use_exit(&mut self, now: Instant, exit: Option<String>) {
-        if exit == self.cfg.use_exit {
-            return;
-        }
-        info!(?exit, "exit node changed");
-        self.cfg.use_exit = exit;
-        self.routes_dirty = true;
-        self.finish_step(now);
-    }
-
     /// Replaces the networks this node is directly connected to (the runtime reads its
     /// interfaces); proxied subnets are checked against them again.
     pub fn set_local_networks(&mut self, networks: Vec<(Ipv4Addr, u8)>) {

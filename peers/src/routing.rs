@@ -39,6 +39,14 @@ fn watched(p: &Peer, now: Instant) -> bool {
     p.anchor != crate::peer::Anchor::None || p.activity.active(now, crate::node::ACTIVE_WINDOW)
 }
 
+/// The default route: what an exit node announces (`--exit-node`).
+pub const DEFAULT_ROUTE: (Ipv4Addr, u8) = (Ipv4Addr::UNSPECIFIED, 0);
+
+/// Whether a member's record offers it as an exit node.
+fn offers_exit(r: &Record) -> bool {
+    r.proxied.contains(&DEFAULT_ROUTE)
+}
+
 impl Node {
     /// Authenticated packets of a session arrive straight from `from`: that address is
     /// a working direct path to the peer (a hole punch succeeded, or it roamed).
@@ -260,7 +268,8 @@ impl Node {
         // The subnets routed into the TUN now (kept from the last route update, so this
         // costs no topology walk per endpoint).
         // (Not the exit's /0: policy routing keeps our own sockets out of the tunnel.)
-        within(hello.ipv4, hello.prefix) || self.installed_subnets.iter().any(|(a, p)| *p > 0 && within(*a, *p))
+        within(hello.ipv4, hello.prefix)
+            || self.installed_subnets.iter().any(|s| *s != DEFAULT_ROUTE && within(s.0, s.1))
     }
 
     /// Seals a control message on the peer's session and sends it along its path.
@@ -481,18 +490,15 @@ impl Node {
 
     /// Subnets other members proxy that we accept, with the record announcing each.
     fn accepted_subnets(&self) -> Vec<(&Record, Ipv4Addr, u8)> {
+        // An exit's offer (the /0) is routed only from the one member we chose.
+        let exit = self.exit_node().map(Record::node);
         self.mesh
             .topology
             .records()
             .filter(|r| !r.proxied.is_empty() && r.node() != self.id && self.owns_address(r))
             .flat_map(|r| r.proxied.iter().map(move |(a, p)| (r, *a, *p)))
             .filter(|(r, a, p)| {
-                if *p == 0 {
-                    // An exit's offer: routed only from the one member we chose.
-                    self.exit_node().is_some_and(|e| e.node() == r.node())
-                } else {
-                    self.subnet_refusal(*a, *p).is_none()
-                }
+                if (*a, *p) == DEFAULT_ROUTE { exit == Some(r.node()) } else { self.subnet_refusal(*a, *p).is_none() }
             })
             .collect()
     }
@@ -506,12 +512,10 @@ impl Node {
         self.mesh
             .topology
             .records()
-            .filter(|r| r.node() != self.id && r.proxied.contains(&(Ipv4Addr::UNSPECIFIED, 0)))
+            .filter(|r| r.node() != self.id && offers_exit(r))
             .filter(|r| {
-                let id = r.node().to_string();
-                r.hostname == wanted
-                    || r.hostname.eq_ignore_ascii_case(wanted)
-                    || (lower.len() >= 6 && id.starts_with(&lower))
+                r.hostname.eq_ignore_ascii_case(wanted)
+                    || (lower.len() >= 6 && r.node().to_string().starts_with(&lower))
             })
             .min_by_key(|r| r.node())
     }
@@ -521,7 +525,7 @@ impl Node {
         self.mesh
             .topology
             .records()
-            .filter(|r| r.node() != self.id && r.proxied.contains(&(Ipv4Addr::UNSPECIFIED, 0)))
+            .filter(|r| r.node() != self.id && offers_exit(r))
             .map(|r| (r.node(), r.hostname.clone()))
             .collect()
     }
@@ -530,7 +534,7 @@ impl Node {
     pub(crate) fn exit_status(&self) -> Option<crate::status::ExitStatus> {
         let wanted = self.cfg.use_exit.clone()?;
         let node = self.exit_node().map(|r| (r.node(), r.hostname.clone()));
-        let routing = self.installed_subnets.contains(&(Ipv4Addr::UNSPECIFIED, 0));
+        let routing = self.installed_subnets.contains(&DEFAULT_ROUTE);
         Some(crate::status::ExitStatus { wanted, node, routing })
     }
 
@@ -539,7 +543,7 @@ impl Node {
     pub(crate) fn subnet_refusal(&self, a: Ipv4Addr, p: u8) -> Option<String> {
         let overlaps = |b: Ipv4Addr, q: u8| weft_core::route::overlaps(a, p, b, q);
         if p == 0 {
-            return Some("a /0 would route every destination, the underlay included, to that member".into());
+            return Some("a /0 is an exit's offer: routed only from the member --use-exit-node names".into());
         }
         if p < 8 && !self.cfg.accept_wide_subnets {
             return Some(format!("/{p} is shorter than /8 (accepted only with --accept-wide-subnets on this node)"));
@@ -582,7 +586,8 @@ impl Node {
                 ));
                 continue;
             }
-            for (a, p) in r.proxied.iter().filter(|(_, p)| *p > 0) {
+            // An exit's offer is listed in `exit_offers`, not as a refusal.
+            for (a, p) in r.proxied.iter().filter(|s| **s != DEFAULT_ROUTE) {
                 if let Some(why) = self.subnet_refusal(*a, *p) {
                     v.push(format!("member {} ({:?}) proxies {a}/{p}: refused, {why}", r.node(), r.hostname));
                 }

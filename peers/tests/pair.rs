@@ -1601,7 +1601,7 @@ fn a_member_restarted_under_another_name_is_known_by_it() {
 #[test]
 fn an_exit_offer_is_routed_only_by_the_member_that_chose_it() {
     let mut sim = three_members();
-    let any = (Ipv4Addr::UNSPECIFIED, 0);
+    let any = weft_peers::DEFAULT_ROUTE;
     sim.tweaks.push((A, Box::new(move |c: &mut Config| c.proxied = vec![any])));
     sim.tweaks.push((B, Box::new(|c: &mut Config| c.use_exit = Some("NODE0".into()))));
     for i in [C, B, A] {
