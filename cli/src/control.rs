@@ -293,7 +293,7 @@ pub struct MagicDnsJson {
     pub names: usize,
     /// Queries answered.
     pub answered: u64,
-    /// Datagrams that were no query.
+    /// Datagrams dropped unanswered: from outside the mesh, or no query.
     pub dropped: u64,
 }
 

@@ -81,6 +81,10 @@ pub fn parse_domain(s: &str) -> Result<String, String> {
 pub struct Zone {
     domain: Name,
     names: BTreeMap<String, Ipv4Addr>,
+    /// Who may ask: the mesh's networks. Linux takes a datagram for the overlay
+    /// address on any interface, so without this a LAN neighbour that routes the
+    /// overlay to us could read the member list.
+    clients: Vec<(Ipv4Addr, u8)>,
 }
 
 impl Zone {
@@ -109,7 +113,21 @@ impl Zone {
                 }
             }
         }
-        Self { domain, names }
+        Self { domain, names, clients: Vec::new() }
+    }
+
+    /// Answers only sources inside `nets` (the overlay, proxied subnets, the portal
+    /// network); datagrams from anywhere else are dropped unanswered.
+    #[must_use]
+    pub fn for_clients(mut self, nets: Vec<(Ipv4Addr, u8)>) -> Self {
+        self.clients = nets;
+        self
+    }
+
+    /// Whether a query from `ip` gets an answer.
+    pub fn admits(&self, ip: std::net::IpAddr) -> bool {
+        let std::net::IpAddr::V4(ip) = ip.to_canonical() else { return false };
+        self.clients.iter().any(|(n, p)| weft_core::route::overlaps(*n, *p, ip, 32))
     }
 
     /// The domain, without the trailing dot.
@@ -210,7 +228,7 @@ impl Zone {
 pub struct DnsStats {
     /// Queries answered (any response code).
     pub answered: AtomicU64,
-    /// Datagrams that were no query, dropped.
+    /// Datagrams dropped unanswered: from outside the mesh, or no query.
     pub dropped: AtomicU64,
 }
 
@@ -225,7 +243,12 @@ pub async fn serve(sock: tokio::net::UdpSocket, zone: Arc<ArcSwap<Zone>>, stats:
                 continue;
             }
         };
-        match zone.load().answer(&buf[..n]) {
+        let zone = zone.load();
+        if !zone.admits(from.ip()) {
+            stats.dropped.fetch_add(1, Relaxed);
+            continue;
+        }
+        match zone.answer(&buf[..n]) {
             Some(resp) => {
                 stats.answered.fetch_add(1, Relaxed);
                 if let Err(e) = sock.send_to(&resp, from).await {
@@ -415,6 +438,17 @@ mod tests {
         }
         let m = ask(&z, "office.internal.", RecordType::SOA);
         assert_eq!((m.metadata.response_code, m.answers.len()), (ResponseCode::NoError, 1));
+    }
+
+    #[test]
+    fn only_the_mesh_may_ask() {
+        let z = zone().for_clients(vec![(Ipv4Addr::new(10, 0, 0, 0), 24), (Ipv4Addr::new(192, 168, 7, 0), 24)]);
+        assert!(z.admits("10.0.0.9".parse().unwrap()));
+        assert!(z.admits("192.168.7.20".parse().unwrap()), "a proxied subnet");
+        assert!(z.admits("::ffff:10.0.0.9".parse().unwrap()), "mapped IPv4");
+        assert!(!z.admits("192.0.2.4".parse().unwrap()), "a LAN neighbour");
+        assert!(!z.admits("2001:db8::1".parse().unwrap()));
+        assert!(!zone().admits("10.0.0.9".parse().unwrap()), "nobody without networks");
     }
 
     #[test]

@@ -220,7 +220,11 @@ pub fn render(s: &StatusJson) -> prometheus::Result<String> {
     )?;
     if let Some(d) = &s.magic_dns {
         f.one_counter("weft_dns_queries_total", "DNS queries Magic DNS answered (any response code).", d.answered)?;
-        f.one_counter("weft_dns_dropped_total", "Datagrams to Magic DNS that were no query.", d.dropped)?;
+        f.one_counter(
+            "weft_dns_dropped_total",
+            "Datagrams Magic DNS dropped unanswered: from outside the mesh, or no query.",
+            d.dropped,
+        )?;
         f.one_gauge("weft_dns_names", "Names in the Magic DNS zone.", d.names as f64)?;
     }
     f.one_counter(

@@ -745,6 +745,7 @@ impl Runtime {
             std::iter::once((me, self.cfg.hostname.as_str(), self.cfg.ipv4.addr))
                 .chain(others.map(|r| (r.node(), r.hostname.as_str(), r.overlay))),
         )
+        .for_clients(self.mesh_networks())
     }
 
     /// Starts Magic DNS on the overlay address (when on), and registers it with

@@ -52,7 +52,7 @@ fn node_id(n: &Node) -> String {
 #[test]
 fn members_resolve_by_name_and_nothing_else_does() {
     require_root();
-    let lan = Lan::new(3);
+    let lan = Lan::new(4);
     let dir = TempDir::new();
     let a = start(&lan, &dir, 0, "Alpha", &[]);
     let b = start(&lan, &dir, 1, "beta", &[]);
@@ -90,6 +90,12 @@ fn members_resolve_by_name_and_nothing_else_does() {
         .output()
         .unwrap();
     assert!(!out.status.success(), "DNS answered on the underlay: {}", String::from_utf8_lossy(&out.stdout));
+    // Nor to a LAN neighbour that is no member and routes the overlay address to A's
+    // LAN address (Linux accepts it there: any local address on any interface).
+    lan.hosts[3].exec_ok(&["ip", "route", "add", "10.125.0.0/24", "via", &lan.addrs[0]]);
+    let name = format!("alpha.{DOMAIN}");
+    let out = lan.hosts[3].cmd("dig").args(["+time=1", "+tries=2", "@10.125.0.1", &name]).output().unwrap();
+    assert!(!out.status.success(), "an outsider read the member list: {}", String::from_utf8_lossy(&out.stdout));
 
     // C renames itself: the mesh answers the new name and forgets the old one.
     drop(c);
