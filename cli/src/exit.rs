@@ -40,8 +40,46 @@ pub fn nft_ruleset(dev: &str, overlay: &str) -> String {
     )
 }
 
+/// The exit rules of a running node, removed on drop.
+pub struct Guard {
+    dev: String,
+    offered: bool,
+    uses: bool,
+}
+
+impl Guard {
+    /// Offers this node as an exit (`offer`) and/or prepares to use one: removes what
+    /// a crashed run left and, unless `fallback`, routes through the TUN at once so
+    /// internet traffic fails closed until the exit is reachable (with `fallback` the
+    /// rules come and go with the exit, through [`route_through`] and [`unroute`]).
+    pub fn set_up(dev: &str, offer_exit: bool, uses: bool, fallback: bool, overlay: &str) -> Result<Self, String> {
+        let g = Self { dev: dev.to_owned(), offered: offer_exit, uses };
+        if offer_exit {
+            offer(dev, overlay)?;
+        }
+        if uses {
+            unroute();
+            if !fallback {
+                route_through(dev)?;
+            }
+        }
+        Ok(g)
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if self.uses {
+            unroute();
+        }
+        if self.offered {
+            withdraw(&self.dev);
+        }
+    }
+}
+
 /// Installs the exit's rules (after removing any a crashed run left).
-pub fn offer(dev: &str, overlay: &str) -> Result<(), String> {
+fn offer(dev: &str, overlay: &str) -> Result<(), String> {
     withdraw(dev);
     nft_stdin(&nft_ruleset(dev, overlay))?;
     info!(table = %nft_table(dev), "exit node: forwarding and masquerading for {overlay}");
@@ -49,7 +87,7 @@ pub fn offer(dev: &str, overlay: &str) -> Result<(), String> {
 }
 
 /// Removes the exit's rules, if any.
-pub fn withdraw(dev: &str) {
+fn withdraw(dev: &str) {
     let _ = std::process::Command::new("nft")
         .args(["delete", "table", "ip", &nft_table(dev)])
         .stderr(std::process::Stdio::null())

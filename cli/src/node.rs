@@ -237,18 +237,16 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
     if !cfg.proxy_networks.is_empty() || cfg.exit_node {
         enable_forwarding();
     }
-    if cfg.exit_node {
-        crate::exit::offer(&cfg.dev_name, &cfg.ipv4.network().to_string()).map_err(anyhow::Error::msg)?;
-    }
-    if cfg.use_exit.is_some() {
-        // Fail closed from the start: until the exit is reachable, what would leave by
-        // the default route goes into the TUN and is dropped there. With
-        // --exit-fallback the rules come only while the exit is reachable.
-        crate::exit::unroute();
-        if !cfg.exit_fallback {
-            crate::exit::route_through(&cfg.dev_name).map_err(anyhow::Error::msg)?;
-        }
-    }
+    // Undoes the exit rules when `run` returns, whichever way (a failure further on
+    // included); only a SIGKILL leaves them, for the next start to replace.
+    let _exit = crate::exit::Guard::set_up(
+        &cfg.dev_name,
+        cfg.exit_node,
+        cfg.use_exit.is_some(),
+        cfg.exit_fallback,
+        &cfg.ipv4.network().to_string(),
+    )
+    .map_err(anyhow::Error::msg)?;
     let metrics = match cfg.metrics {
         Some(addr) => {
             let l = std::net::TcpListener::bind(addr).with_context(|| format!("cannot listen on --metrics {addr}"))?;
@@ -950,12 +948,6 @@ impl Runtime {
         }
         self.shared.stop.store(true, Ordering::Relaxed);
         accept.abort();
-        if self.cfg.use_exit.is_some() {
-            crate::exit::unroute();
-        }
-        if self.cfg.exit_node {
-            crate::exit::withdraw(&self.cfg.dev_name);
-        }
         if self.dns.take().is_some() && self.cfg.accept_dns {
             let dev = self.cfg.dev_name.clone();
             let _ = tokio::task::spawn_blocking(move || crate::dns::unregister(&dev)).await;

@@ -157,6 +157,20 @@ fn an_exit_node_that_stops_removes_its_rules_and_one_that_crashed_is_cleaned_at_
     assert_eq!(tables().matches("weft-exit-weft0").count(), 1, "{}", tables());
     x.terminate();
     assert!(!tables().contains("weft-exit-weft0"), "{}", tables());
+
+    // A start that fails after the rules went in (its metrics port is taken) takes
+    // them away again.
+    let held = lan.hosts[0].within(|| TcpListener::bind("127.0.0.1:9177").unwrap());
+    let mut argv = vec!["netns", "exec", &lan.hosts[0].name, weft_bin(), "up"];
+    let state = dir.0.join("x2-state");
+    let control = dir.0.join("x2.sock");
+    argv.extend(args(0, "10.124.0.1/24", "", &["--exit-node", "--metrics", "127.0.0.1:9177"]));
+    argv.extend(["--state-dir", state.to_str().unwrap(), "--control", control.to_str().unwrap()]);
+    let out = Command::new("ip").args(&argv).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("9177"));
+    assert!(!tables().contains("weft-exit-weft0"), "a failed start left its table: {}", tables());
+    drop(held);
 }
 
 #[test]
