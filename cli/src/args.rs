@@ -44,7 +44,7 @@ pub enum Command {
     #[command(subcommand)]
     Peer(PeerCommand),
     /// Re-read the running node's config file and apply what can change live: peers,
-    /// listeners of every transport, proxied subnets, LAN discovery, metrics address, log
+    /// listeners of every transport, proxied subnets, LAN discovery, Magic DNS, metrics address, log
     /// level. Sessions stay up; what needs a restart is named and left as it was. SIGHUP
     /// does the same (`systemctl reload weft`). Root or the weft-admin group only.
     Reload(ControlArgs),
@@ -185,12 +185,13 @@ pub struct UpArgs {
     pub exit_node: bool,
     /// Send this host's default route through the member NAME (host name) or ID (node
     /// id, or its first 6+ hex digits), which runs --exit-node. Weft's own traffic stays
-    /// on the underlay (firewall mark and routing table 30566, as wg-quick does).
+    /// on the underlay (firewall mark and routing table 30566, as wg-quick does); IPv6
+    /// to the internet is blocked meanwhile (the overlay carries IPv4 only).
     #[arg(long, value_name = "NAME|ID")]
     pub use_exit_node: Option<String>,
     /// While the exit node is unreachable, let traffic out by this host's own default
     /// route instead of dropping it (without this, it fails closed).
-    #[arg(long, requires = "use_exit_node")]
+    #[arg(long)]
     pub exit_fallback: bool,
     /// Do not answer DNS for the members' names on the overlay address (Magic DNS is on
     /// by default: `<host>.<domain>` for every member, everything else refused).

@@ -497,7 +497,14 @@ impl NodeConfig {
         if exit_fallback && use_exit.is_none() {
             return usage("--exit-fallback needs --use-exit-node".to_owned());
         }
-        let dns_domain = if args.no_magic_dns || file.magic_dns == Some(false) {
+        let dns_off = args.no_magic_dns || file.magic_dns == Some(false);
+        if dns_off && (args.accept_dns || file.accept_dns == Some(true)) {
+            return usage("--accept-dns needs Magic DNS, which --no-magic-dns (magic-dns = false) turns off");
+        }
+        if dns_off && (args.dns_domain.is_some() || file.dns_domain.is_some()) {
+            return usage("--dns-domain needs Magic DNS, which --no-magic-dns (magic-dns = false) turns off");
+        }
+        let dns_domain = if dns_off {
             None
         } else {
             match args.dns_domain.clone().or(file.dns_domain) {
@@ -730,6 +737,13 @@ mod tests {
         assert_eq!((c.dns_domain.as_deref(), c.accept_dns), (Some("office.internal"), false));
         let c = NodeConfig::resolve(&UpArgs { no_magic_dns: true, ..args() }).unwrap();
         assert_eq!(c.dns_domain, None);
+        for a in [
+            UpArgs { no_magic_dns: true, accept_dns: true, ..args() },
+            UpArgs { no_magic_dns: true, dns_domain: Some("x.y".into()), ..args() },
+        ] {
+            let e = NodeConfig::resolve(&a).unwrap_err().to_string();
+            assert!(e.contains("needs Magic DNS"), "{e}");
+        }
         let e = NodeConfig::resolve(&UpArgs { dns_domain: Some("a..b".into()), ..args() }).unwrap_err().to_string();
         assert!(e.contains("--dns-domain") && e.contains("a..b"), "{e}");
         let dir = std::env::temp_dir().join(format!("weft-cfg-dns-{}", std::process::id()));
@@ -739,8 +753,12 @@ mod tests {
         let c = NodeConfig::resolve(&UpArgs { config: Some(path.clone()), ..args() }).unwrap();
         assert_eq!((c.dns_domain.as_deref(), c.accept_dns), (Some("mesh.example"), true));
         std::fs::write(&path, "magic-dns = false\n").unwrap();
-        let c = NodeConfig::resolve(&UpArgs { config: Some(path), ..args() }).unwrap();
+        let c = NodeConfig::resolve(&UpArgs { config: Some(path.clone()), ..args() }).unwrap();
         assert_eq!(c.dns_domain, None);
+        // --exit-fallback on the command line, the exit it falls back from in the file.
+        std::fs::write(&path, "use-exit-node = \"gw\"\n").unwrap();
+        let c = NodeConfig::resolve(&UpArgs { config: Some(path), exit_fallback: true, ..args() }).unwrap();
+        assert_eq!((c.use_exit.as_deref(), c.exit_fallback), (Some("gw"), true));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -17,7 +17,8 @@ use weft_peers::NodeId;
 /// Seconds members' answers may be cached: a renamed or departed member is gone from
 /// resolvers' caches within this.
 pub const TTL: u32 = 10;
-/// Largest UDP answer we send (RFC 9715's recommendation for EDNS).
+/// The UDP payload size we advertise in EDNS (RFC 9715's recommendation); our answers
+/// (one A record and an SOA at most) stay far below it.
 const MAX_UDP: u16 = 1232;
 /// The domain when the network name makes no label.
 const FALLBACK: &str = "weft";
@@ -101,17 +102,24 @@ impl Zone {
             by_label.entry(l).or_default().push((id, addr));
         }
         let mut names = BTreeMap::new();
+        let mut later = Vec::new();
         for (l, mut group) in by_label {
             group.sort_unstable_by_key(|(id, _)| *id);
-            for (i, (id, addr)) in group.into_iter().enumerate() {
-                if i == 0 {
-                    names.insert(l.clone(), addr);
-                } else {
-                    let short: String = id.to_string().chars().take(6).collect();
-                    let base: String = l.chars().take(63 - 7).collect();
-                    names.insert(format!("{}-{short}", base.trim_end_matches('-')), addr);
-                }
+            let mut group = group.into_iter();
+            if let Some((_, addr)) = group.next() {
+                names.insert(l.clone(), addr);
             }
+            later.extend(group.map(|(id, addr)| (l.clone(), id, addr)));
+        }
+        // The others after every plain name, so a suffixed name never replaces a
+        // member's own; the whole id when six digits would still clash.
+        for (l, id, addr) in later {
+            let id = id.to_string();
+            let base: String = l.chars().take(63 - 17).collect();
+            let base = base.trim_end_matches('-');
+            let short = format!("{base}-{}", &id[..6]);
+            let name = if names.contains_key(&short) { format!("{base}-{id}") } else { short };
+            names.entry(name).or_insert(addr);
         }
         Self { domain, names, clients: Vec::new() }
     }
@@ -438,6 +446,22 @@ mod tests {
         }
         let m = ask(&z, "office.internal.", RecordType::SOA);
         assert_eq!((m.metadata.response_code, m.answers.len()), (ResponseCode::NoError, 1));
+    }
+
+    #[test]
+    fn a_suffixed_name_never_takes_a_members_own() {
+        // "beta-301122" is a host name here, and also what the second "beta" would get.
+        let z = Zone::new(
+            "x.internal",
+            [
+                (id(0x20), "beta", Ipv4Addr::new(10, 0, 0, 2)),
+                (id(0x30), "beta", Ipv4Addr::new(10, 0, 0, 3)),
+                (id(0x90), "beta-301122", Ipv4Addr::new(10, 0, 0, 9)),
+            ],
+        );
+        assert_eq!(z.name_of(Ipv4Addr::new(10, 0, 0, 9)).unwrap(), "beta-301122.x.internal");
+        assert_eq!(z.name_of(Ipv4Addr::new(10, 0, 0, 3)).unwrap(), format!("beta-{}.x.internal", id(0x30)));
+        assert_eq!(z.len(), 3);
     }
 
     #[test]

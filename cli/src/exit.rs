@@ -111,43 +111,70 @@ fn nft_stdin(script: &str) -> Result<(), String> {
     }
 }
 
-/// The `ip` commands that send the default route into `dev`.
-fn route_commands(dev: &str) -> Vec<Vec<String>> {
-    let s = |v: &[&str]| v.iter().map(|x| (*x).to_owned()).collect::<Vec<String>>();
+/// The rules, as `ip` arguments after `rule add|del`, for one family.
+fn rules() -> [Vec<String>; 2] {
     let (table, suppress, prio) = (TABLE.to_string(), PRIO_SUPPRESS.to_string(), PRIO_TABLE.to_string());
-    vec![
-        s(&["route", "replace", "default", "dev", dev, "table", &table]),
-        s(&["rule", "add", "table", "main", "suppress_prefixlength", "0", "priority", &suppress]),
-        s(&["rule", "add", "not", "fwmark", &table, "table", &table, "priority", &prio]),
+    let s = |v: &[&str]| v.iter().map(|x| (*x).to_owned()).collect::<Vec<String>>();
+    [
+        s(&["table", "main", "suppress_prefixlength", "0", "priority", &suppress]),
+        s(&["not", "fwmark", &table, "table", &table, "priority", &prio]),
     ]
 }
 
-/// Sends the default route into `dev` (after removing what a crashed run left).
+/// The `ip` commands that send the default route into `dev`. IPv4 goes through the
+/// exit; IPv6 (the overlay carries none) is blackholed, so it cannot leave by the
+/// host's own route either.
+fn route_commands(dev: &str) -> Vec<Vec<String>> {
+    let table = TABLE.to_string();
+    let mut v = vec![
+        ["-4", "route", "replace", "default", "dev", dev, "table", &table].map(str::to_owned).to_vec(),
+        ["-6", "route", "replace", "blackhole", "default", "table", &table].map(str::to_owned).to_vec(),
+    ];
+    for family in ["-4", "-6"] {
+        for r in rules() {
+            let mut c = vec![family.to_owned(), "rule".into(), "add".into()];
+            c.extend(r);
+            v.push(c);
+        }
+    }
+    v
+}
+
+/// Sends the default route into `dev`; what a crashed run left must be gone first
+/// ([`unroute`]).
 pub fn route_through(dev: &str) -> Result<(), String> {
-    unroute();
     for args in route_commands(dev) {
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         crate::node::ip(&refs).map_err(|e| format!("ip {}: {e}", args.join(" ")))?;
     }
-    info!(%dev, "default route through the exit node (table {TABLE}, rules {PRIO_SUPPRESS} and {PRIO_TABLE})");
+    info!(%dev, "default route through the exit node (table {TABLE}, rules {PRIO_SUPPRESS} and {PRIO_TABLE}; IPv6 blocked)");
     Ok(())
 }
 
-/// Removes our rules and table (every copy: a crashed run may have left them).
+/// Removes our rules (by their whole selector, every copy a crashed run may have
+/// left) and empties our table, both families.
 pub fn unroute() {
-    for prio in [PRIO_SUPPRESS, PRIO_TABLE] {
-        let p = prio.to_string();
-        for _ in 0..16 {
-            if crate::node::ip(&["rule", "del", "priority", &p]).is_err() {
-                break;
+    let absent = |e: &str| e.contains("No such") || e.contains("does not exist") || e.contains("not found");
+    for family in ["-4", "-6"] {
+        for r in rules() {
+            for _ in 0..16 {
+                let mut c = vec![family, "rule", "del"];
+                c.extend(r.iter().map(String::as_str));
+                match crate::node::ip(&c) {
+                    Ok(()) => {}
+                    Err(e) if absent(&e) => break,
+                    Err(e) => {
+                        warn!(error = %e, "cannot remove an exit rule");
+                        break;
+                    }
+                }
             }
         }
-    }
-    if let Err(e) = crate::node::ip(&["route", "flush", "table", &TABLE.to_string()])
-        && !e.contains("No such")
-        && !e.contains("FIB table does not exist")
-    {
-        warn!(error = %e, "cannot flush the exit route table");
+        if let Err(e) = crate::node::ip(&[family, "route", "flush", "table", &TABLE.to_string()])
+            && !absent(&e)
+        {
+            warn!(error = %e, "cannot flush the exit route table");
+        }
     }
 }
 
@@ -165,9 +192,12 @@ mod tests {
         assert_eq!(
             cmds,
             [
-                "route replace default dev weft0 table 30566",
-                "rule add table main suppress_prefixlength 0 priority 30565",
-                "rule add not fwmark 30566 table 30566 priority 30566",
+                "-4 route replace default dev weft0 table 30566",
+                "-6 route replace blackhole default table 30566",
+                "-4 rule add table main suppress_prefixlength 0 priority 30565",
+                "-4 rule add not fwmark 30566 table 30566 priority 30566",
+                "-6 rule add table main suppress_prefixlength 0 priority 30565",
+                "-6 rule add not fwmark 30566 table 30566 priority 30566",
             ]
         );
     }

@@ -235,7 +235,11 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
         cfg.proxy_networks.push(p.net);
     }
     if !cfg.proxy_networks.is_empty() || cfg.exit_node {
-        enable_forwarding();
+        let forwarding = enable_forwarding();
+        // An exit that cannot forward would take members' internet traffic and drop it.
+        if cfg.exit_node {
+            forwarding.map_err(|e| anyhow::anyhow!("--exit-node: {e}"))?;
+        }
     }
     // Undoes the exit rules when `run` returns, whichever way (a failure further on
     // included); only a SIGKILL leaves them, for the next start to replace.
@@ -469,7 +473,7 @@ impl Runtime {
         Ok(d)
     }
 
-    /// Applies a config read again: peers, listeners, proxied subnets, LAN
+    /// Applies a config read again: peers, listeners, proxied subnets, Magic DNS, LAN
     /// discovery, the metrics address and the log level change live (sessions stay
     /// up); every other difference is named in the reply and left as it was.
     async fn reload(
@@ -538,7 +542,7 @@ impl Runtime {
         }
         if proxied != self.cfg.proxy_networks {
             if !proxied.is_empty() {
-                enable_forwarding();
+                let _ = enable_forwarding();
             }
             self.engine.set_proxied(now, engine_proxied(&proxied, self.cfg.exit_node));
             let list: Vec<String> = new.proxy_networks.iter().map(ToString::to_string).collect();
@@ -677,18 +681,34 @@ impl Runtime {
         }
 
         // Magic DNS: a new domain, on or off, registered or not.
+        // The server keeps its socket through a change of domain: rebinding the same
+        // port at once could find it still held by the aborted task.
         if new.dns_domain != self.cfg.dns_domain || new.accept_dns != self.cfg.accept_dns {
-            if self.dns.take().is_some() && self.cfg.accept_dns {
+            if self.cfg.accept_dns && self.dns.is_some() {
                 let dev = self.cfg.dev_name.clone();
                 let _ = tokio::task::spawn_blocking(move || crate::dns::unregister(&dev)).await;
             }
             self.cfg.dns_domain.clone_from(&new.dns_domain);
             self.cfg.accept_dns = new.accept_dns;
-            self.start_dns();
-            match (&self.cfg.dns_domain, &self.dns) {
-                (Some(d), Some(_)) => done.push(format!("Magic DNS for {d}")),
-                (Some(d), None) => failed.push(format!("Magic DNS for {d}: cannot bind port 53 (see the log)")),
-                (None, _) => done.push("Magic DNS off".into()),
+            match self.cfg.dns_domain.clone() {
+                None => {
+                    self.dns = None;
+                    done.push("Magic DNS off".into());
+                }
+                Some(d) => {
+                    match &self.dns {
+                        Some(server) => {
+                            server.update(self.dns_zone(&d));
+                            self.register_dns();
+                        }
+                        None => self.start_dns(true),
+                    }
+                    if self.dns.is_some() {
+                        done.push(format!("Magic DNS for {d}"));
+                    } else {
+                        failed.push(format!("Magic DNS for {d}: cannot bind port 53 yet (retrying every second)"));
+                    }
+                }
             }
         }
 
@@ -749,7 +769,8 @@ impl Runtime {
     /// Starts Magic DNS on the overlay address (when on), and registers it with
     /// systemd-resolved (with `--accept-dns`). A port already taken turns it off with a
     /// warning: the mesh works without it.
-    fn start_dns(&mut self) {
+    /// A failure is retried every second by [`Self::refresh_dns`] (warned of when `loud`).
+    fn start_dns(&mut self, loud: bool) {
         self.dns = None;
         let Some(domain) = self.cfg.dns_domain.clone() else { return };
         let zone = Arc::new(ArcSwap::from_pointee(self.dns_zone(&domain)));
@@ -758,13 +779,16 @@ impl Runtime {
             Ok(s) => {
                 info!(%addr, %domain, "Magic DNS on");
                 self.dns = Some(s);
+                self.register_dns();
             }
-            Err(e) => {
-                warn!(%addr, error = %e, "Magic DNS off: cannot bind its socket");
-                return;
-            }
+            Err(e) if loud => warn!(%addr, error = %e, "Magic DNS off: cannot bind its socket (retrying every second)"),
+            Err(e) => debug!(%addr, error = %e, "Magic DNS: bind failed again"),
         }
-        if self.cfg.accept_dns {
+    }
+
+    /// With `--accept-dns`, points systemd-resolved at the running server.
+    fn register_dns(&self) {
+        if let (true, Some(domain)) = (self.cfg.accept_dns && self.dns.is_some(), self.cfg.dns_domain.clone()) {
             let (dev, ip) = (self.cfg.dev_name.clone(), self.cfg.ipv4.addr);
             tokio::task::spawn_blocking(move || {
                 if crate::dns::register(&dev, ip, &domain) {
@@ -774,15 +798,20 @@ impl Runtime {
         }
     }
 
-    /// Follows members coming, going and renaming, and our own address moving.
+    /// Follows members coming, going and renaming, and our own address moving; starts
+    /// the server again when its bind failed (the port was busy, the address not yet
+    /// on the device).
     fn refresh_dns(&mut self) {
-        let Some(d) = &self.dns else { return };
+        let Some(domain) = self.cfg.dns_domain.clone() else { return };
+        let Some(d) = &self.dns else {
+            self.start_dns(false);
+            return;
+        };
         if d.addr.ip() != std::net::IpAddr::V4(self.cfg.ipv4.addr) {
-            self.start_dns();
+            self.start_dns(true);
             return;
         }
-        let zone = self.dns_zone(&d.zone.load().domain());
-        if d.update(zone) {
+        if d.update(self.dns_zone(&domain)) {
             debug!("Magic DNS zone changed");
         }
     }
@@ -868,7 +897,7 @@ impl Runtime {
         self.engine.handle_timeout(Instant::now());
         self.drain();
         let mut discovery = if self.cfg.lan_discovery { Some(self.discovery()?) } else { None };
-        self.start_dns();
+        self.start_dns(true);
         let mut dns_timer = tokio::time::interval(Duration::from_secs(1));
         let mut beacon_timer = tokio::time::interval(Duration::from_secs(5));
         // Interfaces come and go: members' subnets are checked against the networks
@@ -931,7 +960,7 @@ impl Runtime {
                     }
                 }
                 _ = nets_timer.tick() => self.engine.set_local_networks(local_networks(&self.cfg.dev_name)),
-                _ = dns_timer.tick(), if self.dns.is_some() => self.refresh_dns(),
+                _ = dns_timer.tick(), if self.cfg.dns_domain.is_some() => self.refresh_dns(),
                 _ = tokio::signal::ctrl_c() => { info!("interrupted; shutting down"); break }
                 _ = sigterm.recv() => { info!("terminated; shutting down"); break }
                 // Last: handshake datagrams (even replayed ones pass mac1) must never keep
@@ -1225,18 +1254,24 @@ impl Runtime {
 /// Turns IPv4 forwarding on (proxied subnets and the portal need it). Under systemd
 /// this file is the one tunable the unit leaves writable (ReadWritePaths=); an admin
 /// who enabled forwarding already (sysctl.d) needs no write at all.
-fn enable_forwarding() {
+fn enable_forwarding() -> Result<(), String> {
     const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
     if std::fs::read_to_string(IP_FORWARD).is_ok_and(|v| v.trim() == "1") {
-        info!("IPv4 forwarding already on for --proxy-network");
-        return;
+        info!("IPv4 forwarding already on");
+        return Ok(());
     }
     match std::fs::write(IP_FORWARD, "1") {
-        Ok(()) => info!("IPv4 forwarding enabled for --proxy-network"),
-        Err(e) => warn!(
-            error = %e,
-            "cannot enable IPv4 forwarding ({IP_FORWARD}); proxied subnets will not be reachable (under systemd the unit needs ReadWritePaths={IP_FORWARD}, or set net.ipv4.ip_forward=1 in sysctl.d)"
-        ),
+        Ok(()) => {
+            info!("IPv4 forwarding enabled (proxied subnets, the portal or an exit node)");
+            Ok(())
+        }
+        Err(e) => {
+            let msg = format!(
+                "cannot enable IPv4 forwarding ({IP_FORWARD}: {e}); under systemd the unit needs ReadWritePaths={IP_FORWARD}, or set net.ipv4.ip_forward=1 in sysctl.d"
+            );
+            warn!("{msg}; proxied subnets will not be reachable");
+            Err(msg)
+        }
     }
 }
 
@@ -1541,6 +1576,7 @@ impl NetConfig {
                         kernel_routes = install_routes(&dev, &kernel_routes, wanted, &own)
                     }
                     NetJob::ExitRoute(true) => {
+                        crate::exit::unroute();
                         if let Err(e) = crate::exit::route_through(&dev) {
                             warn!(error = %e, "cannot route through the exit node");
                         }

@@ -92,6 +92,9 @@ fn a_member_reaches_the_internet_through_the_exit_it_chose_and_only_then() {
     let said = reach(&lan.hosts[1]).expect("M reaches the public server through X");
     assert!(said.starts_with("203.0.113.2:"), "the server saw {said}");
     assert!(seen.lock().unwrap().iter().all(|a| a.ip().to_string() == "203.0.113.2"));
+    // IPv6 (the overlay carries none) is blocked, not let out by M's own route.
+    assert!(ip_out(&lan.hosts[1], &["ip", "-6", "rule", "list"]).contains("lookup 30566"));
+    assert!(ip_out(&lan.hosts[1], &["ip", "-6", "route", "show", "table", "30566"]).contains("blackhole default"));
     // N never asked: no default route of ours, no rule, and no way out.
     assert!(reach(&lan.hosts[2]).is_err(), "N reached the internet without asking for an exit");
     assert!(!ip_out(&lan.hosts[2], &["ip", "rule", "list"]).contains("30566"));
@@ -136,8 +139,13 @@ fn a_member_reaches_the_internet_through_the_exit_it_chose_and_only_then() {
     // M stops: its rules and table go with it.
     let mut m = m;
     m.terminate();
-    assert!(!ip_out(&lan.hosts[1], &["ip", "rule", "list"]).contains("30566"));
-    assert!(ip_out(&lan.hosts[1], &["ip", "route", "show", "table", "30566"]).trim().is_empty());
+    for family in ["-4", "-6"] {
+        assert!(!ip_out(&lan.hosts[1], &["ip", family, "rule", "list"]).contains("30566"), "{family}");
+        assert!(
+            ip_out(&lan.hosts[1], &["ip", family, "route", "show", "table", "30566"]).trim().is_empty(),
+            "{family}"
+        );
+    }
     drop(n);
 }
 

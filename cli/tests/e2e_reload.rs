@@ -64,7 +64,7 @@ fn reload_adds_and_removes_peers_and_subnets_without_dropping_sessions() {
     write_config(
         &cfg,
         &format!(
-            "peer = [\"{b_peer}\"]\nproxy-network = [\"{SUBNET}\"]\nmetrics = \"127.0.0.1:9109\"\nlisten = [\"udp://0.0.0.0:11010\", \"tcp://0.0.0.0:11020\", \"ws://0.0.0.0:11021\"]\n"
+            "peer = [\"{b_peer}\"]\nproxy-network = [\"{SUBNET}\"]\ndns-domain = \"mesh.example\"\nmetrics = \"127.0.0.1:9109\"\nlisten = [\"udp://0.0.0.0:11010\", \"tcp://0.0.0.0:11020\", \"ws://0.0.0.0:11021\"]\n"
         ),
     );
     let out = Command::new(weft_bin()).args(["reload", "--control"]).arg(&a.control).output().unwrap();
@@ -72,6 +72,9 @@ fn reload_adds_and_removes_peers_and_subnets_without_dropping_sessions() {
     assert!(out.status.success(), "{said}{}", String::from_utf8_lossy(&out.stderr));
     assert!(said.contains(&format!("added peer {b_peer}")) && said.contains(SUBNET), "{said}");
     assert!(said.contains("metrics on 127.0.0.1:9109"), "{said}");
+    // Magic DNS answers for the new domain at once (same socket, new zone).
+    assert!(said.contains("Magic DNS for mesh.example"), "{said}");
+    assert_eq!(a.status()["magic_dns"]["domain"], "mesh.example");
     assert!(
         said.contains("closed listener tcp://0.0.0.0:11010") && said.contains("listening on tcp://0.0.0.0:11020"),
         "{said}"
@@ -105,6 +108,7 @@ fn reload_adds_and_removes_peers_and_subnets_without_dropping_sessions() {
     assert!(log.contains(&format!("removed peer {b_peer}")), "{log}");
     assert!(log.contains("needs a restart to change (left as it was): cipher"), "{log}");
     assert_eq!(a.status()["cipher"], "aes-128-gcm");
+    assert_eq!(a.status()["magic_dns"]["domain"], "reload.internal", "the default domain is back");
     assert!(a.peer_established("10.126.126.3"), "the session with C survived both reloads");
     assert!(handshake_age(&a, "10.126.126.3") >= age_after, "A re-handshook with C on SIGHUP");
     let gone = lan.hosts[0].within(|| std::net::TcpStream::connect("127.0.0.1:9109").is_err());
