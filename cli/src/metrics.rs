@@ -186,7 +186,10 @@ pub fn render(s: &StatusJson) -> prometheus::Result<String> {
         "weft_connections",
         "Live TCP, WebSocket and QUIC connections, by transport.",
         ["transport"],
-        s.connections_by_transport.iter().map(|(k, v)| ([k.clone()], *v as f64)),
+        // Every connection transport, 0 included: an alert on "no connections" needs
+        // a series to compare.
+        ["quic", "tcp", "ws", "wss"]
+            .map(|t| ([t.to_owned()], s.connections_by_transport.get(t).copied().unwrap_or(0) as f64)),
     )?;
     f.one_counter(
         "weft_handshakes_total",
