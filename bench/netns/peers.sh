@@ -74,12 +74,13 @@ attach "$H" 0
 for i in $(seq "$MAX"); do attach "$TAG-m$i" "$i"; done
 
 NET=(--network-name bench --network-secret "peers bench secret" -l udp://0.0.0.0:11010)
-nsx "$H" "$WEFT" up "${NET[@]}" -i 10.126.0.1/16 --state-dir "$WORK/h-state" --control "$WORK/h.sock" \
+# Started with ip netns exec itself (not the nsx function): $! is then weft, not a subshell.
+ip netns exec "$H" "$WEFT" up "${NET[@]}" -i 10.126.0.1/16 --state-dir "$WORK/h-state" --control "$WORK/h.sock" \
     >"$WORK/h.log" 2>&1 &
 PIDS+=("$!")
 sleep 0.3
 for i in $(seq "$MAX"); do
-    nsx "$TAG-m$i" "$WEFT" up "${NET[@]}" -i "10.126.1.$i/16" --threads 1 -p udp://192.0.2.1:11010 \
+    ip netns exec "$TAG-m$i" "$WEFT" up "${NET[@]}" -i "10.126.1.$i/16" --threads 1 -p udp://192.0.2.1:11010 \
         --state-dir "$WORK/m$i-state" --control "$WORK/m$i.sock" >"$WORK/m$i.log" 2>&1 &
     PIDS+=("$!")
 done
