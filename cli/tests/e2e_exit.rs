@@ -86,6 +86,10 @@ fn a_member_reaches_the_internet_through_the_exit_it_chose_and_only_then() {
     wait_until(Duration::from_secs(10), "M routes through X", || m.status()["exit"]["state"] == "routing");
     wait_until(Duration::from_secs(10), "N knows X", || n.routes_to("10.124.0.1"));
     wait_until(Duration::from_secs(10), "F routes through X", || f.status()["exit"]["state"] == "routing");
+    // With --exit-fallback the rules follow the engine on the netcfg thread.
+    wait_until(Duration::from_secs(5), "F's rules are in", || {
+        ip_out(&lan.hosts[3], &["ip", "-6", "rule", "list"]).contains("lookup 30566")
+    });
     assert!(reach(&lan.hosts[3]).is_ok_and(|s| s.starts_with("203.0.113.2:")), "F goes through X while it is up");
 
     // M reaches the public server; the server sees X's public address.
