@@ -822,6 +822,9 @@ fn bind_tcp(addr: SocketAddr) -> io::Result<TcpListener> {
         s.set_only_v6(false)?;
     }
     s.set_reuse_address(true)?;
+    // Accepted connections answer with the listener's mark: without it, a node using
+    // an exit would send its SYN-ACKs into the tunnel.
+    super::mark_socket(&s)?;
     s.set_nonblocking(true)?;
     s.bind(&addr.into())?;
     s.listen(1024)?;
