@@ -95,6 +95,7 @@ fn session(local: u32, remote: u32, peer: Ipv4Addr, send: [u8; 32], recv: [u8; 3
         keys: SessionKeys { send, recv },
         endpoint: "192.0.2.2:11010".parse().unwrap(),
         peer_addr: peer,
+        peer_addr6: None,
         confirmed: true,
         stats: Arc::default(),
     }))
@@ -107,7 +108,7 @@ fn lookup(c: &mut Criterion) {
         })
         .collect();
     let snap = ArcSwap::from_pointee(RouteSnapshot::new(
-        sessions.iter().map(|s| (s.peer_addr, s.clone())),
+        sessions.iter().map(|s| (s.peer_addr.into(), s.clone())),
         sessions.iter().cloned(),
     ));
     let mut g = c.benchmark_group("lookup");
@@ -116,7 +117,7 @@ fn lookup(c: &mut Criterion) {
         b.iter(|| {
             i = i.wrapping_add(37);
             let guard = snap.load();
-            guard.session_for(black_box(Ipv4Addr::new(10, 1, 0, i))).is_some()
+            guard.session_for(black_box(Ipv4Addr::new(10, 1, 0, i).into())).is_some()
         });
     });
     g.bench_function("session_by_index_256_peers", |b| {
@@ -197,7 +198,7 @@ fn pipeline(c: &mut Criterion) {
     for cipher in [Cipher::Aes128Gcm, Cipher::ChaCha20Poly1305, Cipher::AuthOnly] {
         let cfg = PipelineConfig { mtu: 1500, offload: true, udp_gro: false, pin: None };
         let a_to_b = session(1, 2, B.into(), [3; 32], [4; 32], cipher);
-        let routes = RouteSnapshot::new([(Ipv4Addr::from(B), a_to_b.clone())], []);
+        let routes = RouteSnapshot::new([(Ipv4Addr::from(B).into(), a_to_b.clone())], []);
         let drops = DropCounters::default();
         let mut tx = Tx::new(cfg);
         let mut input = pkt.clone();

@@ -99,7 +99,7 @@ pub struct Host {
     /// IP packets RX wrote to the TUN.
     pub tun: Vec<Vec<u8>>,
     /// Subnets the engine asked to route into the TUN (`Action::InstallRoutes`).
-    pub installed: Vec<(Ipv4Addr, u8)>,
+    pub installed: Vec<(std::net::IpAddr, u8)>,
     /// Overlay address changes the engine ordered (`Action::SetAddress`).
     pub addresses: Vec<(Ipv4Addr, Ipv4Addr, u8)>,
     /// Datagrams the engine sent (`Action::Send`): control-plane traffic.
@@ -423,7 +423,7 @@ pub fn params(local: StaticKey, net: &str, secret: &str, cipher: Cipher, ipv4: I
         local,
         psk: psk(net, secret),
         network_name: net.into(),
-        hello: Hello { cipher, ipv4, prefix: 16, hostname },
+        hello: Hello { cipher, ipv4, prefix: 16, hostname, ipv6: None },
     }
 }
 

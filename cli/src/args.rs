@@ -84,6 +84,14 @@ pub struct UpArgs {
     /// Pick a free overlay address in 10.126.126.0/24, moving on a conflict.
     #[arg(long, conflicts_with = "ipv4")]
     pub dhcp: bool,
+    /// IPv6 overlay address with the network's prefix length (default: one derived
+    /// from the network name and the node id, fdXX:XXXX:XXXX::NODE-ID/64, the same
+    /// /64 on every member).
+    #[arg(long, value_name = "ADDR/PREFIX", conflicts_with = "no_ipv6")]
+    pub ipv6: Option<String>,
+    /// An IPv4-only overlay: no IPv6 address on the TUN, no IPv6 routes.
+    #[arg(long)]
+    pub no_ipv6: bool,
     /// Listener URI, repeatable: udp://, tcp://, quic://, ws://, wss:// (default: udp
     /// and tcp on 11010, ws on 11011, quic and wss on 11012, all addresses).
     #[arg(short = 'l', long = "listen", value_name = "URI")]

@@ -2,7 +2,7 @@
 //! [`NodeConfig`]. Parse, don't validate: nothing past this module sees a raw string.
 
 use std::fmt;
-use std::net::{Ipv4Addr, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
@@ -59,6 +59,8 @@ pub struct FileConfig {
     accept_wide_subnets: Option<bool>,
     lan_discovery: Option<bool>,
     dhcp: Option<bool>,
+    ipv6: Option<String>,
+    no_ipv6: Option<bool>,
     #[serde(default)]
     proxy_network: Vec<String>,
     wg_portal: Option<String>,
@@ -158,6 +160,88 @@ impl fmt::Display for Ipv4Net {
     }
 }
 
+/// An address or subnet of either family with its prefix, e.g. 192.168.1.0/24 or
+/// fd77::/64.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct IpNet {
+    /// The address.
+    pub addr: IpAddr,
+    /// The prefix length.
+    pub prefix: u8,
+}
+
+impl IpNet {
+    /// `ADDR/PREFIX` of either family, the prefix within the family's width.
+    pub fn parse_cidr(s: &str) -> Option<Self> {
+        let (a, p) = s.split_once('/')?;
+        let addr: IpAddr = a.parse().ok()?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix: u8 = p.parse().ok().filter(|p| *p <= max)?;
+        Some(Self { addr, prefix })
+    }
+
+    /// The network this address is in (host bits cleared).
+    pub fn network(self) -> Self {
+        Self { addr: weft_core::route::network_ip(self.addr, self.prefix), prefix: self.prefix }
+    }
+
+    /// Whether the two prefixes share an address (never across families).
+    pub fn overlaps(self, other: Self) -> bool {
+        weft_core::route::overlaps_ip(self.addr, self.prefix, other.addr, other.prefix)
+    }
+
+    /// As the engine's (address, prefix) pair.
+    pub fn pair(self) -> (IpAddr, u8) {
+        (self.addr, self.prefix)
+    }
+}
+
+impl From<Ipv4Net> for IpNet {
+    fn from(n: Ipv4Net) -> Self {
+        Self { addr: IpAddr::V4(n.addr), prefix: n.prefix }
+    }
+}
+
+impl fmt::Display for IpNet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
+    }
+}
+
+/// The node's IPv6 overlay address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ipv6Overlay {
+    /// Derived from the network name and the node id ([`weft_peers::default_ipv6`]);
+    /// left out when the host has no IPv6.
+    Derived,
+    /// `--ipv6 ADDR/PREFIX`.
+    Given(Ipv6Addr, u8),
+    /// `--no-ipv6`: an IPv4-only overlay.
+    Off,
+}
+
+/// Parses `--ipv6 ADDR/PREFIX`: a unicast address that is not loopback, link-local
+/// or IPv4-mapped, with a prefix of 8 to 128.
+fn parse_ipv6(s: &str) -> Result<(Ipv6Addr, u8), UsageError> {
+    let bad = |why: &str| {
+        UsageError(format!("invalid --ipv6 {s:?}: {why} (expected ADDR/PREFIX such as fd7a:115c:a1e0::2/64)"))
+    };
+    let (a, p) = s.split_once('/').ok_or_else(|| bad("no prefix length"))?;
+    let addr: Ipv6Addr = a.parse().map_err(|_| bad("not an IPv6 address"))?;
+    let prefix: u8 =
+        p.parse().ok().filter(|p| (8..=128).contains(p)).ok_or_else(|| bad("prefix length outside 8 to 128"))?;
+    if addr.is_unspecified() || addr.is_loopback() || addr.is_multicast() {
+        return Err(bad("not a unicast address"));
+    }
+    if addr.is_unicast_link_local() {
+        return Err(bad("a link-local address belongs to one link, not to the overlay"));
+    }
+    if addr.to_ipv4_mapped().is_some() {
+        return Err(bad("an IPv4-mapped address; give IPv4 with -i/--ipv4"));
+    }
+    Ok((addr, prefix))
+}
+
 /// A transport URI: `udp://HOST:PORT`, `tcp://HOST:PORT`, `quic://HOST:PORT`,
 /// `ws://HOST:PORT/PATH` or `wss://HOST:PORT/PATH`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -235,6 +319,8 @@ pub struct NodeConfig {
     pub network_secret: Secret,
     /// Overlay address.
     pub ipv4: Ipv4Net,
+    /// IPv6 overlay address.
+    pub ipv6: Ipv6Overlay,
     /// Listeners, at most one per transport (the path of a ws:// listener is
     /// ignored: it accepts any).
     pub listeners: Vec<Endpoint>,
@@ -269,8 +355,8 @@ pub struct NodeConfig {
     pub latency_first: bool,
     /// Route other members' subnets shorter than /8.
     pub accept_wide_subnets: bool,
-    /// Subnets this node proxies for the mesh.
-    pub proxy_networks: Vec<Ipv4Net>,
+    /// Subnets this node proxies for the mesh, either family.
+    pub proxy_networks: Vec<IpNet>,
     /// Multicast LAN discovery.
     pub lan_discovery: bool,
     /// `--dhcp`: the range to pick the overlay address from (`ipv4` is then replaced
@@ -396,6 +482,16 @@ impl NodeConfig {
                 );
             }
         };
+        let no_ipv6 = args.no_ipv6 || file.no_ipv6.unwrap_or(false);
+        let ipv6 = match (args.ipv6.clone().or(file.ipv6), no_ipv6) {
+            (Some(a), true) => return usage(format!("--ipv6 {a} and --no-ipv6 exclude each other: pick one")),
+            (Some(a), false) => {
+                let (addr, prefix) = parse_ipv6(&a)?;
+                Ipv6Overlay::Given(addr, prefix)
+            }
+            (None, true) => Ipv6Overlay::Off,
+            (None, false) => Ipv6Overlay::Derived,
+        };
         let mut listen_uris = if args.listen.is_empty() { file.listen } else { args.listen.clone() };
         if listen_uris.is_empty() {
             listen_uris = default_listeners();
@@ -452,6 +548,17 @@ impl NodeConfig {
         }
         let proxy_networks =
             proxy_networks(if args.proxy_network.is_empty() { &file.proxy_network } else { &args.proxy_network })?;
+        let overlays = std::iter::once(IpNet::from(ipv4.network())).chain(match ipv6 {
+            Ipv6Overlay::Given(a, p) => Some(IpNet { addr: IpAddr::V6(a), prefix: p }.network()),
+            _ => None,
+        });
+        for o in overlays {
+            if let Some(n) = proxy_networks.iter().find(|n| n.overlaps(o)) {
+                return usage(format!(
+                    "--proxy-network {n} overlaps the overlay network {o}: a proxied subnet must lie outside it"
+                ));
+            }
+        }
         let portal_net = args.wg_portal_net.clone().or(file.wg_portal_net);
         let portal_endpoint = args.wg_portal_endpoint.clone().or(file.wg_portal_endpoint);
         let wg_portal = match args.wg_portal.clone().or(file.wg_portal) {
@@ -516,6 +623,7 @@ impl NodeConfig {
             network_name,
             network_secret: secret,
             ipv4,
+            ipv6,
             listeners,
             tls,
             max_connections,
@@ -572,22 +680,37 @@ fn split_cidr(s: &str) -> Option<(Ipv4Addr, u8)> {
     Some((a.parse().ok()?, prefix))
 }
 
-fn proxy_networks(values: &[String]) -> Result<Vec<Ipv4Net>, UsageError> {
-    values
+fn proxy_networks(values: &[String]) -> Result<Vec<IpNet>, UsageError> {
+    let nets: Vec<IpNet> = values
         .iter()
         .map(|v| {
-            let (addr, prefix) = split_cidr(v).ok_or_else(|| {
-                UsageError(format!("invalid --proxy-network {v:?}: expected a CIDR such as 192.168.1.0/24"))
+            let n = IpNet::parse_cidr(v).ok_or_else(|| {
+                UsageError(format!(
+                    "invalid --proxy-network {v:?}: expected a CIDR such as 192.168.1.0/24 or fd77:1::/64"
+                ))
             })?;
-            if prefix == 0 {
+            if n.prefix == 0 {
                 return usage(format!(
-                    "invalid --proxy-network {v:?}: a /0 would route every destination of every member into the tunnel"
+                    "invalid --proxy-network {v:?}: a /0 would route every destination of every member into the tunnel (offer the internet with --exit-node)"
+                ));
+            }
+            if let IpAddr::V6(a) = n.addr
+                && (a.is_multicast() || a.is_loopback() || a.is_unicast_link_local() || a.to_ipv4_mapped().is_some())
+            {
+                return usage(format!(
+                    "invalid --proxy-network {v:?}: multicast, loopback, link-local and IPv4-mapped prefixes cannot be proxied"
                 ));
             }
             // Keep the network address, whatever host bits were given.
-            Ok(Ipv4Net { addr, prefix }.network())
+            Ok(n.network())
         })
-        .collect()
+        .collect::<Result<_, _>>()?;
+    for (i, a) in nets.iter().enumerate() {
+        if let Some(b) = nets[..i].iter().find(|b| b.overlaps(*a)) {
+            return usage(format!("--proxy-network {a} overlaps --proxy-network {b}: give each subnet once"));
+        }
+    }
+    Ok(nets)
 }
 
 fn system_hostname() -> String {

@@ -87,6 +87,9 @@ pub struct StatusJson {
     pub hostname: String,
     /// Overlay address with prefix.
     pub overlay: String,
+    /// IPv6 overlay address with prefix, when the overlay has IPv6.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlay6: Option<String>,
     /// Data cipher.
     pub cipher: String,
     /// Listener URIs.
@@ -338,6 +341,9 @@ pub struct PeerJson {
     pub hostname: String,
     /// Its overlay address.
     pub overlay: String,
+    /// Its IPv6 overlay address, if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlay6: Option<String>,
     /// Its direct endpoint (transport and address), if known.
     pub endpoint: Option<String>,
     /// direct, relay or none.
@@ -385,6 +391,9 @@ pub struct RouteJson {
     pub hostname: String,
     /// Destination overlay address.
     pub overlay: String,
+    /// Destination IPv6 overlay address, if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlay6: Option<String>,
     /// First hop's node id (the destination itself when direct).
     pub next_hop: String,
     /// First hop's host name.

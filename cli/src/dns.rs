@@ -3,13 +3,13 @@
 //! The wire format is hickory-proto's; the zone is rebuilt from the topology records.
 
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use arc_swap::ArcSwap;
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, ResponseCode};
-use hickory_proto::rr::rdata::{A, SOA};
+use hickory_proto::rr::rdata::{A, AAAA, SOA};
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
 use tracing::{debug, warn};
 use weft_peers::NodeId;
@@ -81,25 +81,31 @@ pub fn parse_domain(s: &str) -> Result<String, String> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Zone {
     domain: Name,
-    names: BTreeMap<String, Ipv4Addr>,
+    names: BTreeMap<String, Addrs>,
     /// Who may ask: the mesh's networks. Linux takes a datagram for the overlay
     /// address on any interface, so without this a LAN neighbour that routes the
     /// overlay to us could read the member list.
-    clients: Vec<(Ipv4Addr, u8)>,
+    clients: Vec<(IpAddr, u8)>,
 }
+
+/// A member's overlay addresses: IPv4, and IPv6 when it has one.
+type Addrs = (Ipv4Addr, Option<Ipv6Addr>);
 
 impl Zone {
     /// A zone for `domain` (already checked by [`parse_domain`]) holding `members`:
-    /// (node id, host name, overlay address).
-    pub fn new<'a>(domain: &str, members: impl IntoIterator<Item = (NodeId, &'a str, Ipv4Addr)>) -> Self {
+    /// (node id, host name, overlay address, IPv6 overlay address).
+    pub fn new<'a>(
+        domain: &str,
+        members: impl IntoIterator<Item = (NodeId, &'a str, Ipv4Addr, Option<Ipv6Addr>)>,
+    ) -> Self {
         let domain = Name::from_ascii(format!("{domain}.")).unwrap_or_else(|_| Name::root());
-        let mut by_label: BTreeMap<String, Vec<(NodeId, Ipv4Addr)>> = BTreeMap::new();
-        for (id, host, addr) in members {
+        let mut by_label: BTreeMap<String, Vec<(NodeId, Addrs)>> = BTreeMap::new();
+        for (id, host, addr, addr6) in members {
             let mut l = label(host);
             if l.is_empty() {
                 l = format!("node-{id}");
             }
-            by_label.entry(l).or_default().push((id, addr));
+            by_label.entry(l).or_default().push((id, (addr, addr6)));
         }
         let mut names = BTreeMap::new();
         let mut later = Vec::new();
@@ -127,15 +133,15 @@ impl Zone {
     /// Answers only sources inside `nets` (the overlay, proxied subnets, the portal
     /// network); datagrams from anywhere else are dropped unanswered.
     #[must_use]
-    pub fn for_clients(mut self, nets: Vec<(Ipv4Addr, u8)>) -> Self {
+    pub fn for_clients(mut self, nets: Vec<(IpAddr, u8)>) -> Self {
         self.clients = nets;
         self
     }
 
     /// Whether a query from `ip` gets an answer.
-    pub fn admits(&self, ip: std::net::IpAddr) -> bool {
-        let std::net::IpAddr::V4(ip) = ip.to_canonical() else { return false };
-        self.clients.iter().any(|(n, p)| weft_core::route::overlaps(*n, *p, ip, 32))
+    pub fn admits(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        self.clients.iter().any(|(n, p)| weft_core::route::overlaps_ip(*n, *p, ip, 128))
     }
 
     /// The domain, without the trailing dot.
@@ -155,7 +161,7 @@ impl Zone {
 
     /// The fully qualified name of the member at `addr`, if it has one.
     pub fn name_of(&self, addr: Ipv4Addr) -> Option<String> {
-        self.names.iter().find(|(_, a)| **a == addr).map(|(l, _)| format!("{l}.{}", self.domain()))
+        self.names.iter().find(|(_, a)| a.0 == addr).map(|(l, _)| format!("{l}.{}", self.domain()))
     }
 
     /// The answer to one datagram, or `None` when it is no query (malformed, or a
@@ -205,12 +211,18 @@ impl Zone {
                 }
                 ResponseCode::NoError
             }
-            (_, Some(addr)) => {
-                if matches!(q.query_type(), RecordType::A | RecordType::ANY) {
-                    resp.add_answer(Record::from_rdata(name, TTL, RData::A(A(*addr))));
-                } else {
-                    // The name exists but has no record of that type (AAAA: the
-                    // overlay is IPv4): NODATA, with the SOA for negative caching.
+            (_, Some((addr, addr6))) => {
+                let t = q.query_type();
+                if matches!(t, RecordType::A | RecordType::ANY) {
+                    resp.add_answer(Record::from_rdata(name.clone(), TTL, RData::A(A(*addr))));
+                }
+                if let (RecordType::AAAA | RecordType::ANY, Some(a6)) = (t, addr6) {
+                    resp.add_answer(Record::from_rdata(name, TTL, RData::AAAA(AAAA(*a6))));
+                }
+                if resp.answers.is_empty() {
+                    // The name exists but has no record of that type (AAAA of an
+                    // IPv4-only member, MX, ...): NODATA, with the SOA for negative
+                    // caching.
                     resp.add_authority(self.soa());
                 }
                 ResponseCode::NoError
@@ -270,26 +282,35 @@ pub async fn serve(sock: tokio::net::UdpSocket, zone: Arc<ArcSwap<Zone>>, stats:
     }
 }
 
-/// A running DNS server: its zone, counters and task (ended on drop).
+/// A running DNS server: its zone, counters and tasks (ended on drop).
 pub struct Server {
     /// The zone it answers from; replaced as members come, go and rename.
     pub zone: Arc<ArcSwap<Zone>>,
     /// Its counters.
     pub stats: Arc<DnsStats>,
-    /// Where it listens.
-    pub addr: SocketAddr,
-    task: tokio::task::JoinHandle<()>,
+    /// Where it listens (the overlay addresses, port 53).
+    pub addrs: Vec<SocketAddr>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Server {
-    /// Binds `addr` and serves `zone` (in a tokio task: call within the runtime).
-    pub fn start(addr: SocketAddr, zone: Arc<ArcSwap<Zone>>) -> std::io::Result<Self> {
-        let sock = std::net::UdpSocket::bind(addr)?;
-        sock.set_nonblocking(true)?;
-        let sock = tokio::net::UdpSocket::from_std(sock)?;
+    /// Binds every address of `addrs` (all or none) and serves `zone` on each (in
+    /// tokio tasks: call within the runtime).
+    pub fn start(addrs: &[SocketAddr], zone: Arc<ArcSwap<Zone>>) -> std::io::Result<Self> {
+        let mut socks = Vec::with_capacity(addrs.len());
+        for addr in addrs {
+            let sock =
+                std::net::UdpSocket::bind(addr).map_err(|e| std::io::Error::new(e.kind(), format!("{addr}: {e}")))?;
+            sock.set_nonblocking(true)?;
+            socks.push(sock);
+        }
         let stats = Arc::new(DnsStats::default());
-        let task = tokio::spawn(serve(sock, zone.clone(), stats.clone()));
-        Ok(Self { zone, stats, addr, task })
+        let mut tasks = Vec::with_capacity(socks.len());
+        for sock in socks {
+            let sock = tokio::net::UdpSocket::from_std(sock)?;
+            tasks.push(tokio::spawn(serve(sock, zone.clone(), stats.clone())));
+        }
+        Ok(Self { zone, stats, addrs: addrs.to_vec(), tasks })
     }
 
     /// Replaces the zone if it changed; returns whether it did.
@@ -304,14 +325,17 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        self.task.abort();
+        for t in &self.tasks {
+            t.abort();
+        }
     }
 }
 
-/// Registers `domain` (only) at the server `addr` for link `dev` with systemd-resolved
-/// (split DNS); an absent or failing `resolvectl` is a warning, not an error.
-pub fn register(dev: &str, addr: Ipv4Addr, domain: &str) -> bool {
-    for args in resolvectl_register(dev, addr, domain) {
+/// Registers `domain` (only) at the server's `addrs` for link `dev` with
+/// systemd-resolved (split DNS); an absent or failing `resolvectl` is a warning, not
+/// an error.
+pub fn register(dev: &str, addrs: &[IpAddr], domain: &str) -> bool {
+    for args in resolvectl_register(dev, addrs, domain) {
         if !resolvectl(&args) {
             return false;
         }
@@ -341,8 +365,10 @@ fn resolvectl(args: &[String]) -> bool {
 
 /// `resolvectl` arguments that send `domain` (only) to the server at `addr` on link
 /// `dev`, as systemd-resolved's split DNS.
-pub fn resolvectl_register(dev: &str, addr: Ipv4Addr, domain: &str) -> [Vec<String>; 2] {
-    [vec!["dns".into(), dev.into(), addr.to_string()], vec!["domain".into(), dev.into(), format!("~{domain}")]]
+pub fn resolvectl_register(dev: &str, addrs: &[IpAddr], domain: &str) -> [Vec<String>; 2] {
+    let mut dns = vec!["dns".into(), dev.into()];
+    dns.extend(addrs.iter().map(ToString::to_string));
+    [dns, vec!["domain".into(), dev.into(), format!("~{domain}")]]
 }
 
 #[cfg(test)]
@@ -359,10 +385,10 @@ mod tests {
         Zone::new(
             "office.internal",
             [
-                (id(0x30), "Beta", Ipv4Addr::new(10, 0, 0, 3)),
-                (id(0x10), "alpha.example.com", Ipv4Addr::new(10, 0, 0, 1)),
-                (id(0x20), "beta", Ipv4Addr::new(10, 0, 0, 2)),
-                (id(0x40), "!!!", Ipv4Addr::new(10, 0, 0, 4)),
+                (id(0x30), "Beta", Ipv4Addr::new(10, 0, 0, 3), None),
+                (id(0x10), "alpha.example.com", Ipv4Addr::new(10, 0, 0, 1), None),
+                (id(0x20), "beta", Ipv4Addr::new(10, 0, 0, 2), Some("fd00::2".parse().unwrap())),
+                (id(0x40), "!!!", Ipv4Addr::new(10, 0, 0, 4), None),
             ],
         )
     }
@@ -413,10 +439,10 @@ mod tests {
         assert_eq!(z.name_of(Ipv4Addr::new(10, 0, 0, 4)).unwrap(), format!("node-{}.office.internal", id(0x40)));
         // The same members in another order make the same zone.
         let mut members = vec![
-            (id(0x20), "beta", Ipv4Addr::new(10, 0, 0, 2)),
-            (id(0x30), "Beta", Ipv4Addr::new(10, 0, 0, 3)),
-            (id(0x10), "alpha.example.com", Ipv4Addr::new(10, 0, 0, 1)),
-            (id(0x40), "!!!", Ipv4Addr::new(10, 0, 0, 4)),
+            (id(0x20), "beta", Ipv4Addr::new(10, 0, 0, 2), Some("fd00::2".parse().unwrap())),
+            (id(0x30), "Beta", Ipv4Addr::new(10, 0, 0, 3), None),
+            (id(0x10), "alpha.example.com", Ipv4Addr::new(10, 0, 0, 1), None),
+            (id(0x40), "!!!", Ipv4Addr::new(10, 0, 0, 4), None),
         ];
         assert_eq!(Zone::new("office.internal", members.clone()), z);
         members.reverse();
@@ -432,8 +458,22 @@ mod tests {
         assert_eq!(m.answers[0].ttl, TTL);
         let m = ask(&z, "beta-301122.office.internal.", RecordType::A);
         assert_eq!(addrs(&m), vec![Ipv4Addr::new(10, 0, 0, 3)]);
-        // AAAA of a member: the name exists, no record (NODATA).
+        // AAAA of a member with an IPv6 overlay address: that address.
         let m = ask(&z, "beta.office.internal.", RecordType::AAAA);
+        let v6: Vec<Ipv6Addr> = m
+            .answers
+            .iter()
+            .filter_map(|r| match r.data {
+                RData::AAAA(a) => Some(a.0),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            (m.metadata.response_code, v6),
+            (ResponseCode::NoError, vec!["fd00::2".parse::<Ipv6Addr>().unwrap()])
+        );
+        // AAAA of an IPv4-only member: the name exists, no record (NODATA).
+        let m = ask(&z, "alpha-example-com.office.internal.", RecordType::AAAA);
         assert_eq!((m.metadata.response_code, m.answers.len(), m.authorities.len()), (ResponseCode::NoError, 0, 1));
         let m = ask(&z, "gamma.office.internal.", RecordType::A);
         assert_eq!((m.metadata.response_code, m.answers.len()), (ResponseCode::NXDomain, 0));
@@ -454,9 +494,9 @@ mod tests {
         let z = Zone::new(
             "x.internal",
             [
-                (id(0x20), "beta", Ipv4Addr::new(10, 0, 0, 2)),
-                (id(0x30), "beta", Ipv4Addr::new(10, 0, 0, 3)),
-                (id(0x90), "beta-301122", Ipv4Addr::new(10, 0, 0, 9)),
+                (id(0x20), "beta", Ipv4Addr::new(10, 0, 0, 2), None),
+                (id(0x30), "beta", Ipv4Addr::new(10, 0, 0, 3), None),
+                (id(0x90), "beta-301122", Ipv4Addr::new(10, 0, 0, 9), None),
             ],
         );
         assert_eq!(z.name_of(Ipv4Addr::new(10, 0, 0, 9)).unwrap(), "beta-301122.x.internal");
@@ -466,19 +506,25 @@ mod tests {
 
     #[test]
     fn only_the_mesh_may_ask() {
-        let z = zone().for_clients(vec![(Ipv4Addr::new(10, 0, 0, 0), 24), (Ipv4Addr::new(192, 168, 7, 0), 24)]);
+        let z = zone().for_clients(vec![
+            (Ipv4Addr::new(10, 0, 0, 0).into(), 24),
+            (Ipv4Addr::new(192, 168, 7, 0).into(), 24),
+            ("fd00::".parse().unwrap(), 64),
+        ]);
         assert!(z.admits("10.0.0.9".parse().unwrap()));
         assert!(z.admits("192.168.7.20".parse().unwrap()), "a proxied subnet");
         assert!(z.admits("::ffff:10.0.0.9".parse().unwrap()), "mapped IPv4");
         assert!(!z.admits("192.0.2.4".parse().unwrap()), "a LAN neighbour");
         assert!(!z.admits("2001:db8::1".parse().unwrap()));
+        assert!(z.admits("fd00::7".parse().unwrap()), "the IPv6 overlay");
         assert!(!zone().admits("10.0.0.9".parse().unwrap()), "nobody without networks");
     }
 
     #[test]
     fn systemd_resolved_gets_the_domain_only() {
-        let cmds = resolvectl_register("weft0", Ipv4Addr::new(10, 0, 0, 1), "office.internal");
-        assert_eq!(cmds[0], ["dns", "weft0", "10.0.0.1"]);
+        let addrs = ["10.0.0.1".parse().unwrap(), "fd00::1".parse().unwrap()];
+        let cmds = resolvectl_register("weft0", &addrs, "office.internal");
+        assert_eq!(cmds[0], ["dns", "weft0", "10.0.0.1", "fd00::1"]);
         // "~": a routing-only domain, so other names keep the host's resolvers.
         assert_eq!(cmds[1], ["domain", "weft0", "~office.internal"]);
     }

@@ -1,6 +1,6 @@
 //! Exit nodes. A member that offers the internet (`--exit-node`) announces 0.0.0.0/0
-//! and forwards and masquerades what members send it, with nftables rules in a table
-//! of its own. A member that uses one (`--use-exit-node`) sends its default route into
+//! (and ::/0 with an IPv6 overlay) and forwards and masquerades what members send it,
+//! with nftables rules in a table of its own. A member that uses one (`--use-exit-node`) sends its default route into
 //! the TUN with policy routing, as wg-quick does: Weft's own sockets carry a firewall
 //! mark that keeps them on the main table, a rule sends everything else to a table of
 //! ours whose default route is the TUN, and a rule before it lets the main table's
@@ -21,19 +21,26 @@ pub fn nft_table(dev: &str) -> String {
 }
 
 /// The nftables ruleset that makes this node an exit for `overlay` (the overlay
-/// network, CIDR) on `dev`: forward what members send, masquerade it on the way out,
-/// let the answers back in.
-pub fn nft_ruleset(dev: &str, overlay: &str) -> String {
+/// network, CIDR) and `overlay6` (the IPv6 overlay network, if any) on `dev`: forward
+/// what members send, masquerade it on the way out, let the answers back in. One
+/// `inet` table serves both families.
+pub fn nft_ruleset(dev: &str, overlay: &str, overlay6: Option<&str>) -> String {
     let t = nft_table(dev);
+    let mut masq = format!("\t\tip saddr {overlay} oifname != \"{dev}\" masquerade\n");
+    let mut fwd = format!("\t\tiifname \"{dev}\" ip saddr {overlay} accept\n");
+    if let Some(o6) = overlay6 {
+        masq.push_str(&format!("\t\tip6 saddr {o6} oifname != \"{dev}\" masquerade\n"));
+        fwd.push_str(&format!("\t\tiifname \"{dev}\" ip6 saddr {o6} accept\n"));
+    }
     format!(
-        "table ip {t} {{\n\
+        "table inet {t} {{\n\
          \tchain postrouting {{\n\
          \t\ttype nat hook postrouting priority srcnat; policy accept;\n\
-         \t\tip saddr {overlay} oifname != \"{dev}\" masquerade\n\
+         {masq}\
          \t}}\n\
          \tchain forward {{\n\
          \t\ttype filter hook forward priority filter; policy accept;\n\
-         \t\tiifname \"{dev}\" ip saddr {overlay} accept\n\
+         {fwd}\
          \t\toifname \"{dev}\" ct state established,related accept\n\
          \t}}\n\
          }}\n"
@@ -52,15 +59,22 @@ impl Guard {
     /// a crashed run left and, unless `fallback`, routes through the TUN at once so
     /// internet traffic fails closed until the exit is reachable (with `fallback` the
     /// rules come and go with the exit, through [`route_through`] and [`unroute`]).
-    pub fn set_up(dev: &str, offer_exit: bool, uses: bool, fallback: bool, overlay: &str) -> Result<Self, String> {
+    pub fn set_up(
+        dev: &str,
+        offer_exit: bool,
+        uses: bool,
+        fallback: bool,
+        overlay: &str,
+        overlay6: Option<&str>,
+    ) -> Result<Self, String> {
         let g = Self { dev: dev.to_owned(), offered: offer_exit, uses };
         if offer_exit {
-            offer(dev, overlay)?;
+            offer(dev, overlay, overlay6)?;
         }
         if uses {
             unroute();
             if !fallback {
-                route_through(dev)?;
+                route_through(dev, overlay6.is_some())?;
             }
         }
         Ok(g)
@@ -79,19 +93,23 @@ impl Drop for Guard {
 }
 
 /// Installs the exit's rules (after removing any a crashed run left).
-fn offer(dev: &str, overlay: &str) -> Result<(), String> {
+fn offer(dev: &str, overlay: &str, overlay6: Option<&str>) -> Result<(), String> {
     withdraw(dev);
-    nft_stdin(&nft_ruleset(dev, overlay))?;
-    info!(table = %nft_table(dev), "exit node: forwarding and masquerading for {overlay}");
+    nft_stdin(&nft_ruleset(dev, overlay, overlay6))?;
+    let nets = overlay6.map_or_else(|| overlay.to_owned(), |o6| format!("{overlay} and {o6}"));
+    info!(table = %nft_table(dev), "exit node: forwarding and masquerading for {nets}");
     Ok(())
 }
 
-/// Removes the exit's rules, if any.
+/// Removes the exit's rules, if any (an `ip` table is what versions before the IPv6
+/// overlay made).
 fn withdraw(dev: &str) {
-    let _ = std::process::Command::new("nft")
-        .args(["delete", "table", "ip", &nft_table(dev)])
-        .stderr(std::process::Stdio::null())
-        .status();
+    for family in ["inet", "ip"] {
+        let _ = std::process::Command::new("nft")
+            .args(["delete", "table", family, &nft_table(dev)])
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
 }
 
 fn nft_stdin(script: &str) -> Result<(), String> {
@@ -122,13 +140,18 @@ fn rules() -> [Vec<String>; 2] {
 }
 
 /// The `ip` commands that send the default route into `dev`. IPv4 goes through the
-/// exit; IPv6 (the overlay carries none) is blackholed, so it cannot leave by the
-/// host's own route either.
-fn route_commands(dev: &str) -> Vec<Vec<String>> {
+/// exit, and IPv6 too with an IPv6 overlay (`ipv6`); without one IPv6 is
+/// blackholed, so it cannot leave by the host's own route either.
+fn route_commands(dev: &str, ipv6: bool) -> Vec<Vec<String>> {
     let table = TABLE.to_string();
+    let v6: &[&str] = if ipv6 {
+        &["-6", "route", "replace", "default", "dev", dev, "table", &table]
+    } else {
+        &["-6", "route", "replace", "blackhole", "default", "table", &table]
+    };
     let mut v = vec![
         ["-4", "route", "replace", "default", "dev", dev, "table", &table].map(str::to_owned).to_vec(),
-        ["-6", "route", "replace", "blackhole", "default", "table", &table].map(str::to_owned).to_vec(),
+        v6.iter().map(|x| (*x).to_owned()).collect(),
     ];
     for family in ["-4", "-6"] {
         for r in rules() {
@@ -142,12 +165,13 @@ fn route_commands(dev: &str) -> Vec<Vec<String>> {
 
 /// Sends the default route into `dev`; what a crashed run left must be gone first
 /// ([`unroute`]).
-pub fn route_through(dev: &str) -> Result<(), String> {
-    for args in route_commands(dev) {
+pub fn route_through(dev: &str, ipv6: bool) -> Result<(), String> {
+    for args in route_commands(dev, ipv6) {
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         crate::node::ip(&refs).map_err(|e| format!("ip {}: {e}", args.join(" ")))?;
     }
-    info!(%dev, "default route through the exit node (table {TABLE}, rules {PRIO_SUPPRESS} and {PRIO_TABLE}; IPv6 blocked)");
+    let v6 = if ipv6 { "IPv6 too" } else { "IPv6 blocked: no IPv6 overlay" };
+    info!(%dev, "default route through the exit node (table {TABLE}, rules {PRIO_SUPPRESS} and {PRIO_TABLE}; {v6})");
     Ok(())
 }
 
@@ -184,11 +208,17 @@ mod tests {
 
     #[test]
     fn the_exit_rules_are_wg_quick_s_shape_in_tables_of_our_own() {
-        let r = nft_ruleset("weft0", "10.126.126.0/24");
-        assert!(r.starts_with("table ip weft-exit-weft0 {"), "{r}");
+        let r = nft_ruleset("weft0", "10.126.126.0/24", None);
+        assert!(r.starts_with("table inet weft-exit-weft0 {"), "{r}");
         assert!(r.contains("ip saddr 10.126.126.0/24 oifname != \"weft0\" masquerade"), "{r}");
         assert!(r.contains("type nat hook postrouting priority srcnat"), "{r}");
-        let cmds: Vec<String> = route_commands("weft0").iter().map(|c| c.join(" ")).collect();
+        assert!(!r.contains("ip6"), "{r}");
+        let r6 = nft_ruleset("weft0", "10.126.126.0/24", Some("fd00:1::/64"));
+        assert!(r6.contains("ip6 saddr fd00:1::/64 oifname != \"weft0\" masquerade"), "{r6}");
+        assert!(r6.contains("iifname \"weft0\" ip6 saddr fd00:1::/64 accept"), "{r6}");
+        let v6: Vec<String> = route_commands("weft0", true).iter().map(|c| c.join(" ")).collect();
+        assert_eq!(v6[1], "-6 route replace default dev weft0 table 30566");
+        let cmds: Vec<String> = route_commands("weft0", false).iter().map(|c| c.join(" ")).collect();
         assert_eq!(
             cmds,
             [

@@ -3,14 +3,14 @@
 //! actions, and serves the control socket.
 
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, UdpSocket};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use arc_swap::ArcSwap;
 use rand::SeedableRng;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -31,7 +31,7 @@ use weft_peers::NodeId;
 use weft_peers::node::{Action, Config, Input, Node, PeerRef, Timers};
 use weft_peers::status::{NodeStatus, PathStatus};
 
-use crate::config::{NodeConfig, PeerUri};
+use crate::config::{Ipv6Overlay, NodeConfig, PeerUri};
 use crate::control::{
     AdmissionJson, OffloadJson, PeerJson, PendingJson, PipelineJson, RefusedJson, Reply, Request, RouteJson, StatusJson,
 };
@@ -153,14 +153,60 @@ async fn ask(req: Request, args: &Arc<crate::args::UpArgs>) -> Result<Ask, Strin
     }
 }
 
-/// The subnets the engine announces as ours: the proxied ones, and 0.0.0.0/0 when
-/// this node is an exit.
-fn engine_proxied(proxied: &[crate::config::Ipv4Net], exit_node: bool) -> Vec<(std::net::Ipv4Addr, u8)> {
-    let mut v: Vec<_> = proxied.iter().map(|n| (n.addr, n.prefix)).collect();
+/// The subnets the engine announces as ours: the proxied ones, and 0.0.0.0/0 (and
+/// ::/0 with an IPv6 overlay) when this node is an exit.
+fn engine_proxied(proxied: &[crate::config::IpNet], exit_node: bool, ipv6: bool) -> Vec<(IpAddr, u8)> {
+    let mut v: Vec<_> = proxied.iter().map(|n| n.pair()).collect();
     if exit_node {
         v.push(weft_peers::DEFAULT_ROUTE);
+        if ipv6 {
+            v.push(weft_peers::DEFAULT_ROUTE6);
+        }
     }
     v
+}
+
+/// The IPv6 overlay address this node takes: `--ipv6`, or the one derived from the
+/// network name and node id unless the host has no IPv6 or the MTU is below IPv6's
+/// minimum (then the overlay is IPv4 only, and said so).
+fn resolve_ipv6(cfg: &NodeConfig, id: NodeId) -> Result<Option<(Ipv6Addr, u8)>> {
+    let host_has_ipv6 = Path::new("/proc/sys/net/ipv6").exists();
+    match cfg.ipv6 {
+        Ipv6Overlay::Off => Ok(None),
+        Ipv6Overlay::Given(..) if !host_has_ipv6 => Err(anyhow::anyhow!(
+            "--ipv6: this host has no IPv6 (/proc/sys/net/ipv6 is missing; was the kernel booted with ipv6.disable=1?)"
+        )),
+        Ipv6Overlay::Given(a, p) => Ok(Some((a, p))),
+        Ipv6Overlay::Derived if !host_has_ipv6 => {
+            info!("this host has no IPv6: the overlay is IPv4 only");
+            Ok(None)
+        }
+        Ipv6Overlay::Derived if cfg.mtu < 1280 => {
+            info!(mtu = cfg.mtu, "MTU below IPv6's 1280: the overlay is IPv4 only");
+            Ok(None)
+        }
+        Ipv6Overlay::Derived => Ok(Some(weft_peers::default_ipv6(&cfg.network_name, id))),
+    }
+}
+
+/// Gives the TUN its IPv6 overlay address: without SLAAC, router solicitations or a
+/// link-local address (the overlay has no routers; their chatter would only be
+/// dropped), and without duplicate address detection (the mesh settles ownership), so
+/// the address is usable at once.
+fn configure_ipv6(dev: &str, addr: Ipv6Addr, prefix: u8) -> Result<(), String> {
+    let conf = |key: &str, value: &str| {
+        let path = format!("/proc/sys/net/ipv6/conf/{dev}/{key}");
+        if let Err(e) = std::fs::write(&path, value) {
+            debug!(%path, error = %e, "cannot set");
+        }
+    };
+    // Off and on again drops the link-local address the kernel gave the device.
+    conf("disable_ipv6", "1");
+    conf("addr_gen_mode", "1");
+    conf("accept_ra", "0");
+    conf("router_solicitations", "0");
+    conf("disable_ipv6", "0");
+    ip(&["-6", "addr", "add", &format!("{addr}/{prefix}"), "dev", dev, "nodad"])
 }
 
 /// Runs a node until SIGINT or SIGTERM.
@@ -178,6 +224,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
         // Weft's own sockets (all opened below) keep to the underlay.
         weft_core::transport::set_socket_mark(crate::exit::TABLE);
     }
+    let mut ipv6 = resolve_ipv6(&cfg, NodeId::from_public(&key.public))?;
     if let Some(range) = cfg.dhcp {
         let id = NodeId::from_public(&key.public);
         let addr = weft_peers::pick_address(range.addr, range.prefix, id, &Default::default())
@@ -196,9 +243,21 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
         queues: cfg.threads,
         offload: cfg.offload.tun,
     })?;
-    // The overlay is IPv4 only: without this the kernel's IPv6 chatter (router
-    // solicitations) on the TUN would show up as not_ipv4 drops.
-    let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{}/disable_ipv6", cfg.dev_name), "1");
+    match ipv6 {
+        Some((a, p)) => match configure_ipv6(&cfg.dev_name, a, p) {
+            Ok(()) => info!(addr = %format!("{a}/{p}"), "IPv6 overlay address"),
+            Err(e) if cfg.ipv6 == Ipv6Overlay::Derived => {
+                warn!(error = %e, "cannot give the TUN an IPv6 address: the overlay is IPv4 only");
+                ipv6 = None;
+            }
+            Err(e) => bail!("cannot give {} its IPv6 overlay address {a}/{p}: {e}", cfg.dev_name),
+        },
+        None => {
+            // An IPv4-only overlay: without this the kernel's IPv6 chatter (router
+            // solicitations) on the TUN would show up as drops.
+            let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{}/disable_ipv6", cfg.dev_name), "1");
+        }
+    }
     // Without a udp:// listener the sockets still carry outgoing UDP (dialled udp://
     // peers, hole punching) from an ephemeral port.
     let udp_listener = cfg.listeners.iter().find(|l| l.proto == Proto::Udp).copied();
@@ -232,11 +291,17 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
     // The portal network is a subnet this node proxies: members route it here, and
     // the kernel forwards between the two TUN devices.
     if let Some(p) = &cfg.wg_portal {
-        cfg.proxy_networks.push(p.net);
+        cfg.proxy_networks.push(p.net.into());
     }
-    if !cfg.proxy_networks.is_empty() || cfg.exit_node {
-        let forwarding = enable_forwarding();
+    if cfg.proxy_networks.iter().any(|n| n.addr.is_ipv4()) || cfg.exit_node {
+        let forwarding = enable_forwarding(false);
         // An exit that cannot forward would take members' internet traffic and drop it.
+        if cfg.exit_node {
+            forwarding.map_err(|e| anyhow::anyhow!("--exit-node: {e}"))?;
+        }
+    }
+    if cfg.proxy_networks.iter().any(|n| n.addr.is_ipv6()) || (cfg.exit_node && ipv6.is_some()) {
+        let forwarding = enable_forwarding(true);
         if cfg.exit_node {
             forwarding.map_err(|e| anyhow::anyhow!("--exit-node: {e}"))?;
         }
@@ -249,6 +314,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
         cfg.use_exit.is_some(),
         cfg.exit_fallback,
         &cfg.ipv4.network().to_string(),
+        ipv6.map(|(a, p)| crate::config::IpNet { addr: IpAddr::V6(a), prefix: p }.network().to_string()).as_deref(),
     )
     .map_err(anyhow::Error::msg)?;
     let metrics = match cfg.metrics {
@@ -318,6 +384,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
                     ipv4: cfg.ipv4.addr,
                     prefix: cfg.ipv4.prefix,
                     hostname: cfg.hostname.clone(),
+                    ipv6,
                 },
             },
             dial: dial.clone(),
@@ -325,7 +392,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
             timers: Timers { rekey_after: cfg.rekey_after, ..Timers::default() },
             endpoints: Vec::new(),
             latency_first: cfg.latency_first,
-            proxied: engine_proxied(&cfg.proxy_networks, cfg.exit_node),
+            proxied: engine_proxied(&cfg.proxy_networks, cfg.exit_node, ipv6.is_some()),
             dynamic: cfg.dhcp.map(|r| (r.addr, r.prefix)),
             accept_wide_subnets: cfg.accept_wide_subnets,
             use_exit: cfg.use_exit.clone(),
@@ -360,11 +427,12 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
     }
     let mut engine = engine;
     let portal_dev = cfg.wg_portal.as_ref().map(|_| crate::portal::device_name(&cfg.dev_name));
-    engine.set_endpoints(local_endpoints(&bound, cfg.ipv4.addr, portal_dev.as_deref()));
-    let netcfg = NetConfig::spawn(cfg.dev_name.clone())?;
+    engine.set_endpoints(local_endpoints(&bound, cfg.ipv4.addr, &cfg.dev_name, portal_dev.as_deref()));
+    let netcfg = NetConfig::spawn(cfg.dev_name.clone(), ipv6.is_some())?;
     let cfg_peers = cfg.peers.clone();
     let runtime = Runtime {
         cfg,
+        ipv6,
         engine,
         shared,
         sender,
@@ -399,6 +467,8 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
 
 struct Runtime {
     cfg: NodeConfig,
+    /// The IPv6 overlay address in use (`cfg.ipv6` resolved at start).
+    ipv6: Option<(Ipv6Addr, u8)>,
     engine: Node,
     shared: Shared,
     /// The pipelines' UDP sockets; `sender` is the first.
@@ -428,7 +498,7 @@ struct Runtime {
     /// The WireGuard portal (`--wg-portal`).
     portal: Option<crate::portal::Portal>,
     /// The subnets other members proxy (routed into the TUN).
-    member_subnets: Vec<(std::net::Ipv4Addr, u8)>,
+    member_subnets: Vec<(IpAddr, u8)>,
     /// The peers of the config (file or flags), as resolved: a reload dials the new
     /// ones and stops dialling the ones gone.
     dialled: Vec<(PeerUri, Endpoint)>,
@@ -447,15 +517,28 @@ struct Runtime {
 impl Runtime {
     /// The networks of the mesh: the overlay, our proxied subnets (the portal
     /// network among them) and the other members'.
-    fn mesh_networks(&self) -> Vec<(std::net::Ipv4Addr, u8)> {
-        let overlay = self.cfg.ipv4.network();
-        let mut v = vec![(overlay.addr, overlay.prefix)];
-        v.extend(self.cfg.proxy_networks.iter().map(|n| (n.addr, n.prefix)));
+    fn mesh_networks(&self) -> Vec<(IpAddr, u8)> {
+        let mut v = vec![crate::config::IpNet::from(self.cfg.ipv4.network()).pair()];
+        if let Some((a, p)) = self.ipv6 {
+            v.push(crate::config::IpNet { addr: IpAddr::V6(a), prefix: p }.network().pair());
+        }
+        v.extend(self.cfg.proxy_networks.iter().map(|n| n.pair()));
         // Not an exit's /0: the portal is no way to the internet.
-        v.extend(self.member_subnets.iter().copied().filter(|s| *s != weft_peers::DEFAULT_ROUTE));
+        v.extend(self.member_subnets.iter().copied().filter(|s| s.1 != 0));
         v.sort_unstable();
         v.dedup();
         v
+    }
+
+    /// The IPv4 networks of the mesh (the WireGuard portal carries IPv4 only).
+    fn mesh_networks_v4(&self) -> Vec<(std::net::Ipv4Addr, u8)> {
+        self.mesh_networks()
+            .into_iter()
+            .filter_map(|(a, p)| match a {
+                IpAddr::V4(a) => Some((a, p)),
+                IpAddr::V6(_) => None,
+            })
+            .collect()
     }
 
     /// Starts LAN discovery on this host's interfaces.
@@ -492,6 +575,7 @@ impl Runtime {
             ("network-secret", old.network_secret != new.network_secret),
             ("cipher", old.cipher != new.cipher),
             ("ipv4", if old.dhcp.is_some() { old.dhcp != new.dhcp } else { old.ipv4 != new.ipv4 }),
+            ("ipv6", old.ipv6 != new.ipv6),
             ("dev-name", old.dev_name != new.dev_name),
             ("mtu", old.mtu != new.mtu),
             ("threads", old.threads != new.threads),
@@ -538,13 +622,16 @@ impl Runtime {
         // Proxied subnets (the portal network stays among them).
         let mut proxied = new.proxy_networks.clone();
         if let Some(p) = &self.cfg.wg_portal {
-            proxied.push(p.net);
+            proxied.push(p.net.into());
         }
         if proxied != self.cfg.proxy_networks {
-            if !proxied.is_empty() {
-                let _ = enable_forwarding();
+            if proxied.iter().any(|n| n.addr.is_ipv4()) {
+                let _ = enable_forwarding(false);
             }
-            self.engine.set_proxied(now, engine_proxied(&proxied, self.cfg.exit_node));
+            if proxied.iter().any(|n| n.addr.is_ipv6()) {
+                let _ = enable_forwarding(true);
+            }
+            self.engine.set_proxied(now, engine_proxied(&proxied, self.cfg.exit_node, self.ipv6.is_some()));
             let list: Vec<String> = new.proxy_networks.iter().map(ToString::to_string).collect();
             done.push(format!("proxied subnets now [{}]", list.join(", ")));
             self.cfg.proxy_networks = proxied;
@@ -620,7 +707,12 @@ impl Runtime {
             l.extend(udp);
             self.cfg.listeners = l;
             let bound = self.listeners.clone();
-            self.engine.set_endpoints(local_endpoints(&bound, self.cfg.ipv4.addr, self.portal_dev().as_deref()));
+            self.engine.set_endpoints(local_endpoints(
+                &bound,
+                self.cfg.ipv4.addr,
+                &self.cfg.dev_name,
+                self.portal_dev().as_deref(),
+            ));
         }
 
         // LAN discovery (its beacons name our UDP port: start it again if that moved).
@@ -760,8 +852,8 @@ impl Runtime {
         let others = self.engine.topology().records().filter(|r| r.node() != me);
         crate::dns::Zone::new(
             domain,
-            std::iter::once((me, self.cfg.hostname.as_str(), self.cfg.ipv4.addr))
-                .chain(others.map(|r| (r.node(), r.hostname.as_str(), r.overlay))),
+            std::iter::once((me, self.cfg.hostname.as_str(), self.cfg.ipv4.addr, self.ipv6.map(|(a, _)| a)))
+                .chain(others.map(|r| (r.node(), r.hostname.as_str(), r.overlay, r.overlay6))),
         )
         .for_clients(self.mesh_networks())
     }
@@ -774,24 +866,33 @@ impl Runtime {
         self.dns = None;
         let Some(domain) = self.cfg.dns_domain.clone() else { return };
         let zone = Arc::new(ArcSwap::from_pointee(self.dns_zone(&domain)));
-        let addr = SocketAddr::from((self.cfg.ipv4.addr, 53));
-        match crate::dns::Server::start(addr, zone) {
+        let addrs = self.dns_addrs();
+        match crate::dns::Server::start(&addrs, zone) {
             Ok(s) => {
-                info!(%addr, %domain, "Magic DNS on");
+                info!(addrs = ?addrs, %domain, "Magic DNS on");
                 self.dns = Some(s);
                 self.register_dns();
             }
-            Err(e) if loud => warn!(%addr, error = %e, "Magic DNS off: cannot bind its socket (retrying every second)"),
-            Err(e) => debug!(%addr, error = %e, "Magic DNS: bind failed again"),
+            Err(e) if loud => warn!(error = %e, "Magic DNS off: cannot bind its socket (retrying every second)"),
+            Err(e) => debug!(error = %e, "Magic DNS: bind failed again"),
         }
+    }
+
+    /// Where Magic DNS listens: the overlay addresses, port 53.
+    fn dns_addrs(&self) -> Vec<SocketAddr> {
+        std::iter::once(IpAddr::V4(self.cfg.ipv4.addr))
+            .chain(self.ipv6.map(|(a, _)| IpAddr::V6(a)))
+            .map(|ip| SocketAddr::new(ip, 53))
+            .collect()
     }
 
     /// With `--accept-dns`, points systemd-resolved at the running server.
     fn register_dns(&self) {
         if let (true, Some(domain)) = (self.cfg.accept_dns && self.dns.is_some(), self.cfg.dns_domain.clone()) {
-            let (dev, ip) = (self.cfg.dev_name.clone(), self.cfg.ipv4.addr);
+            let dev = self.cfg.dev_name.clone();
+            let ips: Vec<IpAddr> = self.dns_addrs().iter().map(SocketAddr::ip).collect();
             tokio::task::spawn_blocking(move || {
-                if crate::dns::register(&dev, ip, &domain) {
+                if crate::dns::register(&dev, &ips, &domain) {
                     info!(%domain, "Magic DNS registered with systemd-resolved");
                 }
             });
@@ -807,7 +908,7 @@ impl Runtime {
             self.start_dns(false);
             return;
         };
-        if d.addr.ip() != std::net::IpAddr::V4(self.cfg.ipv4.addr) {
+        if d.addrs != self.dns_addrs() {
             self.start_dns(true);
             return;
         }
@@ -844,7 +945,7 @@ impl Runtime {
     /// Tells the portal where its clients may send.
     fn update_portal(&self) {
         if let Some(p) = &self.portal {
-            p.set_destinations(self.mesh_networks());
+            p.set_destinations(self.mesh_networks_v4());
         }
     }
 
@@ -1003,7 +1104,7 @@ impl Runtime {
                     self.follow_exit(subnets.contains(&weft_peers::DEFAULT_ROUTE));
                     self.member_subnets.clone_from(&subnets);
                     self.update_portal();
-                    let own = self.cfg.proxy_networks.iter().map(|n| (n.addr, n.prefix)).collect();
+                    let own = self.cfg.proxy_networks.iter().map(|n| n.pair()).collect();
                     self.netcfg.send(NetJob::Routes { wanted: subnets, own });
                 }
                 Action::SetAddress { old, new, prefix } => {
@@ -1043,7 +1144,7 @@ impl Runtime {
                 // The client routes the mesh's networks (not the portal network, which
                 // the config always carries) through the portal.
                 let own = self.cfg.wg_portal.as_ref().map(|c| (c.net.addr, c.net.prefix));
-                let nets: Vec<_> = self.mesh_networks().into_iter().filter(|n| Some(*n) != own).collect();
+                let nets: Vec<_> = self.mesh_networks_v4().into_iter().filter(|n| Some(*n) != own).collect();
                 return match p.add(&name, &nets, &local_ipv4s(self.cfg.ipv4.addr, self.portal_dev().as_deref())) {
                     Ok(c) => Reply::WgClient(Box::new(c)),
                     Err(message) => Reply::Error { message },
@@ -1098,6 +1199,7 @@ impl Runtime {
                     node_id: p.node_id.to_string(),
                     hostname: p.hostname.clone(),
                     overlay: p.overlay.to_string(),
+                    overlay6: p.overlay6.map(|a| a.to_string()),
                     endpoint: p.endpoint.map(|e| e.to_string()),
                     path: path.into(),
                     via: via.map(|v| v.to_string()),
@@ -1125,6 +1227,7 @@ impl Runtime {
             network_name: self.cfg.network_name.clone(),
             hostname: self.cfg.hostname.clone(),
             overlay: self.cfg.ipv4.to_string(),
+            overlay6: self.ipv6.map(|(a, p)| format!("{a}/{p}")),
             cipher: self.cfg.cipher.to_string(),
             listeners: self.listeners.iter().map(ToString::to_string).collect(),
             connections: self.connector.links().len(),
@@ -1170,6 +1273,7 @@ impl Runtime {
                     node_id: r.node.to_string(),
                     hostname: r.hostname.clone(),
                     overlay: r.overlay.to_string(),
+                    overlay6: r.overlay6.map(|a| a.to_string()),
                     next_hop: r.next_hop.to_string(),
                     next_hop_hostname: st.peers.iter().find(|q| q.node_id == r.next_hop).map(|q| q.hostname.clone()),
                     hops: r.hops,
@@ -1236,7 +1340,7 @@ impl Runtime {
                 let zone = d.zone.load();
                 crate::control::MagicDnsJson {
                     domain: zone.domain(),
-                    server: d.addr.to_string(),
+                    server: d.addrs.iter().map(ToString::to_string).collect::<Vec<_>>().join(" "),
                     name: zone.name_of(self.cfg.ipv4.addr),
                     names: zone.len(),
                     answered: d.stats.answered.load(Ordering::Relaxed),
@@ -1254,20 +1358,26 @@ impl Runtime {
 /// Turns IPv4 forwarding on (proxied subnets and the portal need it). Under systemd
 /// this file is the one tunable the unit leaves writable (ReadWritePaths=); an admin
 /// who enabled forwarding already (sysctl.d) needs no write at all.
-fn enable_forwarding() -> Result<(), String> {
-    const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
-    if std::fs::read_to_string(IP_FORWARD).is_ok_and(|v| v.trim() == "1") {
-        info!("IPv4 forwarding already on");
+/// Turns on forwarding of one family (IPv6: `ipv6`), for proxied subnets, the
+/// portal or an exit node.
+fn enable_forwarding(ipv6: bool) -> Result<(), String> {
+    let (path, family, sysctl) = if ipv6 {
+        ("/proc/sys/net/ipv6/conf/all/forwarding", "IPv6", "net.ipv6.conf.all.forwarding")
+    } else {
+        ("/proc/sys/net/ipv4/ip_forward", "IPv4", "net.ipv4.ip_forward")
+    };
+    if std::fs::read_to_string(path).is_ok_and(|v| v.trim() == "1") {
+        info!("{family} forwarding already on");
         return Ok(());
     }
-    match std::fs::write(IP_FORWARD, "1") {
+    match std::fs::write(path, "1") {
         Ok(()) => {
-            info!("IPv4 forwarding enabled (proxied subnets, the portal or an exit node)");
+            info!("{family} forwarding enabled (proxied subnets, the portal or an exit node)");
             Ok(())
         }
         Err(e) => {
             let msg = format!(
-                "cannot enable IPv4 forwarding ({IP_FORWARD}: {e}); under systemd the unit needs ReadWritePaths={IP_FORWARD}, or set net.ipv4.ip_forward=1 in sysctl.d"
+                "cannot enable {family} forwarding ({path}: {e}); under systemd the unit needs ReadWritePaths={path}, or set {sysctl}=1 in sysctl.d"
             );
             warn!("{msg}; proxied subnets will not be reachable");
             Err(msg)
@@ -1500,9 +1610,14 @@ async fn scrape(mut stream: tokio::net::TcpStream, requests: mpsc::Sender<Status
 
 /// The addresses peers may reach this node at: the listen address, or with a wildcard
 /// listener every non-loopback IPv4 interface address except the overlay's own.
-fn local_endpoints(listeners: &[Endpoint], overlay: std::net::Ipv4Addr, portal_dev: Option<&str>) -> Vec<Endpoint> {
+fn local_endpoints(
+    listeners: &[Endpoint],
+    overlay: std::net::Ipv4Addr,
+    dev: &str,
+    portal_dev: Option<&str>,
+) -> Vec<Endpoint> {
     let ips = local_ipv4s(overlay, portal_dev);
-    let ips6 = if listeners.iter().any(|l| l.addr.is_ipv6()) { local_ipv6s(portal_dev) } else { Vec::new() };
+    let ips6 = if listeners.iter().any(|l| l.addr.is_ipv6()) { local_ipv6s(dev, portal_dev) } else { Vec::new() };
     let mut out = Vec::new();
     for l in listeners {
         if l.addr.ip().is_unspecified() {
@@ -1526,20 +1641,21 @@ fn local_ipv4s(overlay: std::net::Ipv4Addr, portal_dev: Option<&str>) -> Vec<std
     ifs.into_iter()
         .filter(|i| !i.is_loopback() && Some(i.name.as_str()) != portal_dev)
         .filter_map(|i| match i.ip() {
-            std::net::IpAddr::V4(v4) if v4 != overlay && !v4.is_link_local() => Some(v4),
+            IpAddr::V4(v4) if v4 != overlay && !v4.is_link_local() => Some(v4),
             _ => None,
         })
         .collect()
 }
 
 /// This host's IPv6 addresses a member elsewhere could reach: not loopback, not
-/// link-local (they need a scope), not the portal's device.
-fn local_ipv6s(portal_dev: Option<&str>) -> Vec<std::net::Ipv6Addr> {
+/// link-local (they need a scope), not the TUN's (the IPv6 overlay) nor the portal
+/// device's.
+fn local_ipv6s(dev: &str, portal_dev: Option<&str>) -> Vec<Ipv6Addr> {
     let Ok(ifs) = if_addrs::get_if_addrs() else { return Vec::new() };
     ifs.into_iter()
-        .filter(|i| !i.is_loopback() && Some(i.name.as_str()) != portal_dev)
+        .filter(|i| !i.is_loopback() && i.name != dev && Some(i.name.as_str()) != portal_dev)
         .filter_map(|i| match i.ip() {
-            std::net::IpAddr::V6(v6) if !v6.is_unicast_link_local() && !v6.is_loopback() => Some(v6),
+            IpAddr::V6(v6) if !v6.is_unicast_link_local() && !v6.is_loopback() => Some(v6),
             _ => None,
         })
         .collect()
@@ -1548,7 +1664,7 @@ fn local_ipv6s(portal_dev: Option<&str>) -> Vec<std::net::Ipv6Addr> {
 /// A change to the host's network configuration (`ip` commands).
 enum NetJob {
     /// Route these subnets (other members proxy them) into the TUN, except `own`.
-    Routes { wanted: Vec<(std::net::Ipv4Addr, u8)>, own: Vec<(std::net::Ipv4Addr, u8)> },
+    Routes { wanted: Vec<(IpAddr, u8)>, own: Vec<(IpAddr, u8)> },
     /// Move the TUN's overlay address.
     Address { old: std::net::Ipv4Addr, new: std::net::Ipv4Addr, prefix: u8 },
     /// Send the default route into the TUN (true) or stop (--exit-fallback).
@@ -1562,22 +1678,22 @@ struct NetConfig {
 }
 
 impl NetConfig {
-    fn spawn(dev: String) -> std::io::Result<Self> {
+    fn spawn(dev: String, ipv6: bool) -> std::io::Result<Self> {
         let (jobs, rx) = std::sync::mpsc::channel::<NetJob>();
         std::thread::Builder::new().name("weft-netcfg".into()).spawn(move || {
             // Proxied subnets currently routed into the TUN (by us).
-            let mut kernel_routes: Vec<(std::net::Ipv4Addr, u8)> = Vec::new();
+            let mut kernel_routes: Vec<(IpAddr, u8)> = Vec::new();
             while let Ok(job) = rx.recv() {
                 match job {
                     NetJob::Routes { mut wanted, own } => {
                         // An exit's /0 is never a main-table route: policy routing
                         // (crate::exit) carries the default route.
-                        wanted.retain(|s| *s != weft_peers::DEFAULT_ROUTE);
+                        wanted.retain(|s| s.1 != 0);
                         kernel_routes = install_routes(&dev, &kernel_routes, wanted, &own)
                     }
                     NetJob::ExitRoute(true) => {
                         crate::exit::unroute();
-                        if let Err(e) = crate::exit::route_through(&dev) {
+                        if let Err(e) = crate::exit::route_through(&dev, ipv6) {
                             warn!(error = %e, "cannot route through the exit node");
                         }
                     }
@@ -1607,11 +1723,11 @@ impl NetConfig {
 /// routes we added are ever removed.
 fn install_routes(
     dev: &str,
-    current: &[(std::net::Ipv4Addr, u8)],
-    subnets: Vec<(std::net::Ipv4Addr, u8)>,
-    own: &[(std::net::Ipv4Addr, u8)],
-) -> Vec<(std::net::Ipv4Addr, u8)> {
-    let wanted: Vec<(std::net::Ipv4Addr, u8)> = subnets.into_iter().filter(|r| !own.contains(r)).collect();
+    current: &[(IpAddr, u8)],
+    subnets: Vec<(IpAddr, u8)>,
+    own: &[(IpAddr, u8)],
+) -> Vec<(IpAddr, u8)> {
+    let wanted: Vec<(IpAddr, u8)> = subnets.into_iter().filter(|r| !own.contains(r)).collect();
     for (a, p) in current.iter().filter(|r| !wanted.contains(r)) {
         run_ip(&["route", "del", &format!("{a}/{p}"), "dev", dev]);
     }
@@ -1655,16 +1771,20 @@ pub(crate) fn ip(args: &[&str]) -> Result<(), String> {
 
 /// The IPv4 networks this host is directly connected to (every interface but the
 /// tunnel, loopback included): a member proxying one of them is refused.
-fn local_networks(dev_name: &str) -> Vec<(std::net::Ipv4Addr, u8)> {
+fn local_networks(dev_name: &str) -> Vec<(IpAddr, u8)> {
     let Ok(ifs) = if_addrs::get_if_addrs() else { return Vec::new() };
-    let mut v: Vec<(std::net::Ipv4Addr, u8)> = ifs
+    let mut v: Vec<(IpAddr, u8)> = ifs
         .into_iter()
         .filter(|i| i.name != dev_name)
         .filter_map(|i| match i.addr {
             if_addrs::IfAddr::V4(a) => {
                 let prefix = u32::from(a.netmask).leading_ones() as u8;
-                let net = u32::from(a.ip) & weft_core::route::prefix_mask(prefix);
-                Some((std::net::Ipv4Addr::from(net), prefix))
+                Some((weft_core::route::network_ip(IpAddr::V4(a.ip), prefix), prefix))
+            }
+            // Link-local and loopback prefixes are every host's; they say nothing.
+            if_addrs::IfAddr::V6(a) if !a.ip.is_unicast_link_local() && !a.ip.is_loopback() => {
+                let prefix = u128::from(a.netmask).leading_ones() as u8;
+                Some((weft_core::route::network_ip(IpAddr::V6(a.ip), prefix), prefix))
             }
             if_addrs::IfAddr::V6(_) => None,
         })

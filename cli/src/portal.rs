@@ -42,7 +42,7 @@ use tracing::{debug, info, warn};
 use weft_core::route::prefix_mask;
 use weft_core::tun::{SyncDevice, Tun, TunConfig};
 
-use crate::config::{Ipv4Net, UsageError};
+use crate::config::{IpNet, Ipv4Net, UsageError};
 use crate::control::{PortalClientJson, PortalJson, WgConfigJson};
 
 /// The file of the portal's key and clients, in the state directory.
@@ -83,7 +83,7 @@ impl PortalConfig {
         net: Option<&str>,
         endpoint: Option<&str>,
         overlay: Ipv4Net,
-        proxied: &[Ipv4Net],
+        proxied: &[IpNet],
     ) -> Result<Self, UsageError> {
         let uri: crate::config::PeerUri = listen
             .parse()
@@ -111,7 +111,7 @@ impl PortalConfig {
         if net.overlaps(overlay) {
             return Err(UsageError(format!("--wg-portal-net {net} overlaps the overlay network {overlay}")));
         }
-        if let Some(p) = proxied.iter().find(|p| net.overlaps(**p)) {
+        if let Some(p) = proxied.iter().find(|p| IpNet::from(net).overlaps(**p)) {
             return Err(UsageError(format!("--wg-portal-net {net} overlaps --proxy-network {p}")));
         }
         if let Some(e) = endpoint {
@@ -825,7 +825,7 @@ mod tests {
     #[test]
     fn bad_portal_options_name_themselves() {
         let overlay = net("10.126.126.1/24");
-        let proxied = [net("192.168.7.0/24")];
+        let proxied = [IpNet::from(net("192.168.7.0/24"))];
         let ok = PortalConfig::parse("udp://0.0.0.0:51820", Some("10.127.0.9/24"), None, overlay, &proxied).unwrap();
         assert_eq!(ok.net, net("10.127.0.0/24"), "host bits are cleared");
         assert_eq!(ok.portal_addr(), Ipv4Addr::new(10, 127, 0, 1));

@@ -11,6 +11,9 @@ pub(crate) fn status(s: &StatusJson) -> String {
     let _ = writeln!(o, "node      {} ({})", s.node_id, s.hostname);
     let _ = writeln!(o, "network   {}", s.network_name);
     let _ = writeln!(o, "address   {} on {}", s.overlay, s.dev_name);
+    if let Some(a6) = &s.overlay6 {
+        let _ = writeln!(o, "ipv6      {a6}");
+    }
     let _ = writeln!(o, "cipher    {}", s.cipher);
     let _ = writeln!(o, "listen    {}", s.listeners.join(", "));
     let onoff = |b: bool| if b { "on" } else { "off" };
@@ -102,7 +105,7 @@ pub(crate) fn printable(s: &str) -> Cow<'_, str> {
 
 /// Renders `weft peers`.
 pub(crate) fn peers(s: &StatusJson) -> String {
-    let rows: Vec<[String; 11]> = s
+    let rows: Vec<[String; 12]> = s
         .peers
         .iter()
         .map(|p| {
@@ -113,6 +116,7 @@ pub(crate) fn peers(s: &StatusJson) -> String {
             };
             [
                 p.overlay.clone(),
+                p.overlay6.clone().unwrap_or_else(|| "-".into()),
                 p.hostname.clone(),
                 p.state.clone(),
                 path,
@@ -132,6 +136,7 @@ pub(crate) fn peers(s: &StatusJson) -> String {
     } else {
         let head = [
             "OVERLAY",
+            "IPV6",
             "HOST",
             "STATE",
             "PATH",
@@ -188,12 +193,13 @@ pub(crate) fn portal(s: &StatusJson) -> String {
 
 /// Renders `weft routes`.
 pub(crate) fn routes(s: &StatusJson) -> String {
-    let rows: Vec<[String; 6]> = s
+    let rows: Vec<[String; 7]> = s
         .routes
         .iter()
         .map(|r| {
             [
                 r.overlay.clone(),
+                r.overlay6.clone().unwrap_or_else(|| "-".into()),
                 r.hostname.clone(),
                 r.next_hop_hostname.clone().unwrap_or_else(|| r.next_hop.clone()),
                 r.hops.to_string(),
@@ -206,7 +212,7 @@ pub(crate) fn routes(s: &StatusJson) -> String {
     if rows.is_empty() {
         o.push_str("no routes\n");
     } else {
-        table(&mut o, ["DESTINATION", "HOST", "NEXT HOP", "HOPS", "LATENCY", "PROXIED"], &rows);
+        table(&mut o, ["DESTINATION", "IPV6", "HOST", "NEXT HOP", "HOPS", "LATENCY", "PROXIED"], &rows);
     }
     o
 }

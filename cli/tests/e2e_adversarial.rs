@@ -58,6 +58,7 @@ fn outsider_attack(sock: &UdpSocket, target: SocketAddrV4) -> usize {
             ipv4: Ipv4Addr::new(10, 126, 126, 9),
             prefix: 24,
             hostname: "x".into(),
+            ipv6: None,
         },
     };
     let macs = MacKeys::new(&wrong.psk);
@@ -180,6 +181,7 @@ fn a_handshake_flood_drops_no_session() {
             ipv4: Ipv4Addr::new(10, 126, 126, 7),
             prefix: 24,
             hostname: "m".into(),
+            ipv6: None,
         },
     };
     let (_, mut replay) = init_bytes(&member, None, 5);

@@ -12,7 +12,7 @@
 //! sockets and reads no clock; `snow` draws the ephemeral keys from the OS RNG.
 
 use std::fmt;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use ring::hkdf;
 use snow::{Builder, HandshakeState};
@@ -183,7 +183,14 @@ pub struct Hello {
     pub prefix: u8,
     /// The sender's host name (at most 255 bytes, UTF-8).
     pub hostname: String,
+    /// The sender's IPv6 overlay address and the prefix length of its IPv6 overlay
+    /// network, when it has one (an optional trailing field: a hello without it
+    /// parses as IPv4 only).
+    pub ipv6: Option<(Ipv6Addr, u8)>,
 }
+
+/// Tag of the hello's IPv6 field.
+const HELLO_IPV6: u8 = 6;
 
 impl Hello {
     /// Appends the encoded hello to `out`.
@@ -195,6 +202,11 @@ impl Hello {
         out.push(self.prefix);
         out.push(name.len() as u8);
         out.extend_from_slice(name.as_bytes());
+        if let Some((a, p)) = self.ipv6 {
+            out.push(HELLO_IPV6);
+            out.extend_from_slice(&a.octets());
+            out.push(p);
+        }
     }
 
     /// Parses a hello; unknown trailing bytes are ignored for forward compatibility.
@@ -215,7 +227,18 @@ impl Hello {
         // A peer's name reaches logs and terminals: no control characters (escape
         // sequences, cursor moves). Each becomes '?', which never makes it longer.
         let hostname = hostname.chars().map(|c| if c.is_control() { '?' } else { c }).collect();
-        Ok(Self { cipher, ipv4, prefix, hostname })
+        let ipv6 = match b.get(8 + n..8 + n + 18) {
+            Some(f) if f[0] == HELLO_IPV6 => {
+                let a: [u8; 16] = f[1..17].try_into().map_err(|_| HandshakeError::BadPayload)?;
+                let p = f[17];
+                if p > 128 {
+                    return Err(bad);
+                }
+                Some((Ipv6Addr::from(a), p))
+            }
+            _ => None,
+        };
+        Ok(Self { cipher, ipv4, prefix, hostname, ipv6 })
     }
 }
 
@@ -435,7 +458,7 @@ mod tests {
             local: StaticKey::generate().unwrap(),
             psk: Psk::derive(name, secret),
             network_name: name.into(),
-            hello: Hello { cipher, ipv4: ip.into(), prefix: 24, hostname: format!("h{}", ip[3]) },
+            hello: Hello { cipher, ipv4: ip.into(), prefix: 24, hostname: format!("h{}", ip[3]), ipv6: None },
         }
     }
 
@@ -553,10 +576,19 @@ mod tests {
             ipv4: [10, 1, 2, 3].into(),
             prefix: 16,
             hostname: "node-α".into(),
+            ipv6: None,
         };
         let mut b = Vec::new();
         h.emit(&mut b);
         assert_eq!(&b[..8], &[1, 2, 10, 1, 2, 3, 16, 7]);
+        let v6 = Hello { ipv6: Some(("fd12::7".parse().unwrap(), 64)), ..h.clone() };
+        let mut b6 = Vec::new();
+        v6.emit(&mut b6);
+        assert_eq!(Hello::parse(&b6).unwrap(), v6);
+        assert_eq!(Hello::parse(&b6[..b6.len() - 1]).unwrap(), h, "a cut IPv6 field is an unknown tail");
+        let mut bad = b6.clone();
+        *bad.last_mut().unwrap() = 129;
+        assert!(Hello::parse(&bad).is_err(), "an IPv6 prefix over 128");
         assert_eq!(Hello::parse(&b).unwrap(), h);
         assert!(Hello::parse(&b[..b.len() - 1]).is_err());
         let mut bad = b.clone();
@@ -578,6 +610,7 @@ mod tests {
             ipv4: [10, 1, 2, 3].into(),
             prefix: 24,
             hostname: "ev\x1b[31mil\u{9b}2J\x7f\r\n-α".into(),
+            ipv6: None,
         };
         let mut b = Vec::new();
         h.emit(&mut b);

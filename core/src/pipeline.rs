@@ -30,7 +30,7 @@ use crate::stats::{DropCounters, DropReason};
 use crate::transport::udp::{self, MAX_BATCH, Offload, Outgoing, RecvMeta};
 use crate::transport::{Egress, Endpoint, Inbound, Links, frame};
 use crate::wire::{
-    DATA_HEADER_LEN, DataHeader, FLAG_CONTROL, MAX_HOPS, MessageType, RELAY_HEADER_LEN, RelayHeader, ipv4_addrs,
+    DATA_HEADER_LEN, DataHeader, FLAG_CONTROL, MAX_HOPS, MessageType, RELAY_HEADER_LEN, RelayHeader, ip_addrs,
 };
 
 /// Where the data plane hands what it cannot handle itself.
@@ -75,7 +75,7 @@ pub enum ControlEvent {
     /// and snapshot): the control plane starts the handshake and sends it afterwards.
     Unrouted {
         /// Its destination address.
-        dst: std::net::Ipv4Addr,
+        dst: std::net::IpAddr,
         /// The IP packet.
         packet: Vec<u8>,
     },
@@ -291,7 +291,7 @@ pub struct Tx {
     sent_bytes: u64,
     /// Packets of the last batch for members without a session (the slow path: at
     /// most a few per member and snapshot, see [`crate::route::Demand`]).
-    unrouted: Vec<(std::net::Ipv4Addr, Vec<u8>)>,
+    unrouted: Vec<(std::net::IpAddr, Vec<u8>)>,
 }
 
 impl Tx {
@@ -347,8 +347,8 @@ impl Tx {
         for i in 0..n {
             let len = self.sizes[i];
             let buf = &mut self.bufs[i];
-            let Some((_, dst)) = buf.get(TX_HEADROOM..TX_HEADROOM + len).and_then(ipv4_addrs) else {
-                drops.add(DropReason::NotIpv4, 1);
+            let Some((_, dst)) = buf.get(TX_HEADROOM..TX_HEADROOM + len).and_then(ip_addrs) else {
+                drops.add(DropReason::NotIp, 1);
                 continue;
             };
             let route = match routes.lookup(dst) {
@@ -397,7 +397,7 @@ impl Tx {
 
     /// The packets of the last [`Tx::process`] for members without a session (the
     /// runtime hands them to the control plane as [`ControlEvent::Unrouted`]).
-    pub fn take_unrouted(&mut self) -> Vec<(std::net::Ipv4Addr, Vec<u8>)> {
+    pub fn take_unrouted(&mut self) -> Vec<(std::net::IpAddr, Vec<u8>)> {
         std::mem::take(&mut self.unrouted)
     }
 
@@ -767,14 +767,14 @@ fn open<'r>(
     if len == 0 {
         return None; // keepalive
     }
-    match ipv4_addrs(&data[DATA_HEADER_LEN..DATA_HEADER_LEN + len]) {
+    match ip_addrs(&data[DATA_HEADER_LEN..DATA_HEADER_LEN + len]) {
         Some((src, _)) if routes.may_send_from(session, src) => Some((session, len)),
         Some(_) => {
             session.stats.drops.add(DropReason::Spoofed, 1);
             None
         }
         None => {
-            session.stats.drops.add(DropReason::NotIpv4, 1);
+            session.stats.drops.add(DropReason::NotIp, 1);
             None
         }
     }

@@ -3,7 +3,7 @@
 //! forward a relayed frame", built by the control plane and swapped in atomically;
 //! pipelines load it once per batch.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -72,23 +72,23 @@ pub struct RouteSnapshot {
 #[derive(Debug, Default, Clone)]
 struct Tables {
     local: [u8; 8],
-    by_dst: FxHashMap<Ipv4Addr, Route>,
+    by_dst: FxHashMap<IpAddr, Route>,
     by_index: FxHashMap<u32, Arc<Session>>,
     next_hops: FxHashMap<[u8; 8], Endpoint>,
     neighbours: FxHashSet<Endpoint>,
-    /// Proxied subnets, longest prefix first: (network, prefix, route).
-    subnets: Vec<(u32, u8, Route)>,
+    /// Proxied subnets of both families, longest prefix first ([`by_prefix`]).
+    subnets: Vec<(Net, Route)>,
     /// Members without a session, by overlay address.
-    demand: FxHashMap<Ipv4Addr, Arc<Demand>>,
+    demand: FxHashMap<IpAddr, Arc<Demand>>,
     /// Subnets proxied by members without a session, longest prefix first.
-    demand_subnets: Vec<(u32, u8, Arc<Demand>)>,
+    demand_subnets: Vec<(Net, Arc<Demand>)>,
 }
 
 impl RouteSnapshot {
     /// Builds a snapshot for a node without relaying (every route direct to the
     /// session's endpoint).
     pub fn new(
-        routes: impl IntoIterator<Item = (Ipv4Addr, Arc<Session>)>,
+        routes: impl IntoIterator<Item = (IpAddr, Arc<Session>)>,
         receiving: impl IntoIterator<Item = Arc<Session>>,
     ) -> Self {
         let by_dst = routes
@@ -109,7 +109,7 @@ impl RouteSnapshot {
     /// Builds a full snapshot.
     pub fn with_relays(
         local: [u8; 8],
-        routes: impl IntoIterator<Item = (Ipv4Addr, Route)>,
+        routes: impl IntoIterator<Item = (IpAddr, Route)>,
         receiving: impl IntoIterator<Item = Arc<Session>>,
         next_hops: impl IntoIterator<Item = ([u8; 8], Endpoint)>,
         neighbours: impl IntoIterator<Item = Endpoint>,
@@ -132,7 +132,7 @@ impl RouteSnapshot {
     }
 
     /// Adds routes for subnets proxied by members (`--proxy-network`).
-    pub fn with_subnets(mut self, subnets: impl IntoIterator<Item = (Ipv4Addr, u8, Route)>) -> Self {
+    pub fn with_subnets(mut self, subnets: impl IntoIterator<Item = (IpAddr, u8, Route)>) -> Self {
         Arc::make_mut(&mut self.tables).subnets = by_prefix(subnets);
         self
     }
@@ -141,8 +141,8 @@ impl RouteSnapshot {
     /// proxy: packets for them go to the control plane ([`RouteSnapshot::demand_for`]).
     pub fn with_demand(
         mut self,
-        members: impl IntoIterator<Item = (Ipv4Addr, Arc<Demand>)>,
-        subnets: impl IntoIterator<Item = (Ipv4Addr, u8, Arc<Demand>)>,
+        members: impl IntoIterator<Item = (IpAddr, Arc<Demand>)>,
+        subnets: impl IntoIterator<Item = (IpAddr, u8, Arc<Demand>)>,
     ) -> Self {
         let t = Arc::make_mut(&mut self.tables);
         t.demand = members.into_iter().collect();
@@ -154,7 +154,7 @@ impl RouteSnapshot {
     /// subnet that holds it, proxied by a member with a session ([`Lookup::Route`]) or
     /// without one ([`Lookup::Demand`]). One hash lookup and one pass over each subnet
     /// table (the TX pipeline's per-packet lookup).
-    pub fn lookup(&self, dst: Ipv4Addr) -> Lookup<'_> {
+    pub fn lookup(&self, dst: IpAddr) -> Lookup<'_> {
         let t = &*self.tables;
         if let Some(r) = t.by_dst.get(&dst) {
             return Lookup::Route(r);
@@ -171,7 +171,7 @@ impl RouteSnapshot {
     }
 
     /// How to reach `dst` over a session, if it can be ([`RouteSnapshot::lookup`]).
-    pub fn route_for(&self, dst: Ipv4Addr) -> Option<&Route> {
+    pub fn route_for(&self, dst: IpAddr) -> Option<&Route> {
         match self.lookup(dst) {
             Lookup::Route(r) => Some(r),
             _ => None,
@@ -180,14 +180,14 @@ impl RouteSnapshot {
 
     /// The member without a session that `dst` belongs to (its overlay address, or
     /// the longest subnet it proxies), when no route has it.
-    pub fn demand_for(&self, dst: Ipv4Addr) -> Option<&Demand> {
+    pub fn demand_for(&self, dst: IpAddr) -> Option<&Demand> {
         match self.lookup(dst) {
             Lookup::Demand(d) => Some(d),
             _ => None,
         }
     }
 
-    fn subnet_route(&self, dst: Ipv4Addr) -> Option<&Route> {
+    fn subnet_route(&self, dst: IpAddr) -> Option<&Route> {
         longest(&self.tables.subnets, dst).map(|(_, r)| r)
     }
 
@@ -196,20 +196,19 @@ impl RouteSnapshot {
     /// overlay address is accepted only from that member (its sessions share one
     /// stats block), before any subnet rule: no subnet and no second claim of the
     /// address lets another member send as it.
-    pub fn may_send_from(&self, session: &Session, src: Ipv4Addr) -> bool {
+    pub fn may_send_from(&self, session: &Session, src: IpAddr) -> bool {
         if let Some(owner) = self.tables.by_dst.get(&src) {
             return Arc::ptr_eq(&owner.session.stats, &session.stats);
         }
         if self.tables.demand.contains_key(&src) {
             // A member without a session with us: its address is its own all the same.
-            return src == session.peer_addr;
+            return session.owns(src);
         }
-        src == session.peer_addr
-            || self.subnet_route(src).is_some_and(|r| Arc::ptr_eq(&r.session.stats, &session.stats))
+        session.owns(src) || self.subnet_route(src).is_some_and(|r| Arc::ptr_eq(&r.session.stats, &session.stats))
     }
 
     /// The session that carries packets to `dst`.
-    pub fn session_for(&self, dst: Ipv4Addr) -> Option<&Arc<Session>> {
+    pub fn session_for(&self, dst: IpAddr) -> Option<&Arc<Session>> {
         self.tables.by_dst.get(&dst).map(|r| &r.session)
     }
 
@@ -239,17 +238,74 @@ impl RouteSnapshot {
     }
 }
 
-/// Subnets as (masked network, prefix, value), longest prefix first.
-fn by_prefix<T>(subnets: impl IntoIterator<Item = (Ipv4Addr, u8, T)>) -> Vec<(u32, u8, T)> {
-    let mut v: Vec<(u32, u8, T)> = subnets.into_iter().map(|(a, p, r)| (u32::from(a) & prefix_mask(p), p, r)).collect();
-    v.sort_by_key(|(_, p, _)| std::cmp::Reverse(*p));
+/// A subnet of either family in one form: whether it is IPv6, and its masked network
+/// and prefix in the IPv6 space ([`as_v6_bits`]). The family keeps an IPv4 prefix
+/// from holding an IPv4-mapped IPv6 address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Net {
+    v6: bool,
+    bits: u128,
+    prefix: u8,
+}
+
+impl Net {
+    fn holds(&self, dst: IpAddr) -> bool {
+        let (d, _) = as_v6_bits(dst, 0);
+        self.v6 == dst.is_ipv6() && d & prefix_mask6(self.prefix) == self.bits
+    }
+}
+
+/// Subnets as ([`Net`], value), longest prefix first.
+fn by_prefix<T>(subnets: impl IntoIterator<Item = (IpAddr, u8, T)>) -> Vec<(Net, T)> {
+    let mut v: Vec<(Net, T)> = subnets
+        .into_iter()
+        .map(|(a, p, r)| {
+            let (bits, prefix) = as_v6_bits(a, p);
+            (Net { v6: a.is_ipv6(), bits: bits & prefix_mask6(prefix), prefix }, r)
+        })
+        .collect();
+    v.sort_by_key(|(n, _)| std::cmp::Reverse(n.prefix));
     v
 }
 
-/// The longest entry of `table` (sorted by [`by_prefix`]) holding `dst`.
-fn longest<T>(table: &[(u32, u8, T)], dst: Ipv4Addr) -> Option<(u8, &T)> {
-    let d = u32::from(dst);
-    table.iter().find(|(net, p, _)| d & prefix_mask(*p) == *net).map(|(_, p, r)| (*p, r))
+/// The longest entry of `table` (sorted by [`by_prefix`]) holding `dst`, with its
+/// prefix length in the IPv6 space.
+fn longest<T>(table: &[(Net, T)], dst: IpAddr) -> Option<(u8, &T)> {
+    table.iter().find(|(n, _)| n.holds(dst)).map(|(n, r)| (n.prefix, r))
+}
+
+/// An address and prefix of either family as one IPv6 number and prefix: IPv4 as the
+/// mapped address `::ffff:a.b.c.d` with the prefix moved by 96, so one table and one
+/// comparison serve both families and an IPv4 prefix never holds an IPv6 address.
+pub fn as_v6_bits(addr: IpAddr, prefix: u8) -> (u128, u8) {
+    match addr {
+        IpAddr::V4(a) => (u128::from(a.to_ipv6_mapped()), prefix.min(32) + 96),
+        IpAddr::V6(a) => (u128::from(a), prefix.min(128)),
+    }
+}
+
+/// The netmask of an IPv6 prefix length.
+pub fn prefix_mask6(prefix: u8) -> u128 {
+    if prefix == 0 { 0 } else { u128::MAX << (128 - u32::from(prefix.min(128))) }
+}
+
+/// The network address of `addr/prefix` (host bits cleared), either family.
+pub fn network_ip(addr: IpAddr, prefix: u8) -> IpAddr {
+    match addr {
+        IpAddr::V4(a) => IpAddr::V4(network(a, prefix)),
+        IpAddr::V6(a) => IpAddr::V6(Ipv6Addr::from(u128::from(a) & prefix_mask6(prefix))),
+    }
+}
+
+/// Whether the prefixes `a/p` and `b/q` share an address, either family; prefixes of
+/// different families never do.
+pub fn overlaps_ip(a: IpAddr, p: u8, b: IpAddr, q: u8) -> bool {
+    if a.is_ipv4() != b.is_ipv4() {
+        return false;
+    }
+    let ((x, p), (y, q)) = (as_v6_bits(a, p), as_v6_bits(b, q));
+    let m = prefix_mask6(p.min(q));
+    x & m == y & m
 }
 
 /// The netmask of a prefix length, as a host-order integer (`/24` → `0xffffff00`).
@@ -295,9 +351,14 @@ mod tests {
             keys: SessionKeys { send: [index as u8; 32], recv: [index as u8; 32] },
             endpoint: Endpoint::udp(std::net::SocketAddr::from(([192, 0, 2, index as u8], 11010))),
             peer_addr: peer_addr.into(),
+            peer_addr6: None,
             confirmed: true,
             stats: stats.clone(),
         }))
+    }
+
+    fn ip4(a: u8, b: u8, c: u8, d: u8) -> IpAddr {
+        IpAddr::V4(Ipv4Addr::new(a, b, c, d))
     }
 
     #[test]
@@ -313,26 +374,66 @@ mod tests {
         let route = |s: &Arc<Session>| Route { session: s.clone(), target: s.endpoint, relay: None };
         let snap = RouteSnapshot::with_relays(
             [0; 8],
-            [(Ipv4Addr::new(10, 0, 0, 1), route(&owner)), (Ipv4Addr::new(10, 0, 0, 4), route(&proxy))],
+            [(ip4(10, 0, 0, 1), route(&owner)), (ip4(10, 0, 0, 4), route(&proxy))],
             [owner.clone(), owner_rekeyed.clone(), claimer.clone(), proxy.clone()],
             [],
             [],
         )
-        .with_subnets([
-            (Ipv4Addr::new(10, 0, 0, 0), 24, route(&proxy)),
-            (Ipv4Addr::new(172, 16, 0, 0), 16, route(&proxy)),
-        ]);
-        let a = Ipv4Addr::new(10, 0, 0, 1);
+        .with_subnets([(ip4(10, 0, 0, 0), 24, route(&proxy)), (ip4(172, 16, 0, 0), 16, route(&proxy))]);
+        let a = ip4(10, 0, 0, 1);
         assert!(snap.may_send_from(&owner, a));
         assert!(snap.may_send_from(&owner_rekeyed, a), "every session of the owner");
         assert!(!snap.may_send_from(&claimer, a), "a second claim of the address");
         assert!(!snap.may_send_from(&proxy, a), "a subnet that holds another member's address");
-        assert!(snap.may_send_from(&proxy, Ipv4Addr::new(10, 0, 0, 9)), "the rest of the subnet");
-        assert!(snap.may_send_from(&proxy, Ipv4Addr::new(172, 16, 3, 4)));
-        assert!(!snap.may_send_from(&owner, Ipv4Addr::new(172, 16, 3, 4)));
+        assert!(snap.may_send_from(&proxy, ip4(10, 0, 0, 9)), "the rest of the subnet");
+        assert!(snap.may_send_from(&proxy, ip4(172, 16, 3, 4)));
+        assert!(!snap.may_send_from(&owner, ip4(172, 16, 3, 4)));
         // An address nobody routes yet (a session still held): its own hello address.
         let held = session(5, [10, 0, 1, 7], &Arc::default());
-        assert!(snap.may_send_from(&held, Ipv4Addr::new(10, 0, 1, 7)));
-        assert!(!snap.may_send_from(&held, Ipv4Addr::new(10, 0, 1, 8)));
+        assert!(snap.may_send_from(&held, ip4(10, 0, 1, 7)));
+        assert!(!snap.may_send_from(&held, ip4(10, 0, 1, 8)));
+    }
+
+    #[test]
+    fn both_families_route_and_check_sources() {
+        let (stats, proxy_stats) = (Arc::default(), Arc::default());
+        let params = |index: u32, v4: [u8; 4], v6: &str, stats: &Arc<crate::stats::PeerStats>| {
+            let s = session(index, v4, stats);
+            let mut s = Arc::into_inner(s).expect("one reference");
+            s.peer_addr6 = Some(v6.parse().unwrap());
+            Arc::new(s)
+        };
+        let owner = params(1, [10, 0, 0, 1], "fd00::1", &stats);
+        let proxy = params(2, [10, 0, 0, 2], "fd00::2", &proxy_stats);
+        let route = |s: &Arc<Session>| Route { session: s.clone(), target: s.endpoint, relay: None };
+        let v6 = |s: &str| IpAddr::V6(s.parse().unwrap());
+        let snap = RouteSnapshot::with_relays(
+            [0; 8],
+            [(ip4(10, 0, 0, 1), route(&owner)), (v6("fd00::1"), route(&owner)), (v6("fd00::2"), route(&proxy))],
+            [owner.clone(), proxy.clone()],
+            [],
+            [],
+        )
+        .with_subnets([
+            (v6("fd77:1::"), 64, route(&proxy)),
+            (v6("::"), 0, route(&owner)),
+            (ip4(0, 0, 0, 0), 0, route(&owner)),
+        ]);
+        let via = |dst: IpAddr| snap.route_for(dst).map(|r| r.session.local_index);
+        assert_eq!(via(v6("fd00::1")), Some(1));
+        assert_eq!(via(v6("fd00::2")), Some(2));
+        assert_eq!(via(v6("fd77:1::9")), Some(2), "a proxied IPv6 subnet");
+        assert_eq!(via(v6("2001:db8::1")), Some(1), "::/0 through the exit");
+        assert_eq!(via(ip4(198, 51, 100, 1)), Some(1), "0.0.0.0/0 through the exit");
+        // An IPv4 prefix never holds an IPv6 address, nor the other way round.
+        let only4 =
+            RouteSnapshot::with_relays([0; 8], [], [], [], []).with_subnets([(ip4(0, 0, 0, 0), 0, route(&owner))]);
+        assert!(only4.route_for(v6("::ffff:10.0.0.9")).is_none(), "a mapped address is IPv6 on the wire");
+        assert!(only4.route_for(v6("2001:db8::1")).is_none());
+        assert!(snap.may_send_from(&owner, v6("fd00::1")));
+        assert!(!snap.may_send_from(&proxy, v6("fd00::1")), "another member's IPv6 address");
+        assert!(snap.may_send_from(&proxy, v6("fd77:1::42")));
+        assert!(!snap.may_send_from(&owner, v6("fd77:1::42")), "a subnet the sender does not proxy");
+        assert!(!snap.may_send_from(&proxy, v6("fd00::99")), "an address nobody owns");
     }
 }

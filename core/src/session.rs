@@ -2,7 +2,7 @@
 //! the pipelines (which seal and open with it) and the control plane (which creates,
 //! watches and retires it).
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
@@ -34,6 +34,8 @@ pub struct SessionParams {
     pub endpoint: Endpoint,
     /// The overlay address the peer owns; inner packets from it must carry this source.
     pub peer_addr: Ipv4Addr,
+    /// The peer's IPv6 overlay address, when it has one.
+    pub peer_addr6: Option<Ipv6Addr>,
     /// Whether the peer already proved it holds the keys.
     pub confirmed: bool,
     /// Traffic counters of the peer.
@@ -51,6 +53,8 @@ pub struct Session {
     pub endpoint: Endpoint,
     /// The overlay address the peer owns.
     pub peer_addr: Ipv4Addr,
+    /// The peer's IPv6 overlay address, when it has one.
+    pub peer_addr6: Option<Ipv6Addr>,
     /// Traffic counters of the peer.
     pub stats: Arc<PeerStats>,
     tx: DataKey,
@@ -77,6 +81,7 @@ impl Session {
             remote_index: p.remote_index,
             endpoint: p.endpoint,
             peer_addr: p.peer_addr,
+            peer_addr6: p.peer_addr6,
             stats: p.stats,
             tx: DataKey::new(p.cipher, &p.keys.send),
             rx: DataKey::new(p.cipher, &p.keys.recv),
@@ -89,6 +94,14 @@ impl Session {
             roam_reported_ms: AtomicU64::new(0),
             roam_from: AtomicU64::new(0),
             expires_ms: AtomicU64::new(u64::MAX),
+        }
+    }
+
+    /// Whether `addr` is one of the peer's own overlay addresses (IPv4 or IPv6).
+    pub fn owns(&self, addr: IpAddr) -> bool {
+        match addr {
+            IpAddr::V4(a) => a == self.peer_addr,
+            IpAddr::V6(a) => self.peer_addr6 == Some(a),
         }
     }
 
@@ -228,6 +241,7 @@ mod tests {
                 keys: SessionKeys { send, recv },
                 endpoint: "127.0.0.1:1".parse().unwrap(),
                 peer_addr: addr.into(),
+                peer_addr6: None,
                 confirmed: true,
                 stats: Arc::default(),
             })

@@ -32,8 +32,8 @@ pub enum DropReason {
     /// The destination is a member without a session: its handshake is under way and
     /// the packets it holds meanwhile are already queued (a bounded few).
     NoSession,
-    /// The inner packet is not IPv4 (IPv6 is not routed yet).
-    NotIpv4,
+    /// The inner packet is neither IPv4 nor IPv6.
+    NotIp,
     /// A relayed frame from an address that is not a direct neighbour.
     RelayRefused,
     /// Counter already seen, or too old for the replay window.
@@ -60,7 +60,7 @@ impl DropReason {
         Self::Malformed,
         Self::NoRoute,
         Self::NoSession,
-        Self::NotIpv4,
+        Self::NotIp,
         Self::RelayRefused,
         Self::Replay,
         Self::Spoofed,
@@ -81,7 +81,7 @@ impl DropReason {
             Self::Malformed => "malformed",
             Self::NoRoute => "no_route",
             Self::NoSession => "no_session",
-            Self::NotIpv4 => "not_ipv4",
+            Self::NotIp => "not_ip",
             Self::RelayRefused => "relay_refused",
             Self::Replay => "replay",
             Self::Spoofed => "spoofed_source",

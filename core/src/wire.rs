@@ -281,6 +281,20 @@ impl RelayHeader {
     }
 }
 
+/// Source and destination of an IPv4 or IPv6 packet, or `None` if `pkt` starts with
+/// neither header.
+pub fn ip_addrs(pkt: &[u8]) -> Option<(std::net::IpAddr, std::net::IpAddr)> {
+    match pkt.first()? >> 4 {
+        4 => ipv4_addrs(pkt).map(|(s, d)| (s.into(), d.into())),
+        6 => {
+            let src: [u8; 16] = pkt.get(8..24)?.try_into().ok()?;
+            let dst: [u8; 16] = pkt.get(24..40)?.try_into().ok()?;
+            Some((std::net::Ipv6Addr::from(src).into(), std::net::Ipv6Addr::from(dst).into()))
+        }
+        _ => None,
+    }
+}
+
 /// Source and destination of an IPv4 packet, or `None` if `pkt` is not a
 /// well-formed IPv4 header.
 pub fn ipv4_addrs(pkt: &[u8]) -> Option<(std::net::Ipv4Addr, std::net::Ipv4Addr)> {
@@ -391,5 +405,16 @@ mod tests {
         assert_eq!(ipv4_addrs(&p[..19]), None);
         p[0] = 0x60;
         assert_eq!(ipv4_addrs(&p), None);
+        assert_eq!(ip_addrs(&p), None, "an IPv6 header is 40 bytes");
+        let mut q = [0u8; 40];
+        q[0] = 0x60;
+        q[8..24].copy_from_slice(&"fd00::1".parse::<std::net::Ipv6Addr>().unwrap().octets());
+        q[24..40].copy_from_slice(&"fd00::2".parse::<std::net::Ipv6Addr>().unwrap().octets());
+        assert_eq!(ip_addrs(&q), Some(("fd00::1".parse().unwrap(), "fd00::2".parse().unwrap())));
+        assert_eq!(ip_addrs(&q[..39]), None);
+        q[0] = 0x50;
+        assert_eq!(ip_addrs(&q), None);
+        p[0] = 0x45;
+        assert_eq!(ip_addrs(&p), Some(("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap())));
     }
 }

@@ -71,6 +71,7 @@ fn ends(cipher: Cipher) -> Ends {
             keys: SessionKeys { send, recv },
             endpoint: ep.into(),
             peer_addr: peer,
+            peer_addr6: None,
             confirmed: true,
             stats: Arc::default(),
         }))
@@ -79,7 +80,7 @@ fn ends(cipher: Cipher) -> Ends {
     let b_from_a = mk(2, 1, k2, k1, A);
     let sink = Arc::new(Sink::default());
     let shared_b = Shared {
-        routes: Arc::new(ArcSwap::from_pointee(RouteSnapshot::new([(A, b_from_a.clone())], [b_from_a.clone()]))),
+        routes: Arc::new(ArcSwap::from_pointee(RouteSnapshot::new([(A.into(), b_from_a.clone())], [b_from_a.clone()]))),
         control: sink.clone(),
         macs: Arc::new(MacKeys::new(&Psk::from_bytes([5; 32]))),
         epoch: Instant::now(),
@@ -90,7 +91,7 @@ fn ends(cipher: Cipher) -> Ends {
     Ends {
         tx: Tx::new(cfg),
         rx: Rx::new(cfg),
-        routes_a: RouteSnapshot::new([(B, a_to_b.clone())], [a_to_b.clone()]),
+        routes_a: RouteSnapshot::new([(B.into(), a_to_b.clone())], [a_to_b.clone()]),
         a_to_b,
         b_from_a,
         shared_b,
@@ -157,15 +158,16 @@ fn tx_to_rx_round_trip_every_cipher() {
 }
 
 #[test]
-fn tx_drops_unroutable_and_non_ipv4() {
+fn tx_drops_unroutable_and_non_ip() {
     let mut e = ends(Cipher::Aes128Gcm);
     let drops = DropCounters::default();
+    // An IPv6 packet for an address nobody routes, and a short one that is no IP.
     let mut v6 = vec![0x60u8; 40];
     v6[0] = 0x60;
-    let out = seal(&mut e, &[ipv4_packet(A, Ipv4Addr::new(10, 9, 9, 9), b"x"), v6], &drops);
+    let out = seal(&mut e, &[ipv4_packet(A, Ipv4Addr::new(10, 9, 9, 9), b"x"), v6, vec![0x60; 39]], &drops);
     assert!(out.is_empty());
-    assert_eq!(drops.get(DropReason::NoRoute), 1);
-    assert_eq!(drops.get(DropReason::NotIpv4), 1);
+    assert_eq!(drops.get(DropReason::NoRoute), 2);
+    assert_eq!(drops.get(DropReason::NotIp), 1);
 }
 
 #[test]
@@ -271,6 +273,7 @@ fn none_mode_never_confirms_or_delivers_an_untagged_packet() {
         keys: SessionKeys { send: [8; 32], recv: [9; 32] },
         endpoint: "192.0.2.1:11010".parse::<SocketAddr>().unwrap().into(),
         peer_addr: A,
+        peer_addr6: None,
         confirmed: false,
         stats: Arc::default(),
     }));

@@ -62,7 +62,7 @@ fn config(local: StaticKey, ipv4: Ipv4Addr, dial: Vec<Endpoint>, me: Endpoint, e
             local,
             psk: psk(),
             network_name: NET.into(),
-            hello: Hello { cipher: Cipher::Aes128Gcm, ipv4, prefix: 16, hostname: format!("node-{ipv4}") },
+            hello: Hello { cipher: Cipher::Aes128Gcm, ipv4, prefix: 16, hostname: format!("node-{ipv4}"), ipv6: None },
         },
         dial,
         epoch,
@@ -239,6 +239,7 @@ impl World {
             seq: p.seq,
             hostname: format!("r{}", p.key),
             overlay: p.overlay.into(),
+            overlay6: None,
             endpoints: p.endpoints.iter().take(8).map(|&e| endpoint(e)).collect(),
             neighbours: p
                 .neighbours

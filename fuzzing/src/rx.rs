@@ -134,6 +134,7 @@ impl<'p> World<'p> {
                 keys: SessionKeys { send, recv },
                 endpoint,
                 peer_addr: peer,
+                peer_addr6: None,
                 confirmed: true,
                 stats: Arc::default(),
             }))
@@ -141,7 +142,7 @@ impl<'p> World<'p> {
         let a_to_b = mk(1, 2, [3; 32], [4; 32], B, ep(2));
         let b_from_a = mk(2, 1, [4; 32], [3; 32], A, ep(1));
         let route = Route { session: b_from_a.clone(), target: ep(1), relay: None };
-        let routes_b = RouteSnapshot::with_relays(ID_B, [(A, route)], [b_from_a], [(ID_C, ep(3))], [ep(1)]);
+        let routes_b = RouteSnapshot::with_relays(ID_B, [(A.into(), route)], [b_from_a], [(ID_C, ep(3))], [ep(1)]);
         let shared_b = Shared {
             routes: Arc::new(ArcSwap::from_pointee(routes_b)),
             control: Arc::new(Sink::default()),
@@ -153,7 +154,7 @@ impl<'p> World<'p> {
         Self {
             tx,
             rx,
-            routes_a: RouteSnapshot::new([(B, a_to_b.clone())], [a_to_b]),
+            routes_a: RouteSnapshot::new([(B.into(), a_to_b.clone())], [a_to_b]),
             shared_b,
             stats_b: PipelineStats::default(),
             drops_a: DropCounters::default(),

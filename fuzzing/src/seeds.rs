@@ -24,6 +24,7 @@ fn record() -> Record {
         seq: 42,
         hostname: "gateway-1".into(),
         overlay: Ipv4Addr::new(10, 9, 0, 2),
+        overlay6: Some(std::net::Ipv6Addr::new(0xfd12, 0x3456, 0x789a, 0, 7, 7, 7, 7)),
         endpoints: vec![
             ep(Proto::Udp, 11010),
             ep(Proto::Quic, 443),
@@ -38,7 +39,10 @@ fn record() -> Record {
             loss_pct: 3,
             observed: ep(Proto::Udp, 40001),
         }],
-        proxied: vec![(Ipv4Addr::new(192, 168, 50, 0), 24)],
+        proxied: vec![
+            (Ipv4Addr::new(192, 168, 50, 0).into(), 24),
+            (std::net::Ipv6Addr::new(0xfd77, 1, 0, 0, 0, 0, 0, 0).into(), 64),
+        ],
         dynamic: true,
         signer: [0; 32],
         sig: [0; 64],
@@ -75,7 +79,8 @@ pub fn seeds() -> Vec<Seed> {
     }
     for (i, cipher) in Cipher::ALL.into_iter().enumerate() {
         let mut h = Vec::new();
-        Hello { cipher, ipv4: Ipv4Addr::new(10, 9, 0, 1), prefix: 16, hostname: format!("host-é-{i}") }.emit(&mut h);
+        Hello { cipher, ipv4: Ipv4Addr::new(10, 9, 0, 1), prefix: 16, hostname: format!("host-é-{i}"), ipv6: None }
+            .emit(&mut h);
         s.push(("hello", format!("seed-hello-{i}"), h));
     }
     let mut rec = Vec::new();

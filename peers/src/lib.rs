@@ -25,4 +25,4 @@ pub mod topology;
 pub use identity::NodeId;
 pub use mesh::{pick_address, reencode_message};
 pub use node::{Action, Config, Input, Node, PeerRef, Timers};
-pub use routing::DEFAULT_ROUTE;
+pub use routing::{DEFAULT_ROUTE, DEFAULT_ROUTE6, default_ipv6, derived_from};

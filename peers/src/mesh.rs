@@ -174,7 +174,7 @@ pub(crate) enum Received {
     /// Not signed by its origin: dropped and counted.
     Forged,
     /// Stored: flood it on. Carries the subnets the node proxied before.
-    Stored(Vec<(std::net::Ipv4Addr, u8)>),
+    Stored(Vec<(std::net::IpAddr, u8)>),
 }
 
 /// Whether two of our records say the same but for latency and loss.
@@ -531,7 +531,7 @@ impl Node {
             }
             Received::Stored(before) => before,
         };
-        for (a, p) in rec.proxied.iter().filter(|s| !before.contains(s) && **s != crate::routing::DEFAULT_ROUTE) {
+        for (a, p) in rec.proxied.iter().filter(|s| !before.contains(s) && s.1 != 0) {
             if let Some(why) = self.subnet_refusal(*a, *p) {
                 warn!(peer = %node, host = %rec.hostname, subnet = %format!("{a}/{p}"), "refused proxied subnet: {why}");
             }
@@ -548,18 +548,26 @@ impl Node {
         if let Some(p) = self.peers.get_mut(&key)
             && !p.is_up()
             && taken.is_none()
-            && (p.hello.ipv4 != rec.overlay || p.hello.hostname != rec.hostname)
+            && (p.hello.ipv4 != rec.overlay
+                || p.hello.hostname != rec.hostname
+                || p.hello.ipv6.map(|(a, _)| a) != rec.overlay6)
         {
             // A member without a session moved (--dhcp) or renamed: its signed record
             // is what we know of it until a handshake tells us more.
             p.hello.ipv4 = rec.overlay;
+            p.hello.ipv6 = rec.overlay6.map(|a| (a, self.cfg.handshake.hello.ipv6.map_or(64, |(_, q)| q)));
             p.hello.hostname.clone_from(&rec.hostname);
             self.routes_dirty = true;
         }
         if !self.peers.contains_key(&key) && rec.overlay != self.cfg.handshake.hello.ipv4 && taken.is_none() {
             let ours = &self.cfg.handshake.hello;
-            let hello =
-                Hello { cipher: ours.cipher, ipv4: rec.overlay, prefix: ours.prefix, hostname: rec.hostname.clone() };
+            let hello = Hello {
+                cipher: ours.cipher,
+                ipv4: rec.overlay,
+                prefix: ours.prefix,
+                hostname: rec.hostname.clone(),
+                ipv6: rec.overlay6.map(|a| (a, ours.ipv6.map_or(64, |(_, q)| q))),
+            };
             self.peers.insert(key, Peer::new(key, hello, now, std::sync::Arc::default()));
             self.ids.insert(node, key);
             debug!(peer = %node, overlay = %rec.overlay, "learned member from topology");
@@ -642,6 +650,7 @@ impl Node {
             seq: 0,
             hostname: hello.hostname.clone(),
             overlay: hello.ipv4,
+            overlay6: hello.ipv6.map(|(a, _)| a),
             endpoints: self.cfg.endpoints.clone(),
             neighbours,
             proxied: self.cfg.proxied.clone(),

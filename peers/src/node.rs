@@ -7,7 +7,7 @@
 //! its actions.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -138,7 +138,7 @@ pub struct Config {
     /// Prefer the path with the lowest latency over the one with fewest hops.
     pub latency_first: bool,
     /// Subnets behind this node that it forwards for the mesh.
-    pub proxied: Vec<(Ipv4Addr, u8)>,
+    pub proxied: Vec<(IpAddr, u8)>,
     /// `--dhcp`: the range the overlay address was picked from; it moves on a conflict.
     pub dynamic: Option<(Ipv4Addr, u8)>,
     /// `--use-exit-node`: the member (host name or node id) whose 0.0.0.0/0 we route;
@@ -149,7 +149,7 @@ pub struct Config {
     pub accept_wide_subnets: bool,
     /// Networks this node is directly connected to (its interfaces' networks): a
     /// member's proxied subnet overlapping one is refused.
-    pub local_networks: Vec<(Ipv4Addr, u8)>,
+    pub local_networks: Vec<(IpAddr, u8)>,
 }
 
 /// A fact the runtime reports.
@@ -201,7 +201,7 @@ pub enum Input<'a> {
     /// member; the rest are dropped and counted).
     Unrouted {
         /// Its destination.
-        dst: Ipv4Addr,
+        dst: IpAddr,
         /// The IP packet.
         packet: &'a [u8],
     },
@@ -266,7 +266,7 @@ pub enum Action {
     },
     /// Route these subnets (proxied by other members) into the TUN; replaces the
     /// previous set.
-    InstallRoutes(Vec<(Ipv4Addr, u8)>),
+    InstallRoutes(Vec<(IpAddr, u8)>),
     /// Send a datagram.
     Send {
         /// Destination.
@@ -280,7 +280,7 @@ pub enum Action {
 /// (relays only forward frames from their authenticated neighbours).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Source {
-    Ip(std::net::IpAddr),
+    Ip(IpAddr),
     Node(NodeId),
 }
 
@@ -416,7 +416,7 @@ pub struct Node {
     /// Handshakes that failed, by kind.
     handshake_failures: BTreeMap<&'static str, u64>,
     /// Subnets routed into the TUN (last `InstallRoutes`).
-    pub(crate) installed_subnets: Vec<(Ipv4Addr, u8)>,
+    pub(crate) installed_subnets: Vec<(IpAddr, u8)>,
     /// Held sessions changed: publish them without rebuilding every route.
     held_dirty: bool,
     last_snapshot: Option<Arc<RouteSnapshot>>,
@@ -600,7 +600,7 @@ impl Node {
 
     /// Replaces the networks this node is directly connected to (the runtime reads its
     /// interfaces); proxied subnets are checked against them again.
-    pub fn set_local_networks(&mut self, networks: Vec<(Ipv4Addr, u8)>) {
+    pub fn set_local_networks(&mut self, networks: Vec<(IpAddr, u8)>) {
         if networks != self.cfg.local_networks {
             self.cfg.local_networks = networks;
             self.routes_dirty = true;
@@ -639,7 +639,7 @@ impl Node {
 
     /// Replaces the subnets this node proxies (a live reload): our record is
     /// republished, so members route (or stop routing) them to us within a flood.
-    pub fn set_proxied(&mut self, now: Instant, subnets: Vec<(Ipv4Addr, u8)>) {
+    pub fn set_proxied(&mut self, now: Instant, subnets: Vec<(IpAddr, u8)>) {
         if subnets == self.cfg.proxied {
             return;
         }
@@ -1036,7 +1036,7 @@ impl Node {
 
     /// A packet for a member without a session: hold it (a few per member) and start
     /// the handshake.
-    fn handle_unrouted(&mut self, now: Instant, dst: Ipv4Addr, packet: &[u8]) {
+    fn handle_unrouted(&mut self, now: Instant, dst: IpAddr, packet: &[u8]) {
         // The member it is for: from the snapshot the pipeline looked at, or (when a
         // session came up meanwhile, e.g. this is the answer to the packet that made
         // it) from the route the current snapshot has for it.
@@ -1126,6 +1126,7 @@ impl Node {
             keys: done.keys,
             endpoint: from,
             peer_addr: done.hello.ipv4,
+            peer_addr6: None,
             confirmed,
             stats,
         }));
@@ -1961,6 +1962,7 @@ impl Peer {
             node_id: NodeId::from_public(&self.key),
             hostname: self.hello.hostname.clone(),
             overlay: self.hello.ipv4,
+            overlay6: self.hello.ipv6.map(|(a, _)| a),
             endpoint: self.path.endpoint(),
             path,
             rtt: self.probe.rtt,

@@ -3,7 +3,7 @@
 //! and which overlay addresses and subnets members may own.
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use weft_core::transport::{Endpoint, Proto};
@@ -40,11 +40,35 @@ fn watched(p: &Peer, now: Instant) -> bool {
 }
 
 /// The default route: what an exit node announces (`--exit-node`).
-pub const DEFAULT_ROUTE: (Ipv4Addr, u8) = (Ipv4Addr::UNSPECIFIED, 0);
+pub const DEFAULT_ROUTE: (IpAddr, u8) = (IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0);
+/// The IPv6 default route, which an exit node with an IPv6 overlay announces too.
+pub const DEFAULT_ROUTE6: (IpAddr, u8) = (IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0);
 
 /// Whether a member's record offers it as an exit node.
 fn offers_exit(r: &Record) -> bool {
     r.proxied.contains(&DEFAULT_ROUTE)
+}
+
+/// The IPv6 overlay address a node has without `--ipv6`: in the unique local
+/// prefix `fdXX:XXXX:XXXX::/48` whose 40-bit global id is a hash of the network name
+/// (RFC 4193), subnet 0, with the node id as interface identifier — so every member
+/// of a network shares one /64 and has an address no other member can claim.
+pub fn default_ipv6(network: &str, id: NodeId) -> (Ipv6Addr, u8) {
+    let h = ring::digest::digest(
+        &ring::digest::SHA256,
+        [b"weft/v1/ula/".as_slice(), network.as_bytes()].concat().as_slice(),
+    );
+    let mut o = [0u8; 16];
+    o[0] = 0xfd;
+    o[1..6].copy_from_slice(&h.as_ref()[..5]);
+    o[8..].copy_from_slice(&id.to_bytes());
+    (Ipv6Addr::from(o), 64)
+}
+
+/// Whether `a` is the IPv6 address derived from node `id` in some /64: the id is its
+/// interface identifier, which no other node can hold.
+pub fn derived_from(a: Ipv6Addr, id: NodeId) -> bool {
+    a.octets()[8..] == id.to_bytes()
 }
 
 impl Node {
@@ -262,14 +286,15 @@ impl Node {
     /// announces one (a wildcard listener on a host with such an interface) would
     /// otherwise be dialled through the overlay itself.
     pub(crate) fn tunnelled(&self, ep: &Endpoint) -> bool {
-        let std::net::IpAddr::V4(ip) = ep.addr.ip() else { return false };
+        let ip = weft_core::transport::canonical(ep.addr).ip();
         let hello = &self.cfg.handshake.hello;
-        let within = |a: Ipv4Addr, p: u8| weft_core::route::overlaps(a, p, ip, 32);
+        let within = |a: IpAddr, p: u8| weft_core::route::overlaps_ip(a, p, ip, 128);
         // The subnets routed into the TUN now (kept from the last route update, so this
         // costs no topology walk per endpoint).
         // (Not the exit's /0: policy routing keeps our own sockets out of the tunnel.)
-        within(hello.ipv4, hello.prefix)
-            || self.installed_subnets.iter().any(|s| *s != DEFAULT_ROUTE && within(s.0, s.1))
+        within(IpAddr::V4(hello.ipv4), hello.prefix)
+            || hello.ipv6.is_some_and(|(a, p)| within(IpAddr::V6(a), p))
+            || self.installed_subnets.iter().any(|s| s.1 != 0 && within(s.0, s.1))
     }
 
     /// Seals a control message on the peer's session and sends it along its path.
@@ -343,25 +368,31 @@ impl Node {
 
     pub(crate) fn snapshot(&self) -> RouteSnapshot {
         let mut routes = Vec::new();
-        let mut demand: Vec<(Ipv4Addr, Arc<Demand>)> = Vec::new();
+        let mut demand: Vec<(IpAddr, Arc<Demand>)> = Vec::new();
         let claims = self.claimants();
-        let owns = |p: &Peer| match claims.get(&p.hello.ipv4) {
+        let owns = |p: &Peer| match claims.get(&IpAddr::V4(p.hello.ipv4)) {
             Some((id, false)) => *id == p.id,
             _ => self.owns(p),
         };
+        let owns6 = |p: &Peer| p.hello.ipv6.map(|(a, _)| a).filter(|a| self.owns6(&claims, p.id, *a));
         for p in self.peers.values() {
             match p.tx() {
                 Some(tx) => {
                     let Some(dest) = self.dest_for(&p.key) else { continue };
-                    routes.push((
-                        p.hello.ipv4,
-                        Route { session: tx.session.clone(), target: dest.to, relay: dest.relay },
-                    ));
+                    let route = Route { session: tx.session.clone(), target: dest.to, relay: dest.relay };
+                    if let Some(a) = owns6(p) {
+                        routes.push((IpAddr::V6(a), route.clone()));
+                    }
+                    routes.push((IpAddr::V4(p.hello.ipv4), route));
                 }
                 // A member we can reach but hold no session with: its first packets
                 // start one.
                 None if self.mesh.paths.contains_key(&p.id) && owns(p) => {
-                    demand.push((p.hello.ipv4, Arc::new(Demand::new(p.id.to_bytes(), DEMAND_BUDGET))));
+                    let d = Arc::new(Demand::new(p.id.to_bytes(), DEMAND_BUDGET));
+                    if let Some(a) = owns6(p) {
+                        demand.push((IpAddr::V6(a), d.clone()));
+                    }
+                    demand.push((IpAddr::V4(p.hello.ipv4), d));
                 }
                 None => {}
             }
@@ -383,14 +414,14 @@ impl Node {
         // of each direct neighbour with a confirmed session.
         let neighbours: Vec<Endpoint> =
             self.peers.values().filter(|p| p.is_up()).filter_map(|p| p.path.direct()).map(|d| d.endpoint).collect();
-        let by_overlay: BTreeMap<Ipv4Addr, Route> = routes.iter().cloned().collect();
-        let by_demand: BTreeMap<Ipv4Addr, Arc<Demand>> = demand.iter().cloned().collect();
+        let by_overlay: BTreeMap<IpAddr, Route> = routes.iter().cloned().collect();
+        let by_demand: BTreeMap<IpAddr, Arc<Demand>> = demand.iter().cloned().collect();
         let mut subnets = Vec::new();
         let mut demand_subnets = Vec::new();
         for (r, a, p) in self.accepted_subnets() {
-            if let Some(route) = by_overlay.get(&r.overlay) {
+            if let Some(route) = by_overlay.get(&IpAddr::V4(r.overlay)) {
                 subnets.push((a, p, route.clone()));
-            } else if let Some(d) = by_demand.get(&r.overlay) {
+            } else if let Some(d) = by_demand.get(&IpAddr::V4(r.overlay)) {
                 demand_subnets.push((a, p, d.clone()));
             }
         }
@@ -404,18 +435,41 @@ impl Node {
     /// whether more than one node does: an address with one claimant is its own
     /// without the per-member scan of `address_owner`, which settles the rare
     /// contested ones.
-    fn claimants(&self) -> std::collections::HashMap<Ipv4Addr, (NodeId, bool)> {
-        let mut claims: std::collections::HashMap<Ipv4Addr, (NodeId, bool)> = std::collections::HashMap::new();
-        let mut claim = |addr: Ipv4Addr, id: NodeId| {
+    fn claimants(&self) -> std::collections::HashMap<IpAddr, (NodeId, bool)> {
+        let mut claims: std::collections::HashMap<IpAddr, (NodeId, bool)> = std::collections::HashMap::new();
+        let mut claim = |addr: IpAddr, id: NodeId| {
             claims.entry(addr).and_modify(|(first, contested)| *contested |= *first != id).or_insert((id, false));
         };
+        if let Some((a, _)) = self.cfg.handshake.hello.ipv6 {
+            claim(IpAddr::V6(a), self.id);
+        }
         for p in self.peers.values().filter(|p| p.is_up()) {
-            claim(p.hello.ipv4, p.id);
+            claim(IpAddr::V4(p.hello.ipv4), p.id);
+            if let Some((a, _)) = p.hello.ipv6 {
+                claim(IpAddr::V6(a), p.id);
+            }
         }
         for r in self.mesh.topology.records() {
-            claim(r.overlay, r.node());
+            claim(IpAddr::V4(r.overlay), r.node());
+            if let Some(a) = r.overlay6 {
+                claim(IpAddr::V6(a), r.node());
+            }
         }
         claims
+    }
+
+    /// Whether IPv6 overlay address `a` is member `id`'s to route to: nobody else
+    /// claims it (in a hello or a record, ourselves included), or it is derived from
+    /// `id` itself ([`derived_from`]), which settles a contest.
+    fn owns6(&self, claims: &std::collections::HashMap<IpAddr, (NodeId, bool)>, id: NodeId, a: Ipv6Addr) -> bool {
+        if derived_from(a, id) {
+            return true;
+        }
+        match claims.get(&IpAddr::V6(a)) {
+            Some((first, false)) => *first == id,
+            Some((_, true)) => false,
+            None => true,
+        }
     }
 
     /// Whether the overlay address in `p`'s hello is its own to route to.
@@ -426,8 +480,8 @@ impl Node {
 
     /// Subnets other members proxy and that we can reach: the kernel should route them
     /// into the TUN.
-    pub(crate) fn proxied_routes(&self) -> Vec<(Ipv4Addr, u8)> {
-        let mut v: Vec<(Ipv4Addr, u8)> = self
+    pub(crate) fn proxied_routes(&self) -> Vec<(IpAddr, u8)> {
+        let mut v: Vec<(IpAddr, u8)> = self
             .accepted_subnets()
             .into_iter()
             .filter(|(r, _, _)| self.mesh.paths.contains_key(&r.node()))
@@ -489,7 +543,7 @@ impl Node {
     }
 
     /// Subnets other members proxy that we accept, with the record announcing each.
-    fn accepted_subnets(&self) -> Vec<(&Record, Ipv4Addr, u8)> {
+    fn accepted_subnets(&self) -> Vec<(&Record, IpAddr, u8)> {
         // An exit's offer (the /0) is routed only from the one member we chose.
         let exit = self.exit_node().map(Record::node);
         self.mesh
@@ -497,9 +551,7 @@ impl Node {
             .records()
             .filter(|r| !r.proxied.is_empty() && r.node() != self.id && self.owns_address(r))
             .flat_map(|r| r.proxied.iter().map(move |(a, p)| (r, *a, *p)))
-            .filter(|(r, a, p)| {
-                if (*a, *p) == DEFAULT_ROUTE { exit == Some(r.node()) } else { self.subnet_refusal(*a, *p).is_none() }
-            })
+            .filter(|(r, a, p)| if *p == 0 { exit == Some(r.node()) } else { self.subnet_refusal(*a, *p).is_none() })
             .collect()
     }
 
@@ -540,27 +592,44 @@ impl Node {
 
     /// Why we will not route subnet `a/p` that a member proxies, if we will not: it
     /// would capture traffic that is not the member's to take.
-    pub(crate) fn subnet_refusal(&self, a: Ipv4Addr, p: u8) -> Option<String> {
-        let overlaps = |b: Ipv4Addr, q: u8| weft_core::route::overlaps(a, p, b, q);
+    pub(crate) fn subnet_refusal(&self, a: IpAddr, p: u8) -> Option<String> {
+        let overlaps = |b: IpAddr, q: u8| weft_core::route::overlaps_ip(a, p, b, q);
         if p == 0 {
             return Some("a /0 is an exit's offer: routed only from the member --use-exit-node names".into());
         }
-        if p < 8 && !self.cfg.accept_wide_subnets {
-            return Some(format!("/{p} is shorter than /8 (accepted only with --accept-wide-subnets on this node)"));
+        if let IpAddr::V6(v6) = a
+            && (v6.is_multicast() || v6.is_unicast_link_local() || v6.is_loopback() || v6.to_ipv4_mapped().is_some())
+        {
+            return Some("multicast, link-local, loopback and IPv4-mapped prefixes are no member's to proxy".into());
+        }
+        let widest = if a.is_ipv4() { 8 } else { 16 };
+        if p < widest && !self.cfg.accept_wide_subnets {
+            return Some(format!(
+                "/{p} is shorter than /{widest} (accepted only with --accept-wide-subnets on this node)"
+            ));
         }
         let hello = &self.cfg.handshake.hello;
-        if overlaps(hello.ipv4, hello.prefix) {
-            let net = weft_core::route::network(hello.ipv4, hello.prefix);
-            return Some(format!("overlaps the overlay network {net}/{}", hello.prefix));
+        let ours =
+            std::iter::once((IpAddr::V4(hello.ipv4), hello.prefix)).chain(hello.ipv6.map(|(a, q)| (IpAddr::V6(a), q)));
+        for (b, q) in ours {
+            if overlaps(b, q) {
+                let net = weft_core::route::network_ip(b, q);
+                return Some(format!("overlaps the overlay network {net}/{q}"));
+            }
         }
         let members = self
             .mesh
             .topology
             .records()
-            .map(|r| (r.overlay, r.node()))
-            .chain(self.peers.values().map(|x| (x.hello.ipv4, x.id)));
+            .flat_map(|r| {
+                std::iter::once((IpAddr::V4(r.overlay), r.node())).chain(r.overlay6.map(|a| (IpAddr::V6(a), r.node())))
+            })
+            .chain(self.peers.values().flat_map(|x| {
+                std::iter::once((IpAddr::V4(x.hello.ipv4), x.id))
+                    .chain(x.hello.ipv6.map(|(a, _)| (IpAddr::V6(a), x.id)))
+            }));
         for (addr, id) in members {
-            if overlaps(addr, 32) {
+            if overlaps(addr, 128) {
                 return Some(format!("holds member {id}'s overlay address {addr}"));
             }
         }
@@ -576,7 +645,7 @@ impl Node {
         let mut v = Vec::new();
         let claims = self.claimants();
         for r in self.mesh.topology.records().filter(|r| r.node() != self.id) {
-            let contested = claims.get(&r.overlay).is_some_and(|(_, c)| *c);
+            let contested = claims.get(&IpAddr::V4(r.overlay)).is_some_and(|(_, c)| *c);
             if let Some(owner) = contested.then(|| self.address_owner(r.overlay, r.node(), |_| false)).flatten() {
                 v.push(format!(
                     "member {} ({:?}) claims overlay address {}, which belongs to member {owner}: refused",
@@ -586,8 +655,17 @@ impl Node {
                 ));
                 continue;
             }
+            if let Some(a) = r.overlay6
+                && !self.owns6(&claims, r.node(), a)
+            {
+                v.push(format!(
+                    "member {} ({:?}) claims IPv6 overlay address {a}, which another member claims too: refused",
+                    r.node(),
+                    r.hostname
+                ));
+            }
             // An exit's offer is listed in `exit_offers`, not as a refusal.
-            for (a, p) in r.proxied.iter().filter(|s| **s != DEFAULT_ROUTE) {
+            for (a, p) in r.proxied.iter().filter(|s| s.1 != 0) {
                 if let Some(why) = self.subnet_refusal(*a, *p) {
                     v.push(format!("member {} ({:?}) proxies {a}/{p}: refused, {why}", r.node(), r.hostname));
                 }
@@ -635,6 +713,7 @@ impl Node {
                     node: *id,
                     hostname: rec.hostname.clone(),
                     overlay: rec.overlay,
+                    overlay6: rec.overlay6,
                     proxied: rec.proxied.clone(),
                     next_hop: path.next_hop,
                     hops: path.hops,

@@ -1,6 +1,6 @@
 //! What the engine reports about itself.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -45,6 +45,8 @@ pub struct PeerStatus {
     pub hostname: String,
     /// Its overlay address.
     pub overlay: Ipv4Addr,
+    /// Its IPv6 overlay address, if it has one.
+    pub overlay6: Option<Ipv6Addr>,
     /// Its direct address, if known.
     pub endpoint: Option<Endpoint>,
     /// How traffic reaches it.
@@ -93,6 +95,8 @@ pub struct RouteStatus {
     pub hostname: String,
     /// Its overlay address.
     pub overlay: Ipv4Addr,
+    /// Its IPv6 overlay address, if it has one.
+    pub overlay6: Option<Ipv6Addr>,
     /// First hop (the node itself when direct).
     pub next_hop: NodeId,
     /// Links on the path.
@@ -101,8 +105,8 @@ pub struct RouteStatus {
     pub latency_ms: u32,
     /// Whether an end-to-end session is up.
     pub session: bool,
-    /// Subnets the destination proxies.
-    pub proxied: Vec<(Ipv4Addr, u8)>,
+    /// Subnets the destination proxies, either family.
+    pub proxied: Vec<(IpAddr, u8)>,
 }
 
 /// A configured endpoint that has not yet produced a peer.

@@ -9,7 +9,7 @@
 //! [`RECORD_TTL`] is dropped. Links count only when both ends list each other.
 
 use std::collections::{BTreeMap, BinaryHeap};
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use std::time::{Duration, Instant};
 use weft_core::transport::{Endpoint, Proto};
@@ -35,7 +35,7 @@ pub const MAX_RECORDS: usize = 4096;
 /// gets near; a record above it (which would leave its origin no newer number to
 /// publish) is refused.
 pub const MAX_SEQ: u64 = 1 << 62;
-const RECORD_VERSION: u8 = 3;
+const RECORD_VERSION: u8 = 4;
 /// Domain separation of record signatures.
 const SIGN_CONTEXT: &[u8] = b"weft/v1/record\0";
 
@@ -65,12 +65,15 @@ pub struct Record {
     pub hostname: String,
     /// Overlay address.
     pub overlay: Ipv4Addr,
+    /// IPv6 overlay address, when the node has one.
+    pub overlay6: Option<Ipv6Addr>,
     /// Addresses the node listens on (as it knows them).
     pub endpoints: Vec<Endpoint>,
     /// Direct neighbours.
     pub neighbours: Vec<Neighbour>,
-    /// Subnets behind the node that it forwards for the mesh (`--proxy-network`).
-    pub proxied: Vec<(Ipv4Addr, u8)>,
+    /// Subnets behind the node that it forwards for the mesh (`--proxy-network`),
+    /// either family.
+    pub proxied: Vec<(IpAddr, u8)>,
     /// The overlay address was picked by `--dhcp` and moves on a conflict.
     pub dynamic: bool,
     /// The origin's Ed25519 signature of [`Record::signed_message`].
@@ -131,6 +134,13 @@ impl Record {
         out.push(name.len() as u8);
         out.extend_from_slice(name);
         out.extend_from_slice(&self.overlay.octets());
+        match self.overlay6 {
+            Some(a) => {
+                out.push(6);
+                out.extend_from_slice(&a.octets());
+            }
+            None => out.push(0),
+        }
         let eps = &self.endpoints[..self.endpoints.len().min(MAX_ENDPOINTS)];
         out.push(eps.len() as u8);
         for e in eps {
@@ -148,7 +158,16 @@ impl Record {
         let ps = &self.proxied[..self.proxied.len().min(MAX_SUBNETS)];
         out.push(ps.len() as u8);
         for (a, p) in ps {
-            out.extend_from_slice(&a.octets());
+            match a {
+                IpAddr::V4(a) => {
+                    out.push(4);
+                    out.extend_from_slice(&a.octets());
+                }
+                IpAddr::V6(a) => {
+                    out.push(6);
+                    out.extend_from_slice(&a.octets());
+                }
+            }
             out.push(*p);
         }
     }
@@ -169,6 +188,11 @@ impl Record {
         let hostname = std::str::from_utf8(r.take(n)?).map_err(|_| BadRecord)?.to_owned();
         let o = r.take(4)?;
         let overlay = Ipv4Addr::new(o[0], o[1], o[2], o[3]);
+        let overlay6 = match r.u8()? {
+            0 => None,
+            6 => Some(Ipv6Addr::from(<[u8; 16]>::try_from(r.take(16)?).map_err(|_| BadRecord)?)),
+            _ => return Err(BadRecord),
+        };
         let n = r.u8()?;
         if usize::from(n) > MAX_ENDPOINTS {
             return Err(BadRecord);
@@ -196,19 +220,23 @@ impl Record {
         }
         let proxied = (0..n)
             .map(|_| {
-                let a = r.take(4)?;
+                let (a, max): (IpAddr, u8) = match r.u8()? {
+                    4 => (<[u8; 4]>::try_from(r.take(4)?).map_err(|_| BadRecord)?.into(), 32),
+                    6 => (<[u8; 16]>::try_from(r.take(16)?).map_err(|_| BadRecord)?.into(), 128),
+                    _ => return Err(BadRecord),
+                };
                 let prefix = r.u8()?;
-                if prefix > 32 {
+                if prefix > max {
                     return Err(BadRecord);
                 }
-                Ok((Ipv4Addr::new(a[0], a[1], a[2], a[3]), prefix))
+                Ok((a, prefix))
             })
             .collect::<Result<_, _>>()?;
         let sig: [u8; 64] = r.take(64)?.try_into().map_err(|_| BadRecord)?;
         if !r.0.is_empty() {
             return Err(BadRecord);
         }
-        Ok(Self { key, signer, seq, hostname, overlay, endpoints, neighbours, proxied, dynamic, sig })
+        Ok(Self { key, signer, seq, hostname, overlay, overlay6, endpoints, neighbours, proxied, dynamic, sig })
     }
 }
 
@@ -246,7 +274,7 @@ impl<'a> Reader<'a> {
     pub(crate) fn addr(&mut self) -> Result<Endpoint, BadRecord> {
         let tag = self.u8()?;
         let proto = Proto::from_code(tag >> 4).ok_or(BadRecord)?;
-        let ip: std::net::IpAddr = match tag & 0x0f {
+        let ip: IpAddr = match tag & 0x0f {
             4 => <[u8; 4]>::try_from(self.take(4)?).map_err(|_| BadRecord)?.into(),
             6 => <[u8; 16]>::try_from(self.take(16)?).map_err(|_| BadRecord)?.into(),
             _ => return Err(BadRecord),
@@ -476,6 +504,7 @@ mod tests {
             seq,
             hostname: format!("n{i}"),
             overlay: Ipv4Addr::new(10, 0, 0, i),
+            overlay6: i.is_multiple_of(2).then(|| Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, u16::from(i))),
             endpoints: vec![Endpoint::from(SocketAddr::from(([192, 0, 2, i], 11010)))],
             neighbours: ns
                 .iter()
@@ -486,7 +515,10 @@ mod tests {
                     observed: Endpoint::from(SocketAddr::from(([198, 51, 100, *j], 11010))),
                 })
                 .collect(),
-            proxied: vec![(Ipv4Addr::new(172, 16, i, 0), 24)],
+            proxied: vec![
+                (Ipv4Addr::new(172, 16, i, 0).into(), 24),
+                (Ipv6Addr::new(0xfd77, u16::from(i), 0, 0, 0, 0, 0, 0).into(), 64),
+            ],
             dynamic: i.is_multiple_of(2),
         };
         r.sign(&static_key(i), "net");
@@ -499,9 +531,10 @@ mod tests {
 
     #[test]
     fn record_round_trip_and_truncation() {
-        let mut r = rec(1, 7, &[(2, 5), (3, 9)]);
+        let mut r = rec(2, 7, &[(1, 5), (3, 9)]);
         r.endpoints.push("[2001:db8::1]:11010".parse().unwrap());
-        r.sign(&static_key(1), "net");
+        r.sign(&static_key(2), "net");
+        assert!(r.overlay6.is_some(), "both families on the wire");
         let mut b = Vec::new();
         r.emit(&mut b);
         let back = Record::parse(&b).unwrap();
@@ -527,8 +560,11 @@ mod tests {
         forged.seq += 1;
         assert!(!forged.verify("net"));
         let mut forged = r.clone();
-        forged.proxied.push((Ipv4Addr::new(10, 99, 0, 0), 16));
+        forged.proxied.push((Ipv4Addr::new(10, 99, 0, 0).into(), 16));
         assert!(!forged.verify("net"));
+        let mut forged = rec(2, 7, &[]);
+        forged.overlay6 = Some(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 99));
+        assert!(!forged.verify("net"), "the IPv6 address is signed too");
         // Re-signing with another member's key does not help: that key's Montgomery
         // form is not the record's X25519 key (so not its node id).
         let mut forged = r;
@@ -552,8 +588,10 @@ mod tests {
             (0..MAX_ENDPOINTS as u16 + 1).map(|p| Endpoint::from(SocketAddr::from(([192, 0, 2, 1], p)))).collect();
         let mut b = Vec::new();
         r.emit(&mut b);
-        // emit itself caps, so forge the count byte: find it after the fixed prefix.
-        let at = 1 + 32 + 32 + 8 + 1 + r.hostname.len() + 4;
+        // emit itself caps, so forge the count byte: find it after the fixed prefix
+        // (node 1 has no IPv6 address: one byte says so).
+        assert!(r.overlay6.is_none());
+        let at = 1 + 32 + 32 + 8 + 1 + r.hostname.len() + 4 + 1;
         assert_eq!(usize::from(b[at]), MAX_ENDPOINTS);
         b[at] = MAX_ENDPOINTS as u8 + 1;
         assert!(Record::parse(&b).is_err());

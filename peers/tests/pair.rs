@@ -349,7 +349,7 @@ impl Sim {
 
     /// The session `i`'s latest snapshot sends to `j` on.
     fn route(&self, i: usize, j: usize) -> Option<Arc<Session>> {
-        self.slots[i].host.routes.session_for(overlay(j)).cloned()
+        self.slots[i].host.routes.session_for(overlay(j).into()).cloned()
     }
 
     /// `i`'s TX pipeline sends an 84-byte packet to `j`'s overlay address; returns its
@@ -362,7 +362,7 @@ impl Sim {
         let queued = self.slots[i].host.node().status(self.now).queued_dropped;
         self.dp.send(&mut self.slots[i].host, self.now, std::slice::from_ref(&pkt), &mut out);
         if out.is_empty() && self.slots[i].host.node().status(self.now).queued_dropped == queued {
-            let demand = self.slots[i].host.routes.demand_for(overlay(j)).is_some();
+            let demand = self.slots[i].host.routes.demand_for(overlay(j).into()).is_some();
             if !demand {
                 return Err("no route");
             }
@@ -885,7 +885,7 @@ fn the_answer_to_a_first_packet_reaches_the_new_session_through_a_stale_snapshot
     let routes = |s: &Sim| (0..3).all(|i| s.node(i).status(s.now).routes.len() == 2);
     assert!(sim.run_until(Duration::from_secs(5), routes).is_some());
     let stale = sim.slots[C].host.routes.clone();
-    assert!(stale.demand_for(overlay(A)).is_some(), "A is idle for C");
+    assert!(stale.demand_for(overlay(A).into()).is_some(), "A is idle for C");
     assert_eq!(sim.send_data(A, C), Ok(84));
     sim.slots[C].host.routes = stale;
     assert_eq!(sim.send_data(C, A), Ok(84), "the answer was lost");
@@ -1244,7 +1244,7 @@ fn forged_records_are_dropped_counted_and_never_forwarded() {
     let mut f = genuine.clone();
     f.seq += 1;
     f.endpoints = vec![Endpoint::udp(SocketAddr::from(([203, 0, 113, 66], 11010)))];
-    f.proxied = vec![(Ipv4Addr::new(192, 168, 50, 0), 24)];
+    f.proxied = vec![(Ipv4Addr::new(192, 168, 50, 0).into(), 24)];
     forgeries.push(f.clone());
     // The same, signed by B's own key but carrying A's X25519 key (and so A's id).
     let b_key = sim.slots[B].params.local.clone();
@@ -1352,7 +1352,7 @@ fn proxied_subnets_that_capture_others_traffic_are_refused_with_a_reason() {
         (params(B, Cipher::Aes128Gcm, SECRET), vec![C], timers),
         (params(C, Cipher::Aes128Gcm, SECRET), vec![], timers),
     ]);
-    let net = |a: [u8; 4], p: u8| (Ipv4Addr::from(a), p);
+    let net = |a: [u8; 4], p: u8| (std::net::IpAddr::from(a), p);
     let fine = net([172, 16, 5, 0], 24);
     let wide = net([4, 0, 0, 0], 6);
     let lan = net([192, 168, 7, 0], 24);
@@ -1363,7 +1363,8 @@ fn proxied_subnets_that_capture_others_traffic_are_refused_with_a_reason() {
     let a_proxies = announced.clone();
     sim.tweaks.push((A, Box::new(move |c: &mut Config| c.proxied = a_proxies.clone())));
     // B sits on 192.168.7.0/24; C opted in to wide subnets.
-    sim.tweaks.push((B, Box::new(|c: &mut Config| c.local_networks = vec![(Ipv4Addr::new(192, 168, 7, 1), 24)])));
+    sim.tweaks
+        .push((B, Box::new(|c: &mut Config| c.local_networks = vec![(Ipv4Addr::new(192, 168, 7, 1).into(), 24)])));
     sim.tweaks.push((C, Box::new(|c: &mut Config| c.accept_wide_subnets = true)));
     for i in [C, B, A] {
         let p = sim.slots[i].params.clone();
@@ -1379,11 +1380,11 @@ fn proxied_subnets_that_capture_others_traffic_are_refused_with_a_reason() {
     assert_eq!(sim.slots[C].host.installed, vec![wide, fine, lan]);
     // The data plane routes the same, and takes sources only from accepted subnets.
     let snap = sim.slots[B].host.routes.clone();
-    assert!(snap.route_for(Ipv4Addr::new(172, 16, 5, 9)).is_some());
+    assert!(snap.route_for(Ipv4Addr::new(172, 16, 5, 9).into()).is_some());
     for dst in [[8, 8, 8, 8], [192, 168, 7, 20], [4, 1, 2, 3], [10, 77, 9, 9]] {
-        assert!(snap.route_for(Ipv4Addr::from(dst)).is_none(), "B routes {dst:?} to A");
+        assert!(snap.route_for(Ipv4Addr::from(dst).into()).is_none(), "B routes {dst:?} to A");
     }
-    assert_eq!(snap.route_for(overlay(C)).map(|r| r.session.peer_addr), Some(overlay(C)));
+    assert_eq!(snap.route_for(overlay(C).into()).map(|r| r.session.peer_addr), Some(overlay(C)));
     let a_session = sim.route(A, B).expect("A's session with B");
     let lan_src = ip_packet(Ipv4Addr::new(192, 168, 7, 20), overlay(B), 16, 1);
     assert_eq!(sim.inject_data(B, addr(A), &seal(&a_session, &lan_src)), Err("spoofed_source"));
@@ -1417,7 +1418,7 @@ fn an_address_routed_into_the_tunnel_is_never_a_direct_path() {
     sim.tweaks.push((
         A,
         Box::new(move |c: &mut Config| {
-            c.proxied = vec![(Ipv4Addr::new(172, 16, 5, 0), 24)];
+            c.proxied = vec![(Ipv4Addr::new(172, 16, 5, 0).into(), 24)];
             c.endpoints.push(inside);
         }),
     ));
@@ -1434,7 +1435,7 @@ fn an_address_routed_into_the_tunnel_is_never_a_direct_path() {
     );
     assert_eq!(sim.send_data(A, C), Ok(84));
     assert_eq!(sim.send_data(C, A), Ok(84));
-    assert!(sim.slots[C].host.installed.contains(&(Ipv4Addr::new(172, 16, 5, 0), 24)));
+    assert!(sim.slots[C].host.installed.contains(&(Ipv4Addr::new(172, 16, 5, 0).into(), 24)));
     let relayed = PathStatus::Relay { via: sim.id(B), hops: 2 };
     assert_eq!(sim.peer_status(C, A).map(|p| p.path), Some(relayed));
     let a_session = sim.route(A, C).expect("A's session with C");
@@ -1622,7 +1623,7 @@ fn an_exit_offer_is_routed_only_by_the_member_that_chose_it() {
     assert_eq!(c.exit_offers, vec![(sim.id(A), "node0".to_owned())]);
     // B sends the internet to A; C has no route there.
     let public = Ipv4Addr::new(203, 0, 113, 10);
-    let via = sim.slots[B].host.routes.route_for(public).map(|r| r.session.peer_addr);
+    let via = sim.slots[B].host.routes.route_for(public.into()).map(|r| r.session.peer_addr);
     assert_eq!(via, Some(overlay(A)));
-    assert!(sim.slots[C].host.routes.route_for(public).is_none());
+    assert!(sim.slots[C].host.routes.route_for(public.into()).is_none());
 }
