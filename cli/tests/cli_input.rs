@@ -69,6 +69,28 @@ fn malformed_values_exit_2_naming_the_value() {
         2,
         "overlaps --proxy-network 192.168.0.0/16",
     );
+    // IPv6 overlay and subnets.
+    assert_fails(&up(&["--ipv6", "fd7a::1"]), 2, "invalid --ipv6 \"fd7a::1\": no prefix length");
+    assert_fails(&up(&["--ipv6", "fd7a::1/129"]), 2, "prefix length outside 8 to 128");
+    assert_fails(&up(&["--ipv6", "fd7a::zz/64"]), 2, "not an IPv6 address");
+    assert_fails(&up(&["--ipv6", "fe80::1/64"]), 2, "link-local");
+    assert_fails(&up(&["--ipv6", "ff02::1/64"]), 2, "not a unicast address");
+    assert_fails(&up(&["--ipv6", "::ffff:10.0.0.1/120"]), 2, "IPv4-mapped");
+    assert_fails(&up(&["--ipv6", "fd7a::1/64", "--no-ipv6"]), 2, "--no-ipv6");
+    assert_fails(
+        &up(&["--ipv6", "fd7a::1/64", "--proxy-network", "fd7a::/48"]),
+        2,
+        "overlaps the overlay network fd7a::/64",
+    );
+    assert_fails(&up(&["--proxy-network", "10.126.0.0/16"]), 2, "overlaps the overlay network 10.126.126.0/24");
+    assert_fails(
+        &up(&["--proxy-network", "fd77::/64", "--proxy-network", "fd77::/48"]),
+        2,
+        "overlaps --proxy-network fd77::/64",
+    );
+    assert_fails(&up(&["--proxy-network", "fd77::/129"]), 2, "invalid --proxy-network \"fd77::/129\"");
+    assert_fails(&up(&["--proxy-network", "::/0"]), 2, "--exit-node");
+    assert_fails(&up(&["--proxy-network", "ff05::/16"]), 2, "multicast");
 }
 
 #[test]

@@ -70,14 +70,16 @@ fn members_resolve_by_name_and_nothing_else_does() {
         [&a, &b, &c].iter().all(|n| names(n) == Some(3))
     });
     assert_eq!(a.status()["magic_dns"]["name"], format!("alpha.{DOMAIN}"));
+    let alpha6 =
+        a.status()["overlay6"].as_str().expect("an IPv6 overlay address").split('/').next().unwrap().to_owned();
 
     // Asked on its own host and from another member through the tunnel.
     for (ns, server) in [(&lan.hosts[0], "10.125.0.1"), (&lan.hosts[1], "10.125.0.1"), (&lan.hosts[2], "10.125.0.2")] {
         assert_eq!(dig(ns, server, &format!("alpha.{DOMAIN}"), "A"), ("NOERROR".into(), vec!["10.125.0.1".into()]));
         assert_eq!(dig(ns, server, &format!("BeTa.{DOMAIN}"), "A"), ("NOERROR".into(), vec![plain.into()]));
         assert_eq!(dig(ns, server, &dup, "A"), ("NOERROR".into(), vec![suffixed.into()]));
-        // The overlay is IPv4: the name exists, without an AAAA record.
-        assert_eq!(dig(ns, server, &format!("alpha.{DOMAIN}"), "AAAA"), ("NOERROR".into(), vec![]));
+        // AAAA: the member's IPv6 overlay address (derived, as none was given).
+        assert_eq!(dig(ns, server, &format!("alpha.{DOMAIN}"), "AAAA"), ("NOERROR".into(), vec![alpha6.clone()]));
         assert_eq!(dig(ns, server, &format!("gamma.{DOMAIN}"), "A"), ("NXDOMAIN".into(), vec![]));
         // No open resolver: other names are refused, not looked up.
         assert_eq!(dig(ns, server, "example.com", "A"), ("REFUSED".into(), vec![]));

@@ -384,7 +384,8 @@ pub fn ping(ns: &Netns, addr: &str) -> bool {
 /// Sends `len` pseudo-random bytes over TCP from `from` to `to_ip:port` inside `to`;
 /// returns the SHA-256 of what was sent and of what arrived.
 pub fn transfer(from: &Netns, to: &Netns, to_ip: &str, len: usize) -> (Vec<u8>, Vec<u8>, Duration) {
-    let addr = format!("{to_ip}:5001");
+    // An IPv6 address goes in brackets.
+    let addr = if to_ip.contains(':') { format!("[{to_ip}]:5001") } else { format!("{to_ip}:5001") };
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     std::thread::scope(|s| {
         let rx = s.spawn(|| {
