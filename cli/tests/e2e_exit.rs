@@ -1,5 +1,6 @@
 //! End-to-end: exit nodes. X offers the internet (a "public" namespace behind it, in
-//! 203.0.113.0/24); M uses it and reaches the public server, which sees X's address;
+//! 203.0.113.0/24 and 2001:db8:ff::/64); M uses it and reaches the public server over
+//! IPv4 and IPv6 (the IPv6 overlay), which sees X's addresses;
 //! N does not ask and cannot; when X dies nothing of M's leaks out of its underlay
 //! interface; M's rules and routes are gone after it stops, X's nftables table too.
 #![allow(unsafe_code, unreachable_pub, clippy::unwrap_used)]
@@ -16,6 +17,7 @@ use netns::{Lan, Netns, Node, TempDir, link, require_root, stop_capture, wait_un
 
 const NET: [&str; 4] = ["--network-name", "exit", "--network-secret", "exit secret"];
 const PUBLIC: &str = "203.0.113.10";
+const PUBLIC6: &str = "2001:db8:ff::10";
 /// The members' own default gateway (it forwards nothing).
 const GATEWAY: &str = "192.0.2.254";
 
@@ -31,24 +33,35 @@ fn args<'a>(i: usize, overlay: &'a str, peer: &'a str, extra: &[&'a str]) -> Vec
 
 /// A TCP server in `ns` that answers each connection with the address it saw.
 fn public_server(ns: &Netns) -> Arc<Mutex<Vec<SocketAddr>>> {
-    let l = ns.within(|| TcpListener::bind((PUBLIC, 8080)).unwrap());
     let seen = Arc::new(Mutex::new(Vec::new()));
-    let s = seen.clone();
-    std::thread::spawn(move || {
-        for c in l.incoming() {
-            let Ok(mut c) = c else { return };
-            let from = c.peer_addr().unwrap();
-            s.lock().unwrap().push(from);
-            let _ = c.write_all(from.to_string().as_bytes());
-        }
-    });
+    for at in [format!("{PUBLIC}:8080"), format!("[{PUBLIC6}]:8080")] {
+        let l = ns.within(|| TcpListener::bind(&at).unwrap());
+        let s = seen.clone();
+        std::thread::spawn(move || {
+            for c in l.incoming() {
+                let Ok(mut c) = c else { return };
+                let from = c.peer_addr().unwrap();
+                s.lock().unwrap().push(from);
+                let _ = c.write_all(from.to_string().as_bytes());
+            }
+        });
+    }
     seen
 }
 
-/// Connects from `ns` to the public server; what it says it saw, or why not.
+/// Connects from `ns` to the public server over IPv4; what it says it saw, or why not.
 fn reach(ns: &Netns) -> Result<String, String> {
+    reach_at(ns, &format!("{PUBLIC}:8080"))
+}
+
+/// The same over IPv6.
+fn reach6(ns: &Netns) -> Result<String, String> {
+    reach_at(ns, &format!("[{PUBLIC6}]:8080"))
+}
+
+fn reach_at(ns: &Netns, at: &str) -> Result<String, String> {
     ns.within(|| {
-        let to: SocketAddr = format!("{PUBLIC}:8080").parse().unwrap();
+        let to: SocketAddr = at.parse().unwrap();
         let mut c = TcpStream::connect_timeout(&to, Duration::from_secs(2)).map_err(|e| e.to_string())?;
         c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
         let mut s = String::new();
@@ -69,11 +82,27 @@ fn a_member_reaches_the_internet_through_the_exit_it_chose_and_only_then() {
     let lan = Lan::new(4);
     let public = Netns::new();
     link(&lan.hosts[0], "pub0", "203.0.113.2/24", &public, "eth0", &format!("{PUBLIC}/24"));
+    lan.hosts[0].exec_ok(&["ip", "-6", "addr", "add", "2001:db8:ff::2/64", "dev", "pub0", "nodad"]);
+    public.exec_ok(&["ip", "-6", "addr", "add", &format!("{PUBLIC6}/64"), "dev", "eth0", "nodad"]);
     for h in &lan.hosts[1..] {
         // A gateway that resolves but goes nowhere: a leak shows up as packets for the
         // public address on the underlay interface.
         h.exec_ok(&["ip", "neigh", "add", GATEWAY, "lladdr", "02:00:00:00:00:fe", "dev", "eth0", "nud", "permanent"]);
         h.exec_ok(&["ip", "route", "add", "default", "via", GATEWAY]);
+        h.exec_ok(&[
+            "ip",
+            "-6",
+            "neigh",
+            "add",
+            "fe80::fe",
+            "lladdr",
+            "02:00:00:00:00:fe",
+            "dev",
+            "eth0",
+            "nud",
+            "permanent",
+        ]);
+        h.exec_ok(&["ip", "-6", "route", "add", "default", "via", "fe80::fe", "dev", "eth0"]);
     }
     let seen = public_server(&public);
     let dir = TempDir::new();
@@ -96,11 +125,14 @@ fn a_member_reaches_the_internet_through_the_exit_it_chose_and_only_then() {
     let said = reach(&lan.hosts[1]).expect("M reaches the public server through X");
     assert!(said.starts_with("203.0.113.2:"), "the server saw {said}");
     assert!(seen.lock().unwrap().iter().all(|a| a.ip().to_string() == "203.0.113.2"));
-    // IPv6 (the overlay carries none) is blocked, not let out by M's own route.
+    // IPv6 goes through X too, over the IPv6 overlay, and leaves with X's address.
     assert!(ip_out(&lan.hosts[1], &["ip", "-6", "rule", "list"]).contains("lookup 30566"));
-    assert!(ip_out(&lan.hosts[1], &["ip", "-6", "route", "show", "table", "30566"]).contains("blackhole default"));
+    assert!(ip_out(&lan.hosts[1], &["ip", "-6", "route", "show", "table", "30566"]).contains("default dev weft0"));
+    let said6 = reach6(&lan.hosts[1]).expect("M reaches the public server over IPv6 through X");
+    assert!(said6.starts_with("[2001:db8:ff::2]:"), "the server saw {said6}");
     // N never asked: no default route of ours, no rule, and no way out.
     assert!(reach(&lan.hosts[2]).is_err(), "N reached the internet without asking for an exit");
+    assert!(reach6(&lan.hosts[2]).is_err(), "N reached the IPv6 internet without asking for an exit");
     assert!(!ip_out(&lan.hosts[2], &["ip", "rule", "list"]).contains("30566"));
     assert!(ip_out(&lan.hosts[2], &["ip", "route", "show", "table", "30566"]).trim().is_empty());
     let routes = ip_out(&lan.hosts[2], &["ip", "route"]);
@@ -114,13 +146,14 @@ fn a_member_reaches_the_internet_through_the_exit_it_chose_and_only_then() {
 
     // X dies: M fails closed, nothing for the public address leaves its underlay.
     let pcap = dir.0.join("m-underlay.pcap");
-    let dump = lan.hosts[1].capture("eth0", &format!("host {PUBLIC}"), &pcap, None);
+    let dump = lan.hosts[1].capture("eth0", &format!("host {PUBLIC} or host {PUBLIC6}"), &pcap, None);
     let f_pcap = dir.0.join("f-underlay.pcap");
     let f_dump = lan.hosts[3].capture("eth0", &format!("dst host {PUBLIC}"), &f_pcap, None);
     drop(x);
     wait_until(Duration::from_secs(30), "M sees its exit gone", || m.status()["exit"]["state"] != "routing");
     for _ in 0..3 {
         assert!(reach(&lan.hosts[1]).is_err(), "M reached the public server with its exit gone");
+        assert!(reach6(&lan.hosts[1]).is_err(), "M reached the public server over IPv6 with its exit gone");
     }
     stop_capture(dump);
     let read = |p: &std::path::Path| {
