@@ -268,7 +268,8 @@ pub struct ExitJson {
     /// Its host name.
     pub hostname: Option<String>,
     /// routing (the default route goes to it), unreachable (it offers, no route to it
-    /// now), or not_offered (no member by that name offers an exit).
+    /// now), not_offered (a member by that name exists but offers no exit), or
+    /// unknown_member (no member of the mesh has that name or id).
     pub state: String,
     /// Whether traffic leaves by this host's own route while it is unreachable.
     pub fallback: bool,

@@ -457,6 +457,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
         control_traffic: Default::default(),
         dns: None,
         exit_routed: false,
+        exit_name_warned: false,
     };
     runtime.update_portal();
     let result = rt.block_on(runtime.serve(ctl_rx, hs_rx, sink, down_rx, metrics));
@@ -512,6 +513,8 @@ struct Runtime {
     dns: Option<crate::dns::Server>,
     /// Whether the exit node's /0 is routed now (`--use-exit-node`).
     exit_routed: bool,
+    /// Whether the warning that `--use-exit-node` names nobody was given.
+    exit_name_warned: bool,
 }
 
 impl Runtime {
@@ -917,6 +920,28 @@ impl Runtime {
         }
     }
 
+    /// Says once, when this node has been in the mesh a while, that `--use-exit-node`
+    /// names no member at all (a typo is otherwise only visible in status), with the
+    /// members that do offer an exit.
+    fn check_exit_name(&mut self) {
+        if self.exit_name_warned || self.started.elapsed() < Duration::from_secs(15) {
+            return;
+        }
+        let st = self.engine.status(Instant::now());
+        let Some(e) = &st.exit else { return };
+        let in_mesh = st.peers.iter().any(|p| p.state == weft_peers::status::PeerState::Established);
+        if e.node.is_some() || e.known || !in_mesh {
+            return;
+        }
+        self.exit_name_warned = true;
+        let offers: Vec<String> = st.exit_offers.iter().map(|(id, h)| format!("{h} ({id})")).collect();
+        warn!(
+            wanted = %e.wanted,
+            "--use-exit-node names no member of the mesh; members offering an exit: [{}]",
+            offers.join(", ")
+        );
+    }
+
     /// The exit node's /0 came or went: say so, and with --exit-fallback add or remove
     /// the policy routing that sends the default route into the TUN.
     fn follow_exit(&mut self, routed: bool) {
@@ -1060,7 +1085,10 @@ impl Runtime {
                         d.announce().await;
                     }
                 }
-                _ = nets_timer.tick() => self.engine.set_local_networks(local_networks(&self.cfg.dev_name)),
+                _ = nets_timer.tick() => {
+                    self.engine.set_local_networks(local_networks(&self.cfg.dev_name));
+                    self.check_exit_name();
+                }
                 _ = dns_timer.tick(), if self.cfg.dns_domain.is_some() => self.refresh_dns(),
                 _ = tokio::signal::ctrl_c() => { info!("interrupted; shutting down"); break }
                 _ = sigterm.recv() => { info!("terminated; shutting down"); break }
@@ -1326,7 +1354,8 @@ impl Runtime {
                 state: match (&e.node, e.routing) {
                     (_, true) => "routing",
                     (Some(_), false) => "unreachable",
-                    (None, false) => "not_offered",
+                    (None, false) if e.known => "not_offered",
+                    (None, false) => "unknown_member",
                 }
                 .into(),
                 fallback: self.cfg.exit_fallback,

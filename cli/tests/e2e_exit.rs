@@ -23,7 +23,7 @@ const GATEWAY: &str = "192.0.2.254";
 
 fn args<'a>(i: usize, overlay: &'a str, peer: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     let mut v = NET.to_vec();
-    v.extend(["-i", overlay, "--threads", "1", "--hostname", ["xnode", "mnode", "nnode", "fnode"][i]]);
+    v.extend(["-i", overlay, "--threads", "1", "--hostname", ["xnode", "mnode", "nnode", "fnode", "unode"][i]]);
     if i > 0 {
         v.extend(["-p", peer]);
     }
@@ -79,7 +79,7 @@ fn ip_out(ns: &Netns, argv: &[&str]) -> String {
 #[test]
 fn a_member_reaches_the_internet_through_the_exit_it_chose_and_only_then() {
     require_root();
-    let lan = Lan::new(4);
+    let lan = Lan::new(5);
     let public = Netns::new();
     link(&lan.hosts[0], "pub0", "203.0.113.2/24", &public, "eth0", &format!("{PUBLIC}/24"));
     lan.hosts[0].exec_ok(&["ip", "-6", "addr", "add", "2001:db8:ff::2/64", "dev", "pub0", "nodad"]);
@@ -112,6 +112,8 @@ fn a_member_reaches_the_internet_through_the_exit_it_chose_and_only_then() {
     let n = Node::start(&lan.hosts[2], &dir.0, "n", &args(2, "10.124.0.3/24", &peer, &[]));
     let fallback = ["--use-exit-node", "xnode", "--exit-fallback"];
     let f = Node::start(&lan.hosts[3], &dir.0, "f", &args(3, "10.124.0.4/24", &peer, &fallback));
+    // U names a member that does not exist (a typo): status and the log say so.
+    let u = Node::start(&lan.hosts[4], &dir.0, "u", &args(4, "10.124.0.5/24", &peer, &["--use-exit-node", "xnoed"]));
     wait_until(Duration::from_secs(10), "M routes through X", || m.status()["exit"]["state"] == "routing");
     wait_until(Duration::from_secs(10), "N knows X", || n.routes_to("10.124.0.1"));
     wait_until(Duration::from_secs(10), "F routes through X", || f.status()["exit"]["state"] == "routing");
@@ -141,6 +143,13 @@ fn a_member_reaches_the_internet_through_the_exit_it_chose_and_only_then() {
         "N routes the internet to us: {routes}"
     );
     assert_eq!(n.status()["exit_offers"][0]["hostname"], "xnode");
+    wait_until(Duration::from_secs(10), "U knows the mesh", || u.routes_to("10.124.0.1"));
+    assert_eq!(u.status()["exit"]["state"], "unknown_member");
+    assert!(reach(&lan.hosts[4]).is_err(), "U fails closed without an exit");
+    wait_until(Duration::from_secs(25), "U's log names the typo", || {
+        u.log_text().contains("--use-exit-node names no member of the mesh") && u.log_text().contains("xnode (")
+    });
+    drop(u);
     assert!(n.status()["exit"].is_null());
     assert!(ip_out(&lan.hosts[0], &["nft", "list", "tables"]).contains("weft-exit-weft0"));
 

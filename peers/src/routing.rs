@@ -559,17 +559,19 @@ impl Node {
     /// 6 or more hex digits) among those that offer themselves as exits; the lowest
     /// node id when several share the name.
     pub(crate) fn exit_node(&self) -> Option<&Record> {
-        let wanted = self.cfg.use_exit.as_deref()?;
+        self.named_exit().filter(|r| offers_exit(r)).min_by_key(|r| r.node())
+    }
+
+    /// Other members that `--use-exit-node` names, whether they offer an exit or not.
+    fn named_exit(&self) -> impl Iterator<Item = &Record> + '_ {
+        let wanted = self.cfg.use_exit.as_deref().unwrap_or_default();
         let lower = wanted.to_ascii_lowercase();
-        self.mesh
-            .topology
-            .records()
-            .filter(|r| r.node() != self.id && offers_exit(r))
-            .filter(|r| {
-                r.hostname.eq_ignore_ascii_case(wanted)
-                    || (lower.len() >= 6 && r.node().to_string().starts_with(&lower))
-            })
-            .min_by_key(|r| r.node())
+        self.mesh.topology.records().filter(move |r| {
+            !wanted.is_empty()
+                && r.node() != self.id
+                && (r.hostname.eq_ignore_ascii_case(wanted)
+                    || (lower.len() >= 6 && r.node().to_string().starts_with(&lower)))
+        })
     }
 
     /// Members offering themselves as exits.
@@ -587,7 +589,8 @@ impl Node {
         let wanted = self.cfg.use_exit.clone()?;
         let node = self.exit_node().map(|r| (r.node(), r.hostname.clone()));
         let routing = self.installed_subnets.contains(&DEFAULT_ROUTE);
-        Some(crate::status::ExitStatus { wanted, node, routing })
+        let known = self.named_exit().next().is_some();
+        Some(crate::status::ExitStatus { wanted, node, routing, known })
     }
 
     /// Why we will not route subnet `a/p` that a member proxies, if we will not: it

@@ -177,4 +177,6 @@ pub struct ExitStatus {
     pub node: Option<(NodeId, String)>,
     /// Whether the default route goes to it now (a route to it and its /0 accepted).
     pub routing: bool,
+    /// Whether some member has that name or id at all (offering to be an exit or not).
+    pub known: bool,
 }
