@@ -189,6 +189,8 @@ pub struct PeerRow {
     pub node_id: String,
     /// Overlay address.
     pub overlay: String,
+    /// IPv6 overlay address, if the member has one.
+    pub overlay6: Option<String>,
     /// Host name.
     pub hostname: String,
     /// `direct`, `relay via NAME` or `none`.
@@ -224,6 +226,7 @@ impl PeerRow {
         Self {
             node_id: p.node_id.clone(),
             overlay: p.overlay.clone(),
+            overlay6: p.overlay6.clone(),
             hostname: p.hostname.clone(),
             path,
             transport: p.transport.clone(),
@@ -478,8 +481,9 @@ impl MeshMap {
                 me: false,
                 health: Health::of(p),
                 detail: format!(
-                    "{} · {} · {} · rtt {} · loss {} · {}",
+                    "{}{} · {} · {} · rtt {} · loss {} · {}",
                     p.overlay,
+                    p.overlay6.as_deref().map_or_else(String::new, |a| format!(" {a}")),
                     path,
                     p.transport,
                     ms(p.rtt_ms),

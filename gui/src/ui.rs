@@ -177,6 +177,9 @@ impl Dashboard {
             ui.end_row();
         });
         // Lists of any length wrap on lines of their own rather than widen the grid.
+        if let Some(a6) = &s.overlay6 {
+            ui.horizontal_wrapped(|ui| field(ui, "IPv6 overlay", a6));
+        }
         for (name, list) in [("Listeners", &s.listeners), ("Proxies", &s.proxy_networks)] {
             if !list.is_empty() {
                 ui.horizontal_wrapped(|ui| field(ui, name, &list.join(", ")));
@@ -352,7 +355,10 @@ impl Dashboard {
         });
         for c in PeerColumn::ALL {
             let text = match c {
-                PeerColumn::Overlay => p.overlay.clone(),
+                PeerColumn::Overlay => match &p.overlay6 {
+                    Some(a6) => format!("{} {a6}", p.overlay),
+                    None => p.overlay.clone(),
+                },
                 PeerColumn::Hostname => p.hostname.clone(),
                 PeerColumn::State => match &p.error {
                     Some(e) if down => format!("{} ({e})", p.health.label()),

@@ -136,14 +136,13 @@ fn count(h: &Harness<'_, Dashboard>, label: &str) -> usize {
     h.query_all_by_label(label).count()
 }
 
+/// The overlay cell of a member's row: its addresses, IPv6 after IPv4.
 fn peer_overlay(status: &StatusJson, host: &str) -> String {
-    status
-        .peers
-        .iter()
-        .find(|p| p.hostname == host)
-        .unwrap_or_else(|| panic!("no {host} in the recording"))
-        .overlay
-        .clone()
+    let p = status.peers.iter().find(|p| p.hostname == host).unwrap_or_else(|| panic!("no {host} in the recording"));
+    match &p.overlay6 {
+        Some(a6) => format!("{} {a6}", p.overlay),
+        None => p.overlay.clone(),
+    }
 }
 
 #[test]
@@ -158,6 +157,8 @@ fn the_recorded_node_shows_its_overview_peers_and_routes() {
     assert!(has(&h, "Weft · lab"), "network name in the title");
     assert!(has(&h, &st.node_id));
     assert!(has(&h, &st.overlay));
+    assert!(has(&h, "fd3c:9f1e:77a0:0:1dcf:1a0f:4581:bd3b/64"), "the IPv6 overlay address");
+    assert!(has(&h, "10.126.126.2 fd3c:9f1e:77a0:0:2b2b:2b2b:2b2b:2b2b"), "a member's IPv6 address beside its IPv4");
     assert!(has(&h, "aes-128-gcm"));
     assert!(has(&h, &format!("• connected to {}", dir.sock().display())));
 
