@@ -83,6 +83,11 @@ pub fn seeds() -> Vec<Seed> {
             .emit(&mut h);
         s.push(("hello", format!("seed-hello-{i}"), h));
     }
+    let mut h = Vec::new();
+    let v6 = Some((std::net::Ipv6Addr::new(0xfd12, 0x3456, 0x789a, 0, 1, 2, 3, 4), 64));
+    Hello { cipher: Cipher::Aes128Gcm, ipv4: Ipv4Addr::new(10, 9, 0, 1), prefix: 16, hostname: "six".into(), ipv6: v6 }
+        .emit(&mut h);
+    s.push(("hello", "seed-hello-ipv6".into(), h));
     let mut rec = Vec::new();
     record().emit(&mut rec);
     s.push(("record", "seed-record".into(), rec.clone()));
