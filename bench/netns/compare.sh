@@ -11,9 +11,10 @@
 # Environment: DURATION (s per iperf3 run, default 10), REPS (default 3), STREAMS ("1 4"),
 # WEFT (weft binary; default: cargo build --release -p weft, then target/release/weft),
 # WEFT_FLAGS (extra `weft up` flags for both nodes), WEFT_CIPHERS (default: all three),
-# WEFT_TRANSPORTS (default "udp tcp ws wss quic": every cipher runs over udp, the first cipher
-# of WEFT_CIPHERS over each other transport; both nodes listen on that transport only and the
-# row fails unless `weft status --json` shows it as the peer's transport),
+# WEFT_TRANSPORTS (default "udp tcp ws wss quic ipv6": every cipher runs over udp, the first
+# cipher of WEFT_CIPHERS over each other transport; both nodes listen on that transport only and
+# the row fails unless `weft status --json` shows it as the peer's transport; "ipv6" is UDP
+# with iperf3 over the IPv6 overlay, fd00:200::1 and ::2, instead of the IPv4 one),
 # MTU (inner MTU where the tool lets us set it, default 1420), OUT (default bench/results),
 # MAX_RUNTIME (seconds; the script stops itself after that, default computed from the plan).
 #
@@ -61,7 +62,7 @@ STREAMS=${STREAMS:-"1 4"}
 MTU=${MTU:-1420}
 WEFT_CIPHERS=${WEFT_CIPHERS:-"aes-128-gcm chacha20-poly1305 none"}
 WEFT_FLAGS=${WEFT_FLAGS:-}
-WEFT_TRANSPORTS=${WEFT_TRANSPORTS:-"udp tcp ws wss quic"}
+WEFT_TRANSPORTS=${WEFT_TRANSPORTS:-"udp tcp ws wss quic ipv6"}
 OUT=${OUT:-$ROOT/bench/results}
 for v in DURATION REPS MTU ${MAX_RUNTIME:+MAX_RUNTIME}; do
     [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || { echo "error: $v must be a positive integer, got '${!v}'" >&2; exit 2; }
@@ -70,7 +71,7 @@ for s in $STREAMS; do
     [[ "$s" =~ ^[1-9][0-9]*$ ]] || { echo "error: STREAMS must hold positive integers, got '$s'" >&2; exit 2; }
 done
 for tr in $WEFT_TRANSPORTS; do
-    case "$tr" in udp|tcp|ws|wss|quic) ;; *) echo "error: WEFT_TRANSPORTS: unknown transport '$tr' (udp tcp ws wss quic)" >&2; exit 2 ;; esac
+    case "$tr" in udp|tcp|ws|wss|quic|ipv6) ;; *) echo "error: WEFT_TRANSPORTS: unknown transport '$tr' (udp tcp ws wss quic ipv6)" >&2; exit 2 ;; esac
 done
 [ -n "${WEFT_CIPHERS// /}" ] || { echo "error: WEFT_CIPHERS is empty" >&2; exit 2; }
 WEFT_CIPHER1=${WEFT_CIPHERS%% *}
@@ -396,27 +397,30 @@ dead_tail() { # "NAME exited: last log line" for the first tunnel process that i
 }
 
 # Listener and peer URI of each transport (the ports of weft's default listeners).
-weft_listen() { case "$1" in udp|tcp) echo "$1://0.0.0.0:11010" ;; ws) echo "ws://0.0.0.0:11011" ;; *) echo "$1://0.0.0.0:11012" ;; esac; }
+weft_listen() { case "$1" in udp|tcp|ipv6) echo "${1/ipv6/udp}://0.0.0.0:11010" ;; ws) echo "ws://0.0.0.0:11011" ;; *) echo "$1://0.0.0.0:11012" ;; esac; }
 weft_peer_uri() { # TRANSPORT HOST
-    case "$1" in udp|tcp) echo "$1://$2:11010" ;; ws) echo "ws://$2:11011/" ;; wss) echo "wss://$2:11012/" ;; quic) echo "quic://$2:11012" ;; esac
+    case "$1" in udp|tcp|ipv6) echo "${1/ipv6/udp}://$2:11010" ;; ws) echo "ws://$2:11011/" ;; wss) echo "wss://$2:11012/" ;; quic) echo "quic://$2:11012" ;; esac
 }
 
 start_weft() { # CIPHER TRANSPORT REP
-    local cipher=$1 tr=$2 d="$RUN/weft-$1-$2-r$3" listen
+    local cipher=$1 tr=$2 d="$RUN/weft-$1-$2-r$3" listen v6a="" v6b=""
     mkdir -p "$d"
     listen=$(weft_listen "$tr")
+    # The "ipv6" row: UDP underlay, explicit IPv6 overlay addresses (iperf3 targets A's).
+    if [ "$tr" = ipv6 ]; then v6a="--ipv6 fd00:200::1/64"; v6b="--ipv6 fd00:200::2/64"; fi
     export WEFT_NETWORK_SECRET="bench-secret-$$"   # from the environment: stays out of ps
     # Both nodes listen on this one transport only, so neither can pick a better one.
     # shellcheck disable=SC2086  # WEFT_FLAGS is a list of flags
     spawn "$LOGS/weft-$cipher-$tr-a.log" "$NS_A" "$WEFT_BIN" up --network-name bench -i 10.200.0.1/24 \
-        -l "$listen" --state-dir "$d/a" --control "$d/a.sock" --cipher "$cipher" $WEFT_FLAGS
+        -l "$listen" --state-dir "$d/a" --control "$d/a.sock" --cipher "$cipher" $v6a $WEFT_FLAGS
     # shellcheck disable=SC2086
     spawn "$LOGS/weft-$cipher-$tr-b.log" "$NS_B" "$WEFT_BIN" up --network-name bench -i 10.200.0.2/24 \
         -l "$listen" -p "$(weft_peer_uri "$tr" 198.51.100.1)" --state-dir "$d/b" --control "$d/b.sock" \
-        --cipher "$cipher" $WEFT_FLAGS
-    WEFT_CTL_A="$d/a.sock"; WEFT_CTL="$d/b.sock"; WEFT_EXPECT=$tr
+        --cipher "$cipher" $v6b $WEFT_FLAGS
+    WEFT_CTL_A="$d/a.sock"; WEFT_CTL="$d/b.sock"; WEFT_EXPECT=${tr/ipv6/udp}
     ready 20 "an established peer in 'weft status --json'" weft_established || return 1
     ready 10 "a ping reply from 10.200.0.1" ping_b_to_a 10.200.0.1 || return 1
+    if [ "$tr" = ipv6 ]; then ready 10 "a ping reply from fd00:200::1" ping_b_to_a fd00:200::1 || return 1; fi
     weft_check_transport || { START_ERR="$WEFT_TRANSPORT_ERR"; return 1; }
 }
 weft_established() {
@@ -555,7 +559,8 @@ run_variant() { # REP TOOL MODE [TRANSPORT]
     case "$tool" in
         direct) target=198.51.100.1; ok=1 ;;
         loopback) target=127.0.0.1; ok=1 ;;
-        weft) start_weft "$mode" "$4" "$rep" && ok=1; mode="$mode over $4" ;;
+        weft) start_weft "$mode" "$4" "$rep" && ok=1; mode="$mode over $4"
+            [ "$4" = ipv6 ] && target=fd00:200::1 ;;
         wireguard-go|boringtun) start_wg_like "$tool" "$rep" && ok=1 ;;
         nebula) start_nebula "$rep" && ok=1 ;;
         easytier) start_easytier "$rep" && ok=1 ;;

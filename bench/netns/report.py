@@ -308,7 +308,8 @@ def cmd_report(a):
         "- Two network namespaces joined by one veth pair (198.51.100.1/24 and 198.51.100.2/24); "
         "the iperf3 server runs in A, the client in B. `direct` is iperf3 over the veth itself; `loopback` is "
         "iperf3 over lo inside A (the baseline EasyTier's table and the tun-rs benchmark quote); every tunnel "
-        "carries iperf3 between 10.200.0.1 and 10.200.0.2.",
+        "carries iperf3 between 10.200.0.1 and 10.200.0.2 (Weft's \"over ipv6\" rows: UDP underlay, iperf3 between "
+        "fd00:200::1 and fd00:200::2 on the IPv6 overlay).",
         "- Weft rows are \"CIPHER over TRANSPORT\": both nodes listen on that transport only (`-l`), B dials A "
         "on it, and every iperf3 run starts only after both nodes' `weft status --json` shows the peer "
         "established and direct over that transport (a row that fails this check is marked FAIL with the "

@@ -200,12 +200,19 @@ fn configure_ipv6(dev: &str, addr: Ipv6Addr, prefix: u8) -> Result<(), String> {
             debug!(%path, error = %e, "cannot set");
         }
     };
-    // Off and on again drops the link-local address the kernel gave the device.
-    conf("disable_ipv6", "1");
-    conf("addr_gen_mode", "1");
+    // A host whose new interfaces start without IPv6 (default.disable_ipv6).
+    conf("disable_ipv6", "0");
     conf("accept_ra", "0");
     conf("router_solicitations", "0");
-    conf("disable_ipv6", "0");
+    // Through netlink, which works where /proc/sys is read-only (the systemd unit):
+    // no address generation, and away with the link-local address given at creation.
+    for args in
+        [&["link", "set", "dev", dev, "addrgenmode", "none"][..], &["-6", "addr", "flush", "dev", dev, "scope", "link"]]
+    {
+        if let Err(e) = ip(args) {
+            debug!(error = %e, "ip {}", args.join(" "));
+        }
+    }
     ip(&["-6", "addr", "add", &format!("{addr}/{prefix}"), "dev", dev, "nodad"])
 }
 
