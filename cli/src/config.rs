@@ -548,11 +548,10 @@ impl NodeConfig {
         }
         let proxy_networks =
             proxy_networks(if args.proxy_network.is_empty() { &file.proxy_network } else { &args.proxy_network })?;
-        let overlays = std::iter::once(IpNet::from(ipv4.network())).chain(match ipv6 {
-            Ipv6Overlay::Given(a, p) => Some(IpNet { addr: IpAddr::V6(a), prefix: p }.network()),
-            _ => None,
-        });
-        for o in overlays {
+        // (IPv4 subnets that overlap the overlay are refused by every member that
+        // receives them, and said so in their status.)
+        if let Ipv6Overlay::Given(a, p) = ipv6 {
+            let o = IpNet { addr: IpAddr::V6(a), prefix: p }.network();
             if let Some(n) = proxy_networks.iter().find(|n| n.overlaps(o)) {
                 return usage(format!(
                     "--proxy-network {n} overlaps the overlay network {o}: a proxied subnet must lie outside it"
@@ -705,7 +704,7 @@ fn proxy_networks(values: &[String]) -> Result<Vec<IpNet>, UsageError> {
             Ok(n.network())
         })
         .collect::<Result<_, _>>()?;
-    for (i, a) in nets.iter().enumerate() {
+    for (i, a) in nets.iter().enumerate().filter(|(_, n)| n.addr.is_ipv6()) {
         if let Some(b) = nets[..i].iter().find(|b| b.overlaps(*a)) {
             return usage(format!("--proxy-network {a} overlaps --proxy-network {b}: give each subnet once"));
         }

@@ -82,7 +82,6 @@ fn malformed_values_exit_2_naming_the_value() {
         2,
         "overlaps the overlay network fd7a::/64",
     );
-    assert_fails(&up(&["--proxy-network", "10.126.0.0/16"]), 2, "overlaps the overlay network 10.126.126.0/24");
     assert_fails(
         &up(&["--proxy-network", "fd77::/64", "--proxy-network", "fd77::/48"]),
         2,
