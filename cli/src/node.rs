@@ -361,7 +361,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
         let pin = (cfg.pin && cfg.threads <= cores).then_some(i % cores);
         let pcfg = PipelineConfig { mtu: cfg.mtu, offload: tun_offload, udp_gro: gro, pin };
         let stats = Arc::new(PipelineStats::default());
-        let q = Arc::new(q);
+        let q = Arc::new(pipeline::Device::Tun(q));
         first_queue.get_or_insert_with(|| q.clone());
         pipeline::spawn(i, q, s, links.clone(), pcfg, shared.clone(), stats.clone())
             .context("cannot start pipeline threads")?;

@@ -14,7 +14,7 @@ use std::io;
 use std::net::UdpSocket;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::mpsc;
+use std::sync::{Mutex, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -117,6 +117,80 @@ pub struct PipelineStats {
     pub drops: DropCounters,
 }
 
+/// Where a pipeline reads the packets it seals and writes the packets it opens.
+pub enum Device {
+    /// A TUN queue.
+    Tun(SyncDevice),
+    /// A network stack in this process (no-TUN mode).
+    User(UserPort),
+}
+
+/// The pipeline's side of an in-process network stack: packets the stack sends come
+/// in through a channel, packets for the stack go out through a callback that must
+/// not block (it returns false, and the packet is counted as a drop, when the stack is
+/// behind).
+pub struct UserPort {
+    outbound: Mutex<mpsc::Receiver<Vec<u8>>>,
+    deliver: Box<dyn Fn(&[u8]) -> bool + Send + Sync>,
+}
+
+impl UserPort {
+    /// `outbound` yields what the stack sends; `deliver` hands it what arrives.
+    pub fn new(outbound: mpsc::Receiver<Vec<u8>>, deliver: impl Fn(&[u8]) -> bool + Send + Sync + 'static) -> Self {
+        Self { outbound: Mutex::new(outbound), deliver: Box::new(deliver) }
+    }
+}
+
+impl std::fmt::Debug for UserPort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("UserPort")
+    }
+}
+
+/// RX's writer for a userspace stack: every packet is handed over whole (no
+/// coalescing: the stack takes MTU-sized packets).
+pub struct UserOut<'a> {
+    port: &'a UserPort,
+}
+
+impl TunWriter for UserOut<'_> {
+    fn write_batch(&mut self, _gro: &mut GROTable, bufs: &mut [Vec<u8>]) -> io::Result<()> {
+        let mut refused = 0;
+        for b in bufs.iter() {
+            if !(self.port.deliver)(&b[VIRTIO_NET_HDR_LEN..]) {
+                refused += 1;
+            }
+        }
+        if refused > 0 {
+            return Err(io::Error::new(io::ErrorKind::WouldBlock, format!("network stack refused {refused} packets")));
+        }
+        Ok(())
+    }
+}
+
+enum DevOut<'a> {
+    Tun(TunOut<'a>),
+    User(UserOut<'a>),
+}
+
+impl<'a> DevOut<'a> {
+    fn new(dev: &'a Device, offload: &'a Offload, vnet_hdr: bool) -> Self {
+        match dev {
+            Device::Tun(d) => Self::Tun(TunOut::new(d, offload, vnet_hdr)),
+            Device::User(port) => Self::User(UserOut { port }),
+        }
+    }
+}
+
+impl TunWriter for DevOut<'_> {
+    fn write_batch(&mut self, gro: &mut GROTable, bufs: &mut [Vec<u8>]) -> io::Result<()> {
+        match self {
+            Self::Tun(t) => t.write_batch(gro, bufs),
+            Self::User(u) => u.write_batch(gro, bufs),
+        }
+    }
+}
+
 /// Where RX writes decrypted packets: the TUN queue, or a collector in tests.
 pub trait TunWriter {
     /// Writes `bufs` (each with `VIRTIO_NET_HDR_LEN` bytes of headroom), coalescing
@@ -196,7 +270,7 @@ pub struct PipelineConfig {
 /// over other transports.
 pub fn spawn(
     id: usize,
-    tun: Arc<SyncDevice>,
+    tun: Arc<Device>,
     sock: Arc<UdpSocket>,
     links: Arc<Links>,
     cfg: PipelineConfig,
@@ -220,7 +294,7 @@ pub fn spawn(
 /// Starts the thread that opens what the connections (TCP, WebSocket, QUIC) receive
 /// and writes it to the TUN queue `tun`; relayed frames leave through `egress`.
 pub fn spawn_links_rx(
-    tun: Arc<SyncDevice>,
+    tun: Arc<Device>,
     inbound: mpsc::Receiver<Inbound>,
     egress: Egress,
     cfg: PipelineConfig,
@@ -309,7 +383,59 @@ impl Tx {
         }
     }
 
-    fn run(mut self, tun: &SyncDevice, mut egress: Egress, shared: &Shared, stats: &PipelineStats) {
+    fn run(self, dev: &Device, egress: Egress, shared: &Shared, stats: &PipelineStats) {
+        match dev {
+            Device::Tun(tun) => self.run_tun(tun, egress, shared, stats),
+            Device::User(port) => {
+                let Ok(outbound) = port.outbound.lock() else { return };
+                self.run_user(&outbound, egress, shared, stats);
+            }
+        }
+    }
+
+    fn run_user(
+        mut self,
+        outbound: &mpsc::Receiver<Vec<u8>>,
+        mut egress: Egress,
+        shared: &Shared,
+        stats: &PipelineStats,
+    ) {
+        // The stack's packets are at most one MTU: no TSO split to do.
+        while let Ok(first) = outbound.recv() {
+            let mut n = 0;
+            let mut next = Some(first);
+            while let Some(p) = next.take() {
+                let buf = &mut self.bufs[n];
+                if TX_HEADROOM + p.len() > buf.len() {
+                    stats.drops.add(DropReason::Malformed, 1);
+                } else {
+                    buf[TX_HEADROOM..TX_HEADROOM + p.len()].copy_from_slice(&p);
+                    self.sizes[n] = p.len();
+                    n += 1;
+                }
+                if n < self.bufs.len() {
+                    next = outbound.try_recv().ok();
+                }
+            }
+            self.send(n, &mut egress, shared, stats);
+        }
+    }
+
+    fn send(&mut self, n: usize, egress: &mut Egress, shared: &Shared, stats: &PipelineStats) {
+        let routes = shared.routes.load();
+        self.process(&routes, &stats.drops, n, now_ms(shared.epoch));
+        egress.send(&self.bufs, &self.out).count(&stats.drops);
+        for (dst, packet) in self.unrouted.drain(..) {
+            if !shared.control.try_push(ControlEvent::Unrouted { dst, packet }) {
+                stats.drops.add(DropReason::ControlQueueFull, 1);
+            }
+        }
+        stats.tx_batches.fetch_add(1, Relaxed);
+        stats.tx_packets.fetch_add(self.out.len() as u64, Relaxed);
+        stats.tx_bytes.fetch_add(self.sent_bytes, Relaxed);
+    }
+
+    fn run_tun(mut self, tun: &SyncDevice, mut egress: Egress, shared: &Shared, stats: &PipelineStats) {
         loop {
             let n = match tun.recv_multiple(&mut self.original, &mut self.bufs, &mut self.sizes, TX_HEADROOM) {
                 Ok(n) => n,
@@ -323,17 +449,7 @@ impl Tx {
                     continue;
                 }
             };
-            let routes = shared.routes.load();
-            self.process(&routes, &stats.drops, n, now_ms(shared.epoch));
-            egress.send(&self.bufs, &self.out).count(&stats.drops);
-            for (dst, packet) in self.unrouted.drain(..) {
-                if !shared.control.try_push(ControlEvent::Unrouted { dst, packet }) {
-                    stats.drops.add(DropReason::ControlQueueFull, 1);
-                }
-            }
-            stats.tx_batches.fetch_add(1, Relaxed);
-            stats.tx_packets.fetch_add(self.out.len() as u64, Relaxed);
-            stats.tx_bytes.fetch_add(self.sent_bytes, Relaxed);
+            self.send(n, &mut egress, shared, stats);
         }
     }
 
@@ -454,8 +570,8 @@ impl Rx {
         }
     }
 
-    fn run(mut self, tun: &SyncDevice, mut egress: Egress, shared: &Shared, stats: &PipelineStats) {
-        let mut writer = TunOut::new(tun, &shared.offload, self.vnet_hdr);
+    fn run(mut self, dev: &Device, mut egress: Egress, shared: &Shared, stats: &PipelineStats) {
+        let mut writer = DevOut::new(dev, &shared.offload, self.vnet_hdr);
         while !shared.stop.load(Relaxed) {
             let n = match udp::recv_batch(egress.udp(), &mut self.slab, self.slot, &mut self.metas) {
                 Ok(n) => n,
@@ -484,13 +600,13 @@ impl Rx {
     /// (one frame per slot) and processed like UDP datagrams.
     fn run_links(
         mut self,
-        tun: &SyncDevice,
+        dev: &Device,
         inbound: &mpsc::Receiver<Inbound>,
         mut egress: Egress,
         shared: &Shared,
         stats: &PipelineStats,
     ) {
-        let mut writer = TunOut::new(tun, &shared.offload, self.vnet_hdr);
+        let mut writer = DevOut::new(dev, &shared.offload, self.vnet_hdr);
         let mut carry: Option<Inbound> = None;
         while !shared.stop.load(Relaxed) {
             let first = match carry.take() {
