@@ -31,8 +31,20 @@ impl Client {
     /// Whether this client may change the node, given the admin group's id (None when
     /// the group does not exist: then only root may).
     pub fn may_change(&self, admin_gid: Option<u32>) -> bool {
-        self.uid == 0 || admin_gid.is_some_and(|g| self.gid == g || self.groups.contains(&g))
+        // The user running an unprivileged node (--no-tun) owns it.
+        self.uid == 0 || self.uid == own_uid() || admin_gid.is_some_and(|g| self.gid == g || self.groups.contains(&g))
     }
+}
+
+/// The uid this process runs as (the owner of `/proc/self`).
+pub fn own_uid() -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").map_or(u32::MAX, |m| m.uid())
+}
+
+/// Whether this process runs as root.
+pub fn is_root() -> bool {
+    own_uid() == 0
 }
 
 /// The id of group `name` in a group file (`/etc/group` format), if listed.

@@ -4,8 +4,39 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-/// Default control socket.
+/// Default control socket of a node run by root.
 pub const DEFAULT_CONTROL: &str = "/run/weft/weft.sock";
+
+/// Default state directory of a node run by root.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/weft";
+
+/// The default control socket: [`DEFAULT_CONTROL`] for root, else
+/// `$XDG_RUNTIME_DIR/weft/weft.sock` (or `/tmp/weft-UID/weft.sock` without it), so an
+/// unprivileged node (`--no-tun`) and the commands that ask it agree without flags.
+pub fn default_control() -> PathBuf {
+    if crate::access::is_root() {
+        return DEFAULT_CONTROL.into();
+    }
+    match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        Some(d) => PathBuf::from(d).join("weft/weft.sock"),
+        None => PathBuf::from(format!("/tmp/weft-{}/weft.sock", crate::access::own_uid())),
+    }
+}
+
+/// The default state directory: [`DEFAULT_STATE_DIR`] for root, else
+/// `$XDG_STATE_HOME/weft` (or `~/.local/state/weft`).
+pub fn default_state_dir() -> PathBuf {
+    if crate::access::is_root() {
+        return DEFAULT_STATE_DIR.into();
+    }
+    if let Some(d) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d).join("weft");
+    }
+    match std::env::var_os("HOME").filter(|d| !d.is_empty()) {
+        Some(h) => PathBuf::from(h).join(".local/state/weft"),
+        None => PathBuf::from(format!("/tmp/weft-{}/state", crate::access::own_uid())),
+    }
+}
 
 /// What `weft --version` prints after the name: the crate version and the git commit
 /// it was built from (`unknown` outside a git checkout; see `build.rs`).
@@ -123,7 +154,8 @@ pub struct UpArgs {
     /// Inner MTU of the TUN device (default 1420).
     #[arg(long, value_name = "N")]
     pub mtu: Option<u16>,
-    /// Control socket path (default /run/weft/weft.sock).
+    /// Control socket path (default /run/weft/weft.sock for root, else
+    /// $XDG_RUNTIME_DIR/weft/weft.sock).
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
     /// Group whose members may change the running node through the control socket
@@ -131,7 +163,8 @@ pub struct UpArgs {
     /// status needs only access to the socket (mode 0660, the weft group under systemd).
     #[arg(long, value_name = "GROUP")]
     pub admin_group: Option<String>,
-    /// State directory holding the node key (default /var/lib/weft).
+    /// State directory holding the node key (default /var/lib/weft for root, else
+    /// $XDG_STATE_HOME/weft or ~/.local/state/weft).
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
     /// Host name announced to peers (default: the system host name).
@@ -213,6 +246,32 @@ pub struct UpArgs {
     /// the TUN device; undone when the node stops.
     #[arg(long)]
     pub accept_dns: bool,
+    /// Run without a TUN device, root or any capability: a userspace TCP/IP stack
+    /// answers pings and serves --expose ports on the overlay addresses, and local
+    /// programs reach the mesh through --socks5 and --forward. No kernel routes, no
+    /// `ip` commands; TUN-only settings (--dev-name, --proxy-network, --exit-node,
+    /// --use-exit-node, --wg-portal, --accept-dns, offloads, --threads) are refused.
+    #[arg(long)]
+    pub no_tun: bool,
+    /// Serve SOCKS5 (CONNECT and UDP ASSOCIATE) on this address, e.g. 127.0.0.1:1080:
+    /// destinations are members' overlay addresses, their proxied subnets, and member
+    /// names under the Magic DNS domain. Needs --no-tun.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub socks5: Option<String>,
+    /// Require this USER:PASSWORD of SOCKS5 clients (RFC 1929); prefer the environment
+    /// or the config file, which stay out of `ps`.
+    #[arg(long, value_name = "USER:PASSWORD", env = "WEFT_SOCKS5_AUTH", hide_env_values = true)]
+    pub socks5_auth: Option<crate::config::Secret>,
+    /// Forward a local port to a member's port, repeatable:
+    /// tcp://127.0.0.1:8080=10.126.0.2:80 or udp://[::1]:5353=alpha.office.internal:53.
+    /// Needs --no-tun.
+    #[arg(long = "forward", value_name = "PROTO://LOCAL=REMOTE:PORT")]
+    pub forward: Vec<String>,
+    /// Expose a local service on this node's overlay port, repeatable:
+    /// tcp://80=127.0.0.1:8080 (members connecting to our port 80 reach
+    /// 127.0.0.1:8080). Needs --no-tun.
+    #[arg(long = "expose", value_name = "PROTO://PORT=LOCAL:PORT")]
+    pub expose: Vec<String>,
     /// Rekey interval in seconds (default 120); for testing.
     #[arg(long, value_name = "SECS", hide = true)]
     pub rekey_after: Option<u64>,
@@ -222,7 +281,7 @@ pub struct UpArgs {
 #[derive(Debug, Args)]
 pub struct QueryArgs {
     /// Control socket of the node to ask.
-    #[arg(long, value_name = "PATH", env = "WEFT_CONTROL", default_value = DEFAULT_CONTROL)]
+    #[arg(long, value_name = "PATH", env = "WEFT_CONTROL", default_value_os_t = default_control())]
     pub control: PathBuf,
     /// Print JSON instead of a table.
     #[arg(long)]
@@ -233,7 +292,7 @@ pub struct QueryArgs {
 #[derive(Debug, Args)]
 pub struct ControlArgs {
     /// Control socket of the node.
-    #[arg(long, value_name = "PATH", env = "WEFT_CONTROL", default_value = DEFAULT_CONTROL)]
+    #[arg(long, value_name = "PATH", env = "WEFT_CONTROL", default_value_os_t = default_control())]
     pub control: PathBuf,
 }
 
@@ -253,7 +312,7 @@ pub struct PeerArgs {
     #[arg(value_name = "PEER")]
     pub peer: String,
     /// Control socket of the node.
-    #[arg(long, value_name = "PATH", env = "WEFT_CONTROL", default_value = DEFAULT_CONTROL)]
+    #[arg(long, value_name = "PATH", env = "WEFT_CONTROL", default_value_os_t = default_control())]
     pub control: PathBuf,
 }
 
@@ -282,7 +341,7 @@ pub struct WgAddArgs {
     #[arg(long, conflicts_with = "qr")]
     pub json: bool,
     /// Control socket of the node.
-    #[arg(long, value_name = "PATH", env = "WEFT_CONTROL", default_value = DEFAULT_CONTROL)]
+    #[arg(long, value_name = "PATH", env = "WEFT_CONTROL", default_value_os_t = default_control())]
     pub control: PathBuf,
 }
 
@@ -293,7 +352,7 @@ pub struct WgNameArgs {
     #[arg(value_name = "NAME")]
     pub name: String,
     /// Control socket of the node.
-    #[arg(long, value_name = "PATH", env = "WEFT_CONTROL", default_value = DEFAULT_CONTROL)]
+    #[arg(long, value_name = "PATH", env = "WEFT_CONTROL", default_value_os_t = default_control())]
     pub control: PathBuf,
 }
 

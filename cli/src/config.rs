@@ -2,7 +2,7 @@
 //! [`NodeConfig`]. Parse, don't validate: nothing past this module sees a raw string.
 
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
@@ -10,7 +10,7 @@ use serde::Deserialize;
 use weft_core::crypto::Cipher;
 use weft_core::transport::{Endpoint, Proto};
 
-use crate::args::{DEFAULT_CONTROL, UpArgs};
+use crate::args::UpArgs;
 
 /// A problem with what the user asked for; exits with status 2.
 #[derive(Debug)]
@@ -75,6 +75,13 @@ pub struct FileConfig {
     use_exit_node: Option<String>,
     exit_fallback: Option<bool>,
     accept_dns: Option<bool>,
+    no_tun: Option<bool>,
+    socks5: Option<String>,
+    socks5_auth: Option<Secret>,
+    #[serde(default)]
+    forward: Vec<String>,
+    #[serde(default)]
+    expose: Vec<String>,
 }
 
 impl FileConfig {
@@ -371,7 +378,7 @@ pub struct NodeConfig {
     /// `log-format` of the config file (the flag and WEFT_LOG_FORMAT win).
     pub log_format: Option<String>,
     /// `--metrics`: where to serve Prometheus metrics.
-    pub metrics: Option<std::net::SocketAddr>,
+    pub metrics: Option<SocketAddr>,
     /// The Magic DNS domain, or `None` with `--no-magic-dns`.
     pub dns_domain: Option<String>,
     /// `--accept-dns`: register Magic DNS with systemd-resolved.
@@ -382,6 +389,122 @@ pub struct NodeConfig {
     pub use_exit: Option<String>,
     /// `--exit-fallback`: without a reachable exit, use this host's own default route.
     pub exit_fallback: bool,
+    /// `--no-tun`: a userspace network stack instead of a TUN device.
+    pub no_tun: bool,
+    /// `--socks5`: where to serve SOCKS5.
+    pub socks5: Option<SocketAddr>,
+    /// `--socks5-auth`: the user name and password SOCKS5 clients must give.
+    pub socks5_auth: Option<(String, Secret)>,
+    /// `--forward`: local ports forwarded to members.
+    pub forwards: Vec<Forward>,
+    /// `--expose`: overlay ports served by local services.
+    pub exposes: Vec<Expose>,
+}
+
+/// A layer-4 protocol of `--forward` and `--expose`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum L4 {
+    /// TCP.
+    Tcp,
+    /// UDP.
+    Udp,
+}
+
+impl fmt::Display for L4 {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Tcp => "tcp",
+            Self::Udp => "udp",
+        })
+    }
+}
+
+/// `--forward PROTO://LOCAL=REMOTE:PORT`: connections (or datagrams) to a local port
+/// go to a member's port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Forward {
+    /// TCP or UDP.
+    pub proto: L4,
+    /// The local address to listen on.
+    pub local: SocketAddr,
+    /// The member: an overlay address (or one in a proxied subnet), or a name the
+    /// Magic DNS zone resolves.
+    pub host: String,
+    /// The member's port.
+    pub port: u16,
+}
+
+impl fmt::Display for Forward {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let host = if self.host.contains(':') { format!("[{}]", self.host) } else { self.host.clone() };
+        write!(f, "{}://{}={host}:{}", self.proto, self.local, self.port)
+    }
+}
+
+/// `--expose PROTO://PORT=LOCAL`: members reaching this node's overlay port reach a
+/// local service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Expose {
+    /// TCP or UDP.
+    pub proto: L4,
+    /// The overlay port.
+    pub port: u16,
+    /// The local service.
+    pub local: SocketAddr,
+}
+
+impl fmt::Display for Expose {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}://{}={}", self.proto, self.port, self.local)
+    }
+}
+
+fn split_proto<'a>(flag: &str, spec: &'a str, example: &str) -> Result<(L4, &'a str), UsageError> {
+    match spec.split_once("://") {
+        Some(("tcp", rest)) => Ok((L4::Tcp, rest)),
+        Some(("udp", rest)) => Ok((L4::Udp, rest)),
+        Some((p, _)) => usage(format!("invalid {flag} {spec:?}: unknown protocol {p:?} (tcp:// or udp://)")),
+        None => usage(format!("invalid {flag} {spec:?}: expected {example}")),
+    }
+}
+
+/// A local address: `ADDR:PORT`, `[V6]:PORT`, or a bare port on 127.0.0.1.
+fn local_addr(s: &str) -> Option<SocketAddr> {
+    if let Ok(port) = s.parse::<u16>() {
+        return (port != 0).then(|| SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    s.parse::<SocketAddr>().ok().filter(|a| a.port() != 0)
+}
+
+/// Parses `--forward PROTO://LOCAL=REMOTE:PORT`.
+pub fn parse_forward(spec: &str) -> Result<Forward, UsageError> {
+    const EXAMPLE: &str = "tcp://127.0.0.1:8080=10.126.0.2:80 (PROTO://LOCAL=REMOTE:PORT)";
+    let (proto, rest) = split_proto("--forward", spec, EXAMPLE)?;
+    let bad = |why: &str| usage(format!("invalid --forward {spec:?}: {why}; expected {EXAMPLE}"));
+    let Some((local, remote)) = rest.split_once('=') else { return bad("no '='") };
+    let Some(local) = local_addr(local) else { return bad("the local side is not ADDR:PORT") };
+    let Some((host, port)) = remote.rsplit_once(':') else { return bad("the remote side has no port") };
+    let Some(port) = port.parse::<u16>().ok().filter(|p| *p != 0) else { return bad("the remote port is not 1-65535") };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let is_name = !host.is_empty()
+        && host.len() <= 253
+        && host.split('.').all(|l| !l.is_empty() && l.len() <= 63 && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
+    if host.parse::<IpAddr>().is_err() && !is_name {
+        return bad("the remote host is neither an address nor a member name");
+    }
+    Ok(Forward { proto, local, host: host.to_owned(), port })
+}
+
+/// Parses `--expose PROTO://PORT=LOCAL`.
+pub fn parse_expose(spec: &str) -> Result<Expose, UsageError> {
+    const EXAMPLE: &str = "tcp://80=127.0.0.1:8080 (PROTO://OVERLAY_PORT=LOCAL_ADDR:PORT)";
+    let (proto, rest) = split_proto("--expose", spec, EXAMPLE)?;
+    let bad = |why: &str| usage(format!("invalid --expose {spec:?}: {why}; expected {EXAMPLE}"));
+    let Some((port, local)) = rest.split_once('=') else { return bad("no '='") };
+    let Some(port) = port.parse::<u16>().ok().filter(|p| *p != 0) else { return bad("the overlay port is not 1-65535") };
+    let Some(local) = local_addr(local) else { return bad("the local side is not ADDR:PORT") };
+    Ok(Expose { proto, port, local })
 }
 
 /// How log lines are written.
@@ -529,6 +652,7 @@ impl NodeConfig {
             Some(n) => n,
             None => std::thread::available_parallelism().map_or(1, |n| n.get()).min(8),
         };
+        let dev_name_given = args.dev_name.is_some() || file.dev_name.is_some();
         let dev_name = args.dev_name.clone().or(file.dev_name).unwrap_or_else(|| "weft0".into());
         if dev_name.is_empty() || dev_name.len() > 15 || dev_name.contains(['/', ' ']) {
             return usage(format!("invalid --dev-name {dev_name:?}: 1 to 15 characters, no '/' or spaces"));
@@ -618,7 +742,67 @@ impl NodeConfig {
                 None => Some(crate::dns::default_domain(&network_name)),
             }
         };
+        let no_tun = args.no_tun || file.no_tun.unwrap_or(false);
+        let socks5 = match args.socks5.clone().or(file.socks5) {
+            Some(a) => Some(a.parse::<SocketAddr>().or_else(|_| {
+                usage(format!("invalid --socks5 {a:?}: expected ADDR:PORT such as 127.0.0.1:1080"))
+            })?),
+            None => None,
+        };
+        let socks5_auth = match args.socks5_auth.clone().or(file.socks5_auth) {
+            Some(a) => match a.0.split_once(':') {
+                Some((u, p)) if (1..=255).contains(&u.len()) && (1..=255).contains(&p.len()) => {
+                    Some((u.to_owned(), Secret(p.to_owned())))
+                }
+                _ => return usage("invalid --socks5-auth: expected USER:PASSWORD, each 1 to 255 bytes"),
+            },
+            None => None,
+        };
+        if socks5_auth.is_some() && socks5.is_none() {
+            return usage("--socks5-auth needs --socks5 ADDR:PORT");
+        }
+        let forward_specs = if args.forward.is_empty() { &file.forward } else { &args.forward };
+        let forwards = forward_specs.iter().map(|f| parse_forward(f)).collect::<Result<Vec<_>, _>>()?;
+        let expose_specs = if args.expose.is_empty() { &file.expose } else { &args.expose };
+        let exposes = expose_specs.iter().map(|e| parse_expose(e)).collect::<Result<Vec<_>, _>>()?;
+        for (i, e) in exposes.iter().enumerate() {
+            if exposes[..i].iter().any(|o| o.proto == e.proto && o.port == e.port) {
+                return usage(format!("--expose {e}: overlay port {}/{} is exposed twice", e.port, e.proto));
+            }
+        }
+        if no_tun {
+            let tun_only = [
+                ("--dev-name", dev_name_given),
+                ("--proxy-network", !proxy_networks.is_empty()),
+                ("--exit-node", exit_node),
+                ("--use-exit-node", use_exit.is_some()),
+                ("--wg-portal", wg_portal.is_some()),
+                ("--accept-dns", args.accept_dns || file.accept_dns == Some(true)),
+                ("--pin", args.pin || file.pin == Some(true)),
+            ];
+            if let Some((flag, _)) = tun_only.iter().find(|(_, set)| *set) {
+                return usage(format!("{flag} needs a TUN device, which --no-tun leaves out"));
+            }
+        } else if let Some(flag) = [
+            ("--socks5", socks5.is_some()),
+            ("--forward", !forwards.is_empty()),
+            ("--expose", !exposes.is_empty()),
+        ]
+        .iter()
+        .find_map(|(f, set)| set.then_some(f))
+        {
+            return usage(format!(
+                "{flag} needs --no-tun (with a TUN device, local programs reach the mesh directly)"
+            ));
+        }
+        // One pipeline feeds the userspace stack (it is one thread itself).
+        let threads = if no_tun { 1 } else { threads };
         Ok(Self {
+            no_tun,
+            socks5,
+            socks5_auth,
+            forwards,
+            exposes,
             network_name,
             network_secret: secret,
             ipv4,
@@ -631,9 +815,9 @@ impl NodeConfig {
             threads,
             dev_name,
             mtu,
-            control: args.control.clone().or(file.control).unwrap_or_else(|| DEFAULT_CONTROL.into()),
+            control: args.control.clone().or(file.control).unwrap_or_else(crate::args::default_control),
             admin_group,
-            state_dir: args.state_dir.clone().or(file.state_dir).unwrap_or_else(|| "/var/lib/weft".into()),
+            state_dir: args.state_dir.clone().or(file.state_dir).unwrap_or_else(crate::args::default_state_dir),
             hostname,
             offload: {
                 let all_off = args.no_offload || file.no_offload.unwrap_or(false);

@@ -20,6 +20,7 @@ pub mod dns;
 pub mod exit;
 mod meta;
 pub mod metrics;
+pub mod netstack;
 pub mod node;
 pub mod portal;
 pub mod secret;
