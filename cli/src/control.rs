@@ -170,6 +170,9 @@ pub struct StatusJson {
     /// Live TCP, WebSocket and QUIC connections by transport.
     #[serde(default)]
     pub connections_by_transport: std::collections::BTreeMap<String, usize>,
+    /// The userspace stack and its services, on a node without a TUN (`--no-tun`).
+    #[serde(default)]
+    pub userspace: Option<crate::userspace::UserspaceJson>,
 }
 
 /// Datagrams and bytes of the control plane.

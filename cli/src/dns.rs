@@ -164,6 +164,19 @@ impl Zone {
         self.names.iter().find(|(_, a)| a.0 == addr).map(|(l, _)| format!("{l}.{}", self.domain()))
     }
 
+    /// The addresses of the member called `name`: `label.domain` or the bare label,
+    /// in any case, with or without a trailing dot.
+    pub fn resolve(&self, name: &str) -> Option<(Ipv4Addr, Option<Ipv6Addr>)> {
+        let name = name.trim_end_matches('.').to_ascii_lowercase();
+        let domain = self.domain().to_ascii_lowercase();
+        let label = match name.strip_suffix(&domain).and_then(|l| l.strip_suffix('.')) {
+            Some(l) => l,
+            None if !name.contains('.') => name.as_str(),
+            None => return None,
+        };
+        self.names.get(label).copied()
+    }
+
     /// The answer to one datagram, or `None` when it is no query (malformed, or a
     /// response: answering those could make two servers loop).
     pub fn answer(&self, query: &[u8]) -> Option<Vec<u8>> {

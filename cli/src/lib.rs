@@ -26,6 +26,7 @@ pub mod portal;
 pub mod secret;
 mod show;
 pub mod state;
+pub mod userspace;
 
 use anyhow::Result;
 

@@ -242,29 +242,41 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
     if cfg.cipher == Cipher::AuthOnly {
         warn!("cipher none: tunnel data is authenticated but travels unencrypted; anyone on the path can read it");
     }
-    let tun = Tun::open(&TunConfig {
-        name: cfg.dev_name.clone(),
-        ipv4: cfg.ipv4.addr,
-        prefix: cfg.ipv4.prefix,
-        mtu: cfg.mtu,
-        queues: cfg.threads,
-        offload: cfg.offload.tun,
-    })?;
-    match ipv6 {
-        Some((a, p)) => match configure_ipv6(&cfg.dev_name, a, p) {
-            Ok(()) => info!(addr = %format!("{a}/{p}"), "IPv6 overlay address"),
-            Err(e) if cfg.ipv6 == Ipv6Overlay::Derived => {
-                warn!(error = %e, "cannot give the TUN an IPv6 address: the overlay is IPv4 only");
-                ipv6 = None;
+    // The data plane's devices: TUN queues, or the userspace stack (--no-tun).
+    let (devices, tun_offload, stack) = if cfg.no_tun {
+        let mut addrs = vec![(IpAddr::V4(cfg.ipv4.addr), cfg.ipv4.prefix)];
+        addrs.extend(ipv6.map(|(a, p)| (IpAddr::V6(a), p)));
+        let (stack, port) =
+            crate::netstack::Stack::start(&addrs, cfg.mtu).context("cannot start the userspace network stack")?;
+        info!("no TUN: a userspace network stack holds the overlay addresses");
+        (vec![Arc::new(pipeline::Device::User(port))], false, Some(stack))
+    } else {
+        let tun = Tun::open(&TunConfig {
+            name: cfg.dev_name.clone(),
+            ipv4: cfg.ipv4.addr,
+            prefix: cfg.ipv4.prefix,
+            mtu: cfg.mtu,
+            queues: cfg.threads,
+            offload: cfg.offload.tun,
+        })?;
+        match ipv6 {
+            Some((a, p)) => match configure_ipv6(&cfg.dev_name, a, p) {
+                Ok(()) => info!(addr = %format!("{a}/{p}"), "IPv6 overlay address"),
+                Err(e) if cfg.ipv6 == Ipv6Overlay::Derived => {
+                    warn!(error = %e, "cannot give the TUN an IPv6 address: the overlay is IPv4 only");
+                    ipv6 = None;
+                }
+                Err(e) => bail!("cannot give {} its IPv6 overlay address {a}/{p}: {e}", cfg.dev_name),
+            },
+            None => {
+                // An IPv4-only overlay: without this the kernel's IPv6 chatter (router
+                // solicitations) on the TUN would show up as drops.
+                let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{}/disable_ipv6", cfg.dev_name), "1");
             }
-            Err(e) => bail!("cannot give {} its IPv6 overlay address {a}/{p}: {e}", cfg.dev_name),
-        },
-        None => {
-            // An IPv4-only overlay: without this the kernel's IPv6 chatter (router
-            // solicitations) on the TUN would show up as drops.
-            let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{}/disable_ipv6", cfg.dev_name), "1");
         }
-    }
+        let offload = tun.offload;
+        (tun.queues.into_iter().map(|q| Arc::new(pipeline::Device::Tun(q))).collect::<Vec<_>>(), offload, None)
+    };
     // Without a udp:// listener the sockets still carry outgoing UDP (dialled udp://
     // peers, hole punching) from an ephemeral port.
     let udp_listener = cfg.listeners.iter().find(|l| l.proto == Proto::Udp).copied();
@@ -277,7 +289,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
     let gro_per_socket: Vec<bool> = socks.iter().map(|s| cfg.offload.udp_gro && udp::enable_gro(s)).collect();
     let udp_gro = cfg.offload.udp_gro && gro_per_socket.iter().all(|g| *g);
     for (what, wanted, got) in [
-        ("tun", cfg.offload.tun, tun.offload),
+        ("tun", cfg.offload.tun && !cfg.no_tun, tun_offload),
         ("udp-gso", cfg.offload.udp_gso, udp_gso),
         ("udp-gro", cfg.offload.udp_gro, udp_gro),
     ] {
@@ -300,14 +312,14 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
     if let Some(p) = &cfg.wg_portal {
         cfg.proxy_networks.push(p.net.into());
     }
-    if cfg.proxy_networks.iter().any(|n| n.addr.is_ipv4()) || cfg.exit_node {
+    if !cfg.no_tun && (cfg.proxy_networks.iter().any(|n| n.addr.is_ipv4()) || cfg.exit_node) {
         let forwarding = enable_forwarding(false);
         // An exit that cannot forward would take members' internet traffic and drop it.
         if cfg.exit_node {
             forwarding.map_err(|e| anyhow::anyhow!("--exit-node: {e}"))?;
         }
     }
-    if cfg.proxy_networks.iter().any(|n| n.addr.is_ipv6()) || (cfg.exit_node && ipv6.is_some()) {
+    if !cfg.no_tun && (cfg.proxy_networks.iter().any(|n| n.addr.is_ipv6()) || (cfg.exit_node && ipv6.is_some())) {
         let forwarding = enable_forwarding(true);
         if cfg.exit_node {
             forwarding.map_err(|e| anyhow::anyhow!("--exit-node: {e}"))?;
@@ -315,15 +327,23 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
     }
     // Undoes the exit rules when `run` returns, whichever way (a failure further on
     // included); only a SIGKILL leaves them, for the next start to replace.
-    let _exit = crate::exit::Guard::set_up(
-        &cfg.dev_name,
-        cfg.exit_node,
-        cfg.use_exit.is_some(),
-        cfg.exit_fallback,
-        &cfg.ipv4.network().to_string(),
-        ipv6.map(|(a, p)| crate::config::IpNet { addr: IpAddr::V6(a), prefix: p }.network().to_string()).as_deref(),
-    )
-    .map_err(anyhow::Error::msg)?;
+    // (A no-TUN node has no kernel state to set up or clean.)
+    let _exit = if cfg.no_tun {
+        None
+    } else {
+        Some(
+            crate::exit::Guard::set_up(
+                &cfg.dev_name,
+                cfg.exit_node,
+                cfg.use_exit.is_some(),
+                cfg.exit_fallback,
+                &cfg.ipv4.network().to_string(),
+                ipv6.map(|(a, p)| crate::config::IpNet { addr: IpAddr::V6(a), prefix: p }.network().to_string())
+                    .as_deref(),
+            )
+            .map_err(anyhow::Error::msg)?,
+        )
+    };
     let metrics = match cfg.metrics {
         Some(addr) => {
             let l = std::net::TcpListener::bind(addr).with_context(|| format!("cannot listen on --metrics {addr}"))?;
@@ -351,17 +371,15 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
         offload: Arc::new(Offload::new(udp_gso, udp_gro)),
     };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let tun_offload = tun.offload;
     let (links, inbound) = Links::new(LINKS_QUEUE);
     let mut pipelines = Vec::with_capacity(cfg.threads + 1);
     let mut first_queue = None;
     for (i, ((q, s), gro)) in
-        tun.queues.into_iter().zip(socks.iter().cloned()).zip(gro_per_socket.iter().copied()).enumerate()
+        devices.into_iter().zip(socks.iter().cloned()).zip(gro_per_socket.iter().copied()).enumerate()
     {
         let pin = (cfg.pin && cfg.threads <= cores).then_some(i % cores);
         let pcfg = PipelineConfig { mtu: cfg.mtu, offload: tun_offload, udp_gro: gro, pin };
         let stats = Arc::new(PipelineStats::default());
-        let q = Arc::new(pipeline::Device::Tun(q));
         first_queue.get_or_insert_with(|| q.clone());
         pipeline::spawn(i, q, s, links.clone(), pcfg, shared.clone(), stats.clone())
             .context("cannot start pipeline threads")?;
@@ -435,7 +453,20 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
     let mut engine = engine;
     let portal_dev = cfg.wg_portal.as_ref().map(|_| crate::portal::device_name(&cfg.dev_name));
     engine.set_endpoints(local_endpoints(&bound, cfg.ipv4.addr, &cfg.dev_name, portal_dev.as_deref()));
-    let netcfg = NetConfig::spawn(cfg.dev_name.clone(), ipv6.is_some())?;
+    let netcfg = if cfg.no_tun { NetConfig::none() } else { NetConfig::spawn(cfg.dev_name.clone(), ipv6.is_some())? };
+    let userspace = match stack {
+        Some(stack) => {
+            let domain = cfg.dns_domain.clone().unwrap_or_else(|| crate::dns::default_domain(&cfg.network_name));
+            let dest = crate::userspace::Destinations {
+                routes: shared.routes.clone(),
+                names: Arc::new(ArcSwap::from_pointee(crate::dns::Zone::new(&domain, []))),
+                nets: Arc::new(ArcSwap::from_pointee(Vec::new())),
+            };
+            let auth = cfg.socks5_auth.as_ref().map(|(u, p)| (u.clone(), p.0.clone()));
+            Some(crate::userspace::Userspace::bind(stack, dest, cfg.socks5, auth, &cfg.forwards, &cfg.exposes)?)
+        }
+        None => None,
+    };
     let cfg_peers = cfg.peers.clone();
     let runtime = Runtime {
         cfg,
@@ -465,6 +496,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
         dns: None,
         exit_routed: false,
         exit_name_warned: false,
+        userspace,
     };
     runtime.update_portal();
     let result = rt.block_on(runtime.serve(ctl_rx, hs_rx, sink, down_rx, metrics));
@@ -522,6 +554,8 @@ struct Runtime {
     exit_routed: bool,
     /// Whether the warning that `--use-exit-node` names nobody was given.
     exit_name_warned: bool,
+    /// The userspace stack and its services (`--no-tun`).
+    userspace: Option<crate::userspace::Userspace>,
 }
 
 impl Runtime {
@@ -874,6 +908,10 @@ impl Runtime {
     /// A failure is retried every second by [`Self::refresh_dns`] (warned of when `loud`).
     fn start_dns(&mut self, loud: bool) {
         self.dns = None;
+        // Without a TUN the overlay addresses are not the kernel's to bind.
+        if self.userspace.is_some() {
+            return;
+        }
         let Some(domain) = self.cfg.dns_domain.clone() else { return };
         let zone = Arc::new(ArcSwap::from_pointee(self.dns_zone(&domain)));
         let addrs = self.dns_addrs();
@@ -912,7 +950,18 @@ impl Runtime {
     /// Follows members coming, going and renaming, and our own address moving; starts
     /// the server again when its bind failed (the port was busy, the address not yet
     /// on the device).
+    /// Gives the userspace services the mesh's current names and networks.
+    fn refresh_userspace(&self) {
+        let Some(u) = &self.userspace else { return };
+        let domain = self.cfg.dns_domain.clone().unwrap_or_else(|| crate::dns::default_domain(&self.cfg.network_name));
+        u.destinations().names.store(Arc::new(self.dns_zone(&domain)));
+        u.destinations().nets.store(Arc::new(self.mesh_networks()));
+    }
+
     fn refresh_dns(&mut self) {
+        if self.userspace.is_some() {
+            return;
+        }
         let Some(domain) = self.cfg.dns_domain.clone() else { return };
         let Some(d) = &self.dns else {
             self.start_dns(false);
@@ -1031,6 +1080,10 @@ impl Runtime {
         self.drain();
         let mut discovery = if self.cfg.lan_discovery { Some(self.discovery()?) } else { None };
         self.start_dns(true);
+        if let Some(u) = &mut self.userspace {
+            u.start()?;
+        }
+        self.refresh_userspace();
         let mut dns_timer = tokio::time::interval(Duration::from_secs(1));
         let mut beacon_timer = tokio::time::interval(Duration::from_secs(5));
         // Interfaces come and go: members' subnets are checked against the networks
@@ -1096,7 +1149,10 @@ impl Runtime {
                     self.engine.set_local_networks(local_networks(&self.cfg.dev_name));
                     self.check_exit_name();
                 }
-                _ = dns_timer.tick(), if self.cfg.dns_domain.is_some() => self.refresh_dns(),
+                _ = dns_timer.tick() => {
+                    self.refresh_userspace();
+                    self.refresh_dns();
+                }
                 _ = tokio::signal::ctrl_c() => { info!("interrupted; shutting down"); break }
                 _ = sigterm.recv() => { info!("terminated; shutting down"); break }
                 // Last: handshake datagrams (even replayed ones pass mac1) must never keep
@@ -1145,6 +1201,11 @@ impl Runtime {
                 Action::SetAddress { old, new, prefix } => {
                     self.netcfg.send(NetJob::Address { old, new, prefix });
                     self.cfg.ipv4.addr = new;
+                    if let Some(u) = &self.userspace {
+                        let mut addrs = vec![(IpAddr::V4(new), prefix)];
+                        addrs.extend(self.ipv6.map(|(a, p)| (IpAddr::V6(a), p)));
+                        u.stack.set_addresses(&addrs);
+                    }
                     info!(%new, "overlay address changed");
                 }
                 Action::Send { to, bytes } if to.proto == Proto::Udp => {
@@ -1387,6 +1448,7 @@ impl Runtime {
             handshake_failures: st.handshake_failures.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect(),
             control_traffic: self.control_traffic.clone(),
             connections_by_transport: self.connector.links().by_transport().into_iter().collect(),
+            userspace: self.userspace.as_ref().map(crate::userspace::Userspace::json),
         }
     }
 }
@@ -1710,10 +1772,15 @@ enum NetJob {
 /// The thread that runs `ip` commands, in order, so that the control loop never
 /// waits for a process.
 struct NetConfig {
-    jobs: std::sync::mpsc::Sender<NetJob>,
+    /// None without a TUN: there is no kernel state to change.
+    jobs: Option<std::sync::mpsc::Sender<NetJob>>,
 }
 
 impl NetConfig {
+    fn none() -> Self {
+        Self { jobs: None }
+    }
+
     fn spawn(dev: String, ipv6: bool) -> std::io::Result<Self> {
         let (jobs, rx) = std::sync::mpsc::channel::<NetJob>();
         std::thread::Builder::new().name("weft-netcfg".into()).spawn(move || {
@@ -1743,11 +1810,12 @@ impl NetConfig {
                 }
             }
         })?;
-        Ok(Self { jobs })
+        Ok(Self { jobs: Some(jobs) })
     }
 
     fn send(&self, job: NetJob) {
-        if self.jobs.send(job).is_err() {
+        let Some(jobs) = &self.jobs else { return };
+        if jobs.send(job).is_err() {
             warn!("the network configuration thread is gone; kernel routes are not updated");
         }
     }

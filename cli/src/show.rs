@@ -10,7 +10,14 @@ pub(crate) fn status(s: &StatusJson) -> String {
     let mut o = String::new();
     let _ = writeln!(o, "node      {} ({})", s.node_id, s.hostname);
     let _ = writeln!(o, "network   {}", s.network_name);
-    let _ = writeln!(o, "address   {} on {}", s.overlay, s.dev_name);
+    match &s.userspace {
+        Some(_) => {
+            let _ = writeln!(o, "address   {} in the userspace stack (no TUN)", s.overlay);
+        }
+        None => {
+            let _ = writeln!(o, "address   {} on {}", s.overlay, s.dev_name);
+        }
+    }
     if let Some(a6) = &s.overlay6 {
         let _ = writeln!(o, "ipv6      {a6}");
     }
@@ -51,6 +58,34 @@ pub(crate) fn status(s: &StatusJson) -> String {
         let name = e.hostname.as_deref().unwrap_or(&e.wanted);
         let then = if e.fallback { "own route while unreachable" } else { "dropped while unreachable" };
         let _ = writeln!(o, "exit      via {name}: {} ({then})", e.state.replace('_', " "));
+    }
+    if let Some(u) = &s.userspace {
+        if let Some(a) = &u.socks5 {
+            let auth = if u.socks5_auth { ", user and password" } else { "" };
+            let _ = writeln!(
+                o,
+                "socks5    {a}{auth}: {} connects, {} udp associations, {} refused",
+                u.socks5_connects, u.socks5_associations, u.socks5_refused
+            );
+        }
+        for f in &u.forwards {
+            let _ = writeln!(o, "forward   {f}");
+        }
+        for e in &u.exposes {
+            let _ = writeln!(o, "expose    {e}");
+        }
+        let _ = writeln!(
+            o,
+            "stack     {} tcp connections, {} udp sockets, {} relayed, {} failed, packets {} in {} out, dropped {} in {} out",
+            u.tcp_connections,
+            u.udp_sockets,
+            u.relayed,
+            u.failed,
+            u.packets_in,
+            u.packets_out,
+            u.dropped_in,
+            u.dropped_out
+        );
     }
     if let Some(d) = &s.magic_dns {
         let name = d.name.as_deref().unwrap_or("-");

@@ -131,8 +131,11 @@ pub enum Device {
 /// behind).
 pub struct UserPort {
     outbound: Mutex<mpsc::Receiver<Vec<u8>>>,
-    deliver: Box<dyn Fn(&[u8]) -> bool + Send + Sync>,
+    deliver: Deliver,
 }
+
+/// Hands one packet to a userspace stack; false when it is behind.
+type Deliver = Box<dyn Fn(&[u8]) -> bool + Send + Sync>;
 
 impl UserPort {
     /// `outbound` yields what the stack sends; `deliver` hands it what arrives.
