@@ -1190,6 +1190,9 @@ impl Runtime {
                 Action::PublishRoutes(snap) => {
                     debug!(routes = snap.route_count(), "publishing routes");
                     self.shared.routes.store(snap);
+                    // Names follow the routes at once: a SOCKS5 client may ask for a
+                    // member the moment it can be reached.
+                    self.refresh_userspace();
                 }
                 Action::InstallRoutes(subnets) => {
                     self.follow_exit(subnets.contains(&weft_peers::DEFAULT_ROUTE));

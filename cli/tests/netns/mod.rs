@@ -108,6 +108,20 @@ impl Netns {
     }
 }
 
+impl Netns {
+    /// Moves the calling thread into namespace `name` for good and runs `f` there: for
+    /// threads of their own (servers a test starts and joins later).
+    pub fn enter_named<T>(name: &str, f: impl FnOnce() -> T) -> T {
+        let path = format!("/run/netns/{name}");
+        let fd = File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
+        // SAFETY: fd is a valid namespace file; setns only changes this thread's network
+        // namespace, and the caller gives it a thread of its own.
+        let r = unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(r, 0, "setns {path}: {}", std::io::Error::last_os_error());
+        f()
+    }
+}
+
 impl Drop for Netns {
     fn drop(&mut self) {
         let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
@@ -241,6 +255,8 @@ pub struct Node {
     pub log: PathBuf,
     pub ns: String,
     args: Vec<String>,
+    /// The command that starts it when it is not `weft up` as root.
+    launcher: Option<Vec<String>>,
 }
 
 impl Node {
@@ -258,6 +274,64 @@ impl Node {
             log,
             ns: ns.name.clone(),
             args,
+            launcher: None,
+        };
+        n.wait_for_socket();
+        n
+    }
+
+    /// Starts `weft up` in `ns` as `nobody` with every capability dropped, from a copy
+    /// of the binary in `dir` (the build tree may not be readable by nobody), with
+    /// HOME and XDG_RUNTIME_DIR of its own and no --state-dir or --control: it finds
+    /// its defaults ($XDG_RUNTIME_DIR/weft/weft.sock, ~/.local/state/weft).
+    pub fn start_unprivileged(ns: &Netns, dir: &Path, name: &str, args: &[&str]) -> Self {
+        use std::os::unix::fs::PermissionsExt;
+        let home = dir.join(format!("{name}-home"));
+        let run_dir = dir.join(format!("{name}-run"));
+        for d in [&home, &run_dir] {
+            std::fs::create_dir_all(d).unwrap();
+            std::os::unix::fs::chown(d, Some(65534), Some(65534)).unwrap();
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700)).unwrap();
+        }
+        let bin = dir.join("weft-copy");
+        if !bin.exists() {
+            std::fs::copy(weft_bin(), &bin).unwrap();
+            std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let launcher: Vec<String> = [
+            "setpriv",
+            "--reuid",
+            "nobody",
+            "--regid",
+            "nogroup",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "env",
+            "-u",
+            "XDG_STATE_HOME",
+            "-u",
+            "WEFT_CONTROL",
+        ]
+        .into_iter()
+        .map(str::to_owned)
+        .chain([
+            format!("HOME={}", home.display()),
+            format!("XDG_RUNTIME_DIR={}", run_dir.display()),
+            bin.display().to_string(),
+            "up".to_owned(),
+        ])
+        .collect();
+        let log = dir.join(format!("{name}.log"));
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let mut n = Self {
+            child: spawn_with(&ns.name, &launcher, &log, &args),
+            control: run_dir.join("weft/weft.sock"),
+            state: home.join(".local/state/weft"),
+            log,
+            ns: ns.name.clone(),
+            args,
+            launcher: Some(launcher),
         };
         n.wait_for_socket();
         n
@@ -266,7 +340,10 @@ impl Node {
     /// Stops the node and starts it again with the same arguments and state.
     pub fn restart(&mut self) {
         self.stop();
-        self.child = spawn(&self.ns, &self.state, &self.control, &self.log, &self.args);
+        self.child = match &self.launcher {
+            Some(l) => spawn_with(&self.ns, l, &self.log, &self.args),
+            None => spawn(&self.ns, &self.state, &self.control, &self.log, &self.args),
+        };
         self.wait_for_socket();
     }
 
@@ -350,6 +427,19 @@ fn spawn(ns: &str, state: &Path, control: &Path, log: &Path, args: &[String]) ->
         .arg(state)
         .arg("--control")
         .arg(control)
+        .args(args)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(log_file)
+        .spawn()
+        .expect("spawn weft")
+}
+
+fn spawn_with(ns: &str, launcher: &[String], log: &Path, args: &[String]) -> Child {
+    let log_file = File::options().create(true).append(true).open(log).unwrap();
+    Command::new("ip")
+        .args(["netns", "exec", ns])
+        .args(launcher)
         .args(args)
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
