@@ -489,7 +489,9 @@ pub fn parse_forward(spec: &str) -> Result<Forward, UsageError> {
     let host = host.trim_start_matches('[').trim_end_matches(']');
     let is_name = !host.is_empty()
         && host.len() <= 253
-        && host.split('.').all(|l| !l.is_empty() && l.len() <= 63 && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
+        && host
+            .split('.')
+            .all(|l| !l.is_empty() && l.len() <= 63 && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
     if host.parse::<IpAddr>().is_err() && !is_name {
         return bad("the remote host is neither an address nor a member name");
     }
@@ -502,7 +504,9 @@ pub fn parse_expose(spec: &str) -> Result<Expose, UsageError> {
     let (proto, rest) = split_proto("--expose", spec, EXAMPLE)?;
     let bad = |why: &str| usage(format!("invalid --expose {spec:?}: {why}; expected {EXAMPLE}"));
     let Some((port, local)) = rest.split_once('=') else { return bad("no '='") };
-    let Some(port) = port.parse::<u16>().ok().filter(|p| *p != 0) else { return bad("the overlay port is not 1-65535") };
+    let Some(port) = port.parse::<u16>().ok().filter(|p| *p != 0) else {
+        return bad("the overlay port is not 1-65535");
+    };
     let Some(local) = local_addr(local) else { return bad("the local side is not ADDR:PORT") };
     Ok(Expose { proto, port, local })
 }
@@ -744,9 +748,10 @@ impl NodeConfig {
         };
         let no_tun = args.no_tun || file.no_tun.unwrap_or(false);
         let socks5 = match args.socks5.clone().or(file.socks5) {
-            Some(a) => Some(a.parse::<SocketAddr>().or_else(|_| {
-                usage(format!("invalid --socks5 {a:?}: expected ADDR:PORT such as 127.0.0.1:1080"))
-            })?),
+            Some(a) => Some(
+                a.parse::<SocketAddr>()
+                    .or_else(|_| usage(format!("invalid --socks5 {a:?}: expected ADDR:PORT such as 127.0.0.1:1080")))?,
+            ),
             None => None,
         };
         let socks5_auth = match args.socks5_auth.clone().or(file.socks5_auth) {
@@ -783,17 +788,12 @@ impl NodeConfig {
             if let Some((flag, _)) = tun_only.iter().find(|(_, set)| *set) {
                 return usage(format!("{flag} needs a TUN device, which --no-tun leaves out"));
             }
-        } else if let Some(flag) = [
-            ("--socks5", socks5.is_some()),
-            ("--forward", !forwards.is_empty()),
-            ("--expose", !exposes.is_empty()),
-        ]
-        .iter()
-        .find_map(|(f, set)| set.then_some(f))
+        } else if let Some(flag) =
+            [("--socks5", socks5.is_some()), ("--forward", !forwards.is_empty()), ("--expose", !exposes.is_empty())]
+                .iter()
+                .find_map(|(f, set)| set.then_some(f))
         {
-            return usage(format!(
-                "{flag} needs --no-tun (with a TUN device, local programs reach the mesh directly)"
-            ));
+            return usage(format!("{flag} needs --no-tun (with a TUN device, local programs reach the mesh directly)"));
         }
         // One pipeline feeds the userspace stack (it is one thread itself).
         let threads = if no_tun { 1 } else { threads };
@@ -1065,6 +1065,41 @@ mod tests {
         std::fs::write(&path, "use-exit-node = \"gw\"\n").unwrap();
         let c = NodeConfig::resolve(&UpArgs { config: Some(path), exit_fallback: true, ..args() }).unwrap();
         assert_eq!((c.use_exit.as_deref(), c.exit_fallback), (Some("gw"), true));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn no_tun_settings_come_from_flags_and_file() {
+        let dir = std::env::temp_dir().join(format!("weft-cfg-notun-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("weft.toml");
+        std::fs::write(
+            &path,
+            "no-tun = true\nsocks5 = \"127.0.0.1:1080\"\nsocks5-auth = \"u:p\"\nthreads = 4\n\
+             forward = [\"tcp://6000=alpha.office.internal:80\", \"udp://[::1]:5353=[fd00::1]:53\"]\n\
+             expose = [\"udp://53=127.0.0.1:5353\"]\n",
+        )
+        .unwrap();
+        let c = NodeConfig::resolve(&UpArgs { config: Some(path), ..args() }).unwrap();
+        assert!(c.no_tun);
+        assert_eq!(c.threads, 1, "one pipeline feeds the userspace stack");
+        assert_eq!(c.socks5, Some("127.0.0.1:1080".parse().unwrap()));
+        assert_eq!(c.socks5_auth.as_ref().map(|(u, p)| (u.as_str(), p.0.as_str())), Some(("u", "p")));
+        assert_eq!(
+            c.forwards,
+            [
+                Forward {
+                    proto: L4::Tcp,
+                    local: "127.0.0.1:6000".parse().unwrap(),
+                    host: "alpha.office.internal".into(),
+                    port: 80
+                },
+                Forward { proto: L4::Udp, local: "[::1]:5353".parse().unwrap(), host: "fd00::1".into(), port: 53 },
+            ]
+        );
+        assert_eq!(c.forwards[1].to_string(), "udp://[::1]:5353=[fd00::1]:53");
+        assert_eq!(c.exposes, [Expose { proto: L4::Udp, port: 53, local: "127.0.0.1:5353".parse().unwrap() }]);
+        assert_eq!(c.exposes[0].to_string(), "udp://53=127.0.0.1:5353");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -494,3 +494,53 @@ fn a_local_port_in_use_fails_the_start() {
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("cannot listen on --socks5"), "{err}");
 }
+
+#[test]
+fn every_transport_and_cipher_carries_a_no_tun_member() {
+    require_root();
+    for (proto, port, cipher) in [
+        ("tcp", 11010, "none"),
+        ("ws", 11011, "aes-128-gcm"),
+        ("wss", 11012, "chacha20-poly1305"),
+        ("quic", 11012, "none"),
+    ] {
+        let dir = TempDir::new();
+        let (a, b) = (Netns::new(), Netns::new());
+        link(&a, "eth0", "192.0.2.1/24", &b, "eth0", "192.0.2.2/24");
+        let listen = format!("{proto}://0.0.0.0:{port}");
+        let path = if proto.starts_with("ws") { "/weft" } else { "" };
+        let peer = format!("{proto}://192.0.2.1:{port}{path}");
+        let common = ["--cipher", cipher, "--no-ipv6"];
+        let na = Node::start(
+            &a,
+            &dir.0,
+            "a",
+            &args("10.126.153.1/24", "alpha", &[&common[..], &["--threads", "1", "-l", &listen]].concat()),
+        );
+        let nb = Node::start_unprivileged(
+            &b,
+            &dir.0,
+            "b",
+            &args(
+                "10.126.153.2/24",
+                "beta",
+                &[
+                    &common[..],
+                    &["--no-tun", "-l", &listen, "-p", &peer, "--forward", "tcp://127.0.0.1:6000=alpha:5001"],
+                ]
+                .concat(),
+            ),
+        );
+        wait_until(Duration::from_secs(15), "a session over the transport", || {
+            na.peer("10.126.153.2").is_some_and(|p| p["state"] == "established" && p["transport"] == proto)
+        });
+        assert!(ping(&a, "10.126.153.2"), "{proto}/{cipher}: ping the no-TUN member");
+        let server = sink(&a, "10.126.153.1:5001");
+        let sent = b.within(|| {
+            let mut s = TcpStream::connect("127.0.0.1:6000").unwrap();
+            send_all(&mut s, 8 << 20)
+        });
+        assert_eq!(server.join().unwrap(), (8 << 20, sent), "{proto}/{cipher}: 8 MiB through --forward");
+        assert_eq!(nb.peer("10.126.153.1").unwrap()["transport"], proto);
+    }
+}
