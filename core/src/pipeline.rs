@@ -135,12 +135,18 @@ pub struct UserPort {
 }
 
 /// Hands one packet to a userspace stack; false when it is behind.
-type Deliver = Box<dyn Fn(&[u8]) -> bool + Send + Sync>;
+pub type Deliver = Box<dyn Fn(&[u8]) -> bool + Send + Sync>;
 
 impl UserPort {
     /// `outbound` yields what the stack sends; `deliver` hands it what arrives.
     pub fn new(outbound: mpsc::Receiver<Vec<u8>>, deliver: impl Fn(&[u8]) -> bool + Send + Sync + 'static) -> Self {
         Self { outbound: Mutex::new(outbound), deliver: Box::new(deliver) }
+    }
+
+    /// The channel of what the stack sends and the way in, for wiring a stack to
+    /// something other than a pipeline (benches, tests).
+    pub fn into_parts(self) -> (mpsc::Receiver<Vec<u8>>, Deliver) {
+        (self.outbound.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner), self.deliver)
     }
 }
 
