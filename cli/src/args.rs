@@ -263,7 +263,7 @@ pub struct UpArgs {
     #[arg(long, value_name = "USER:PASSWORD", env = "WEFT_SOCKS5_AUTH", hide_env_values = true)]
     pub socks5_auth: Option<crate::config::Secret>,
     /// Forward a local port to a member's port, repeatable:
-    /// tcp://127.0.0.1:8080=10.126.0.2:80 or udp://[::1]:5353=alpha.office.internal:53.
+    /// `tcp://127.0.0.1:8080=10.126.0.2:80` or `udp://[::1]:5353=alpha.office.internal:53`.
     /// Needs --no-tun.
     #[arg(long = "forward", value_name = "PROTO://LOCAL=REMOTE:PORT")]
     pub forward: Vec<String>,
