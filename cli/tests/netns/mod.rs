@@ -421,18 +421,12 @@ impl Node {
 }
 
 fn spawn(ns: &str, state: &Path, control: &Path, log: &Path, args: &[String]) -> Child {
-    let log_file = File::options().create(true).append(true).open(log).unwrap();
-    Command::new("ip")
-        .args(["netns", "exec", ns, weft_bin(), "up", "--state-dir"])
-        .arg(state)
-        .arg("--control")
-        .arg(control)
-        .args(args)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(log_file)
-        .spawn()
-        .expect("spawn weft")
+    let launcher = [weft_bin(), "up", "--state-dir"]
+        .map(String::from)
+        .into_iter()
+        .chain([state.display().to_string(), "--control".into(), control.display().to_string()])
+        .collect::<Vec<_>>();
+    spawn_with(ns, &launcher, log, args)
 }
 
 fn spawn_with(ns: &str, launcher: &[String], log: &Path, args: &[String]) -> Child {
