@@ -222,10 +222,34 @@ prepare_wg_common() { # TOOL
 }
 
 prepare_wireguard-go() {
-    apt_install wireguard-go || { SKIP[wireguard-go]="apt-get install wireguard-go failed"; return 1; }
-    command -v wireguard-go >/dev/null || { SKIP[wireguard-go]="wireguard-go not found after install"; return 1; }
+    # The current wireguard-go, built from its Go module (TUN offload and UDP GSO/GRO
+    # since 2023), not Debian's 2022 package; WIREGUARD_GO=PATH uses a given binary.
+    # Without a Go toolchain (or a proxy to fetch the module) Debian's package runs and
+    # the report says which one ran.
+    local go cache="${XDG_CACHE_HOME:-$HOME/.cache}/weft-bench/wireguard-go"
+    WGGO_BIN="${WIREGUARD_GO:-}"
+    if [ -z "$WGGO_BIN" ]; then
+        go=$(command -v go || { [ -x /usr/local/go/bin/go ] && echo /usr/local/go/bin/go; } || true)
+        if [ -n "$go" ]; then
+            if [ ! -x "$cache/bin/wireguard" ]; then
+                log "building wireguard-go from its Go module (go install golang.zx2c4.com/wireguard@latest)"
+                mkdir -p "$cache"
+                if ! fg_run timeout 1200 env GOBIN="$cache/bin" GOPATH="$cache/gopath" GOFLAGS=-modcacherw \
+                    "$go" install golang.zx2c4.com/wireguard@latest >>"$RUN/install.log" 2>&1; then
+                    log "go install of wireguard-go failed (see $RUN/install.log); falling back to Debian's package"
+                fi
+            fi
+            [ -x "$cache/bin/wireguard" ] && WGGO_BIN="$cache/bin/wireguard"
+        fi
+    fi
+    if [ -n "$WGGO_BIN" ]; then
+        VERSION[wireguard-go]="$("$WGGO_BIN" --version 2>/dev/null | head -n1) (Go module $("${go:-go}" version -m "$WGGO_BIN" 2>/dev/null | awk '$1 == "mod" {print $3}'))"
+    else
+        apt_install wireguard-go || { SKIP[wireguard-go]="no Go toolchain and apt-get install wireguard-go failed"; return 1; }
+        WGGO_BIN=$(command -v wireguard-go) || { SKIP[wireguard-go]="wireguard-go not found after install"; return 1; }
+        VERSION[wireguard-go]="$("$WGGO_BIN" --version 2>/dev/null | head -n1) (Debian $(dpkg-query -W -f='${Version}' wireguard-go 2>/dev/null): no Go toolchain, so the 2022 package without TUN offload)"
+    fi
     prepare_wg_common wireguard-go || return 1
-    VERSION[wireguard-go]="$(wireguard-go --version 2>/dev/null | head -n1) (Debian $(dpkg-query -W -f='${Version}' wireguard-go 2>/dev/null))"
 }
 
 prepare_boringtun() {
@@ -298,8 +322,20 @@ EOF
 }
 
 prepare_easytier() {
-    command -v easytier-core >/dev/null || { SKIP[easytier]="easytier-core is not on PATH (not packaged for Debian; install it yourself to include it)"; return 1; }
-    VERSION[easytier]=$(easytier-core --version 2>/dev/null | head -n1)
+    # easytier-core on PATH, or installed from crates.io (cargo install easytier; it is
+    # not packaged for Debian); skipped with the reason when neither works.
+    EASYTIER=$(cargo_bin easytier-core)
+    if [ -z "$EASYTIER" ]; then
+        command -v cargo >/dev/null || { SKIP[easytier]="easytier-core not on PATH and cargo not found"; return 1; }
+        log "installing EasyTier (cargo install --locked easytier); this takes a while"
+        if ! fg_run timeout 3600 cargo install --locked easytier >>"$RUN/install.log" 2>&1; then
+            tail -n 20 "$RUN/install.log" >&2
+            SKIP[easytier]="cargo install --locked easytier failed (see output above)"; return 1
+        fi
+        EASYTIER=$(cargo_bin easytier-core)
+        [ -n "$EASYTIER" ] || { SKIP[easytier]="easytier-core not found after cargo install"; return 1; }
+    fi
+    VERSION[easytier]=$("$EASYTIER" --version 2>/dev/null | head -n1)
 }
 
 ACTIVE=()
@@ -454,7 +490,7 @@ start_wg_like() { # TOOL(wireguard-go|boringtun) REP
         ifn="${pfx}${TAG}${side}"
         UAPI_SOCKS+=("/var/run/wireguard/$ifn.sock")
         if [ "$tool" = wireguard-go ]; then
-            spawn "$LOGS/$tool-$side.log" "$ns" env WG_PROCESS_FOREGROUND=1 wireguard-go -f "$ifn"
+            spawn "$LOGS/$tool-$side.log" "$ns" env WG_PROCESS_FOREGROUND=1 "$WGGO_BIN" -f "$ifn"
         else
             spawn "$LOGS/$tool-$side.log" "$ns" "$BORINGTUN" -f --disable-drop-privileges -v error \
                 -l "$LOGS/$tool-$side.log" "$ifn"
@@ -479,9 +515,9 @@ start_nebula() { # REP
 
 start_easytier() { # REP
     local secret="bench-secret-$$"
-    spawn "$LOGS/easytier-a.log" "$NS_A" env ET_NETWORK_SECRET="$secret" easytier-core --network-name bench \
+    spawn "$LOGS/easytier-a.log" "$NS_A" env ET_NETWORK_SECRET="$secret" "$EASYTIER" --network-name bench \
         -i 10.200.0.1/24 --listeners udp://0.0.0.0:11010 --dev-name "et${TAG}a"
-    spawn "$LOGS/easytier-b.log" "$NS_B" env ET_NETWORK_SECRET="$secret" easytier-core --network-name bench \
+    spawn "$LOGS/easytier-b.log" "$NS_B" env ET_NETWORK_SECRET="$secret" "$EASYTIER" --network-name bench \
         -i 10.200.0.2/24 --listeners udp://0.0.0.0:11010 --dev-name "et${TAG}b" -p udp://198.51.100.1:11010
     ready 30 "a ping reply from 10.200.0.1" ping_b_to_a 10.200.0.1
 }
