@@ -243,7 +243,9 @@ prepare_wireguard-go() {
         fi
     fi
     if [ -n "$WGGO_BIN" ]; then
-        VERSION[wireguard-go]="$("$WGGO_BIN" --version 2>/dev/null | head -n1) (Go module $("${go:-go}" version -m "$WGGO_BIN" 2>/dev/null | awk '$1 == "mod" {print $3}'))"
+        local mod=""
+        [ -n "${go:-}" ] && mod=$("$go" version -m "$WGGO_BIN" 2>/dev/null | awk '$1 == "mod" {print $3}')
+        VERSION[wireguard-go]="$("$WGGO_BIN" --version 2>/dev/null | head -n1) (${mod:+Go module $mod}${WIREGUARD_GO:+ WIREGUARD_GO=$WIREGUARD_GO})"
     else
         apt_install wireguard-go || { SKIP[wireguard-go]="no Go toolchain and apt-get install wireguard-go failed"; return 1; }
         WGGO_BIN=$(command -v wireguard-go) || { SKIP[wireguard-go]="wireguard-go not found after install"; return 1; }

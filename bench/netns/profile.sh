@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Where the cycles go: one iperf3 TCP stream B -> A through Weft, per transport, while
-# `perf record` samples the whole machine (every CPU, kernel and user, with frame-pointer call
-# graphs: DWARF unwinding of a whole machine took over ten minutes to process). Writes per transport a flame graph (inferno), the flat profile by command and
-# by symbol, and the throughput of the profiled run.
+# `perf record` samples the whole machine (every CPU, kernel and user, with frame-pointer
+# call graphs: DWARF unwinding of a whole machine did not finish processing within the
+# runtime limit). Writes per transport a flame graph (inferno), the share of each thread
+# (command) and of each symbol, and the throughput of the profiled run.
 #
 #   A --veth-- B
 #
@@ -129,7 +130,7 @@ for t in $TRANSPORTS; do
     perf script -i "$WORK/perf-$t.data" 2>/dev/null | inferno-collapse-perf --all >"$WORK/folded-$t.txt"
     inferno-flamegraph --title "weft $CIPHER over $t, iperf3 B->A, whole machine ($gbps Gbit/s)" \
         <"$WORK/folded-$t.txt" >"$OUT/flame-$t.svg"
-    perf report -i "$WORK/perf-$t.data" --no-children --sort comm --stdio 2>/dev/null | grep -v '^$' >"$OUT/comm-$t.txt" || true
+    perf report -i "$WORK/perf-$t.data" --no-children --sort comm --stdio -g none 2>/dev/null | grep -v '^$' >"$OUT/comm-$t.txt" || true
     perf report -i "$WORK/perf-$t.data" --no-children --sort comm,dso,sym --stdio -g none --percent-limit 0.5 2>/dev/null \
         | grep -v '^$' >"$OUT/symbols-$t.txt" || true
     {
