@@ -410,6 +410,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
                     prefix: cfg.ipv4.prefix,
                     hostname: cfg.hostname.clone(),
                     ipv6,
+                    gso: true,
                 },
             },
             dial: dial.clone(),

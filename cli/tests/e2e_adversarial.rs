@@ -59,6 +59,7 @@ fn outsider_attack(sock: &UdpSocket, target: SocketAddrV4) -> usize {
             prefix: 24,
             hostname: "x".into(),
             ipv6: None,
+            gso: true,
         },
     };
     let macs = MacKeys::new(&wrong.psk);
@@ -182,6 +183,7 @@ fn a_handshake_flood_drops_no_session() {
             prefix: 24,
             hostname: "m".into(),
             ipv6: None,
+            gso: true,
         },
     };
     let (_, mut replay) = init_bytes(&member, None, 5);

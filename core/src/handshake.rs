@@ -187,10 +187,18 @@ pub struct Hello {
     /// network, when it has one (an optional trailing field: a hello without it
     /// parses as IPv4 only).
     pub ipv6: Option<(Ipv6Addr, u8)>,
+    /// Whether the sender takes GSO super-packets as one record on reliable
+    /// connections ([`crate::wire::FLAG_GSO`]; an optional trailing field: a hello
+    /// without it, from an older node, says no).
+    pub gso: bool,
 }
 
 /// Tag of the hello's IPv6 field.
 const HELLO_IPV6: u8 = 6;
+/// Tag of the hello's feature bits (one byte follows).
+const HELLO_FEATURES: u8 = 7;
+/// Feature bit: takes [`crate::wire::FLAG_GSO`] records.
+const FEATURE_GSO: u8 = 0x01;
 
 impl Hello {
     /// Appends the encoded hello to `out`.
@@ -206,6 +214,9 @@ impl Hello {
             out.push(HELLO_IPV6);
             out.extend_from_slice(&a.octets());
             out.push(p);
+        }
+        if self.gso {
+            out.extend_from_slice(&[HELLO_FEATURES, FEATURE_GSO]);
         }
     }
 
@@ -227,18 +238,28 @@ impl Hello {
         // A peer's name reaches logs and terminals: no control characters (escape
         // sequences, cursor moves). Each becomes '?', which never makes it longer.
         let hostname = hostname.chars().map(|c| if c.is_control() { '?' } else { c }).collect();
-        let ipv6 = match b.get(8 + n..8 + n + 18) {
-            Some(f) if f[0] == HELLO_IPV6 => {
-                let a: [u8; 16] = f[1..17].try_into().map_err(|_| HandshakeError::BadPayload)?;
-                let p = f[17];
-                if p > 128 {
-                    return Err(bad);
+        // Tagged optional fields; anything unknown or cut ends the parse (an older
+        // node's tail is ignored, a newer node's unknown field too).
+        let (mut ipv6, mut gso) = (None, false);
+        let mut rest = &b[8 + n..];
+        loop {
+            match rest {
+                [HELLO_IPV6, f @ ..] if f.len() >= 17 => {
+                    let a: [u8; 16] = f[..16].try_into().map_err(|_| HandshakeError::BadPayload)?;
+                    if f[16] > 128 {
+                        return Err(bad);
+                    }
+                    ipv6 = Some((Ipv6Addr::from(a), f[16]));
+                    rest = &f[17..];
                 }
-                Some((Ipv6Addr::from(a), p))
+                [HELLO_FEATURES, bits, tail @ ..] => {
+                    gso = bits & FEATURE_GSO != 0;
+                    rest = tail;
+                }
+                _ => break,
             }
-            _ => None,
-        };
-        Ok(Self { cipher, ipv4, prefix, hostname, ipv6 })
+        }
+        Ok(Self { cipher, ipv4, prefix, hostname, ipv6, gso })
     }
 }
 
@@ -458,7 +479,14 @@ mod tests {
             local: StaticKey::generate().unwrap(),
             psk: Psk::derive(name, secret),
             network_name: name.into(),
-            hello: Hello { cipher, ipv4: ip.into(), prefix: 24, hostname: format!("h{}", ip[3]), ipv6: None },
+            hello: Hello {
+                cipher,
+                ipv4: ip.into(),
+                prefix: 24,
+                hostname: format!("h{}", ip[3]),
+                ipv6: None,
+                gso: true,
+            },
         }
     }
 
@@ -577,6 +605,7 @@ mod tests {
             prefix: 16,
             hostname: "node-α".into(),
             ipv6: None,
+            gso: false,
         };
         let mut b = Vec::new();
         h.emit(&mut b);
@@ -586,6 +615,17 @@ mod tests {
         v6.emit(&mut b6);
         assert_eq!(Hello::parse(&b6).unwrap(), v6);
         assert_eq!(Hello::parse(&b6[..b6.len() - 1]).unwrap(), h, "a cut IPv6 field is an unknown tail");
+        let g = Hello { gso: true, ..v6.clone() };
+        let mut bg = Vec::new();
+        g.emit(&mut bg);
+        assert_eq!(Hello::parse(&bg).unwrap(), g);
+        assert_eq!(&bg[b6.len()..], &[7, 1]);
+        // An older node reads the IPv6 field where it always was and ignores the rest.
+        assert_eq!(&bg[..b6.len()], &b6[..]);
+        let g4 = Hello { gso: true, ..h.clone() };
+        let mut bg4 = Vec::new();
+        g4.emit(&mut bg4);
+        assert_eq!(Hello::parse(&bg4).unwrap(), g4, "features without an IPv6 field");
         let mut bad = b6.clone();
         *bad.last_mut().unwrap() = 129;
         assert!(Hello::parse(&bad).is_err(), "an IPv6 prefix over 128");
@@ -611,6 +651,7 @@ mod tests {
             prefix: 24,
             hostname: "ev\x1b[31mil\u{9b}2J\x7f\r\n-α".into(),
             ipv6: None,
+            gso: true,
         };
         let mut b = Vec::new();
         h.emit(&mut b);

@@ -19,6 +19,7 @@
 
 pub mod admission;
 pub mod crypto;
+pub mod gso;
 pub mod handshake;
 pub mod pipeline;
 pub mod replay;

@@ -24,13 +24,14 @@ use tun_rs::{GROTable, IDEAL_BATCH_SIZE, SyncDevice, VIRTIO_NET_HDR_LEN};
 
 use crate::admission::MacKeys;
 use crate::crypto::TAG_LEN;
+use crate::gso;
 use crate::route::{Lookup, RouteSnapshot};
 use crate::session::Session;
 use crate::stats::{DropCounters, DropReason};
 use crate::transport::udp::{self, MAX_BATCH, Offload, Outgoing, RecvMeta};
-use crate::transport::{Egress, Endpoint, Inbound, Links, frame};
+use crate::transport::{Egress, Endpoint, Inbound, Links, Proto, frame};
 use crate::wire::{
-    DATA_HEADER_LEN, DataHeader, FLAG_CONTROL, MAX_HOPS, MessageType, RELAY_HEADER_LEN, RelayHeader, ip_addrs,
+    DATA_HEADER_LEN, DataHeader, FLAG_CONTROL, FLAG_GSO, MAX_HOPS, MessageType, RELAY_HEADER_LEN, RelayHeader, ip_addrs,
 };
 
 /// Where the data plane hands what it cannot handle itself.
@@ -198,6 +199,13 @@ impl TunWriter for DevOut<'_> {
             Self::User(u) => u.write_batch(gro, bufs),
         }
     }
+
+    fn write_super(&mut self, gro: &mut GROTable, pkt: &mut [u8], scratch: &mut [Vec<u8>]) -> io::Result<usize> {
+        match self {
+            Self::Tun(t) => t.write_super(gro, pkt, scratch),
+            Self::User(u) => u.write_super(gro, pkt, scratch),
+        }
+    }
 }
 
 /// Where RX writes decrypted packets: the TUN queue, or a collector in tests.
@@ -205,6 +213,16 @@ pub trait TunWriter {
     /// Writes `bufs` (each with `VIRTIO_NET_HDR_LEN` bytes of headroom), coalescing
     /// where it can. Errors are counted by the caller.
     fn write_batch(&mut self, gro: &mut GROTable, bufs: &mut [Vec<u8>]) -> io::Result<()>;
+
+    /// Writes one GSO super-packet (`pkt`: a virtio header, then the packet) and
+    /// returns how many packets it stands for. By default it is split into `scratch`
+    /// ([`gso::split_into`]) and the segments go through [`TunWriter::write_batch`];
+    /// errors of kind `InvalidData` are malformed super-packets.
+    fn write_super(&mut self, gro: &mut GROTable, pkt: &mut [u8], scratch: &mut [Vec<u8>]) -> io::Result<usize> {
+        let n = gso::split_into(pkt, scratch)?;
+        self.write_batch(gro, &mut scratch[..n])?;
+        Ok(n)
+    }
 }
 
 /// The TUN queue as RX's writer: GRO-coalesced writes while the kernel accepts them;
@@ -257,6 +275,27 @@ impl TunWriter for TunOut<'_> {
             }
             r => r.map(|_| ()),
         }
+    }
+
+    /// With offload the kernel takes the super-packet whole (after the header is
+    /// checked) and segments it itself; otherwise, or once it refused a GSO write,
+    /// it is split here.
+    fn write_super(&mut self, gro: &mut GROTable, pkt: &mut [u8], scratch: &mut [Vec<u8>]) -> io::Result<usize> {
+        if self.vnet_hdr && self.offload.tun_gro() {
+            let (_, segments) = gso::normalize(pkt)?;
+            match self.dev.send(pkt) {
+                Ok(_) => return Ok(segments),
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    if self.offload.disable_tun_gro() {
+                        warn!(error = %e, "TUN refused a GSO write; turning TUN GRO off");
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let n = gso::split_into(pkt, scratch)?;
+        self.write_batch(gro, &mut scratch[..n])?;
+        Ok(n)
     }
 }
 
@@ -343,12 +382,15 @@ impl<'a> Tally<'a> {
         Self { cur: None, packets: 0, bytes: 0 }
     }
     fn add(&mut self, s: &'a Arc<Session>, bytes: usize, rx: bool, now: u64) {
+        self.add_n(s, 1, bytes as u64, rx, now);
+    }
+    fn add_n(&mut self, s: &'a Arc<Session>, packets: u64, bytes: u64, rx: bool, now: u64) {
         if !self.cur.is_some_and(|c| Arc::ptr_eq(c, s)) {
             self.flush(rx, now);
             self.cur = Some(s);
         }
-        self.packets += 1;
-        self.bytes += bytes as u64;
+        self.packets += packets;
+        self.bytes += bytes;
     }
     fn flush(&mut self, rx: bool, now: u64) {
         if let Some(s) = self.cur.take() {
@@ -366,6 +408,8 @@ impl<'a> Tally<'a> {
 
 /// TUN -> UDP.
 pub struct Tx {
+    /// With offload: what the TUN returned (virtio header and a packet of up to
+    /// 64 KiB) at [`TX_HEADROOM`], split from here or sealed here whole.
     original: Vec<u8>,
     bufs: Vec<Vec<u8>>,
     sizes: Vec<usize>,
@@ -381,7 +425,8 @@ impl Tx {
     /// Allocates the thread's buffers once.
     pub fn new(cfg: PipelineConfig) -> Self {
         let slot = TX_HEADROOM + usize::from(cfg.mtu).max(1500) + TAG_LEN + 64;
-        let original = if cfg.offload { vec![0u8; VIRTIO_NET_HDR_LEN + 65535] } else { Vec::new() };
+        let original =
+            if cfg.offload { vec![0u8; TX_HEADROOM + VIRTIO_NET_HDR_LEN + 65535 + TAG_LEN + 64] } else { Vec::new() };
         Self {
             original,
             bufs: (0..IDEAL_BATCH_SIZE).map(|_| vec![0u8; slot]).collect(),
@@ -446,7 +491,8 @@ impl Tx {
 
     fn run_tun(mut self, tun: &SyncDevice, mut egress: Egress, shared: &Shared, stats: &PipelineStats) {
         loop {
-            let n = match tun.recv_multiple(&mut self.original, &mut self.bufs, &mut self.sizes, TX_HEADROOM) {
+            let n = match self.read(tun, &mut egress, shared, stats) {
+                Ok(0) => continue,
                 Ok(n) => n,
                 Err(e) => {
                     stats.drops.add(DropReason::Tun, 1);
@@ -460,6 +506,77 @@ impl Tx {
             };
             self.send(n, &mut egress, shared, stats);
         }
+    }
+
+    /// Reads from the TUN: returns how many packets to seal are in the buffers, or 0
+    /// when what it read was a super-packet that went out whole.
+    fn read(
+        &mut self,
+        tun: &SyncDevice,
+        egress: &mut Egress,
+        shared: &Shared,
+        stats: &PipelineStats,
+    ) -> io::Result<usize> {
+        if self.original.is_empty() {
+            return tun.recv_multiple(&mut self.original, &mut self.bufs, &mut self.sizes, TX_HEADROOM);
+        }
+        let len = tun.recv(&mut self.original[TX_HEADROOM..])?;
+        let routes = shared.routes.load();
+        if let Some((packets, bytes)) = self.seal_super(&routes, len, now_ms(shared.epoch)) {
+            // The record is in `original`: send it from buffer 0's place.
+            std::mem::swap(&mut self.bufs[0], &mut self.original);
+            egress.send(&self.bufs, &self.out).count(&stats.drops);
+            std::mem::swap(&mut self.bufs[0], &mut self.original);
+            stats.tx_batches.fetch_add(1, Relaxed);
+            stats.tx_packets.fetch_add(packets, Relaxed);
+            stats.tx_bytes.fetch_add(bytes, Relaxed);
+            return Ok(0);
+        }
+        gso::split(&mut self.original[TX_HEADROOM..TX_HEADROOM + len], &mut self.bufs, &mut self.sizes, TX_HEADROOM)
+    }
+
+    /// The raw read buffer (virtio header and packet go at its start), for feeding
+    /// super-packets without a TUN (tests and benches); empty without offload.
+    pub fn raw_buffer(&mut self) -> &mut [u8] {
+        self.original.get_mut(TX_HEADROOM..).unwrap_or_default()
+    }
+
+    /// Seals the super-packet of `len` bytes (virtio header included) in the raw
+    /// buffer as one [`FLAG_GSO`] record when it goes straight to a peer over a
+    /// reliable connection (TCP, WebSocket) and the peer takes such records; lists it
+    /// as the only entry of the outgoing list (buffer 0: [`Tx::super_record`]).
+    /// Returns the packets and bytes it stands for, or `None` (nothing sealed) when
+    /// it is to be split and sealed per packet instead.
+    pub fn seal_super(&mut self, routes: &RouteSnapshot, len: usize, now: u64) -> Option<(u64, u64)> {
+        let pkt = self.original.get(TX_HEADROOM..TX_HEADROOM + len)?;
+        if gso::header(pkt).ok()?.gso_type == gso::GSO_NONE {
+            return None;
+        }
+        let (_, dst) = ip_addrs(&pkt[VIRTIO_NET_HDR_LEN..])?;
+        let Lookup::Route(route) = routes.lookup(dst) else { return None };
+        let s = &route.session;
+        if route.relay.is_some()
+            || !matches!(route.target.proto, Proto::Tcp | Proto::Ws | Proto::Wss)
+            || !s.peer_gso()
+            || s.is_expired(now)
+            || len + s.overhead() > frame::MAX_FRAME
+        {
+            return None;
+        }
+        let (_, segments) = gso::normalize(&mut self.original[TX_HEADROOM..TX_HEADROOM + len]).ok()?;
+        let sealed = s.seal_with_flags(&mut self.original[RELAY_HEADER_LEN..], len, FLAG_GSO)?;
+        self.out.clear();
+        self.out.push(Outgoing { buf: 0, start: RELAY_HEADER_LEN, len: sealed, to: route.target });
+        let (packets, bytes) = (segments as u64, (len - VIRTIO_NET_HDR_LEN) as u64);
+        s.stats.add_tx(packets, bytes);
+        s.touch_tx(now);
+        Some((packets, bytes))
+    }
+
+    /// The record the last successful [`Tx::seal_super`] sealed, and where it goes.
+    pub fn super_record(&self) -> Option<(Endpoint, &[u8])> {
+        let o = self.out.first()?;
+        Some((o.to, self.original.get(o.start..o.start + o.len)?))
     }
 
     /// Seals the `n` packets read into the buffers (at [`TX_HEADROOM`]) and lists the
@@ -551,8 +668,6 @@ pub struct Rx {
     pending: usize,
     /// Relayed frames to forward, as offsets into the slab.
     fwd: Vec<Outgoing>,
-    /// Links RX: offset into a batch that did not fit the slots in one go.
-    resume: usize,
     vnet_hdr: bool,
 }
 
@@ -574,7 +689,6 @@ impl Rx {
             gro: GROTable::default(),
             pending: 0,
             fwd: Vec::with_capacity(MAX_BATCH),
-            resume: 0,
             vnet_hdr: cfg.offload,
         }
     }
@@ -606,7 +720,8 @@ impl Rx {
     }
 
     /// The links RX loop: batches received by the connections, copied into the slab
-    /// (one frame per slot) and processed like UDP datagrams.
+    /// (one frame per slot) and processed like UDP datagrams. Frames larger than a
+    /// slot (GSO records) are handled where they lie, in order with the rest.
     fn run_links(
         mut self,
         dev: &Device,
@@ -616,69 +731,99 @@ impl Rx {
         stats: &PipelineStats,
     ) {
         let mut writer = DevOut::new(dev, &shared.offload, self.vnet_hdr);
-        let mut carry: Option<Inbound> = None;
         while !shared.stop.load(Relaxed) {
-            let first = match carry.take() {
-                Some(b) => b,
-                None => match inbound.recv_timeout(Duration::from_millis(500)) {
-                    Ok(b) => b,
-                    Err(mpsc::RecvTimeoutError::Timeout) => continue,
-                    Err(mpsc::RecvTimeoutError::Disconnected) => return,
-                },
+            let first = match inbound.recv_timeout(Duration::from_millis(500)) {
+                Ok(b) => b,
+                Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
             };
-            // Fill the slots from this batch and whatever else is already waiting.
+            // Fill the slots from this batch and whatever else is already waiting
+            // (a bounded number of batches, so that `stop` is seen under load).
             let mut n = 0;
             let mut next = Some(first);
-            while let Some(b) = next.take() {
-                match self.fill(&b, n, stats) {
-                    Ok(used) => n = used,
-                    Err(used) => {
-                        // Out of slots: process these, continue with the rest.
-                        n = used;
-                        carry = Some(b);
+            let mut taken = 0;
+            while let Some(mut b) = next.take() {
+                taken += 1;
+                let mut at = 0;
+                while at < b.batch.len() {
+                    let Some(Ok(r)) = frame::first(&b.batch[at..]) else {
+                        stats.drops.add(DropReason::Malformed, 1);
                         break;
+                    };
+                    let (start, end) = (at + r.start, at + r.end);
+                    at = end;
+                    if end - start > self.slot {
+                        if n > 0 {
+                            self.flush_links(n, shared, stats, &mut writer, &mut egress);
+                            n = 0;
+                        }
+                        let routes = shared.routes.load();
+                        let now = now_ms(shared.epoch);
+                        self.process_big(&routes, shared, stats, b.from, &mut b.batch[start..end], now, &mut writer);
+                        continue;
                     }
+                    if n == self.metas.len() {
+                        self.flush_links(n, shared, stats, &mut writer, &mut egress);
+                        n = 0;
+                    }
+                    let len = end - start;
+                    let slot = n * self.slot;
+                    self.slab[slot..slot + len].copy_from_slice(&b.batch[start..end]);
+                    self.metas[n] = RecvMeta { from: b.from, len, stride: len, truncated: false };
+                    n += 1;
                 }
-                if n < self.metas.len() {
+                if n < self.metas.len() && taken < LINKS_BATCHES_PER_ROUND {
                     next = inbound.try_recv().ok();
                 }
             }
-            if n == 0 {
-                continue;
+            if n > 0 {
+                self.flush_links(n, shared, stats, &mut writer, &mut egress);
             }
-            let routes = shared.routes.load();
-            stats.rx_batches.fetch_add(1, Relaxed);
-            self.process(&routes, shared, stats, n, now_ms(shared.epoch), &mut writer);
-            self.forward(&mut egress, stats);
         }
     }
 
-    /// Copies the frames of `b` into slots from `n` on. Returns the slots now used, or
-    /// `Err(used)` when the slots ran out first; the frames already copied are then
-    /// cut from `b`'s front so the caller can pass the rest again.
-    fn fill(&mut self, b: &Inbound, mut n: usize, stats: &PipelineStats) -> Result<usize, usize> {
-        let mut copied = 0;
-        for f in frame::frames(&b.batch[self.resume..]) {
-            let Ok(f) = f else {
-                stats.drops.add(DropReason::Malformed, 1);
-                break;
-            };
-            if n == self.metas.len() {
-                self.resume += copied;
-                return Err(n);
+    fn flush_links(
+        &mut self,
+        n: usize,
+        shared: &Shared,
+        stats: &PipelineStats,
+        writer: &mut impl TunWriter,
+        egress: &mut Egress,
+    ) {
+        let routes = shared.routes.load();
+        stats.rx_batches.fetch_add(1, Relaxed);
+        self.process(&routes, shared, stats, n, now_ms(shared.epoch), writer);
+        self.forward(egress, stats);
+    }
+
+    /// Handles one message larger than a slot where it lies: only a GSO record sent
+    /// straight to us is that large; anything else (a relayed one, a plain packet over
+    /// our MTU) is dropped as malformed.
+    #[allow(clippy::too_many_arguments)]
+    pub fn process_big(
+        &mut self,
+        routes: &RouteSnapshot,
+        shared: &Shared,
+        stats: &PipelineStats,
+        from: Endpoint,
+        data: &mut [u8],
+        now: u64,
+        out: &mut impl TunWriter,
+    ) {
+        match classify(routes, shared, stats, from, data, now) {
+            Got::Packet { session, at, len, gso: true } => {
+                if let Some((packets, bytes)) =
+                    deliver_super(out, &mut self.gro, &mut self.coal, &mut data[at..at + len], stats)
+                {
+                    session.stats.add_rx(packets, bytes);
+                    stats.rx_packets.fetch_add(packets, Relaxed);
+                    stats.rx_bytes.fetch_add(bytes, Relaxed);
+                }
             }
-            copied += frame::PREFIX + f.len();
-            if f.len() > self.slot {
-                stats.drops.add(DropReason::Malformed, 1);
-                continue;
-            }
-            let start = n * self.slot;
-            self.slab[start..start + f.len()].copy_from_slice(f);
-            self.metas[n] = RecvMeta { from: b.from, len: f.len(), stride: f.len(), truncated: false };
-            n += 1;
+            Got::Packet { session, .. } => session.stats.drops.add(DropReason::Malformed, 1),
+            Got::Forward(_) => stats.drops.add(DropReason::Malformed, 1),
+            Got::Nothing => {}
         }
-        self.resume = 0;
-        Ok(n)
     }
 
     fn forward(&mut self, egress: &mut Egress, stats: &PipelineStats) {
@@ -714,18 +859,30 @@ impl Rx {
                 let seg = stride.min(meta.len - off);
                 let start = base + off;
                 off += seg;
-                let data = &mut self.slab[start..start + seg];
-                let delivered = match relay_or_local(routes, stats, meta.from, data) {
-                    Hop::Local(skip, via) => open(routes, shared, stats, meta.from, via, &mut data[skip..], now)
-                        .map(|(s, len)| (s, skip, len)),
-                    Hop::Forward(to) => {
-                        self.fwd.push(Outgoing { buf: 0, start, len: seg, to });
-                        None
-                    }
-                    Hop::Drop => None,
-                };
-                let Some((session, skip, len)) = delivered else { continue };
-                let plain = &self.slab[start + skip + DATA_HEADER_LEN..start + skip + DATA_HEADER_LEN + len];
+                let (session, at, len) =
+                    match classify(routes, shared, stats, meta.from, &mut self.slab[start..start + seg], now) {
+                        Got::Packet { session, at, len, gso: false } => (session, start + at, len),
+                        Got::Packet { session, at, len, gso: true } => {
+                            // In order: what is pending goes first.
+                            if self.pending > 0 {
+                                Self::write(&mut self.coal[..self.pending], &mut self.gro, stats, out);
+                                self.pending = 0;
+                            }
+                            let pkt = &mut self.slab[start + at..start + at + len];
+                            if let Some((p, b)) = deliver_super(out, &mut self.gro, &mut self.coal, pkt, stats) {
+                                packets += p;
+                                bytes += b;
+                                tally.add_n(session, p, b, true, now);
+                            }
+                            continue;
+                        }
+                        Got::Forward(to) => {
+                            self.fwd.push(Outgoing { buf: 0, start, len: seg, to });
+                            continue;
+                        }
+                        Got::Nothing => continue,
+                    };
+                let plain = &self.slab[at..at + len];
                 let buf = &mut self.coal[self.pending];
                 buf.clear();
                 buf.resize(VIRTIO_NET_HDR_LEN, 0);
@@ -764,6 +921,59 @@ impl Rx {
     /// The slab and metadata, for feeding datagrams without a socket (tests, benches).
     pub fn slab(&mut self) -> (&mut [u8], usize, &mut [RecvMeta]) {
         (&mut self.slab, self.slot, &mut self.metas)
+    }
+}
+
+/// Batches the links RX takes from its queue before it looks at `stop` again.
+const LINKS_BATCHES_PER_ROUND: usize = 64;
+
+/// What became of one received message.
+enum Got<'r> {
+    /// Opened: the plaintext is at `at..at + len` of the message; `gso` when it is a
+    /// super-packet (virtio header first).
+    Packet { session: &'r Arc<Session>, at: usize, len: usize, gso: bool },
+    /// A relayed frame for someone else (hop limit already decremented).
+    Forward(Endpoint),
+    /// Handed to the control plane, a keepalive, or dropped and counted.
+    Nothing,
+}
+
+/// Relay header, then authentication and checks: see [`relay_or_local`], [`open`].
+fn classify<'r>(
+    routes: &'r RouteSnapshot,
+    shared: &Shared,
+    stats: &PipelineStats,
+    from: Endpoint,
+    data: &mut [u8],
+    now: u64,
+) -> Got<'r> {
+    match relay_or_local(routes, stats, from, data) {
+        Hop::Local(skip, via) => match open(routes, shared, stats, from, via, &mut data[skip..], now) {
+            Some((session, len, gso)) => Got::Packet { session, at: skip + DATA_HEADER_LEN, len, gso },
+            None => Got::Nothing,
+        },
+        Hop::Forward(to) => Got::Forward(to),
+        Hop::Drop => Got::Nothing,
+    }
+}
+
+/// Writes a super-packet; returns the packets and bytes delivered, or `None` (counted).
+fn deliver_super(
+    out: &mut impl TunWriter,
+    gro: &mut GROTable,
+    scratch: &mut [Vec<u8>],
+    pkt: &mut [u8],
+    stats: &PipelineStats,
+) -> Option<(u64, u64)> {
+    let bytes = pkt.len().saturating_sub(VIRTIO_NET_HDR_LEN) as u64;
+    match out.write_super(gro, pkt, scratch) {
+        Ok(n) => Some((n as u64, bytes)),
+        Err(e) => {
+            debug!(error = %e, "super-packet not delivered");
+            let reason = if e.kind() == io::ErrorKind::InvalidData { DropReason::Malformed } else { DropReason::Tun };
+            stats.drops.add(reason, 1);
+            None
+        }
     }
 }
 
@@ -815,8 +1025,9 @@ fn relay_or_local(routes: &RouteSnapshot, stats: &PipelineStats, from: Endpoint,
 }
 
 /// Classifies, authenticates and checks one datagram. Returns the session it belongs
-/// to and the plaintext length (plaintext at `data[16..]`) for a packet to deliver;
-/// `None` for anything else (handed to the control plane, a keepalive, or a drop).
+/// to, the plaintext length (plaintext at `data[16..]`) and whether it is a GSO
+/// super-packet, for a packet to deliver; `None` for anything else (handed to the
+/// control plane, a keepalive, or a drop).
 fn open<'r>(
     routes: &'r RouteSnapshot,
     shared: &Shared,
@@ -825,7 +1036,7 @@ fn open<'r>(
     via: Option<[u8; 8]>,
     data: &mut [u8],
     now: u64,
-) -> Option<(&'r Arc<Session>, usize)> {
+) -> Option<(&'r Arc<Session>, usize, bool)> {
     match MessageType::of(data) {
         Some(MessageType::Data) => {}
         Some(_) => {
@@ -892,8 +1103,10 @@ fn open<'r>(
     if len == 0 {
         return None; // keepalive
     }
-    match ip_addrs(&data[DATA_HEADER_LEN..DATA_HEADER_LEN + len]) {
-        Some((src, _)) if routes.may_send_from(session, src) => Some((session, len)),
+    let gso = hdr.flags & FLAG_GSO != 0;
+    let ip = if gso { DATA_HEADER_LEN + VIRTIO_NET_HDR_LEN } else { DATA_HEADER_LEN };
+    match data.get(ip..DATA_HEADER_LEN + len).and_then(ip_addrs) {
+        Some((src, _)) if routes.may_send_from(session, src) => Some((session, len, gso)),
         Some(_) => {
             session.stats.drops.add(DropReason::Spoofed, 1);
             None

@@ -71,6 +71,8 @@ pub struct Session {
     /// Pipeline-clock time (ms) from which the keys are refused; `u64::MAX` until the
     /// control plane sets it.
     expires_ms: AtomicU64,
+    /// Whether the peer takes GSO super-packets as one record (its hello said so).
+    peer_gso: AtomicBool,
 }
 
 impl Session {
@@ -94,6 +96,7 @@ impl Session {
             roam_reported_ms: AtomicU64::new(0),
             roam_from: AtomicU64::new(0),
             expires_ms: AtomicU64::new(u64::MAX),
+            peer_gso: AtomicBool::new(false),
         }
     }
 
@@ -119,6 +122,17 @@ impl Session {
     /// When the keys expire, on the pipeline clock (`u64::MAX`: not set).
     pub fn expires_at_ms(&self) -> u64 {
         self.expires_ms.load(Relaxed)
+    }
+
+    /// Records that the peer takes GSO super-packets as one record
+    /// ([`crate::wire::FLAG_GSO`]), as its hello said.
+    pub fn set_peer_gso(&self, yes: bool) {
+        self.peer_gso.store(yes, Relaxed);
+    }
+
+    /// Whether TX may send the peer whole super-packets on reliable connections.
+    pub fn peer_gso(&self) -> bool {
+        self.peer_gso.load(Relaxed)
     }
 
     /// Bytes `seal` adds in front of and behind the payload.

@@ -24,6 +24,10 @@ pub const MAX_HOPS: u8 = 64;
 /// Data header flag: the plaintext is a control message for the peer's control
 /// plane, not an IP packet.
 pub const FLAG_CONTROL: u8 = 0x01;
+/// Data header flag: the plaintext is a GSO super-packet (a virtio-net header, then
+/// one IP packet of up to 64 KiB; see [`crate::gso`]). Sent only on reliable
+/// connections to peers whose hello says they take it.
+pub const FLAG_GSO: u8 = 0x02;
 /// Length of a reject message.
 pub const REJECT_LEN: usize = 8;
 /// Largest datagram Weft accepts or emits.

@@ -79,14 +79,28 @@ pub fn seeds() -> Vec<Seed> {
     }
     for (i, cipher) in Cipher::ALL.into_iter().enumerate() {
         let mut h = Vec::new();
-        Hello { cipher, ipv4: Ipv4Addr::new(10, 9, 0, 1), prefix: 16, hostname: format!("host-é-{i}"), ipv6: None }
-            .emit(&mut h);
+        Hello {
+            cipher,
+            ipv4: Ipv4Addr::new(10, 9, 0, 1),
+            prefix: 16,
+            hostname: format!("host-é-{i}"),
+            ipv6: None,
+            gso: false,
+        }
+        .emit(&mut h);
         s.push(("hello", format!("seed-hello-{i}"), h));
     }
     let mut h = Vec::new();
     let v6 = Some((std::net::Ipv6Addr::new(0xfd12, 0x3456, 0x789a, 0, 1, 2, 3, 4), 64));
-    Hello { cipher: Cipher::Aes128Gcm, ipv4: Ipv4Addr::new(10, 9, 0, 1), prefix: 16, hostname: "six".into(), ipv6: v6 }
-        .emit(&mut h);
+    Hello {
+        cipher: Cipher::Aes128Gcm,
+        ipv4: Ipv4Addr::new(10, 9, 0, 1),
+        prefix: 16,
+        hostname: "six".into(),
+        ipv6: v6,
+        gso: true,
+    }
+    .emit(&mut h);
     s.push(("hello", "seed-hello-ipv6".into(), h));
     let mut rec = Vec::new();
     record().emit(&mut rec);

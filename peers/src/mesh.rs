@@ -567,6 +567,7 @@ impl Node {
                 prefix: ours.prefix,
                 hostname: rec.hostname.clone(),
                 ipv6: rec.overlay6.map(|a| (a, ours.ipv6.map_or(64, |(_, q)| q))),
+                gso: false,
             };
             self.peers.insert(key, Peer::new(key, hello, now, std::sync::Arc::default()));
             self.ids.insert(node, key);

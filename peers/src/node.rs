@@ -1131,6 +1131,7 @@ impl Node {
             stats,
         }));
         session.set_created_ms(ms_since(self.cfg.epoch, now));
+        session.set_peer_gso(done.hello.gso);
         let held = Held {
             key: done.remote_static,
             hello: done.hello,

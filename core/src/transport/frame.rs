@@ -79,6 +79,19 @@ pub fn complete_prefix(buf: &[u8]) -> Result<usize, FrameError> {
     Ok(used)
 }
 
+/// Where the frame of the first record of a complete batch lies (`None` at its
+/// end), for handling frames in place.
+pub fn first(batch: &[u8]) -> Option<Result<std::ops::Range<usize>, FrameError>> {
+    if batch.is_empty() {
+        return None;
+    }
+    Some(match complete(batch) {
+        Ok(Some(n)) => Ok(PREFIX..n),
+        Ok(None) => Err(FrameError::Truncated),
+        Err(e) => Err(e),
+    })
+}
+
 /// Length of the first record of `buf` if it is complete.
 fn complete(buf: &[u8]) -> Result<Option<usize>, FrameError> {
     let Some(head) = buf.first_chunk::<PREFIX>() else { return Ok(None) };
@@ -119,6 +132,10 @@ mod tests {
         }
         assert_eq!(frames(&b[..9]).nth(1), Some(Err(FrameError::Truncated)));
         assert_eq!(complete_prefix(&[0, 0, 1]), Err(FrameError::Empty));
+        assert_eq!(first(&b), Some(Ok(2..7)));
+        assert_eq!(first(&b[7..]), Some(Ok(2..8)));
+        assert_eq!(first(&b[..6]), Some(Err(FrameError::Truncated)));
+        assert_eq!(first(&[]), None);
         let mut it = frames(&[0, 1, 9, 0, 0, 0, 1, 9]);
         assert_eq!(it.next(), Some(Ok(&[9u8][..])));
         assert_eq!(it.next(), Some(Err(FrameError::Empty)));

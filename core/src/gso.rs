@@ -1,0 +1,231 @@
+//! Virtio-net GSO super-packets: what a TUN with offload hands TX (a virtio header,
+//! then one IP packet of up to 64 KiB that the kernel would have cut into MTU-sized
+//! segments), checked and either split here or carried whole.
+//!
+//! On reliable connections (TCP, WebSocket) a super-packet travels as one sealed
+//! record ([`crate::wire::FLAG_GSO`]): one AEAD call and one frame instead of ~45, no
+//! TSO split and no GRO on the far side. The receiver writes it to its TUN as is when
+//! the TUN has offload, and splits it with [`split`] otherwise. Everything in the
+//! header is checked first ([`normalize`]): the record comes from a member, and a
+//! header the kernel or the splitter would misread is dropped instead.
+
+use std::io;
+
+use tun_rs::{
+    VIRTIO_NET_HDR_GSO_TCPV4, VIRTIO_NET_HDR_GSO_TCPV6, VIRTIO_NET_HDR_GSO_UDP_L4, VIRTIO_NET_HDR_LEN, VirtioNetHdr,
+};
+
+/// `gso_type` of a packet that is not a super-packet.
+pub const GSO_NONE: u8 = 0;
+/// `flags`: the transport checksum is partial (from `csum_start`, stored at
+/// `csum_start + csum_offset`).
+pub const F_NEEDS_CSUM: u8 = 1;
+/// `gso_type` bit: TCP with ECN.
+const GSO_ECN: u8 = 0x80;
+
+fn bad(msg: &'static str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg)
+}
+
+/// The virtio header in front of `pkt`.
+pub fn header(pkt: &[u8]) -> io::Result<VirtioNetHdr> {
+    if pkt.len() <= VIRTIO_NET_HDR_LEN {
+        return Err(bad("packet shorter than its virtio header"));
+    }
+    VirtioNetHdr::decode(&pkt[..VIRTIO_NET_HDR_LEN])
+}
+
+/// Checks the super-packet `pkt` (virtio header, then the IP packet) and rewrites its
+/// `hdr_len` from the packet's own headers (the kernel's may cover a whole forwarded
+/// packet, a member's may be anything). Returns the header and the number of
+/// segments it stands for. Errors for anything that is not a TCP or UDP super-packet
+/// whose header agrees with the packet.
+pub fn normalize(pkt: &mut [u8]) -> io::Result<(VirtioNetHdr, usize)> {
+    let mut hdr = header(pkt)?;
+    let ip = &pkt[VIRTIO_NET_HDR_LEN..];
+    let v6 = match ip[0] >> 4 {
+        4 => false,
+        6 => true,
+        _ => return Err(bad("not an IP packet")),
+    };
+    if hdr.gso_size == 0 {
+        return Err(bad("GSO size zero"));
+    }
+    let base = hdr.gso_type & !GSO_ECN;
+    let tcp = match base {
+        VIRTIO_NET_HDR_GSO_TCPV4 if !v6 => true,
+        VIRTIO_NET_HDR_GSO_TCPV6 if v6 => true,
+        VIRTIO_NET_HDR_GSO_UDP_L4 if hdr.gso_type & GSO_ECN == 0 => false,
+        _ => return Err(bad("GSO type does not match the packet")),
+    };
+    let start = usize::from(hdr.csum_start);
+    if start < if v6 { 40 } else { 20 } {
+        return Err(bad("checksum start inside the IP header"));
+    }
+    let l4 = if tcp {
+        let off = ip.get(start + 12).ok_or_else(|| bad("packet shorter than its TCP header"))?;
+        let l = usize::from(off >> 4) * 4;
+        if !(20..=60).contains(&l) {
+            return Err(bad("bad TCP header length"));
+        }
+        l
+    } else {
+        8
+    };
+    let hdr_len = start + l4;
+    if hdr_len > ip.len() || usize::from(hdr.csum_offset) != if tcp { 16 } else { 6 } {
+        return Err(bad("virtio header does not match the packet"));
+    }
+    let payload = ip.len() - hdr_len;
+    hdr.hdr_len = u16::try_from(hdr_len).map_err(|_| bad("header too long"))?;
+    hdr.encode(&mut pkt[..VIRTIO_NET_HDR_LEN])?;
+    Ok((hdr, payload.div_ceil(usize::from(hdr.gso_size))))
+}
+
+/// Splits what a TUN with offload returned (`pkt`: virtio header, then the packet)
+/// into `bufs`, each packet at `offset` with its length in `sizes`, like the kernel
+/// would have segmented it (checksums completed). Returns the number of packets.
+pub fn split<B: AsRef<[u8]> + AsMut<[u8]>>(
+    pkt: &mut [u8],
+    bufs: &mut [B],
+    sizes: &mut [usize],
+    offset: usize,
+) -> io::Result<usize> {
+    let hdr = header(pkt)?;
+    if hdr.gso_type == GSO_NONE {
+        let ip = &mut pkt[VIRTIO_NET_HDR_LEN..];
+        if hdr.flags & F_NEEDS_CSUM != 0 {
+            complete_checksum(ip, usize::from(hdr.csum_start), usize::from(hdr.csum_offset))?;
+        }
+        let (Some(buf), Some(size)) = (bufs.first_mut(), sizes.first_mut()) else {
+            return Err(bad("no buffer"));
+        };
+        let dst = buf.as_mut().get_mut(offset..offset + ip.len()).ok_or_else(|| bad("packet larger than a buffer"))?;
+        dst.copy_from_slice(ip);
+        *size = ip.len();
+        return Ok(1);
+    }
+    let (hdr, _) = normalize(pkt)?;
+    let v6 = pkt[VIRTIO_NET_HDR_LEN] >> 4 == 6;
+    tun_rs::gso_split(&mut pkt[VIRTIO_NET_HDR_LEN..], hdr, bufs, sizes, offset, v6)
+}
+
+/// Splits the super-packet `pkt` into `bufs` resized for it, each packet behind
+/// [`VIRTIO_NET_HDR_LEN`] bytes of headroom (RX's write layout). Returns the number
+/// of packets.
+pub fn split_into(pkt: &mut [u8], bufs: &mut [Vec<u8>]) -> io::Result<usize> {
+    let hdr = header(pkt)?;
+    let (count, each) = if hdr.gso_type == GSO_NONE {
+        (1, pkt.len() - VIRTIO_NET_HDR_LEN)
+    } else {
+        let (h, segs) = normalize(pkt)?;
+        (segs, usize::from(h.hdr_len) + usize::from(h.gso_size))
+    };
+    let mut sizes = [0usize; tun_rs::IDEAL_BATCH_SIZE];
+    if count > bufs.len().min(sizes.len()) {
+        return Err(bad("more segments than buffers"));
+    }
+    let bufs = &mut bufs[..count];
+    for b in bufs.iter_mut() {
+        b.resize(VIRTIO_NET_HDR_LEN + each, 0);
+    }
+    let n = split(pkt, bufs, &mut sizes[..count], VIRTIO_NET_HDR_LEN)?;
+    for (b, s) in bufs.iter_mut().zip(sizes) {
+        b.truncate(VIRTIO_NET_HDR_LEN + s);
+    }
+    Ok(n)
+}
+
+/// Completes a partial transport checksum in place (`NEEDS_CSUM` without GSO).
+fn complete_checksum(ip: &mut [u8], start: usize, offset: usize) -> io::Result<()> {
+    let at = start.checked_add(offset).ok_or_else(|| bad("checksum offset overflows"))?;
+    if at + 2 > ip.len() {
+        return Err(bad("checksum field outside the packet"));
+    }
+    let initial = u16::from_be_bytes([ip[at], ip[at + 1]]);
+    ip[at..at + 2].fill(0);
+    let sum = tun_rs::checksum(&ip[start..], u64::from(initial));
+    ip[at..at + 2].copy_from_slice(&(!sum).to_be_bytes());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A TCP/IPv4 super-packet as a TUN with offload hands it out: `segs` segments of
+    /// `mss` bytes, partial checksum.
+    pub(crate) fn super_packet(mss: usize, segs: usize) -> Vec<u8> {
+        let payload = mss * segs;
+        let mut p = vec![0u8; VIRTIO_NET_HDR_LEN + 40 + payload];
+        let hdr = VirtioNetHdr {
+            flags: F_NEEDS_CSUM,
+            gso_type: VIRTIO_NET_HDR_GSO_TCPV4,
+            hdr_len: 40,
+            gso_size: mss as u16,
+            csum_start: 20,
+            csum_offset: 16,
+        };
+        hdr.encode(&mut p).unwrap();
+        let ip = &mut p[VIRTIO_NET_HDR_LEN..];
+        ip[0] = 0x45;
+        ip[2..4].copy_from_slice(&((40 + payload) as u16).to_be_bytes());
+        ip[8] = 64;
+        ip[9] = 6;
+        ip[12..16].copy_from_slice(&[10, 0, 0, 2]);
+        ip[16..20].copy_from_slice(&[10, 0, 0, 1]);
+        ip[32] = 5 << 4;
+        for (i, b) in ip[40..].iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        p
+    }
+
+    #[test]
+    fn a_super_packet_splits_into_its_segments() {
+        let mut p = super_packet(1000, 5);
+        let mut bufs = vec![Vec::new(); 8];
+        assert_eq!(split_into(&mut p, &mut bufs).unwrap(), 5);
+        for (i, b) in bufs[..5].iter().enumerate() {
+            let ip = &b[VIRTIO_NET_HDR_LEN..];
+            assert_eq!(ip.len(), 1040);
+            assert_eq!(u16::from_be_bytes([ip[2], ip[3]]), 1040);
+            assert_eq!(ip[40], (i * 1000) as u8, "segment {i} carries its own bytes");
+        }
+    }
+
+    #[test]
+    fn headers_that_disagree_with_the_packet_are_refused() {
+        type Spoil = fn(&mut VirtioNetHdr);
+        let cases: [(&str, Spoil); 4] = [
+            ("v6 type on v4", |h| h.gso_type = VIRTIO_NET_HDR_GSO_TCPV6),
+            ("zero size", |h| h.gso_size = 0),
+            ("start in IP header", |h| h.csum_start = 4),
+            ("wrong offset", |h| h.csum_offset = 6),
+        ];
+        for (what, f) in cases {
+            let mut p = super_packet(1000, 3);
+            let mut h = header(&p).unwrap();
+            f(&mut h);
+            h.encode(&mut p).unwrap();
+            assert!(normalize(&mut p).is_err(), "{what}");
+            assert!(split_into(&mut p, &mut vec![Vec::new(); 8]).is_err(), "{what}");
+        }
+        // A TCP header longer than the packet, a header of 8 bytes.
+        let mut p = super_packet(1000, 1);
+        p.truncate(VIRTIO_NET_HDR_LEN + 33);
+        assert!(normalize(&mut p).is_err());
+        assert!(header(&[0u8; 10]).is_err());
+    }
+
+    #[test]
+    fn hdr_len_is_taken_from_the_packet() {
+        let mut p = super_packet(1000, 3);
+        let mut h = header(&p).unwrap();
+        h.hdr_len = 3040;
+        h.encode(&mut p).unwrap();
+        let (h, segs) = normalize(&mut p).unwrap();
+        assert_eq!((h.hdr_len, segs), (40, 3));
+        assert_eq!(header(&p).unwrap().hdr_len, 40);
+    }
+}
