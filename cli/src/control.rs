@@ -332,6 +332,12 @@ pub struct PipelineJson {
     pub rx_bytes: u64,
     /// recvmmsg batches.
     pub rx_batches: u64,
+    /// GSO super-packets sent whole as one record (reliable connections).
+    #[serde(default)]
+    pub tx_gso_records: u64,
+    /// GSO records received.
+    #[serde(default)]
+    pub rx_gso_records: u64,
     /// Drops by reason that belong to no peer.
     pub drops: std::collections::BTreeMap<String, u64>,
 }

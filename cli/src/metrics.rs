@@ -254,6 +254,14 @@ pub fn render(s: &StatusJson) -> prometheus::Result<String> {
         ("weft_pipeline_receive_packets_total", "Packets the pipeline delivered to the TUN.", |p| p.rx_packets),
         ("weft_pipeline_receive_bytes_total", "Plaintext bytes the pipeline delivered.", |p| p.rx_bytes),
         ("weft_pipeline_receive_batches_total", "recvmmsg batches of the pipeline.", |p| p.rx_batches),
+        (
+            "weft_pipeline_transmit_gso_records_total",
+            "TSO super-packets the pipeline sent whole as one record on a connection.",
+            |p| p.tx_gso_records,
+        ),
+        ("weft_pipeline_receive_gso_records_total", "GSO records the pipeline received and delivered.", |p| {
+            p.rx_gso_records
+        }),
     ] {
         f.counter(name, help, ["pipeline"], s.pipelines.iter().enumerate().map(|(i, p)| (pipe(i), get(p))))?;
     }

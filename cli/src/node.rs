@@ -1358,6 +1358,8 @@ impl Runtime {
                         rx_packets: l(&p.rx_packets),
                         rx_bytes: l(&p.rx_bytes),
                         rx_batches: l(&p.rx_batches),
+                        tx_gso_records: l(&p.tx_gso_records),
+                        rx_gso_records: l(&p.rx_gso_records),
                         drops: counters(&p.drops),
                     }
                 })

@@ -105,6 +105,21 @@ fn single_transport(proto: &str, port: u16) {
         assert_eq!(sent, got, "{proto}: SHA-256 of the 64 MiB transfer differs");
         eprintln!("{proto}: 64 MiB {from}->{to} in {took:?} ({:.0} Mbit/s)", 537.0 / took.as_secs_f64());
     }
+    // Over TCP and WebSocket with TUN offload, the kernel's super-packets travel
+    // whole (one record each) in both directions; without offload there are none.
+    let gso = |n: &Node, dir: &str| -> u64 {
+        n.status()["pipelines"].as_array().unwrap().iter().map(|p| p[dir].as_u64().unwrap_or(0)).sum()
+    };
+    let offload = std::env::var_os("WEFT_NO_OFFLOAD").is_none_or(|v| v.is_empty() || v == "0");
+    for (n, name) in [(&a, "a"), (&b, "b")] {
+        let (tx, rx) = (gso(n, "tx_gso_records"), gso(n, "rx_gso_records"));
+        eprintln!("{proto}: {name} sent {tx} and received {rx} GSO records");
+        if proto != "quic" && offload {
+            assert!(tx > 0 && rx > 0, "{proto}: {name} sent {tx}, received {rx} GSO records");
+        } else {
+            assert_eq!((tx, rx), (0, 0), "{proto}: no GSO records without offload or over QUIC");
+        }
+    }
     let st = b.status();
     assert_eq!(st["listeners"][0], listen.as_str());
     assert!(st["connections"].as_u64().unwrap() >= 1, "{st}");
@@ -113,6 +128,30 @@ fn single_transport(proto: &str, port: u16) {
         std::process::Command::new(netns::weft_bin()).args(["peers", "--control"]).arg(&b.control).output().unwrap();
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(table.contains(proto), "weft peers shows the transport:\n{table}");
+}
+
+/// GSO records from a member with TUN offload to one without: the receiver splits
+/// them itself (and sends none), and 64 MiB arrive intact both ways.
+#[test]
+fn gso_records_reach_a_member_without_tun_offload() {
+    require_root();
+    let lan = Lan::new(2);
+    let dir = TempDir::new();
+    let a = start(&lan, &dir, 0, &["-l", "tcp://0.0.0.0:11030"]);
+    let peer = format!("tcp://{}:11030", lan.addrs[0]);
+    let b = start(&lan, &dir, 1, &["-l", "tcp://0.0.0.0:11030", "-p", &peer, "--no-tun-offload"]);
+    wait_until(Duration::from_secs(10), "session over tcp", || transport_of(&a, IPS[1]).as_deref() == Some("tcp"));
+    for (from, to, ip) in [(0, 1, IPS[1]), (1, 0, IPS[0])] {
+        let (sent, got, _) = transfer(&lan.hosts[from], &lan.hosts[to], ip, 64 << 20);
+        assert_eq!(sent, got, "SHA-256 of the 64 MiB transfer {from}->{to} differs");
+    }
+    let gso = |n: &Node, dir: &str| -> u64 {
+        n.status()["pipelines"].as_array().unwrap().iter().map(|p| p[dir].as_u64().unwrap_or(0)).sum()
+    };
+    if std::env::var_os("WEFT_NO_OFFLOAD").is_none_or(|v| v.is_empty() || v == "0") {
+        assert!(gso(&a, "tx_gso_records") > 0 && gso(&b, "rx_gso_records") > 0);
+    }
+    assert_eq!(gso(&b, "tx_gso_records"), 0, "no super-packets without TUN offload");
 }
 
 #[test]

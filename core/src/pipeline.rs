@@ -114,6 +114,10 @@ pub struct PipelineStats {
     pub rx_bytes: AtomicU64,
     /// recvmmsg calls that returned datagrams.
     pub rx_batches: AtomicU64,
+    /// GSO super-packets sent whole as one record ([`FLAG_GSO`]).
+    pub tx_gso_records: AtomicU64,
+    /// GSO records received and delivered.
+    pub rx_gso_records: AtomicU64,
     /// Drops that belong to no peer, by reason.
     pub drops: DropCounters,
 }
@@ -528,6 +532,7 @@ impl Tx {
             egress.send(&self.bufs, &self.out).count(&stats.drops);
             std::mem::swap(&mut self.bufs[0], &mut self.original);
             stats.tx_batches.fetch_add(1, Relaxed);
+            stats.tx_gso_records.fetch_add(1, Relaxed);
             stats.tx_packets.fetch_add(packets, Relaxed);
             stats.tx_bytes.fetch_add(bytes, Relaxed);
             return Ok(0);
@@ -967,7 +972,10 @@ fn deliver_super(
 ) -> Option<(u64, u64)> {
     let bytes = pkt.len().saturating_sub(VIRTIO_NET_HDR_LEN) as u64;
     match out.write_super(gro, pkt, scratch) {
-        Ok(n) => Some((n as u64, bytes)),
+        Ok(n) => {
+            stats.rx_gso_records.fetch_add(1, Relaxed);
+            Some((n as u64, bytes))
+        }
         Err(e) => {
             debug!(error = %e, "super-packet not delivered");
             let reason = if e.kind() == io::ErrorKind::InvalidData { DropReason::Malformed } else { DropReason::Tun };
