@@ -777,6 +777,8 @@ impl Rx {
                     self.metas[n] = RecvMeta { from: b.from, len, stride: len, truncated: false };
                     n += 1;
                 }
+                // The slots hold copies; big frames are done with: the buffer can go.
+                egress.links().recycle(b.batch);
                 if n < self.metas.len() && taken < LINKS_BATCHES_PER_ROUND {
                     next = inbound.try_recv().ok();
                 }

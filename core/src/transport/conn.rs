@@ -548,7 +548,9 @@ impl Connector {
                 })?;
                 if used > 0 {
                     first = false;
-                    self.inner.links.deliver(Inbound { from: ep, batch: buf[..used].to_vec() });
+                    let mut batch = self.inner.links.buffer();
+                    batch.extend_from_slice(&buf[..used]);
+                    self.inner.links.deliver(Inbound { from: ep, batch });
                     buf.copy_within(used..have, 0);
                     have -= used;
                 }
@@ -617,7 +619,9 @@ impl Connector {
                         }
                         first = false;
                         deadline = Instant::now() + IDLE_TIMEOUT;
-                        self.inner.links.deliver(Inbound { from: ep, batch: b.to_vec() });
+                        let mut batch = self.inner.links.buffer();
+                        batch.extend_from_slice(&b);
+                        self.inner.links.deliver(Inbound { from: ep, batch });
                     }
                     Message::Ping(_) | Message::Pong(_) => {}
                     Message::Close(_) => return Ok(()),
@@ -666,7 +670,7 @@ impl Connector {
             loop {
                 // One wakeup takes every datagram already there, up to a batch, so the
                 // links RX thread gets batches rather than single frames.
-                let mut batch = Vec::new();
+                let mut batch = self.inner.links.buffer();
                 let Ok(d) = timeout_at(deadline, conn.read_datagram()).await else {
                     counters.timeouts.fetch_add(1, Relaxed);
                     conn.close(2u32.into(), b"timeout");

@@ -20,6 +20,10 @@ use super::{Endpoint, Proto, frame};
 
 /// Framed batches queued per connection before the sender drops.
 pub const LINK_QUEUE: usize = 512;
+/// Received-batch buffers kept for reuse (see [`Links::buffer`]).
+const POOL: usize = 64;
+/// Buffers larger than this are not kept.
+const POOL_MAX_CAPACITY: usize = 2 * (frame::PREFIX + frame::MAX_FRAME);
 
 /// Received frames of one connection, framed (see [`frame`]).
 #[derive(Debug)]
@@ -83,6 +87,9 @@ struct Entry {
 pub struct Links {
     map: RwLock<FxHashMap<Endpoint, Entry>>,
     inbound: mpsc::SyncSender<Inbound>,
+    /// Emptied batch buffers on their way back from the links RX to the readers: a
+    /// fresh 64–128 KiB allocation per read is an mmap and its page faults.
+    pool: parking_lot::Mutex<Vec<Vec<u8>>>,
     next_id: AtomicU64,
     /// Counters.
     pub counters: LinkCounters,
@@ -96,6 +103,7 @@ impl Links {
         let links = Self {
             map: RwLock::new(FxHashMap::default()),
             inbound: tx,
+            pool: parking_lot::Mutex::new(Vec::new()),
             next_id: AtomicU64::new(1),
             counters: LinkCounters::default(),
         };
@@ -161,6 +169,24 @@ impl Links {
         }
     }
 
+    /// An empty buffer for a received batch (one handed back by [`Links::recycle`]
+    /// when there is one).
+    pub fn buffer(&self) -> Vec<u8> {
+        self.pool.lock().pop().unwrap_or_default()
+    }
+
+    /// Takes back a batch buffer the links RX is done with.
+    pub fn recycle(&self, mut buf: Vec<u8>) {
+        if buf.capacity() > POOL_MAX_CAPACITY {
+            return;
+        }
+        buf.clear();
+        let mut pool = self.pool.lock();
+        if pool.len() < POOL {
+            pool.push(buf);
+        }
+    }
+
     /// Hands received frames to the links RX thread; false (and counted) when it is
     /// behind.
     pub fn deliver(&self, inbound: Inbound) -> bool {
@@ -211,6 +237,11 @@ impl Egress {
     /// The UDP socket (for receiving on the same one).
     pub fn udp(&self) -> &UdpSocket {
         &self.udp
+    }
+
+    /// The node's connections.
+    pub fn links(&self) -> &Links {
+        &self.links
     }
 
     /// Sends every frame in `out`; returns how many could not be sent.
@@ -321,5 +352,14 @@ mod tests {
         assert!(!links.deliver(Inbound { from: ep, batch: vec![] }), "queue of one is full");
         assert_eq!(links.counters.rx_queue_full.load(Relaxed), 1);
         drop(rx);
+        // Batch buffers come back empty, with their room.
+        let mut b = links.buffer();
+        b.extend_from_slice(&[1; 1000]);
+        let cap = b.capacity();
+        links.recycle(b);
+        let again = links.buffer();
+        assert!(again.is_empty() && again.capacity() == cap);
+        links.recycle(Vec::with_capacity(POOL_MAX_CAPACITY + 1));
+        assert_eq!(links.buffer().capacity(), 0, "an oversized buffer is not kept");
     }
 }
