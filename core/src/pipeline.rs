@@ -617,6 +617,11 @@ impl Tx {
                 route.session.stats.drops.add(DropReason::KeyExpired, 1);
                 continue;
             }
+            if route.target.proto == Proto::Quic {
+                // TCP connections over QUIC send segments that fit one datagram.
+                let max = QUIC_INNER_MAX - if route.relay.is_some() { RELAY_HEADER_LEN } else { 0 };
+                crate::wire::clamp_mss(&mut buf[TX_HEADROOM..TX_HEADROOM + len], max);
+            }
             let Some(sealed) = route.session.seal(&mut buf[RELAY_HEADER_LEN..], len) else {
                 drops.add(DropReason::Malformed, 1);
                 continue;
@@ -656,6 +661,13 @@ impl Tx {
 
 /// Room TX leaves in front of each packet it reads: a relay header and a data header.
 pub const TX_HEADROOM: usize = RELAY_HEADER_LEN + DATA_HEADER_LEN;
+
+/// The largest inner packet one QUIC datagram carries whole on a 1500-byte underlay
+/// (IPv4 or IPv6): quinn's path MTU ceiling of 1452 bytes of UDP payload, less QUIC's
+/// short header, AEAD tag and datagram frame (38), our datagram tag (1) and data
+/// header and tag (32), with a byte to spare. TCP SYNs towards a QUIC hop get their
+/// MSS clamped to it, so full-size segments are not split in two datagrams.
+pub const QUIC_INNER_MAX: usize = 1380;
 
 /// Receive slots without GRO: one datagram each.
 const RX_SLOTS: usize = 64;

@@ -310,9 +310,129 @@ pub fn ipv4_addrs(pkt: &[u8]) -> Option<(std::net::Ipv4Addr, std::net::Ipv4Addr)
     Some((src, dst))
 }
 
+/// Lowers the MSS option of a TCP SYN (or SYN-ACK) in the IP packet `pkt` so that the
+/// connection's segments are at most `max_packet` bytes long (IP and TCP headers
+/// included), fixing the TCP checksum; returns true when it changed the packet. Other
+/// packets, a SYN without the option or with a smaller one, IPv4 fragments and IPv6
+/// packets with extension headers are left alone.
+pub fn clamp_mss(pkt: &mut [u8], max_packet: usize) -> bool {
+    let (ip_len, fixed) = match pkt.first().map(|b| b >> 4) {
+        Some(4) if pkt.len() >= 20 && pkt[9] == 6 && u16::from_be_bytes([pkt[6], pkt[7]]) & 0x1fff == 0 => {
+            (usize::from(pkt[0] & 0x0f) * 4, 40)
+        }
+        Some(6) if pkt.len() >= 40 && pkt[6] == 6 => (40, 60),
+        _ => return false,
+    };
+    let Some(tcp) = pkt.get_mut(ip_len..) else { return false };
+    if ip_len < 20 || tcp.len() < 20 || tcp[13] & 0x02 == 0 {
+        return false;
+    }
+    let doff = usize::from(tcp[12] >> 4) * 4;
+    if !(20..=60).contains(&doff) || doff > tcp.len() {
+        return false;
+    }
+    let limit = u16::try_from(max_packet.saturating_sub(fixed)).unwrap_or(u16::MAX);
+    let mut at = 20;
+    while at < doff {
+        match tcp[at] {
+            0 => break,
+            1 => at += 1,
+            kind => {
+                let Some(&len) = tcp.get(at + 1) else { break };
+                let len = usize::from(len);
+                if len < 2 || at + len > doff {
+                    break;
+                }
+                if kind == 2 && len == 4 {
+                    let old = u16::from_be_bytes([tcp[at + 2], tcp[at + 3]]);
+                    if old <= limit {
+                        return false;
+                    }
+                    tcp[at + 2..at + 4].copy_from_slice(&limit.to_be_bytes());
+                    // RFC 1624: HC' = ~(~HC + ~m + m').
+                    let hc = u16::from_be_bytes([tcp[16], tcp[17]]);
+                    let mut sum = u32::from(!hc) + u32::from(!old) + u32::from(limit);
+                    while sum > 0xffff {
+                        sum = (sum & 0xffff) + (sum >> 16);
+                    }
+                    tcp[16..18].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+                    return true;
+                }
+                at += len;
+            }
+        }
+    }
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An IPv4 TCP SYN with options NOP, NOP, MSS `mss`, SACK-permitted, and a valid
+    /// checksum.
+    fn syn(mss: u16) -> Vec<u8> {
+        let mut p = vec![0u8; 20 + 28];
+        p[0] = 0x45;
+        p[2..4].copy_from_slice(&48u16.to_be_bytes());
+        p[8] = 64;
+        p[9] = 6;
+        p[12..16].copy_from_slice(&[10, 0, 0, 1]);
+        p[16..20].copy_from_slice(&[10, 0, 0, 2]);
+        let t = &mut p[20..];
+        t[0..2].copy_from_slice(&40000u16.to_be_bytes());
+        t[2..4].copy_from_slice(&80u16.to_be_bytes());
+        t[12] = 7 << 4;
+        t[13] = 0x02;
+        t[20..28].copy_from_slice(&[1, 1, 2, 4, (mss >> 8) as u8, mss as u8, 4, 2]);
+        let c = tcp_checksum(&p);
+        p[36..38].copy_from_slice(&c.to_be_bytes());
+        p
+    }
+
+    fn tcp_checksum(p: &[u8]) -> u16 {
+        let mut pseudo = Vec::new();
+        pseudo.extend_from_slice(&p[12..20]);
+        pseudo.extend_from_slice(&[0, 6]);
+        pseudo.extend_from_slice(&((p.len() - 20) as u16).to_be_bytes());
+        let mut t = p[20..].to_vec();
+        t[16..18].fill(0);
+        pseudo.extend_from_slice(&t);
+        let mut sum: u32 =
+            pseudo.chunks(2).map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]))).sum();
+        while sum > 0xffff {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        !(sum as u16)
+    }
+
+    #[test]
+    fn mss_is_clamped_with_a_correct_checksum() {
+        let mut p = syn(1380);
+        assert!(clamp_mss(&mut p, 1380));
+        assert_eq!(u16::from_be_bytes([p[44], p[45]]), 1340);
+        assert_eq!(u16::from_be_bytes([p[36], p[37]]), tcp_checksum(&p), "checksum updated");
+        // Already small enough, not a SYN, a fragment, UDP: unchanged.
+        let mut small = syn(1200);
+        assert!(!clamp_mss(&mut small, 1380));
+        assert_eq!(small, syn(1200));
+        let mut ack = syn(1380);
+        ack[33] = 0x10;
+        assert!(!clamp_mss(&mut ack, 1380));
+        let mut frag = syn(1380);
+        frag[7] = 1;
+        assert!(!clamp_mss(&mut frag, 1380));
+        let mut udp = syn(1380);
+        udp[9] = 17;
+        assert!(!clamp_mss(&mut udp, 1380));
+        // Hostile option lengths never read past the header.
+        for cut in [0u8, 1, 9] {
+            let mut bad = syn(1380);
+            bad[43] = cut;
+            clamp_mss(&mut bad, 1380);
+        }
+        assert!(!clamp_mss(&mut [0x45; 30], 1380));
+    }
 
     static DATA_BYTES: [u8; 16] =
         [0x04, 0x00, 0x00, 0x00, 0x78, 0x56, 0x34, 0x12, 0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01];

@@ -12,6 +12,7 @@ use arbitrary::{Arbitrary, Unstructured};
 use arc_swap::ArcSwap;
 use tun_rs::{GROTable, VIRTIO_NET_HDR_LEN};
 use weft_core::crypto::Cipher;
+use weft_core::gso;
 use weft_core::handshake::SessionKeys;
 use weft_core::pipeline::{
     ControlEvent, ControlSink, PipelineConfig, PipelineStats, Rx, Shared, TX_HEADROOM, TunWriter, Tx,
@@ -21,7 +22,7 @@ use weft_core::session::{Session, SessionParams};
 use weft_core::stats::DropCounters;
 use weft_core::transport::Endpoint;
 use weft_core::transport::udp::{Offload, RecvMeta};
-use weft_core::wire::{MAX_HOPS, RelayHeader};
+use weft_core::wire::{DATA_HEADER_LEN, FLAG_GSO, MAX_HOPS, RelayHeader};
 
 const A: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
 const B: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
@@ -42,6 +43,10 @@ enum Dgram {
     /// A's Tx seals an IPv4 packet to B with this source (`None`: A's own address)
     /// and payload; then `flip` xors one byte.
     Sealed { src: Option<[u8; 4]>, payload: Vec<u8>, flip: Option<(u16, u8)> },
+    /// A's session seals a GSO record as a member could, past Tx's checks: this
+    /// virtio header, then an IPv4 packet from A (`tcp`: protocol 6, so TCP GSO types
+    /// can match) with this payload.
+    SealedGso { hdr: [u8; 10], tcp: bool, payload: Vec<u8> },
     /// An earlier sealed datagram again.
     Replay(u8),
     /// A relay header in front of the rest (`dst` picks B, C or any id).
@@ -116,6 +121,7 @@ struct World<'p> {
     tx: &'p mut Tx,
     rx: &'p mut Rx,
     routes_a: RouteSnapshot,
+    a_to_b: Arc<Session>,
     shared_b: Shared,
     stats_b: PipelineStats,
     drops_a: DropCounters,
@@ -154,7 +160,8 @@ impl<'p> World<'p> {
         Self {
             tx,
             rx,
-            routes_a: RouteSnapshot::new([(B.into(), a_to_b.clone())], [a_to_b]),
+            routes_a: RouteSnapshot::new([(B.into(), a_to_b.clone())], [a_to_b.clone()]),
+            a_to_b,
             shared_b,
             stats_b: PipelineStats::default(),
             drops_a: DropCounters::default(),
@@ -187,6 +194,24 @@ impl<'p> World<'p> {
                     let at = usize::from(*at) % d.len();
                     d[at] ^= x;
                 }
+                d
+            }
+            Dgram::SealedGso { hdr, tcp, payload } => {
+                let mut pkt = hdr.to_vec();
+                pkt.extend(ipv4(A, B, payload));
+                if *tcp {
+                    pkt[VIRTIO_NET_HDR_LEN + 9] = 6;
+                }
+                // What B may write for it: the segments a correct split gives.
+                let mut segs = vec![Vec::new(); tun_rs::IDEAL_BATCH_SIZE];
+                if let Ok(n) = gso::split_into(&mut pkt.clone(), &mut segs) {
+                    self.sealed_plain.extend(segs[..n].iter().map(|s| s[VIRTIO_NET_HDR_LEN..].to_vec()));
+                }
+                let mut d = vec![0u8; DATA_HEADER_LEN + pkt.len() + 16];
+                d[DATA_HEADER_LEN..DATA_HEADER_LEN + pkt.len()].copy_from_slice(&pkt);
+                let Some(n) = self.a_to_b.seal_with_flags(&mut d, pkt.len(), FLAG_GSO) else { return Vec::new() };
+                d.truncate(n);
+                self.sealed.push(d.clone());
                 d
             }
             Dgram::Replay(i) => {

@@ -650,7 +650,11 @@ impl Connector {
             while let Some(batch) = queue.recv().await {
                 let max = conn.max_datagram_size().ok_or("peer does not accept QUIC datagrams")?;
                 for f in frame::frames(&batch).flatten() {
-                    for d in fragment(f, max, next_id) {
+                    let parts = fragment(f, max, next_id);
+                    if parts.len() > 1 {
+                        self.inner.links.counters.quic_fragmented.fetch_add(1, Relaxed);
+                    }
+                    for d in parts {
                         // A full send buffer drops the oldest datagrams: loss, as on UDP.
                         conn.send_datagram(d).map_err(|e| e.to_string())?;
                     }

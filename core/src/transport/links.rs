@@ -57,11 +57,13 @@ pub struct LinkCounters {
     pub timeouts: AtomicU64,
     /// Received batches dropped because the links RX thread was behind.
     pub rx_queue_full: AtomicU64,
+    /// Frames sent over QUIC as more than one datagram (too large for one).
+    pub quic_fragmented: AtomicU64,
 }
 
 impl LinkCounters {
     /// Name and value of each counter.
-    pub fn snapshot(&self) -> [(&'static str, u64); 9] {
+    pub fn snapshot(&self) -> [(&'static str, u64); 10] {
         let l = |a: &AtomicU64| a.load(Relaxed);
         [
             ("accepted", l(&self.accepted)),
@@ -73,6 +75,7 @@ impl LinkCounters {
             ("protocol_errors", l(&self.protocol_errors)),
             ("timeouts", l(&self.timeouts)),
             ("rx_queue_full", l(&self.rx_queue_full)),
+            ("quic_fragmented", l(&self.quic_fragmented)),
         ]
     }
 }
