@@ -413,6 +413,19 @@ fn relay_between_two_transports() {
     let (sent, got, took) = transfer(&lan.hosts[0], &lan.hosts[2], IPS[2], 16 << 20);
     assert_eq!(sent, got, "A -> C through the relay");
     eprintln!("16 MiB A -> C over tcp + ws through B in {took:?}");
+    let (sent, got, _) = transfer(&lan.hosts[2], &lan.hosts[0], IPS[0], 16 << 20);
+    assert_eq!(sent, got, "C -> A through the relay");
+    // Both links are streams: with TUN offload, super-packets crossed B whole, as GSO
+    // records it forwarded without opening.
+    let gso = |n: &Node, dir: &str| -> u64 {
+        n.status()["pipelines"].as_array().unwrap().iter().map(|p| p[dir].as_u64().unwrap_or(0)).sum()
+    };
+    let (a_tx, c_rx, c_tx, a_rx) =
+        (gso(&a, "tx_gso_records"), gso(&c, "rx_gso_records"), gso(&c, "tx_gso_records"), gso(&a, "rx_gso_records"));
+    eprintln!("GSO records through B: A sent {a_tx}, C received {c_rx}; C sent {c_tx}, A received {a_rx}");
+    if std::env::var_os("WEFT_NO_OFFLOAD").is_none_or(|v| v.is_empty() || v == "0") {
+        assert!(a_tx > 0 && c_rx > 0 && c_tx > 0 && a_rx > 0, "GSO records did not cross the relay");
+    }
 }
 
 /// Dialled over WebSocket, both listening on every transport: the pair learns each

@@ -547,9 +547,10 @@ impl Tx {
     }
 
     /// Seals the super-packet of `len` bytes (virtio header included) in the raw
-    /// buffer as one [`FLAG_GSO`] record when it goes straight to a peer over a
-    /// reliable connection (TCP, WebSocket) and the peer takes such records; lists it
-    /// as the only entry of the outgoing list (buffer 0: [`Tx::super_record`]).
+    /// buffer as one [`FLAG_GSO`] record when it goes to a peer that takes such
+    /// records over a reliable connection (TCP, WebSocket), straight or through relays
+    /// whose every link is one ([`crate::route::Route::relay_streams`]); lists it as
+    /// the only entry of the outgoing list (buffer 0: [`Tx::super_record`]).
     /// Returns the packets and bytes it stands for, or `None` (nothing sealed) when
     /// it is to be split and sealed per packet instead.
     pub fn seal_super(&mut self, routes: &RouteSnapshot, len: usize, now: u64) -> Option<(u64, u64)> {
@@ -560,18 +561,25 @@ impl Tx {
         let (_, dst) = ip_addrs(&pkt[VIRTIO_NET_HDR_LEN..])?;
         let Lookup::Route(route) = routes.lookup(dst) else { return None };
         let s = &route.session;
-        if route.relay.is_some()
-            || !matches!(route.target.proto, Proto::Tcp | Proto::Ws | Proto::Wss)
+        let relay_len = if route.relay.is_some() { RELAY_HEADER_LEN } else { 0 };
+        if (route.relay.is_some() && !route.relay_streams)
+            || !route.target.proto.is_stream()
             || !s.peer_gso()
             || s.is_expired(now)
-            || len + s.overhead() > frame::MAX_FRAME
+            || relay_len + len + s.overhead() > frame::MAX_FRAME
         {
             return None;
         }
         let (_, segments) = gso::normalize(&mut self.original[TX_HEADROOM..TX_HEADROOM + len]).ok()?;
         let sealed = s.seal_with_flags(&mut self.original[RELAY_HEADER_LEN..], len, FLAG_GSO)?;
+        if let Some(h) = &route.relay
+            && let Some(head) = self.original.first_chunk_mut::<RELAY_HEADER_LEN>()
+        {
+            h.emit(head);
+        }
+        let start = RELAY_HEADER_LEN - relay_len;
         self.out.clear();
-        self.out.push(Outgoing { buf: 0, start: RELAY_HEADER_LEN, len: sealed, to: route.target });
+        self.out.push(Outgoing { buf: 0, start, len: relay_len + sealed, to: route.target });
         let (packets, bytes) = (segments as u64, (len - VIRTIO_NET_HDR_LEN) as u64);
         s.stats.add_tx(packets, bytes);
         s.touch_tx(now);
@@ -776,7 +784,8 @@ impl Rx {
                         }
                         let routes = shared.routes.load();
                         let now = now_ms(shared.epoch);
-                        self.process_big(&routes, shared, stats, b.from, &mut b.batch[start..end], now, &mut writer);
+                        let big = &mut b.batch[start..end];
+                        self.process_big(&routes, shared, stats, b.from, big, now, &mut writer, Some(&mut egress));
                         continue;
                     }
                     if n == self.metas.len() {
@@ -815,9 +824,11 @@ impl Rx {
         self.forward(egress, stats);
     }
 
-    /// Handles one message larger than a slot where it lies: only a GSO record sent
-    /// straight to us is that large; anything else (a relayed one, a plain packet over
-    /// our MTU) is dropped as malformed.
+    /// Handles one message larger than a slot where it lies: only a GSO record is that
+    /// large. One for us is opened and written; one for someone else is forwarded
+    /// when the next hop is a reliable connection too (a UDP or QUIC hop cannot carry
+    /// it: dropped as [`DropReason::LinkSend`]); a plain packet over our MTU is
+    /// malformed. Returns where a forwarded one goes (tests).
     #[allow(clippy::too_many_arguments)]
     pub fn process_big(
         &mut self,
@@ -828,7 +839,8 @@ impl Rx {
         data: &mut [u8],
         now: u64,
         out: &mut impl TunWriter,
-    ) {
+        egress: Option<&mut Egress>,
+    ) -> Option<Endpoint> {
         match classify(routes, shared, stats, from, data, now) {
             Got::Packet { session, at, len, gso: true } => {
                 if let Some((packets, bytes)) =
@@ -840,9 +852,16 @@ impl Rx {
                 }
             }
             Got::Packet { session, .. } => session.stats.drops.add(DropReason::Malformed, 1),
-            Got::Forward(_) => stats.drops.add(DropReason::Malformed, 1),
+            Got::Forward(to) if to.proto.is_stream() => {
+                if let Some(egress) = egress {
+                    egress.send(&[&*data], &[Outgoing { buf: 0, start: 0, len: data.len(), to }]).count(&stats.drops);
+                }
+                return Some(to);
+            }
+            Got::Forward(_) => stats.drops.add(DropReason::LinkSend, 1),
             Got::Nothing => {}
         }
+        None
     }
 
     fn forward(&mut self, egress: &mut Egress, stats: &PipelineStats) {

@@ -22,6 +22,9 @@ pub struct Route {
     pub target: Endpoint,
     /// Present when the path is relayed: the header to put in front.
     pub relay: Option<RelayHeader>,
+    /// A relayed path whose every link is a reliable stream (TCP, WebSocket): GSO
+    /// records may go through its relays.
+    pub relay_streams: bool,
 }
 
 /// A member the node knows (it has a route) but holds no session with: the first
@@ -95,7 +98,7 @@ impl RouteSnapshot {
             .into_iter()
             .map(|(a, s)| {
                 let target = s.endpoint;
-                (a, Route { session: s, target, relay: None })
+                (a, Route { session: s, target, relay: None, relay_streams: false })
             })
             .collect();
         let tables = Tables {
@@ -371,7 +374,8 @@ mod tests {
         let claimer = session(2, [10, 0, 0, 1], &other_stats);
         let proxy_stats = Arc::default();
         let proxy = session(4, [10, 0, 0, 4], &proxy_stats);
-        let route = |s: &Arc<Session>| Route { session: s.clone(), target: s.endpoint, relay: None };
+        let route =
+            |s: &Arc<Session>| Route { session: s.clone(), target: s.endpoint, relay: None, relay_streams: false };
         let snap = RouteSnapshot::with_relays(
             [0; 8],
             [(ip4(10, 0, 0, 1), route(&owner)), (ip4(10, 0, 0, 4), route(&proxy))],
@@ -405,7 +409,8 @@ mod tests {
         };
         let owner = params(1, [10, 0, 0, 1], "fd00::1", &stats);
         let proxy = params(2, [10, 0, 0, 2], "fd00::2", &proxy_stats);
-        let route = |s: &Arc<Session>| Route { session: s.clone(), target: s.endpoint, relay: None };
+        let route =
+            |s: &Arc<Session>| Route { session: s.clone(), target: s.endpoint, relay: None, relay_streams: false };
         let v6 = |s: &str| IpAddr::V6(s.parse().unwrap());
         let snap = RouteSnapshot::with_relays(
             [0; 8],

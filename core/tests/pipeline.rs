@@ -393,7 +393,7 @@ fn a_super_packet_crosses_a_reliable_connection_as_one_record() {
         let routes = e.shared_b.routes.load();
         let mut out = Collect(Vec::new());
         let from = Endpoint::new(Proto::Tcp, "192.0.2.1:11010".parse().unwrap());
-        e.rx.process_big(&routes, &e.shared_b, &e.stats_b, from, &mut rec, 1, &mut out);
+        e.rx.process_big(&routes, &e.shared_b, &e.stats_b, from, &mut rec, 1, &mut out, None);
         let want: Vec<Vec<u8>> = expected[..n].iter().map(|b| b[10..].to_vec()).collect();
         assert_eq!(out.0, want, "{cipher}");
         let rx = e.b_from_a.stats.rx_packets.load(std::sync::atomic::Ordering::Relaxed);
@@ -401,7 +401,7 @@ fn a_super_packet_crosses_a_reliable_connection_as_one_record() {
         assert_eq!(e.a_to_b.stats.tx_packets.load(std::sync::atomic::Ordering::Relaxed), 40);
         // The same record again is a replay.
         let mut again = Collect(Vec::new());
-        e.rx.process_big(&routes, &e.shared_b, &e.stats_b, from, &mut rec, 1, &mut again);
+        e.rx.process_big(&routes, &e.shared_b, &e.stats_b, from, &mut rec, 1, &mut again, None);
         assert!(again.0.is_empty());
     }
 }
@@ -451,8 +451,8 @@ fn hostile_super_packets_are_dropped_and_counted() {
     forged.truncate(n);
     let routes = e.shared_b.routes.load();
     let mut out = Collect(Vec::new());
-    e.rx.process_big(&routes, &e.shared_b, &e.stats_b, from, &mut spoofed, 1, &mut out);
-    e.rx.process_big(&routes, &e.shared_b, &e.stats_b, from, &mut forged, 1, &mut out);
+    e.rx.process_big(&routes, &e.shared_b, &e.stats_b, from, &mut spoofed, 1, &mut out, None);
+    e.rx.process_big(&routes, &e.shared_b, &e.stats_b, from, &mut forged, 1, &mut out, None);
     assert!(out.0.is_empty());
     assert_eq!(e.b_from_a.stats.drops.get(DropReason::Spoofed), 1);
     assert_eq!(e.stats_b.drops.get(DropReason::Malformed), 1);
@@ -470,7 +470,48 @@ fn hostile_super_packets_are_dropped_and_counted() {
         &mut big,
         1,
         &mut out,
+        None,
     );
     assert_eq!(e.b_from_a.stats.drops.get(DropReason::Malformed), 1);
     assert!(out.0.is_empty());
+}
+
+#[test]
+fn gso_records_cross_relays_only_where_every_link_is_a_stream() {
+    use weft_core::route::Route;
+    const C: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 3);
+    let (id_a, id_b, id_c) = ([0xa; 8], [0xb; 8], [0xc; 8]);
+    let tcp_b = Endpoint::new(Proto::Tcp, "192.0.2.2:11010".parse().unwrap());
+    let tcp_a = Endpoint::new(Proto::Tcp, "192.0.2.1:40000".parse().unwrap());
+    for (streams, next, forwarded) in [
+        (true, Endpoint::new(Proto::Ws, "192.0.2.3:11011".parse().unwrap()), true),
+        (true, Endpoint::udp("192.0.2.3:11010".parse().unwrap()), false),
+        (false, Endpoint::new(Proto::Tcp, "192.0.2.3:11010".parse().unwrap()), false),
+    ] {
+        let mut e = ends_over(Cipher::Aes128Gcm, tcp_b, true);
+        e.a_to_b.set_peer_gso(true);
+        // A's route to C goes through B; `streams` says whether the records show every
+        // link on it as a stream.
+        let header = RelayHeader { hop_limit: MAX_HOPS, dst: id_c, src: id_a };
+        let route = Route { session: e.a_to_b.clone(), target: tcp_b, relay: Some(header), relay_streams: streams };
+        e.routes_a = RouteSnapshot::with_relays(id_a, [(C.into(), route)], [e.a_to_b.clone()], [], []);
+        let mut sp = super_packet(A, 1380, 20);
+        sp[10 + 16..10 + 20].copy_from_slice(&C.octets());
+        let Some((to, mut rec, _)) = seal_super(&mut e, &sp) else {
+            assert!(!streams, "a path of streams carries the record");
+            continue;
+        };
+        assert_eq!(to, tcp_b);
+        assert_eq!(RelayHeader::parse(&rec).unwrap().dst, id_c, "the record starts with the relay header");
+        // B relays it unopened where its next hop to C is a stream, and drops it before
+        // a UDP hop that could not carry it.
+        let routes_b = RouteSnapshot::with_relays(id_b, [], [], [(id_c, next)], [tcp_a]);
+        let mut out = Collect(Vec::new());
+        let got = e.rx.process_big(&routes_b, &e.shared_b, &e.stats_b, tcp_a, &mut rec, 1, &mut out, None);
+        assert_eq!(got.is_some(), forwarded, "{next}");
+        assert!(out.0.is_empty());
+        if !forwarded {
+            assert_eq!(e.stats_b.drops.get(DropReason::LinkSend), 1);
+        }
+    }
 }

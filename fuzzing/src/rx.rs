@@ -147,7 +147,7 @@ impl<'p> World<'p> {
         };
         let a_to_b = mk(1, 2, [3; 32], [4; 32], B, ep(2));
         let b_from_a = mk(2, 1, [4; 32], [3; 32], A, ep(1));
-        let route = Route { session: b_from_a.clone(), target: ep(1), relay: None };
+        let route = Route { session: b_from_a.clone(), target: ep(1), relay: None, relay_streams: false };
         let routes_b = RouteSnapshot::with_relays(ID_B, [(A.into(), route)], [b_from_a], [(ID_C, ep(3))], [ep(1)]);
         let shared_b = Shared {
             routes: Arc::new(ArcSwap::from_pointee(routes_b)),

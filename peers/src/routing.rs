@@ -379,7 +379,11 @@ impl Node {
             match p.tx() {
                 Some(tx) => {
                     let Some(dest) = self.dest_for(&p.key) else { continue };
-                    let route = Route { session: tx.session.clone(), target: dest.to, relay: dest.relay };
+                    let relay_streams = dest.relay.is_some()
+                        && dest.to.proto.is_stream()
+                        && self.mesh.paths.get(&p.id).is_some_and(|path| path.streams);
+                    let route =
+                        Route { session: tx.session.clone(), target: dest.to, relay: dest.relay, relay_streams };
                     if let Some(a) = owns6(p) {
                         routes.push((IpAddr::V6(a), route.clone()));
                     }

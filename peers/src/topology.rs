@@ -300,6 +300,9 @@ pub struct Path {
     pub hops: u32,
     /// Sum of the links' round-trip times in milliseconds.
     pub latency_ms: u32,
+    /// Every link on the path is a reliable stream (TCP, WebSocket) by the records of
+    /// the nodes it leaves from: whole GSO records can cross its relays.
+    pub streams: bool,
 }
 
 /// All records a node knows, each with the time its node became unreachable (if it
@@ -454,7 +457,8 @@ impl Topology {
             if std::mem::replace(&mut done[u], true) {
                 continue;
             }
-            let hops = if u == start { 0 } else { best[u].map_or(0, |(_, p)| p.hops) };
+            let (hops, streams) =
+                if u == start { (0, true) } else { best[u].map_or((0, false), |(_, p)| (p.hops, p.streams)) };
             let Some((rec, _)) = self.records.get(&node) else { continue };
             for n in &rec.neighbours {
                 let Some(&v) = index.get(&n.node) else { continue };
@@ -470,7 +474,8 @@ impl Topology {
                 let nc = cost(nh, nlat);
                 let first_hop = if u == start { n.node } else { first };
                 if best[v].is_none_or(|(bc, _)| nc < bc) {
-                    best[v] = Some((nc, Path { next_hop: first_hop, hops: nh, latency_ms: nlat }));
+                    let streams = streams && n.observed.proto.is_stream();
+                    best[v] = Some((nc, Path { next_hop: first_hop, hops: nh, latency_ms: nlat, streams }));
                     heap.push(std::cmp::Reverse((nc, nlat, n.node, first_hop)));
                 }
             }
@@ -639,9 +644,30 @@ mod tests {
         t.apply(rec(3, 1, &[(2, 1), (4, 1)])); // 4 does not list 3
         t.apply(rec(4, 1, &[]));
         let p = t.paths(id(1), false);
-        assert_eq!(p[&id(2)], Path { next_hop: id(2), hops: 1, latency_ms: 1 });
-        assert_eq!(p[&id(3)], Path { next_hop: id(2), hops: 2, latency_ms: 2 });
+        assert_eq!(p[&id(2)], Path { next_hop: id(2), hops: 1, latency_ms: 1, streams: false });
+        assert_eq!(p[&id(3)], Path { next_hop: id(2), hops: 2, latency_ms: 2, streams: false });
         assert!(!p.contains_key(&id(4)), "one-sided link must not count");
+    }
+
+    #[test]
+    fn a_path_is_streams_only_when_every_link_is() {
+        // 1 -tcp- 2 -ws- 3 -udp- 4, by the records of the nodes each link leaves from.
+        let over = |i: u8, ns: &[(u8, u32)], proto: Proto| {
+            let mut r = rec(i, 1, ns);
+            for n in &mut r.neighbours {
+                n.observed = Endpoint::new(proto, n.observed.addr);
+            }
+            r.sign(&static_key(i), "net");
+            r
+        };
+        let mut t = Topology::default();
+        t.apply(over(1, &[(2, 1)], Proto::Tcp));
+        t.apply(over(2, &[(1, 1), (3, 1)], Proto::Ws));
+        t.apply(over(3, &[(2, 1), (4, 1)], Proto::Udp));
+        t.apply(rec(4, 1, &[(3, 1)]));
+        let p = t.paths(id(1), false);
+        assert!(p[&id(2)].streams && p[&id(3)].streams);
+        assert!(!p[&id(4)].streams, "the last link is UDP");
     }
 
     #[test]

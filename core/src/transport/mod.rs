@@ -82,6 +82,12 @@ impl Proto {
     pub fn from_code(c: u8) -> Option<Self> {
         Self::ALL.into_iter().find(|p| p.code() == c)
     }
+
+    /// A reliable byte or message stream (TCP, WebSocket), which carries frames of up
+    /// to 64 KiB whole: GSO records go over these only.
+    pub fn is_stream(self) -> bool {
+        matches!(self, Self::Tcp | Self::Ws | Self::Wss)
+    }
 }
 
 impl fmt::Display for Proto {
