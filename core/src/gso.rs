@@ -20,6 +20,10 @@ pub const GSO_NONE: u8 = 0;
 /// `flags`: the transport checksum is partial (from `csum_start`, stored at
 /// `csum_start + csum_offset`).
 pub const F_NEEDS_CSUM: u8 = 1;
+/// Most segments a GSO record may stand for: a receiver splits it into that many
+/// buffers (a 64 KiB super-packet of 1380-byte segments is 48). Larger ones, from a
+/// path with a small MSS, are split by the sender.
+pub const MAX_SEGMENTS: usize = 64;
 /// `gso_type` bit: TCP with ECN.
 const GSO_ECN: u8 = 0x80;
 

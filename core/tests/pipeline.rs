@@ -428,6 +428,9 @@ fn super_packets_are_split_where_a_record_cannot_carry_them() {
     let big = super_packet(A, 1091, 60);
     assert!(big.len() + 32 > u16::MAX as usize);
     assert!(seal_super(&mut e, &big).is_none());
+    // More segments than a receiver splits into (a small MSS).
+    assert!(seal_super(&mut e, &super_packet(A, 500, 65)).is_none());
+    assert!(seal_super(&mut e, &super_packet(A, 500, 64)).is_some());
     assert!(seal_super(&mut e, &sp).is_some());
 }
 
