@@ -63,7 +63,7 @@ pub fn normalize(pkt: &mut [u8]) -> io::Result<(VirtioNetHdr, usize)> {
         _ => return Err(bad("GSO type does not match the packet")),
     };
     let start = usize::from(hdr.csum_start);
-    if start < if v6 { 40 } else { 20 } {
+    if start < ip_header_len(ip) {
         return Err(bad("checksum start inside the IP header"));
     }
     let l4 = if tcp {
@@ -140,8 +140,23 @@ pub fn split_into(pkt: &mut [u8], bufs: &mut [Vec<u8>]) -> io::Result<usize> {
     Ok(n)
 }
 
-/// Completes a partial transport checksum in place (`NEEDS_CSUM` without GSO).
+/// Length of the IP header of `ip` (IPv4: IHL; IPv6: the fixed header); the
+/// transport header, and every field a virtio header may make us write, lies behind it.
+fn ip_header_len(ip: &[u8]) -> usize {
+    match ip.first().map(|b| b >> 4) {
+        Some(4) => (usize::from(ip[0] & 0x0f) * 4).max(20),
+        _ => 40,
+    }
+}
+
+/// Completes a partial transport checksum in place (`NEEDS_CSUM` without GSO). The
+/// header comes from a member on the receiving side: the checksum must start behind
+/// the IP header and be a TCP or UDP one, or a member could rewrite the addresses it
+/// was checked by.
 fn complete_checksum(ip: &mut [u8], start: usize, offset: usize) -> io::Result<()> {
+    if start < ip_header_len(ip) || (offset != 16 && offset != 6) {
+        return Err(bad("partial checksum outside the transport header"));
+    }
     let at = start.checked_add(offset).ok_or_else(|| bad("checksum offset overflows"))?;
     if at + 2 > ip.len() {
         return Err(bad("checksum field outside the packet"));
@@ -220,6 +235,28 @@ mod tests {
         p.truncate(VIRTIO_NET_HDR_LEN + 33);
         assert!(normalize(&mut p).is_err());
         assert!(header(&[0u8; 10]).is_err());
+    }
+
+    #[test]
+    fn a_partial_checksum_never_touches_the_ip_header() {
+        // No GSO, NEEDS_CSUM at the start of the packet: completing it would rewrite
+        // the version and length (a member could turn a checked IPv4 packet into an
+        // IPv6 one with another source).
+        for (start, offset) in [(0u16, 0u16), (0, 16), (12, 6), (20, 2)] {
+            let mut p = super_packet(1000, 1);
+            let mut h = header(&p).unwrap();
+            h.gso_type = GSO_NONE;
+            h.csum_start = start;
+            h.csum_offset = offset;
+            h.encode(&mut p).unwrap();
+            let before = p[VIRTIO_NET_HDR_LEN..VIRTIO_NET_HDR_LEN + 20].to_vec();
+            assert!(split_into(&mut p, &mut vec![Vec::new(); 4]).is_err(), "{start}/{offset}");
+            assert_eq!(p[VIRTIO_NET_HDR_LEN..VIRTIO_NET_HDR_LEN + 20], before[..]);
+        }
+        // IPv4 options: the transport header starts behind them.
+        let mut p = super_packet(1000, 2);
+        p[VIRTIO_NET_HDR_LEN] = 0x46;
+        assert!(normalize(&mut p).is_err(), "checksum start inside the options");
     }
 
     #[test]

@@ -278,7 +278,11 @@ fn run(input: &Input, tx: &mut Tx, rx: &mut Rx) {
         }
     }
     for p in &tun.0 {
-        assert_eq!(weft_core::wire::ipv4_addrs(p).map(|a| a.0), Some(A), "inner source is not the peer's address");
+        assert_eq!(
+            weft_core::wire::ipv4_addrs(p).map(|a| a.0),
+            Some(A),
+            "inner source is not the peer's address: {p:?}"
+        );
     }
     // Every mode authenticates, `none` included.
     for p in &tun.0 {
