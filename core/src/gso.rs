@@ -55,6 +55,11 @@ pub fn normalize(pkt: &mut [u8]) -> io::Result<(VirtioNetHdr, usize)> {
     if hdr.gso_size == 0 {
         return Err(bad("GSO size zero"));
     }
+    // The kernel marks every super-packet's checksum partial; without it a TUN may
+    // refuse the write.
+    if hdr.flags & F_NEEDS_CSUM == 0 {
+        return Err(bad("GSO without a partial checksum"));
+    }
     let base = hdr.gso_type & !GSO_ECN;
     let tcp = match base {
         VIRTIO_NET_HDR_GSO_TCPV4 if !v6 => true,
@@ -216,7 +221,8 @@ mod tests {
     #[test]
     fn headers_that_disagree_with_the_packet_are_refused() {
         type Spoil = fn(&mut VirtioNetHdr);
-        let cases: [(&str, Spoil); 4] = [
+        let cases: [(&str, Spoil); 5] = [
+            ("no partial checksum", |h| h.flags = 0),
             ("v6 type on v4", |h| h.gso_type = VIRTIO_NET_HDR_GSO_TCPV6),
             ("zero size", |h| h.gso_size = 0),
             ("start in IP header", |h| h.csum_start = 4),

@@ -287,6 +287,11 @@ impl TunWriter for TunOut<'_> {
     fn write_super(&mut self, gro: &mut GROTable, pkt: &mut [u8], scratch: &mut [Vec<u8>]) -> io::Result<usize> {
         if self.vnet_hdr && self.offload.tun_gro() {
             let (_, segments) = gso::normalize(pkt)?;
+            if segments > gso::MAX_SEGMENTS {
+                // No correct sender makes more (see `Tx::seal_super`): not the kernel's
+                // work to cut a member's 64 KiB into 1-byte segments.
+                return Err(io::Error::new(io::ErrorKind::InvalidData, "GSO record with too many segments"));
+            }
             match self.dev.send(pkt) {
                 Ok(_) => return Ok(segments),
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
