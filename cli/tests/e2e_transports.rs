@@ -45,6 +45,18 @@ fn transport_of(n: &Node, ip: &str) -> Option<String> {
         .and_then(|p| p["transport"].as_str().map(str::to_owned))
 }
 
+/// GSO records a node's pipelines sent (`tx_gso_records`) or received
+/// (`rx_gso_records`).
+fn gso(n: &Node, dir: &str) -> u64 {
+    n.status()["pipelines"].as_array().unwrap().iter().map(|p| p[dir].as_u64().unwrap_or(0)).sum()
+}
+
+/// Whether this run keeps offloads on (scripts/test.sh runs the suite again with
+/// `WEFT_NO_OFFLOAD=1`).
+fn offload_on() -> bool {
+    std::env::var_os("WEFT_NO_OFFLOAD").is_none_or(|v| v.is_empty() || v == "0")
+}
+
 fn counter(st: &Value, name: &str) -> u64 {
     st["transport_counters"][name].as_u64().unwrap_or(0)
 }
@@ -107,10 +119,7 @@ fn single_transport(proto: &str, port: u16) {
     }
     // Over TCP and WebSocket with TUN offload, the kernel's super-packets travel
     // whole (one record each) in both directions; without offload there are none.
-    let gso = |n: &Node, dir: &str| -> u64 {
-        n.status()["pipelines"].as_array().unwrap().iter().map(|p| p[dir].as_u64().unwrap_or(0)).sum()
-    };
-    let offload = std::env::var_os("WEFT_NO_OFFLOAD").is_none_or(|v| v.is_empty() || v == "0");
+    let offload = offload_on();
     for (n, name) in [(&a, "a"), (&b, "b")] {
         let (tx, rx) = (gso(n, "tx_gso_records"), gso(n, "rx_gso_records"));
         eprintln!("{proto}: {name} sent {tx} and received {rx} GSO records");
@@ -154,10 +163,7 @@ fn gso_records_reach_a_member_without_tun_offload() {
         let (sent, got, _) = transfer(&lan.hosts[from], &lan.hosts[to], ip, 64 << 20);
         assert_eq!(sent, got, "SHA-256 of the 64 MiB transfer {from}->{to} differs");
     }
-    let gso = |n: &Node, dir: &str| -> u64 {
-        n.status()["pipelines"].as_array().unwrap().iter().map(|p| p[dir].as_u64().unwrap_or(0)).sum()
-    };
-    if std::env::var_os("WEFT_NO_OFFLOAD").is_none_or(|v| v.is_empty() || v == "0") {
+    if offload_on() {
         assert!(gso(&a, "tx_gso_records") > 0 && gso(&b, "rx_gso_records") > 0);
     }
     assert_eq!(gso(&b, "tx_gso_records"), 0, "no super-packets without TUN offload");
@@ -417,13 +423,10 @@ fn relay_between_two_transports() {
     assert_eq!(sent, got, "C -> A through the relay");
     // Both links are streams: with TUN offload, super-packets crossed B whole, as GSO
     // records it forwarded without opening.
-    let gso = |n: &Node, dir: &str| -> u64 {
-        n.status()["pipelines"].as_array().unwrap().iter().map(|p| p[dir].as_u64().unwrap_or(0)).sum()
-    };
     let (a_tx, c_rx, c_tx, a_rx) =
         (gso(&a, "tx_gso_records"), gso(&c, "rx_gso_records"), gso(&c, "tx_gso_records"), gso(&a, "rx_gso_records"));
     eprintln!("GSO records through B: A sent {a_tx}, C received {c_rx}; C sent {c_tx}, A received {a_rx}");
-    if std::env::var_os("WEFT_NO_OFFLOAD").is_none_or(|v| v.is_empty() || v == "0") {
+    if offload_on() {
         assert!(a_tx > 0 && c_rx > 0 && c_tx > 0 && a_rx > 0, "GSO records did not cross the relay");
     }
 }
