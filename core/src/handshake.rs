@@ -238,27 +238,23 @@ impl Hello {
         // A peer's name reaches logs and terminals: no control characters (escape
         // sequences, cursor moves). Each becomes '?', which never makes it longer.
         let hostname = hostname.chars().map(|c| if c.is_control() { '?' } else { c }).collect();
-        // Tagged optional fields; anything unknown or cut ends the parse (an older
-        // node's tail is ignored, a newer node's unknown field too).
-        let (mut ipv6, mut gso) = (None, false);
+        // Optional fields, in this order: IPv6, then features. Anything else (unknown,
+        // cut, out of order, or feature bits this version does not know: a newer node
+        // adds a field instead) ends the parse, so an older node's tail and a newer
+        // node's additions are ignored and `emit` reproduces what was read.
         let mut rest = &b[8 + n..];
-        loop {
-            match rest {
-                [HELLO_IPV6, f @ ..] if f.len() >= 17 => {
-                    let a: [u8; 16] = f[..16].try_into().map_err(|_| HandshakeError::BadPayload)?;
-                    if f[16] > 128 {
-                        return Err(bad);
-                    }
-                    ipv6 = Some((Ipv6Addr::from(a), f[16]));
-                    rest = &f[17..];
-                }
-                [HELLO_FEATURES, bits, tail @ ..] => {
-                    gso = bits & FEATURE_GSO != 0;
-                    rest = tail;
-                }
-                _ => break,
+        let mut ipv6 = None;
+        if let [HELLO_IPV6, f @ ..] = rest
+            && f.len() >= 17
+        {
+            let a: [u8; 16] = f[..16].try_into().map_err(|_| HandshakeError::BadPayload)?;
+            if f[16] > 128 {
+                return Err(bad);
             }
+            ipv6 = Some((Ipv6Addr::from(a), f[16]));
+            rest = &f[17..];
         }
+        let gso = matches!(rest, [HELLO_FEATURES, FEATURE_GSO, ..]);
         Ok(Self { cipher, ipv4, prefix, hostname, ipv6, gso })
     }
 }
@@ -626,6 +622,14 @@ mod tests {
         let mut bg4 = Vec::new();
         g4.emit(&mut bg4);
         assert_eq!(Hello::parse(&bg4).unwrap(), g4, "features without an IPv6 field");
+        // Feature bits this version does not know, or features before IPv6: ignored
+        // (a newer node adds a field), never half-read.
+        let mut unknown = b.clone();
+        unknown.extend_from_slice(&[7, 0xff]);
+        assert_eq!(Hello::parse(&unknown).unwrap(), h);
+        let mut swapped = bg4.clone();
+        swapped.extend_from_slice(&b6[b.len()..]);
+        assert_eq!(Hello::parse(&swapped).unwrap(), g4, "an IPv6 field after the features is a tail");
         let mut bad = b6.clone();
         *bad.last_mut().unwrap() = 129;
         assert!(Hello::parse(&bad).is_err(), "an IPv6 prefix over 128");
