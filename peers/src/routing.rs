@@ -379,9 +379,19 @@ impl Node {
             match p.tx() {
                 Some(tx) => {
                     let Some(dest) = self.dest_for(&p.key) else { continue };
+                    // GSO records through a relay: one relay, that took them in its
+                    // own hello (an older relay would drop a frame over its slot size),
+                    // and every link a stream by the records.
                     let relay_streams = dest.relay.is_some()
                         && dest.to.proto.is_stream()
-                        && self.mesh.paths.get(&p.id).is_some_and(|path| path.streams);
+                        && self.mesh.paths.get(&p.id).is_some_and(|path| {
+                            path.streams
+                                && path.hops == 2
+                                && self
+                                    .peer_by_id(path.next_hop)
+                                    .and_then(|hop| hop.tx())
+                                    .is_some_and(|hop| hop.session.peer_gso())
+                        });
                     let route =
                         Route { session: tx.session.clone(), target: dest.to, relay: dest.relay, relay_streams };
                     if let Some(a) = owns6(p) {
