@@ -223,10 +223,20 @@ pub trait TunWriter {
     /// ([`gso::split_into`]) and the segments go through [`TunWriter::write_batch`];
     /// errors of kind `InvalidData` are malformed super-packets.
     fn write_super(&mut self, gro: &mut GROTable, pkt: &mut [u8], scratch: &mut [Vec<u8>]) -> io::Result<usize> {
-        let n = gso::split_into(pkt, scratch)?;
-        self.write_batch(gro, &mut scratch[..n])?;
-        Ok(n)
+        split_and_write(self, gro, pkt, scratch)
     }
+}
+
+/// Splits a super-packet into `scratch` and writes the segments as one batch.
+fn split_and_write<W: TunWriter + ?Sized>(
+    w: &mut W,
+    gro: &mut GROTable,
+    pkt: &mut [u8],
+    scratch: &mut [Vec<u8>],
+) -> io::Result<usize> {
+    let n = gso::split_into(pkt, scratch)?;
+    w.write_batch(gro, &mut scratch[..n])?;
+    Ok(n)
 }
 
 /// The TUN queue as RX's writer: GRO-coalesced writes while the kernel accepts them;
@@ -302,9 +312,7 @@ impl TunWriter for TunOut<'_> {
                 Err(e) => return Err(e),
             }
         }
-        let n = gso::split_into(pkt, scratch)?;
-        self.write_batch(gro, &mut scratch[..n])?;
-        Ok(n)
+        split_and_write(self, gro, pkt, scratch)
     }
 }
 

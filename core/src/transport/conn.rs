@@ -513,6 +513,7 @@ impl Connector {
         let writer = async {
             while let Some(batch) = queue.recv().await {
                 w.write_all(&batch).await.map_err(|e| e.to_string())?;
+                self.inner.links.recycle(batch);
             }
             Ok::<(), String>(())
         };
@@ -660,6 +661,7 @@ impl Connector {
                     }
                     next_id = next_id.wrapping_add(1);
                 }
+                self.inner.links.recycle(batch);
             }
             Ok::<(), String>(())
         };

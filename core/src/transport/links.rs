@@ -20,8 +20,9 @@ use super::{Endpoint, Proto, frame};
 
 /// Framed batches queued per connection before the sender drops.
 pub const LINK_QUEUE: usize = 512;
-/// Received-batch buffers kept for reuse (see [`Links::buffer`]).
-const POOL: usize = 64;
+/// Batch buffers kept for reuse (see [`Links::buffer`]): enough for the batches in
+/// flight of a few busy connections; each may hold up to 128 KiB, so at most 2 MiB.
+const POOL: usize = 16;
 /// Buffers larger than this are not kept.
 const POOL_MAX_CAPACITY: usize = 2 * (frame::PREFIX + frame::MAX_FRAME);
 
@@ -90,8 +91,9 @@ struct Entry {
 pub struct Links {
     map: RwLock<FxHashMap<Endpoint, Entry>>,
     inbound: mpsc::SyncSender<Inbound>,
-    /// Emptied batch buffers on their way back from the links RX to the readers: a
-    /// fresh 64–128 KiB allocation per read is an mmap and its page faults.
+    /// Emptied batch buffers on their way back to be filled again (from the links RX
+    /// to the readers, from the connection writers to the pipelines): a fresh
+    /// 64–128 KiB allocation per batch is an mmap and its page faults.
     pool: parking_lot::Mutex<Vec<Vec<u8>>>,
     next_id: AtomicU64,
     /// Counters.
@@ -277,7 +279,8 @@ impl Egress {
                     if let Some((ep, batch, n)) = run.take() {
                         failed += self.flush(ep, batch, n);
                     }
-                    let mut batch = Vec::with_capacity(out.len() * (frame::PREFIX + data.len()));
+                    let mut batch = self.links.buffer();
+                    batch.reserve(out.len() * (frame::PREFIX + data.len()));
                     if frame::push(&mut batch, data) {
                         run = Some((o.to, batch, 1));
                     } else {
