@@ -340,6 +340,9 @@ pub struct PipelineJson {
     pub rx_gso_records: u64,
     /// Drops by reason that belong to no peer.
     pub drops: std::collections::BTreeMap<String, u64>,
+    /// A links RX thread (what connections receive), not a TUN/UDP pipeline.
+    #[serde(default)]
+    pub links: bool,
 }
 
 /// One peer.

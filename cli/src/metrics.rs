@@ -241,8 +241,19 @@ pub fn render(s: &StatusJson) -> prometheus::Result<String> {
         s.rejected_records,
     )?;
 
-    // Pipelines (the last one opens what connections receive).
-    let pipe = |i: usize| [i.to_string()];
+    // Pipelines: "0", "1", … read the TUN and the UDP sockets; "links-0", … open what
+    // connections receive.
+    let labels: Vec<[String; 1]> = {
+        let (mut udp, mut links) = (0, 0);
+        s.pipelines
+            .iter()
+            .map(|p| {
+                let (n, prefix) = if p.links { (&mut links, "links-") } else { (&mut udp, "") };
+                *n += 1;
+                [format!("{prefix}{}", *n - 1)]
+            })
+            .collect()
+    };
     for (name, help, get) in [
         (
             "weft_pipeline_transmit_packets_total",
@@ -263,7 +274,7 @@ pub fn render(s: &StatusJson) -> prometheus::Result<String> {
             p.rx_gso_records
         }),
     ] {
-        f.counter(name, help, ["pipeline"], s.pipelines.iter().enumerate().map(|(i, p)| (pipe(i), get(p))))?;
+        f.counter(name, help, ["pipeline"], s.pipelines.iter().zip(&labels).map(|(p, l)| (l.clone(), get(p))))?;
     }
 
     // The WireGuard portal.
@@ -312,7 +323,9 @@ mod tests {
             "cipher": "aes-128-gcm", "listeners": [], "dev_name": "weft0",
             "offloads": {"tun": false, "tun_gro": false, "udp_gso": false, "udp_gro": false},
             "pipelines": [{"tx_packets": 1, "tx_bytes": 2, "tx_batches": 1, "rx_packets": 3, "rx_bytes": 4,
-                "rx_batches": 1, "drops": {}}],
+                "rx_batches": 1, "drops": {}},
+                {"tx_packets": 0, "tx_bytes": 0, "tx_batches": 0, "rx_packets": 9, "rx_bytes": 90,
+                "rx_batches": 2, "drops": {}, "links": true}],
             "threads": 1, "uptime_secs": 7, "drops": {"replay": 5}, "routes": [],
             "peers": [{"node_id": "11", "hostname": "evil\"\n\\host", "overlay": "10.0.0.2", "endpoint": null,
                 "path": "direct", "via": null, "via_hostname": null, "hops": 1, "transport": "udp", "rtt_ms": 1.5,
@@ -331,6 +344,8 @@ mod tests {
         );
         assert!(text.contains("weft_peer_rtt_seconds{") && text.contains("} 0.0015"), "{text}");
         assert!(text.contains(r#"weft_drops_total{reason="replay"} 5"#), "{text}");
+        assert!(text.contains(r#"weft_pipeline_receive_bytes_total{pipeline="0"} 4"#), "{text}");
+        assert!(text.contains(r#"weft_pipeline_receive_bytes_total{pipeline="links-0"} 90"#), "{text}");
         assert!(text.contains(r#"weft_peers{state="established"} 1"#), "{text}");
         assert!(!text.contains("weft_wg_"), "no portal, no portal metrics");
         for family in text.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {

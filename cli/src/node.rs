@@ -371,28 +371,31 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
         offload: Arc::new(Offload::new(udp_gso, udp_gro)),
     };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let (links, inbound) = Links::new(LINKS_QUEUE);
-    let mut pipelines = Vec::with_capacity(cfg.threads + 1);
-    let mut first_queue = None;
+    // One links RX thread per pipeline: connections are spread over them.
+    let (links, inbound) = Links::sharded(LINKS_QUEUE, cfg.threads);
+    let mut pipelines = Vec::with_capacity(cfg.threads);
+    let mut queues = Vec::with_capacity(cfg.threads);
     for (i, ((q, s), gro)) in
         devices.into_iter().zip(socks.iter().cloned()).zip(gro_per_socket.iter().copied()).enumerate()
     {
         let pin = (cfg.pin && cfg.threads <= cores).then_some(i % cores);
         let pcfg = PipelineConfig { mtu: cfg.mtu, offload: tun_offload, udp_gro: gro, pin };
         let stats = Arc::new(PipelineStats::default());
-        first_queue.get_or_insert_with(|| q.clone());
+        queues.push(q.clone());
         pipeline::spawn(i, q, s, links.clone(), pcfg, shared.clone(), stats.clone())
             .context("cannot start pipeline threads")?;
         pipelines.push(stats);
     }
-    // What the connections receive is opened by one more thread, writing to the first
-    // TUN queue.
-    let links_stats = Arc::new(PipelineStats::default());
-    if let Some(q) = first_queue {
+    // What the connections receive is opened by threads of their own, one per TUN
+    // queue; each connection's frames by one of them, in order.
+    let mut links_stats = Vec::with_capacity(inbound.len());
+    for (i, (q, inbound)) in queues.into_iter().zip(inbound).enumerate() {
         let pcfg = PipelineConfig { mtu: cfg.mtu, offload: tun_offload, udp_gro: false, pin: None };
         let egress = Egress::new(sender.clone(), links.clone(), shared.offload.clone());
-        pipeline::spawn_links_rx(q, inbound, egress, pcfg, shared.clone(), links_stats.clone())
-            .context("cannot start the links thread")?;
+        let stats = Arc::new(PipelineStats::default());
+        pipeline::spawn_links_rx(i, q, inbound, egress, pcfg, shared.clone(), stats.clone())
+            .context("cannot start the links threads")?;
+        links_stats.push(stats);
     }
 
     // The PSK derived above (Argon2id, once): the handshake, its MACs and the LAN
@@ -526,8 +529,8 @@ struct Runtime {
     netcfg: NetConfig,
     /// TCP, WebSocket and QUIC connections.
     connector: Connector,
-    /// Counters of the thread that opens what connections receive.
-    links_stats: Arc<PipelineStats>,
+    /// Counters of the threads that open what connections receive.
+    links_stats: Vec<Arc<PipelineStats>>,
     /// Bound listeners.
     listeners: Vec<Endpoint>,
     /// Port of the UDP sockets (announced in LAN beacons).
@@ -1271,7 +1274,7 @@ impl Runtime {
         for (k, v) in self.portal.iter().flat_map(crate::portal::Portal::drops) {
             drops.insert(format!("wg_{k}"), v);
         }
-        for p in self.pipelines.iter().chain([&self.links_stats]) {
+        for p in self.pipelines.iter().chain(&self.links_stats) {
             for (k, v) in counters(&p.drops) {
                 *drops.entry(k).or_default() += v;
             }
@@ -1348,8 +1351,9 @@ impl Runtime {
             pipelines: self
                 .pipelines
                 .iter()
-                .chain([&self.links_stats])
-                .map(|p| {
+                .map(|p| (p, false))
+                .chain(self.links_stats.iter().map(|p| (p, true)))
+                .map(|(p, links)| {
                     let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
                     PipelineJson {
                         tx_packets: l(&p.tx_packets),
@@ -1361,6 +1365,7 @@ impl Runtime {
                         tx_gso_records: l(&p.tx_gso_records),
                         rx_gso_records: l(&p.rx_gso_records),
                         drops: counters(&p.drops),
+                        links,
                     }
                 })
                 .collect(),

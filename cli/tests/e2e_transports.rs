@@ -447,3 +447,36 @@ fn dialled_over_websocket_upgrades_to_udp() {
     eprintln!("ws -> udp after {t:?}");
     assert!(ping(&lan.hosts[1], IPS[0]));
 }
+
+/// A hub with two pipelines and two members, each on a TCP connection (no UDP
+/// anywhere): each connection's frames are opened by a links thread of its own, and
+/// 32 MiB from each member arrive intact.
+#[test]
+fn two_connections_are_opened_on_two_threads() {
+    require_root();
+    let lan = Lan::new(3);
+    let dir = TempDir::new();
+    let listen = ["-l", "tcp://0.0.0.0:11040"];
+    let hub = start(&lan, &dir, 0, &listen);
+    let dial = ["-p", &format!("tcp://{}:11040", lan.addrs[0])].map(str::to_owned);
+    let args = [&listen[..], &[dial[0].as_str(), dial[1].as_str()]].concat();
+    let (b, c) = (start(&lan, &dir, 1, &args), start(&lan, &dir, 2, &args));
+    wait_until(Duration::from_secs(10), "both members on their connection", || {
+        transport_of(&b, IPS[0]).as_deref() == Some("tcp") && transport_of(&c, IPS[0]).as_deref() == Some("tcp")
+    });
+    for from in [1, 2] {
+        let (sent, got, _) = transfer(&lan.hosts[from], &lan.hosts[0], IPS[0], 32 << 20);
+        assert_eq!(sent, got, "SHA-256 of the 32 MiB transfer {from} -> hub differs");
+    }
+    let st = hub.status();
+    let links: Vec<u64> = st["pipelines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["links"] == true)
+        .map(|p| p["rx_bytes"].as_u64().unwrap())
+        .collect();
+    eprintln!("hub: {} connections, bytes opened per links thread {links:?}", st["connections"]);
+    assert_eq!(links.len(), 2, "one links thread per pipeline: {}", st["pipelines"]);
+    assert!(links.iter().all(|&b| b >= 16 << 20), "each member's transfer on its own thread: {links:?}");
+}

@@ -356,9 +356,11 @@ pub fn spawn(
     Ok([tx, rx])
 }
 
-/// Starts the thread that opens what the connections (TCP, WebSocket, QUIC) receive
-/// and writes it to the TUN queue `tun`; relayed frames leave through `egress`.
+/// Starts links RX thread `id`, which opens what the connections (TCP, WebSocket,
+/// QUIC) given to it receive (see [`Links::sharded`]) and writes it to the TUN queue
+/// `tun`; relayed frames leave through `egress`.
 pub fn spawn_links_rx(
+    id: usize,
     tun: Arc<Device>,
     inbound: mpsc::Receiver<Inbound>,
     egress: Egress,
@@ -368,7 +370,7 @@ pub fn spawn_links_rx(
 ) -> io::Result<JoinHandle<()>> {
     let cfg = PipelineConfig { udp_gro: false, ..cfg };
     std::thread::Builder::new()
-        .name("weft-rx-links".into())
+        .name(format!("weft-links-{id}"))
         .spawn(move || Rx::new(cfg).run_links(&tun, &inbound, egress, &shared, &stats))
 }
 

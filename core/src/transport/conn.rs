@@ -551,7 +551,7 @@ impl Connector {
                     first = false;
                     let mut batch = self.inner.links.buffer();
                     batch.extend_from_slice(&buf[..used]);
-                    self.inner.links.deliver(Inbound { from: ep, batch });
+                    self.inner.links.deliver(id, Inbound { from: ep, batch });
                     buf.copy_within(used..have, 0);
                     have -= used;
                 }
@@ -622,7 +622,7 @@ impl Connector {
                         deadline = Instant::now() + IDLE_TIMEOUT;
                         let mut batch = self.inner.links.buffer();
                         batch.extend_from_slice(&b);
-                        self.inner.links.deliver(Inbound { from: ep, batch });
+                        self.inner.links.deliver(id, Inbound { from: ep, batch });
                     }
                     Message::Ping(_) | Message::Pong(_) => {}
                     Message::Close(_) => return Ok(()),
@@ -707,7 +707,7 @@ impl Connector {
                 if !batch.is_empty() {
                     first = false;
                     deadline = Instant::now() + IDLE_TIMEOUT;
-                    self.inner.links.deliver(Inbound { from: ep, batch });
+                    self.inner.links.deliver(id, Inbound { from: ep, batch });
                 }
             }
         };

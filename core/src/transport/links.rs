@@ -1,7 +1,9 @@
 //! The data plane's side of the connection transports: a registry of live
 //! connections by [`Endpoint`], each with a bounded queue of framed batches, the
-//! [`Egress`] that the pipelines send through, and the [`Inbound`] queue that carries
-//! received batches to the links RX thread.
+//! [`Egress`] that the pipelines send through, and the [`Inbound`] queues that carry
+//! received batches to the links RX threads: each connection is given one of them
+//! when it registers (in turn), so its frames are opened in order by one thread and
+//! many connections are opened by all of them.
 //!
 //! Nothing here blocks: a full queue drops the batch and counts it, like a full
 //! socket buffer would drop a datagram; the inner TCP backs off as it would on loss.
@@ -90,7 +92,8 @@ struct Entry {
 /// Live connections by endpoint.
 pub struct Links {
     map: RwLock<FxHashMap<Endpoint, Entry>>,
-    inbound: mpsc::SyncSender<Inbound>,
+    /// One queue per links RX thread; a connection's registration id picks one.
+    inbound: Vec<mpsc::SyncSender<Inbound>>,
     /// Emptied batch buffers on their way back to be filled again (from the links RX
     /// to the readers, from the connection writers to the pipelines): a fresh
     /// 64–128 KiB allocation per batch is an mmap and its page faults.
@@ -102,12 +105,20 @@ pub struct Links {
 
 impl Links {
     /// A registry whose received batches go to the returned receiver (at most
-    /// `depth` waiting).
+    /// `depth` waiting): one links RX thread.
     pub fn new(depth: usize) -> (Arc<Self>, mpsc::Receiver<Inbound>) {
-        let (tx, rx) = mpsc::sync_channel(depth);
+        let (links, mut rx) = Self::sharded(depth, 1);
+        (links, rx.remove(0))
+    }
+
+    /// A registry with `shards` receivers (at least one), one per links RX thread,
+    /// each with at most `depth` batches waiting. Connections are spread over them in
+    /// the order they register.
+    pub fn sharded(depth: usize, shards: usize) -> (Arc<Self>, Vec<mpsc::Receiver<Inbound>>) {
+        let (inbound, rx): (Vec<_>, Vec<_>) = (0..shards.max(1)).map(|_| mpsc::sync_channel(depth)).unzip();
         let links = Self {
             map: RwLock::new(FxHashMap::default()),
-            inbound: tx,
+            inbound,
             pool: parking_lot::Mutex::new(Vec::new()),
             next_id: AtomicU64::new(1),
             counters: LinkCounters::default(),
@@ -116,7 +127,8 @@ impl Links {
     }
 
     /// Registers a connection's send queue under `ep` (replacing an older one, whose
-    /// queue then closes) and returns its registration id.
+    /// queue then closes) and returns its registration id, which the connection
+    /// passes to [`Links::deliver`].
     pub fn register(&self, ep: Endpoint, tx: tmpsc::Sender<Vec<u8>>) -> u64 {
         let id = self.next_id.fetch_add(1, Relaxed);
         self.map.write().insert(ep, Entry { id, tx });
@@ -180,6 +192,11 @@ impl Links {
         self.pool.lock().pop().unwrap_or_default()
     }
 
+    /// Which links RX thread opens what connection `id` receives.
+    pub fn shard(&self, id: u64) -> usize {
+        (id % self.inbound.len() as u64) as usize
+    }
+
     /// Takes back a batch buffer the links RX is done with.
     pub fn recycle(&self, mut buf: Vec<u8>) {
         if buf.capacity() > POOL_MAX_CAPACITY {
@@ -192,10 +209,10 @@ impl Links {
         }
     }
 
-    /// Hands received frames to the links RX thread; false (and counted) when it is
-    /// behind.
-    pub fn deliver(&self, inbound: Inbound) -> bool {
-        let ok = self.inbound.try_send(inbound).is_ok();
+    /// Hands frames received by connection `id` (its registration) to its links RX
+    /// thread; false (and counted) when that thread is behind.
+    pub fn deliver(&self, id: u64, inbound: Inbound) -> bool {
+        let ok = self.inbound[self.shard(id)].try_send(inbound).is_ok();
         if !ok {
             self.counters.rx_queue_full.fetch_add(1, Relaxed);
         }
@@ -341,6 +358,35 @@ mod tests {
     }
 
     #[test]
+    fn connections_are_spread_over_the_links_threads_in_turn() {
+        let (links, rx) = Links::sharded(4, 3);
+        assert_eq!(rx.len(), 3);
+        let ids: Vec<u64> = (0..6u16)
+            .map(|i| {
+                let ep = Endpoint::new(Proto::Tcp, std::net::SocketAddr::from(([192, 0, 2, 1], 11010 + i)));
+                links.register(ep, tmpsc::channel(1).0)
+            })
+            .collect();
+        let shards: Vec<usize> = ids.iter().map(|&id| links.shard(id)).collect();
+        for s in 0..3 {
+            assert_eq!(shards.iter().filter(|&&x| x == s).count(), 2, "{shards:?}");
+        }
+        // A connection's batches all reach its thread's queue, in order.
+        let ep = Endpoint::new(Proto::Tcp, "192.0.2.9:11010".parse().unwrap());
+        for b in 0..3u8 {
+            assert!(links.deliver(ids[4], Inbound { from: ep, batch: vec![b] }));
+        }
+        let got: Vec<Vec<u8>> = rx[shards[4]].try_iter().map(|i| i.batch).collect();
+        assert_eq!(got, [vec![0], vec![1], vec![2]]);
+        for (s, r) in rx.iter().enumerate() {
+            if s != shards[4] {
+                assert!(r.try_recv().is_err(), "thread {s} got another connection's batch");
+            }
+        }
+        assert_eq!(Links::sharded(1, 0).1.len(), 1, "at least one thread");
+    }
+
+    #[test]
     fn registrations_replace_and_unregister_by_id() {
         let (links, rx) = Links::new(1);
         let ep = Endpoint::new(Proto::Quic, "192.0.2.1:11012".parse().unwrap());
@@ -354,8 +400,8 @@ mod tests {
         assert_eq!(rb.try_recv().unwrap(), vec![0, 1, 9]);
         links.unregister(ep, second);
         assert_eq!(links.send(ep, vec![1]), Err(vec![1]));
-        assert!(links.deliver(Inbound { from: ep, batch: vec![] }));
-        assert!(!links.deliver(Inbound { from: ep, batch: vec![] }), "queue of one is full");
+        assert!(links.deliver(second, Inbound { from: ep, batch: vec![] }));
+        assert!(!links.deliver(second, Inbound { from: ep, batch: vec![] }), "queue of one is full");
         assert_eq!(links.counters.rx_queue_full.load(Relaxed), 1);
         drop(rx);
         // Batch buffers come back empty, with their room.
