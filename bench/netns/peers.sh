@@ -7,11 +7,14 @@
 #
 #   sudo bench/netns/peers.sh                       # REPS=3, DURATION=10, COUNTS="1 4 8"
 #   sudo REPS=1 DURATION=3 COUNTS="1 4" bench/netns/peers.sh
+#   sudo TRANSPORT=tcp bench/netns/peers.sh         # members on TCP connections
 #
 # Every weft runs on the same machine as the others (2 cores here): the figures say how
 # one hub shares itself between members, and the whole mesh shares the CPU.
-# Environment: DURATION, REPS, COUNTS, WEFT (default target/release/weft), OUT (default
-# bench/results/peers), MAX_RUNTIME (s; the script stops itself).
+# Environment: DURATION, REPS, COUNTS, TRANSPORT (udp, tcp, ws or quic: every node listens
+# on that one only, so the paths stay on it), HUB_THREADS (the hub's --threads, default
+# 2), WEFT (default target/release/weft), OUT (default bench/results/peers, or
+# bench/results/peers-TRANSPORT), MAX_RUNTIME (s; the script stops itself).
 # Namespaces are made here with unique names and removed on every exit path; none has a
 # default route, so nothing leaves them.
 set -euo pipefail
@@ -21,7 +24,14 @@ ROOT=$(cd "$HERE/../.." && pwd)
 DURATION=${DURATION:-10}
 REPS=${REPS:-3}
 COUNTS=${COUNTS:-1 4 8}
-OUT=${OUT:-$ROOT/bench/results/peers}
+TRANSPORT=${TRANSPORT:-udp}
+HUB_THREADS=${HUB_THREADS:-2}
+case "$TRANSPORT" in
+    udp) OUT=${OUT:-$ROOT/bench/results/peers} ;;
+    tcp|ws|quic) OUT=${OUT:-$ROOT/bench/results/peers-$TRANSPORT} ;;
+    *) echo "error: TRANSPORT must be udp, tcp, ws or quic (got $TRANSPORT)" >&2; exit 2 ;;
+esac
+case "$HUB_THREADS" in ''|*[!0-9]*|0) echo "error: HUB_THREADS must be a positive number" >&2; exit 2 ;; esac
 MAX=0
 for n in $COUNTS; do
     case "$n" in ''|*[!0-9]*) echo "error: COUNTS must be numbers (got $n)" >&2; exit 2 ;; esac
@@ -73,14 +83,16 @@ attach() { # ns index
 attach "$H" 0
 for i in $(seq "$MAX"); do attach "$TAG-m$i" "$i"; done
 
-NET=(--network-name bench --network-secret "peers bench secret" -l udp://0.0.0.0:11010)
+NET=(--network-name bench --network-secret "peers bench secret" -l "$TRANSPORT://0.0.0.0:11010")
+HUB_URI="$TRANSPORT://192.0.2.1:11010"
+[ "$TRANSPORT" = ws ] && HUB_URI="$HUB_URI/"
 # Started with ip netns exec itself (not the nsx function): $! is then weft, not a subshell.
-ip netns exec "$H" "$WEFT" up "${NET[@]}" -i 10.126.0.1/16 --state-dir "$WORK/h-state" --control "$WORK/h.sock" \
+ip netns exec "$H" "$WEFT" up "${NET[@]}" -i 10.126.0.1/16 --threads "$HUB_THREADS" --state-dir "$WORK/h-state" --control "$WORK/h.sock" \
     >"$WORK/h.log" 2>&1 &
 PIDS+=("$!")
 sleep 0.3
 for i in $(seq "$MAX"); do
-    ip netns exec "$TAG-m$i" "$WEFT" up "${NET[@]}" -i "10.126.1.$i/16" --threads 1 -p udp://192.0.2.1:11010 \
+    ip netns exec "$TAG-m$i" "$WEFT" up "${NET[@]}" -i "10.126.1.$i/16" --threads 1 -p "$HUB_URI" \
         --state-dir "$WORK/m$i-state" --control "$WORK/m$i.sock" >"$WORK/m$i.log" 2>&1 &
     PIDS+=("$!")
 done
@@ -141,9 +153,9 @@ done
 RSS_H=$(sort -n "$WORK/rss.txt" | tail -1)
 
 mkdir -p "$OUT"
-python3 - "$RUNS" "$OUT" "$DURATION" "$REPS" "$RSS_H" "$COUNTS" <<'EOF'
+python3 - "$RUNS" "$OUT" "$DURATION" "$REPS" "$RSS_H" "$COUNTS" "$TRANSPORT" "$HUB_THREADS" <<'EOF'
 import json, os, platform, statistics, sys, time
-runs_path, out, duration, reps, rss, counts = sys.argv[1:7]
+runs_path, out, duration, reps, rss, counts, transport, hub_threads = sys.argv[1:9]
 runs = [json.loads(l) for l in open(runs_path) if l.strip()]
 info = open("/proc/cpuinfo").read()
 cpu = info.split("model name")[1].split("\n")[0].strip(": \t") if "model name" in info else "?"
@@ -158,7 +170,7 @@ lines = [
     "# Many peers: one hub, several members at once",
     "",
     f"Date {time.strftime('%Y-%m-%d')}, {cpu}, {os.cpu_count()} cores, kernel {platform.release()}.",
-    f"Command: `sudo REPS={reps} DURATION={duration} COUNTS=\"{counts}\" bench/netns/peers.sh`; one iperf3 TCP stream per member (member -> hub), all at once; medians of {reps} runs of {duration} s; aes-128-gcm, direct UDP paths; every weft process shares the same cores.",
+    f"Command: `sudo REPS={reps} DURATION={duration} COUNTS=\"{counts}\" TRANSPORT={transport} HUB_THREADS={hub_threads} bench/netns/peers.sh`; one iperf3 TCP stream per member (member -> hub), all at once; medians of {reps} runs of {duration} s; aes-128-gcm, direct {transport} paths, hub with --threads {hub_threads}; every weft process shares the same cores.",
     "",
     "| members | aggregate Gbit/s | vs 1 member | slowest / fastest stream |",
     "|---|---|---|---|",
@@ -168,6 +180,6 @@ for n in map(int, counts.split()):
     lines.append(f"| {n} | {agg[n]:.2f} | {ratio} | {fair[n]:.2f} |")
 lines += ["", f"Hub resident memory under load (largest VmRSS sampled every 0.5 s while the streams ran): {int(rss) / 1024:.1f} MiB."]
 open(os.path.join(out, "results.md"), "w").write("\n".join(lines) + "\n")
-json.dump({"runs": runs, "hub_rss_under_load_kib": int(rss)}, open(os.path.join(out, "results.json"), "w"), indent=1)
+json.dump({"runs": runs, "transport": transport, "hub_threads": int(hub_threads), "hub_rss_under_load_kib": int(rss)}, open(os.path.join(out, "results.json"), "w"), indent=1)
 print("\n".join(lines))
 EOF

@@ -698,22 +698,152 @@ pub const QUIC_INNER_MAX: usize = 1380;
 /// Receive slots without GRO: one datagram each.
 const RX_SLOTS: usize = 64;
 /// Opened packets RX gathers before one coalescing TUN write (at least
-/// `gso::MAX_SEGMENTS`: they also hold a split GSO record's segments). Each buffer has
-/// room for a 64 KiB super-packet and keeps the pages it touched, which makes most of a
-/// busy hub's memory; 64 instead of 128 cut a hub with 8 busy members from 31 to 21 MiB
-/// but cost 6–9 % of throughput (RESULTS §18), so it stays at 128.
+/// `gso::MAX_SEGMENTS`: they also hold a split GSO record's segments). Each has a
+/// buffer of one packet's size; the first packet of each flow moves into a large one
+/// before the write ([`Coalescer`]).
 const RX_COALESCE: usize = IDEAL_BATCH_SIZE;
 const _: () = assert!(RX_COALESCE >= gso::MAX_SEGMENTS);
+/// Large coalescing buffers one write may use: flows past this many in one batch are
+/// written without coalescing.
+const RX_HEADS: usize = 32;
 /// Receive slots with GRO: up to 64 coalesced datagrams each.
 const RX_SLOTS_GRO: usize = 16;
 const GRO_SLOT: usize = 65536;
+
+/// RX's write buffers. TUN GRO appends a flow's later packets to an earlier one only
+/// when that buffer has room for the whole super-packet (~64 KiB); giving every packet
+/// slot that much made each RX thread keep 8 MiB resident (every slot is a head some
+/// time). So every slot holds one packet, and before a write each packet GRO will
+/// make a head — the first of its flow with data, or the first after the flow's
+/// super-packet filled up or ended with a short or PSH segment — moves into one of a
+/// few large buffers (one packet copied per ~45); after the write they come back. A
+/// head that did not get one is written without what would have followed it.
+struct Coalescer {
+    bufs: Vec<Vec<u8>>,
+    /// Large buffers not in `bufs`.
+    big: Vec<Vec<u8>>,
+    /// Small buffers whose slots a large one holds for the write.
+    small: Vec<Vec<u8>>,
+    big_cap: usize,
+    /// The flows of the batch being written and their current head.
+    flows: Vec<Head>,
+}
+
+/// A flow's current head while [`Coalescer::promote`] walks a batch.
+struct Head {
+    key: u64,
+    /// IP length of the super-packet so far.
+    len: usize,
+    /// Payload of its first segment: GRO takes only segments of this size, the last
+    /// one possibly shorter.
+    segment: usize,
+    /// A short or PSH segment ended it.
+    ended: bool,
+}
+
+impl Coalescer {
+    fn new(small_cap: usize, big_cap: usize) -> Self {
+        Self {
+            bufs: (0..RX_COALESCE).map(|_| Vec::with_capacity(small_cap)).collect(),
+            big: Vec::new(),
+            small: Vec::new(),
+            big_cap,
+            flows: Vec::with_capacity(RX_HEADS),
+        }
+    }
+
+    /// Moves each packet among `bufs[..n]` that GRO will use as a head into a large
+    /// buffer (at most [`RX_HEADS`]).
+    fn promote(&mut self, n: usize) {
+        self.flows.clear();
+        let limit = (self.big_cap - 2 * VIRTIO_NET_HDR_LEN).min(usize::from(u16::MAX));
+        let mut heads = 0;
+        for i in 0..n {
+            let Some(f) = flow(&self.bufs[i][VIRTIO_NET_HDR_LEN..]) else { continue };
+            let at = self.flows.iter().position(|h| h.key == f.key);
+            if let Some(h) = at.map(|j| &mut self.flows[j])
+                && !h.ended
+                && f.payload <= h.segment
+                && h.len + f.payload <= limit
+            {
+                h.len += f.payload;
+                h.ended = f.psh || f.payload < h.segment;
+                continue;
+            }
+            if heads == RX_HEADS {
+                continue;
+            }
+            heads += 1;
+            let head = Head { key: f.key, len: f.len, segment: f.payload, ended: f.psh };
+            match at {
+                Some(j) => self.flows[j] = head,
+                None => self.flows.push(head),
+            }
+            let mut big = self.big.pop().unwrap_or_else(|| Vec::with_capacity(self.big_cap));
+            big.clear();
+            big.extend_from_slice(&self.bufs[i]);
+            self.small.push(std::mem::replace(&mut self.bufs[i], big));
+        }
+    }
+
+    /// Takes the large buffers back from `bufs[..n]` (GRO may have moved them between
+    /// slots).
+    fn demote(&mut self, n: usize) {
+        if self.small.is_empty() {
+            return;
+        }
+        for b in &mut self.bufs[..n] {
+            if b.capacity() >= self.big_cap {
+                let Some(small) = self.small.pop() else { break };
+                self.big.push(std::mem::replace(b, small));
+            }
+        }
+    }
+}
+
+/// What [`Coalescer::promote`] needs of a packet.
+struct Flow {
+    /// Hash of the 5-tuple.
+    key: u64,
+    /// IP length.
+    len: usize,
+    /// Data bytes.
+    payload: usize,
+    /// TCP PSH set.
+    psh: bool,
+}
+
+/// The flow of a TCP or UDP packet that carries data (IPv4, or IPv6 without
+/// extension headers: what TUN GRO coalesces); `None` for anything GRO leaves alone.
+fn flow(ip: &[u8]) -> Option<Flow> {
+    use std::hash::{Hash, Hasher};
+    let (proto, addrs, l4) = match ip.first()? >> 4 {
+        4 if ip.len() >= 20 => {
+            let ihl = usize::from(ip[0] & 0x0f) * 4;
+            (ip[9], &ip[12..20], ip.get(ihl..)?)
+        }
+        6 if ip.len() >= 40 => (ip[6], &ip[8..40], &ip[40..]),
+        _ => return None,
+    };
+    let (header, psh) = match proto {
+        6 => (usize::from(l4.get(12)? >> 4) * 4, l4.get(13)? & 0x08 != 0),
+        17 => (8, false),
+        _ => return None,
+    };
+    if l4.len() <= header {
+        return None;
+    }
+    let mut h = rustc_hash::FxHasher::default();
+    (proto, addrs, l4.get(..4)?).hash(&mut h);
+    Some(Flow { key: h.finish(), len: ip.len(), payload: l4.len() - header, psh })
+}
 
 /// UDP -> TUN.
 pub struct Rx {
     slab: Vec<u8>,
     slot: usize,
     metas: Vec<RecvMeta>,
-    coal: Vec<Vec<u8>>,
+    coal: Coalescer,
     gro: GROTable,
     pending: usize,
     /// Relayed frames to forward, as offsets into the slab.
@@ -730,12 +860,12 @@ impl Rx {
             ((DATA_HEADER_LEN + usize::from(cfg.mtu) + TAG_LEN + 64).max(2048), RX_SLOTS)
         };
         // TUN GRO only coalesces into a head buffer with room for the whole super-packet.
-        let cap = if cfg.offload { 2 * VIRTIO_NET_HDR_LEN + 65535 + 64 } else { VIRTIO_NET_HDR_LEN + 65535 };
+        let big = 2 * VIRTIO_NET_HDR_LEN + 65535 + 64;
         Self {
             slab: vec![0u8; slot * slots],
             slot,
             metas: vec![RecvMeta::default(); slots],
-            coal: (0..RX_COALESCE).map(|_| Vec::with_capacity(cap)).collect(),
+            coal: Coalescer::new(VIRTIO_NET_HDR_LEN + usize::from(cfg.mtu) + 64, big),
             gro: GROTable::default(),
             pending: 0,
             fwd: Vec::with_capacity(MAX_BATCH),
@@ -869,7 +999,7 @@ impl Rx {
         match classify(routes, shared, stats, from, data, now) {
             Got::Packet { session, at, len, gso: true } => {
                 if let Some((packets, bytes)) =
-                    deliver_super(out, &mut self.gro, &mut self.coal, &mut data[at..at + len], stats)
+                    deliver_super(out, &mut self.gro, &mut self.coal.bufs, &mut data[at..at + len], stats)
                 {
                     session.stats.add_rx(packets, bytes);
                     stats.rx_packets.fetch_add(packets, Relaxed);
@@ -928,11 +1058,10 @@ impl Rx {
                         Got::Packet { session, at, len, gso: true } => {
                             // In order: what is pending goes first.
                             if self.pending > 0 {
-                                Self::write(&mut self.coal[..self.pending], &mut self.gro, stats, out);
-                                self.pending = 0;
+                                self.write(stats, out);
                             }
                             let pkt = &mut self.slab[start + at..start + at + len];
-                            if let Some((p, b)) = deliver_super(out, &mut self.gro, &mut self.coal, pkt, stats) {
+                            if let Some((p, b)) = deliver_super(out, &mut self.gro, &mut self.coal.bufs, pkt, stats) {
                                 packets += p;
                                 bytes += b;
                                 tally.add_n(session, p, b, true, now);
@@ -946,7 +1075,7 @@ impl Rx {
                         Got::Nothing => continue,
                     };
                 let plain = &self.slab[at..at + len];
-                let buf = &mut self.coal[self.pending];
+                let buf = &mut self.coal.bufs[self.pending];
                 buf.clear();
                 buf.resize(VIRTIO_NET_HDR_LEN, 0);
                 buf.extend_from_slice(plain);
@@ -954,26 +1083,31 @@ impl Rx {
                 packets += 1;
                 bytes += len as u64;
                 tally.add(session, len, true, now);
-                if self.pending == self.coal.len() {
-                    Self::write(&mut self.coal[..self.pending], &mut self.gro, stats, out);
-                    self.pending = 0;
+                if self.pending == self.coal.bufs.len() {
+                    self.write(stats, out);
                 }
             }
         }
         tally.flush(true, now);
         if self.pending > 0 {
-            Self::write(&mut self.coal[..self.pending], &mut self.gro, stats, out);
-            self.pending = 0;
+            self.write(stats, out);
         }
         stats.rx_packets.fetch_add(packets, Relaxed);
         stats.rx_bytes.fetch_add(bytes, Relaxed);
     }
 
-    fn write(bufs: &mut [Vec<u8>], gro: &mut GROTable, stats: &PipelineStats, out: &mut impl TunWriter) {
-        if let Err(e) = out.write_batch(gro, bufs) {
+    /// Writes the pending packets, coalescing each flow into a large buffer (TUN
+    /// offload only: nothing else coalesces).
+    fn write(&mut self, stats: &PipelineStats, out: &mut impl TunWriter) {
+        let n = std::mem::take(&mut self.pending);
+        if self.vnet_hdr {
+            self.coal.promote(n);
+        }
+        if let Err(e) = out.write_batch(&mut self.gro, &mut self.coal.bufs[..n]) {
             debug!(error = %e, "TUN write failed");
             stats.drops.add(DropReason::Tun, 1);
         }
+        self.coal.demote(n);
     }
 
     /// Relayed frames the last [`Rx::process`] would forward: (destination, frame).
@@ -1181,5 +1315,57 @@ fn open<'r>(
             session.stats.drops.add(DropReason::NotIp, 1);
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An IPv4 TCP segment with `data` bytes of payload from source port `port`.
+    fn tcp(port: u16, data: usize) -> Vec<u8> {
+        let mut b = vec![0u8; VIRTIO_NET_HDR_LEN + 40 + data];
+        let ip = &mut b[VIRTIO_NET_HDR_LEN..];
+        ip[0] = 0x45;
+        ip[9] = 6;
+        ip[20..22].copy_from_slice(&port.to_be_bytes());
+        ip[32] = 5 << 4;
+        b
+    }
+
+    #[test]
+    fn each_flow_with_data_gets_one_large_buffer_for_the_write_and_gives_it_back() {
+        let mut c = Coalescer::new(1500, 65_000);
+        let batch = [tcp(1, 100), tcp(2, 100), tcp(1, 100), tcp(3, 0), tcp(2, 100), tcp(4, 100)];
+        for (b, p) in c.bufs.iter_mut().zip(&batch) {
+            b.clone_from(p);
+        }
+        c.promote(batch.len());
+        let big: Vec<usize> = (0..batch.len()).filter(|&i| c.bufs[i].capacity() >= 65_000).collect();
+        assert_eq!(big, [0, 1, 5], "first packet of each flow with data (port 3 is a bare ACK)");
+        assert!(c.bufs.iter().zip(&batch).all(|(b, p)| b == p), "contents unchanged");
+        // GRO may move a head to another slot.
+        c.bufs.swap(0, 2);
+        c.demote(batch.len());
+        assert!(c.bufs.iter().all(|b| b.capacity() < 65_000));
+        assert_eq!((c.big.len(), c.small.len()), (3, 0));
+        // The next write reuses them.
+        c.promote(batch.len());
+        assert_eq!(c.big.len(), 0);
+        // One flow of 120 full segments: a new head whenever the last one holds 64 KiB
+        // (47 segments of 1380 bytes); a PSH segment ends one too.
+        let mut c = Coalescer::new(1500, 2 * VIRTIO_NET_HDR_LEN + 65535 + 64);
+        for (i, b) in c.bufs.iter_mut().enumerate().take(120) {
+            *b = tcp(9, 1380);
+            if i == 100 {
+                b[VIRTIO_NET_HDR_LEN + 33] = 0x18;
+            }
+        }
+        c.promote(120);
+        let heads: Vec<usize> = (0..120).filter(|&i| c.bufs[i].capacity() > 60_000).collect();
+        assert_eq!(heads, [0, 47, 94, 101]);
+        c.demote(120);
+        assert!(flow(&[0x45; 10]).is_none(), "short");
+        assert!(flow(&tcp(1, 0)[VIRTIO_NET_HDR_LEN..]).is_none(), "no data");
     }
 }
