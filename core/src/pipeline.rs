@@ -371,7 +371,7 @@ pub fn spawn_links_rx(
     let cfg = PipelineConfig { udp_gro: false, ..cfg };
     std::thread::Builder::new()
         .name(format!("weft-links-{id}"))
-        .spawn(move || Rx::new(cfg).run_links(&tun, &inbound, egress, &shared, &stats))
+        .spawn(move || Rx::new(cfg).run_links(id, &tun, &inbound, egress, &shared, &stats))
 }
 
 fn pin(core: Option<usize>) {
@@ -904,6 +904,7 @@ impl Rx {
     /// slot (GSO records) are handled where they lie, in order with the rest.
     fn run_links(
         mut self,
+        shard: usize,
         dev: &Device,
         inbound: &mpsc::Receiver<Inbound>,
         mut egress: Egress,
@@ -954,7 +955,7 @@ impl Rx {
                     n += 1;
                 }
                 // The slots hold copies; big frames are done with: the buffer can go.
-                egress.links().recycle(b.batch);
+                egress.links().done(shard, b.batch);
                 if n < self.metas.len() && taken < LINKS_BATCHES_PER_ROUND {
                     next = inbound.try_recv().ok();
                 }

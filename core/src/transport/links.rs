@@ -10,7 +10,7 @@
 
 use std::net::UdpSocket;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::mpsc;
 
 use parking_lot::RwLock;
@@ -27,6 +27,11 @@ pub const LINK_QUEUE: usize = 512;
 const POOL: usize = 16;
 /// Buffers larger than this are not kept.
 const POOL_MAX_CAPACITY: usize = 2 * (frame::PREFIX + frame::MAX_FRAME);
+/// Bytes of received batches (their buffers' capacity) waiting for one links RX
+/// thread: past this a batch is dropped and counted, as a full socket buffer drops
+/// a datagram. Counting batches alone let 256 of up to 128 KiB each wait (32 MiB)
+/// while the thread was behind; 1 MiB is still over a millisecond of a busy link.
+pub const INBOUND_BYTES: usize = 1 << 20;
 
 /// Received frames of one connection, framed (see [`frame`]).
 #[derive(Debug)]
@@ -83,6 +88,12 @@ impl LinkCounters {
     }
 }
 
+/// One links RX thread's queue and the bytes waiting in it.
+struct Shard {
+    tx: mpsc::SyncSender<Inbound>,
+    bytes: AtomicUsize,
+}
+
 #[derive(Clone)]
 struct Entry {
     id: u64,
@@ -93,7 +104,7 @@ struct Entry {
 pub struct Links {
     map: RwLock<FxHashMap<Endpoint, Entry>>,
     /// One queue per links RX thread; a connection's registration id picks one.
-    inbound: Vec<mpsc::SyncSender<Inbound>>,
+    inbound: Vec<Shard>,
     /// Emptied batch buffers on their way back to be filled again (from the links RX
     /// to the readers, from the connection writers to the pipelines): a fresh
     /// 64–128 KiB allocation per batch is an mmap and its page faults.
@@ -115,7 +126,12 @@ impl Links {
     /// each with at most `depth` batches waiting. Connections are spread over them in
     /// the order they register.
     pub fn sharded(depth: usize, shards: usize) -> (Arc<Self>, Vec<mpsc::Receiver<Inbound>>) {
-        let (inbound, rx): (Vec<_>, Vec<_>) = (0..shards.max(1)).map(|_| mpsc::sync_channel(depth)).unzip();
+        let (inbound, rx): (Vec<_>, Vec<_>) = (0..shards.max(1))
+            .map(|_| {
+                let (tx, rx) = mpsc::sync_channel(depth);
+                (Shard { tx, bytes: AtomicUsize::new(0) }, rx)
+            })
+            .unzip();
         let links = Self {
             map: RwLock::new(FxHashMap::default()),
             inbound,
@@ -197,7 +213,21 @@ impl Links {
         (id % self.inbound.len() as u64) as usize
     }
 
-    /// Takes back a batch buffer the links RX is done with.
+    /// Takes back a batch links RX thread `shard` took from its queue and is done with
+    /// (its buffer unchanged in size).
+    pub fn done(&self, shard: usize, batch: Vec<u8>) {
+        if let Some(s) = self.inbound.get(shard) {
+            s.bytes.fetch_sub(batch.capacity(), Relaxed);
+        }
+        self.recycle(batch);
+    }
+
+    /// Bytes waiting for links RX thread `shard`.
+    pub fn waiting(&self, shard: usize) -> usize {
+        self.inbound.get(shard).map_or(0, |s| s.bytes.load(Relaxed))
+    }
+
+    /// Takes back a batch buffer nobody needs any more.
     pub fn recycle(&self, mut buf: Vec<u8>) {
         if buf.capacity() > POOL_MAX_CAPACITY {
             return;
@@ -210,9 +240,17 @@ impl Links {
     }
 
     /// Hands frames received by connection `id` (its registration) to its links RX
-    /// thread; false (and counted) when that thread is behind.
+    /// thread; false (and counted) when that thread is behind: [`INBOUND_BYTES`]
+    /// waiting (one batch always may), or as many batches as the queue holds. The
+    /// thread hands each batch back with [`Links::done`].
     pub fn deliver(&self, id: u64, inbound: Inbound) -> bool {
-        let ok = self.inbound[self.shard(id)].try_send(inbound).is_ok();
+        let shard = &self.inbound[self.shard(id)];
+        let cost = inbound.batch.capacity();
+        let waiting = shard.bytes.fetch_add(cost, Relaxed);
+        let ok = (waiting == 0 || waiting + cost <= INBOUND_BYTES) && shard.tx.try_send(inbound).is_ok();
+        if !ok {
+            shard.bytes.fetch_sub(cost, Relaxed);
+        }
         if !ok {
             self.counters.rx_queue_full.fetch_add(1, Relaxed);
         }
@@ -384,6 +422,29 @@ mod tests {
             }
         }
         assert_eq!(Links::sharded(1, 0).1.len(), 1, "at least one thread");
+    }
+
+    #[test]
+    fn a_links_thread_behind_by_its_byte_budget_drops_and_counts() {
+        let (links, rx) = Links::sharded(1000, 1);
+        let ep = Endpoint::new(Proto::Tcp, "192.0.2.9:11010".parse().unwrap());
+        let id = links.register(ep, tmpsc::channel(1).0);
+        let batch = || Inbound { from: ep, batch: Vec::with_capacity(INBOUND_BYTES / 4) };
+        let sent = (0..8).filter(|_| links.deliver(id, batch())).count();
+        assert_eq!(sent, 4, "a quarter of the budget each");
+        assert_eq!(links.counters.rx_queue_full.load(Relaxed), 4);
+        // The thread takes one and hands it back: room for one more.
+        let b = rx[0].recv().unwrap();
+        links.done(0, b.batch);
+        assert!(links.waiting(0) <= 3 * INBOUND_BYTES / 4 + 64);
+        assert!(links.deliver(id, batch()));
+        assert!(!links.deliver(id, batch()));
+        // Drained, a batch larger than the whole budget still goes.
+        for b in rx[0].try_iter() {
+            links.done(0, b.batch);
+        }
+        assert_eq!(links.waiting(0), 0);
+        assert!(links.deliver(id, Inbound { from: ep, batch: Vec::with_capacity(2 * INBOUND_BYTES) }));
     }
 
     #[test]
