@@ -64,6 +64,8 @@ const DIAL_QUEUE: usize = 32;
 const MAX_WS_MESSAGE: usize = 1 << 20;
 /// Bytes of received QUIC frames handed to the links RX thread at once.
 const QUIC_BATCH: usize = 64 * 1024;
+/// Flow-control window of a QUIC connection's record stream, each way.
+const QUIC_STREAM_WINDOW: u32 = 2 << 20;
 /// ALPN of QUIC connections.
 const QUIC_ALPN: &[u8] = b"weft";
 
@@ -551,7 +553,9 @@ impl Connector {
                     first = false;
                     let mut batch = self.inner.links.buffer();
                     batch.extend_from_slice(&buf[..used]);
-                    self.inner.links.deliver(id, Inbound { from: ep, batch });
+                    if !self.inner.links.deliver_stream(id, Inbound { from: ep, batch }).await {
+                        return Err("the links RX thread stopped".into());
+                    }
                     buf.copy_within(used..have, 0);
                     have -= used;
                 }
@@ -622,7 +626,9 @@ impl Connector {
                         deadline = Instant::now() + IDLE_TIMEOUT;
                         let mut batch = self.inner.links.buffer();
                         batch.extend_from_slice(&b);
-                        self.inner.links.deliver(id, Inbound { from: ep, batch });
+                        if !self.inner.links.deliver_stream(id, Inbound { from: ep, batch }).await {
+                            return Err("the links RX thread stopped".into());
+                        }
                     }
                     Message::Ping(_) | Message::Pong(_) => {}
                     Message::Close(_) => return Ok(()),
@@ -643,14 +649,25 @@ impl Connector {
 
     /// A QUIC connection: each frame is a datagram, split in fragments when the path
     /// cannot carry it whole (frames are at most the tunnel MTU plus headers, a
-    /// little over what QUIC fits in a 1500-byte packet).
+    /// little over what QUIC fits in a 1500-byte packet) — except GSO records
+    /// ([`crate::wire::FLAG_GSO`], up to 64 KiB, sent only to peers whose hello takes
+    /// them over QUIC), which go on one unidirectional stream per direction, framed as
+    /// on TCP, so that quinn packs them into full packets.
     async fn run_quic(&self, conn: quinn::Connection, ep: Endpoint, accepted: bool) -> Result<(), String> {
         let (mut queue, id) = self.register(ep, !accepted);
         let mut next_id: u16 = 0;
         let writer = async {
+            let mut stream: Option<quinn::SendStream> = None;
+            let mut records = Vec::new();
             while let Some(batch) = queue.recv().await {
                 let max = conn.max_datagram_size().ok_or("peer does not accept QUIC datagrams")?;
+                let mut only_records = true;
                 for f in frame::frames(&batch).flatten() {
+                    if is_gso_record(f) {
+                        frame::push(&mut records, f);
+                        continue;
+                    }
+                    only_records = false;
                     let parts = fragment(f, max, next_id);
                     if parts.len() > 1 {
                         self.inner.links.counters.quic_fragmented.fetch_add(1, Relaxed);
@@ -661,11 +678,26 @@ impl Connector {
                     }
                     next_id = next_id.wrapping_add(1);
                 }
+                if !records.is_empty() {
+                    if stream.is_none() {
+                        stream = Some(conn.open_uni().await.map_err(|e| e.to_string())?);
+                    }
+                    if let Some(s) = &mut stream {
+                        // A batch of records alone goes as it is.
+                        let out = if only_records { &batch } else { &records };
+                        s.write_all(out).await.map_err(|e| e.to_string())?;
+                    }
+                    records.clear();
+                }
                 self.inner.links.recycle(batch);
             }
             Ok::<(), String>(())
         };
         let counters = &self.inner.links.counters;
+        // When the stream last brought a whole frame (ms after `base`, plus one; 0:
+        // never): it keeps the connection from being idle too.
+        let base = Instant::now();
+        let stream_seen = std::sync::atomic::AtomicU64::new(0);
         let reader = async {
             let mut reasm = Reassembly::default();
             // Like streams: an accepted connection's first whole frame within
@@ -676,8 +708,14 @@ impl Connector {
             loop {
                 // One wakeup takes every datagram already there, up to a batch, so the
                 // links RX thread gets batches rather than single frames.
-                let mut batch = self.inner.links.buffer();
                 let Ok(d) = timeout_at(deadline, conn.read_datagram()).await else {
+                    let seen = stream_seen.load(Relaxed);
+                    let last = base + Duration::from_millis(seen.saturating_sub(1));
+                    if seen > 0 && last + IDLE_TIMEOUT > Instant::now() {
+                        first = false;
+                        deadline = last + IDLE_TIMEOUT;
+                        continue;
+                    }
                     counters.timeouts.fetch_add(1, Relaxed);
                     conn.close(2u32.into(), b"timeout");
                     return Err(if first {
@@ -686,6 +724,7 @@ impl Connector {
                         format!("nothing received for {} s", IDLE_TIMEOUT.as_secs())
                     });
                 };
+                let mut batch = self.inner.links.buffer();
                 let mut next = Some(d);
                 while let Some(d) = next.take() {
                     let d = d.map_err(|e| e.to_string())?;
@@ -704,21 +743,57 @@ impl Connector {
                         next = conn.read_datagram().now_or_never();
                     }
                 }
-                if !batch.is_empty() {
+                if batch.is_empty() {
+                    self.inner.links.recycle(batch);
+                } else {
                     first = false;
                     deadline = Instant::now() + IDLE_TIMEOUT;
                     self.inner.links.deliver(id, Inbound { from: ep, batch });
                 }
             }
         };
+        // The peer's stream of GSO records (at most one open at a time), read like a
+        // TCP connection: whole frames go to the links RX in batches.
+        let stream_reader = async {
+            let mut buf = vec![0u8; 2 * (frame::PREFIX + frame::MAX_FRAME)];
+            loop {
+                let mut r = conn.accept_uni().await.map_err(|e| e.to_string())?;
+                let mut have = 0;
+                while let Some(n) = r.read(&mut buf[have..]).await.map_err(|e| e.to_string())? {
+                    have += n;
+                    let used = frame::complete_prefix(&buf[..have]).map_err(|e| {
+                        counters.protocol_errors.fetch_add(1, Relaxed);
+                        conn.close(1u32.into(), b"malformed stream");
+                        format!("not a weft stream: {e}")
+                    })?;
+                    if used > 0 {
+                        let mut batch = self.inner.links.buffer();
+                        batch.extend_from_slice(&buf[..used]);
+                        if !self.inner.links.deliver_stream(id, Inbound { from: ep, batch }).await {
+                            return Err("the links RX thread stopped".into());
+                        }
+                        buf.copy_within(used..have, 0);
+                        have -= used;
+                        let ms = u64::try_from(base.elapsed().as_millis()).unwrap_or(u64::MAX - 1);
+                        stream_seen.store(ms + 1, Relaxed);
+                    }
+                }
+            }
+        };
         let r = tokio::select! {
             r = writer => r,
             r = reader => r,
+            r = stream_reader => r,
         };
         self.inner.links.unregister(ep, id);
         conn.close(0u32.into(), b"");
         r
     }
+}
+
+/// Whether a frame is a GSO record (a data message flagged [`crate::wire::FLAG_GSO`]).
+fn is_gso_record(f: &[u8]) -> bool {
+    crate::wire::DataHeader::parse(f).is_ok_and(|h| h.flags & crate::wire::FLAG_GSO != 0)
 }
 
 /// The most connections one source may hold on a listener with `max_connections`
@@ -847,8 +922,13 @@ fn ws_config() -> WebSocketConfig {
 
 fn quic_transport() -> quinn::TransportConfig {
     let mut t = quinn::TransportConfig::default();
+    // One unidirectional stream each way, for GSO records; its windows bound what a
+    // connection buffers (quinn's defaults allow ~10 MB in flight per stream).
     t.max_concurrent_bidi_streams(0u32.into())
-        .max_concurrent_uni_streams(0u32.into())
+        .max_concurrent_uni_streams(1u32.into())
+        .stream_receive_window(quinn::VarInt::from_u32(QUIC_STREAM_WINDOW))
+        .receive_window(quinn::VarInt::from_u32(QUIC_STREAM_WINDOW))
+        .send_window(u64::from(QUIC_STREAM_WINDOW))
         .max_idle_timeout(Some(
             quinn::IdleTimeout::try_from(IDLE_TIMEOUT).unwrap_or_else(|_| quinn::VarInt::MAX.into()),
         ))

@@ -92,6 +92,8 @@ impl LinkCounters {
 struct Shard {
     tx: mpsc::SyncSender<Inbound>,
     bytes: AtomicUsize,
+    /// Woken whenever the thread takes a batch: readers of streams wait on it.
+    room: tokio::sync::Notify,
 }
 
 #[derive(Clone)]
@@ -129,7 +131,7 @@ impl Links {
         let (inbound, rx): (Vec<_>, Vec<_>) = (0..shards.max(1))
             .map(|_| {
                 let (tx, rx) = mpsc::sync_channel(depth);
-                (Shard { tx, bytes: AtomicUsize::new(0) }, rx)
+                (Shard { tx, bytes: AtomicUsize::new(0), room: tokio::sync::Notify::new() }, rx)
             })
             .unzip();
         let links = Self {
@@ -218,6 +220,7 @@ impl Links {
     pub fn done(&self, shard: usize, batch: Vec<u8>) {
         if let Some(s) = self.inbound.get(shard) {
             s.bytes.fetch_sub(batch.capacity(), Relaxed);
+            s.room.notify_waiters();
         }
         self.recycle(batch);
     }
@@ -244,17 +247,57 @@ impl Links {
     /// waiting (one batch always may), or as many batches as the queue holds. The
     /// thread hands each batch back with [`Links::done`].
     pub fn deliver(&self, id: u64, inbound: Inbound) -> bool {
-        let shard = &self.inbound[self.shard(id)];
-        let cost = inbound.batch.capacity();
-        let waiting = shard.bytes.fetch_add(cost, Relaxed);
-        let ok = (waiting == 0 || waiting + cost <= INBOUND_BYTES) && shard.tx.try_send(inbound).is_ok();
-        if !ok {
-            shard.bytes.fetch_sub(cost, Relaxed);
-        }
+        let ok = self.try_deliver(id, inbound).is_ok();
         if !ok {
             self.counters.rx_queue_full.fetch_add(1, Relaxed);
         }
         ok
+    }
+
+    /// Like [`Links::deliver`] for a reliable stream (TCP, WebSocket, QUIC's record
+    /// stream): while its links RX thread is behind, waits for room instead of
+    /// dropping, so that the stream's own flow control slows the sender rather than
+    /// the tunnel losing what the connection already carried. False when the thread
+    /// is gone.
+    pub async fn deliver_stream(&self, id: u64, mut inbound: Inbound) -> bool {
+        let shard = &self.inbound[self.shard(id)];
+        loop {
+            // Created before the attempt: a `done` between the attempt and the wait
+            // still wakes it.
+            let room = shard.room.notified();
+            match self.try_deliver(id, inbound) {
+                Ok(()) => return true,
+                Err(Some(back)) => {
+                    inbound = back;
+                    // Bounded, so that a reader never waits on a wake-up that will
+                    // not come (the thread stops only when the node does).
+                    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), room).await;
+                }
+                Err(None) => return false,
+            }
+        }
+    }
+
+    /// Queues `inbound` for its thread; gives it back when the thread is behind, or
+    /// `None` when the thread is gone.
+    fn try_deliver(&self, id: u64, inbound: Inbound) -> Result<(), Option<Inbound>> {
+        let shard = &self.inbound[self.shard(id)];
+        let cost = inbound.batch.capacity();
+        let waiting = shard.bytes.fetch_add(cost, Relaxed);
+        if waiting != 0 && waiting + cost > INBOUND_BYTES {
+            shard.bytes.fetch_sub(cost, Relaxed);
+            return Err(Some(inbound));
+        }
+        match shard.tx.try_send(inbound) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                shard.bytes.fetch_sub(cost, Relaxed);
+                match e {
+                    mpsc::TrySendError::Full(back) => Err(Some(back)),
+                    mpsc::TrySendError::Disconnected(_) => Err(None),
+                }
+            }
+        }
     }
 }
 
@@ -445,6 +488,31 @@ mod tests {
         }
         assert_eq!(links.waiting(0), 0);
         assert!(links.deliver(id, Inbound { from: ep, batch: Vec::with_capacity(2 * INBOUND_BYTES) }));
+    }
+
+    #[tokio::test]
+    async fn a_stream_waits_for_room_instead_of_dropping() {
+        let (links, rx) = Links::sharded(1000, 1);
+        let ep = Endpoint::new(Proto::Tcp, "192.0.2.9:11010".parse().unwrap());
+        let id = links.register(ep, tmpsc::channel(1).0);
+        let batch = move || Inbound { from: ep, batch: Vec::with_capacity(INBOUND_BYTES / 2) };
+        assert!(links.deliver_stream(id, batch()).await);
+        assert!(links.deliver_stream(id, batch()).await);
+        let waiting = {
+            let links = links.clone();
+            tokio::spawn(async move { links.deliver_stream(id, batch()).await })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished(), "the budget is full: it waits");
+        let b = rx[0].recv().unwrap();
+        links.done(0, b.batch);
+        assert!(waiting.await.unwrap(), "room again: delivered");
+        assert_eq!(links.counters.rx_queue_full.load(Relaxed), 0, "nothing dropped");
+        for b in rx[0].try_iter() {
+            links.done(0, b.batch);
+        }
+        drop(rx);
+        assert!(!links.deliver_stream(id, batch()).await, "the thread is gone");
     }
 
     #[test]
