@@ -414,6 +414,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
                     hostname: cfg.hostname.clone(),
                     ipv6,
                     gso: true,
+                    gso_quic: true,
                 },
             },
             dial: dial.clone(),

@@ -60,6 +60,7 @@ fn outsider_attack(sock: &UdpSocket, target: SocketAddrV4) -> usize {
             hostname: "x".into(),
             ipv6: None,
             gso: true,
+            gso_quic: true,
         },
     };
     let macs = MacKeys::new(&wrong.psk);
@@ -184,6 +185,7 @@ fn a_handshake_flood_drops_no_session() {
             hostname: "m".into(),
             ipv6: None,
             gso: true,
+            gso_quic: true,
         },
     };
     let (_, mut replay) = init_bytes(&member, None, 5);

@@ -191,6 +191,9 @@ pub struct Hello {
     /// connections ([`crate::wire::FLAG_GSO`]; an optional trailing field: a hello
     /// without it, from an older node, says no).
     pub gso: bool,
+    /// Whether the sender also takes them over QUIC, on a stream of the connection
+    /// beside its datagrams (an optional field after the features; only with `gso`).
+    pub gso_quic: bool,
 }
 
 /// Tag of the hello's IPv6 field.
@@ -199,6 +202,9 @@ const HELLO_IPV6: u8 = 6;
 const HELLO_FEATURES: u8 = 7;
 /// Feature bit: takes [`crate::wire::FLAG_GSO`] records.
 const FEATURE_GSO: u8 = 0x01;
+/// Tag of the hello's "GSO records over a QUIC stream" field (one byte, 1, follows:
+/// a field rather than a feature bit, which older nodes would not have ignored).
+const HELLO_GSO_QUIC: u8 = 8;
 
 impl Hello {
     /// Appends the encoded hello to `out`.
@@ -217,6 +223,9 @@ impl Hello {
         }
         if self.gso {
             out.extend_from_slice(&[HELLO_FEATURES, FEATURE_GSO]);
+            if self.gso_quic {
+                out.extend_from_slice(&[HELLO_GSO_QUIC, 1]);
+            }
         }
     }
 
@@ -238,7 +247,7 @@ impl Hello {
         // A peer's name reaches logs and terminals: no control characters (escape
         // sequences, cursor moves). Each becomes '?', which never makes it longer.
         let hostname = hostname.chars().map(|c| if c.is_control() { '?' } else { c }).collect();
-        // Optional fields, in this order: IPv6, then features. Anything else (unknown,
+        // Optional fields, in this order: IPv6, features, GSO over QUIC. Anything else (unknown,
         // cut, out of order, or feature bits this version does not know: a newer node
         // adds a field instead) ends the parse, so an older node's tail and a newer
         // node's additions are ignored and `emit` reproduces what was read.
@@ -255,7 +264,8 @@ impl Hello {
             rest = &f[17..];
         }
         let gso = matches!(rest, [HELLO_FEATURES, FEATURE_GSO, ..]);
-        Ok(Self { cipher, ipv4, prefix, hostname, ipv6, gso })
+        let gso_quic = matches!(rest, [HELLO_FEATURES, FEATURE_GSO, HELLO_GSO_QUIC, 1, ..]);
+        Ok(Self { cipher, ipv4, prefix, hostname, ipv6, gso, gso_quic })
     }
 }
 
@@ -482,6 +492,7 @@ mod tests {
                 hostname: format!("h{}", ip[3]),
                 ipv6: None,
                 gso: true,
+                gso_quic: true,
             },
         }
     }
@@ -602,6 +613,7 @@ mod tests {
             hostname: "node-α".into(),
             ipv6: None,
             gso: false,
+            gso_quic: false,
         };
         let mut b = Vec::new();
         h.emit(&mut b);
@@ -622,6 +634,20 @@ mod tests {
         let mut bg4 = Vec::new();
         g4.emit(&mut bg4);
         assert_eq!(Hello::parse(&bg4).unwrap(), g4, "features without an IPv6 field");
+        // GSO over QUIC: a field after the features; an older node reads "gso" and
+        // stops there.
+        let q = Hello { gso_quic: true, ..g.clone() };
+        let mut bq = Vec::new();
+        q.emit(&mut bq);
+        assert_eq!(&bq[bg.len()..], &[8, 1]);
+        assert_eq!(Hello::parse(&bq).unwrap(), q);
+        assert_eq!(Hello::parse(&bq[..bq.len() - 1]).unwrap(), g, "a cut field is a tail");
+        let mut other = bg.clone();
+        other.extend_from_slice(&[8, 2]);
+        assert_eq!(Hello::parse(&other).unwrap(), g, "a value this version does not know");
+        let mut alone = Vec::new();
+        Hello { gso_quic: true, ..h.clone() }.emit(&mut alone);
+        assert_eq!(alone, b, "only with gso");
         // Feature bits this version does not know, or features before IPv6: ignored
         // (a newer node adds a field), never half-read.
         let mut unknown = b.clone();
@@ -656,6 +682,7 @@ mod tests {
             hostname: "ev\x1b[31mil\u{9b}2J\x7f\r\n-α".into(),
             ipv6: None,
             gso: true,
+            gso_quic: true,
         };
         let mut b = Vec::new();
         h.emit(&mut b);

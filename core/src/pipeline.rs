@@ -564,7 +564,8 @@ impl Tx {
     /// Seals the super-packet of `len` bytes (virtio header included) in the raw
     /// buffer as one [`FLAG_GSO`] record when it goes to a peer that takes such
     /// records over a reliable connection (TCP, WebSocket), straight or through relays
-    /// whose every link is one ([`crate::route::Route::relay_streams`]); lists it as
+    /// whose every link is one ([`crate::route::Route::relay_streams`]), or straight
+    /// over QUIC when the peer takes them there (the connection's stream); lists it as
     /// the only entry of the outgoing list (buffer 0: [`Tx::super_record`]).
     /// Returns the packets and bytes it stands for, or `None` (nothing sealed) when
     /// it is to be split and sealed per packet instead.
@@ -577,8 +578,11 @@ impl Tx {
         let Lookup::Route(route) = routes.lookup(dst) else { return None };
         let s = &route.session;
         let relay_len = if route.relay.is_some() { RELAY_HEADER_LEN } else { 0 };
+        // Over QUIC only straight to a peer that offered it: a relay forwards records
+        // to stream hops only.
+        let quic = route.target.proto == Proto::Quic && route.relay.is_none() && s.peer_gso_quic();
         if (route.relay.is_some() && !route.relay_streams)
-            || !route.target.proto.is_stream()
+            || !(route.target.proto.is_stream() || quic)
             || !s.peer_gso()
             || s.is_expired(now)
             || relay_len + len + s.overhead() > frame::MAX_FRAME

@@ -73,6 +73,8 @@ pub struct Session {
     expires_ms: AtomicU64,
     /// Whether the peer takes GSO super-packets as one record (its hello said so).
     peer_gso: AtomicBool,
+    /// Whether it takes them over QUIC too.
+    peer_gso_quic: AtomicBool,
 }
 
 impl Session {
@@ -97,6 +99,7 @@ impl Session {
             roam_from: AtomicU64::new(0),
             expires_ms: AtomicU64::new(u64::MAX),
             peer_gso: AtomicBool::new(false),
+            peer_gso_quic: AtomicBool::new(false),
         }
     }
 
@@ -133,6 +136,17 @@ impl Session {
     /// Whether TX may send the peer whole super-packets on reliable connections.
     pub fn peer_gso(&self) -> bool {
         self.peer_gso.load(Relaxed)
+    }
+
+    /// Records that the peer takes GSO records over QUIC too (on a stream beside the
+    /// connection's datagrams), as its hello said.
+    pub fn set_peer_gso_quic(&self, yes: bool) {
+        self.peer_gso_quic.store(yes, Relaxed);
+    }
+
+    /// Whether TX may send the peer whole super-packets over a direct QUIC connection.
+    pub fn peer_gso_quic(&self) -> bool {
+        self.peer_gso_quic.load(Relaxed)
     }
 
     /// Bytes `seal` adds in front of and behind the payload.

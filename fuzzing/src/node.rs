@@ -69,6 +69,7 @@ fn config(local: StaticKey, ipv4: Ipv4Addr, dial: Vec<Endpoint>, me: Endpoint, e
                 hostname: format!("node-{ipv4}"),
                 ipv6: None,
                 gso: true,
+                gso_quic: true,
             },
         },
         dial,

@@ -86,6 +86,7 @@ pub fn seeds() -> Vec<Seed> {
             hostname: format!("host-é-{i}"),
             ipv6: None,
             gso: false,
+            gso_quic: false,
         }
         .emit(&mut h);
         s.push(("hello", format!("seed-hello-{i}"), h));
@@ -99,6 +100,7 @@ pub fn seeds() -> Vec<Seed> {
         hostname: "six".into(),
         ipv6: v6,
         gso: true,
+        gso_quic: true,
     }
     .emit(&mut h);
     s.push(("hello", "seed-hello-ipv6".into(), h));

@@ -568,6 +568,7 @@ impl Node {
                 hostname: rec.hostname.clone(),
                 ipv6: rec.overlay6.map(|a| (a, ours.ipv6.map_or(64, |(_, q)| q))),
                 gso: false,
+                gso_quic: false,
             };
             self.peers.insert(key, Peer::new(key, hello, now, std::sync::Arc::default()));
             self.ids.insert(node, key);
