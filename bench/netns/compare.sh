@@ -536,6 +536,10 @@ cpu_ticks() { # PIDS...: utime+stime of all threads, summed over the processes
     done
     echo "$sum"
 }
+reset_peak_rss() { # PIDS...: VmHWM back to the current RSS (the run's peak is measured)
+    local p
+    for p in "$@"; do echo 5 >"/proc/$p/clear_refs" 2>/dev/null || true; done
+}
 peak_rss_kib() { # PIDS...: max VmHWM
     local p max=0 v
     for p in "$@"; do
@@ -562,6 +566,7 @@ measure() { # REP TOOL MODE TARGET STREAMS DIR(b-to-a|a-to-b)
     # tunnels against) runs client and server in A over lo.
     local client_ns=$NS_B
     [ "$tool" = loopback ] && client_ns=$NS_A
+    [ "${#TUN_PIDS[@]}" -gt 0 ] && reset_peak_rss "${TUN_PIDS[@]}"
     c0=$(cpu_ticks "${TUN_PIDS[@]}"); t0=$(date +%s.%N)
     fg_run timeout $((DURATION + 30)) ip netns exec "$client_ns" iperf3 -c "$target" -p 5201 -J -t "$DURATION" \
         -P "$streams" "${rflag[@]}" --connect-timeout 5000 >"$json" 2>"$json.err" || rc=$?

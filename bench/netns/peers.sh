@@ -113,14 +113,18 @@ RUNS="$WORK/runs.jsonl"
 HUB_PID=$(pgrep -f "$WORK/h.sock" | head -1)
 # Resident memory under load: sampled while the streams run (VmHWM would report the
 # 46 MiB Argon2id derivation of the key at start, freed at once).
+# Each sample: VmRSS, and of it RssAnon (the process's own memory) and RssFile (mostly
+# the binary's code pages, shared with every process that maps the same file).
 sample_rss() { # seconds
-    local max=0 v
+    local max=0 v line best="0 0 0"
     for _ in $(seq $(( $1 * 2 ))); do
-        v=$(awk '/VmRSS/ {print $2}' "/proc/$HUB_PID/status" 2>/dev/null || echo 0)
-        [ "$v" -gt "$max" ] && max=$v
+        line=$(awk '/^VmRSS/ {r=$2} /^RssAnon/ {a=$2} /^RssFile/ {f=$2} END {print r+0, a+0, f+0}' \
+            "/proc/$HUB_PID/status" 2>/dev/null || echo "0 0 0")
+        v=${line%% *}
+        if [ "$v" -gt "$max" ]; then max=$v; best=$line; fi
         sleep 0.5
     done
-    echo "$max" >>"$WORK/rss.txt"
+    echo "$best" >>"$WORK/rss.txt"
 }
 : >"$WORK/rss.txt"
 for n in $COUNTS; do
@@ -150,12 +154,13 @@ EOF
         tail -1 "$RUNS" >&2
     done
 done
-RSS_H=$(sort -n "$WORK/rss.txt" | tail -1)
+RSS_LINE=$(sort -n "$WORK/rss.txt" | tail -1)
+read -r RSS_H RSS_ANON RSS_FILE <<<"$RSS_LINE"
 
 mkdir -p "$OUT"
-python3 - "$RUNS" "$OUT" "$DURATION" "$REPS" "$RSS_H" "$COUNTS" "$TRANSPORT" "$HUB_THREADS" <<'EOF'
+python3 - "$RUNS" "$OUT" "$DURATION" "$REPS" "$RSS_H" "$COUNTS" "$TRANSPORT" "$HUB_THREADS" "$RSS_ANON" "$RSS_FILE" <<'EOF'
 import json, os, platform, statistics, sys, time
-runs_path, out, duration, reps, rss, counts, transport, hub_threads = sys.argv[1:9]
+runs_path, out, duration, reps, rss, counts, transport, hub_threads, rss_anon, rss_file = sys.argv[1:11]
 runs = [json.loads(l) for l in open(runs_path) if l.strip()]
 info = open("/proc/cpuinfo").read()
 cpu = info.split("model name")[1].split("\n")[0].strip(": \t") if "model name" in info else "?"
@@ -178,8 +183,8 @@ lines = [
 for n in map(int, counts.split()):
     ratio = f"{agg[n] / one:.2f}x" if one else "-"
     lines.append(f"| {n} | {agg[n]:.2f} | {ratio} | {fair[n]:.2f} |")
-lines += ["", f"Hub resident memory under load (largest VmRSS sampled every 0.5 s while the streams ran): {int(rss) / 1024:.1f} MiB."]
+lines += ["", f"Hub resident memory under load (largest VmRSS sampled every 0.5 s while the streams ran): {int(rss) / 1024:.1f} MiB, of which anonymous {int(rss_anon) / 1024:.1f} MiB and file-backed {int(rss_file) / 1024:.1f} MiB (the binary's code pages)."]
 open(os.path.join(out, "results.md"), "w").write("\n".join(lines) + "\n")
-json.dump({"runs": runs, "transport": transport, "hub_threads": int(hub_threads), "hub_rss_under_load_kib": int(rss)}, open(os.path.join(out, "results.json"), "w"), indent=1)
+json.dump({"runs": runs, "transport": transport, "hub_threads": int(hub_threads), "hub_rss_under_load_kib": int(rss), "hub_rss_anon_kib": int(rss_anon), "hub_rss_file_kib": int(rss_file)}, open(os.path.join(out, "results.json"), "w"), indent=1)
 print("\n".join(lines))
 EOF

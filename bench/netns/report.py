@@ -321,7 +321,9 @@ def cmd_report(a):
         "× best non-weft: median / the best median among the other tunnels (not direct, loopback or weft) there.",
         "- CPU %: utime+stime of the tunnel processes of both nodes (all threads) during the iperf3 run, "
         "divided by wall time; 100 % = one core. iperf3's own CPU is not included. Peak RSS: the larger "
-        "VmHWM of the two nodes at the end of a run (each tool is restarted for every repetition), max over repetitions.",
+        "VmHWM of the two nodes at the end of a run, reset (`/proc/PID/clear_refs` 5) just before it, so it is the "
+        "peak under traffic and not a start-up step (weft's Argon2id key derivation takes 46 MiB for a moment, "
+        "freed at once); max over repetitions (each tool is restarted for every repetition).",
         "- Every other tool runs with its defaults apart from the overlay addresses and MTU (versions above; "
         "Debian 12's wireguard-go 0.0.20220316 predates wireguard-go's TUN and UDP offload work). "
         "No sysctl is changed: the root namespace is left alone.",
