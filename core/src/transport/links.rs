@@ -28,10 +28,11 @@ const POOL: usize = 16;
 /// Buffers larger than this are not kept.
 const POOL_MAX_CAPACITY: usize = 2 * (frame::PREFIX + frame::MAX_FRAME);
 /// Bytes of received batches (their buffers' capacity) waiting for one links RX
-/// thread: past this a batch is dropped and counted, as a full socket buffer drops
-/// a datagram. Counting batches alone let 256 of up to 128 KiB each wait (32 MiB)
-/// while the thread was behind; 1 MiB is still over a millisecond of a busy link.
-pub const INBOUND_BYTES: usize = 1 << 20;
+/// thread: past this a reader of a stream waits and a QUIC datagram batch is dropped
+/// and counted, as a full socket buffer drops a datagram. Counting batches alone let
+/// 256 of up to 128 KiB each wait (32 MiB) while the thread was behind; a few
+/// batches are enough to keep it busy.
+pub const INBOUND_BYTES: usize = 512 << 10;
 
 /// Received frames of one connection, framed (see [`frame`]).
 #[derive(Debug)]
