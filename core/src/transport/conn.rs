@@ -551,13 +551,7 @@ impl Connector {
                 })?;
                 if used > 0 {
                     first = false;
-                    let mut batch = self.inner.links.buffer();
-                    batch.extend_from_slice(&buf[..used]);
-                    if !self.inner.links.deliver_stream(id, Inbound { from: ep, batch }).await {
-                        return Err("the links RX thread stopped".into());
-                    }
-                    buf.copy_within(used..have, 0);
-                    have -= used;
+                    self.deliver_frames(id, ep, &mut buf, &mut have, used).await?;
                 }
                 deadline = if first {
                     deadline
@@ -645,6 +639,27 @@ impl Connector {
         };
         self.inner.links.unregister(ep, id);
         r
+    }
+
+    /// Hands the `used` bytes of whole frames at the start of `buf[..*have]`, read
+    /// from a stream of connection `id`, to the links RX (waiting for room) and moves
+    /// what follows them to the front.
+    async fn deliver_frames(
+        &self,
+        id: u64,
+        ep: Endpoint,
+        buf: &mut [u8],
+        have: &mut usize,
+        used: usize,
+    ) -> Result<(), String> {
+        let mut batch = self.inner.links.buffer();
+        batch.extend_from_slice(&buf[..used]);
+        if !self.inner.links.deliver_stream(id, Inbound { from: ep, batch }).await {
+            return Err("the links RX thread stopped".into());
+        }
+        buf.copy_within(used..*have, 0);
+        *have -= used;
+        Ok(())
     }
 
     /// A QUIC connection: each frame is a datagram, split in fragments when the path
@@ -767,13 +782,7 @@ impl Connector {
                         format!("not a weft stream: {e}")
                     })?;
                     if used > 0 {
-                        let mut batch = self.inner.links.buffer();
-                        batch.extend_from_slice(&buf[..used]);
-                        if !self.inner.links.deliver_stream(id, Inbound { from: ep, batch }).await {
-                            return Err("the links RX thread stopped".into());
-                        }
-                        buf.copy_within(used..have, 0);
-                        have -= used;
+                        self.deliver_frames(id, ep, &mut buf, &mut have, used).await?;
                         let ms = u64::try_from(base.elapsed().as_millis()).unwrap_or(u64::MAX - 1);
                         stream_seen.store(ms + 1, Relaxed);
                     }
