@@ -192,7 +192,8 @@ pub struct Hello {
     /// without it, from an older node, says no).
     pub gso: bool,
     /// Whether the sender also takes them over QUIC, on a stream of the connection
-    /// beside its datagrams (an optional field after the features; only with `gso`).
+    /// beside its datagrams (an optional field after the features: never read or
+    /// written without `gso`).
     pub gso_quic: bool,
 }
 

@@ -1132,7 +1132,7 @@ impl Node {
         }));
         session.set_created_ms(ms_since(self.cfg.epoch, now));
         session.set_peer_gso(done.hello.gso);
-        session.set_peer_gso_quic(done.hello.gso && done.hello.gso_quic);
+        session.set_peer_gso_quic(done.hello.gso_quic);
         let held = Held {
             key: done.remote_static,
             hello: done.hello,

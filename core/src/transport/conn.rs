@@ -770,9 +770,11 @@ impl Connector {
         // The peer's stream of GSO records (at most one open at a time), read like a
         // TCP connection: whole frames go to the links RX in batches.
         let stream_reader = async {
-            let mut buf = vec![0u8; 2 * (frame::PREFIX + frame::MAX_FRAME)];
+            // Allocated when the peer opens a stream, not for every connection.
+            let mut buf = Vec::new();
             loop {
                 let mut r = conn.accept_uni().await.map_err(|e| e.to_string())?;
+                buf.resize(2 * (frame::PREFIX + frame::MAX_FRAME), 0);
                 let mut have = 0;
                 while let Some(n) = r.read(&mut buf[have..]).await.map_err(|e| e.to_string())? {
                     have += n;

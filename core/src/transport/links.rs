@@ -5,8 +5,10 @@
 //! when it registers (in turn), so its frames are opened in order by one thread and
 //! many connections are opened by all of them.
 //!
-//! Nothing here blocks: a full queue drops the batch and counts it, like a full
-//! socket buffer would drop a datagram; the inner TCP backs off as it would on loss.
+//! Nothing here blocks a pipeline: a full send queue drops the batch and counts it,
+//! like a full socket buffer would drop a datagram, and the inner TCP backs off as it
+//! would on loss. On the receiving side a QUIC datagram batch is dropped the same
+//! way, while a reader of a reliable stream waits for room ([`Links::deliver_stream`]).
 
 use std::net::UdpSocket;
 use std::sync::Arc;
@@ -227,7 +229,8 @@ impl Links {
     }
 
     /// Bytes waiting for links RX thread `shard`.
-    pub fn waiting(&self, shard: usize) -> usize {
+    #[cfg(test)]
+    fn waiting(&self, shard: usize) -> usize {
         self.inbound.get(shard).map_or(0, |s| s.bytes.load(Relaxed))
     }
 
