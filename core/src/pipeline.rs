@@ -863,8 +863,12 @@ impl Rx {
         } else {
             ((DATA_HEADER_LEN + usize::from(cfg.mtu) + TAG_LEN + 64).max(2048), RX_SLOTS)
         };
-        // TUN GRO only coalesces into a head buffer with room for the whole super-packet.
-        let big = 2 * VIRTIO_NET_HDR_LEN + 65535 + 64;
+        // TUN GRO only coalesces into a head buffer with room for the whole super-packet,
+        // and room is all it checks: a head with more than 65535 bytes of room grows
+        // past the IP length field, which then wraps, and the kernel drops the whole
+        // super-packet without a word (a TCP flow stalls until its sender's timeout).
+        // `Vec::with_capacity` gives exactly this capacity.
+        let big = 2 * VIRTIO_NET_HDR_LEN + usize::from(u16::MAX);
         Self {
             slab: vec![0u8; slot * slots],
             slot,
@@ -1359,7 +1363,7 @@ mod tests {
         assert_eq!(c.big.len(), 0);
         // One flow of 120 full segments: a new head whenever the last one holds 64 KiB
         // (47 segments of 1380 bytes); a PSH segment ends one too.
-        let mut c = Coalescer::new(1500, 2 * VIRTIO_NET_HDR_LEN + 65535 + 64);
+        let mut c = Coalescer::new(1500, 2 * VIRTIO_NET_HDR_LEN + 65535);
         for (i, b) in c.bufs.iter_mut().enumerate().take(120) {
             *b = tcp(9, 1380);
             if i == 100 {
