@@ -620,7 +620,7 @@ impl Connector {
                         deadline = Instant::now() + IDLE_TIMEOUT;
                         let mut batch = self.inner.links.buffer();
                         batch.extend_from_slice(&b);
-                        if !self.inner.links.deliver_stream(id, Inbound { from: ep, batch }).await {
+                        if !self.inner.links.deliver(id, Inbound { from: ep, batch }).await {
                             return Err("the links RX thread stopped".into());
                         }
                     }
@@ -654,7 +654,7 @@ impl Connector {
     ) -> Result<(), String> {
         let mut batch = self.inner.links.buffer();
         batch.extend_from_slice(&buf[..used]);
-        if !self.inner.links.deliver_stream(id, Inbound { from: ep, batch }).await {
+        if !self.inner.links.deliver(id, Inbound { from: ep, batch }).await {
             return Err("the links RX thread stopped".into());
         }
         buf.copy_within(used..*have, 0);
@@ -763,7 +763,9 @@ impl Connector {
                 } else {
                     first = false;
                     deadline = Instant::now() + IDLE_TIMEOUT;
-                    self.inner.links.deliver(id, Inbound { from: ep, batch });
+                    if !self.inner.links.deliver(id, Inbound { from: ep, batch }).await {
+                        return Err("the links RX thread stopped".into());
+                    }
                 }
             }
         };

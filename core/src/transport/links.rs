@@ -7,8 +7,9 @@
 //!
 //! Nothing here blocks a pipeline: a full send queue drops the batch and counts it,
 //! like a full socket buffer would drop a datagram, and the inner TCP backs off as it
-//! would on loss. On the receiving side a QUIC datagram batch is dropped the same
-//! way, while a reader of a reliable stream waits for room ([`Links::deliver_stream`]).
+//! would on loss. On the receiving side a connection's reader waits for room
+//! ([`Links::deliver`]): a stream's flow control, or quinn's datagram buffer, takes
+//! up the slack instead of the tunnel losing what the connection already carried.
 
 use std::net::UdpSocket;
 use std::sync::Arc;
@@ -30,10 +31,9 @@ const POOL: usize = 16;
 /// Buffers larger than this are not kept.
 const POOL_MAX_CAPACITY: usize = 2 * (frame::PREFIX + frame::MAX_FRAME);
 /// Bytes of received batches (their buffers' capacity) waiting for one links RX
-/// thread: past this a reader of a stream waits and a QUIC datagram batch is dropped
-/// and counted, as a full socket buffer drops a datagram. Counting batches alone let
-/// 256 of up to 128 KiB each wait (32 MiB) while the thread was behind; a few
-/// batches are enough to keep it busy.
+/// thread: past this a connection's reader waits. Counting batches alone let 256 of
+/// up to 128 KiB each wait (32 MiB) while the thread was behind; a few batches are
+/// enough to keep it busy.
 pub const INBOUND_BYTES: usize = 512 << 10;
 
 /// Received frames of one connection, framed (see [`frame`]).
@@ -66,7 +66,8 @@ pub struct LinkCounters {
     /// Connections closed for missing a deadline: no first frame in time, a frame
     /// not complete in time, or idle.
     pub timeouts: AtomicU64,
-    /// Received batches dropped because the links RX thread was behind.
+    /// Received batches that found their links RX thread behind (their reader waited
+    /// for room).
     pub rx_queue_full: AtomicU64,
     /// Frames sent over QUIC as more than one datagram (too large for one).
     pub quic_fragmented: AtomicU64,
@@ -247,24 +248,17 @@ impl Links {
     }
 
     /// Hands frames received by connection `id` (its registration) to its links RX
-    /// thread; false (and counted) when that thread is behind: [`INBOUND_BYTES`]
-    /// waiting (one batch always may), or as many batches as the queue holds. The
-    /// thread hands each batch back with [`Links::done`].
-    pub fn deliver(&self, id: u64, inbound: Inbound) -> bool {
-        let ok = self.try_deliver(id, inbound).is_ok();
-        if !ok {
-            self.counters.rx_queue_full.fetch_add(1, Relaxed);
-        }
-        ok
-    }
-
-    /// Like [`Links::deliver`] for a reliable stream (TCP, WebSocket, QUIC's record
-    /// stream): while its links RX thread is behind, waits for room instead of
-    /// dropping, so that the stream's own flow control slows the sender rather than
-    /// the tunnel losing what the connection already carried. False when the thread
-    /// is gone.
-    pub async fn deliver_stream(&self, id: u64, mut inbound: Inbound) -> bool {
+    /// thread, which hands each batch back with [`Links::done`]. While that thread is
+    /// behind ([`INBOUND_BYTES`] waiting, one batch always may, or as many batches as
+    /// the queue holds) it waits for room (counted once) rather than dropping: the
+    /// connection's own flow control (TCP, WebSocket, QUIC's record stream) or
+    /// quinn's datagram buffer slows the sender or absorbs the burst. Dropping QUIC
+    /// datagram batches here made a TCP flow inside lose a window's worth at a time;
+    /// a userspace sender (a no-TUN member) then stalled for tens of seconds. False
+    /// when the thread is gone.
+    pub async fn deliver(&self, id: u64, mut inbound: Inbound) -> bool {
         let shard = &self.inbound[self.shard(id)];
+        let mut waited = false;
         loop {
             // Created before the attempt: a `done` between the attempt and the wait
             // still wakes it.
@@ -273,6 +267,10 @@ impl Links {
                 Ok(()) => return true,
                 Err(Some(back)) => {
                     inbound = back;
+                    if !waited {
+                        waited = true;
+                        self.counters.rx_queue_full.fetch_add(1, Relaxed);
+                    }
                     // Bounded, so that a reader never waits on a wake-up that will
                     // not come (the thread stops only when the node does).
                     let _ = tokio::time::timeout(std::time::Duration::from_secs(1), room).await;
@@ -459,7 +457,7 @@ mod tests {
         // A connection's batches all reach its thread's queue, in order.
         let ep = Endpoint::new(Proto::Tcp, "192.0.2.9:11010".parse().unwrap());
         for b in 0..3u8 {
-            assert!(links.deliver(ids[4], Inbound { from: ep, batch: vec![b] }));
+            assert!(links.try_deliver(ids[4], Inbound { from: ep, batch: vec![b] }).is_ok());
         }
         let got: Vec<Vec<u8>> = rx[shards[4]].try_iter().map(|i| i.batch).collect();
         assert_eq!(got, [vec![0], vec![1], vec![2]]);
@@ -472,51 +470,50 @@ mod tests {
     }
 
     #[test]
-    fn a_links_thread_behind_by_its_byte_budget_drops_and_counts() {
+    fn a_links_thread_takes_batches_up_to_its_byte_budget() {
         let (links, rx) = Links::sharded(1000, 1);
         let ep = Endpoint::new(Proto::Tcp, "192.0.2.9:11010".parse().unwrap());
         let id = links.register(ep, tmpsc::channel(1).0);
         let batch = || Inbound { from: ep, batch: Vec::with_capacity(INBOUND_BYTES / 4) };
-        let sent = (0..8).filter(|_| links.deliver(id, batch())).count();
+        let sent = (0..8).filter(|_| links.try_deliver(id, batch()).is_ok()).count();
         assert_eq!(sent, 4, "a quarter of the budget each");
-        assert_eq!(links.counters.rx_queue_full.load(Relaxed), 4);
         // The thread takes one and hands it back: room for one more.
         let b = rx[0].recv().unwrap();
         links.done(0, b.batch);
         assert!(links.waiting(0) <= 3 * INBOUND_BYTES / 4 + 64);
-        assert!(links.deliver(id, batch()));
-        assert!(!links.deliver(id, batch()));
+        assert!(links.try_deliver(id, batch()).is_ok());
+        assert!(matches!(links.try_deliver(id, batch()), Err(Some(_))));
         // Drained, a batch larger than the whole budget still goes.
         for b in rx[0].try_iter() {
             links.done(0, b.batch);
         }
         assert_eq!(links.waiting(0), 0);
-        assert!(links.deliver(id, Inbound { from: ep, batch: Vec::with_capacity(2 * INBOUND_BYTES) }));
+        assert!(links.try_deliver(id, Inbound { from: ep, batch: Vec::with_capacity(2 * INBOUND_BYTES) }).is_ok());
     }
 
     #[tokio::test]
-    async fn a_stream_waits_for_room_instead_of_dropping() {
+    async fn a_reader_waits_for_room_instead_of_dropping() {
         let (links, rx) = Links::sharded(1000, 1);
         let ep = Endpoint::new(Proto::Tcp, "192.0.2.9:11010".parse().unwrap());
         let id = links.register(ep, tmpsc::channel(1).0);
         let batch = move || Inbound { from: ep, batch: Vec::with_capacity(INBOUND_BYTES / 2) };
-        assert!(links.deliver_stream(id, batch()).await);
-        assert!(links.deliver_stream(id, batch()).await);
+        assert!(links.deliver(id, batch()).await);
+        assert!(links.deliver(id, batch()).await);
         let waiting = {
             let links = links.clone();
-            tokio::spawn(async move { links.deliver_stream(id, batch()).await })
+            tokio::spawn(async move { links.deliver(id, batch()).await })
         };
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         assert!(!waiting.is_finished(), "the budget is full: it waits");
         let b = rx[0].recv().unwrap();
         links.done(0, b.batch);
         assert!(waiting.await.unwrap(), "room again: delivered");
-        assert_eq!(links.counters.rx_queue_full.load(Relaxed), 0, "nothing dropped");
+        assert_eq!(links.counters.rx_queue_full.load(Relaxed), 1, "one batch waited");
         for b in rx[0].try_iter() {
             links.done(0, b.batch);
         }
         drop(rx);
-        assert!(!links.deliver_stream(id, batch()).await, "the thread is gone");
+        assert!(!links.deliver(id, batch()).await, "the thread is gone");
     }
 
     #[test]
@@ -533,9 +530,11 @@ mod tests {
         assert_eq!(rb.try_recv().unwrap(), vec![0, 1, 9]);
         links.unregister(ep, second);
         assert_eq!(links.send(ep, vec![1]), Err(vec![1]));
-        assert!(links.deliver(second, Inbound { from: ep, batch: vec![] }));
-        assert!(!links.deliver(second, Inbound { from: ep, batch: vec![] }), "queue of one is full");
-        assert_eq!(links.counters.rx_queue_full.load(Relaxed), 1);
+        assert!(links.try_deliver(second, Inbound { from: ep, batch: vec![] }).is_ok());
+        assert!(
+            matches!(links.try_deliver(second, Inbound { from: ep, batch: vec![] }), Err(Some(_))),
+            "queue of one is full"
+        );
         drop(rx);
         // Batch buffers come back empty, with their room.
         let mut b = links.buffer();
