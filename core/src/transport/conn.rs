@@ -14,8 +14,8 @@
 //! total, never per read, so a peer that trickles a byte now and then gains nothing:
 //! TLS, WebSocket and QUIC handshakes must finish within [`HANDSHAKE_TIMEOUT`]; an
 //! accepted connection (TCP, WebSocket or QUIC) must then deliver a whole first frame
-//! within the same time; on TCP a frame that started arriving must be complete within
-//! [`STALL_TIMEOUT`]; a connection closes when no whole frame (or WebSocket message,
+//! within the same time; on TCP and on QUIC's record stream a frame that started
+//! arriving must be complete within [`STALL_TIMEOUT`]; a connection closes when no whole frame (or WebSocket message,
 //! or QUIC frame) arrived for [`IDLE_TIMEOUT`] — WebSocket pings and pongs and QUIC's
 //! own keepalives extend none of these. Anything that is not our framing closes the
 //! connection. Every refusal and close is counted in [`LinkCounters`].
@@ -47,8 +47,8 @@ use super::{Endpoint, Proto, frame};
 /// an accepted connection must deliver its first whole frame within this after that
 /// (a total deadline, not one per read).
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
-/// A frame that started arriving on a TCP stream must be complete within this
-/// (total, from its first byte).
+/// A frame that started arriving on a TCP stream (or QUIC's record stream) must be
+/// complete within this (total, from its first byte).
 pub const STALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// A connection on which no whole frame arrives for this long closes (sessions send
 /// keepalives every few seconds on the path they use; WebSocket pings and QUIC
@@ -778,7 +778,20 @@ impl Connector {
                 let mut r = conn.accept_uni().await.map_err(|e| e.to_string())?;
                 buf.resize(2 * (frame::PREFIX + frame::MAX_FRAME), 0);
                 let mut have = 0;
-                while let Some(n) = r.read(&mut buf[have..]).await.map_err(|e| e.to_string())? {
+                // As on TCP: a frame that started arriving must be whole within
+                // STALL_TIMEOUT of its first byte (its reads do not extend that).
+                let mut stall: Option<Instant> = None;
+                loop {
+                    let read = r.read(&mut buf[have..]);
+                    let got = match stall {
+                        Some(at) => timeout_at(at, read).await.map_err(|_| {
+                            counters.timeouts.fetch_add(1, Relaxed);
+                            conn.close(2u32.into(), b"timeout");
+                            format!("frame not complete within {} s", STALL_TIMEOUT.as_secs())
+                        })?,
+                        None => read.await,
+                    };
+                    let Some(n) = got.map_err(|e| e.to_string())? else { break };
                     have += n;
                     let used = frame::complete_prefix(&buf[..have]).map_err(|e| {
                         counters.protocol_errors.fetch_add(1, Relaxed);
@@ -790,6 +803,13 @@ impl Connector {
                         let ms = u64::try_from(base.elapsed().as_millis()).unwrap_or(u64::MAX - 1);
                         stream_seen.store(ms + 1, Relaxed);
                     }
+                    stall = if have == 0 {
+                        None
+                    } else if used > 0 || stall.is_none() {
+                        Some(Instant::now() + STALL_TIMEOUT)
+                    } else {
+                        stall
+                    };
                 }
             }
         };
@@ -1241,6 +1261,28 @@ mod tests {
             let closed = tokio::time::timeout(HANDSHAKE_TIMEOUT + Duration::from_secs(4), conn.closed()).await;
             assert!(closed.is_ok(), "a silent QUIC connection stayed open");
             assert!(start.elapsed() < HANDSHAKE_TIMEOUT + Duration::from_secs(2));
+            assert_eq!(l.conn.counters().timeouts.load(Relaxed), 1);
+        }
+
+        #[tokio::test]
+        async fn quic_record_trickled_closes_at_the_stall_deadline() {
+            let l = listener(Proto::Quic, 16).await;
+            let (links, _inbound) = Links::new(8);
+            let (down_tx, _down) = mpsc::channel(8);
+            let client = Connector::new(links, down_tx, None, 4, 1500).expect("client");
+            let endpoint = client.quic_endpoint().expect("client endpoint");
+            let conn = endpoint.connect(l.addr, "weft").expect("connect").await.expect("QUIC handshake");
+            // A whole frame on the record stream (it counts as the first), then a
+            // 100-byte one a byte a second.
+            let mut w = conn.open_uni().await.expect("stream");
+            w.write_all(&[0, 1, 0x42]).await.expect("first frame");
+            let mut frame = vec![0u8, 100];
+            frame.extend([7u8; 100]);
+            let start = StdInstant::now();
+            trickle(w, frame, Duration::from_secs(1));
+            let closed = tokio::time::timeout(STALL_TIMEOUT + Duration::from_secs(4), conn.closed()).await;
+            assert!(closed.is_ok(), "a trickled record held the connection open");
+            assert!(start.elapsed() >= STALL_TIMEOUT - Duration::from_millis(100), "closed early");
             assert_eq!(l.conn.counters().timeouts.load(Relaxed), 1);
         }
 
