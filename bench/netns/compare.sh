@@ -360,6 +360,8 @@ for ns in "$NS_A" "$NS_B"; do
     ip -n "$ns" link set eth0 up
 done
 
+# Whether every tunnel process under test is still running (none before a tool starts).
+alive_all() { local p; for p in "${TUN_PIDS[@]}"; do kill -0 "$p" 2>/dev/null || return 1; done; }
 wait_for() { # DEADLINE_S CMD...: poll CMD every 0.2 s until it succeeds (0), the deadline
     # passes (1) or one of the tunnel processes under test exits (2).
     local end=$(( $(date +%s) + $1 )); shift
@@ -415,7 +417,6 @@ stop_tunnel() {
     TUN_PIDS=()
 }
 
-alive_all() { local p; for p in "${TUN_PIDS[@]}"; do kill -0 "$p" 2>/dev/null || return 1; done; }
 declare -A PID_LOG=()
 spawn() { # LOG NS CMD...: start CMD in namespace NS as a tunnel process of the tool under test
     local logf=$1 ns=$2; shift 2

@@ -15,9 +15,9 @@
 //! TLS, WebSocket and QUIC handshakes must finish within [`HANDSHAKE_TIMEOUT`]; an
 //! accepted connection (TCP, WebSocket or QUIC) must then deliver a whole first frame
 //! within the same time; on TCP and on QUIC's record stream a frame that started
-//! arriving must be complete within [`STALL_TIMEOUT`]; a connection closes when no whole frame (or WebSocket message,
-//! or QUIC frame) arrived for [`IDLE_TIMEOUT`] — WebSocket pings and pongs and QUIC's
-//! own keepalives extend none of these. Anything that is not our framing closes the
+//! arriving must be complete within [`STALL_TIMEOUT`]; a connection closes when no
+//! whole frame (or WebSocket message, or QUIC frame) arrived for [`IDLE_TIMEOUT`] —
+//! WebSocket pings and pongs and QUIC's own keepalives extend none of these. Anything that is not our framing closes the
 //! connection. Every refusal and close is counted in [`LinkCounters`].
 
 use std::collections::{HashMap, HashSet, VecDeque};
