@@ -218,6 +218,7 @@ fn configure_ipv6(dev: &str, addr: Ipv6Addr, prefix: u8) -> Result<(), String> {
 
 /// Runs a node until SIGINT or SIGTERM.
 pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
+    weft_core::transport::limit_malloc_arenas();
     crate::secret::warn_if_weak(&cfg.network_secret.0);
     let key = state::load_or_create_key(&cfg.state_dir)?;
     if let Some(e) = &cfg.use_exit {
