@@ -531,6 +531,20 @@ impl TunWriter for Gro {
     }
 }
 
+/// B's RX opens `dgrams` as one received batch and writes through tun-rs's GRO.
+fn gro_receive(e: &mut Ends, dgrams: &[Vec<u8>]) -> Gro {
+    let (slab, slot, metas) = e.rx.slab();
+    for (i, d) in dgrams.iter().enumerate() {
+        slab[i * slot..i * slot + d.len()].copy_from_slice(d);
+        metas[i] =
+            RecvMeta { from: "192.0.2.1:11010".parse().unwrap(), len: d.len(), stride: d.len(), truncated: false };
+    }
+    let routes = e.shared_b.routes.load();
+    let mut out = Gro(Vec::new());
+    e.rx.process(&routes, &e.shared_b, &e.stats_b, dgrams.len(), 1, &mut out);
+    out
+}
+
 /// RX keeps one packet's room per slot and moves each flow's first packet into a
 /// large buffer before the write: three interleaved TCP flows of 20 segments each are
 /// still coalesced into three super-packets holding every byte in order.
@@ -555,15 +569,7 @@ fn rx_coalesces_interleaved_flows_into_one_super_packet_each() {
     let interleaved: Vec<Vec<u8>> = (0..segs).flat_map(|s| flows.iter().map(move |f| f[s].clone())).collect();
     let dgrams = seal(&mut e, &interleaved, &DropCounters::default());
     assert_eq!(dgrams.len(), 3 * segs);
-    let (slab, slot, metas) = e.rx.slab();
-    for (i, d) in dgrams.iter().enumerate() {
-        slab[i * slot..i * slot + d.len()].copy_from_slice(d);
-        metas[i] =
-            RecvMeta { from: "192.0.2.1:11010".parse().unwrap(), len: d.len(), stride: d.len(), truncated: false };
-    }
-    let routes = e.shared_b.routes.load();
-    let mut out = Gro(Vec::new());
-    e.rx.process(&routes, &e.shared_b, &e.stats_b, dgrams.len(), 1, &mut out);
+    let out = gro_receive(&mut e, &dgrams);
     let whole: Vec<&Vec<u8>> = out.0.iter().filter(|b| b.len() == 40 + mss * segs).collect();
     assert_eq!(whole.len(), 3, "one super-packet per flow");
     for (sp, flow) in whole.iter().zip(&flows) {
@@ -599,15 +605,7 @@ fn rx_never_coalesces_past_the_ip_length_limit() {
     let sent: Vec<u8> = segments.iter().flat_map(|p| p[40..].iter().copied()).collect();
     assert_eq!(sent.len(), 65_536);
     let dgrams = seal(&mut e, &segments, &DropCounters::default());
-    let (slab, slot, metas) = e.rx.slab();
-    for (i, d) in dgrams.iter().enumerate() {
-        slab[i * slot..i * slot + d.len()].copy_from_slice(d);
-        metas[i] =
-            RecvMeta { from: "192.0.2.1:11010".parse().unwrap(), len: d.len(), stride: d.len(), truncated: false };
-    }
-    let routes = e.shared_b.routes.load();
-    let mut out = Gro(Vec::new());
-    e.rx.process(&routes, &e.shared_b, &e.stats_b, dgrams.len(), 1, &mut out);
+    let out = gro_receive(&mut e, &dgrams);
     // The writer sees every buffer, also those GRO merged into a head (they keep
     // their bytes): take each packet that starts where the flow is so far.
     assert!(out.0[0].len() > 40 * 1420, "coalesced: {} bytes", out.0[0].len());

@@ -1249,14 +1249,21 @@ mod tests {
             assert_eq!(l.conn.counters().timeouts.load(Relaxed), 1);
         }
 
-        #[tokio::test]
-        async fn quic_silent_connection_closes_at_the_first_frame_deadline() {
-            let l = listener(Proto::Quic, 16).await;
+        /// A QUIC connection to `addr` from a connector of our own (kept alive by the
+        /// returned one), with nothing sent yet.
+        async fn quic_client(addr: SocketAddr) -> (quinn::Connection, Connector) {
             let (links, _inbound) = Links::new(8);
             let (down_tx, _down) = mpsc::channel(8);
             let client = Connector::new(links, down_tx, None, 4, 1500).expect("client");
             let endpoint = client.quic_endpoint().expect("client endpoint");
-            let conn = endpoint.connect(l.addr, "weft").expect("connect").await.expect("QUIC handshake");
+            let conn = endpoint.connect(addr, "weft").expect("connect").await.expect("QUIC handshake");
+            (conn, client)
+        }
+
+        #[tokio::test]
+        async fn quic_silent_connection_closes_at_the_first_frame_deadline() {
+            let l = listener(Proto::Quic, 16).await;
+            let (conn, _client) = quic_client(l.addr).await;
             let start = StdInstant::now();
             let closed = tokio::time::timeout(HANDSHAKE_TIMEOUT + Duration::from_secs(4), conn.closed()).await;
             assert!(closed.is_ok(), "a silent QUIC connection stayed open");
@@ -1267,11 +1274,7 @@ mod tests {
         #[tokio::test]
         async fn quic_record_trickled_closes_at_the_stall_deadline() {
             let l = listener(Proto::Quic, 16).await;
-            let (links, _inbound) = Links::new(8);
-            let (down_tx, _down) = mpsc::channel(8);
-            let client = Connector::new(links, down_tx, None, 4, 1500).expect("client");
-            let endpoint = client.quic_endpoint().expect("client endpoint");
-            let conn = endpoint.connect(l.addr, "weft").expect("connect").await.expect("QUIC handshake");
+            let (conn, _client) = quic_client(l.addr).await;
             // A whole frame on the record stream (it counts as the first), then a
             // 100-byte one a byte a second.
             let mut w = conn.open_uni().await.expect("stream");
