@@ -710,6 +710,13 @@ const _: () = assert!(RX_COALESCE >= gso::MAX_SEGMENTS);
 /// Large coalescing buffers one write may use: flows past this many in one batch are
 /// written without coalescing.
 const RX_HEADS: usize = 32;
+/// Room of a large coalescing buffer: a virtio header and a 65 535-byte IP packet, the
+/// most one super-packet may be, plus the header tun-rs's room check reserves. TUN GRO
+/// admits a segment to a head by the head's room alone, so a buffer with more room
+/// grew past the IP length field, which wrapped, and the kernel dropped the whole
+/// super-packet without an error (a TCP flow stalled until its sender's timeout).
+/// `Vec::with_capacity` gives exactly this room.
+const HEAD_ROOM: usize = 2 * VIRTIO_NET_HDR_LEN + u16::MAX as usize;
 /// Receive slots with GRO: up to 64 coalesced datagrams each.
 const RX_SLOTS_GRO: usize = 16;
 const GRO_SLOT: usize = 65536;
@@ -746,7 +753,9 @@ struct Head {
 }
 
 impl Coalescer {
+    /// Slots of `small_cap` bytes; heads of `big_cap` (at most [`HEAD_ROOM`]).
     fn new(small_cap: usize, big_cap: usize) -> Self {
+        assert!(big_cap <= HEAD_ROOM, "a GRO head with room past the IP length limit");
         Self {
             bufs: (0..RX_COALESCE).map(|_| Vec::with_capacity(small_cap)).collect(),
             big: Vec::new(),
@@ -760,7 +769,7 @@ impl Coalescer {
     /// buffer (at most [`RX_HEADS`]).
     fn promote(&mut self, n: usize) {
         self.flows.clear();
-        let limit = (self.big_cap - 2 * VIRTIO_NET_HDR_LEN).min(usize::from(u16::MAX));
+        let limit = self.big_cap - 2 * VIRTIO_NET_HDR_LEN;
         let mut heads = 0;
         for i in 0..n {
             let Some(f) = flow(&self.bufs[i][VIRTIO_NET_HDR_LEN..]) else { continue };
@@ -863,17 +872,11 @@ impl Rx {
         } else {
             ((DATA_HEADER_LEN + usize::from(cfg.mtu) + TAG_LEN + 64).max(2048), RX_SLOTS)
         };
-        // TUN GRO only coalesces into a head buffer with room for the whole super-packet,
-        // and room is all it checks: a head with more than 65535 bytes of room grows
-        // past the IP length field, which then wraps, and the kernel drops the whole
-        // super-packet without a word (a TCP flow stalls until its sender's timeout).
-        // `Vec::with_capacity` gives exactly this capacity.
-        let big = 2 * VIRTIO_NET_HDR_LEN + usize::from(u16::MAX);
         Self {
             slab: vec![0u8; slot * slots],
             slot,
             metas: vec![RecvMeta::default(); slots],
-            coal: Coalescer::new(VIRTIO_NET_HDR_LEN + usize::from(cfg.mtu) + 64, big),
+            coal: Coalescer::new(VIRTIO_NET_HDR_LEN + usize::from(cfg.mtu) + 64, HEAD_ROOM),
             gro: GROTable::default(),
             pending: 0,
             fwd: Vec::with_capacity(MAX_BATCH),
@@ -1363,7 +1366,7 @@ mod tests {
         assert_eq!(c.big.len(), 0);
         // One flow of 120 full segments: a new head whenever the last one holds 64 KiB
         // (47 segments of 1380 bytes); a PSH segment ends one too.
-        let mut c = Coalescer::new(1500, 2 * VIRTIO_NET_HDR_LEN + 65535);
+        let mut c = Coalescer::new(1500, HEAD_ROOM);
         for (i, b) in c.bufs.iter_mut().enumerate().take(120) {
             *b = tcp(9, 1380);
             if i == 100 {

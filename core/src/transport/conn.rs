@@ -17,7 +17,8 @@
 //! within the same time; on TCP and on QUIC's record stream a frame that started
 //! arriving must be complete within [`STALL_TIMEOUT`]; a connection closes when no
 //! whole frame (or WebSocket message, or QUIC frame) arrived for [`IDLE_TIMEOUT`] —
-//! WebSocket pings and pongs and QUIC's own keepalives extend none of these. Anything that is not our framing closes the
+//! WebSocket pings and pongs and QUIC's own keepalives extend none of these. Anything
+//! that is not our framing (a record stream that ends inside a frame too) closes the
 //! connection. Every refusal and close is counted in [`LinkCounters`].
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -791,7 +792,14 @@ impl Connector {
                         })?,
                         None => read.await,
                     };
-                    let Some(n) = got.map_err(|e| e.to_string())? else { break };
+                    let Some(n) = got.map_err(|e| e.to_string())? else {
+                        if have > 0 {
+                            counters.protocol_errors.fetch_add(1, Relaxed);
+                            conn.close(1u32.into(), b"malformed stream");
+                            return Err("not a weft stream: it ended inside a frame".into());
+                        }
+                        break;
+                    };
                     have += n;
                     let used = frame::complete_prefix(&buf[..have]).map_err(|e| {
                         counters.protocol_errors.fetch_add(1, Relaxed);
@@ -1287,6 +1295,18 @@ mod tests {
             assert!(closed.is_ok(), "a trickled record held the connection open");
             assert!(start.elapsed() >= STALL_TIMEOUT - Duration::from_millis(100), "closed early");
             assert_eq!(l.conn.counters().timeouts.load(Relaxed), 1);
+        }
+
+        #[tokio::test]
+        async fn quic_record_stream_ending_inside_a_frame_closes_the_connection() {
+            let l = listener(Proto::Quic, 16).await;
+            let (conn, _client) = quic_client(l.addr).await;
+            let mut w = conn.open_uni().await.expect("stream");
+            w.write_all(&[0, 1, 0x42, 0, 100, 7, 7, 7]).await.expect("a frame and a half");
+            w.finish().expect("finish");
+            let closed = tokio::time::timeout(Duration::from_secs(3), conn.closed()).await;
+            assert!(closed.is_ok(), "a record stream ending inside a frame was ignored");
+            assert_eq!(l.conn.counters().protocol_errors.load(Relaxed), 1);
         }
 
         async fn connect_from(src: [u8; 4], to: SocketAddr) -> TcpStream {

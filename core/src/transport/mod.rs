@@ -43,7 +43,7 @@ pub fn mark_socket(s: &socket2::Socket) -> std::io::Result<()> {
 /// Lets the process use at most two malloc arenas. glibc gives each thread that
 /// allocates an arena of its own (up to 8 per core); connection batch buffers are
 /// taken on one thread and freed on another, and pages stayed resident in several
-/// arenas: peak RSS of a TCP or QUIC end under traffic fell 1-3 MiB with two
+/// arenas: peak RSS of a TCP or QUIC end under traffic fell about 1–1.5 MiB with two
 /// (bench/RESULTS.md §20). Call once, early; a no-op off glibc.
 #[allow(unsafe_code)]
 pub fn limit_malloc_arenas() {
