@@ -465,17 +465,19 @@ pub fn ping(ns: &Netns, addr: &str) -> bool {
     ns.exec_status(&["ping", "-c", "2", "-i", "0.3", "-W", "1", addr])
 }
 
-/// Sends `len` pseudo-random bytes over TCP from `from` to `to_ip:port` inside `to`;
-/// returns the SHA-256 of what was sent and of what arrived.
+/// Sends `len` pseudo-random bytes over TCP from `from` to `to_ip` inside `to`, on a
+/// port the receiver's kernel picks (a fixed port made back-to-back transfers to one
+/// host fail with EADDRINUSE now and then); returns the SHA-256 of what was sent and of
+/// what arrived.
 pub fn transfer(from: &Netns, to: &Netns, to_ip: &str, len: usize) -> (Vec<u8>, Vec<u8>, Duration) {
     // An IPv6 address goes in brackets.
-    let addr = if to_ip.contains(':') { format!("[{to_ip}]:5001") } else { format!("{to_ip}:5001") };
+    let addr = if to_ip.contains(':') { format!("[{to_ip}]:0") } else { format!("{to_ip}:0") };
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     std::thread::scope(|s| {
         let rx = s.spawn(|| {
             to.within(|| {
                 let l = TcpListener::bind(&addr).expect("bind receiver");
-                ready_tx.send(()).unwrap();
+                ready_tx.send(l.local_addr().expect("receiver address")).unwrap();
                 let (mut c, _) = l.accept().unwrap();
                 c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
                 let mut ctx = digest::Context::new(&digest::SHA256);
@@ -493,9 +495,9 @@ pub fn transfer(from: &Netns, to: &Netns, to_ip: &str, len: usize) -> (Vec<u8>, 
                 ctx.finish().as_ref().to_vec()
             })
         });
-        ready_rx.recv_timeout(Duration::from_secs(10)).expect("receiver ready");
+        let addr = ready_rx.recv_timeout(Duration::from_secs(10)).expect("receiver ready");
         let sent = from.within(|| {
-            let mut c = TcpStream::connect_timeout(&addr.parse().unwrap(), Duration::from_secs(10)).expect("connect");
+            let mut c = TcpStream::connect_timeout(&addr, Duration::from_secs(10)).expect("connect");
             c.set_write_timeout(Some(Duration::from_secs(60))).unwrap();
             let mut ctx = digest::Context::new(&digest::SHA256);
             let mut state = 0x9e37_79b9_7f4a_7c15u64;
