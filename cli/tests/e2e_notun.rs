@@ -277,10 +277,11 @@ fn a_member_without_root_or_tun_pings_serves_and_reaches_the_mesh() {
     assert!(ping(&a, "10.126.150.2"), "ping the no-TUN member");
     assert!(a.exec_status(&["ping", "-6", "-c", "2", "-i", "0.3", "-W", "2", "fd7a:150::2"]), "ping6");
 
-    // SOCKS5 CONNECT by member name: 64 MiB from beta to alpha's server.
-    let server = sink(&a, "10.126.150.1:5001");
+    // SOCKS5 CONNECT by member name: 64 MiB from beta to alpha's server (on a port of
+    // its own: rebinding an address:port right after a transfer can fail with EADDRINUSE).
+    let server = sink(&a, "10.126.150.1:5003");
     let sent = b.within(|| {
-        let mut s = socks_connect("127.0.0.1:1080", None, &Dst::Name(&format!("alpha.{DOMAIN}"), 5001)).unwrap();
+        let mut s = socks_connect("127.0.0.1:1080", None, &Dst::Name(&format!("alpha.{DOMAIN}"), 5003)).unwrap();
         send_all(&mut s, MIB64)
     });
     let (n, got) = server.join().unwrap();
