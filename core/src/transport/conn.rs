@@ -585,7 +585,7 @@ impl Connector {
         let (mut queue, id) = self.register(ep, !accepted);
         let writer = async {
             while let Some(batch) = queue.recv().await {
-                sink.send(Message::Binary(batch.into())).await.map_err(|e| e.to_string())?;
+                sink.send(Message::Binary(self.inner.links.lend(batch))).await.map_err(|e| e.to_string())?;
             }
             Ok::<(), String>(())
         };

@@ -36,6 +36,24 @@ const POOL_MAX_CAPACITY: usize = 2 * (frame::PREFIX + frame::MAX_FRAME);
 /// enough to keep it busy.
 pub const INBOUND_BYTES: usize = 512 << 10;
 
+/// A batch buffer lent out by [`Links::lend`]: back to the pool on drop.
+struct Lent {
+    buf: Vec<u8>,
+    links: Arc<Links>,
+}
+
+impl AsRef<[u8]> for Lent {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        self.links.recycle(std::mem::take(&mut self.buf));
+    }
+}
+
 /// Received frames of one connection, framed (see [`frame`]).
 #[derive(Debug)]
 pub struct Inbound {
@@ -233,6 +251,14 @@ impl Links {
     #[cfg(test)]
     fn waiting(&self, shard: usize) -> usize {
         self.inbound.get(shard).map_or(0, |s| s.bytes.load(Relaxed))
+    }
+
+    /// Lends batch buffer `buf` as [`Bytes`] (for a sink that takes ownership, the
+    /// WebSocket one); the buffer comes back to the pool when the last `Bytes` of it is
+    /// dropped. Dropping it instead emptied the pool on a relay forwarding to a
+    /// WebSocket, and every batch paid a fresh allocation and its page faults.
+    pub fn lend(self: &Arc<Self>, buf: Vec<u8>) -> bytes::Bytes {
+        bytes::Bytes::from_owner(Lent { buf, links: self.clone() })
     }
 
     /// Takes back a batch buffer nobody needs any more.
@@ -545,5 +571,21 @@ mod tests {
         assert!(again.is_empty() && again.capacity() == cap);
         links.recycle(Vec::with_capacity(POOL_MAX_CAPACITY + 1));
         assert_eq!(links.buffer().capacity(), 0, "an oversized buffer is not kept");
+    }
+
+    #[test]
+    fn a_lent_buffer_returns_to_the_pool_when_its_last_bytes_goes() {
+        let (links, _rx) = Links::new(1);
+        let mut b = links.buffer();
+        b.extend_from_slice(&[7; 3000]);
+        let cap = b.capacity();
+        let lent = links.lend(b);
+        let view = lent.slice(10..20);
+        drop(lent);
+        assert_eq!(links.buffer().capacity(), 0, "still lent: a slice of it lives");
+        assert_eq!(&view[..], &[7; 10]);
+        drop(view);
+        let again = links.buffer();
+        assert!(again.is_empty() && again.capacity() == cap, "back, emptied, with its room");
     }
 }
