@@ -58,16 +58,9 @@ cleanup() {
     rm -rf "$WORK"
 }
 trap cleanup EXIT INT TERM
-# The watchdog takes its sleep with it when stopped (a leftover sleep would hold the
-# caller's pipe open until it ends).
-(
-    trap 'kill "$s" 2>/dev/null; exit 0' TERM
-    sleep "$MAX_RUNTIME" & s=$!
-    wait "$s"
-    echo "memory.sh: MAX_RUNTIME ${MAX_RUNTIME}s reached; stopping" >&2
-    kill -TERM $$
-) &
-PIDS+=("$!")
+. "$HERE/procs.sh"
+start_watchdog
+PIDS+=("$WATCHDOG_PID")
 
 nsx() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
 for ns in "$A" "$B"; do ip netns add "$ns"; nsx "$ns" ip link set lo up; done

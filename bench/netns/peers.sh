@@ -65,8 +65,9 @@ cleanup() {
     rm -rf "$WORK"
 }
 trap cleanup EXIT INT TERM
-( sleep "$MAX_RUNTIME"; echo "peers.sh: MAX_RUNTIME ${MAX_RUNTIME}s reached; stopping" >&2; kill -TERM $$ ) &
-PIDS+=("$!")
+. "$HERE/procs.sh"
+start_watchdog   # its sleep goes with it: a leftover one held a caller's pipe open
+PIDS+=("$WATCHDOG_PID")
 
 nsx() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
 for ns in "${NSS[@]}"; do ip netns add "$ns"; nsx "$ns" ip link set lo up; done

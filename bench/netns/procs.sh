@@ -1,5 +1,6 @@
-# Process helpers shared by the netns benchmarks (compare.sh, loss.sh). Sourced; they
-# only ever signal PIDs the calling script started. IN_CLEANUP is the caller's flag.
+# Process helpers shared by the netns benchmarks (compare.sh, loss.sh, mesh.sh; the others
+# use start_watchdog). Sourced; they only ever signal PIDs the calling script started.
+# IN_CLEANUP is the caller's flag.
 
 proc_alive() { # PID: running (not gone, not a zombie); forks nothing, so safe inside traps
     local st
