@@ -253,10 +253,11 @@ impl Links {
         self.inbound.get(shard).map_or(0, |s| s.bytes.load(Relaxed))
     }
 
-    /// Lends batch buffer `buf` as [`Bytes`] (for a sink that takes ownership, the
-    /// WebSocket one); the buffer comes back to the pool when the last `Bytes` of it is
-    /// dropped. Dropping it instead emptied the pool on a relay forwarding to a
-    /// WebSocket, and every batch paid a fresh allocation and its page faults.
+    /// Lends batch buffer `buf` as [`Bytes`](bytes::Bytes) (for a sink that takes
+    /// ownership, the WebSocket one); the buffer comes back to the pool when the last
+    /// `Bytes` of it is dropped. Dropping it instead emptied the pool on a relay
+    /// forwarding to a WebSocket, and every batch paid a fresh allocation and its page
+    /// faults.
     pub fn lend(self: &Arc<Self>, buf: Vec<u8>) -> bytes::Bytes {
         bytes::Bytes::from_owner(Lent { buf, links: self.clone() })
     }
