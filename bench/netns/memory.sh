@@ -45,20 +45,15 @@ A="$TAG-a"; B="$TAG-b"
 WORK=$(mktemp -d /tmp/weft-memory-bench.XXXXXX)
 PIDS=()
 WEFTS=()
-stop_wefts() {
-    for pid in "${WEFTS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${WEFTS[@]}"; do wait "$pid" 2>/dev/null || true; done
-    WEFTS=()
-}
+. "$HERE/procs.sh"
+stop_wefts() { stop_all WEFTS; }
 cleanup() {
-    stop_wefts
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    stop_all WEFTS
+    stop_all PIDS
     for ns in "$A" "$B"; do ip netns del "$ns" 2>/dev/null || true; done
     rm -rf "$WORK"
 }
 trap cleanup EXIT INT TERM
-. "$HERE/procs.sh"
 start_watchdog
 PIDS+=("$WATCHDOG_PID")
 

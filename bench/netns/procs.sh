@@ -52,3 +52,13 @@ start_watchdog() {
     ) </dev/null >/dev/null 2>&1 &
     WATCHDOG_PID=$!
 }
+
+# Stops every PID in the array named $1 (TERM, then reaps each) and empties the array:
+# the weft nodes or helpers of a script that keeps them in arrays (relay.sh, memory.sh).
+stop_all() {
+    local -n pids_=$1
+    local pid
+    for pid in "${pids_[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${pids_[@]}"; do wait "$pid" 2>/dev/null || true; done
+    pids_=()
+}

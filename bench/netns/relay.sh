@@ -42,15 +42,11 @@ A="$TAG-a"; B="$TAG-b"; C="$TAG-c"
 WORK=$(mktemp -d /tmp/weft-relay-bench.XXXXXX)
 PIDS=()
 WEFTS=()
-stop_wefts() {
-    for pid in "${WEFTS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${WEFTS[@]}"; do wait "$pid" 2>/dev/null || true; done
-    WEFTS=()
-}
+. "$HERE/procs.sh"
+stop_wefts() { stop_all WEFTS; }
 cleanup() {
-    stop_wefts
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    stop_all WEFTS
+    stop_all PIDS
     for ns in "$A" "$B" "$C"; do
         ip netns pids "$ns" 2>/dev/null | xargs -r kill 2>/dev/null || true
         ip netns del "$ns" 2>/dev/null || true
@@ -58,7 +54,6 @@ cleanup() {
     rm -rf "$WORK"
 }
 trap cleanup EXIT INT TERM
-. "$HERE/procs.sh"
 start_watchdog   # its sleep goes with it: a leftover one held a caller's pipe open
 PIDS+=("$WATCHDOG_PID")
 
