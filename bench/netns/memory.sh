@@ -46,7 +46,6 @@ WORK=$(mktemp -d /tmp/weft-memory-bench.XXXXXX)
 PIDS=()
 WEFTS=()
 . "$HERE/procs.sh"
-stop_wefts() { stop_all WEFTS; }
 cleanup() {
     stop_all WEFTS
     stop_all PIDS
@@ -122,7 +121,7 @@ for t in $TRANSPORTS; do
     echo "$t $gbps" >>"$WORK/gbps.txt"
     snapshot "$t" "A (receiver)" "${WEFTS[0]}"
     snapshot "$t" "B (sender)" "${WEFTS[1]}"
-    stop_wefts
+    stop_all WEFTS
     rm -rf "$WORK"/{a,b}-state
 done
 

@@ -43,7 +43,6 @@ WORK=$(mktemp -d /tmp/weft-relay-bench.XXXXXX)
 PIDS=()
 WEFTS=()
 . "$HERE/procs.sh"
-stop_wefts() { stop_all WEFTS; }
 cleanup() {
     stop_all WEFTS
     stop_all PIDS
@@ -105,7 +104,7 @@ NET=(--network-name bench --network-secret "relay bench secret" --threads 1)
 start_weft() { # ns name args...
     local ns=$1 name=$2; shift 2
     # Not through nsx: $! must be weft itself (ip netns exec execs it), not a subshell,
-    # so that stop_wefts really stops it between transports.
+    # so that stop_all WEFTS really stops it between transports.
     ip netns exec "$ns" "$WEFT" up "${NET[@]}" --state-dir "$WORK/$name-state" --control "$WORK/$name.sock" "$@" \
         >>"$WORK/$name.log" 2>&1 &
     WEFTS+=("$!")
@@ -150,7 +149,7 @@ for t in $TRANSPORTS; do
     kill "$WATCH" 2>/dev/null || true
     wait "$WATCH" 2>/dev/null || true
     echo "$t $(cat "$WORK/rss-now")" >>"$RSS"
-    stop_wefts
+    stop_all WEFTS
     rm -rf "$WORK"/{a,b,c}-state
 done
 
