@@ -545,6 +545,38 @@ fn gro_receive(e: &mut Ends, dgrams: &[Vec<u8>]) -> Gro {
     out
 }
 
+/// Seals `flows` TCP flows of `segs` full segments each (ports from `port0`),
+/// interleaved segment by segment, as one batch from A; B opens it and writes through
+/// tun-rs's GRO. Checks that each flow comes out as one super-packet holding every
+/// byte in order.
+fn gro_one_super_packet_per_flow(e: &mut Ends, port0: u16, flows: u16, segs: usize) {
+    let mss = 1380;
+    let mut all = Vec::new();
+    for port in port0..port0 + flows {
+        let mut sp = super_packet(A, mss, segs);
+        sp[10 + 20..10 + 22].copy_from_slice(&port.to_be_bytes());
+        sp[10 + 33] = 0x10; // ACK: GRO coalesces only data segments with ACK (and PSH) set
+        for (i, b) in sp[10 + 40..].iter_mut().enumerate() {
+            *b = (i as u16 % 241).wrapping_add(port) as u8;
+        }
+        let mut parts = vec![Vec::new(); 64];
+        let n = gso::split_into(&mut sp, &mut parts).unwrap();
+        assert_eq!(n, segs);
+        all.push(parts[..n].iter().map(|b| b[10..].to_vec()).collect::<Vec<_>>());
+    }
+    let interleaved: Vec<Vec<u8>> = (0..segs).flat_map(|s| all.iter().map(move |f| f[s].clone())).collect();
+    let dgrams = seal(e, &interleaved, &DropCounters::default());
+    assert_eq!(dgrams.len(), usize::from(flows) * segs);
+    let out = gro_receive(e, &dgrams);
+    let whole: Vec<&Vec<u8>> = out.0.iter().filter(|b| b.len() == 40 + mss * segs).collect();
+    assert_eq!(whole.len(), usize::from(flows), "one super-packet per flow");
+    for (sp, flow) in whole.iter().zip(&all) {
+        let payload: Vec<u8> = flow.iter().flat_map(|p| p[40..].iter().copied()).collect();
+        assert_eq!(&sp[20..22], &flow[0][20..22], "flows in order of their first packet");
+        assert_eq!(&sp[40..], &payload[..], "every byte of the flow, in order");
+    }
+}
+
 /// RX keeps one packet's room per slot and moves each flow's first packet into a
 /// large buffer before the write: three interleaved TCP flows of 20 segments each are
 /// still coalesced into three super-packets holding every byte in order.
@@ -552,30 +584,18 @@ fn gro_receive(e: &mut Ends, dgrams: &[Vec<u8>]) -> Gro {
 fn rx_coalesces_interleaved_flows_into_one_super_packet_each() {
     let mut e = ends(Cipher::Aes128Gcm);
     e.rx = Rx::new(PipelineConfig { mtu: 1420, offload: true, udp_gro: false, pin: None });
-    let (mss, segs) = (1380, 20);
-    let mut flows = Vec::new();
-    for port in 0..3u16 {
-        let mut sp = super_packet(A, mss, segs);
-        sp[10 + 20..10 + 22].copy_from_slice(&(40000 + port).to_be_bytes());
-        sp[10 + 33] = 0x10; // ACK: GRO coalesces only data segments with ACK (and PSH) set
-        for (i, b) in sp[10 + 40..].iter_mut().enumerate() {
-            *b = (i as u16 % 241 + port) as u8;
-        }
-        let mut parts = vec![Vec::new(); 64];
-        let n = gso::split_into(&mut sp, &mut parts).unwrap();
-        assert_eq!(n, segs);
-        flows.push(parts[..n].iter().map(|b| b[10..].to_vec()).collect::<Vec<_>>());
-    }
-    let interleaved: Vec<Vec<u8>> = (0..segs).flat_map(|s| flows.iter().map(move |f| f[s].clone())).collect();
-    let dgrams = seal(&mut e, &interleaved, &DropCounters::default());
-    assert_eq!(dgrams.len(), 3 * segs);
-    let out = gro_receive(&mut e, &dgrams);
-    let whole: Vec<&Vec<u8>> = out.0.iter().filter(|b| b.len() == 40 + mss * segs).collect();
-    assert_eq!(whole.len(), 3, "one super-packet per flow");
-    for (sp, flow) in whole.iter().zip(&flows) {
-        let payload: Vec<u8> = flow.iter().flat_map(|p| p[40..].iter().copied()).collect();
-        assert_eq!(&sp[20..22], &flow[0][20..22], "flows in order of their first packet");
-        assert_eq!(&sp[40..], &payload[..], "every byte of the flow, in order");
+    gro_one_super_packet_per_flow(&mut e, 40000, 3, 20);
+}
+
+/// The GRO table (tun-rs, patched: third_party/tun-rs/WEFT.md) starts without per-flow
+/// item lists, makes them as flows appear and keeps them for later batches: batch after
+/// batch, with more flows than before and then fewer, every flow still comes out whole.
+#[test]
+fn gro_flow_lists_are_made_on_demand_and_serve_later_batches() {
+    let mut e = ends(Cipher::Aes128Gcm);
+    e.rx = Rx::new(PipelineConfig { mtu: 1420, offload: true, udp_gro: false, pin: None });
+    for (port0, flows, segs) in [(40000, 1, 40), (41000, 6, 10), (42000, 2, 30), (43000, 12, 5), (44000, 6, 10)] {
+        gro_one_super_packet_per_flow(&mut e, port0, flows, segs);
     }
 }
 

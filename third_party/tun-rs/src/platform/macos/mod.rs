@@ -1,0 +1,7 @@
+mod sys;
+
+mod device;
+mod tap;
+mod tuntap;
+
+pub use self::device::DeviceImpl;

@@ -1,0 +1,5 @@
+mod sys;
+
+mod device;
+
+pub use self::device::DeviceImpl;
