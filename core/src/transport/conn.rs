@@ -63,6 +63,9 @@ const ACCEPTED_MEMORY: usize = 4096;
 const DIAL_QUEUE: usize = 32;
 /// Largest WebSocket message accepted (a batch of frames).
 const MAX_WS_MESSAGE: usize = 1 << 20;
+/// Room of a stream connection's receive batch: two of the largest frames, so that
+/// behind the part of a frame still arriving there is always room for a whole one.
+const STREAM_RX: usize = 2 * (frame::PREFIX + frame::MAX_FRAME);
 /// Bytes of received QUIC frames handed to the links RX thread at once.
 const QUIC_BATCH: usize = 64 * 1024;
 /// Flow-control window of a QUIC connection's record stream, each way.
@@ -522,15 +525,14 @@ impl Connector {
         };
         let counters = &self.inner.links.counters;
         let reader = async {
-            let mut buf = vec![0u8; 2 * (frame::PREFIX + frame::MAX_FRAME)];
-            let mut have = 0;
+            let mut batch = self.stream_batch();
             let mut first = accepted;
             // Total deadlines: the first frame's from the accept, a partial frame's from
             // its first byte; reads do not extend them. `None`: idle between frames.
             let mut deadline = first.then(|| Instant::now() + HANDSHAKE_TIMEOUT);
             loop {
                 let until = deadline.unwrap_or_else(|| Instant::now() + IDLE_TIMEOUT);
-                let n = match timeout_at(until, r.read(&mut buf[have..])).await {
+                let n = match timeout_at(until, r.read_buf(&mut batch)).await {
                     Ok(Ok(0)) => return Ok(()),
                     Ok(Ok(n)) => n,
                     Ok(Err(e)) => return Err(e.to_string()),
@@ -538,25 +540,25 @@ impl Connector {
                         counters.timeouts.fetch_add(1, Relaxed);
                         return Err(if first {
                             format!("no whole frame within {} s", HANDSHAKE_TIMEOUT.as_secs())
-                        } else if have > 0 {
+                        } else if !batch.is_empty() {
                             format!("frame not complete within {} s", STALL_TIMEOUT.as_secs())
                         } else {
                             format!("nothing received for {} s", IDLE_TIMEOUT.as_secs())
                         });
                     }
                 };
-                have += n;
-                let used = frame::complete_prefix(&buf[..have]).map_err(|e| {
+                debug_assert!(n > 0);
+                let used = frame::complete_prefix(&batch).map_err(|e| {
                     counters.protocol_errors.fetch_add(1, Relaxed);
                     format!("not a weft stream: {e}")
                 })?;
                 if used > 0 {
                     first = false;
-                    self.deliver_frames(id, ep, &mut buf, &mut have, used).await?;
+                    self.deliver_frames(id, ep, &mut batch, used).await?;
                 }
                 deadline = if first {
                     deadline
-                } else if have == 0 {
+                } else if batch.is_empty() {
                     None
                 } else if used > 0 || deadline.is_none() {
                     // A new frame started arriving.
@@ -642,24 +644,26 @@ impl Connector {
         r
     }
 
-    /// Hands the `used` bytes of whole frames at the start of `buf[..*have]`, read
-    /// from a stream of connection `id`, to the links RX (waiting for room) and moves
-    /// what follows them to the front.
-    async fn deliver_frames(
-        &self,
-        id: u64,
-        ep: Endpoint,
-        buf: &mut [u8],
-        have: &mut usize,
-        used: usize,
-    ) -> Result<(), String> {
+    /// A pooled batch buffer with room for [`STREAM_RX`] bytes, into which a stream
+    /// reader reads (no zeroing: `read_buf` fills the spare capacity).
+    fn stream_batch(&self) -> Vec<u8> {
         let mut batch = self.inner.links.buffer();
-        batch.extend_from_slice(&buf[..used]);
-        if !self.inner.links.deliver(id, Inbound { from: ep, batch }).await {
+        batch.reserve_exact(STREAM_RX);
+        batch
+    }
+
+    /// Hands the `used` bytes of whole frames at the start of `batch`, read from a
+    /// stream of connection `id`, to the links RX (waiting for room) in that buffer:
+    /// only what follows them (a frame still arriving, at most one) is copied, into a
+    /// fresh batch that takes its place.
+    async fn deliver_frames(&self, id: u64, ep: Endpoint, batch: &mut Vec<u8>, used: usize) -> Result<(), String> {
+        let mut next = self.stream_batch();
+        next.extend_from_slice(&batch[used..]);
+        batch.truncate(used);
+        let whole = std::mem::replace(batch, next);
+        if !self.inner.links.deliver(id, Inbound { from: ep, batch: whole }).await {
             return Err("the links RX thread stopped".into());
         }
-        buf.copy_within(used..*have, 0);
-        *have -= used;
         Ok(())
     }
 
@@ -773,17 +777,18 @@ impl Connector {
         // The peer's stream of GSO records (at most one open at a time), read like a
         // TCP connection: whole frames go to the links RX in batches.
         let stream_reader = async {
-            // Allocated when the peer opens a stream, not for every connection.
-            let mut buf = Vec::new();
+            // Taken when the peer opens a stream, not for every connection.
+            let mut batch = Vec::new();
             loop {
                 let mut r = conn.accept_uni().await.map_err(|e| e.to_string())?;
-                buf.resize(2 * (frame::PREFIX + frame::MAX_FRAME), 0);
-                let mut have = 0;
+                if batch.capacity() == 0 {
+                    batch = self.stream_batch();
+                }
                 // As on TCP: a frame that started arriving must be whole within
                 // STALL_TIMEOUT of its first byte (its reads do not extend that).
                 let mut stall: Option<Instant> = None;
                 loop {
-                    let read = r.read(&mut buf[have..]);
+                    let read = r.read_buf(&mut batch);
                     let got = match stall {
                         Some(at) => timeout_at(at, read).await.map_err(|_| {
                             counters.timeouts.fetch_add(1, Relaxed);
@@ -792,26 +797,26 @@ impl Connector {
                         })?,
                         None => read.await,
                     };
-                    let Some(n) = got.map_err(|e| e.to_string())? else {
-                        if have > 0 {
+                    let n = got.map_err(|e| e.to_string())?;
+                    if n == 0 {
+                        if !batch.is_empty() {
                             counters.protocol_errors.fetch_add(1, Relaxed);
                             conn.close(1u32.into(), b"malformed stream");
                             return Err("not a weft stream: it ended inside a frame".into());
                         }
                         break;
-                    };
-                    have += n;
-                    let used = frame::complete_prefix(&buf[..have]).map_err(|e| {
+                    }
+                    let used = frame::complete_prefix(&batch).map_err(|e| {
                         counters.protocol_errors.fetch_add(1, Relaxed);
                         conn.close(1u32.into(), b"malformed stream");
                         format!("not a weft stream: {e}")
                     })?;
                     if used > 0 {
-                        self.deliver_frames(id, ep, &mut buf, &mut have, used).await?;
+                        self.deliver_frames(id, ep, &mut batch, used).await?;
                         let ms = u64::try_from(base.elapsed().as_millis()).unwrap_or(u64::MAX - 1);
                         stream_seen.store(ms + 1, Relaxed);
                     }
-                    stall = if have == 0 {
+                    stall = if batch.is_empty() {
                         None
                     } else if used > 0 || stall.is_none() {
                         Some(Instant::now() + STALL_TIMEOUT)
