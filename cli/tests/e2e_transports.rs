@@ -399,7 +399,7 @@ fn relay_between_two_transports() {
     block(&lan.hosts[2], b_ip, "udp", None);
     block(&lan.hosts[2], b_ip, "tcp", Some(11010));
     let dir = TempDir::new();
-    let _b = start(&lan, &dir, 1, &[]);
+    let b = start(&lan, &dir, 1, &[]);
     let a = start(&lan, &dir, 0, &["-p", &format!("tcp://{b_ip}:11010")]);
     let c = start(&lan, &dir, 2, &["-p", &format!("ws://{b_ip}:11011/")]);
     let relayed = |n: &Node, ip: &str| n.peer(ip).is_some_and(|p| p["state"] == "established" && p["path"] == "relay");
@@ -430,6 +430,11 @@ fn relay_between_two_transports() {
     if offload_on() {
         assert!(a_tx > 0 && c_rx > 0 && c_tx > 0 && a_rx > 0, "GSO records did not cross the relay");
     }
+    // B's readers handed whole batches of relayed frames from one connection to the
+    // other themselves, without a links RX thread.
+    let relayed = counter(&b.status(), "relayed_batches");
+    eprintln!("batches B relayed whole from reader to writer: {relayed}");
+    assert!(relayed > 0, "no batch relayed whole: {}", b.status()["transport_counters"]);
 }
 
 /// Dialled over WebSocket, both listening on every transport: the pair learns each

@@ -29,7 +29,7 @@ use crate::route::{Lookup, RouteSnapshot};
 use crate::session::Session;
 use crate::stats::{DropCounters, DropReason};
 use crate::transport::udp::{self, MAX_BATCH, Offload, Outgoing, RecvMeta};
-use crate::transport::{Egress, Endpoint, Inbound, Links, Proto, frame};
+use crate::transport::{Egress, Endpoint, Forward, Inbound, Links, Proto, frame};
 use crate::wire::{
     DATA_HEADER_LEN, DataHeader, FLAG_CONTROL, FLAG_GSO, MAX_HOPS, MessageType, RELAY_HEADER_LEN, RelayHeader, ip_addrs,
 };
@@ -1234,6 +1234,126 @@ fn relay_or_local(routes: &RouteSnapshot, stats: &PipelineStats, from: Endpoint,
     // MAX_HOPS relays, so a member cannot make one circle the mesh for long.
     data[1] = h.hop_limit.min(MAX_HOPS) - 1;
     Hop::Forward(next)
+}
+
+/// Relays frames from the connections' readers ([`Forward`], set on the node's
+/// [`Links`]): every relayed frame whose next hop is a stream connection goes to that
+/// connection's queue from the reader, without a trip through a links RX thread and
+/// back (those two thread hand-offs per batch were most of a WebSocket relay's cost,
+/// bench/RESULTS.md §22). A batch of nothing else (the common case on a relay) goes in
+/// the same buffer; in a mixed batch the relayed frames are copied out, in runs per
+/// next hop, and the rest stays, in order, for the links RX thread. The rules are
+/// [`relay_or_local`]'s, frame by frame, so a frame takes the same way whatever else
+/// shares its batch: a flow is never reordered by it.
+pub struct StreamRelay {
+    routes: Arc<ArcSwap<RouteSnapshot>>,
+    stats: Arc<PipelineStats>,
+}
+
+impl StreamRelay {
+    /// A relay on the current route snapshot in `routes`, counting what it cannot
+    /// send in `stats`.
+    pub fn new(routes: Arc<ArcSwap<RouteSnapshot>>, stats: Arc<PipelineStats>) -> Self {
+        Self { routes, stats }
+    }
+
+    /// Queues `batch` (`frames` relayed frames) on the connection to `to`.
+    fn send(&self, links: &Links, to: Endpoint, batch: Vec<u8>, frames: usize) {
+        links.counters.relayed_batches.fetch_add(1, Relaxed);
+        if !matches!(links.send(to, batch), Ok(true)) {
+            self.stats.drops.add(DropReason::LinkSend, frames as u64);
+        }
+    }
+}
+
+impl Forward for StreamRelay {
+    fn forward(&self, links: &Links, from: Endpoint, mut batch: Vec<u8>) -> Option<Vec<u8>> {
+        let routes = self.routes.load();
+        if !routes.is_neighbour(&from) {
+            return Some(batch);
+        }
+        // Where each frame goes: all to one stream next hop, none, or some.
+        let (mut one, mut relayed, mut all) = (None, 0usize, true);
+        let mut at = 0;
+        while let Some(Ok(r)) = frame::first(&batch[at..]) {
+            match stream_next_hop(&routes, &batch[at + r.start..at + r.end]) {
+                Some(next) if one.is_none_or(|o| o == next) => {
+                    one = Some(next);
+                    relayed += 1;
+                }
+                Some(_) => {
+                    relayed += 1;
+                    all = false;
+                }
+                None => all = false,
+            }
+            at += r.end;
+        }
+        if relayed == 0 {
+            return Some(batch);
+        }
+        if let (true, true, Some(to)) = (all, at == batch.len(), one) {
+            let mut at = 0;
+            while let Some(Ok(r)) = frame::first(&batch[at..]) {
+                take_hop(&mut batch[at + r.start + 1]);
+                at += r.end;
+            }
+            self.send(links, to, batch, relayed);
+            return None;
+        }
+        // Mixed: relayed frames leave in runs per next hop; the rest moves up, in order.
+        let (mut keep, mut at) = (0, 0);
+        let mut run: Option<(Endpoint, Vec<u8>, usize)> = None;
+        while let Some(Ok(r)) = frame::first(&batch[at..]) {
+            let (record, data) = (at..at + r.end, at + r.start..at + r.end);
+            at += r.end;
+            let Some(next) = stream_next_hop(&routes, &batch[data.clone()]) else {
+                batch.copy_within(record.clone(), keep);
+                keep += record.len();
+                continue;
+            };
+            take_hop(&mut batch[data.start + 1]);
+            if run.as_ref().is_some_and(|(to, _, _)| *to != next)
+                && let Some((to, b, n)) = run.take()
+            {
+                self.send(links, to, b, n);
+            }
+            let (_, b, n) = run.get_or_insert_with(|| (next, links.buffer(), 0));
+            frame::push(b, &batch[data]);
+            *n += 1;
+        }
+        if let Some((to, b, n)) = run {
+            self.send(links, to, b, n);
+        }
+        // What does not parse stays too, for the links RX thread to count.
+        let tail = batch.len() - at;
+        batch.copy_within(at.., keep);
+        batch.truncate(keep + tail);
+        if batch.is_empty() {
+            links.recycle(batch);
+            return None;
+        }
+        Some(batch)
+    }
+}
+
+/// As in [`relay_or_local`]: clamped to [`MAX_HOPS`], then one hop taken (checked
+/// above zero before).
+fn take_hop(hop_limit: &mut u8) {
+    *hop_limit = (*hop_limit).min(MAX_HOPS) - 1;
+}
+
+/// Where [`relay_or_local`] would forward frame `data` (from a direct neighbour), when
+/// that is a stream connection; `None` for anything else. Reads, never changes.
+fn stream_next_hop(routes: &RouteSnapshot, data: &[u8]) -> Option<Endpoint> {
+    if MessageType::of(data) != Some(MessageType::Relay) {
+        return None;
+    }
+    let h = RelayHeader::parse(data).ok()?;
+    if &h.dst == routes.local() || h.hop_limit == 0 {
+        return None;
+    }
+    routes.next_hop(&h.dst).filter(|next| next.proto.is_stream())
 }
 
 /// Classifies, authenticates and checks one datagram. Returns the session it belongs

@@ -267,6 +267,86 @@ fn relays_clamp_the_hop_limit_and_take_frames_only_from_neighbours() {
     assert_eq!(e.stats_b.drops.get(DropReason::RelayRefused), 2);
 }
 
+/// Relayed frames from a neighbour's connection for a next hop over a stream
+/// connection are forwarded by the reader itself (`StreamRelay`) under the relay rules
+/// (hop limit clamped and decremented): a batch of nothing else in its own buffer,
+/// from a mixed batch in runs per next hop. Every other frame comes back untouched and
+/// in order for the links RX thread, whatever shares its batch.
+#[test]
+fn relayed_frames_pass_from_stream_to_stream_under_the_relay_rules() {
+    use tokio::sync::mpsc::{Receiver, channel};
+    use weft_core::pipeline::StreamRelay;
+    use weft_core::transport::{Forward, Links, frame};
+    let (a, b, c, d, e, f) = ([0xa; 8], [0xb; 8], [0xc; 8], [0xd; 8], [0xe; 8], [0xf; 8]);
+    let from = Endpoint::new(Proto::Tcp, "192.0.2.1:40000".parse().unwrap());
+    let stranger = Endpoint::new(Proto::Tcp, "203.0.113.5:40000".parse().unwrap());
+    let ws_c = Endpoint::new(Proto::Ws, "192.0.2.3:11011".parse().unwrap());
+    let udp_d = Endpoint::udp("192.0.2.4:11010".parse().unwrap());
+    let tcp_e = Endpoint::new(Proto::Tcp, "192.0.2.5:11010".parse().unwrap());
+    let tcp_f = Endpoint::new(Proto::Tcp, "192.0.2.6:11010".parse().unwrap());
+    let hops = [(c, ws_c), (d, udp_d), (e, tcp_e), (f, tcp_f)];
+    let routes = RouteSnapshot::with_relays(b, [], [], hops, [from]);
+    let stats = Arc::new(PipelineStats::default());
+    let relay = StreamRelay::new(Arc::new(ArcSwap::from_pointee(routes)), stats.clone());
+    let (links, _inbound) = Links::new(4);
+    let (tx_c, mut to_c) = channel(8);
+    let (tx_e, mut to_e) = channel(8);
+    links.register(ws_c, tx_c);
+    links.register(tcp_e, tx_e);
+    let frame = |dst: [u8; 8], hops: u8| RelayHeader { hop_limit: hops, dst, src: a }.wrap(b"sealed inner datagram");
+    let batch = |frames: &[Vec<u8>]| {
+        let mut b = Vec::new();
+        for f in frames {
+            assert!(frame::push(&mut b, f));
+        }
+        b
+    };
+    let sent = |q: &mut Receiver<Vec<u8>>| -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        while let Ok(b) = q.try_recv() {
+            out.push(b);
+        }
+        out
+    };
+    let hop_limits =
+        |b: &[u8]| -> Vec<u8> { frame::frames(b).map(|f| RelayHeader::parse(f.unwrap()).unwrap().hop_limit).collect() };
+    // All for C, whose next hop is a WebSocket: the batch goes as it is.
+    assert_eq!(relay.forward(&links, from, batch(&[frame(c, 5), frame(c, MAX_HOPS + 1), frame(c, 255)])), None);
+    let got = sent(&mut to_c);
+    assert_eq!(got.len(), 1);
+    assert_eq!(hop_limits(&got[0]), [4, MAX_HOPS - 1, MAX_HOPS - 1]);
+    // Nothing to take: given back untouched.
+    let plain = vec![4u8; 40];
+    for (what, src, frames) in [
+        ("from a stranger", stranger, vec![frame(c, 5)]),
+        ("hop limit spent", from, vec![frame(c, 0)]),
+        ("a UDP next hop", from, vec![frame(d, 5)]),
+        ("no route", from, vec![frame([0x1; 8], 5)]),
+        ("for this node and not relayed", from, vec![frame(b, 5), plain.clone()]),
+        ("empty", from, vec![]),
+    ] {
+        let bt = batch(&frames);
+        assert_eq!(relay.forward(&links, src, bt.clone()), Some(bt), "{what}");
+    }
+    assert!(sent(&mut to_c).is_empty() && sent(&mut to_e).is_empty());
+    // Mixed: the relayed frames leave in runs per next hop, in order; the rest stays,
+    // in order, untouched.
+    let mixed = [frame(c, 5), frame(b, 5), frame(c, 7), frame(e, 3), frame(d, 5), plain.clone(), frame(c, 0)];
+    let rest = relay.forward(&links, from, batch(&mixed)).expect("frames left for the links RX thread");
+    assert_eq!(rest, batch(&[frame(b, 5), frame(d, 5), plain, frame(c, 0)]));
+    assert_eq!(sent(&mut to_c).iter().map(|b| hop_limits(b)).collect::<Vec<_>>(), [vec![4, 6]]);
+    assert_eq!(sent(&mut to_e).iter().map(|b| hop_limits(b)).collect::<Vec<_>>(), [vec![2]]);
+    // Two next hops and nothing else: both taken, nothing left.
+    assert_eq!(relay.forward(&links, from, batch(&[frame(e, 9), frame(c, 9), frame(e, 9)])), None);
+    assert_eq!(sent(&mut to_c).iter().map(|b| hop_limits(b)).collect::<Vec<_>>(), [vec![8]]);
+    assert_eq!(sent(&mut to_e).iter().map(|b| hop_limits(b)).collect::<Vec<_>>(), [vec![8], vec![8]]);
+    assert!(stats.drops.nonzero().is_empty(), "the relay counts nothing it gave back");
+    // A stream next hop without a connection: taken, and counted as unsendable.
+    assert_eq!(relay.forward(&links, from, batch(&[frame(f, 5), frame(f, 5)])), None);
+    assert_eq!(stats.drops.get(DropReason::LinkSend), 2);
+    assert_eq!(links.counters.relayed_batches.load(std::sync::atomic::Ordering::Relaxed), 7);
+}
+
 #[test]
 fn none_mode_never_confirms_or_delivers_an_untagged_packet() {
     // An outsider that got an IK response (psk2 is only mixed into the response) knows

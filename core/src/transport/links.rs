@@ -36,6 +36,15 @@ const POOL_MAX_CAPACITY: usize = 2 * (frame::PREFIX + frame::MAX_FRAME);
 /// enough to keep it busy.
 pub const INBOUND_BYTES: usize = 512 << 10;
 
+/// Forwards relayed frames a connection received from the reader itself, without
+/// opening them (see [`Links::set_forward`]; the pipeline's `StreamRelay`).
+pub trait Forward: Send + Sync {
+    /// Queues the frames of `batch` (whole frames received from `from`) that go on to
+    /// a next hop over a stream connection there, and gives back the batch with the
+    /// rest in order (`None`: nothing left).
+    fn forward(&self, links: &Links, from: Endpoint, batch: Vec<u8>) -> Option<Vec<u8>>;
+}
+
 /// A batch buffer lent out by [`Links::lend`]: back to the pool on drop.
 struct Lent {
     buf: Vec<u8>,
@@ -89,11 +98,14 @@ pub struct LinkCounters {
     pub rx_queue_full: AtomicU64,
     /// Frames sent over QUIC as more than one datagram (too large for one).
     pub quic_fragmented: AtomicU64,
+    /// Batches of relayed frames a reader handed to the next hop's connection itself
+    /// (see [`Links::set_forward`]), never through a links RX thread.
+    pub relayed_batches: AtomicU64,
 }
 
 impl LinkCounters {
     /// Name and value of each counter.
-    pub fn snapshot(&self) -> [(&'static str, u64); 10] {
+    pub fn snapshot(&self) -> [(&'static str, u64); 11] {
         let l = |a: &AtomicU64| a.load(Relaxed);
         [
             ("accepted", l(&self.accepted)),
@@ -106,6 +118,7 @@ impl LinkCounters {
             ("timeouts", l(&self.timeouts)),
             ("rx_queue_full", l(&self.rx_queue_full)),
             ("quic_fragmented", l(&self.quic_fragmented)),
+            ("relayed_batches", l(&self.relayed_batches)),
         ]
     }
 }
@@ -134,6 +147,8 @@ pub struct Links {
     /// 64–128 KiB allocation per batch is an mmap and its page faults.
     pool: parking_lot::Mutex<Vec<Vec<u8>>>,
     next_id: AtomicU64,
+    /// Relays whole batches before they reach a links RX thread, once set.
+    forward: std::sync::OnceLock<Box<dyn Forward>>,
     /// Counters.
     pub counters: LinkCounters,
 }
@@ -161,6 +176,7 @@ impl Links {
             inbound,
             pool: parking_lot::Mutex::new(Vec::new()),
             next_id: AtomicU64::new(1),
+            forward: std::sync::OnceLock::new(),
             counters: LinkCounters::default(),
         };
         (Arc::new(links), rx)
@@ -210,6 +226,14 @@ impl Links {
     /// Whether no connection is up.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Lets `f` relay frames from the connections' readers before their batches are
+    /// queued for a links RX thread (the first call wins). A relay then hands a batch
+    /// from one stream connection to the next in the same buffer: the two thread
+    /// hand-offs through a links RX thread were most of a WebSocket relay's cost.
+    pub fn set_forward(&self, f: Box<dyn Forward>) {
+        let _ = self.forward.set(f);
     }
 
     /// Queues a framed batch on the connection to `to`. Returns the batch back when
@@ -274,8 +298,9 @@ impl Links {
         }
     }
 
-    /// Hands frames received by connection `id` (its registration) to its links RX
-    /// thread, which hands each batch back with [`Links::done`]. While that thread is
+    /// Hands frames received by connection `id` (its registration) on: relayed frames
+    /// the [`Forward`] set takes go straight to their next hop; the rest to the
+    /// connection's links RX thread, which hands each batch back with [`Links::done`]. While that thread is
     /// behind ([`INBOUND_BYTES`] waiting, one batch always may, or as many batches as
     /// the queue holds) it waits for room (counted once) rather than dropping: the
     /// connection's own flow control (TCP, WebSocket, QUIC's record stream) or
@@ -284,6 +309,12 @@ impl Links {
     /// a userspace sender (a no-TUN member) then stalled for tens of seconds. False
     /// when the thread is gone.
     pub async fn deliver(&self, id: u64, mut inbound: Inbound) -> bool {
+        if let Some(f) = self.forward.get() {
+            match f.forward(self, inbound.from, inbound.batch) {
+                None => return true,
+                Some(rest) => inbound.batch = rest,
+            }
+        }
         let shard = &self.inbound[self.shard(id)];
         let mut waited = false;
         loop {

@@ -54,7 +54,7 @@ pub fn limit_malloc_arenas() {
     }
 }
 
-pub use links::{Egress, Inbound, Links, Unsent};
+pub use links::{Egress, Forward, Inbound, Links, Unsent};
 
 /// A transport, in order of preference: when several paths to a peer work, the one
 /// with the smallest `Proto` carries the traffic.
