@@ -1243,7 +1243,7 @@ fn relay_or_local(routes: &RouteSnapshot, stats: &PipelineStats, from: Endpoint,
 /// bench/RESULTS.md §22). A batch of nothing else (the common case on a relay) goes in
 /// the same buffer; in a mixed batch the relayed frames are copied out, in runs per
 /// next hop, and the rest stays, in order, for the links RX thread. The rules are
-/// [`relay_or_local`]'s, frame by frame, so a frame takes the same way whatever else
+/// `relay_or_local`'s, frame by frame, so a frame takes the same way whatever else
 /// shares its batch: a flow is never reordered by it.
 pub struct StreamRelay {
     routes: Arc<ArcSwap<RouteSnapshot>>,
