@@ -398,7 +398,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
             .context("cannot start the links threads")?;
         links_stats.push(stats);
     }
-    // Batches only passing through (stream hop to stream hop) skip the links threads.
+    // Relayed frames bound for a stream connection skip the links threads.
     if let Some(stats) = links_stats.first() {
         links.set_forward(Box::new(pipeline::StreamRelay::new(shared.routes.clone(), stats.clone())));
     }

@@ -1210,30 +1210,43 @@ fn relay_or_local(routes: &RouteSnapshot, stats: &PipelineStats, from: Endpoint,
         stats.drops.add(DropReason::RelayRefused, 1);
         return Hop::Drop;
     }
-    let Ok(h) = RelayHeader::parse(data) else {
-        stats.drops.add(DropReason::Malformed, 1);
-        return Hop::Drop;
-    };
+    match relay_rule(routes, data) {
+        Ok(RelayTo::Us(src)) => Hop::Local(RELAY_HEADER_LEN, Some(src)),
+        Ok(RelayTo::Next(next)) => {
+            take_hop(&mut data[1]);
+            Hop::Forward(next)
+        }
+        Err(reason) => {
+            stats.drops.add(reason, 1);
+            Hop::Drop
+        }
+    }
+}
+
+/// Where a relayed frame from a direct neighbour goes.
+enum RelayTo {
+    /// Unwrapped here: the end-to-end sender.
+    Us([u8; 8]),
+    /// On to this next hop.
+    Next(Endpoint),
+}
+
+/// The relay rules for `data`, a `RELAY` frame from a direct neighbour (both checked
+/// by the caller); reads, never changes. Shared by the links RX path
+/// ([`relay_or_local`]) and the readers' [`StreamRelay`].
+fn relay_rule(routes: &RouteSnapshot, data: &[u8]) -> Result<RelayTo, DropReason> {
+    let h = RelayHeader::parse(data).map_err(|_| DropReason::Malformed)?;
     if &h.dst == routes.local() {
         // A relay inside a relay is never produced by a correct node.
         if MessageType::of(&data[RELAY_HEADER_LEN..]) == Some(MessageType::Relay) {
-            stats.drops.add(DropReason::Malformed, 1);
-            return Hop::Drop;
+            return Err(DropReason::Malformed);
         }
-        return Hop::Local(RELAY_HEADER_LEN, Some(h.src));
+        return Ok(RelayTo::Us(h.src));
     }
     if h.hop_limit == 0 {
-        stats.drops.add(DropReason::HopLimit, 1);
-        return Hop::Drop;
+        return Err(DropReason::HopLimit);
     }
-    let Some(next) = routes.next_hop(&h.dst) else {
-        stats.drops.add(DropReason::NoRoute, 1);
-        return Hop::Drop;
-    };
-    // A sender may start a frame with any hop limit; no frame crosses more than
-    // MAX_HOPS relays, so a member cannot make one circle the mesh for long.
-    data[1] = h.hop_limit.min(MAX_HOPS) - 1;
-    Hop::Forward(next)
+    routes.next_hop(&h.dst).map(RelayTo::Next).ok_or(DropReason::NoRoute)
 }
 
 /// Relays frames from the connections' readers ([`Forward`], set on the node's
@@ -1259,8 +1272,9 @@ impl StreamRelay {
 
     /// Queues `batch` (`frames` relayed frames) on the connection to `to`.
     fn send(&self, links: &Links, to: Endpoint, batch: Vec<u8>, frames: usize) {
-        links.counters.relayed_batches.fetch_add(1, Relaxed);
-        if !matches!(links.send(to, batch), Ok(true)) {
+        if matches!(links.send(to, batch), Ok(true)) {
+            links.counters.relayed_batches.fetch_add(1, Relaxed);
+        } else {
             self.stats.drops.add(DropReason::LinkSend, frames as u64);
         }
     }
@@ -1337,8 +1351,10 @@ impl Forward for StreamRelay {
     }
 }
 
-/// As in [`relay_or_local`]: clamped to [`MAX_HOPS`], then one hop taken (checked
-/// above zero before).
+/// Takes one hop from a relayed frame's hop limit (checked above zero before), after
+/// clamping it to [`MAX_HOPS`]: a sender may start a frame with any hop limit, but no
+/// frame crosses more than MAX_HOPS relays, so a member cannot make one circle the
+/// mesh for long.
 fn take_hop(hop_limit: &mut u8) {
     *hop_limit = (*hop_limit).min(MAX_HOPS) - 1;
 }
@@ -1349,11 +1365,10 @@ fn stream_next_hop(routes: &RouteSnapshot, data: &[u8]) -> Option<Endpoint> {
     if MessageType::of(data) != Some(MessageType::Relay) {
         return None;
     }
-    let h = RelayHeader::parse(data).ok()?;
-    if &h.dst == routes.local() || h.hop_limit == 0 {
-        return None;
+    match relay_rule(routes, data) {
+        Ok(RelayTo::Next(next)) if next.proto.is_stream() => Some(next),
+        _ => None,
     }
-    routes.next_hop(&h.dst).filter(|next| next.proto.is_stream())
 }
 
 /// Classifies, authenticates and checks one datagram. Returns the session it belongs

@@ -147,7 +147,8 @@ pub struct Links {
     /// 64–128 KiB allocation per batch is an mmap and its page faults.
     pool: parking_lot::Mutex<Vec<Vec<u8>>>,
     next_id: AtomicU64,
-    /// Relays whole batches before they reach a links RX thread, once set.
+    /// Takes the relayed frames bound for a stream connection out of received batches
+    /// before they reach a links RX thread, once set.
     forward: std::sync::OnceLock<Box<dyn Forward>>,
     /// Counters.
     pub counters: LinkCounters,
