@@ -68,8 +68,19 @@ const MAX_WS_MESSAGE: usize = 1 << 20;
 const STREAM_RX: usize = 2 * (frame::PREFIX + frame::MAX_FRAME);
 /// Bytes of received QUIC frames handed to the links RX thread at once.
 const QUIC_BATCH: usize = 64 * 1024;
-/// Flow-control window of a QUIC connection's record stream, each way.
-const QUIC_STREAM_WINDOW: u32 = 2 << 20;
+/// Flow-control windows of a QUIC connection (what the peer may send before we have
+/// read it, what we keep of our own unacknowledged stream data), each way: the least,
+/// which a short path keeps. On a short path a window only fills when the reader
+/// falls behind, and then all of it is resident memory; 1 MiB kept the full rate
+/// between two namespaces (bench/RESULTS.md §23).
+const QUIC_WINDOW_MIN: u32 = 1 << 20;
+/// The most a long path's windows grow to (at 50 ms, 1.3 Gbit/s for the record stream).
+const QUIC_WINDOW_MAX: u32 = 8 << 20;
+/// The rate the windows are sized for, bytes a second (4 Gbit/s): a window is the
+/// path's minimum round trip times this, within [`QUIC_WINDOW_MIN`, `QUIC_WINDOW_MAX`].
+const QUIC_WINDOW_RATE: u64 = 500_000_000;
+/// How often a connection's windows follow its minimum round trip.
+const QUIC_TUNE_EVERY: Duration = Duration::from_secs(1);
 /// ALPN of QUIC connections.
 const QUIC_ALPN: &[u8] = b"weft";
 
@@ -825,15 +836,46 @@ impl Connector {
                 }
             }
         };
+        let tuner = async {
+            let mut windows = QUIC_WINDOW_MIN;
+            while conn.close_reason().is_none() {
+                tokio::time::sleep(QUIC_TUNE_EVERY).await;
+                windows = tune_quic_windows(&conn, windows);
+            }
+            Ok(())
+        };
         let r = tokio::select! {
             r = writer => r,
             r = reader => r,
             r = stream_reader => r,
+            r = tuner => r,
         };
         self.inner.links.unregister(ep, id);
         conn.close(0u32.into(), b"");
         r
     }
+}
+
+/// The flow-control window for a path whose minimum round trip is `min_rtt`: what
+/// [`QUIC_WINDOW_RATE`] moves in one round trip, within [`QUIC_WINDOW_MIN`] and
+/// [`QUIC_WINDOW_MAX`]. The minimum, not the smoothed round trip: a receiver that
+/// falls behind queues, which lengthens the smoothed one, which would widen the
+/// window, which lets it queue more.
+fn quic_window(min_rtt: Duration) -> u32 {
+    let micros = u64::try_from(min_rtt.as_micros()).unwrap_or(u64::MAX);
+    let bytes = micros.saturating_mul(QUIC_WINDOW_RATE) / 1_000_000;
+    u32::try_from(bytes.clamp(u64::from(QUIC_WINDOW_MIN), u64::from(QUIC_WINDOW_MAX))).unwrap_or(QUIC_WINDOW_MAX)
+}
+
+/// Sets `conn`'s receive and send windows for its path's minimum round trip when
+/// that differs from `current` (the windows it has); returns the windows it now has.
+fn tune_quic_windows(conn: &quinn::Connection, current: u32) -> u32 {
+    let want = quic_window(conn.stats().path.min_rtt);
+    if want != current {
+        conn.set_receive_window(quinn::VarInt::from_u32(want));
+        conn.set_send_window(u64::from(want));
+    }
+    want
 }
 
 /// Whether a frame is a GSO record (a data message flagged [`crate::wire::FLAG_GSO`]).
@@ -1036,9 +1078,11 @@ fn quic_transport() -> quinn::TransportConfig {
     // connection buffers (quinn's defaults allow ~10 MB in flight per stream).
     t.max_concurrent_bidi_streams(0u32.into())
         .max_concurrent_uni_streams(1u32.into())
-        .stream_receive_window(quinn::VarInt::from_u32(QUIC_STREAM_WINDOW))
-        .receive_window(quinn::VarInt::from_u32(QUIC_STREAM_WINDOW))
-        .send_window(u64::from(QUIC_STREAM_WINDOW))
+        // The stream may take the largest window; the connection's windows, which
+        // bound it, start at the least and follow the path (`tune_quic_windows`).
+        .stream_receive_window(quinn::VarInt::from_u32(QUIC_WINDOW_MAX))
+        .receive_window(quinn::VarInt::from_u32(QUIC_WINDOW_MIN))
+        .send_window(u64::from(QUIC_WINDOW_MIN))
         .max_idle_timeout(Some(
             quinn::IdleTimeout::try_from(IDLE_TIMEOUT).unwrap_or_else(|_| quinn::VarInt::MAX.into()),
         ))
@@ -1365,6 +1409,64 @@ mod tests {
             let endpoint = client.quic_endpoint().expect("client endpoint");
             let conn = endpoint.connect(addr, "weft").expect("connect").await.expect("QUIC handshake");
             (conn, client)
+        }
+
+        /// A UDP forwarder on loopback that holds every datagram `delay` before passing
+        /// it on: the first sender is the client, `server` the other end. Returns its
+        /// address; it runs until the test's runtime ends.
+        async fn delaying_proxy(server: SocketAddr, delay: Duration) -> SocketAddr {
+            let sock = Arc::new(tokio::net::UdpSocket::bind("127.0.0.1:0").await.expect("bind"));
+            let addr = sock.local_addr().expect("proxy address");
+            tokio::spawn(async move {
+                let mut client: Option<SocketAddr> = None;
+                let mut buf = vec![0u8; 65536];
+                while let Ok((n, from)) = sock.recv_from(&mut buf).await {
+                    let to = if from == server {
+                        let Some(c) = client else { continue };
+                        c
+                    } else {
+                        client = Some(from);
+                        server
+                    };
+                    let (sock, d) = (sock.clone(), buf[..n].to_vec());
+                    tokio::spawn(async move {
+                        tokio::time::sleep(delay).await;
+                        let _ = sock.send_to(&d, to).await;
+                    });
+                }
+            });
+            addr
+        }
+
+        #[test]
+        fn quic_windows_follow_the_minimum_round_trip() {
+            let min = QUIC_WINDOW_MIN;
+            assert_eq!(quic_window(Duration::ZERO), min);
+            assert_eq!(quic_window(Duration::from_micros(300)), min, "a LAN keeps the least");
+            assert_eq!(quic_window(Duration::from_millis(4)), 2_000_000);
+            assert_eq!(quic_window(Duration::from_millis(10)), 5_000_000);
+            assert_eq!(quic_window(Duration::from_millis(50)), QUIC_WINDOW_MAX);
+            assert_eq!(quic_window(Duration::MAX), QUIC_WINDOW_MAX);
+        }
+
+        /// Windows measured on real connections: loopback keeps the least; a path
+        /// with a 10 ms round trip (5 ms each way through a forwarder) gets what
+        /// 4 Gbit/s moves in it.
+        #[tokio::test]
+        async fn quic_windows_grow_on_a_long_path_and_stay_small_on_a_short_one() {
+            let l = listener(Proto::Quic, 16).await;
+            let (near, _client) = quic_client(l.addr).await;
+            assert_eq!(tune_quic_windows(&near, QUIC_WINDOW_MIN), QUIC_WINDOW_MIN);
+
+            let proxy = delaying_proxy(l.addr, Duration::from_millis(5)).await;
+            let (far, _client) = quic_client(proxy).await;
+            let min_rtt = far.stats().path.min_rtt;
+            assert!(min_rtt >= Duration::from_millis(10), "{min_rtt:?}");
+            let w = tune_quic_windows(&far, QUIC_WINDOW_MIN);
+            assert!((5_000_000..=QUIC_WINDOW_MAX).contains(&w), "{w} for {min_rtt:?}");
+            // The peer is told: the connection carries on under the new windows.
+            let mut s = far.open_uni().await.expect("stream");
+            s.write_all(&[0, 1, 0x42]).await.expect("a frame under the new windows");
         }
 
         #[tokio::test]
