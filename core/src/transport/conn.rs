@@ -708,18 +708,25 @@ impl Connector {
                     }
                     next_id = next_id.wrapping_add(1);
                 }
-                if !records.is_empty() {
-                    if stream.is_none() {
-                        stream = Some(conn.open_uni().await.map_err(|e| e.to_string())?);
-                    }
-                    if let Some(s) = &mut stream {
-                        // A batch of records alone goes as it is.
-                        let out = if only_records { &batch } else { &records };
-                        s.write_all(out).await.map_err(|e| e.to_string())?;
-                    }
-                    records.clear();
+                if records.is_empty() {
+                    self.inner.links.recycle(batch);
+                    continue;
                 }
-                self.inner.links.recycle(batch);
+                if stream.is_none() {
+                    stream = Some(conn.open_uni().await.map_err(|e| e.to_string())?);
+                }
+                if let Some(s) = &mut stream {
+                    if only_records {
+                        // A batch of records alone goes as it is, lent rather than
+                        // copied: quinn keeps it until the peer acknowledges it, then
+                        // it returns to the pool.
+                        s.write_chunk(self.inner.links.lend(batch)).await.map_err(|e| e.to_string())?;
+                    } else {
+                        s.write_all(&records).await.map_err(|e| e.to_string())?;
+                        self.inner.links.recycle(batch);
+                    }
+                }
+                records.clear();
             }
             Ok::<(), String>(())
         };
