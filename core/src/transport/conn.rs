@@ -1463,7 +1463,14 @@ mod tests {
         async fn quic_windows_grow_on_a_long_path_and_stay_small_on_a_short_one() {
             let l = listener(Proto::Quic, 16).await;
             let (near, _client) = quic_client(l.addr).await;
-            assert_eq!(tune_quic_windows(&near, QUIC_WINDOW_MIN), QUIC_WINDOW_MIN);
+            // Loopback answers in well under the 2 ms that would widen the window,
+            // unless the machine is starved; the rule holds for what was measured.
+            let near_rtt = near.stats().path.min_rtt;
+            let near_w = tune_quic_windows(&near, QUIC_WINDOW_MIN);
+            assert_eq!(near_w, quic_window(near_rtt), "{near_rtt:?}");
+            if near_rtt < Duration::from_millis(2) {
+                assert_eq!(near_w, QUIC_WINDOW_MIN);
+            }
 
             let proxy = delaying_proxy(l.addr, Duration::from_millis(5)).await;
             let (far, _client) = quic_client(proxy).await;
