@@ -143,6 +143,8 @@ def summarize(runs):
             "median_gbps": _median([r["gbps"] for r in g]),
             "median_retransmits": _median([r.get("retransmits") for r in g if r["gbps"] is not None]),
             "median_cpu_pct": _median([r.get("cpu_pct") for r in g if r["gbps"] is not None]),
+            "median_cpu_per_gbps": _median([r["cpu_pct"] / r["gbps"] for r in g
+                                            if r["gbps"] and r.get("cpu_pct") is not None]),
             "peak_rss_mib": max(rss) if rss else None,
             "errors": sorted({r["error"] for r in g if r.get("error")}),
         })
@@ -165,7 +167,7 @@ def _f(v, fmt):
 
 def table(rows):
     head = ["tool", "cipher/mode", "streams", "direction", "median Gbit/s", "× direct",
-            "× best non-weft", "retransmits", "CPU %", "peak RSS MiB"]
+            "× best non-weft", "retransmits", "CPU %", "CPU % per Gbit/s", "peak RSS MiB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for r in rows:
         g = "FAIL" if r["median_gbps"] is None else format(r["median_gbps"], ".2f")
@@ -178,6 +180,7 @@ def table(rows):
             "–" if r["tool"] == BASELINE else _f(r["ratio_best_non_weft"], ".2f"),
             _f(r["median_retransmits"], ".0f"),
             "–" if r["tool"] == BASELINE else _f(r["median_cpu_pct"], ".0f"),
+            "–" if r["tool"] == BASELINE else _f(r.get("median_cpu_per_gbps"), ".1f"),
             "–" if r["tool"] == BASELINE else _f(r["peak_rss_mib"], ".1f"),
         ]
         lines.append("| " + " | ".join(cells) + " |")
@@ -320,7 +323,9 @@ def cmd_report(a):
         "- × direct: median / the direct baseline's median in the same streams and direction. "
         "× best non-weft: median / the best median among the other tunnels (not direct, loopback or weft) there.",
         "- CPU %: utime+stime of the tunnel processes of both nodes (all threads) during the iperf3 run, "
-        "divided by wall time; 100 % = one core. iperf3's own CPU is not included. Peak RSS: the larger "
+        "divided by wall time; 100 % = one core. iperf3's own CPU is not included. CPU % per Gbit/s: the "
+        "median over repetitions of CPU % / Gbit/s, what a tunnel spends per bit; on a shared, noisy machine it "
+        "moves less than throughput does. Peak RSS: the larger "
         "VmHWM of the two nodes at the end of a run, reset (`/proc/PID/clear_refs` 5) just before it, so it is the "
         "peak under traffic and not a start-up step (weft's Argon2id key derivation takes 46 MiB for a moment, "
         "freed at once); max over repetitions (each tool is restarted for every repetition).",
