@@ -11,7 +11,8 @@
 #
 # Environment: WEFTS (binaries, default target/release/weft, built if missing), DELAY_MS
 # (each way, default 25), DURATION (s per run, default 10), REPS (default 2, builds
-# interleaved), OUT (default bench/results/wan), MAX_RUNTIME (s; the script stops itself).
+# interleaved), OUT (default bench/results/wan), MAX_RUNTIME (s; the script stops itself;
+# a run, with start-up and shutdown over the long path, takes 2-3 minutes).
 # Namespaces are made here with unique names and removed on every exit path; none has a
 # default route, so nothing leaves them.
 set -euo pipefail
@@ -30,7 +31,7 @@ read -r -a BUILDS <<<"$WEFTS"
 DELAY=$ROOT/target/release/udpdelay
 [ -x "$DELAY" ] || (cd "$ROOT" && cargo build --release -p weft-bench --bin udpdelay)
 NB=${#BUILDS[@]}
-MAX_RUNTIME=${MAX_RUNTIME:-$((REPS * NB * (DURATION + 40) + 60))}
+MAX_RUNTIME=${MAX_RUNTIME:-$((REPS * NB * (DURATION + 200) + 60))}
 
 [ "$(id -u)" -eq 0 ] || { echo "error: run as root (network namespaces, TUN devices)" >&2; exit 2; }
 for t in ip iperf3 python3; do
