@@ -402,6 +402,8 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
     if let Some(stats) = links_stats.first() {
         links.set_forward(Box::new(pipeline::StreamRelay::new(shared.routes.clone(), stats.clone())));
     }
+    let routes = shared.routes.clone();
+    links.set_members(Box::new(move |ep| routes.load().is_neighbour(ep)));
 
     // The PSK derived above (Argon2id, once): the handshake, its MACs and the LAN
     // beacon key all come from it.

@@ -847,7 +847,7 @@ impl Connector {
             let mut windows = QUIC_WINDOW_MIN;
             while conn.close_reason().is_none() {
                 tokio::time::sleep(QUIC_TUNE_EVERY).await;
-                windows = tune_quic_windows(&conn, windows);
+                windows = tune_quic_windows(&conn, windows, self.inner.links.is_member(&ep));
             }
             Ok(())
         };
@@ -876,8 +876,10 @@ fn quic_window(min_rtt: Duration) -> u32 {
 
 /// Sets `conn`'s receive and send windows for its path's minimum round trip when
 /// that differs from `current` (the windows it has); returns the windows it now has.
-fn tune_quic_windows(conn: &quinn::Connection, current: u32) -> u32 {
-    let want = quic_window(conn.stats().path.min_rtt);
+/// Only a `member` (a peer that proved the secret on this path) gets more than the
+/// least: anyone can finish a QUIC handshake and delay its own acknowledgements.
+fn tune_quic_windows(conn: &quinn::Connection, current: u32, member: bool) -> u32 {
+    let want = if member { quic_window(conn.stats().path.min_rtt) } else { QUIC_WINDOW_MIN };
     if want != current {
         conn.set_receive_window(quinn::VarInt::from_u32(want));
         conn.set_send_window(u64::from(want));
@@ -1466,7 +1468,7 @@ mod tests {
             // Loopback answers in well under the 2 ms that would widen the window,
             // unless the machine is starved; the rule holds for what was measured.
             let near_rtt = near.stats().path.min_rtt;
-            let near_w = tune_quic_windows(&near, QUIC_WINDOW_MIN);
+            let near_w = tune_quic_windows(&near, QUIC_WINDOW_MIN, true);
             assert_eq!(near_w, quic_window(near_rtt), "{near_rtt:?}");
             if near_rtt < Duration::from_millis(2) {
                 assert_eq!(near_w, QUIC_WINDOW_MIN);
@@ -1476,7 +1478,9 @@ mod tests {
             let (far, _client) = quic_client(proxy).await;
             let min_rtt = far.stats().path.min_rtt;
             assert!(min_rtt >= Duration::from_millis(10), "{min_rtt:?}");
-            let w = tune_quic_windows(&far, QUIC_WINDOW_MIN);
+            // Not yet a member: the least, however long the path.
+            assert_eq!(tune_quic_windows(&far, QUIC_WINDOW_MIN, false), QUIC_WINDOW_MIN);
+            let w = tune_quic_windows(&far, QUIC_WINDOW_MIN, true);
             assert!((5_000_000..=QUIC_WINDOW_MAX).contains(&w), "{w} for {min_rtt:?}");
             // The peer is told: the connection carries on under the new windows.
             let mut s = far.open_uni().await.expect("stream");

@@ -45,6 +45,9 @@ pub trait Forward: Send + Sync {
     fn forward(&self, links: &Links, from: Endpoint, batch: Vec<u8>) -> Option<Vec<u8>>;
 }
 
+/// Says whether an endpoint is a member's current path (see [`Links::set_members`]).
+pub type Members = Box<dyn Fn(&Endpoint) -> bool + Send + Sync>;
+
 /// A batch buffer lent out by [`Links::lend`]: back to the pool on drop.
 struct Lent {
     buf: Vec<u8>,
@@ -150,6 +153,8 @@ pub struct Links {
     /// Takes the relayed frames bound for a stream connection out of received batches
     /// before they reach a links RX thread, once set.
     forward: std::sync::OnceLock<Box<dyn Forward>>,
+    /// Whether an endpoint is a member's current path (it proved the secret), once set.
+    members: std::sync::OnceLock<Members>,
     /// Counters.
     pub counters: LinkCounters,
 }
@@ -178,6 +183,7 @@ impl Links {
             pool: parking_lot::Mutex::new(Vec::new()),
             next_id: AtomicU64::new(1),
             forward: std::sync::OnceLock::new(),
+            members: std::sync::OnceLock::new(),
             counters: LinkCounters::default(),
         };
         (Arc::new(links), rx)
@@ -235,6 +241,17 @@ impl Links {
     /// hand-offs through a links RX thread were most of a WebSocket relay's cost.
     pub fn set_forward(&self, f: Box<dyn Forward>) {
         let _ = self.forward.set(f);
+    }
+
+    /// Lets `f` say whether an endpoint is a member's current path (the first call
+    /// wins): what a connection from there may grow (QUIC windows) waits for that.
+    pub fn set_members(&self, f: Members) {
+        let _ = self.members.set(f);
+    }
+
+    /// Whether `ep` is a member's current path: false until [`Links::set_members`].
+    pub fn is_member(&self, ep: &Endpoint) -> bool {
+        self.members.get().is_some_and(|f| f(ep))
     }
 
     /// Queues a framed batch on the connection to `to`. Returns the batch back when
