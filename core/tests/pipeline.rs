@@ -720,3 +720,81 @@ fn rx_never_coalesces_past_the_ip_length_limit() {
     }
     assert!(got == sent, "every byte of the flow, in order");
 }
+
+/// `segs` segments of `mss` bytes of one flow from A to B, as tun-rs's GRO sees them: a
+/// zeroed virtio header, then the packet (checksums computed by [`gso::split_into`]),
+/// each in a buffer with room for a whole super-packet. TCP with `udp` false, else UDP.
+fn gro_segments(udp: bool, mss: usize, segs: usize) -> Vec<Vec<u8>> {
+    let hdr = if udp { 28 } else { 40 };
+    let mut sp = super_packet(A, mss, segs);
+    if udp {
+        // gso_type UDP_L4, hdr_len 28, checksum at offset 6 of the UDP header.
+        sp[1] = 5;
+        sp[2..4].copy_from_slice(&28u16.to_ne_bytes());
+        sp[8..10].copy_from_slice(&6u16.to_ne_bytes());
+        sp.drain(10 + 28..10 + 40);
+        sp[10 + 2..10 + 4].copy_from_slice(&((28 + mss * segs) as u16).to_be_bytes());
+        sp[10 + 9] = 17;
+        sp[10 + 24..10 + 26].copy_from_slice(&((8 + mss * segs) as u16).to_be_bytes());
+    } else {
+        sp[10 + 33] = 0x10; // ACK
+    }
+    for (i, b) in sp[10 + hdr..].iter_mut().enumerate() {
+        *b = (i % 239) as u8;
+    }
+    let mut parts = vec![Vec::new(); 64];
+    let n = gso::split_into(&mut sp, &mut parts).unwrap();
+    assert_eq!(n, segs);
+    parts[..n].iter().map(|p| roomy(&[&[0; 10], &p[10..]].concat())).collect()
+}
+
+/// A copy of `b` with room for a whole super-packet (a clone has only `b`'s length).
+fn roomy(b: &[u8]) -> Vec<u8> {
+    let mut r = Vec::with_capacity(2 * 10 + usize::from(u16::MAX));
+    r.extend_from_slice(b);
+    r
+}
+
+/// Checks that `buf` (virtio header, then an IP packet) carries `payload` behind
+/// `hdr` bytes of headers, with a true IP length.
+fn assert_carries(buf: &[u8], hdr: usize, payload: &[u8], what: &str) {
+    let p = &buf[10..];
+    assert_eq!(usize::from(u16::from_be_bytes([p[2], p[3]])), p.len(), "{what}: IP length field");
+    assert_eq!(p.len(), hdr + payload.len(), "{what}: length");
+    assert!(&p[hdr..] == payload, "{what}: every byte, in order");
+}
+
+/// tun-rs's GRO (patched: it borrows each packet where it lies instead of copying it,
+/// third_party/tun-rs/WEFT.md) on buffers with room to grow: a TCP segment arriving
+/// before the one it precedes is prepended; one with a wrong checksum is never merged
+/// (nor what follows it into its place), so the kernel still sees and drops it; a UDP
+/// flow's datagrams become one.
+#[test]
+fn gro_prepends_refuses_bad_checksums_and_coalesces_udp() {
+    let mss = 1000;
+    let pay = |p: &Vec<u8>, hdr: usize| p[10 + hdr..].to_vec();
+    // TCP, the first two segments swapped: one packet of all five, in order.
+    let segs = gro_segments(false, mss, 5);
+    let whole: Vec<u8> = segs.iter().flat_map(|p| pay(p, 40)).collect();
+    let mut bufs: Vec<Vec<u8>> = [1, 0, 2, 3, 4].iter().map(|&i| roomy(&segs[i])).collect();
+    GROTable::new().apply_gro(&mut bufs, 10, false).unwrap();
+    assert_carries(&bufs[0], 40, &whole, "prepended then appended");
+    assert_ne!(bufs[0][1], 0, "the head is written as a TCP super-packet");
+    // TCP, the third segment corrupted: the first two merge, the third stays as it was
+    // (its bytes and its bad checksum), the fourth cannot follow the second.
+    let mut bufs: Vec<Vec<u8>> = segs[..4].iter().map(|p| roomy(p)).collect();
+    bufs[2][10 + 40 + 7] ^= 0x55;
+    let corrupted = bufs[2].clone();
+    GROTable::new().apply_gro(&mut bufs, 10, false).unwrap();
+    let first_two: Vec<u8> = segs[..2].iter().flat_map(|p| pay(p, 40)).collect();
+    assert_carries(&bufs[0], 40, &first_two, "the two good segments");
+    assert_eq!(bufs[2], corrupted, "the corrupted segment, untouched");
+    assert_carries(&bufs[3], 40, &pay(&segs[3], 40), "the segment after it, alone");
+    // UDP GRO: four datagrams of one flow become one.
+    let dgrams = gro_segments(true, mss, 4);
+    let whole: Vec<u8> = dgrams.iter().flat_map(|p| pay(p, 28)).collect();
+    let mut bufs: Vec<Vec<u8>> = dgrams.iter().map(|p| roomy(p)).collect();
+    GROTable::new().apply_gro(&mut bufs, 10, true).unwrap();
+    assert_carries(&bufs[0], 28, &whole, "UDP datagrams coalesced");
+    assert_eq!(bufs[0][1], 5, "the head is written as a UDP_L4 super-packet");
+}

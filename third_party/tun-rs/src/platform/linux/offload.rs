@@ -1023,17 +1023,23 @@ enum CoalesceResult {
 /// coalesceUDPPackets attempts to coalesce pkt with the packet described by
 /// item, and returns the outcome.
 fn coalesce_udp_packets<B: ExpandBuffer>(
-    pkt: &[u8],
+    pkt_bufs_index: usize,
     item: &mut UdpGROItem,
     bufs: &mut [B],
     bufs_offset: usize,
     is_v6: bool,
 ) -> CoalesceResult {
-    let buf = bufs[item.bufs_index as usize].as_ref();
+    // Weft: the head and the packet borrowed side by side, instead of a copy of
+    // every packet (third_party/tun-rs/WEFT.md).
+    let Ok([head, pkt_buf]) = bufs.get_disjoint_mut([item.bufs_index as usize, pkt_bufs_index]) else {
+        return CoalesceResult::InsufficientCap;
+    };
+    let pkt = &pkt_buf.as_ref()[bufs_offset..];
+    let buf = head.as_ref();
     // let pkt_head = &buf[bufs_offset..]; // the packet that will end up at the front
     let headers_len = item.iph_len as usize + UDP_H_LEN;
     let coalesced_len = buf[bufs_offset..].len() + pkt.len() - headers_len;
-    if bufs[item.bufs_index as usize].buf_capacity() < bufs_offset * 2 + coalesced_len {
+    if head.buf_capacity() < bufs_offset * 2 + coalesced_len {
         // We don't want to allocate a new underlying array if capacity is
         // too small.
         return CoalesceResult::InsufficientCap;
@@ -1049,7 +1055,7 @@ fn coalesce_udp_packets<B: ExpandBuffer>(
     if !checksum_valid(pkt, item.iph_len, IPPROTO_UDP as _, is_v6) {
         return CoalesceResult::PktInvalidCSum;
     }
-    bufs[item.bufs_index as usize].buf_extend_from_slice(&pkt[headers_len..]);
+    head.buf_extend_from_slice(&pkt[headers_len..]);
     item.num_merged += 1;
     CoalesceResult::Success
 }
@@ -1061,7 +1067,6 @@ fn coalesce_udp_packets<B: ExpandBuffer>(
 #[allow(clippy::too_many_arguments)]
 fn coalesce_tcp_packets<B: ExpandBuffer>(
     mode: CanCoalesce,
-    pkt: &[u8],
     pkt_bufs_index: usize,
     gso_size: u16,
     seq: u32,
@@ -1072,11 +1077,16 @@ fn coalesce_tcp_packets<B: ExpandBuffer>(
     is_v6: bool,
 ) -> CoalesceResult {
     let headers_len = (item.iph_len + item.tcph_len) as usize;
-    let coalesced_len =
-        bufs[item.bufs_index as usize].as_ref()[bufs_offset..].len() + pkt.len() - headers_len;
+    // Weft: the head and the packet borrowed side by side, instead of a copy of
+    // every packet (third_party/tun-rs/WEFT.md).
+    let Ok([head, pkt_buf]) = bufs.get_disjoint_mut([item.bufs_index as usize, pkt_bufs_index]) else {
+        return CoalesceResult::InsufficientCap;
+    };
+    let pkt_len = pkt_buf.as_ref().len() - bufs_offset;
+    let coalesced_len = head.as_ref()[bufs_offset..].len() + pkt_len - headers_len;
     // Copy data
     if mode == CanCoalesce::Prepend {
-        if bufs[pkt_bufs_index].buf_capacity() < 2 * bufs_offset + coalesced_len {
+        if pkt_buf.buf_capacity() < 2 * bufs_offset + coalesced_len {
             // We don't want to allocate a new underlying array if capacity is
             // too small.
             return CoalesceResult::InsufficientCap;
@@ -1086,7 +1096,7 @@ fn coalesce_tcp_packets<B: ExpandBuffer>(
         }
         if item.num_merged == 0
             && !checksum_valid(
-                &bufs[item.bufs_index as usize].as_ref()[bufs_offset..],
+                &head.as_ref()[bufs_offset..],
                 item.iph_len,
                 IPPROTO_TCP as _,
                 is_v6,
@@ -1094,31 +1104,29 @@ fn coalesce_tcp_packets<B: ExpandBuffer>(
         {
             return CoalesceResult::ItemInvalidCSum;
         }
-        if !checksum_valid(pkt, item.iph_len, IPPROTO_TCP as _, is_v6) {
+        if !checksum_valid(&pkt_buf.as_ref()[bufs_offset..], item.iph_len, IPPROTO_TCP as _, is_v6) {
             return CoalesceResult::PktInvalidCSum;
         }
         item.sent_seq = seq;
-        let extend_by = coalesced_len - pkt.len();
-        let len = bufs[pkt_bufs_index].as_ref().len();
-        bufs[pkt_bufs_index].buf_resize(len + extend_by, 0);
-        let src = bufs[item.bufs_index as usize].as_ref()
-            [bufs_offset + headers_len..bufs_offset + headers_len + extend_by]
-            .to_vec();
-        bufs[pkt_bufs_index].as_mut()[bufs_offset + pkt.len()..bufs_offset + pkt.len() + extend_by]
-            .copy_from_slice(&src);
+        let extend_by = coalesced_len - pkt_len;
+        let len = pkt_buf.as_ref().len();
+        pkt_buf.buf_resize(len + extend_by, 0);
+        pkt_buf.as_mut()[bufs_offset + pkt_len..bufs_offset + pkt_len + extend_by].copy_from_slice(
+            &head.as_ref()[bufs_offset + headers_len..bufs_offset + headers_len + extend_by],
+        );
         // Flip the slice headers in bufs as part of prepend. The index of item
         // is already being tracked for writing.
         bufs.swap(item.bufs_index as usize, pkt_bufs_index);
     } else {
         // pkt_head = &bufs[item.bufs_index as usize][bufs_offset..];
-        if bufs[item.bufs_index as usize].buf_capacity() < 2 * bufs_offset + coalesced_len {
+        if head.buf_capacity() < 2 * bufs_offset + coalesced_len {
             // We don't want to allocate a new underlying array if capacity is
             // too small.
             return CoalesceResult::InsufficientCap;
         }
         if item.num_merged == 0
             && !checksum_valid(
-                &bufs[item.bufs_index as usize].as_ref()[bufs_offset..],
+                &head.as_ref()[bufs_offset..],
                 item.iph_len,
                 IPPROTO_TCP as _,
                 is_v6,
@@ -1126,20 +1134,20 @@ fn coalesce_tcp_packets<B: ExpandBuffer>(
         {
             return CoalesceResult::ItemInvalidCSum;
         }
+        let pkt = &pkt_buf.as_ref()[bufs_offset..];
         if !checksum_valid(pkt, item.iph_len, IPPROTO_TCP as _, is_v6) {
             return CoalesceResult::PktInvalidCSum;
         }
         if psh_set {
             // We are appending a segment with PSH set.
             item.psh_set = psh_set;
-            bufs[item.bufs_index as usize].as_mut()
-                [bufs_offset + item.iph_len as usize + TCP_FLAGS_OFFSET] |= TCP_FLAG_PSH;
+            head.as_mut()[bufs_offset + item.iph_len as usize + TCP_FLAGS_OFFSET] |= TCP_FLAG_PSH;
         }
         // https://github.com/WireGuard/wireguard-go/blob/12269c2761734b15625017d8565745096325392f/tun/offload_linux.go#L495
         // extendBy := len(pkt) - int(headersLen)
         // 		bufs[item.bufsIndex] = append(bufs[item.bufsIndex], make([]byte, extendBy)...)
         // 		copy(bufs[item.bufsIndex][bufsOffset+len(pktHead):], pkt[headersLen:])
-        bufs[item.bufs_index as usize].buf_extend_from_slice(&pkt[headers_len..]);
+        head.buf_extend_from_slice(&pkt[headers_len..]);
     }
 
     if gso_size > item.gso_size {
@@ -1175,8 +1183,9 @@ fn tcp_gro<B: ExpandBuffer>(
     table: &mut TcpGROTable,
     is_v6: bool,
 ) -> GroResult {
-    let pkt_storage = bufs[pkt_i].as_ref()[offset..].to_vec();
-    let pkt = pkt_storage.as_slice();
+    // Weft: the packet is borrowed where it lies (again after each change to `bufs`)
+    // instead of copied (third_party/tun-rs/WEFT.md).
+    let pkt = &bufs[pkt_i].as_ref()[offset..];
     if pkt.len() > u16::MAX as usize {
         // A valid IPv4 or IPv6 packet will never exceed this.
         return GroResult::Noop;
@@ -1273,7 +1282,7 @@ fn tcp_gro<B: ExpandBuffer>(
         // the table it is never compared across other items later.
         let item = &mut items[i];
         let can = tcp_packets_can_coalesce(
-            pkt,
+            &bufs[pkt_i].as_ref()[offset..],
             iph_len as u8,
             tcph_len as u8,
             seq,
@@ -1288,7 +1297,7 @@ fn tcp_gro<B: ExpandBuffer>(
             CanCoalesce::Unavailable => {}
             _ => {
                 let result = coalesce_tcp_packets(
-                    can, pkt, pkt_i, gso_size, seq, psh_set, item, bufs, offset, is_v6,
+                    can, pkt_i, gso_size, seq, psh_set, item, bufs, offset, is_v6,
                 );
 
                 match result {
@@ -1317,7 +1326,7 @@ fn tcp_gro<B: ExpandBuffer>(
 
     // failed to coalesce with any other packets; store the item in the flow
     table.insert(
-        pkt,
+        &bufs[pkt_i].as_ref()[offset..],
         src_addr_offset,
         src_addr_offset + addr_len,
         iph_len,
@@ -1570,8 +1579,9 @@ fn udp_gro<B: ExpandBuffer>(
     table: &mut UdpGROTable,
     is_v6: bool,
 ) -> GroResult {
-    let pkt_storage = bufs[pkt_i].as_ref()[offset..].to_vec();
-    let pkt = pkt_storage.as_slice();
+    // Weft: the packet is borrowed where it lies instead of copied
+    // (third_party/tun-rs/WEFT.md).
+    let pkt = &bufs[pkt_i].as_ref()[offset..];
     if pkt.len() > u16::MAX as usize {
         // A valid IPv4 or IPv6 packet will never exceed this.
         return GroResult::Noop;
@@ -1632,7 +1642,7 @@ fn udp_gro<B: ExpandBuffer>(
     let mut pkt_csum_known_invalid = false;
 
     if can == CanCoalesce::Append {
-        match coalesce_udp_packets(pkt, item, bufs, offset, is_v6) {
+        match coalesce_udp_packets(pkt_i, item, bufs, offset, is_v6) {
             CoalesceResult::Success => {
                 // 前面是引用，这里不需要再更新
                 // table.update_at(*item, items_len - 1);
