@@ -63,6 +63,8 @@ const ACCEPTED_MEMORY: usize = 4096;
 const DIAL_QUEUE: usize = 32;
 /// Largest WebSocket message accepted (a batch of frames).
 const MAX_WS_MESSAGE: usize = 1 << 20;
+/// Most queued batches a WebSocket writer sends before it flushes.
+const WS_RUN: usize = 8;
 /// Room of a stream connection's receive batch: two of the largest frames, so that
 /// behind the part of a frame still arriving there is always room for a whole one.
 const STREAM_RX: usize = 2 * (frame::PREFIX + frame::MAX_FRAME);
@@ -597,7 +599,16 @@ impl Connector {
         let (mut queue, id) = self.register(ep, !accepted);
         let writer = async {
             while let Some(batch) = queue.recv().await {
-                sink.send(Message::Binary(self.inner.links.lend(batch))).await.map_err(|e| e.to_string())?;
+                // Up to WS_RUN batches already queued behind this one go out with it:
+                // tungstenite gathers messages in its write buffer and writes once per
+                // 128 KiB, then one flush for the run.
+                let (mut next, mut fed) = (Some(batch), 0);
+                while let Some(b) = next.take() {
+                    sink.feed(Message::Binary(self.inner.links.lend(b))).await.map_err(|e| e.to_string())?;
+                    fed += 1;
+                    next = if fed < WS_RUN { queue.try_recv().ok() } else { None };
+                }
+                sink.flush().await.map_err(|e| e.to_string())?;
             }
             Ok::<(), String>(())
         };
