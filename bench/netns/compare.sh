@@ -329,8 +329,10 @@ prepare_easytier() {
     EASYTIER=$(cargo_bin easytier-core)
     if [ -z "$EASYTIER" ]; then
         command -v cargo >/dev/null || { SKIP[easytier]="easytier-core not on PATH and cargo not found"; return 1; }
-        # Its build script runs protoc (prost-build).
-        command -v protoc >/dev/null || apt_install protobuf-compiler || { SKIP[easytier]="protoc missing and apt-get install protobuf-compiler failed"; return 1; }
+        # Its build script runs protoc (prost-build) on protos that import protobuf's
+        # well-known types (google/protobuf/timestamp.proto: libprotobuf-dev, which
+        # --no-install-recommends leaves out).
+        apt_install protobuf-compiler libprotobuf-dev || { SKIP[easytier]="apt-get install protobuf-compiler libprotobuf-dev failed"; return 1; }
         log "installing EasyTier (cargo install --locked easytier); this takes a while"
         if ! fg_run timeout 3600 cargo install --locked easytier >>"$RUN/install.log" 2>&1; then
             tail -n 20 "$RUN/install.log" >&2
