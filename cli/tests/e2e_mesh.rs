@@ -79,12 +79,27 @@ fn chain_relays_sealed_traffic_it_cannot_read() {
         });
         let mut buf = [0u8; 64];
         let (n, _) = rx.recv_from(&mut buf).unwrap();
-        buf[..n].to_vec()
+        let first = buf[..n].to_vec();
+        // The rest of the burst, so that every marker has crossed B before the capture
+        // stops (stopping at the first lost the others to the race).
+        rx.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+        let mut more = 0;
+        while more < 19 && rx.recv_from(&mut buf).is_ok() {
+            more += 1;
+        }
+        first
     });
     assert_eq!(got, marker, "C received the marker");
+    // tcpdump writes each packet as it reads it (-U): wait for the burst's records
+    // to be in the file before stopping it.
+    let enough = 24 + 20 * 40;
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    while std::fs::metadata(&pcap).map_or(0, |m| m.len()) <= enough && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     netns::stop_capture(dump);
     let captured = std::fs::read(&pcap).unwrap();
-    assert!(captured.len() > 24 + 20 * 40, "the capture saw the relayed packets ({} bytes)", captured.len());
+    assert!(captured.len() > enough as usize, "the capture saw the relayed packets ({} bytes)", captured.len());
     assert!(!captured.windows(marker.len()).any(|w| w == marker), "plaintext marker visible on the relay's link");
     assert!(nb.peer("10.126.126.1").is_some() && nb.peer("10.126.126.3").is_some());
 }

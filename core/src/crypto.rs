@@ -3,10 +3,12 @@
 //! Keys come out of the handshake (see [`crate::handshake`]); this module never
 //! derives or stores secrets beyond the `ring` key it wraps.
 
+use std::cell::RefCell;
 use std::fmt;
 use std::str::FromStr;
 
-use ring::aead::{AES_128_GCM, Aad, CHACHA20_POLY1305, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
+use ring::aead::{AES_128_GCM, Aad, CHACHA20_POLY1305, LessSafeKey, NONCE_LEN, Nonce, Tag, UnboundKey};
+use subtle::ConstantTimeEq;
 use thiserror::Error;
 
 /// AEAD tag length for the real ciphers.
@@ -21,15 +23,23 @@ pub enum Cipher {
     /// ChaCha20-Poly1305, for CPUs without AES instructions.
     ChaCha20Poly1305,
     /// Authenticated, not encrypted: tunnel packets travel in plaintext, but every
-    /// packet carries an AES-128-GCM tag over the whole packet (header and payload as
-    /// associated data, empty plaintext) keyed by its session, so nothing unauthenticated
-    /// is ever accepted. For links where confidentiality is not needed.
+    /// packet carries the AES-128-GCM tag its session key gives it (header as
+    /// associated data, payload as the plaintext — sealed in a scratch copy, so the
+    /// packet keeps its plaintext), so nothing unauthenticated is ever accepted. For
+    /// links where confidentiality is not needed.
+    ///
+    /// The tag is exactly AES-128-GCM's, so forging one is forging AES-128-GCM: a
+    /// forger who could make a tag for a new (counter, header, payload) could, from a
+    /// ciphertext of that counter, make the ciphertext that payload encrypts to, with
+    /// a valid tag. The first version put the whole packet in the associated data with
+    /// an empty plaintext; ring hashes associated data one block at a time, which made
+    /// `none` three times slower than encrypting (bench/RESULTS.md §24).
     AuthOnly,
 }
 
 impl Cipher {
     /// All ciphers, in wire-id order.
-    pub const ALL: [Self; 3] = [Self::AuthOnly, Self::Aes128Gcm, Self::ChaCha20Poly1305];
+    pub const ALL: [Self; 3] = [Self::Aes128Gcm, Self::ChaCha20Poly1305, Self::AuthOnly];
 
     /// The command-line and config spelling.
     pub fn name(self) -> &'static str {
@@ -43,9 +53,12 @@ impl Cipher {
     /// The id carried in handshake payloads.
     pub fn wire_id(self) -> u8 {
         match self {
-            Self::AuthOnly => 0,
             Self::Aes128Gcm => 1,
             Self::ChaCha20Poly1305 => 2,
+            // 0 was the first `none` (whole packet as associated data), whose tags
+            // differ: a node of that version is refused at the handshake, not left
+            // dropping every packet.
+            Self::AuthOnly => 3,
         }
     }
 
@@ -111,7 +124,7 @@ impl DataKey {
     /// Builds a key from 32 bytes of key material (AES-128 uses the first 16).
     pub fn new(cipher: Cipher, material: &[u8; 32]) -> Self {
         let (alg, len) = match cipher {
-            // `none` authenticates with AES-128-GCM over an empty plaintext.
+            // `none` tags with AES-128-GCM and leaves the payload as it is.
             Cipher::Aes128Gcm | Cipher::AuthOnly => (&AES_128_GCM, 16),
             Cipher::ChaCha20Poly1305 => (&CHACHA20_POLY1305, 32),
         };
@@ -136,13 +149,14 @@ impl DataKey {
             return Err(CryptoError::Short);
         }
         let (head, rest) = buf.split_at_mut(end);
+        let (aad, body) = head.split_at_mut(aad_len);
         let tag = if self.cipher.encrypts() {
-            let (aad, body) = head.split_at_mut(aad_len);
-            self.key.seal_in_place_separate_tag(nonce(counter), Aad::from(&*aad), body)
+            self.key
+                .seal_in_place_separate_tag(nonce(counter), Aad::from(&*aad), body)
+                .map_err(|_| CryptoError::Short)?
         } else {
-            self.key.seal_in_place_separate_tag(nonce(counter), Aad::from(&*head), &mut [])
-        }
-        .map_err(|_| CryptoError::Short)?;
+            self.plain_tag(counter, aad, body)?
+        };
         rest[..TAG_LEN].copy_from_slice(tag.as_ref());
         Ok(len + TAG_LEN)
     }
@@ -155,13 +169,33 @@ impl DataKey {
         }
         if self.cipher.encrypts() {
             let (aad, body) = buf.split_at_mut(aad_len);
-            self.key.open_in_place(nonce(counter), Aad::from(&*aad), body).map(|p| p.len())
-        } else {
-            let (signed, tag) = buf.split_at_mut(buf.len() - TAG_LEN);
-            self.key.open_in_place(nonce(counter), Aad::from(&*signed), tag).map(|_| signed.len() - aad_len)
+            return self
+                .key
+                .open_in_place(nonce(counter), Aad::from(&*aad), body)
+                .map(|p| p.len())
+                .map_err(|_| CryptoError::Auth);
         }
-        .map_err(|_| CryptoError::Auth)
+        let (signed, tag) = buf.split_at(buf.len() - TAG_LEN);
+        let (aad, body) = signed.split_at(aad_len);
+        let expected = self.plain_tag(counter, aad, body).map_err(|_| CryptoError::Auth)?;
+        if bool::from(expected.as_ref().ct_eq(tag)) { Ok(body.len()) } else { Err(CryptoError::Auth) }
     }
+
+    /// [`Cipher::AuthOnly`]'s tag: AES-128-GCM's over `body` with `aad`, sealed in this
+    /// thread's scratch copy so that `body` stays as it is.
+    fn plain_tag(&self, counter: u64, aad: &[u8], body: &[u8]) -> Result<Tag, CryptoError> {
+        SCRATCH.with_borrow_mut(|s| {
+            s.clear();
+            s.extend_from_slice(body);
+            self.key.seal_in_place_separate_tag(nonce(counter), Aad::from(aad), s).map_err(|_| CryptoError::Short)
+        })
+    }
+}
+
+thread_local! {
+    /// Where [`DataKey::plain_tag`] seals a copy of the payload: as large as the
+    /// largest packet or record this thread has tagged (at most 64 KiB).
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 fn nonce(counter: u64) -> Nonce {
@@ -224,6 +258,28 @@ mod tests {
         }
     }
 
+    /// `none`'s tag is the one AES-128-GCM gives the same payload under the same key,
+    /// counter and header (its forgery bound is AES-128-GCM's), while the payload stays
+    /// readable.
+    #[test]
+    fn none_tags_as_aes_128_gcm_and_leaves_the_payload() {
+        let material = [5u8; 32];
+        for len in [0, 1, 100, 1420, 65_000] {
+            let plain: Vec<u8> = (0..len).map(|i| (i * 7) as u8).collect();
+            let seal = |cipher| {
+                let mut b = AAD.to_vec();
+                b.extend_from_slice(&plain);
+                b.resize(16 + len + TAG_LEN, 0);
+                let n = DataKey::new(cipher, &material).seal(11, &mut b, 16, len).unwrap();
+                b.truncate(16 + n);
+                b
+            };
+            let (none, aes) = (seal(Cipher::AuthOnly), seal(Cipher::Aes128Gcm));
+            assert_eq!(&none[16..16 + len], &plain[..], "{len}: payload readable");
+            assert_eq!(none[16 + len..], aes[16 + len..], "{len}: AES-128-GCM's tag");
+        }
+    }
+
     #[test]
     fn none_never_accepts_an_untagged_packet() {
         // A packet built by someone without the session key: header and payload as
@@ -266,5 +322,7 @@ mod tests {
         }
         assert!("xor".parse::<Cipher>().is_err());
         assert_eq!(Cipher::from_wire_id(9), None);
+        // The first `none`'s id: its tags do not verify here.
+        assert_eq!(Cipher::from_wire_id(0), None);
     }
 }
