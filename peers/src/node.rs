@@ -905,8 +905,12 @@ impl Node {
                 // response); tell the responder so its status says why too.
                 let reject = RejectRepr { reason: reason_of(&e), receiver_index: hdr.sender_index };
                 self.send_reject(&back, reject);
-                let msg =
-                    format!("handshake response from {from} did not authenticate: network secret or name differs");
+                let msg = match reject.reason {
+                    RejectReason::BadPayload => {
+                        format!("handshake response from {from} carried a malformed hello (version mismatch?)")
+                    }
+                    _ => format!("handshake response from {from} did not authenticate: network secret or name differs"),
+                };
                 warn!(peer = %from, "{msg}");
                 self.handshake_failed(now, p.target, msg, "bad_response");
             }
