@@ -332,7 +332,9 @@ prepare_easytier() {
         # Its build script runs protoc (prost-build) on protos that import protobuf's
         # well-known types (google/protobuf/timestamp.proto: libprotobuf-dev, which
         # --no-install-recommends leaves out).
-        apt_install protobuf-compiler libprotobuf-dev || { SKIP[easytier]="apt-get install protobuf-compiler libprotobuf-dev failed"; return 1; }
+        if ! command -v protoc >/dev/null || [ ! -f /usr/include/google/protobuf/timestamp.proto ]; then
+            apt_install protobuf-compiler libprotobuf-dev || { SKIP[easytier]="protoc or protobuf's well-known types missing, and apt-get install protobuf-compiler libprotobuf-dev failed"; return 1; }
+        fi
         log "installing EasyTier (cargo install --locked easytier); this takes a while"
         if ! fg_run timeout 3600 cargo install --locked easytier >>"$RUN/install.log" 2>&1; then
             tail -n 20 "$RUN/install.log" >&2

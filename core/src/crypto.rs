@@ -33,9 +33,10 @@ pub enum Cipher {
     /// that is GHASH of the header and the *plaintext* plus a secret mask fresh for
     /// every counter (and length): a Wegman–Carter MAC with AES-128-GCM's own forgery
     /// bound; seeing payloads and tags together does not reveal the hash key. Counters
-    /// never repeat under a key (one session direction, one mode). The first version put the whole packet in the associated data with
-    /// an empty plaintext; ring hashes associated data one block at a time, which made
-    /// `none` three times slower than encrypting (bench/RESULTS.md §24).
+    /// never repeat under a key (one session direction, one mode). The first version
+    /// put the whole packet in the associated data with an empty plaintext; ring hashes
+    /// associated data one block at a time, which made `none` three times slower than
+    /// encrypting (bench/RESULTS.md §24).
     AuthOnly,
 }
 

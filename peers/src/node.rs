@@ -905,12 +905,7 @@ impl Node {
                 // response); tell the responder so its status says why too.
                 let reject = RejectRepr { reason: reason_of(&e), receiver_index: hdr.sender_index };
                 self.send_reject(&back, reject);
-                let msg = match reject.reason {
-                    RejectReason::BadPayload => {
-                        format!("handshake response from {from} carried a malformed hello (version mismatch?)")
-                    }
-                    _ => format!("handshake response from {from} did not authenticate: network secret or name differs"),
-                };
+                let msg = format!("handshake response from {from}: {}", reject_why(reject.reason));
                 warn!(peer = %from, "{msg}");
                 self.handshake_failed(now, p.target, msg, "bad_response");
             }
@@ -954,13 +949,7 @@ impl Node {
     }
 
     fn handle_reject(&mut self, now: Instant, from: Endpoint, r: RejectRepr) {
-        let why = match r.reason {
-            RejectReason::AuthFailed => "authentication failed: network secret or name differs",
-            RejectReason::BadPayload => "malformed hello (version mismatch?)",
-            RejectReason::AddressTaken => {
-                "our overlay address already belongs to another member of the mesh (choose another --ipv4)"
-            }
-        };
+        let why = reject_why(r.reason);
         let ours = self.pending_init.contains_key(&r.receiver_index) || self.held.contains_key(&r.receiver_index);
         if ours && r.reason == RejectReason::AddressTaken && self.cfg.dynamic.is_some() {
             // Our --dhcp address is held by another member: move, and let the retry
@@ -1924,6 +1913,17 @@ fn reason_of(e: &HandshakeError) -> RejectReason {
     match e {
         HandshakeError::BadPayload => RejectReason::BadPayload,
         _ => RejectReason::AuthFailed,
+    }
+}
+
+/// What a handshake refused for `r` tells the user, on whichever side saw it.
+fn reject_why(r: RejectReason) -> &'static str {
+    match r {
+        RejectReason::AuthFailed => "authentication failed: network secret or name differs",
+        RejectReason::BadPayload => "malformed hello (version mismatch?)",
+        RejectReason::AddressTaken => {
+            "our overlay address already belongs to another member of the mesh (choose another --ipv4)"
+        }
     }
 }
 
