@@ -82,18 +82,32 @@ rss_watch() {
         [ "${v:-0}" -gt "$max" ] && { max=$v; echo "$max" >"$WORK/rss-now"; }
     done
 }
+# CPU time (user + system, clock ticks) of each node's process, A B C, across a run.
+NODE_PIDS=()
+node_ticks() {
+    local p
+    for p in "${NODE_PIDS[@]}"; do awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0; done | tr '\n' ' '
+}
 run() { # row ns target
-    local row=$1 ns=$2 dst=$3 j
+    local row=$1 ns=$2 dst=$3 j before after t0 t1
+    before=$(node_ticks); t0=$(date +%s.%N)
     j=$(nsx "$ns" iperf3 -c "$dst" -t "$DURATION" -J 2>/dev/null || true)
-    python3 - "$row" "$j" >>"$RUNS" <<'EOF'
+    after=$(node_ticks); t1=$(date +%s.%N)
+    python3 - "$row" "$j" "$before" "$after" "$t0" "$t1" "$(getconf CLK_TCK)" >>"$RUNS" <<'EOF'
 import json, sys
-row, text = sys.argv[1], sys.argv[2]
+row, text, before, after, t0, t1, tck = sys.argv[1:8]
 try:
     end = json.loads(text)["end"]
     cpu = end.get("cpu_utilization_percent", {})
-    print(json.dumps({"row": row, "gbps": end["sum_received"]["bits_per_second"] / 1e9,
-                      "retransmits": end.get("sum_sent", {}).get("retransmits", 0),
-                      "cpu_host": cpu.get("host_total"), "cpu_remote": cpu.get("remote_total")}))
+    rec = {"row": row, "gbps": end["sum_received"]["bits_per_second"] / 1e9,
+           "retransmits": end.get("sum_sent", {}).get("retransmits", 0),
+           "cpu_host": cpu.get("host_total"), "cpu_remote": cpu.get("remote_total")}
+    b, a = before.split(), after.split()
+    if b and len(a) == len(b):
+        # Each node's share of one CPU over the run's wall time, A B C.
+        wall = float(t1) - float(t0)
+        rec["cpu_nodes"] = [(int(y) - int(x)) / int(tck) / wall * 100 for x, y in zip(b, a)]
+    print(json.dumps(rec))
 except Exception as e:
     print(json.dumps({"row": row, "error": str(e)}))
 EOF
@@ -138,6 +152,7 @@ for t in $TRANSPORTS; do
     case "$path" in relay*) ;; *) echo "error: A -> C is not relayed ($path)" >&2; exit 1 ;; esac
     [ "$hop" = "direct $t" ] || { echo "error: A -> B is not direct over $t ($hop)" >&2; exit 1; }
     RELAY_PID=$(pgrep -f "$WORK/b.sock" | head -1)
+    NODE_PIDS=("$(pgrep -f "$WORK/a.sock" | head -1)" "$RELAY_PID" "$(pgrep -f "$WORK/c.sock" | head -1)")
     echo 0 >"$WORK/rss-now"
     rss_watch &
     WATCH=$!
@@ -149,6 +164,7 @@ for t in $TRANSPORTS; do
     kill "$WATCH" 2>/dev/null || true
     wait "$WATCH" 2>/dev/null || true
     echo "$t $(cat "$WORK/rss-now")" >>"$RSS"
+    NODE_PIDS=()
     stop_all WEFTS
     rm -rf "$WORK"/{a,b,c}-state
 done
@@ -174,15 +190,31 @@ lines = [
     "",
     f"veth A->B (no tunnel): {veth:.2f} Gbit/s." if veth else "veth A->B: failed.",
     "",
-    "| hops over | direct A->B Gbit/s | relayed A->C Gbit/s | relayed / direct | retransmits relayed | relay (B) RSS under load MiB |",
-    "|---|---|---|---|---|---|",
+    "| hops over | direct A->B Gbit/s | relayed A->C Gbit/s | relayed / direct | retransmits relayed | relay (B) RSS under load MiB | CPU % A / B / C, relayed | B's CPU % per Gbit/s |",
+    "|---|---|---|---|---|---|---|---|",
 ]
+def cpus(row):
+    v = [x["cpu_nodes"] for x in runs if x["row"] == row and x.get("cpu_nodes")]
+    return [statistics.median(c) for c in zip(*v)] if v else None
+def per_gbit(row, i):
+    v = [x["cpu_nodes"][i] / x["gbps"] for x in runs if x["row"] == row and x.get("cpu_nodes") and x.get("gbps")]
+    return statistics.median(v) if v else None
 for t in transports.split():
     d, r = med(f"weft {t} A->B direct"), med(f"weft {t} A->C via B")
     retr = med(f"weft {t} A->C via B", "retransmits")
     ratio = f"{r / d:.2f}x" if d and r else "-"
     f = lambda v: f"{v:.2f}" if v is not None else "failed"
-    lines.append(f"| {t} | {f(d)} | {f(r)} | {ratio} | {retr if retr is not None else '-'} | {int(rss.get(t, 0)) / 1024:.1f} |")
+    c, g = cpus(f"weft {t} A->C via B"), per_gbit(f"weft {t} A->C via B", 1)
+    cs = " / ".join(f"{x:.0f}" for x in c) if c else "-"
+    lines.append(f"| {t} | {f(d)} | {f(r)} | {ratio} | {retr if retr is not None else '-'} | {int(rss.get(t, 0)) / 1024:.1f} | {cs} | {g:.1f} |" if g else
+                 f"| {t} | {f(d)} | {f(r)} | {ratio} | {retr if retr is not None else '-'} | {int(rss.get(t, 0)) / 1024:.1f} | {cs} | - |")
+vc = [(x["cpu_host"] + x["cpu_remote"]) / x["gbps"] for x in runs
+      if x["row"] == "veth A->B" and x.get("gbps") and x.get("cpu_host") is not None and x.get("cpu_remote") is not None]
+lines += ["", "CPU %: each node's process (user + system) as a share of one CPU over the run, medians; "
+          "what softirqs run in other tasks' time is not in it."]
+if vc:
+    lines.append(f"For scale, both iperf3 ends over the bare veth (a TCP connection sent and received) cost "
+                 f"{statistics.median(vc):.1f} % per Gbit/s (iperf3's own figures).")
 open(os.path.join(out, "results.md"), "w").write("\n".join(lines) + "\n")
 json.dump({"runs": runs}, open(os.path.join(out, "results.json"), "w"), indent=1)
 print("\n".join(lines))
