@@ -527,6 +527,29 @@ fn known_peer_back_with_another_secret_is_refused_over_ik() {
     assert!(b_drops.iter().any(|(r, n)| *r == "handshake_mac" && *n >= 1), "{b_drops:?}");
 }
 
+/// A response whose hello does not parse (an older or newer node's format; here a
+/// prefix length of 33) is refused as a malformed hello, not blamed on the secret.
+#[test]
+fn malformed_response_hello_is_named_not_blamed_on_the_secret() {
+    let timers = Timers::default();
+    let mut other = params(B, Cipher::Aes128Gcm, SECRET);
+    other.hello.prefix = 33;
+    let mut sim = Sim::new(vec![(params(A, Cipher::Aes128Gcm, SECRET), vec![B], timers), (other, vec![], timers)]);
+    while sim.elapsed() < Duration::from_secs(10) {
+        sim.step();
+        assert!(sim.routed(A).is_empty(), "A routed {:?} at {:?}", sim.routed(A), sim.elapsed());
+        assert_ne!(sim.state(A, B), Some(PeerState::Established));
+    }
+    // B answered (its hello is inside an authenticated response), and A refused it.
+    assert!(sim.log.iter().any(|s| s.from == B), "B never answered");
+    let reasons = sim.reasons(A);
+    assert!(
+        reasons.iter().any(|r| r.contains("handshake response from") && r.contains("malformed hello")),
+        "A does not name the malformed hello: {reasons:?}"
+    );
+    assert!(reasons.iter().all(|r| !r.contains("secret")), "A blames the secret: {reasons:?}");
+}
+
 // ----- 3 -----
 
 #[test]
