@@ -31,7 +31,8 @@ use crate::stats::{DropCounters, DropReason};
 use crate::transport::udp::{self, MAX_BATCH, Offload, Outgoing, RecvMeta};
 use crate::transport::{Egress, Endpoint, Forward, Inbound, Links, Proto, frame};
 use crate::wire::{
-    DATA_HEADER_LEN, DataHeader, FLAG_CONTROL, FLAG_GSO, MAX_HOPS, MessageType, RELAY_HEADER_LEN, RelayHeader, ip_addrs,
+    DATA_HEADER_LEN, DataHeader, FLAG_CONTROL, FLAG_GSO, FLAG_ORDERED, MAX_HOPS, MessageType, RELAY_HEADER_LEN,
+    RelayHeader, ip_addrs,
 };
 
 /// Where the data plane hands what it cannot handle itself.
@@ -620,6 +621,8 @@ impl Tx {
         self.out.clear();
         self.unrouted.clear();
         self.sent_bytes = 0;
+        // Only a node reading super-packets sends records.
+        let offload = !self.original.is_empty();
         let mut tally = Tally::new();
         for i in 0..n {
             let len = self.sizes[i];
@@ -647,12 +650,24 @@ impl Tx {
                 route.session.stats.drops.add(DropReason::KeyExpired, 1);
                 continue;
             }
+            let mut flags = 0;
             if route.target.proto == Proto::Quic {
                 // TCP connections over QUIC send segments that fit one datagram.
                 let max = QUIC_INNER_MAX - if route.relay.is_some() { RELAY_HEADER_LEN } else { 0 };
                 crate::wire::clamp_mss(&mut buf[TX_HEADROOM..TX_HEADROOM + len], max);
+                // Where this node's super-packets go as records on the connection's
+                // stream, a TCP segment of the same flows goes there too, behind them.
+                let s = &route.session;
+                if offload
+                    && route.relay.is_none()
+                    && s.peer_gso()
+                    && s.peer_gso_quic()
+                    && tcp_with_data(&buf[TX_HEADROOM..TX_HEADROOM + len])
+                {
+                    flags = FLAG_ORDERED;
+                }
             }
-            let Some(sealed) = route.session.seal(&mut buf[RELAY_HEADER_LEN..], len) else {
+            let Some(sealed) = route.session.seal_with_flags(&mut buf[RELAY_HEADER_LEN..], len, flags) else {
                 drops.add(DropReason::Malformed, 1);
                 continue;
             };
@@ -687,6 +702,13 @@ impl Tx {
     pub fn outgoing(&self) -> (&[Vec<u8>], &[Outgoing]) {
         (&self.bufs, &self.out)
     }
+}
+
+/// Whether `ip` (exactly one packet) is a TCP segment that carries data (IPv4, or
+/// IPv6 without extension headers): what must not overtake the records ahead of it.
+/// A bare acknowledgement may: its order does not matter to the peer.
+fn tcp_with_data(ip: &[u8]) -> bool {
+    layer4(ip).is_some_and(|l| l.proto == 6 && l.bytes.len() > l.header)
 }
 
 /// Room TX leaves in front of each packet it reads: a relay header and a data header.
@@ -826,11 +848,22 @@ struct Flow {
     psh: bool,
 }
 
-/// The flow of a TCP or UDP packet that carries data (IPv4, or IPv6 without
-/// extension headers: what TUN GRO coalesces); `None` for anything GRO leaves alone.
-fn flow(ip: &[u8]) -> Option<Flow> {
-    use std::hash::{Hash, Hasher};
-    let (proto, addrs, l4) = match ip.first()? >> 4 {
+/// The transport layer of a TCP or UDP packet (IPv4, or IPv6 without extension
+/// headers), read from `ip`, which holds exactly the packet.
+struct Layer4<'a> {
+    proto: u8,
+    /// Source and destination addresses.
+    addrs: &'a [u8],
+    /// The transport header and what follows it.
+    bytes: &'a [u8],
+    /// Length of the transport header.
+    header: usize,
+    /// TCP PSH set.
+    psh: bool,
+}
+
+fn layer4(ip: &[u8]) -> Option<Layer4<'_>> {
+    let (proto, addrs, bytes) = match ip.first()? >> 4 {
         4 if ip.len() >= 20 => {
             let ihl = usize::from(ip[0] & 0x0f) * 4;
             (ip[9], &ip[12..20], ip.get(ihl..)?)
@@ -839,16 +872,24 @@ fn flow(ip: &[u8]) -> Option<Flow> {
         _ => return None,
     };
     let (header, psh) = match proto {
-        6 => (usize::from(l4.get(12)? >> 4) * 4, l4.get(13)? & 0x08 != 0),
+        6 => (usize::from(bytes.get(12)? >> 4) * 4, bytes.get(13)? & 0x08 != 0),
         17 => (8, false),
         _ => return None,
     };
-    if l4.len() <= header {
+    Some(Layer4 { proto, addrs, bytes, header, psh })
+}
+
+/// The flow of a TCP or UDP packet that carries data (IPv4, or IPv6 without
+/// extension headers: what TUN GRO coalesces); `None` for anything GRO leaves alone.
+fn flow(ip: &[u8]) -> Option<Flow> {
+    use std::hash::{Hash, Hasher};
+    let l = layer4(ip)?;
+    if l.bytes.len() <= l.header {
         return None;
     }
     let mut h = rustc_hash::FxHasher::default();
-    (proto, addrs, l4.get(..4)?).hash(&mut h);
-    Some(Flow { key: h.finish(), len: ip.len(), payload: l4.len() - header, psh })
+    (l.proto, l.addrs, l.bytes.get(..4)?).hash(&mut h);
+    Some(Flow { key: h.finish(), len: ip.len(), payload: l.bytes.len() - l.header, psh: l.psh })
 }
 
 /// UDP -> TUN.
@@ -1478,6 +1519,27 @@ mod tests {
         ip[20..22].copy_from_slice(&port.to_be_bytes());
         ip[32] = 5 << 4;
         b
+    }
+
+    #[test]
+    fn tcp_data_is_told_from_bare_acks_other_protocols_and_cut_packets() {
+        let v4 = |data: usize| tcp(1, data)[VIRTIO_NET_HDR_LEN..].to_vec();
+        assert!(tcp_with_data(&v4(1)));
+        assert!(!tcp_with_data(&v4(0)), "a bare ACK");
+        let mut udp = v4(10);
+        udp[9] = 17;
+        assert!(!tcp_with_data(&udp));
+        assert!(!tcp_with_data(&v4(10)[..30]), "cut inside the TCP header");
+        assert!(!tcp_with_data(&[]));
+        // IPv6: next header 6, the TCP header at 40.
+        let mut v6 = vec![0u8; 40 + 20 + 5];
+        v6[0] = 0x60;
+        v6[6] = 6;
+        v6[52] = 5 << 4;
+        assert!(tcp_with_data(&v6));
+        assert!(!tcp_with_data(&v6[..60]), "no payload");
+        v6[52] = 10 << 4;
+        assert!(!tcp_with_data(&v6), "options fill what followed the header");
     }
 
     #[test]

@@ -20,9 +20,10 @@ use weft_core::pipeline::{
 use weft_core::route::RouteSnapshot;
 use weft_core::session::{Session, SessionParams};
 use weft_core::stats::{DropCounters, DropReason};
+use weft_core::transport::conn::on_quic_stream;
 use weft_core::transport::udp::{Offload, RecvMeta};
 use weft_core::transport::{Endpoint, Proto};
-use weft_core::wire::{MAX_HOPS, RelayHeader};
+use weft_core::wire::{DataHeader, FLAG_ORDERED, MAX_HOPS, RelayHeader};
 
 #[derive(Default)]
 struct Sink(Mutex<Vec<ControlEvent>>);
@@ -512,6 +513,55 @@ fn super_packets_are_split_where_a_record_cannot_carry_them() {
     assert!(seal_super(&mut e, &super_packet(A, 500, 65)).is_none());
     assert!(seal_super(&mut e, &super_packet(A, 500, 64)).is_some());
     assert!(seal_super(&mut e, &sp).is_some());
+}
+
+/// An IPv4 TCP segment from A to B with `data` as payload (a bare ACK when empty).
+fn tcp_segment(data: &[u8]) -> Vec<u8> {
+    let mut tcp = vec![0u8; 20];
+    tcp[12] = 5 << 4;
+    tcp[13] = 0x10;
+    tcp.extend_from_slice(data);
+    let mut p = ipv4_packet(A, B, &tcp);
+    p[9] = 6;
+    p
+}
+
+#[test]
+fn tcp_data_keeps_behind_the_records_on_a_quic_stream() {
+    let quic = Endpoint::new(Proto::Quic, "192.0.2.2:11010".parse().unwrap());
+    let udp = Endpoint::udp("192.0.2.2:11010".parse().unwrap());
+    let drops = DropCounters::default();
+    let packets = [tcp_segment(b"in order"), tcp_segment(b""), ipv4_packet(A, B, b"any order")];
+    let flags = |d: &[Vec<u8>]| d.iter().map(|d| DataHeader::parse(d).unwrap().flags).collect::<Vec<_>>();
+
+    // A node that sends records over QUIC to a peer that takes them there: its TCP
+    // data goes on the stream with them; a bare ACK and a UDP datagram do not.
+    let mut e = ends_over(Cipher::Aes128Gcm, quic, true);
+    e.a_to_b.set_peer_gso(true);
+    e.a_to_b.set_peer_gso_quic(true);
+    let out = seal(&mut e, &packets, &drops);
+    assert_eq!(flags(&out), [FLAG_ORDERED, 0, 0]);
+    assert_eq!(out.iter().map(|d| on_quic_stream(d)).collect::<Vec<_>>(), [true, false, false]);
+    // The flag is authenticated (set on the way, the ACK does not open), and the peer
+    // opens the segment as any other.
+    let mut forged = out[1].clone();
+    forged[1] |= FLAG_ORDERED;
+    assert!(deliver(&mut e, &[forged]).is_empty(), "a flag set on the way opened");
+    assert_eq!(deliver(&mut e, &out), packets);
+
+    // Where no records go, nothing is held to their order: a node without TUN offload,
+    // a peer that does not take records over QUIC, a UDP path.
+    let no_offload = ends_over(Cipher::Aes128Gcm, quic, false);
+    no_offload.a_to_b.set_peer_gso(true);
+    no_offload.a_to_b.set_peer_gso_quic(true);
+    let no_quic_records = ends_over(Cipher::Aes128Gcm, quic, true);
+    no_quic_records.a_to_b.set_peer_gso(true);
+    let over_udp = ends_over(Cipher::Aes128Gcm, udp, true);
+    over_udp.a_to_b.set_peer_gso(true);
+    over_udp.a_to_b.set_peer_gso_quic(true);
+    for (what, mut e) in [("no offload", no_offload), ("no records over QUIC", no_quic_records), ("UDP", over_udp)] {
+        assert_eq!(flags(&seal(&mut e, &packets, &drops)), [0, 0, 0], "{what}");
+    }
 }
 
 #[test]

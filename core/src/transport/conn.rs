@@ -693,7 +693,8 @@ impl Connector {
     /// little over what QUIC fits in a 1500-byte packet) — except GSO records
     /// ([`crate::wire::FLAG_GSO`], up to 64 KiB, sent only to peers whose hello takes
     /// them over QUIC), which go on one unidirectional stream per direction, framed as
-    /// on TCP, so that quinn packs them into full packets.
+    /// on TCP, so that quinn packs them into full packets, and the TCP segments that
+    /// must stay behind them ([`crate::wire::FLAG_ORDERED`]; see [`on_quic_stream`]).
     async fn run_quic(&self, conn: quinn::Connection, ep: Endpoint, accepted: bool) -> Result<(), String> {
         let (mut queue, id) = self.register(ep, !accepted);
         let mut next_id: u16 = 0;
@@ -704,7 +705,7 @@ impl Connector {
                 let max = conn.max_datagram_size().ok_or("peer does not accept QUIC datagrams")?;
                 let mut only_records = true;
                 for f in frame::frames(&batch).flatten() {
-                    if is_gso_record(f) {
+                    if on_quic_stream(f) {
                         frame::push(&mut records, f);
                         continue;
                     }
@@ -728,7 +729,7 @@ impl Connector {
                 }
                 if let Some(s) = &mut stream {
                     if only_records {
-                        // A batch of records alone goes as it is, lent rather than
+                        // A batch of stream frames alone goes as it is, lent rather than
                         // copied: quinn keeps it until the peer acknowledges it, then
                         // it returns to the pool.
                         s.write_chunk(self.inner.links.lend(batch)).await.map_err(|e| e.to_string())?;
@@ -899,8 +900,12 @@ fn tune_quic_windows(conn: &quinn::Connection, current: u32, member: bool) -> u3
 }
 
 /// Whether a frame is a GSO record (a data message flagged [`crate::wire::FLAG_GSO`]).
-fn is_gso_record(f: &[u8]) -> bool {
-    crate::wire::DataHeader::parse(f).is_ok_and(|h| h.flags & crate::wire::FLAG_GSO != 0)
+/// Whether a frame goes on a QUIC connection's stream: a GSO record, or a TCP segment
+/// that must stay behind the records sent before it ([`crate::wire::FLAG_ORDERED`]).
+/// Everything else is a datagram.
+pub fn on_quic_stream(f: &[u8]) -> bool {
+    use crate::wire::{DataHeader, FLAG_GSO, FLAG_ORDERED};
+    DataHeader::parse(f).is_ok_and(|h| h.flags & (FLAG_GSO | FLAG_ORDERED) != 0)
 }
 
 /// The most connections one source may hold on a listener with `max_connections`
