@@ -11,8 +11,9 @@
 #
 # Environment: WEFTS (binaries, default target/release/weft, built if missing), DELAY_MS
 # (each way, default 25), DURATION (s per run, default 10), REPS (default 2, builds
-# interleaved), OUT (default bench/results/wan), MAX_RUNTIME (s; the script stops itself;
-# a run, with start-up and shutdown over the long path, takes 2-3 minutes).
+# interleaved), TCP_BUF (the tunnel TCP's largest socket buffer in A and B, bytes;
+# default 64 MiB), OUT (default bench/results/wan), MAX_RUNTIME (s; the script stops
+# itself).
 # Namespaces are made here with unique names and removed on every exit path; none has a
 # default route, so nothing leaves them.
 set -euo pipefail
@@ -22,6 +23,7 @@ ROOT=$(cd "$HERE/../.." && pwd)
 DELAY_MS=${DELAY_MS:-25}
 DURATION=${DURATION:-10}
 REPS=${REPS:-2}
+TCP_BUF=${TCP_BUF:-$((64 << 20))}
 OUT=${OUT:-$ROOT/bench/results/wan}
 if [ -z "${WEFTS:-}" ]; then
     WEFTS=$ROOT/target/release/weft
@@ -38,6 +40,7 @@ for t in ip iperf3 python3; do
     command -v "$t" >/dev/null || { echo "error: $t missing (apt install iproute2 iperf3 python3)" >&2; exit 2; }
 done
 case "$DELAY_MS" in '' | *[!0-9]*) echo "error: DELAY_MS: expected whole milliseconds, got '$DELAY_MS'" >&2; exit 2 ;; esac
+case "$TCP_BUF" in '' | *[!0-9]*) echo "error: TCP_BUF: expected bytes, got '$TCP_BUF'" >&2; exit 2 ;; esac
 for w in "${BUILDS[@]}"; do [ -x "$w" ] || { echo "error: WEFTS: $w is not an executable" >&2; exit 2; }; done
 
 TAG="ww$$"
@@ -69,6 +72,13 @@ nsx "$M" ip addr add 198.51.100.2/24 dev "$TAG-ma"; nsx "$M" ip link set "$TAG-m
 nsx "$M" ip addr add 203.0.113.1/24 dev "$TAG-mb"; nsx "$M" ip link set "$TAG-mb" up
 nsx "$B" ip addr add 203.0.113.2/24 dev "$TAG-bm"; nsx "$B" ip link set "$TAG-bm" up
 
+# The tunnel's TCP (iperf3 in A and B) may grow its windows to TCP_BUF: Linux's
+# default ceiling (6 MiB of receive buffer, about 3 MiB of window) caps one stream at
+# ~0.47 Gbit/s over 51 ms, below what the tunnel carries.
+for ns in "$A" "$B"; do
+    nsx "$ns" sysctl -qw net.ipv4.tcp_rmem="4096 131072 $TCP_BUF" net.ipv4.tcp_wmem="4096 16384 $TCP_BUF"
+done
+
 NET=(--network-name bench --network-secret "wan bench secret")
 RUNS="$WORK/runs.jsonl"
 : >"$RUNS"
@@ -76,9 +86,14 @@ for rep in $(seq "$REPS"); do
     for i in "${!BUILDS[@]}"; do
         w=${BUILDS[$i]}
         # The forwarder lives for one run; B listens on QUIC only, A dials it through M.
-        nsx "$M" "$DELAY" --listen 198.51.100.2:11012 --bind 203.0.113.1:0 --to 203.0.113.2:11012 \
+        # Not through nsx: $! must be the forwarder itself (ip netns exec execs it), so
+        # that the run's end stops it; a leftover one kept the port, the next run's
+        # could not bind, and its tunnel died with the old one mid-run.
+        ip netns exec "$M" "$DELAY" --listen 198.51.100.2:11012 --bind 203.0.113.1:0 --to 203.0.113.2:11012 \
             --delay-ms "$DELAY_MS" --seconds $((DURATION + 40)) 2>>"$WORK/delay.log" &
         RUN_PIDS+=("$!")
+        sleep 0.2
+        kill -0 "${RUN_PIDS[-1]}" 2>/dev/null || { echo "error: the forwarder did not start" >&2; tail -5 "$WORK/delay.log" >&2; exit 1; }
         ip netns exec "$B" "$w" up "${NET[@]}" --state-dir "$WORK/b-state" --control "$WORK/b.sock" \
             -i 10.201.0.2/24 -l quic://0.0.0.0:11012 >>"$WORK/b.log" 2>&1 &
         WEFT_PIDS+=("$!")
@@ -93,7 +108,7 @@ for rep in $(seq "$REPS"); do
         sleep 0.5
         RUN_PIDS+=("$(cat "$WORK/iperf3.pid")")
         # A sends to B (the receive window B grants is what a long path needs).
-        j=$(nsx "$A" iperf3 -c 10.201.0.2 -t "$DURATION" -J 2>/dev/null || true)
+        j=$(timeout $((DURATION + 30)) ip netns exec "$A" iperf3 -c 10.201.0.2 -t "$DURATION" -J 2>/dev/null || true)
         python3 - "$w" "$("$w" --version)" "$rep" "${rtt:-}" "$j" >>"$RUNS" <<'EOF'
 import json, sys
 path, version, rep, rtt, text = sys.argv[1:6]
