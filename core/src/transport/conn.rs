@@ -899,7 +899,6 @@ fn tune_quic_windows(conn: &quinn::Connection, current: u32, member: bool) -> u3
     want
 }
 
-/// Whether a frame is a GSO record (a data message flagged [`crate::wire::FLAG_GSO`]).
 /// Whether a frame goes on a QUIC connection's stream: a GSO record, or a TCP segment
 /// that must stay behind the records sent before it ([`crate::wire::FLAG_ORDERED`]).
 /// Everything else is a datagram.
