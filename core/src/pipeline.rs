@@ -579,11 +579,8 @@ impl Tx {
         let Lookup::Route(route) = routes.lookup(dst) else { return None };
         let s = &route.session;
         let relay_len = if route.relay.is_some() { RELAY_HEADER_LEN } else { 0 };
-        // Over QUIC only straight to a peer that offered it: a relay forwards records
-        // to stream hops only.
-        let quic = route.target.proto == Proto::Quic && route.relay.is_none() && s.peer_gso_quic();
         if (route.relay.is_some() && !route.relay_streams)
-            || !(route.target.proto.is_stream() || quic)
+            || !(route.target.proto.is_stream() || records_over_quic(route))
             || !s.peer_gso()
             || s.is_expired(now)
             || relay_len + len + s.overhead() > frame::MAX_FRAME
@@ -657,13 +654,7 @@ impl Tx {
                 crate::wire::clamp_mss(&mut buf[TX_HEADROOM..TX_HEADROOM + len], max);
                 // Where this node's super-packets go as records on the connection's
                 // stream, a TCP segment of the same flows goes there too, behind them.
-                let s = &route.session;
-                if offload
-                    && route.relay.is_none()
-                    && s.peer_gso()
-                    && s.peer_gso_quic()
-                    && tcp_with_data(&buf[TX_HEADROOM..TX_HEADROOM + len])
-                {
+                if offload && records_over_quic(route) && tcp_in_order(&buf[TX_HEADROOM..TX_HEADROOM + len]) {
                     flags = FLAG_ORDERED;
                 }
             }
@@ -704,11 +695,24 @@ impl Tx {
     }
 }
 
-/// Whether `ip` (exactly one packet) is a TCP segment that carries data (IPv4, or
-/// IPv6 without extension headers): what must not overtake the records ahead of it.
-/// A bare acknowledgement may: its order does not matter to the peer.
-fn tcp_with_data(ip: &[u8]) -> bool {
-    layer4(ip).is_some_and(|l| l.proto == 6 && l.bytes.len() > l.header)
+/// Whether super-packets to `route` go over QUIC as records: only straight to a peer
+/// whose hello offers records there (a relay forwards records to stream hops only).
+/// Then TCP segments that must keep their order go on the same stream
+/// ([`FLAG_ORDERED`]).
+fn records_over_quic(route: &crate::route::Route) -> bool {
+    let s = &route.session;
+    route.target.proto == Proto::Quic && route.relay.is_none() && s.peer_gso() && s.peer_gso_quic()
+}
+
+/// Whether `ip` (exactly one packet) is a TCP segment that must not overtake the
+/// records ahead of it (IPv4, or IPv6 without extension headers): one with data, or
+/// with SYN, FIN or RST. A bare acknowledgement may: its order does not matter to the
+/// peer.
+fn tcp_in_order(ip: &[u8]) -> bool {
+    const SYN_FIN_RST: u8 = 0x02 | 0x01 | 0x04;
+    layer4(ip).is_some_and(|l| {
+        l.proto == 6 && (l.bytes.len() > l.header || l.bytes.get(13).is_some_and(|f| f & SYN_FIN_RST != 0))
+    })
 }
 
 /// Room TX leaves in front of each packet it reads: a relay header and a data header.
@@ -1522,24 +1526,29 @@ mod tests {
     }
 
     #[test]
-    fn tcp_data_is_told_from_bare_acks_other_protocols_and_cut_packets() {
+    fn tcp_in_order_is_told_from_bare_acks_other_protocols_and_cut_packets() {
         let v4 = |data: usize| tcp(1, data)[VIRTIO_NET_HDR_LEN..].to_vec();
-        assert!(tcp_with_data(&v4(1)));
-        assert!(!tcp_with_data(&v4(0)), "a bare ACK");
+        assert!(tcp_in_order(&v4(1)));
+        assert!(!tcp_in_order(&v4(0)), "a bare ACK");
+        for (flag, what) in [(0x01, "FIN"), (0x02, "SYN"), (0x04, "RST")] {
+            let mut p = v4(0);
+            p[33] = 0x10 | flag;
+            assert!(tcp_in_order(&p), "{what} without data");
+        }
         let mut udp = v4(10);
         udp[9] = 17;
-        assert!(!tcp_with_data(&udp));
-        assert!(!tcp_with_data(&v4(10)[..30]), "cut inside the TCP header");
-        assert!(!tcp_with_data(&[]));
+        assert!(!tcp_in_order(&udp));
+        assert!(!tcp_in_order(&v4(10)[..30]), "cut inside the TCP header");
+        assert!(!tcp_in_order(&[]));
         // IPv6: next header 6, the TCP header at 40.
         let mut v6 = vec![0u8; 40 + 20 + 5];
         v6[0] = 0x60;
         v6[6] = 6;
         v6[52] = 5 << 4;
-        assert!(tcp_with_data(&v6));
-        assert!(!tcp_with_data(&v6[..60]), "no payload");
+        assert!(tcp_in_order(&v6));
+        assert!(!tcp_in_order(&v6[..60]), "no payload");
         v6[52] = 10 << 4;
-        assert!(!tcp_with_data(&v6), "options fill what followed the header");
+        assert!(!tcp_in_order(&v6), "options fill what followed the header");
     }
 
     #[test]

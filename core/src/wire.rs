@@ -28,7 +28,7 @@ pub const FLAG_CONTROL: u8 = 0x01;
 /// one IP packet of up to 64 KiB; see [`crate::gso`]). Sent only on reliable
 /// connections to peers whose hello says they take it.
 pub const FLAG_GSO: u8 = 0x02;
-/// Data header flag: the plaintext is a TCP segment sent straight to a peer that takes
+/// Data header flag: the plaintext is a TCP segment (not a bare ACK) sent straight to a peer that takes
 /// [`FLAG_GSO`] records over QUIC, from a node that sends them: the connection carries
 /// it on the record stream, in order with the records, instead of as a datagram that
 /// would overtake the records queued ahead of it (the peer's TCP would see its

@@ -562,6 +562,25 @@ fn tcp_data_keeps_behind_the_records_on_a_quic_stream() {
     for (what, mut e) in [("no offload", no_offload), ("no records over QUIC", no_quic_records), ("UDP", over_udp)] {
         assert_eq!(flags(&seal(&mut e, &packets, &drops)), [0, 0, 0], "{what}");
     }
+    // Nor through a relay over QUIC: the relay forwards records to stream hops only.
+    let mut relayed = ends_over(Cipher::Aes128Gcm, quic, true);
+    relayed.a_to_b.set_peer_gso(true);
+    relayed.a_to_b.set_peer_gso_quic(true);
+    let header = RelayHeader { hop_limit: MAX_HOPS, dst: [0xb; 8], src: [0xa; 8] };
+    let route = weft_core::route::Route {
+        session: relayed.a_to_b.clone(),
+        target: quic,
+        relay: Some(header),
+        relay_streams: true,
+    };
+    relayed.routes_a = RouteSnapshot::with_relays([0xa; 8], [(B.into(), route)], [relayed.a_to_b.clone()], [], []);
+    let out = seal(&mut relayed, &packets, &drops);
+    assert_eq!(out.len(), 3);
+    for d in &out {
+        assert!(!on_quic_stream(d), "a relayed frame on the stream");
+        let inner = &d[weft_core::wire::RELAY_HEADER_LEN..];
+        assert_eq!(DataHeader::parse(inner).unwrap().flags, 0);
+    }
 }
 
 #[test]

@@ -68,6 +68,9 @@ const WS_RUN: usize = 8;
 /// Room of a stream connection's receive batch: two of the largest frames, so that
 /// behind the part of a frame still arriving there is always room for a whole one.
 const STREAM_RX: usize = 2 * (frame::PREFIX + frame::MAX_FRAME);
+/// The least a batch of QUIC stream frames holds to be lent to quinn whole instead of
+/// copied (a GSO record is larger).
+const LEND_MIN: usize = 16 * 1024;
 /// Bytes of received QUIC frames handed to the links RX thread at once.
 const QUIC_BATCH: usize = 64 * 1024;
 /// Flow-control windows of a QUIC connection (what the peer may send before we have
@@ -728,10 +731,12 @@ impl Connector {
                     stream = Some(conn.open_uni().await.map_err(|e| e.to_string())?);
                 }
                 if let Some(s) = &mut stream {
-                    if only_records {
-                        // A batch of stream frames alone goes as it is, lent rather than
-                        // copied: quinn keeps it until the peer acknowledges it, then
-                        // it returns to the pool.
+                    if only_records && batch.len() >= LEND_MIN {
+                        // A large batch of stream frames alone goes as it is, lent rather
+                        // than copied: quinn keeps it until the peer acknowledges it,
+                        // then it returns to the pool. A small one (a lone ordered
+                        // segment) is copied: it would hold a whole pooled buffer for a
+                        // round trip.
                         s.write_chunk(self.inner.links.lend(batch)).await.map_err(|e| e.to_string())?;
                     } else {
                         s.write_all(&records).await.map_err(|e| e.to_string())?;
@@ -803,8 +808,9 @@ impl Connector {
                 }
             }
         };
-        // The peer's stream of GSO records (at most one open at a time), read like a
-        // TCP connection: whole frames go to the links RX in batches.
+        // The peer's stream of GSO records and the TCP segments kept behind them (at
+        // most one stream open at a time), read like a TCP connection: whole frames go
+        // to the links RX in batches.
         let stream_reader = async {
             // Taken when the peer opens a stream, not for every connection.
             let mut batch = Vec::new();
