@@ -86,7 +86,10 @@ rss_watch() {
 NODE_PIDS=()
 node_ticks() {
     local p
-    for p in "${NODE_PIDS[@]}"; do awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0; done | tr '\n' ' '
+    # "-" for a node that is not there (no CPU figure for that run, rather than 0).
+    for p in "${NODE_PIDS[@]}"; do
+        { [ -n "$p" ] && awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null; } || echo -
+    done | tr '\n' ' '
 }
 run() { # row ns target
     local row=$1 ns=$2 dst=$3 j before after t0 t1
@@ -102,14 +105,15 @@ try:
     rec = {"row": row, "gbps": end["sum_received"]["bits_per_second"] / 1e9,
            "retransmits": end.get("sum_sent", {}).get("retransmits", 0),
            "cpu_host": cpu.get("host_total"), "cpu_remote": cpu.get("remote_total")}
-    b, a = before.split(), after.split()
-    if b and len(a) == len(b):
-        # Each node's share of one CPU over the run's wall time, A B C.
-        wall = float(t1) - float(t0)
-        rec["cpu_nodes"] = [(int(y) - int(x)) / int(tck) / wall * 100 for x, y in zip(b, a)]
-    print(json.dumps(rec))
 except Exception as e:
     print(json.dumps({"row": row, "error": str(e)}))
+    sys.exit(0)
+b, a = before.split(), after.split()
+if b and len(a) == len(b) and "-" not in a + b and all(int(y) >= int(x) for x, y in zip(b, a)):
+    # Each node's share of one CPU over the run's wall time, A B C.
+    wall = float(t1) - float(t0)
+    rec["cpu_nodes"] = [(int(y) - int(x)) / int(tck) / wall * 100 for x, y in zip(b, a)]
+print(json.dumps(rec))
 EOF
     tail -1 "$RUNS" >&2
 }
@@ -206,8 +210,8 @@ for t in transports.split():
     f = lambda v: f"{v:.2f}" if v is not None else "failed"
     c, g = cpus(f"weft {t} A->C via B"), per_gbit(f"weft {t} A->C via B", 1)
     cs = " / ".join(f"{x:.0f}" for x in c) if c else "-"
-    lines.append(f"| {t} | {f(d)} | {f(r)} | {ratio} | {retr if retr is not None else '-'} | {int(rss.get(t, 0)) / 1024:.1f} | {cs} | {g:.1f} |" if g else
-                 f"| {t} | {f(d)} | {f(r)} | {ratio} | {retr if retr is not None else '-'} | {int(rss.get(t, 0)) / 1024:.1f} | {cs} | - |")
+    gs = f"{g:.1f}" if g is not None else "-"
+    lines.append(f"| {t} | {f(d)} | {f(r)} | {ratio} | {retr if retr is not None else '-'} | {int(rss.get(t, 0)) / 1024:.1f} | {cs} | {gs} |")
 vc = [(x["cpu_host"] + x["cpu_remote"]) / x["gbps"] for x in runs
       if x["row"] == "veth A->B" and x.get("gbps") and x.get("cpu_host") is not None and x.get("cpu_remote") is not None]
 lines += ["", "CPU %: each node's process (user + system) as a share of one CPU over the run, medians; "
