@@ -155,8 +155,9 @@ for t in $TRANSPORTS; do
     echo "$t: A sees C as: $path; B as: $hop" >&2
     case "$path" in relay*) ;; *) echo "error: A -> C is not relayed ($path)" >&2; exit 1 ;; esac
     [ "$hop" = "direct $t" ] || { echo "error: A -> B is not direct over $t ($hop)" >&2; exit 1; }
-    RELAY_PID=$(pgrep -f "$WORK/b.sock" | head -1)
-    NODE_PIDS=("$(pgrep -f "$WORK/a.sock" | head -1)" "$RELAY_PID" "$(pgrep -f "$WORK/c.sock" | head -1)")
+    # start_weft's $! is weft itself, in start order B, A, C.
+    RELAY_PID=${WEFTS[0]}
+    NODE_PIDS=("${WEFTS[1]}" "$RELAY_PID" "${WEFTS[2]}")
     echo 0 >"$WORK/rss-now"
     rss_watch &
     WATCH=$!
