@@ -705,14 +705,26 @@ impl Connector {
             let mut stream: Option<quinn::SendStream> = None;
             let mut records = Vec::new();
             while let Some(batch) = queue.recv().await {
+                // A large batch of stream frames alone goes as it is, lent rather than
+                // copied: quinn keeps it until the peer acknowledges it, then it returns
+                // to the pool. Decided before any frame is copied (reading headers only).
+                // A small one (a lone ordered segment) is copied below: it would hold a
+                // whole pooled buffer for a round trip.
+                if batch.len() >= LEND_MIN && frame::frames(&batch).flatten().all(on_quic_stream) {
+                    if stream.is_none() {
+                        stream = Some(conn.open_uni().await.map_err(|e| e.to_string())?);
+                    }
+                    if let Some(s) = &mut stream {
+                        s.write_chunk(self.inner.links.lend(batch)).await.map_err(|e| e.to_string())?;
+                    }
+                    continue;
+                }
                 let max = conn.max_datagram_size().ok_or("peer does not accept QUIC datagrams")?;
-                let mut only_records = true;
                 for f in frame::frames(&batch).flatten() {
                     if on_quic_stream(f) {
                         frame::push(&mut records, f);
                         continue;
                     }
-                    only_records = false;
                     let parts = fragment(f, max, next_id);
                     if parts.len() > 1 {
                         self.inner.links.counters.quic_fragmented.fetch_add(1, Relaxed);
@@ -723,25 +735,15 @@ impl Connector {
                     }
                     next_id = next_id.wrapping_add(1);
                 }
+                self.inner.links.recycle(batch);
                 if records.is_empty() {
-                    self.inner.links.recycle(batch);
                     continue;
                 }
                 if stream.is_none() {
                     stream = Some(conn.open_uni().await.map_err(|e| e.to_string())?);
                 }
                 if let Some(s) = &mut stream {
-                    if only_records && batch.len() >= LEND_MIN {
-                        // A large batch of stream frames alone goes as it is, lent rather
-                        // than copied: quinn keeps it until the peer acknowledges it,
-                        // then it returns to the pool. A small one (a lone ordered
-                        // segment) is copied: it would hold a whole pooled buffer for a
-                        // round trip.
-                        s.write_chunk(self.inner.links.lend(batch)).await.map_err(|e| e.to_string())?;
-                    } else {
-                        s.write_all(&records).await.map_err(|e| e.to_string())?;
-                        self.inner.links.recycle(batch);
-                    }
+                    s.write_all(&records).await.map_err(|e| e.to_string())?;
                 }
                 records.clear();
             }
