@@ -1513,7 +1513,7 @@ mod tests {
         /// quinn is built with larger GSO sends (third_party/quinn/WEFT.md): a bulk
         /// stream goes to the kernel in more than upstream's 10 packets per send on
         /// average (upstream cannot exceed 10; it measured ~8 here, the copy ~20), and
-        /// never more than 64 KiB per send. Through a forwarder that holds datagrams
+        /// no more than 64 KiB per send on average. Through a forwarder that holds datagrams
         /// 2 ms, so that acknowledgements arrive in bunches as from a busy peer: on
         /// bare loopback in one thread each ACK frees a couple of packets, and every
         /// build sends about three at a time.
