@@ -457,6 +457,12 @@ impl Tx {
         }
     }
 
+    /// Whether this thread reads the TUN's super-packets (TUN offload): only then is
+    /// there a buffer for them.
+    fn reads_super_packets(&self) -> bool {
+        !self.original.is_empty()
+    }
+
     fn run(self, dev: &Device, egress: Egress, shared: &Shared, stats: &PipelineStats) {
         match dev {
             Device::Tun(tun) => self.run_tun(tun, egress, shared, stats),
@@ -537,7 +543,7 @@ impl Tx {
         shared: &Shared,
         stats: &PipelineStats,
     ) -> io::Result<usize> {
-        if self.original.is_empty() {
+        if !self.reads_super_packets() {
             return tun.recv_multiple(&mut self.original, &mut self.bufs, &mut self.sizes, TX_HEADROOM);
         }
         let len = tun.recv(&mut self.original[TX_HEADROOM..])?;
@@ -619,7 +625,7 @@ impl Tx {
         self.unrouted.clear();
         self.sent_bytes = 0;
         // Only a node reading super-packets sends records.
-        let offload = !self.original.is_empty();
+        let offload = self.reads_super_packets();
         let mut tally = Tally::new();
         for i in 0..n {
             let len = self.sizes[i];

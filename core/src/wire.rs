@@ -28,11 +28,12 @@ pub const FLAG_CONTROL: u8 = 0x01;
 /// one IP packet of up to 64 KiB; see [`crate::gso`]). Sent only on reliable
 /// connections to peers whose hello says they take it.
 pub const FLAG_GSO: u8 = 0x02;
-/// Data header flag: the plaintext is a TCP segment (not a bare ACK) sent straight to a peer that takes
-/// [`FLAG_GSO`] records over QUIC, from a node that sends them: the connection carries
-/// it on the record stream, in order with the records, instead of as a datagram that
-/// would overtake the records queued ahead of it (the peer's TCP would see its
-/// segments reordered and retransmit). Receivers need not know it.
+/// Data header flag: the plaintext is a TCP segment with data, SYN, FIN or RST (not a
+/// bare ACK) sent straight to a peer that takes [`FLAG_GSO`] records over QUIC, from a
+/// node that sends them: the connection carries it on the record stream, in order with
+/// the records, instead of as a datagram that would overtake the records queued ahead
+/// of it (the peer's TCP would see its segments reordered and retransmit). Receivers
+/// need not know it.
 pub const FLAG_ORDERED: u8 = 0x04;
 /// Length of a reject message.
 pub const REJECT_LEN: usize = 8;
@@ -95,7 +96,7 @@ pub enum WireError {
 /// The 16-byte header in front of sealed data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DataHeader {
-    /// Reserved flag bits, authenticated; zero today.
+    /// Flag bits (`FLAG_*`), authenticated; unknown ones are ignored.
     pub flags: u8,
     /// Lane for multi-socket paths; zero today.
     pub lane: u16,

@@ -1524,12 +1524,19 @@ mod tests {
             let server = Connector::new(links.clone(), down_tx, Some(tls()), 16, 1500).expect("connector");
             let addr =
                 server.listen(Endpoint::new(Proto::Quic, "127.0.0.1:0".parse().expect("addr"))).await.expect("listen");
-            // The links RX thread's part: take each batch and give its room back.
-            std::thread::spawn(move || {
-                while let Ok(i) = inbound.recv() {
-                    links.done(0, i.batch);
-                }
-            });
+            // The links RX thread's part: take each batch and give its room back, until
+            // the test is over.
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let drain = {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    while !stop.load(Relaxed) {
+                        if let Ok(i) = inbound.recv_timeout(Duration::from_millis(50)) {
+                            links.done(0, i.batch);
+                        }
+                    }
+                })
+            };
             let proxy = delaying_proxy(addr, Duration::from_millis(2)).await;
             let (conn, _client) = quic_client(proxy).await;
             let before = conn.stats().udp_tx;
@@ -1548,6 +1555,8 @@ mod tests {
             assert!(bytes >= records.len() as u64, "{bytes} bytes sent for {}", records.len());
             assert!(datagrams > 10 * ios, "{datagrams} packets in {ios} sends");
             assert!(bytes <= 65_507 * ios, "{bytes} bytes in {ios} sends");
+            stop.store(true, Relaxed);
+            drain.join().expect("drain thread");
         }
 
         #[tokio::test]
