@@ -391,6 +391,7 @@ pub fn config(handshake: Params, dial: Vec<Endpoint>, epoch: Instant, timers: Ti
         proxied: Vec::new(),
         dynamic: None,
         accept_wide_subnets: false,
+        exit_allow_lan: false,
         use_exit: None,
         local_networks: Vec::new(),
     }

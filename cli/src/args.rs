@@ -224,6 +224,12 @@ pub struct UpArgs {
     /// masquerades their traffic (nftables table weft-exit-DEV, removed when it stops).
     #[arg(long, conflicts_with = "use_exit_node")]
     pub exit_node: bool,
+    /// With --exit-node: also forward members' connections to private, link-local
+    /// and CGNAT addresses and to the networks this host is connected to (its LAN,
+    /// docker and libvirt bridges, cloud metadata at 169.254.169.254). Off by default:
+    /// an exit gives members the internet, not its own neighbourhood.
+    #[arg(long)]
+    pub exit_allow_lan: bool,
     /// Send this host's default route through the member NAME (host name) or ID (node
     /// id, or its first 6+ hex digits), which runs --exit-node. Weft's own traffic stays
     /// on the underlay (firewall mark and routing table 30566, as wg-quick does); IPv6

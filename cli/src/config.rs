@@ -72,6 +72,7 @@ pub struct FileConfig {
     magic_dns: Option<bool>,
     dns_domain: Option<String>,
     exit_node: Option<bool>,
+    exit_allow_lan: Option<bool>,
     use_exit_node: Option<String>,
     exit_fallback: Option<bool>,
     accept_dns: Option<bool>,
@@ -385,6 +386,8 @@ pub struct NodeConfig {
     pub accept_dns: bool,
     /// `--exit-node`: offer the internet to members.
     pub exit_node: bool,
+    /// `--exit-allow-lan`: as an exit, also forward to private and local networks.
+    pub exit_allow_lan: bool,
     /// `--use-exit-node`: the member to send the default route to.
     pub use_exit: Option<String>,
     /// `--exit-fallback`: without a reachable exit, use this host's own default route.
@@ -727,6 +730,10 @@ impl NodeConfig {
                 return usage(format!("--use-exit-node {e:?} names this node (its host name); name another member"));
             }
         }
+        let exit_allow_lan = args.exit_allow_lan || file.exit_allow_lan.unwrap_or(false);
+        if exit_allow_lan && !exit_node {
+            return usage("--exit-allow-lan (exit-allow-lan = true) needs --exit-node".to_owned());
+        }
         let exit_fallback = args.exit_fallback || file.exit_fallback.unwrap_or(false);
         if exit_fallback && use_exit.is_none() {
             return usage("--exit-fallback needs --use-exit-node".to_owned());
@@ -849,6 +856,7 @@ impl NodeConfig {
             },
             dns_domain,
             exit_node,
+            exit_allow_lan,
             use_exit,
             exit_fallback,
             accept_dns: args.accept_dns || file.accept_dns.unwrap_or(false),

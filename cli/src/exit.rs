@@ -6,6 +6,8 @@
 //! ours whose default route is the TUN, and a rule before it lets the main table's
 //! more specific routes (the LAN, the overlay) win.
 
+use std::net::IpAddr;
+
 use tracing::{info, warn};
 
 /// Routing table of the exit route, and the firewall mark of Weft's own sockets.
@@ -20,30 +22,99 @@ pub fn nft_table(dev: &str) -> String {
     format!("weft-exit-{dev}")
 }
 
-/// The nftables ruleset that makes this node an exit for `overlay` (the overlay
-/// network, CIDR) and `overlay6` (the IPv6 overlay network, if any) on `dev`: forward
-/// what members send, masquerade it on the way out, let the answers back in. One
-/// `inet` table serves both families.
-pub fn nft_ruleset(dev: &str, overlay: &str, overlay6: Option<&str>) -> String {
+/// Destinations an exit refuses to members unless `--exit-allow-lan`: "this"
+/// network, private (RFC 1918), CGNAT, loopback, link-local (cloud metadata at
+/// 169.254.169.254), multicast and reserved; IPv6 loopback, unique local, link-local
+/// and multicast.
+const LAN4: [&str; 9] = [
+    "0.0.0.0/8",
+    "10.0.0.0/8",
+    "100.64.0.0/10",
+    "127.0.0.0/8",
+    "169.254.0.0/16",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "224.0.0.0/4",
+    "240.0.0.0/4",
+];
+const LAN6: [&str; 4] = ["::1/128", "fc00::/7", "fe80::/10", "ff00::/8"];
+
+/// What an exit forwards, for its nftables ruleset.
+#[derive(Debug, Clone)]
+pub struct Offer {
+    /// The overlay network (CIDR).
+    pub overlay: String,
+    /// The IPv6 overlay network, if any.
+    pub overlay6: Option<String>,
+    /// Subnets this node proxies (the portal network among them): members reach
+    /// them, and their hosts may start connections to members.
+    pub served: Vec<(IpAddr, u8)>,
+    /// The networks this host is connected to (refused as destinations, as the
+    /// private ranges are, unless `allow_lan`).
+    pub local: Vec<(IpAddr, u8)>,
+    /// `--exit-allow-lan`.
+    pub allow_lan: bool,
+}
+
+/// The nftables ruleset that makes this node an exit on `dev`: connections that start
+/// in the overlay go out, masqueraded, and their answers come back; nothing else
+/// crosses between the TUN and the host's other interfaces (a neighbour on the
+/// upstream that routes the overlay via the exit reaches no member), except to and
+/// from the subnets this node serves. Unless `allow_lan`, members reach neither
+/// private, link-local or CGNAT addresses nor the host's own networks. One `inet`
+/// table serves both families; its chain only ever drops what touches `dev`, so the
+/// host's other forwarding (docker, libvirt) is untouched.
+pub fn nft_ruleset(dev: &str, offer: &Offer) -> String {
     let t = nft_table(dev);
-    let mut masq = format!("\t\tip saddr {overlay} oifname != \"{dev}\" masquerade\n");
-    let mut fwd = format!("\t\tiifname \"{dev}\" ip saddr {overlay} accept\n");
-    if let Some(o6) = overlay6 {
+    let net = |a: &IpAddr, p: &u8| format!("{}/{p}", weft_core::route::network_ip(*a, *p));
+    let family = |v6: bool, nets: &[(IpAddr, u8)]| -> Vec<String> {
+        nets.iter().filter(|(a, _)| a.is_ipv6() == v6).map(|(a, p)| net(a, p)).collect()
+    };
+    let set = |name: &str, ty: &str, elems: Vec<String>| {
+        let elements =
+            if elems.is_empty() { String::new() } else { format!("\t\telements = {{ {} }}\n", elems.join(", ")) };
+        format!("\tset {name} {{\n\t\ttype {ty}; flags interval; auto-merge;\n{elements}\t}}\n")
+    };
+    let mut lan4: Vec<String> = Vec::new();
+    let mut lan6: Vec<String> = Vec::new();
+    if !offer.allow_lan {
+        lan4 = LAN4.iter().map(|s| (*s).to_owned()).collect();
+        lan4.extend(family(false, &offer.local));
+        lan6 = LAN6.iter().map(|s| (*s).to_owned()).collect();
+        lan6.extend(family(true, &offer.local));
+    }
+    let mut masq = format!("\t\tip saddr {} oifname != \"{dev}\" masquerade\n", offer.overlay);
+    let mut from_overlay = format!("\t\tiifname \"{dev}\" ip saddr {} accept\n", offer.overlay);
+    if let Some(o6) = &offer.overlay6 {
         masq.push_str(&format!("\t\tip6 saddr {o6} oifname != \"{dev}\" masquerade\n"));
-        fwd.push_str(&format!("\t\tiifname \"{dev}\" ip6 saddr {o6} accept\n"));
+        from_overlay.push_str(&format!("\t\tiifname \"{dev}\" ip6 saddr {o6} accept\n"));
     }
     format!(
         "table inet {t} {{\n\
+         {served4}{served6}{lan4}{lan6}\
          \tchain postrouting {{\n\
          \t\ttype nat hook postrouting priority srcnat; policy accept;\n\
          {masq}\
          \t}}\n\
          \tchain forward {{\n\
          \t\ttype filter hook forward priority filter; policy accept;\n\
-         {fwd}\
+         \t\tiifname \"{dev}\" ct state established,related accept\n\
          \t\toifname \"{dev}\" ct state established,related accept\n\
+         \t\tiifname \"{dev}\" ip daddr @served4 accept\n\
+         \t\tiifname \"{dev}\" ip6 daddr @served6 accept\n\
+         \t\tiifname \"{dev}\" ip daddr @lan4 counter drop\n\
+         \t\tiifname \"{dev}\" ip6 daddr @lan6 counter drop\n\
+         {from_overlay}\
+         \t\tiifname \"{dev}\" counter drop\n\
+         \t\toifname \"{dev}\" ip saddr @served4 accept\n\
+         \t\toifname \"{dev}\" ip6 saddr @served6 accept\n\
+         \t\toifname \"{dev}\" counter drop\n\
          \t}}\n\
-         }}\n"
+         }}\n",
+        served4 = set("served4", "ipv4_addr", family(false, &offer.served)),
+        served6 = set("served6", "ipv6_addr", family(true, &offer.served)),
+        lan4 = set("lan4", "ipv4_addr", lan4),
+        lan6 = set("lan6", "ipv6_addr", lan6),
     )
 }
 
@@ -61,20 +132,19 @@ impl Guard {
     /// rules come and go with the exit, through [`route_through`] and [`unroute`]).
     pub fn set_up(
         dev: &str,
-        offer_exit: bool,
+        offer_exit: Option<&Offer>,
         uses: bool,
         fallback: bool,
-        overlay: &str,
-        overlay6: Option<&str>,
+        ipv6: bool,
     ) -> Result<Self, String> {
-        let g = Self { dev: dev.to_owned(), offered: offer_exit, uses };
-        if offer_exit {
-            offer(dev, overlay, overlay6)?;
+        let g = Self { dev: dev.to_owned(), offered: offer_exit.is_some(), uses };
+        if let Some(o) = offer_exit {
+            offer(dev, o)?;
         }
         if uses {
             unroute();
             if !fallback {
-                route_through(dev, overlay6.is_some())?;
+                route_through(dev, ipv6)?;
             }
         }
         Ok(g)
@@ -92,12 +162,19 @@ impl Drop for Guard {
     }
 }
 
-/// Installs the exit's rules (after removing any a crashed run left).
-fn offer(dev: &str, overlay: &str, overlay6: Option<&str>) -> Result<(), String> {
-    withdraw(dev);
-    nft_stdin(&nft_ruleset(dev, overlay, overlay6))?;
-    let nets = overlay6.map_or_else(|| overlay.to_owned(), |o6| format!("{overlay} and {o6}"));
-    info!(table = %nft_table(dev), "exit node: forwarding and masquerading for {nets}");
+/// Installs the exit's rules, replacing any a crashed or earlier run left.
+pub fn offer(dev: &str, o: &Offer) -> Result<(), String> {
+    // One transaction: the table a crashed or earlier run left goes as the new one
+    // comes, so a reload never opens a moment without rules.
+    let t = nft_table(dev);
+    nft_stdin(&format!("add table inet {t}\ndelete table inet {t}\n{}", nft_ruleset(dev, o)))?;
+    let nets = o.overlay6.as_ref().map_or_else(|| o.overlay.clone(), |o6| format!("{} and {o6}", o.overlay));
+    let lan = if o.allow_lan {
+        "private and local networks allowed (--exit-allow-lan)"
+    } else {
+        "private, link-local, CGNAT and this host's networks refused"
+    };
+    info!(table = %nft_table(dev), "exit node: forwarding and masquerading connections from {nets}; {lan}");
     Ok(())
 }
 
@@ -208,12 +285,33 @@ mod tests {
 
     #[test]
     fn the_exit_rules_are_wg_quick_s_shape_in_tables_of_our_own() {
-        let r = nft_ruleset("weft0", "10.126.126.0/24", None);
+        let mut o = Offer {
+            overlay: "10.126.126.0/24".into(),
+            overlay6: None,
+            served: vec![("192.168.7.0".parse().unwrap(), 24)],
+            local: vec![("198.51.100.0".parse().unwrap(), 24), ("2001:db8:1::".parse().unwrap(), 64)],
+            allow_lan: false,
+        };
+        let r = nft_ruleset("weft0", &o);
         assert!(r.starts_with("table inet weft-exit-weft0 {"), "{r}");
         assert!(r.contains("ip saddr 10.126.126.0/24 oifname != \"weft0\" masquerade"), "{r}");
         assert!(r.contains("type nat hook postrouting priority srcnat"), "{r}");
-        assert!(!r.contains("ip6"), "{r}");
-        let r6 = nft_ruleset("weft0", "10.126.126.0/24", Some("fd00:1::/64"));
+        assert_eq!(r.matches("masquerade").count(), 1, "IPv4 only: {r}");
+        // New connections only from the overlay, never into it; the LAN refused.
+        assert!(r.contains("elements = { 192.168.7.0/24 }"), "{r}");
+        assert!(r.contains("169.254.0.0/16") && r.contains("100.64.0.0/10") && r.contains("198.51.100.0/24"), "{r}");
+        assert!(r.contains("2001:db8:1::/64"), "{r}");
+        let at = |rule: &str| r.find(rule).unwrap_or_else(|| panic!("{rule} missing from {r}"));
+        assert!(at("iifname \"weft0\" ip daddr @served4 accept") < at("iifname \"weft0\" ip daddr @lan4 counter drop"));
+        assert!(
+            at("iifname \"weft0\" ip daddr @lan4 counter drop")
+                < at("iifname \"weft0\" ip saddr 10.126.126.0/24 accept")
+        );
+        assert!(at("oifname \"weft0\" ip saddr @served4 accept") < at("oifname \"weft0\" counter drop"));
+        o.allow_lan = true;
+        o.overlay6 = Some("fd00:1::/64".into());
+        let r6 = nft_ruleset("weft0", &o);
+        assert!(!r6.contains("169.254.0.0/16") && !r6.contains("198.51.100.0/24"), "{r6}");
         assert!(r6.contains("ip6 saddr fd00:1::/64 oifname != \"weft0\" masquerade"), "{r6}");
         assert!(r6.contains("iifname \"weft0\" ip6 saddr fd00:1::/64 accept"), "{r6}");
         let v6: Vec<String> = route_commands("weft0", true).iter().map(|c| c.join(" ")).collect();

@@ -153,6 +153,17 @@ async fn ask(req: Request, args: &Arc<crate::args::UpArgs>) -> Result<Ask, Strin
     }
 }
 
+/// What this node forwards as an exit (`--exit-node`), for its nftables rules.
+fn exit_offer(cfg: &NodeConfig, ipv6: Option<(Ipv6Addr, u8)>) -> Option<crate::exit::Offer> {
+    cfg.exit_node.then(|| crate::exit::Offer {
+        overlay: cfg.ipv4.network().to_string(),
+        overlay6: ipv6.map(|(a, p)| crate::config::IpNet { addr: IpAddr::V6(a), prefix: p }.network().to_string()),
+        served: cfg.proxy_networks.iter().map(|n| n.pair()).collect(),
+        local: local_networks(&cfg.dev_name),
+        allow_lan: cfg.exit_allow_lan,
+    })
+}
+
 /// The subnets the engine announces as ours: the proxied ones, and 0.0.0.0/0 (and
 /// ::/0 with an IPv6 overlay) when this node is an exit.
 fn engine_proxied(proxied: &[crate::config::IpNet], exit_node: bool, ipv6: bool) -> Vec<(IpAddr, u8)> {
@@ -335,12 +346,10 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
         Some(
             crate::exit::Guard::set_up(
                 &cfg.dev_name,
-                cfg.exit_node,
+                exit_offer(&cfg, ipv6).as_ref(),
                 cfg.use_exit.is_some(),
                 cfg.exit_fallback,
-                &cfg.ipv4.network().to_string(),
-                ipv6.map(|(a, p)| crate::config::IpNet { addr: IpAddr::V6(a), prefix: p }.network().to_string())
-                    .as_deref(),
+                ipv6.is_some(),
             )
             .map_err(anyhow::Error::msg)?,
         )
@@ -432,6 +441,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
             proxied: engine_proxied(&cfg.proxy_networks, cfg.exit_node, ipv6.is_some()),
             dynamic: cfg.dhcp.map(|r| (r.addr, r.prefix)),
             accept_wide_subnets: cfg.accept_wide_subnets,
+            exit_allow_lan: cfg.exit_allow_lan,
             use_exit: cfg.use_exit.clone(),
             local_networks: local_networks(&cfg.dev_name),
         },
@@ -648,6 +658,7 @@ impl Runtime {
             ("wg-portal", old.wg_portal != new.wg_portal),
             ("log-format", old.log_format != new.log_format),
             ("exit-node", old.exit_node != new.exit_node),
+            ("exit-allow-lan", old.exit_allow_lan != new.exit_allow_lan),
             ("use-exit-node", old.use_exit != new.use_exit),
             ("exit-fallback", old.exit_fallback != new.exit_fallback),
         ];
@@ -691,6 +702,11 @@ impl Runtime {
             let list: Vec<String> = new.proxy_networks.iter().map(ToString::to_string).collect();
             done.push(format!("proxied subnets now [{}]", list.join(", ")));
             self.cfg.proxy_networks = proxied;
+            if let Some(o) = exit_offer(&self.cfg, self.ipv6).filter(|_| !self.cfg.no_tun)
+                && let Err(e) = crate::exit::offer(&self.cfg.dev_name, &o)
+            {
+                failed.push(format!("exit rules for the new subnets: {e}"));
+            }
             self.update_portal();
         }
 

@@ -10,10 +10,12 @@ use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use netns::{Lan, Netns, Node, TempDir, ping, require_root, wait_until};
+use netns::{Lan, Netns, Node, TempDir, link, ping, require_root, wait_until};
 use weft_core::admission::MacKeys;
 use weft_core::crypto::Cipher;
 use weft_core::handshake::{Hello, Initiator, Params, Psk, StaticKey};
+use weft_core::session::{Session, SessionParams};
+use weft_core::transport::Endpoint;
 use weft_core::wire::{DataHeader, HandshakeHeader, MessageType};
 
 const NAME: &str = "e2e";
@@ -240,4 +242,167 @@ fn a_handshake_flood_drops_no_session() {
     assert!(st["drops"]["handshake_mac"].as_u64().unwrap_or(0) > 0, "garbage not counted: {}", st["drops"]);
     assert!(st["admission"]["cookies_sent"].as_u64().unwrap_or(0) > 0, "no cookies under load: {}", st["admission"]);
     assert!(st["peers"].as_array().unwrap().len() == 1, "the replayed init became a peer: {st}");
+}
+
+/// A member that holds the secret and runs no weft: it makes an XX session with a
+/// node by hand and sends it whatever IP packets it likes (a stolen laptop with a
+/// modified build).
+struct Rogue {
+    sock: UdpSocket,
+    target: SocketAddrV4,
+    session: Session,
+}
+
+impl Rogue {
+    fn join(sock: UdpSocket, target: SocketAddrV4, overlay: Ipv4Addr) -> Self {
+        let p = Params {
+            local: StaticKey::generate().unwrap(),
+            psk: Psk::derive(NAME, SECRET),
+            network_name: NAME.into(),
+            hello: Hello {
+                cipher: Cipher::Aes128Gcm,
+                ipv4: overlay,
+                prefix: 24,
+                hostname: "rogue".into(),
+                ipv6: None,
+                gso: false,
+                gso_quic: false,
+            },
+        };
+        let macs = MacKeys::new(&p.psk);
+        let (xx, mut m1) = init_bytes(&p, None, 77);
+        macs.seal(&mut m1, None);
+        sock.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        sock.send_to(&m1, target).unwrap();
+        let mut buf = [0u8; 2048];
+        let n = sock.recv(&mut buf).expect("an XX response to a member's init");
+        let (hdr, noise) = HandshakeHeader::parse(&buf[..n - 32]).unwrap();
+        let (done, finish) = xx.read_response(&p, noise).unwrap();
+        let mut fin = Vec::new();
+        HandshakeHeader {
+            kind: MessageType::HandshakeFinish,
+            pattern: hdr.pattern,
+            sender_index: 77,
+            receiver_index: hdr.sender_index,
+        }
+        .emit(&mut fin);
+        fin.extend_from_slice(&finish.expect("XX has a finish"));
+        macs.seal(&mut fin, None);
+        sock.send_to(&fin, target).unwrap();
+        let session = Session::new(SessionParams {
+            local_index: 77,
+            remote_index: hdr.sender_index,
+            cipher: Cipher::Aes128Gcm,
+            keys: done.keys,
+            endpoint: Endpoint::udp(std::net::SocketAddr::V4(target)),
+            peer_addr: done.hello.ipv4,
+            peer_addr6: None,
+            confirmed: true,
+            stats: Default::default(),
+        });
+        let r = Self { sock, target, session };
+        r.send(&[]); // a keepalive proves the PSK: the node promotes the session
+        r
+    }
+
+    /// Seals `ip` (an IP packet, or nothing for a keepalive) and sends it.
+    fn send(&self, ip: &[u8]) {
+        let mut b = vec![0u8; 16 + ip.len() + 16];
+        b[16..16 + ip.len()].copy_from_slice(ip);
+        let n = self.session.seal(&mut b, ip.len()).unwrap();
+        self.sock.send_to(&b[..n], self.target).unwrap();
+    }
+}
+
+/// An IPv4 UDP datagram `src` -> `dst` with a valid header checksum (the kernel drops
+/// others) and no UDP checksum.
+fn udp4(src: Ipv4Addr, dst: SocketAddrV4, payload: &[u8]) -> Vec<u8> {
+    let mut p = spoofed_udp(src, dst, payload);
+    let sum = p[..20].chunks(2).map(|c| u32::from(u16::from_be_bytes([c[0], c[1]]))).sum::<u32>();
+    let folded = (sum & 0xffff) + (sum >> 16);
+    let folded = (folded & 0xffff) + (folded >> 16);
+    p[10..12].copy_from_slice(&(!(folded as u16)).to_be_bytes());
+    p
+}
+
+#[test]
+fn a_member_reaches_only_what_a_subnet_router_serves() {
+    require_root();
+    let (lan, dir) = (Lan::new(2), TempDir::new());
+    // R proxies 192.168.50.0/24 (h1) and is also on 192.168.60.0/24 (h2), which it
+    // does not offer; it forwards for the proxied one, so forwarding is on.
+    let r_ns = &lan.hosts[0];
+    let (h1, h2) = (Netns::new(), Netns::new());
+    link(r_ns, "lan1", "192.168.50.1/24", &h1, "eth0", "192.168.50.2/24");
+    link(r_ns, "lan2", "192.168.60.1/24", &h2, "eth0", "192.168.60.2/24");
+    let r = Node::start(r_ns, &dir.0, "r", &node_args("10.126.126.1/24", &["--proxy-network", "192.168.50.0/24"]));
+    let listen = |ns: &Netns, at: &str| {
+        ns.within(|| {
+            let s = UdpSocket::bind(at).unwrap();
+            s.set_read_timeout(Some(Duration::from_millis(1500))).unwrap();
+            s
+        })
+    };
+    let (l1, l2) = (listen(&h1, "192.168.50.2:7000"), listen(&h2, "192.168.60.2:7000"));
+    let l_own = listen(r_ns, "10.126.126.1:7000");
+    let target: SocketAddrV4 = format!("{}:11010", lan.addrs[0]).parse().unwrap();
+    let rogue = lan.hosts[1]
+        .within(|| Rogue::join(UdpSocket::bind("0.0.0.0:0").unwrap(), target, Ipv4Addr::new(10, 126, 126, 7)));
+    wait_until(Duration::from_secs(5), "R holds the rogue's session", || r.peer_established("10.126.126.7"));
+    let src = Ipv4Addr::new(10, 126, 126, 7);
+    let got = |l: &UdpSocket| {
+        let mut buf = [0u8; 64];
+        l.recv(&mut buf).ok().map(|n| buf[..n].to_vec())
+    };
+    for (to, l, expected) in
+        [("192.168.50.2:7000", &l1, true), ("10.126.126.1:7000", &l_own, true), ("192.168.60.2:7000", &l2, false)]
+    {
+        for _ in 0..3 {
+            rogue.send(&udp4(src, to.parse().unwrap(), b"rogue"));
+        }
+        assert_eq!(got(l).is_some(), expected, "to {to}");
+    }
+    let drops = r.status()["drops"]["forbidden_destination"].as_u64().unwrap_or(0);
+    assert!(drops >= 3, "{}", r.status()["drops"]);
+}
+
+#[test]
+fn a_member_claiming_an_address_outside_the_overlay_takes_nothing() {
+    require_root();
+    let (lan, dir) = (Lan::new(3), TempDir::new());
+    let a = Node::start(&lan.hosts[0], &dir.0, "a", &node_args("10.126.126.1/24", &[]));
+    let peer = format!("udp://{}:11010", lan.addrs[0]);
+    let _b = Node::start(
+        &lan.hosts[1],
+        &dir.0,
+        "b",
+        &node_args("10.126.126.2/24", &["-p", &peer, "--proxy-network", "172.16.50.0/24"]),
+    );
+    let a_routes_subnet = || {
+        let out = lan.hosts[0].cmd("ip").args(["route", "show", "172.16.50.0/24"]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).contains("weft0")
+    };
+    wait_until(Duration::from_secs(15), "A routes B's subnet", a_routes_subnet);
+    // One rogue claims a "public server's" address, the other one inside B's subnet.
+    let target: SocketAddrV4 = format!("{}:11010", lan.addrs[0]).parse().unwrap();
+    let claims = [Ipv4Addr::new(198, 51, 100, 99), Ipv4Addr::new(172, 16, 50, 7)];
+    let _rogues: Vec<Rogue> = claims
+        .iter()
+        .map(|c| lan.hosts[2].within(|| Rogue::join(UdpSocket::bind("0.0.0.0:0").unwrap(), target, *c)))
+        .collect();
+    wait_until(Duration::from_secs(10), "A says why both are refused", || {
+        let st = a.status();
+        let why = st["refused_handshakes"].to_string();
+        claims.iter().all(|c| {
+            why.contains(&format!("{c}: refused, {c} lies outside this node's overlay network 10.126.126.0/24"))
+        })
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let st = a.status();
+    assert!(st["handshake_failures"]["address_outside_overlay"].as_u64().unwrap_or(0) >= 2, "{st}");
+    assert!(st["peers"].as_array().unwrap().iter().all(|p| p["overlay"] == B_IP), "{}", st["peers"]);
+    assert!(!a.routes_to("198.51.100.99") && !a.routes_to("172.16.50.7"));
+    // B's subnet is still routed: an address outside the overlay is nobody's.
+    assert!(!st["refused"].to_string().contains("172.16.50.0/24"), "A refused B's subnet: {}", st["refused"]);
+    assert!(a_routes_subnet(), "A dropped B's subnet");
 }

@@ -1,6 +1,8 @@
-//! End-to-end: exit nodes. X offers the internet (a "public" namespace behind it, in
-//! 203.0.113.0/24 and 2001:db8:ff::/64); M uses it and reaches the public server over
-//! IPv4 and IPv6 (the IPv6 overlay), which sees X's addresses;
+//! End-to-end: exit nodes. X offers the internet (a "public" namespace one router
+//! beyond its upstream 198.51.100.0/24, in 203.0.113.0/24 and 2001:db8:ff::/64); M
+//! uses it and reaches the public server over IPv4 and IPv6 (the IPv6 overlay), which
+//! sees X's addresses; members reach neither X's LAN nor cloud metadata, and nobody on
+//! X's upstream reaches a member by routing the overlay via X;
 //! N does not ask and cannot; when X dies nothing of M's leaks out of its underlay
 //! interface; M's rules and routes are gone after it stops, X's nftables table too.
 #![allow(unsafe_code, unreachable_pub, clippy::unwrap_used)]
@@ -31,11 +33,39 @@ fn args<'a>(i: usize, overlay: &'a str, peer: &'a str, extra: &[&'a str]) -> Vec
     v
 }
 
+/// X's upstream: X (`exit`) at 198.51.100.2 and 2001:db8:fe::2, a router namespace
+/// (returned) at .1 that also holds the cloud metadata address 169.254.169.254, and
+/// the public server's namespace (returned) behind it. The exit's own networks are
+/// refused as destinations, so the server must not be on one of them.
+fn upstream(exit: &Netns) -> (Netns, Netns) {
+    let (router, public) = (Netns::new(), Netns::new());
+    link(exit, "pub0", "198.51.100.2/24", &router, "eth0", "198.51.100.1/24");
+    link(&router, "eth1", "203.0.113.1/24", &public, "eth0", &format!("{PUBLIC}/24"));
+    exit.exec_ok(&["ip", "-6", "addr", "add", "2001:db8:fe::2/64", "dev", "pub0", "nodad"]);
+    router.exec_ok(&["ip", "-6", "addr", "add", "2001:db8:fe::1/64", "dev", "eth0", "nodad"]);
+    router.exec_ok(&["ip", "-6", "addr", "add", "2001:db8:ff::1/64", "dev", "eth1", "nodad"]);
+    public.exec_ok(&["ip", "-6", "addr", "add", &format!("{PUBLIC6}/64"), "dev", "eth0", "nodad"]);
+    router.exec_ok(&["ip", "addr", "add", "169.254.169.254/32", "dev", "lo"]);
+    router.exec_ok(&["ip", "link", "set", "lo", "up"]);
+    for (ns, v4, v6) in [(exit, "198.51.100.1", "2001:db8:fe::1"), (&public, "203.0.113.1", "2001:db8:ff::1")] {
+        ns.exec_ok(&["ip", "route", "add", "default", "via", v4]);
+        ns.exec_ok(&["ip", "-6", "route", "add", "default", "via", v6]);
+    }
+    router.exec_ok(&["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"]);
+    router.exec_ok(&["sysctl", "-q", "-w", "net.ipv6.conf.all.forwarding=1"]);
+    (router, public)
+}
+
 /// A TCP server in `ns` that answers each connection with the address it saw.
 fn public_server(ns: &Netns) -> Arc<Mutex<Vec<SocketAddr>>> {
+    serve(ns, &[format!("{PUBLIC}:8080"), format!("[{PUBLIC6}]:8080")])
+}
+
+/// TCP servers in `ns` at `at` that answer each connection with the address they saw.
+fn serve(ns: &Netns, at: &[String]) -> Arc<Mutex<Vec<SocketAddr>>> {
     let seen = Arc::new(Mutex::new(Vec::new()));
-    for at in [format!("{PUBLIC}:8080"), format!("[{PUBLIC6}]:8080")] {
-        let l = ns.within(|| TcpListener::bind(&at).unwrap());
+    for at in at {
+        let l = ns.within(|| TcpListener::bind(at).unwrap());
         let s = seen.clone();
         std::thread::spawn(move || {
             for c in l.incoming() {
@@ -80,10 +110,7 @@ fn ip_out(ns: &Netns, argv: &[&str]) -> String {
 fn a_member_reaches_the_internet_through_the_exit_it_chose_and_only_then() {
     require_root();
     let lan = Lan::new(5);
-    let public = Netns::new();
-    link(&lan.hosts[0], "pub0", "203.0.113.2/24", &public, "eth0", &format!("{PUBLIC}/24"));
-    lan.hosts[0].exec_ok(&["ip", "-6", "addr", "add", "2001:db8:ff::2/64", "dev", "pub0", "nodad"]);
-    public.exec_ok(&["ip", "-6", "addr", "add", &format!("{PUBLIC6}/64"), "dev", "eth0", "nodad"]);
+    let (_router, public) = upstream(&lan.hosts[0]);
     for h in &lan.hosts[1..] {
         // A gateway that resolves but goes nowhere: a leak shows up as packets for the
         // public address on the underlay interface.
@@ -121,17 +148,17 @@ fn a_member_reaches_the_internet_through_the_exit_it_chose_and_only_then() {
     wait_until(Duration::from_secs(5), "F's rules are in", || {
         ip_out(&lan.hosts[3], &["ip", "-6", "rule", "list"]).contains("lookup 30566")
     });
-    assert!(reach(&lan.hosts[3]).is_ok_and(|s| s.starts_with("203.0.113.2:")), "F goes through X while it is up");
+    assert!(reach(&lan.hosts[3]).is_ok_and(|s| s.starts_with("198.51.100.2:")), "F goes through X while it is up");
 
     // M reaches the public server; the server sees X's public address.
     let said = reach(&lan.hosts[1]).expect("M reaches the public server through X");
-    assert!(said.starts_with("203.0.113.2:"), "the server saw {said}");
-    assert!(seen.lock().unwrap().iter().all(|a| a.ip().to_string() == "203.0.113.2"));
+    assert!(said.starts_with("198.51.100.2:"), "the server saw {said}");
+    assert!(seen.lock().unwrap().iter().all(|a| a.ip().to_string() == "198.51.100.2"));
     // IPv6 goes through X too, over the IPv6 overlay, and leaves with X's address.
     assert!(ip_out(&lan.hosts[1], &["ip", "-6", "rule", "list"]).contains("lookup 30566"));
     assert!(ip_out(&lan.hosts[1], &["ip", "-6", "route", "show", "table", "30566"]).contains("default dev weft0"));
     let said6 = reach6(&lan.hosts[1]).expect("M reaches the public server over IPv6 through X");
-    assert!(said6.starts_with("[2001:db8:ff::2]:"), "the server saw {said6}");
+    assert!(said6.starts_with("[2001:db8:fe::2]:"), "the server saw {said6}");
     // N never asked: no default route of ours, no rule, and no way out.
     assert!(reach(&lan.hosts[2]).is_err(), "N reached the internet without asking for an exit");
     assert!(reach6(&lan.hosts[2]).is_err(), "N reached the IPv6 internet without asking for an exit");
@@ -196,6 +223,80 @@ fn a_member_reaches_the_internet_through_the_exit_it_chose_and_only_then() {
 }
 
 #[test]
+fn an_exit_lets_no_one_in_and_members_reach_neither_its_lan_nor_metadata() {
+    require_root();
+    let lan = Lan::new(2);
+    let (router, public) = upstream(&lan.hosts[0]);
+    // X's private LAN (a docker or libvirt bridge, an office network) with a server.
+    let office = Netns::new();
+    link(&lan.hosts[0], "lan1", "10.9.9.1/24", &office, "eth0", "10.9.9.2/24");
+    office.exec_ok(&["ip", "route", "add", "default", "via", "10.9.9.1"]);
+    let seen_public = public_server(&public);
+    let seen_office = serve(&office, &["10.9.9.2:8080".to_owned()]);
+    let seen_metadata = serve(&router, &["169.254.169.254:8080".to_owned()]);
+    let dir = TempDir::new();
+    let peer = format!("udp://{}:11010", lan.addrs[0]);
+    let x = Node::start(&lan.hosts[0], &dir.0, "x", &args(0, "10.124.0.1/24", &peer, &["--exit-node"]));
+    let m = Node::start(&lan.hosts[1], &dir.0, "m", &args(1, "10.124.0.2/24", &peer, &["--use-exit-node", "xnode"]));
+    wait_until(Duration::from_secs(10), "M routes through X", || m.status()["exit"]["state"] == "routing");
+    // The internet works (so every refusal below is the exit's doing).
+    let said = reach(&lan.hosts[1]).expect("M reaches the public server through X");
+    assert!(said.starts_with("198.51.100.2:"), "the server saw {said}");
+    assert_eq!(seen_public.lock().unwrap().len(), 1);
+
+    // Members reach neither X's LAN nor the metadata service behind its gateway.
+    for at in ["10.9.9.2:8080", "169.254.169.254:8080"] {
+        assert!(reach_at(&lan.hosts[1], at).is_err(), "M reached {at} through the exit");
+    }
+    assert!(seen_office.lock().unwrap().is_empty() && seen_metadata.lock().unwrap().is_empty());
+    // X's data path refused them before its kernel saw them.
+    let drops = x.status()["drops"]["forbidden_destination"].as_u64().unwrap_or(0);
+    assert!(drops >= 2, "X did not count the forbidden destinations: {}", x.status()["drops"]);
+
+    // Someone on X's upstream routes the overlay via X and calls a member: refused.
+    let listener = lan.hosts[1].within(|| TcpListener::bind("10.124.0.2:7000").unwrap());
+    std::thread::spawn(move || {
+        for c in listener.incoming() {
+            let Ok(mut c) = c else { return };
+            let _ = c.write_all(b"member");
+        }
+    });
+    router.exec_ok(&["ip", "route", "add", "10.124.0.0/24", "via", "198.51.100.2"]);
+    assert!(reach_at(&router, "10.124.0.2:7000").is_err(), "the upstream reached a member through the exit");
+    // The member's own listener works over the overlay (the refusal is the exit's).
+    let x_ns = &lan.hosts[0];
+    wait_until(Duration::from_secs(10), "X reaches M", || x.routes_to("10.124.0.2"));
+    assert_eq!(reach_at(x_ns, "10.124.0.2:7000").as_deref(), Ok("member"));
+    let rules = ip_out(x_ns, &["nft", "list", "table", "inet", "weft-exit-weft0"]);
+    assert!(
+        rules.contains("oifname \"weft0\" counter packets") && !rules.contains("oifname \"weft0\" counter packets 0 "),
+        "{rules}"
+    );
+    drop((m, x));
+}
+
+#[test]
+fn with_exit_allow_lan_members_reach_the_exit_s_lan() {
+    require_root();
+    let lan = Lan::new(2);
+    let (_router, public) = upstream(&lan.hosts[0]);
+    let office = Netns::new();
+    link(&lan.hosts[0], "lan1", "10.9.9.1/24", &office, "eth0", "10.9.9.2/24");
+    office.exec_ok(&["ip", "route", "add", "default", "via", "10.9.9.1"]);
+    let _seen = public_server(&public);
+    let seen_office = serve(&office, &["10.9.9.2:8080".to_owned()]);
+    let dir = TempDir::new();
+    let peer = format!("udp://{}:11010", lan.addrs[0]);
+    let allow = ["--exit-node", "--exit-allow-lan"];
+    let _x = Node::start(&lan.hosts[0], &dir.0, "x", &args(0, "10.124.0.1/24", &peer, &allow));
+    let m = Node::start(&lan.hosts[1], &dir.0, "m", &args(1, "10.124.0.2/24", &peer, &["--use-exit-node", "xnode"]));
+    wait_until(Duration::from_secs(10), "M routes through X", || m.status()["exit"]["state"] == "routing");
+    let said = reach_at(&lan.hosts[1], "10.9.9.2:8080").expect("M reaches X's LAN with --exit-allow-lan");
+    assert!(said.starts_with("10.9.9.1:"), "masqueraded as X: {said}");
+    assert_eq!(seen_office.lock().unwrap().len(), 1);
+}
+
+#[test]
 fn an_exit_node_that_stops_removes_its_rules_and_one_that_crashed_is_cleaned_at_start() {
     require_root();
     let lan = Lan::new(1);
@@ -229,10 +330,11 @@ fn an_exit_node_that_stops_removes_its_rules_and_one_that_crashed_is_cleaned_at_
 
 #[test]
 fn bad_exit_settings_exit_2() {
-    let cases: [(&[&str], &str); 3] = [
+    let cases: [(&[&str], &str); 4] = [
         (&["--exit-node", "--use-exit-node", "other"], "--exit-node"),
         (&["--hostname", "me", "--use-exit-node", "me"], "names this node"),
         (&["--use-exit-node", ""], "--use-exit-node"),
+        (&["--exit-allow-lan"], "--exit-node"),
     ];
     for (extra, says) in cases {
         let out = Command::new(weft_bin())

@@ -1504,7 +1504,14 @@ fn open<'r>(
     let gso = hdr.flags & FLAG_GSO != 0;
     let ip = if gso { DATA_HEADER_LEN + VIRTIO_NET_HDR_LEN } else { DATA_HEADER_LEN };
     match data.get(ip..DATA_HEADER_LEN + len).and_then(ip_addrs) {
-        Some((src, _)) if routes.may_send_from(session, src) => Some((session, len, gso)),
+        Some((src, dst)) if routes.may_send_from(session, src) => {
+            if routes.delivers_to(dst) {
+                Some((session, len, gso))
+            } else {
+                session.stats.drops.add(DropReason::ForbiddenDestination, 1);
+                None
+            }
+        }
         Some(_) => {
             session.stats.drops.add(DropReason::Spoofed, 1);
             None

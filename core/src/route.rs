@@ -85,6 +85,92 @@ struct Tables {
     demand: FxHashMap<IpAddr, Arc<Demand>>,
     /// Subnets proxied by members without a session, longest prefix first.
     demand_subnets: Vec<(Net, Arc<Demand>)>,
+    /// What this node takes packets for from the tunnel.
+    serves: Served,
+}
+
+/// The destinations a node accepts from the tunnel: its own overlay addresses, the
+/// subnets it proxies (the WireGuard portal's network among them) and, on an exit,
+/// anything outside every network it must keep members out of. Everything else (a
+/// subnet router's other LANs, docker or libvirt bridges, another member's address) is
+/// dropped as [`crate::stats::DropReason::ForbiddenDestination`], whatever the
+/// host's forwarding and weak-host settings would do with it.
+#[derive(Debug, Clone, Default)]
+pub enum Serves {
+    /// Every destination: only for snapshots built outside the engine
+    /// ([`RouteSnapshot::new`], tests and benches of the data path alone).
+    Any,
+    /// Nothing: a snapshot not yet told what its node serves.
+    #[default]
+    Nothing,
+    /// These destinations.
+    Only {
+        /// Our overlay addresses.
+        own: Vec<IpAddr>,
+        /// Subnets we proxy (never a /0).
+        subnets: Vec<(IpAddr, u8)>,
+        /// On an exit: the networks no destination may lie in (the overlay networks,
+        /// and unless `--exit-allow-lan` the host's own networks); `None` when this
+        /// node is no exit.
+        exit_except: Option<Vec<(IpAddr, u8)>>,
+        /// On an exit, `--exit-allow-lan`: link-local destinations too.
+        exit_link_local: bool,
+    },
+}
+
+impl Serves {
+    fn compile(self) -> Served {
+        match self {
+            Self::Any => Served { any: true, ..Served::default() },
+            Self::Nothing => Served::default(),
+            Self::Only { own, subnets, exit_except, exit_link_local } => Served {
+                any: false,
+                link_local: exit_link_local,
+                own,
+                subnets: by_prefix(subnets.into_iter().map(|(a, p)| (a, p, ()))),
+                exit: exit_except.is_some(),
+                except: by_prefix(exit_except.unwrap_or_default().into_iter().map(|(a, p)| (a, p, ()))),
+            },
+        }
+    }
+}
+
+/// [`Serves`] in the form the RX pipeline reads per packet.
+#[derive(Debug, Clone, Default)]
+struct Served {
+    any: bool,
+    own: Vec<IpAddr>,
+    subnets: Vec<(Net, ())>,
+    exit: bool,
+    link_local: bool,
+    except: Vec<(Net, ())>,
+}
+
+impl Served {
+    fn accepts(&self, dst: IpAddr) -> bool {
+        self.any
+            || self.own.contains(&dst)
+            || longest(&self.subnets, dst).is_some()
+            || (self.exit && is_unicast(dst, self.link_local) && longest(&self.except, dst).is_none())
+    }
+}
+
+/// Whether `a` can be a destination an exit forwards to: not multicast, broadcast,
+/// loopback, unspecified or an IPv4-mapped IPv6 address, and unless `link_local`
+/// (`--exit-allow-lan`) not link-local (cloud metadata lives at 169.254.169.254).
+/// Private ranges are the nftables rules' business (`--exit-allow-lan` opens them
+/// there too).
+fn is_unicast(a: IpAddr, link_local: bool) -> bool {
+    match a {
+        IpAddr::V4(v) => {
+            !(v.is_multicast() || v.is_broadcast() || v.is_loopback() || v.is_unspecified())
+                && (link_local || !v.is_link_local())
+        }
+        IpAddr::V6(v) => {
+            !(v.is_multicast() || v.is_loopback() || v.is_unspecified() || v.to_ipv4_mapped().is_some())
+                && (link_local || !v.is_unicast_link_local())
+        }
+    }
 }
 
 impl RouteSnapshot {
@@ -104,6 +190,7 @@ impl RouteSnapshot {
         let tables = Tables {
             by_dst,
             by_index: receiving.into_iter().map(|s| (s.local_index, s)).collect(),
+            serves: Serves::Any.compile(),
             ..Tables::default()
         };
         Self { tables: Arc::new(tables), held: FxHashMap::default() }
@@ -132,6 +219,19 @@ impl RouteSnapshot {
     /// proves the PSK); everything else is shared, not copied.
     pub fn with_held(&self, held: impl IntoIterator<Item = Arc<Session>>) -> Self {
         Self { tables: self.tables.clone(), held: held.into_iter().map(|s| (s.local_index, s)).collect() }
+    }
+
+    /// Sets what this node takes from the tunnel ([`Serves`]; a snapshot from
+    /// [`RouteSnapshot::with_relays`] serves nothing until this is called).
+    pub fn with_serves(mut self, serves: Serves) -> Self {
+        Arc::make_mut(&mut self.tables).serves = serves.compile();
+        self
+    }
+
+    /// Whether a packet for `dst` that came out of the tunnel is ours to deliver
+    /// ([`Serves`]).
+    pub fn delivers_to(&self, dst: IpAddr) -> bool {
+        self.tables.serves.accepts(dst)
     }
 
     /// Adds routes for subnets proxied by members (`--proxy-network`).
@@ -440,5 +540,43 @@ mod tests {
         assert!(snap.may_send_from(&proxy, v6("fd77:1::42")));
         assert!(!snap.may_send_from(&owner, v6("fd77:1::42")), "a subnet the sender does not proxy");
         assert!(!snap.may_send_from(&proxy, v6("fd00::99")), "an address nobody owns");
+    }
+
+    #[test]
+    fn a_node_delivers_only_what_it_serves() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let member = RouteSnapshot::with_relays([0; 8], [], [], [], []).with_serves(Serves::Only {
+            own: vec![ip("10.126.126.2"), ip("fd00::2")],
+            subnets: vec![(ip("192.168.7.0"), 24)],
+            exit_except: None,
+            exit_link_local: false,
+        });
+        assert!(member.delivers_to(ip("10.126.126.2")));
+        assert!(member.delivers_to(ip("fd00::2")));
+        assert!(member.delivers_to(ip("192.168.7.9")), "a subnet it proxies");
+        assert!(!member.delivers_to(ip("192.168.8.9")), "the router's other LAN");
+        assert!(!member.delivers_to(ip("172.17.0.2")), "a docker bridge");
+        assert!(!member.delivers_to(ip("10.126.126.3")), "another member's address");
+        assert!(!member.delivers_to(ip("203.0.113.10")), "the internet, on a node that is no exit");
+        assert!(!RouteSnapshot::with_relays([0; 8], [], [], [], []).delivers_to(ip("10.126.126.2")), "told nothing");
+
+        let exit = |lan: bool| {
+            RouteSnapshot::with_relays([0; 8], [], [], [], []).with_serves(Serves::Only {
+                own: vec![ip("10.126.126.1")],
+                subnets: vec![],
+                exit_except: Some(vec![(ip("10.126.126.0"), 24), (ip("198.51.100.0"), 24)]),
+                exit_link_local: lan,
+            })
+        };
+        let x = exit(false);
+        assert!(x.delivers_to(ip("203.0.113.10")), "the internet");
+        assert!(x.delivers_to(ip("2001:db8:ff::10")));
+        assert!(!x.delivers_to(ip("198.51.100.7")), "the exit's own network");
+        assert!(!x.delivers_to(ip("10.126.126.3")), "another member, through the exit");
+        assert!(!x.delivers_to(ip("169.254.169.254")), "cloud metadata");
+        assert!(!x.delivers_to(ip("fe80::1")));
+        assert!(!x.delivers_to(ip("224.0.0.251")) && !x.delivers_to(ip("255.255.255.255")));
+        assert!(!x.delivers_to(ip("127.0.0.1")) && !x.delivers_to(ip("::ffff:127.0.0.1")));
+        assert!(exit(true).delivers_to(ip("169.254.169.254")), "--exit-allow-lan");
     }
 }

@@ -36,6 +36,9 @@ pub enum DropReason {
     NotIp,
     /// A relayed frame from an address that is not a direct neighbour.
     RelayRefused,
+    /// The inner destination is none of ours to deliver: not our overlay address, a
+    /// subnet we proxy or (on an exit) the internet ([`crate::route::Serves`]).
+    ForbiddenDestination,
     /// Counter already seen, or too old for the replay window.
     Replay,
     /// The inner source address is not one the sending peer owns.
@@ -50,7 +53,7 @@ pub enum DropReason {
 
 impl DropReason {
     /// All reasons, in counter order.
-    pub const ALL: [Self; 16] = [
+    pub const ALL: [Self; 17] = [
         Self::AuthFailed,
         Self::ControlQueueFull,
         Self::HandshakeMac,
@@ -62,6 +65,7 @@ impl DropReason {
         Self::NoSession,
         Self::NotIp,
         Self::RelayRefused,
+        Self::ForbiddenDestination,
         Self::Replay,
         Self::Spoofed,
         Self::Tun,
@@ -83,6 +87,7 @@ impl DropReason {
             Self::NoSession => "no_session",
             Self::NotIp => "not_ip",
             Self::RelayRefused => "relay_refused",
+            Self::ForbiddenDestination => "forbidden_destination",
             Self::Replay => "replay",
             Self::Spoofed => "spoofed_source",
             Self::Tun => "tun_io",

@@ -80,6 +80,7 @@ fn config(local: StaticKey, ipv4: Ipv4Addr, dial: Vec<Endpoint>, me: Endpoint, e
         proxied: Vec::new(),
         dynamic: None,
         accept_wide_subnets: false,
+        exit_allow_lan: false,
         use_exit: None,
         local_networks: Vec::new(),
     }

@@ -544,6 +544,12 @@ impl Node {
         if let Some(owner) = taken {
             debug!(peer = %node, overlay = %rec.overlay, %owner, "member's record claims another member's address");
         }
+        // An address outside our overlay network is nobody's: no peer, no route.
+        let outside = self.outside_overlay(std::net::IpAddr::V4(rec.overlay));
+        if let Some(why) = &outside {
+            warn!(peer = %node, host = %rec.hostname, "refused member's overlay address: {why}");
+        }
+        let taken = taken.or_else(|| outside.map(|_| node));
         let key = rec.key;
         if let Some(p) = self.peers.get_mut(&key)
             && !p.is_up()

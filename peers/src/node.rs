@@ -147,6 +147,10 @@ pub struct Config {
     /// `--accept-wide-subnets`: route subnets other members proxy even when shorter
     /// than /8 (never a /0).
     pub accept_wide_subnets: bool,
+    /// `--exit-allow-lan`: as an exit, also take packets for the networks this host
+    /// is connected to (refused by default: members reach the internet, not the
+    /// exit's LAN).
+    pub exit_allow_lan: bool,
     /// Networks this node is directly connected to (its interfaces' networks): a
     /// member's proxied subnet overlapping one is refused.
     pub local_networks: Vec<(IpAddr, u8)>,
@@ -1281,7 +1285,8 @@ impl Node {
     }
 
     /// Why node `key`'s claim of overlay address `addr` (in a hello from `from`) is
-    /// refused: another live member holds it. The first holder keeps it, whatever the
+    /// refused, with the failure kind: it lies outside our overlay network, or another
+    /// live member holds it. The first holder keeps it, whatever the
     /// keys; only a node back with a new key at its old entry's endpoint and address
     /// (a restart) replaces that entry.
     pub(crate) fn claim_refused(
@@ -1290,8 +1295,14 @@ impl Node {
         addr: Ipv4Addr,
         from: Endpoint,
         via: Option<NodeId>,
-    ) -> Option<String> {
+    ) -> Option<(String, &'static str)> {
         let id = NodeId::from_public(key);
+        if let Some(why) = self.outside_overlay(IpAddr::V4(addr)) {
+            return Some((
+                format!("peer {id} at {from} claims overlay address {addr}: refused, {why}"),
+                "address_outside_overlay",
+            ));
+        }
         let owner = self.address_owner(addr, id, |p| via.is_none() && p.path.endpoint() == Some(from))?;
         let host = self
             .mesh
@@ -1299,9 +1310,12 @@ impl Node {
             .get(&owner)
             .map(|r| r.hostname.as_str())
             .or_else(|| self.ids.get(&owner).and_then(|k| self.peers.get(k)).map(|p| p.hello.hostname.as_str()));
-        Some(format!(
-            "address conflict: peer {id} at {from} claims {addr}, which belongs to member {owner} ({:?})",
-            host.unwrap_or("?")
+        Some((
+            format!(
+                "address conflict: peer {id} at {from} claims {addr}, which belongs to member {owner} ({:?})",
+                host.unwrap_or("?")
+            ),
+            "address_taken",
         ))
     }
 
@@ -1333,13 +1347,20 @@ impl Node {
 
     /// Refuses a handshake whose hello claims a taken address: the other end gets a
     /// reject saying so, our status the reason.
-    fn refuse_claim(&mut self, now: Instant, back: Dest, remote_index: u32, target: Option<Target>, why: String) {
+    fn refuse_claim(
+        &mut self,
+        now: Instant,
+        back: Dest,
+        remote_index: u32,
+        target: Option<Target>,
+        (why, kind): (String, &'static str),
+    ) {
         warn!("{why}");
         let reject = RejectRepr { reason: RejectReason::AddressTaken, receiver_index: remote_index };
         self.send_reject(&back, reject);
         match target {
-            Some(t) => self.handshake_failed(now, t, why, "address_taken"),
-            None => self.record_inbound_failure(now, back.to, why, "address_taken"),
+            Some(t) => self.handshake_failed(now, t, why, kind),
+            None => self.record_inbound_failure(now, back.to, why, kind),
         }
     }
 

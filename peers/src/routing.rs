@@ -10,7 +10,7 @@ use weft_core::transport::{Endpoint, Proto};
 
 use rand::RngCore;
 use tracing::{debug, info};
-use weft_core::route::{Demand, Route, RouteSnapshot};
+use weft_core::route::{Demand, Route, RouteSnapshot, Serves};
 use weft_core::wire::{DATA_HEADER_LEN, FLAG_CONTROL};
 
 use crate::identity::NodeId;
@@ -371,7 +371,7 @@ impl Node {
         let mut demand: Vec<(IpAddr, Arc<Demand>)> = Vec::new();
         let claims = self.claimants();
         let owns = |p: &Peer| match claims.get(&IpAddr::V4(p.hello.ipv4)) {
-            Some((id, false)) => *id == p.id,
+            Some((id, false)) => *id == p.id && self.outside_overlay(IpAddr::V4(p.hello.ipv4)).is_none(),
             _ => self.owns(p),
         };
         let owns6 = |p: &Peer| p.hello.ipv6.map(|(a, _)| a).filter(|a| self.owns6(&claims, p.id, *a));
@@ -397,7 +397,9 @@ impl Node {
                     if let Some(a) = owns6(p) {
                         routes.push((IpAddr::V6(a), route.clone()));
                     }
-                    routes.push((IpAddr::V4(p.hello.ipv4), route));
+                    if self.outside_overlay(IpAddr::V4(p.hello.ipv4)).is_none() {
+                        routes.push((IpAddr::V4(p.hello.ipv4), route));
+                    }
                 }
                 // A member we can reach but hold no session with: its first packets
                 // start one.
@@ -443,6 +445,24 @@ impl Node {
             .with_subnets(subnets)
             .with_demand(demand, demand_subnets)
             .with_held(self.held_sessions())
+            .with_serves(self.serves())
+    }
+
+    /// What this node takes from the tunnel ([`Serves`]): its overlay addresses, the
+    /// subnets it proxies, and as an exit what lies outside the overlay and (unless
+    /// `--exit-allow-lan`) outside the networks this host is connected to.
+    fn serves(&self) -> Serves {
+        let hello = &self.cfg.handshake.hello;
+        let own = std::iter::once(IpAddr::V4(hello.ipv4)).chain(hello.ipv6.map(|(a, _)| IpAddr::V6(a))).collect();
+        let subnets = self.cfg.proxied.iter().filter(|(_, p)| *p != 0).copied().collect();
+        let exit = self.cfg.proxied.iter().any(|(_, p)| *p == 0);
+        let exit_except = exit.then(|| {
+            let overlays = std::iter::once((IpAddr::V4(hello.ipv4), hello.prefix))
+                .chain(hello.ipv6.map(|(a, q)| (IpAddr::V6(a), q)));
+            let lan = if self.cfg.exit_allow_lan { &[][..] } else { &self.cfg.local_networks[..] };
+            overlays.chain(lan.iter().copied()).collect()
+        });
+        Serves::Only { own, subnets, exit_except, exit_link_local: self.cfg.exit_allow_lan }
     }
 
     /// Who claims each overlay address (peers with a session, every record), and
@@ -472,10 +492,32 @@ impl Node {
         claims
     }
 
+    /// Why overlay address `a` cannot be a member's: it lies outside this node's
+    /// overlay network of its family (or we have no overlay of that family). A member
+    /// announcing a public server's address, or one inside a proxied subnet or the
+    /// portal network, would otherwise take the traffic meant for it.
+    pub(crate) fn outside_overlay(&self, a: IpAddr) -> Option<String> {
+        let hello = &self.cfg.handshake.hello;
+        let net = match a {
+            IpAddr::V4(_) => Some((IpAddr::V4(hello.ipv4), hello.prefix)),
+            IpAddr::V6(_) => hello.ipv6.map(|(b, q)| (IpAddr::V6(b), q)),
+        };
+        match net {
+            Some((b, q)) if weft_core::route::overlaps_ip(b, q, a, if a.is_ipv4() { 32 } else { 128 }) => None,
+            Some((b, q)) => {
+                Some(format!("{a} lies outside this node's overlay network {}/{q}", weft_core::route::network_ip(b, q)))
+            }
+            None => Some(format!("{a} is IPv6 and this node has no IPv6 overlay")),
+        }
+    }
+
     /// Whether IPv6 overlay address `a` is member `id`'s to route to: nobody else
     /// claims it (in a hello or a record, ourselves included), or it is derived from
     /// `id` itself ([`derived_from`]), which settles a contest.
     fn owns6(&self, claims: &std::collections::HashMap<IpAddr, (NodeId, bool)>, id: NodeId, a: Ipv6Addr) -> bool {
+        if self.outside_overlay(IpAddr::V6(a)).is_some() {
+            return false;
+        }
         if derived_from(a, id) {
             return true;
         }
@@ -488,7 +530,8 @@ impl Node {
 
     /// Whether the overlay address in `p`'s hello is its own to route to.
     fn owns(&self, p: &Peer) -> bool {
-        self.address_owner(p.hello.ipv4, p.id, |_| false).is_none()
+        self.outside_overlay(IpAddr::V4(p.hello.ipv4)).is_none()
+            && self.address_owner(p.hello.ipv4, p.id, |_| false).is_none()
             && self.mesh.topology.get(&p.id).is_none_or(|r| r.overlay == p.hello.ipv4)
     }
 
@@ -552,7 +595,8 @@ impl Node {
     /// Whether `r`'s node is the member we route its overlay address to (a record
     /// claiming an address another member holds gets nothing routed).
     fn owns_address(&self, r: &Record) -> bool {
-        self.peers.get(&r.key).is_some_and(|p| p.hello.ipv4 == r.overlay)
+        self.outside_overlay(IpAddr::V4(r.overlay)).is_none()
+            && self.peers.get(&r.key).is_some_and(|p| p.hello.ipv4 == r.overlay)
             && self.address_owner(r.overlay, r.node(), |_| false).is_none()
     }
 
@@ -645,7 +689,7 @@ impl Node {
                 std::iter::once((IpAddr::V4(x.hello.ipv4), x.id))
                     .chain(x.hello.ipv6.map(|(a, _)| (IpAddr::V6(a), x.id)))
             }));
-        for (addr, id) in members {
+        for (addr, id) in members.filter(|(addr, _)| self.outside_overlay(*addr).is_none()) {
             if overlaps(addr, 128) {
                 return Some(format!("holds member {id}'s overlay address {addr}"));
             }
@@ -662,6 +706,24 @@ impl Node {
         let mut v = Vec::new();
         let claims = self.claimants();
         for r in self.mesh.topology.records().filter(|r| r.node() != self.id) {
+            if let Some(why) = self.outside_overlay(IpAddr::V4(r.overlay)) {
+                v.push(format!(
+                    "member {} ({:?}) claims overlay address {}: refused, {why}",
+                    r.node(),
+                    r.hostname,
+                    r.overlay
+                ));
+                continue;
+            }
+            if let Some(a) = r.overlay6
+                && let Some(why) = self.outside_overlay(IpAddr::V6(a))
+            {
+                v.push(format!(
+                    "member {} ({:?}) claims IPv6 overlay address {a}: refused, {why}",
+                    r.node(),
+                    r.hostname
+                ));
+            }
             let contested = claims.get(&IpAddr::V4(r.overlay)).is_some_and(|(_, c)| *c);
             if let Some(owner) = contested.then(|| self.address_owner(r.overlay, r.node(), |_| false)).flatten() {
                 v.push(format!(
@@ -673,6 +735,7 @@ impl Node {
                 continue;
             }
             if let Some(a) = r.overlay6
+                && self.outside_overlay(IpAddr::V6(a)).is_none()
                 && !self.owns6(&claims, r.node(), a)
             {
                 v.push(format!(

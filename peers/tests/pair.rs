@@ -1368,6 +1368,59 @@ fn a_second_member_claiming_an_address_is_refused_everywhere_and_says_why() {
 }
 
 #[test]
+fn addresses_outside_the_overlay_are_nobodys_in_hellos_and_records() {
+    let timers = Timers::default();
+    // B is lax (an overlay prefix of /0 takes any address) and proxies a subnet; C
+    // claims an address inside that subnet, D a "public server's" address. Both dial
+    // B, which floods their records to A.
+    let mut b = params(B, Cipher::Aes128Gcm, SECRET);
+    b.hello.prefix = 0;
+    let mut c = params(C, Cipher::Aes128Gcm, SECRET);
+    c.hello.ipv4 = Ipv4Addr::new(172, 16, 5, 7);
+    let d_key = static_key(&mut ChaCha8Rng::seed_from_u64(0x6b65_7903));
+    let mut d = harness::params(d_key, NET, SECRET, Cipher::Aes128Gcm, Ipv4Addr::new(198, 51, 100, 99), "d".into());
+    // The claimants are lax too (a node refuses peers outside its own overlay).
+    c.hello.prefix = 0;
+    d.hello.prefix = 0;
+    let subnet = (std::net::IpAddr::from([172, 16, 5, 0]), 24);
+    let mut sim = Sim::new(vec![
+        (params(A, Cipher::Aes128Gcm, SECRET), vec![B], timers),
+        (b, vec![], timers),
+        (c, vec![B], timers),
+        (d, vec![B, A], timers),
+    ]);
+    sim.tweaks.push((B, Box::new(move |cfg: &mut Config| cfg.proxied = vec![subnet])));
+    for i in [3, C, B, A] {
+        let (p, d) = (sim.slots[i].params.clone(), sim.slots[i].dial.clone());
+        sim.restart_with(i, p, d);
+    }
+    sim.run(Duration::from_secs(5));
+    let up = |i, j| sim.state(i, j) == Some(PeerState::Established);
+    assert!(up(B, C) && up(B, 3), "the lax node took both");
+    assert!(sim.record(A, C).is_some() && sim.record(A, 3).is_some(), "A holds both records");
+    // A: no peer, no route, a reason for each; B's subnet still routed.
+    assert!(sim.peer_status(A, C).is_none() && sim.peer_status(A, 3).is_none());
+    assert_eq!(sim.routed(A), vec![overlay(B)]);
+    let refused = sim.node(A).status(sim.now).refused.join("\n");
+    for claim in ["172.16.5.7", "198.51.100.99"] {
+        assert!(
+            refused.contains(&format!(
+                "claims overlay address {claim}: refused, {claim} lies outside this node's overlay network 10.77.0.0/16"
+            )),
+            "{refused}"
+        );
+    }
+    assert!(!refused.contains("172.16.5.0/24"), "A refused B's subnet for an address outside the overlay: {refused}");
+    assert_eq!(sim.slots[A].host.installed, vec![subnet]);
+    let snap = sim.slots[A].host.routes.clone();
+    assert_eq!(snap.route_for(Ipv4Addr::new(172, 16, 5, 7).into()).map(|r| r.session.peer_addr), Some(overlay(B)));
+    assert!(snap.route_for(Ipv4Addr::new(198, 51, 100, 99).into()).is_none());
+    // D dialled A itself too: refused in the handshake, with the reason.
+    let why = sim.reasons(A).join("\n");
+    assert!(why.contains("claims overlay address 198.51.100.99: refused"), "{why}");
+}
+
+#[test]
 fn proxied_subnets_that_capture_others_traffic_are_refused_with_a_reason() {
     let timers = Timers::default();
     let mut sim = Sim::new(vec![
