@@ -100,6 +100,8 @@ pub struct Host {
     pub tun: Vec<Vec<u8>>,
     /// Subnets the engine asked to route into the TUN (`Action::InstallRoutes`).
     pub installed: Vec<(std::net::IpAddr, u8)>,
+    /// The name bindings and exit pin the engine last asked to keep.
+    pub names: Option<weft_peers::Names>,
     /// Overlay address changes the engine ordered (`Action::SetAddress`).
     pub addresses: Vec<(Ipv4Addr, Ipv4Addr, u8)>,
     /// Datagrams the engine sent (`Action::Send`): control-plane traffic.
@@ -133,6 +135,7 @@ impl Host {
             stats: Arc::default(),
             tun: Vec::new(),
             installed: Vec::new(),
+            names: None,
             addresses: Vec::new(),
             ctl_datagrams: 0,
             ctl_bytes: 0,
@@ -186,6 +189,7 @@ impl Host {
                 }
                 Action::InstallRoutes(subnets) => self.installed = subnets,
                 Action::SetAddress { old, new, prefix } => self.addresses.push((old, new, prefix)),
+                Action::SaveNames(names) => self.names = Some(names),
                 Action::Send { to, bytes } => {
                     self.ctl_datagrams += 1;
                     self.ctl_bytes += bytes.len() as u64;
@@ -392,6 +396,7 @@ pub fn config(handshake: Params, dial: Vec<Endpoint>, epoch: Instant, timers: Ti
         dynamic: None,
         accept_wide_subnets: false,
         exit_allow_lan: false,
+        names: weft_peers::Names::default(),
         use_exit: None,
         local_networks: Vec::new(),
     }

@@ -79,6 +79,11 @@ pub enum Command {
     /// level. Sessions stay up; what needs a restart is named and left as it was. SIGHUP
     /// does the same (`systemctl reload weft`). Root or the weft-admin group only.
     Reload(ControlArgs),
+    /// The exit node this node uses (`--use-exit-node`): `accept` moves it to the
+    /// member the name matches now, when the member it was pinned to is gone (root or
+    /// the weft-admin group only).
+    #[command(subcommand)]
+    Exit(ExitCommand),
     /// Manage the clients of this node's WireGuard portal (`--wg-portal`): add and
     /// remove need root or the weft-admin group.
     #[command(subcommand)]
@@ -320,6 +325,16 @@ pub struct PeerArgs {
     /// Control socket of the node.
     #[arg(long, value_name = "PATH", env = "WEFT_CONTROL", default_value_os_t = default_control())]
     pub control: PathBuf,
+}
+
+/// `weft exit`.
+#[derive(Debug, Subcommand)]
+pub enum ExitCommand {
+    /// Use the member `--use-exit-node` matches now. The exit is pinned to the member
+    /// the name first matched; when another member matches instead (the old exit was
+    /// reinstalled with a new key, or someone copied its name), traffic fails closed
+    /// until this is run. Naming the exit by node id avoids the question.
+    Accept(ControlArgs),
 }
 
 /// `weft wg`.

@@ -38,6 +38,9 @@ pub enum Request {
     },
     /// Re-read the config file and apply what can change live.
     Reload,
+    /// Use the member `--use-exit-node` matches now, instead of the one it was pinned
+    /// to (`weft exit accept`).
+    AcceptExit,
 }
 
 impl Request {
@@ -51,7 +54,8 @@ impl Request {
             | Self::RemovePeer { .. }
             | Self::WgAdd { .. }
             | Self::WgRemove { .. }
-            | Self::Reload => true,
+            | Self::Reload
+            | Self::AcceptExit => true,
         }
     }
 }
@@ -272,10 +276,18 @@ pub struct ExitJson {
     pub hostname: Option<String>,
     /// routing (the default route goes to it), unreachable (it offers, no route to it
     /// now), not_offered (a member by that name exists but offers no exit), or
-    /// unknown_member (no member of the mesh has that name or id).
+    /// unknown_member (no member of the mesh has that name or id), or changed (the
+    /// member it was pinned to is gone and another one matches: `changed_to`; traffic
+    /// fails closed until `weft exit accept`).
     pub state: String,
     /// Whether traffic leaves by this host's own route while it is unreachable.
     pub fallback: bool,
+    /// The member it is pinned to (the one it first matched).
+    #[serde(default)]
+    pub pinned: Option<String>,
+    /// The member it matches instead, when the pinned one does not.
+    #[serde(default)]
+    pub changed_to: Option<ExitOfferJson>,
 }
 
 /// A member offering itself as an exit node.

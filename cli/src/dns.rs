@@ -76,8 +76,10 @@ pub fn parse_domain(s: &str) -> Result<String, String> {
 }
 
 /// The members' names: label → address. Members whose host names make the same label
-/// are told apart by their node id: the lowest id keeps the plain label, the others get
-/// `-` and the first six hex digits of their id (stable across restarts).
+/// are told apart by their node id: the member the name is bound to (the first this
+/// node saw with it, [`weft_peers::Names`]) keeps the plain label, else the lowest id;
+/// the others get `-` and the first six hex digits of their id (stable across
+/// restarts).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Zone {
     domain: Name,
@@ -97,25 +99,29 @@ impl Zone {
     pub fn new<'a>(
         domain: &str,
         members: impl IntoIterator<Item = (NodeId, &'a str, Ipv4Addr, Option<Ipv6Addr>)>,
+        holder: impl Fn(&str) -> Option<NodeId>,
     ) -> Self {
         let domain = Name::from_ascii(format!("{domain}.")).unwrap_or_else(|_| Name::root());
-        let mut by_label: BTreeMap<String, Vec<(NodeId, Addrs)>> = BTreeMap::new();
+        let mut by_label: BTreeMap<String, Vec<(bool, NodeId, Addrs)>> = BTreeMap::new();
         for (id, host, addr, addr6) in members {
             let mut l = label(host);
             if l.is_empty() {
                 l = format!("node-{id}");
             }
-            by_label.entry(l).or_default().push((id, (addr, addr6)));
+            // The member the name is bound to (it held it first, as this node saw it)
+            // keeps the plain label, whatever the ids.
+            let first = holder(host) == Some(id);
+            by_label.entry(l).or_default().push((!first, id, (addr, addr6)));
         }
         let mut names = BTreeMap::new();
         let mut later = Vec::new();
         for (l, mut group) in by_label {
-            group.sort_unstable_by_key(|(id, _)| *id);
+            group.sort_unstable_by_key(|(later, id, _)| (*later, *id));
             let mut group = group.into_iter();
-            if let Some((_, addr)) = group.next() {
+            if let Some((_, _, addr)) = group.next() {
                 names.insert(l.clone(), addr);
             }
-            later.extend(group.map(|(id, addr)| (l.clone(), id, addr)));
+            later.extend(group.map(|(_, id, addr)| (l.clone(), id, addr)));
         }
         // The others after every plain name, so a suffixed name never replaces a
         // member's own; the whole id when six digits would still clash.
@@ -403,6 +409,7 @@ mod tests {
                 (id(0x20), "beta", Ipv4Addr::new(10, 0, 0, 2), Some("fd00::2".parse().unwrap())),
                 (id(0x40), "!!!", Ipv4Addr::new(10, 0, 0, 4), None),
             ],
+            |_| None,
         )
     }
 
@@ -457,9 +464,13 @@ mod tests {
             (id(0x10), "alpha.example.com", Ipv4Addr::new(10, 0, 0, 1), None),
             (id(0x40), "!!!", Ipv4Addr::new(10, 0, 0, 4), None),
         ];
-        assert_eq!(Zone::new("office.internal", members.clone()), z);
+        assert_eq!(Zone::new("office.internal", members.clone(), |_| None), z);
         members.reverse();
-        assert_eq!(Zone::new("office.internal", members), z);
+        assert_eq!(Zone::new("office.internal", members.clone(), |_| None), z);
+        // The member that held "beta" first keeps it, whatever its id.
+        let bound = Zone::new("office.internal", members, |h| h.eq_ignore_ascii_case("beta").then(|| id(0x30)));
+        assert_eq!(bound.name_of(Ipv4Addr::new(10, 0, 0, 3)).unwrap(), "beta.office.internal");
+        assert_eq!(bound.name_of(Ipv4Addr::new(10, 0, 0, 2)).unwrap(), "beta-201122.office.internal");
     }
 
     #[test]
@@ -511,6 +522,7 @@ mod tests {
                 (id(0x30), "beta", Ipv4Addr::new(10, 0, 0, 3), None),
                 (id(0x90), "beta-301122", Ipv4Addr::new(10, 0, 0, 9), None),
             ],
+            |_| None,
         );
         assert_eq!(z.name_of(Ipv4Addr::new(10, 0, 0, 9)).unwrap(), "beta-301122.x.internal");
         assert_eq!(z.name_of(Ipv4Addr::new(10, 0, 0, 3)).unwrap(), format!("beta-{}.x.internal", id(0x30)));

@@ -30,7 +30,7 @@ pub mod userspace;
 
 use anyhow::Result;
 
-use crate::args::{Cli, Command, PeerCommand, SecretCommand, WgCommand};
+use crate::args::{Cli, Command, ExitCommand, PeerCommand, SecretCommand, WgCommand};
 use crate::config::{NodeConfig, UsageError};
 
 /// Runs a parsed command line.
@@ -111,6 +111,7 @@ fn run_command(command: Command) -> Result<()> {
         Command::Wg(WgCommand::List(q)) => query(&q, show::portal),
         Command::Wg(WgCommand::Remove(a)) => change(&a.control, &control::Request::WgRemove { name: a.name }),
         Command::Reload(a) => change(&a.control, &control::Request::Reload),
+        Command::Exit(ExitCommand::Accept(a)) => change(&a.control, &control::Request::AcceptExit),
         Command::Secret(SecretCommand::Generate) => {
             println!("{}", secret::generate()?);
             Ok(())

@@ -81,6 +81,7 @@ enum Ask {
     WgAdd(String),
     WgRemove(String),
     Reload(Box<Reloaded>),
+    AcceptExit,
 }
 
 /// What a live reload needs: the command line `weft up` started with (its flags win
@@ -150,6 +151,7 @@ async fn ask(req: Request, args: &Arc<crate::args::UpArgs>) -> Result<Ask, Strin
         Request::WgAdd { name } => Ok(Ask::WgAdd(name)),
         Request::WgRemove { name } => Ok(Ask::WgRemove(name)),
         Request::Reload => Ok(Ask::Reload(Box::new(load_again(args.clone()).await?))),
+        Request::AcceptExit => Ok(Ask::AcceptExit),
     }
 }
 
@@ -442,6 +444,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
             dynamic: cfg.dhcp.map(|r| (r.addr, r.prefix)),
             accept_wide_subnets: cfg.accept_wide_subnets,
             exit_allow_lan: cfg.exit_allow_lan,
+            names: state::load_names(&cfg.state_dir)?,
             use_exit: cfg.use_exit.clone(),
             local_networks: local_networks(&cfg.dev_name),
         },
@@ -476,12 +479,13 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
     let portal_dev = cfg.wg_portal.as_ref().map(|_| crate::portal::device_name(&cfg.dev_name));
     engine.set_endpoints(local_endpoints(&bound, cfg.ipv4.addr, &cfg.dev_name, portal_dev.as_deref()));
     let netcfg = if cfg.no_tun { NetConfig::none() } else { NetConfig::spawn(cfg.dev_name.clone(), ipv6.is_some())? };
+    let names_writer = NamesWriter::spawn(cfg.state_dir.clone())?;
     let userspace = match stack {
         Some(stack) => {
             let domain = cfg.dns_domain.clone().unwrap_or_else(|| crate::dns::default_domain(&cfg.network_name));
             let dest = crate::userspace::Destinations {
                 routes: shared.routes.clone(),
-                names: Arc::new(ArcSwap::from_pointee(crate::dns::Zone::new(&domain, []))),
+                names: Arc::new(ArcSwap::from_pointee(crate::dns::Zone::new(&domain, [], |_| None))),
                 nets: Arc::new(ArcSwap::from_pointee(Vec::new())),
             };
             let auth = cfg.socks5_auth.as_ref().map(|(u, p)| (u.clone(), p.0.clone()));
@@ -503,6 +507,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
         pipelines,
         drops: DropCounters::default(),
         netcfg,
+        names_writer,
         connector,
         links_stats,
         listeners: bound,
@@ -545,6 +550,8 @@ struct Runtime {
     drops: DropCounters,
     /// Kernel routes and addresses, changed on a thread of their own.
     netcfg: NetConfig,
+    /// Keeps the engine's name bindings and exit pin in the state directory.
+    names_writer: NamesWriter,
     /// TCP, WebSocket and QUIC connections.
     connector: Connector,
     /// Counters of the threads that open what connections receive.
@@ -922,10 +929,12 @@ impl Runtime {
     fn dns_zone(&self, domain: &str) -> crate::dns::Zone {
         let me = self.engine.id();
         let others = self.engine.topology().records().filter(|r| r.node() != me);
+        let names = self.engine.names();
         crate::dns::Zone::new(
             domain,
             std::iter::once((me, self.cfg.hostname.as_str(), self.cfg.ipv4.addr, self.ipv6.map(|(a, _)| a)))
                 .chain(others.map(|r| (r.node(), r.hostname.as_str(), r.overlay, r.overlay6))),
+            |host| names.holder(host),
         )
         .for_clients(self.mesh_networks())
     }
@@ -1246,6 +1255,7 @@ impl Runtime {
                     }
                 }
                 Action::Send { to, bytes } => self.connector.send(to, &bytes),
+                Action::SaveNames(names) => self.names_writer.save(names),
             }
         }
     }
@@ -1281,6 +1291,7 @@ impl Runtime {
                 Some(p) => p.remove(&name),
                 None => return no_portal(),
             },
+            Ask::AcceptExit => self.engine.accept_exit(now),
         };
         match done {
             Ok(message) => Reply::Done { message },
@@ -1457,11 +1468,17 @@ impl Runtime {
                 state: match (&e.node, e.routing) {
                     (_, true) => "routing",
                     (Some(_), false) => "unreachable",
+                    (None, false) if e.changed_to.is_some() => "changed",
                     (None, false) if e.known => "not_offered",
                     (None, false) => "unknown_member",
                 }
                 .into(),
                 fallback: self.cfg.exit_fallback,
+                pinned: e.pinned.map(|id| id.to_string()),
+                changed_to: e
+                    .changed_to
+                    .as_ref()
+                    .map(|(id, h)| crate::control::ExitOfferJson { node_id: id.to_string(), hostname: h.clone() }),
             }),
             exit_offers: st
                 .exit_offers
@@ -1802,6 +1819,33 @@ enum NetJob {
     Address { old: std::net::Ipv4Addr, new: std::net::Ipv4Addr, prefix: u8 },
     /// Send the default route into the TUN (true) or stop (--exit-fallback).
     ExitRoute(bool),
+}
+
+/// The thread that writes the name bindings and exit pin to the state directory, the
+/// latest of what is queued, so the control loop never waits for a disk.
+struct NamesWriter {
+    tx: std::sync::mpsc::Sender<weft_peers::Names>,
+}
+
+impl NamesWriter {
+    fn spawn(dir: std::path::PathBuf) -> std::io::Result<Self> {
+        let (tx, rx) = std::sync::mpsc::channel::<weft_peers::Names>();
+        std::thread::Builder::new().name("weft-state".into()).spawn(move || {
+            while let Ok(mut names) = rx.recv() {
+                while let Ok(newer) = rx.try_recv() {
+                    names = newer;
+                }
+                if let Err(e) = state::save_names(&dir, &names) {
+                    warn!("cannot keep the name bindings: {e:#}");
+                }
+            }
+        })?;
+        Ok(Self { tx })
+    }
+
+    fn save(&self, names: weft_peers::Names) {
+        let _ = self.tx.send(names);
+    }
 }
 
 /// The thread that runs `ip` commands, in order, so that the control loop never

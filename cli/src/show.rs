@@ -58,6 +58,16 @@ pub(crate) fn status(s: &StatusJson) -> String {
         let name = e.hostname.as_deref().unwrap_or(&e.wanted);
         let then = if e.fallback { "own route while unreachable" } else { "dropped while unreachable" };
         let _ = writeln!(o, "exit      via {name}: {} ({then})", e.state.replace('_', " "));
+        if let Some(c) = &e.changed_to {
+            let _ = writeln!(
+                o,
+                "          {:?} now matches member {} ({}), not the pinned {}: run `weft exit accept` to use it",
+                printable(&e.wanted),
+                printable(&c.node_id),
+                printable(&c.hostname),
+                e.pinned.as_deref().map(printable).unwrap_or_default()
+            );
+        }
     }
     if let Some(u) = &s.userspace {
         if let Some(a) = &u.socks5 {

@@ -18,6 +18,10 @@ use weft_core::transport::conn::TlsIdentity;
 use crate::config::UsageError;
 
 const KEY_FILE: &str = "node.key";
+/// Host names bound to the member that held each first, and the exit pin.
+const NAMES_FILE: &str = "names.json";
+/// Format of [`NAMES_FILE`]; a newer node reads every older one.
+const NAMES_VERSION: u32 = 1;
 const TLS_CERT_FILE: &str = "tls-cert.pem";
 const TLS_KEY_FILE: &str = "tls-key.pem";
 
@@ -146,6 +150,61 @@ fn unhex(s: &str) -> Result<Vec<u8>> {
     (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).context("bad hex")).collect()
 }
 
+/// [`NAMES_FILE`] on disk.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct NamesFile {
+    version: u32,
+    /// Lower-case host name → node id (16 hex digits).
+    names: std::collections::BTreeMap<String, String>,
+    /// `--use-exit-node`'s value and the node id it was pinned to.
+    exit_pin: Option<(String, String)>,
+}
+
+/// Reads the name bindings and exit pin kept in `dir` (none before the first save).
+/// A file from a newer format, or one that does not parse, is an error that names it:
+/// quietly starting afresh would hand every name to whoever claims it next.
+pub fn load_names(dir: &Path) -> Result<weft_peers::Names> {
+    let path = dir.join(NAMES_FILE);
+    let text = match fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(weft_peers::Names::default()),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    };
+    let fix = "(move it away to bind names afresh)";
+    let f: NamesFile =
+        serde_json::from_str(&text).with_context(|| format!("corrupt name bindings {} {fix}", path.display()))?;
+    if f.version > NAMES_VERSION {
+        bail!("{} has format {} (this weft reads up to {NAMES_VERSION}) {fix}", path.display(), f.version);
+    }
+    let id = |s: &str| {
+        s.parse::<weft_peers::NodeId>()
+            .map_err(|e| anyhow::anyhow!("corrupt name bindings {}: {e} {fix}", path.display()))
+    };
+    let mut names = Vec::new();
+    for (n, i) in &f.names {
+        names.push((n.clone(), id(i)?));
+    }
+    let pin = match &f.exit_pin {
+        Some((w, i)) => Some((w.clone(), id(i)?)),
+        None => None,
+    };
+    Ok(weft_peers::Names::new(names, pin))
+}
+
+/// Keeps the name bindings and exit pin in `dir` (written whole, then renamed over the
+/// old file, so a crash leaves one or the other).
+pub fn save_names(dir: &Path, names: &weft_peers::Names) -> Result<()> {
+    let f = NamesFile {
+        version: NAMES_VERSION,
+        names: names.bindings().map(|(n, id)| (n.to_owned(), id.to_string())).collect(),
+        exit_pin: names.exit_pin_entry().map(|(w, id)| (w.to_owned(), id.to_string())),
+    };
+    let text = serde_json::to_string_pretty(&f).context("cannot encode name bindings")?;
+    let tmp = dir.join(format!("{NAMES_FILE}.tmp"));
+    write_private(&tmp, text.as_bytes())?;
+    fs::rename(&tmp, dir.join(NAMES_FILE)).with_context(|| format!("cannot replace {}", dir.join(NAMES_FILE).display()))
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::PermissionsExt;
@@ -216,5 +275,24 @@ mod tests {
         load_or_create_key(&dir).unwrap();
         load_or_create_tls(&dir, None).unwrap();
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn name_bindings_survive_a_restart_and_a_bad_file_is_named() {
+        let dir = std::env::temp_dir().join(format!("weft-names-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        assert_eq!(load_names(&dir).unwrap(), weft_peers::Names::default());
+        let id: weft_peers::NodeId = "66687aadf862bd77".parse().unwrap();
+        let names = weft_peers::Names::new([("gw".to_owned(), id)], Some(("gw".to_owned(), id)));
+        save_names(&dir, &names).unwrap();
+        assert_eq!(load_names(&dir).unwrap(), names);
+        let mode = fs::metadata(dir.join(NAMES_FILE)).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        fs::write(dir.join(NAMES_FILE), r#"{"version": 9, "names": {}, "exit_pin": null}"#).unwrap();
+        assert!(format!("{:#}", load_names(&dir).unwrap_err()).contains("format 9"));
+        fs::write(dir.join(NAMES_FILE), "{").unwrap();
+        assert!(format!("{:#}", load_names(&dir).unwrap_err()).contains("corrupt name bindings"));
+        let _ = fs::remove_dir_all(&dir);
     }
 }

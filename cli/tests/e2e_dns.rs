@@ -1,14 +1,18 @@
 //! End-to-end: Magic DNS. Every node answers `<host>.<domain>` for the members on its
 //! overlay address (asked with dig, locally and across the tunnel), NXDOMAIN for an
-//! unknown member, REFUSED for any other domain; duplicate host names get a stable
-//! suffix; a renamed member is answered under its new name.
+//! unknown member, REFUSED for any other domain; a duplicate host name goes to the
+//! member that held it first and the others get a stable suffix, also against a
+//! member that ground a lower node id, and across a restart; a renamed member is
+//! answered under its new name.
 #![allow(unsafe_code, unreachable_pub, clippy::unwrap_used)]
 
+mod grind;
 mod netns;
 
 use std::process::Command;
 use std::time::Duration;
 
+use grind::key_below;
 use netns::{Lan, Netns, Node, TempDir, require_root, wait_until, weft_bin};
 
 const NET: [&str; 4] = ["--network-name", "Dns Test", "--network-secret", "dns secret"];
@@ -60,11 +64,11 @@ fn members_resolve_by_name_and_nothing_else_does() {
     wait_until(Duration::from_secs(10), "a mesh of three", || {
         a.routes_to("10.125.0.2") && a.routes_to("10.125.0.3") && b.routes_to("10.125.0.3")
     });
-    let (bid, cid) = (node_id(&b), node_id(&c));
-    // B and C share a name: the lower node id keeps it, the other gets its id's start.
-    let (plain, suffixed, suffix) =
-        if bid < cid { ("10.125.0.2", "10.125.0.3", &cid) } else { ("10.125.0.3", "10.125.0.2", &bid) };
-    let dup = format!("beta-{}.{DOMAIN}", &suffix[..6]);
+    let cid = node_id(&c);
+    // B and C share a name: B held it first (on A, and on B itself), whatever the ids;
+    // C gets its id's start.
+    let (plain, suffixed) = ("10.125.0.2", "10.125.0.3");
+    let dup = format!("beta-{}.{DOMAIN}", &cid[..6]);
     let names = |n: &Node| n.status()["magic_dns"]["names"].as_u64();
     wait_until(Duration::from_secs(10), "every zone holds three names", || {
         [&a, &b, &c].iter().all(|n| names(n) == Some(3))
@@ -151,4 +155,34 @@ fn a_bad_domain_is_refused_at_start() {
         assert_eq!(out.status.code(), Some(2), "{bad}: {err}");
         assert!(err.contains("--dns-domain") && err.contains(bad), "{err}");
     }
+}
+
+#[test]
+fn a_copied_name_stays_with_the_member_that_held_it_first() {
+    require_root();
+    let lan = Lan::new(3);
+    let dir = TempDir::new();
+    let hub = start(&lan, &dir, 0, "hub", &[]);
+    let server = start(&lan, &dir, 1, "server", &[]);
+    let at = |n: &str| dig(&lan.hosts[0], "10.125.0.1", &format!("{n}.{DOMAIN}"), "A").1;
+    wait_until(Duration::from_secs(15), "the hub resolves the server", || at("server") == ["10.125.0.2"]);
+    // A member copies the name with a node id that sorts below the server's.
+    let copier_id = key_below(&dir.0, "n2", &node_id(&server));
+    let copier = start(&lan, &dir, 2, "server", &[]);
+    assert_eq!(node_id(&copier), copier_id);
+    wait_until(Duration::from_secs(15), "the hub knows the copier", || hub.routes_to("10.125.0.3"));
+    let suffixed = format!("server-{}", &copier_id[..6]);
+    wait_until(Duration::from_secs(5), "the copier is suffixed", || at(&suffixed) == ["10.125.0.3"]);
+    assert_eq!(at("server"), ["10.125.0.2"], "the copier took the server's name");
+    // The binding is kept in the state directory: a restarted hub still knows who
+    // held the name first, whichever record reaches it first now.
+    let mut hub = hub;
+    hub.restart();
+    wait_until(Duration::from_secs(15), "the restarted hub knows both", || {
+        hub.routes_to("10.125.0.2") && hub.routes_to("10.125.0.3")
+    });
+    wait_until(Duration::from_secs(5), "its zone has both", || at(&suffixed) == ["10.125.0.3"]);
+    assert_eq!(at("server"), ["10.125.0.2"]);
+    let kept = std::fs::read_to_string(hub.state.join("names.json")).unwrap();
+    assert!(kept.contains(&format!("\"server\": \"{}\"", node_id(&server))), "{kept}");
 }

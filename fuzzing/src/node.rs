@@ -81,6 +81,7 @@ fn config(local: StaticKey, ipv4: Ipv4Addr, dial: Vec<Endpoint>, me: Endpoint, e
         dynamic: None,
         accept_wide_subnets: false,
         exit_allow_lan: false,
+        names: weft_peers::Names::default(),
         use_exit: None,
         local_networks: Vec::new(),
     }

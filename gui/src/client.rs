@@ -227,6 +227,7 @@ impl Worker {
             Request::WgAdd { name } => format!("wg-add {name}"),
             Request::WgRemove { name } => format!("wg-remove {name}"),
             Request::Reload => "reload".to_owned(),
+            Request::AcceptExit => "exit accept".to_owned(),
         };
         let (ok, message) = match control::request(&self.control, req) {
             Ok(Reply::Done { message }) => (true, message),

@@ -16,6 +16,7 @@
 mod deadline;
 pub mod identity;
 mod mesh;
+pub mod names;
 pub mod node;
 mod peer;
 mod routing;
@@ -24,5 +25,6 @@ pub mod topology;
 
 pub use identity::NodeId;
 pub use mesh::{pick_address, reencode_message};
+pub use names::Names;
 pub use node::{Action, Config, Input, Node, PeerRef, Timers};
 pub use routing::{DEFAULT_ROUTE, DEFAULT_ROUTE6, default_ipv6, derived_from};

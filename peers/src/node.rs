@@ -154,6 +154,9 @@ pub struct Config {
     /// Networks this node is directly connected to (its interfaces' networks): a
     /// member's proxied subnet overlapping one is refused.
     pub local_networks: Vec<(IpAddr, u8)>,
+    /// Host names bound to the member that held each first, and the member
+    /// `--use-exit-node` first matched, as kept in the state directory.
+    pub names: crate::names::Names,
 }
 
 /// A fact the runtime reports.
@@ -278,6 +281,8 @@ pub enum Action {
         /// The datagram.
         bytes: Vec<u8>,
     },
+    /// Keep these name bindings and exit pin in the state directory (they changed).
+    SaveNames(crate::names::Names),
 }
 
 /// Whom a handshake rate bucket belongs to: a source address, or a relayed sender
@@ -405,6 +410,8 @@ pub struct Node {
     inbound_failures: VecDeque<InboundFailure>,
     pub(crate) actions: VecDeque<Action>,
     pub(crate) routes_dirty: bool,
+    /// The member `--use-exit-node` matched instead of the pinned one, once warned of.
+    pub(crate) exit_warned: Option<NodeId>,
     /// The mesh: records, paths, our record.
     pub(crate) mesh: Mesh,
     /// When each part of the engine next has work.
@@ -441,8 +448,10 @@ pub struct Node {
 
 impl Node {
     /// Creates the engine. `rng` draws session indices and jitter.
-    pub fn new(cfg: Config, mut rng: Box<dyn RngCore + Send>) -> Self {
+    pub fn new(mut cfg: Config, mut rng: Box<dyn RngCore + Send>) -> Self {
         let id = NodeId::from_public(&cfg.handshake.local.public);
+        // Our own name is ours first, on this node.
+        let own_name = cfg.names.bind(&cfg.handshake.hello.hostname, id);
         let macs = Arc::new(MacKeys::new(&cfg.handshake.psk));
         let mut secret = [0u8; 32];
         rng.fill_bytes(&mut secret);
@@ -458,7 +467,7 @@ impl Node {
             })
             .enumerate()
             .collect();
-        Self {
+        let mut node = Self {
             cfg,
             id,
             rng,
@@ -474,6 +483,7 @@ impl Node {
             inbound_failures: VecDeque::new(),
             actions: VecDeque::new(),
             routes_dirty: true,
+            exit_warned: None,
             mesh: Mesh::new(),
             deadlines: Deadlines::default(),
             touched: BTreeSet::new(),
@@ -495,7 +505,11 @@ impl Node {
             overloaded_until: None,
             admission: AdmissionStats::default(),
             last_now: None,
+        };
+        if own_name {
+            node.actions.push_back(Action::SaveNames(node.cfg.names.clone()));
         }
+        node
     }
 
     /// The network's handshake MAC keys, for the pipelines' mac1 check.
@@ -611,6 +625,11 @@ impl Node {
             let now = self.last_now.unwrap_or(self.cfg.epoch);
             self.finish_step(now);
         }
+    }
+
+    /// Host names bound to the member that held each first, and the exit pin.
+    pub fn names(&self) -> &crate::names::Names {
+        &self.cfg.names
     }
 
     /// The topology records this node holds (every member's signed self-description).
@@ -1853,7 +1872,7 @@ impl Node {
         }
     }
 
-    fn finish_step(&mut self, now: Instant) {
+    pub(crate) fn finish_step(&mut self, now: Instant) {
         self.last_now = Some(now);
         // Clear in-flight markers whose handshake is gone (confirmed, failed or expired).
         let busy = |i: u32| self.pending_init.contains_key(&i) || self.held.contains_key(&i);

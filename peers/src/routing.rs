@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use weft_core::transport::{Endpoint, Proto};
 
 use rand::RngCore;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 use weft_core::route::{Demand, Route, RouteSnapshot, Serves};
 use weft_core::wire::{DATA_HEADER_LEN, FLAG_CONTROL};
 
@@ -613,11 +613,95 @@ impl Node {
             .collect()
     }
 
-    /// The member `--use-exit-node` names (host name, or node id in full or its first
-    /// 6 or more hex digits) among those that offer themselves as exits; the lowest
-    /// node id when several share the name.
+    /// The exit in use: the member `--use-exit-node` was pinned to (the one it first
+    /// matched, [`crate::Names`]), while it still matches and offers an exit. Another
+    /// member taking the name (or an id with the same first digits) never moves the
+    /// exit: that fails closed until `weft exit accept` ([`Node::accept_exit`]).
     pub(crate) fn exit_node(&self) -> Option<&Record> {
-        self.named_exit().filter(|r| offers_exit(r)).min_by_key(|r| r.node())
+        let wanted = self.cfg.use_exit.as_deref()?;
+        let chosen = self.cfg.names.exit_pin(wanted).or_else(|| self.exit_choice())?;
+        self.named_exit().find(|r| r.node() == chosen).filter(|r| offers_exit(r))
+    }
+
+    /// The member `--use-exit-node` would pin now: among those it names, the one its
+    /// name is bound to ([`crate::Names::holder`]), else the lowest node id (an id
+    /// prefix shared by several).
+    fn exit_choice(&self) -> Option<NodeId> {
+        let bound = self.cfg.use_exit.as_deref().and_then(|w| self.cfg.names.holder(w));
+        let mut named = self.named_exit().map(Record::node);
+        let first = named.next()?;
+        let all = std::iter::once(first).chain(named);
+        let mut lowest = first;
+        for id in all {
+            if Some(id) == bound {
+                return Some(id);
+            }
+            lowest = lowest.min(id);
+        }
+        Some(lowest)
+    }
+
+    /// Another member `--use-exit-node` names while the pinned one is gone or no
+    /// longer matches: the exit does not move to it.
+    fn exit_changed(&self) -> Option<&Record> {
+        let wanted = self.cfg.use_exit.as_deref()?;
+        let pinned = self.cfg.names.exit_pin(wanted)?;
+        if self.named_exit().any(|r| r.node() == pinned) {
+            return None;
+        }
+        let other = self.exit_choice()?;
+        self.named_exit().find(|r| r.node() == other)
+    }
+
+    /// Pins `--use-exit-node` to the member it first matches, and says once when
+    /// another member matches instead. True when the names were handed to the runtime
+    /// to keep.
+    pub(crate) fn pin_exit(&mut self) -> bool {
+        let Some(wanted) = self.cfg.use_exit.clone() else { return false };
+        match self.cfg.names.exit_pin(&wanted) {
+            None => {
+                let Some(id) = self.exit_choice() else { return false };
+                info!(exit = %wanted, node = %id, "--use-exit-node pinned to the member it first matched");
+                self.cfg.names.pin_exit(&wanted, id);
+                self.actions.push_back(crate::node::Action::SaveNames(self.cfg.names.clone()));
+                self.routes_dirty = true;
+                true
+            }
+            Some(pinned) => {
+                if let Some(other) = self.exit_changed().map(Record::node)
+                    && self.exit_warned != Some(other)
+                {
+                    self.exit_warned = Some(other);
+                    tracing::warn!(
+                        exit = %wanted,
+                        %pinned,
+                        now = %other,
+                        "--use-exit-node now matches member {other}, not the member {pinned} it was pinned to: internet \
+                         traffic fails closed; `weft exit accept` uses the new member (a node id names an exit \
+                         unambiguously)"
+                    );
+                }
+                false
+            }
+        }
+    }
+
+    /// `weft exit accept`: pins `--use-exit-node` to the member it matches now.
+    pub fn accept_exit(&mut self, now: Instant) -> Result<String, String> {
+        let wanted = self.cfg.use_exit.clone().ok_or("this node uses no exit (--use-exit-node)")?;
+        if let Some(pinned) = self.cfg.names.exit_pin(&wanted)
+            && self.named_exit().any(|r| r.node() == pinned)
+        {
+            return Ok(format!("--use-exit-node {wanted} already uses member {pinned}"));
+        }
+        let id = self.exit_choice().ok_or_else(|| format!("no member matches --use-exit-node {wanted}"))?;
+        self.cfg.names.pin_exit(&wanted, id);
+        self.exit_warned = None;
+        self.actions.push_back(crate::node::Action::SaveNames(self.cfg.names.clone()));
+        self.routes_dirty = true;
+        self.finish_step(now);
+        warn!(exit = %wanted, node = %id, "exit accepted: --use-exit-node now pinned to member {id}");
+        Ok(format!("--use-exit-node {wanted} now uses member {id}"))
     }
 
     /// Other members that `--use-exit-node` names, whether they offer an exit or not.
@@ -648,7 +732,9 @@ impl Node {
         let node = self.exit_node().map(|r| (r.node(), r.hostname.clone()));
         let routing = self.installed_subnets.contains(&DEFAULT_ROUTE);
         let known = self.named_exit().next().is_some();
-        Some(crate::status::ExitStatus { wanted, node, routing, known })
+        let pinned = self.cfg.names.exit_pin(&wanted);
+        let changed_to = self.exit_changed().map(|r| (r.node(), r.hostname.clone()));
+        Some(crate::status::ExitStatus { wanted, node, routing, known, pinned, changed_to })
     }
 
     /// Why we will not route subnet `a/p` that a member proxies, if we will not: it

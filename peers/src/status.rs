@@ -179,4 +179,9 @@ pub struct ExitStatus {
     pub routing: bool,
     /// Whether some member has that name or id at all (offering to be an exit or not).
     pub known: bool,
+    /// The member `--use-exit-node` is pinned to (the one it first matched).
+    pub pinned: Option<NodeId>,
+    /// Another member it matches while the pinned one does not: the exit stays off
+    /// (fails closed) until `weft exit accept`.
+    pub changed_to: Option<(NodeId, String)>,
 }

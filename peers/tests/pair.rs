@@ -1703,3 +1703,69 @@ fn an_exit_offer_is_routed_only_by_the_member_that_chose_it() {
     assert_eq!(via, Some(overlay(A)));
     assert!(sim.slots[C].host.routes.route_for(public.into()).is_none());
 }
+
+#[test]
+fn a_copied_exit_name_never_moves_the_exit_and_a_changed_one_fails_closed() {
+    let mut sim = three_members();
+    let any = weft_peers::DEFAULT_ROUTE;
+    sim.tweaks.push((A, Box::new(move |c: &mut Config| c.proxied = vec![any])));
+    sim.tweaks.push((B, Box::new(|c: &mut Config| c.use_exit = Some("node0".into()))));
+    for i in [C, B, A] {
+        let (p, d) = (sim.slots[i].params.clone(), sim.slots[i].dial.clone());
+        sim.restart_with(i, p, d);
+    }
+    let routes_via = |s: &Sim, i: usize| {
+        s.node(B).status(s.now).exit.is_some_and(|e| e.routing && e.node.is_some_and(|(id, _)| id == s.id(i)))
+    };
+    assert!(sim.run_until(Duration::from_secs(5), |s| routes_via(s, A)).is_some());
+    // D copies A's host name, offers an exit too, and has a lower node id (ground).
+    let a_id = sim.id(A);
+    let key = (0..64u64)
+        .map(|seed| static_key(&mut ChaCha8Rng::seed_from_u64(0xd00d_0000 + seed)))
+        .find(|k| NodeId::from_public(&k.public) < a_id)
+        .expect("a lower id in 64 tries");
+    const D: usize = 3;
+    let copier = harness::params(key, NET, SECRET, Cipher::Aes128Gcm, overlay(D), "node0".into());
+    sim.slots.push(Slot {
+        params: copier,
+        dial: vec![B, C],
+        timers: Timers::default(),
+        seed: 0xd00d,
+        host: Host::new(addr(D), sim.epoch),
+    });
+    sim.tweaks.push((D, Box::new(move |c: &mut Config| c.proxied = vec![any])));
+    sim.boot(D);
+    sim.run(Duration::from_secs(5));
+    assert!(sim.record(B, D).is_some(), "B knows the copier");
+    assert!(routes_via(&sim, A), "the exit moved to the copier: {:?}", sim.node(B).status(sim.now).exit);
+    assert_eq!(sim.node(B).names().holder("NODE0"), Some(a_id));
+    let public: std::net::IpAddr = Ipv4Addr::new(203, 0, 113, 10).into();
+    assert_eq!(sim.slots[B].host.routes.route_for(public).map(|r| r.session.peer_addr), Some(overlay(A)));
+    // What B asked the runtime to keep: the binding and the pin.
+    let kept = sim.slots[B].host.names.clone().expect("names saved");
+    assert_eq!((kept.holder("node0"), kept.exit_pin("node0")), (Some(a_id), Some(a_id)));
+
+    // A goes away for good: its record ages out and only D matches. The exit does not
+    // move; status says so and traffic fails closed.
+    sim.kill(A);
+    sim.run(Duration::from_secs(75));
+    let e = sim.node(B).status(sim.now).exit.expect("exit status");
+    assert_eq!(e.changed_to, Some((sim.id(D), "node0".to_owned())), "{e:?}");
+    assert_eq!((e.node, e.routing, e.pinned), (None, false, Some(a_id)));
+    assert!(sim.slots[B].host.routes.route_for(public).is_none(), "internet traffic went somewhere");
+    assert!(!sim.slots[B].host.installed.contains(&any));
+
+    // The admin accepts the new exit.
+    let now = sim.now;
+    let said = sim.slots[B].host.admin(|n| n.accept_exit(now), &mut Vec::new()).expect("accepted");
+    assert!(said.contains(&sim.id(D).to_string()), "{said}");
+    assert!(sim.run_until(Duration::from_secs(3), |s| routes_via(s, D)).is_some());
+    let kept = sim.slots[B].host.names.clone().expect("names saved");
+    assert_eq!(kept.exit_pin("node0"), Some(sim.id(D)));
+    // A restart keeps the pin it is given back (the runtime's state file).
+    sim.tweaks.push((B, Box::new(move |c: &mut Config| c.names = kept.clone())));
+    let (p, d) = (sim.slots[B].params.clone(), sim.slots[B].dial.clone());
+    sim.restart_with(B, p, d);
+    assert!(sim.run_until(Duration::from_secs(5), |s| routes_via(s, D)).is_some());
+    assert_eq!(sim.node(B).status(sim.now).exit.and_then(|e| e.pinned), Some(sim.id(D)));
+}
