@@ -19,8 +19,15 @@ pub fn default_control() -> PathBuf {
     }
     match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
         Some(d) => PathBuf::from(d).join("weft/weft.sock"),
-        None => PathBuf::from(format!("/tmp/weft-{}/weft.sock", crate::access::own_uid())),
+        None => fallback_dir().join("weft.sock"),
     }
+}
+
+/// Where a non-root node without `XDG_RUNTIME_DIR` (or `HOME`) keeps its socket and
+/// state: `/tmp/weft-UID`. Anyone may create that name first in `/tmp`, so a node
+/// uses it only if it is a directory of its own, mode 0700 ([`crate::state::private_dir`]).
+pub fn fallback_dir() -> PathBuf {
+    PathBuf::from(format!("/tmp/weft-{}", crate::access::own_uid()))
 }
 
 /// The default state directory: [`DEFAULT_STATE_DIR`] for root, else
@@ -34,7 +41,7 @@ pub fn default_state_dir() -> PathBuf {
     }
     match std::env::var_os("HOME").filter(|d| !d.is_empty()) {
         Some(h) => PathBuf::from(h).join(".local/state/weft"),
-        None => PathBuf::from(format!("/tmp/weft-{}/state", crate::access::own_uid())),
+        None => fallback_dir().join("state"),
     }
 }
 

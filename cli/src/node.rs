@@ -233,6 +233,10 @@ fn configure_ipv6(dev: &str, addr: Ipv6Addr, prefix: u8) -> Result<(), String> {
 pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
     weft_core::transport::limit_malloc_arenas();
     crate::secret::warn_if_weak(&cfg.network_secret.0);
+    let fallback = crate::args::fallback_dir();
+    if !crate::access::is_root() && (cfg.state_dir.starts_with(&fallback) || cfg.control.starts_with(&fallback)) {
+        state::private_dir(&fallback)?;
+    }
     let key = state::load_or_create_key(&cfg.state_dir)?;
     if let Some(e) = &cfg.use_exit {
         let id = NodeId::from_public(&key.public).to_string();
@@ -361,6 +365,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
             let l = std::net::TcpListener::bind(addr).with_context(|| format!("cannot listen on --metrics {addr}"))?;
             l.set_nonblocking(true)?;
             info!(%addr, "serving Prometheus metrics at /metrics");
+            warn_if_exposed(addr, "--metrics", "read this node's peers, addresses and traffic counters");
             Some(l)
         }
         None => None,
@@ -489,6 +494,9 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
                 nets: Arc::new(ArcSwap::from_pointee(Vec::new())),
             };
             let auth = cfg.socks5_auth.as_ref().map(|(u, p)| (u.clone(), p.0.clone()));
+            if let Some(a) = cfg.socks5.filter(|_| auth.is_none()) {
+                warn_if_exposed(a, "--socks5 without --socks5-auth", "reach the whole mesh through this node");
+            }
             Some(crate::userspace::Userspace::bind(stack, dest, cfg.socks5, auth, &cfg.forwards, &cfg.exposes)?)
         }
         None => None,
@@ -1544,6 +1552,20 @@ fn no_portal() -> Reply {
 
 fn counters(d: &DropCounters) -> BTreeMap<String, u64> {
     d.nonzero().into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
+}
+
+/// Warns, naming who can reach it, when a service meant for this host listens beyond
+/// loopback.
+fn warn_if_exposed(addr: SocketAddr, what: &str, can: &str) {
+    if addr.ip().is_loopback() {
+        return;
+    }
+    let who = if addr.ip().is_unspecified() {
+        "anyone who can reach any address of this host".to_owned()
+    } else {
+        format!("anyone who can reach {}", addr.ip())
+    };
+    warn!(%addr, "{what} listens beyond loopback: {who} can {can}");
 }
 
 fn bind_control(path: &Path) -> Result<UnixListener> {

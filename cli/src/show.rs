@@ -84,6 +84,9 @@ pub(crate) fn status(s: &StatusJson) -> String {
         for e in &u.exposes {
             let _ = writeln!(o, "expose    {e}");
         }
+        if u.expose_refused > 0 {
+            let _ = writeln!(o, "expose    {} connections or flows refused at the cap", u.expose_refused);
+        }
         let _ = writeln!(
             o,
             "stack     {} tcp connections, {} udp sockets, {} relayed, {} failed, packets {} in {} out, dropped {} in {} out",

@@ -150,6 +150,40 @@ fn unhex(s: &str) -> Result<Vec<u8>> {
     (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).context("bad hex")).collect()
 }
 
+/// Makes sure `dir` is this user's own private directory: created here with mode
+/// 0700 if missing, else it must be a real directory (not a link) owned by this user
+/// and closed to group and others. In a shared directory such as `/tmp` another user
+/// could have created the name first to read or replace the node's socket and state.
+pub fn private_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    match fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e).with_context(|| format!("cannot create {}", dir.display())),
+    }
+    let m = fs::symlink_metadata(dir).with_context(|| format!("cannot read {}", dir.display()))?;
+    let me = crate::access::own_uid();
+    if !m.file_type().is_dir() {
+        bail!("{} is not a directory (a link or a file someone else put there): refusing to use it", dir.display());
+    }
+    if m.uid() != me {
+        bail!(
+            "{} belongs to uid {}, not to this user ({me}): another user may have created it to take over this \
+             node's control socket; remove it or set XDG_RUNTIME_DIR",
+            dir.display(),
+            m.uid()
+        );
+    }
+    if m.permissions().mode() & 0o077 != 0 {
+        bail!(
+            "{} is open to other users (mode {:o}): chmod 700 it, or remove it",
+            dir.display(),
+            m.permissions().mode() & 0o777
+        );
+    }
+    Ok(())
+}
+
 /// [`NAMES_FILE`] on disk.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct NamesFile {
@@ -293,6 +327,30 @@ mod tests {
         assert!(format!("{:#}", load_names(&dir).unwrap_err()).contains("format 9"));
         fs::write(dir.join(NAMES_FILE), "{").unwrap();
         assert!(format!("{:#}", load_names(&dir).unwrap_err()).contains("corrupt name bindings"));
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_private_dir_is_made_0700_and_a_foreign_or_open_one_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("weft-private-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        private_dir(&dir).unwrap();
+        assert_eq!(fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
+        private_dir(&dir).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(format!("{:#}", private_dir(&dir).unwrap_err()).contains("open to other users"));
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
+        let link = dir.with_extension("link");
+        let _ = fs::remove_file(&link);
+        std::os::unix::fs::symlink(&dir, &link).unwrap();
+        assert!(format!("{:#}", private_dir(&link).unwrap_err()).contains("not a directory"));
+        if crate::access::is_root() {
+            // Another owner: what a local user who made the name first would leave.
+            std::os::unix::fs::chown(&dir, Some(65534), None).unwrap();
+            assert!(format!("{:#}", private_dir(&dir).unwrap_err()).contains("belongs to uid 65534"));
+        }
+        let _ = fs::remove_file(&link);
         let _ = fs::remove_dir_all(&dir);
     }
 }

@@ -128,7 +128,16 @@ pub struct ServiceStats {
     pub relayed: AtomicU64,
     /// Connections and datagrams that could not be relayed.
     pub failed: AtomicU64,
+    /// Connections and UDP flows an `--expose` refused because its cap was reached.
+    pub expose_refused: AtomicU64,
 }
+
+/// Connections one `--expose` (TCP) relays at once; more are closed at once and
+/// counted (`expose_refused`). Half-open ones are bounded by the stack: a TCP port
+/// keeps 4 listening sockets, each holding one handshake in progress.
+pub const MAX_EXPOSE_CONNECTIONS: usize = 256;
+/// UDP flows (remote address and port) one `--expose` (UDP) keeps at once.
+pub const MAX_EXPOSE_FLOWS: usize = 256;
 
 enum Bound {
     Tcp(std::net::TcpListener),
@@ -225,6 +234,7 @@ impl Userspace {
             socks5_refused: l(&self.stats.socks5_refused),
             relayed: l(&self.stats.relayed),
             failed: l(&self.stats.failed),
+            expose_refused: l(&self.stats.expose_refused),
         }
     }
 
@@ -322,9 +332,18 @@ async fn expose_tcp(
     local: SocketAddr,
     stats: Arc<ServiceStats>,
 ) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_EXPOSE_CONNECTIONS));
     while let Some(conn) = accepted.recv().await {
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            // Dropping `conn` closes it.
+            if stats.expose_refused.fetch_add(1, Relaxed) == 0 {
+                warn!(%local, "--expose: {MAX_EXPOSE_CONNECTIONS} connections at once, refusing more");
+            }
+            continue;
+        };
         let stats = stats.clone();
         tokio::spawn(async move {
+            let _slot = slot;
             match TcpStream::connect(local).await {
                 Ok(s) => {
                     let _ = s.set_nodelay(true);
@@ -449,9 +468,16 @@ async fn expose_udp(conn: UdpConn, local: SocketAddr, stats: Arc<ServiceStats>) 
                 continue;
             }
         };
-        let existing = flows.lock().ok().and_then(|m| m.get(&remote).cloned());
+        let (existing, full) =
+            flows.lock().map(|m| (m.get(&remote).cloned(), m.len() >= MAX_EXPOSE_FLOWS)).unwrap_or((None, true));
         let (sock, last) = match existing {
             Some(s) => s,
+            None if full => {
+                if stats.expose_refused.fetch_add(1, Relaxed) == 0 {
+                    warn!(%local, "--expose: {MAX_EXPOSE_FLOWS} UDP flows at once, refusing new ones");
+                }
+                continue;
+            }
             None => {
                 let any: SocketAddr = if local.is_ipv4() { ([0, 0, 0, 0], 0).into() } else { ([0u16; 8], 0).into() };
                 let sock = match UdpSocket::bind(any).await {
@@ -705,4 +731,7 @@ pub struct UserspaceJson {
     pub relayed: u64,
     /// What could not be relayed.
     pub failed: u64,
+    /// Connections and UDP flows refused by an `--expose` at its cap.
+    #[serde(default)]
+    pub expose_refused: u64,
 }

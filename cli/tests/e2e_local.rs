@@ -305,3 +305,35 @@ fn json_logs_are_one_object_per_line() {
     assert_eq!(start["fields"]["addr"], "10.126.126.1/24", "{start}");
     assert_eq!(start["level"], "INFO");
 }
+
+/// Runs `weft up` as nobody with no XDG_RUNTIME_DIR, HOME or XDG_STATE_HOME (so it falls
+/// back to /tmp/weft-65534), in a mount namespace with a /tmp of its own, after `prep`
+/// (shell, run as root there) set that /tmp up. Returns its output (it must exit).
+fn up_in_private_tmp(prep: &str, ns: &Netns) -> Output {
+    let script = format!(
+        "mount -t tmpfs none /tmp && mkdir /tmp/bin && cp \"$0\" /tmp/bin/weft && chmod 755 /tmp/bin /tmp/bin/weft && \
+         {prep} && exec timeout 5 setpriv --reuid 65534 --regid 65534 --clear-groups --inh-caps=-all \
+         env -u XDG_RUNTIME_DIR -u HOME -u XDG_STATE_HOME -u WEFT_CONTROL /tmp/bin/weft up --no-tun \
+         --network-name local --network-secret Zq3-vT8pL2-xWn7-Kd4r-Hm9s -i 10.126.126.1/24 \
+         -l udp://127.0.0.1:11010 --threads 1"
+    );
+    ns.cmd("unshare").args(["--mount", "--propagation", "private", "sh", "-c", &script, weft_bin()]).output().unwrap()
+}
+
+#[test]
+fn a_non_root_node_refuses_a_fallback_runtime_dir_it_does_not_own() {
+    require_root();
+    let ns = Netns::new();
+    ns.exec_ok(&["ip", "link", "set", "lo", "up"]);
+    // Another user (root here) created the name first: refused, and nothing is bound.
+    let taken = up_in_private_tmp("mkdir -m 1777 /tmp/weft-65534", &ns);
+    assert_eq!(taken.status.code(), Some(1), "{}", text(&taken));
+    assert!(text(&taken).contains("/tmp/weft-65534 belongs to uid 0"), "{}", text(&taken));
+    // Its own but open to others: refused too.
+    let open = up_in_private_tmp("mkdir -m 755 /tmp/weft-65534 && chown 65534 /tmp/weft-65534", &ns);
+    assert_eq!(open.status.code(), Some(1), "{}", text(&open));
+    assert!(text(&open).contains("open to other users"), "{}", text(&open));
+    // Made by the node itself: 0700, and the node runs (until `timeout` stops it).
+    let fresh = up_in_private_tmp("true", &ns);
+    assert_eq!(fresh.status.code(), Some(124), "the node did not run: {}", text(&fresh));
+}

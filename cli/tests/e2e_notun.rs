@@ -545,3 +545,58 @@ fn every_transport_and_cipher_carries_a_no_tun_member() {
         assert_eq!(nb.peer("10.126.153.1").unwrap()["transport"], proto);
     }
 }
+
+#[test]
+fn an_exposed_port_is_capped_and_services_beyond_loopback_are_warned_of() {
+    require_root();
+    let dir = TempDir::new();
+    let (a, b) = (Netns::new(), Netns::new());
+    link(&a, "eth0", "192.0.2.1/24", &b, "eth0", "192.0.2.2/24");
+    b.exec_ok(&["ip", "link", "set", "lo", "up"]);
+    // B's local service holds every connection it gets.
+    let held = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let service = b.within(|| TcpListener::bind("127.0.0.1:7003").unwrap());
+    let h = held.clone();
+    std::thread::spawn(move || {
+        for c in service.incoming().flatten() {
+            h.lock().unwrap().push(c);
+        }
+    });
+    let b_extra = [
+        "--no-tun",
+        "--threads",
+        "1",
+        "--expose",
+        "tcp://5003=127.0.0.1:7003",
+        "--metrics",
+        "0.0.0.0:9109",
+        "--socks5",
+        "0.0.0.0:1081",
+    ];
+    let nb = Node::start(&b, &dir.0, "b", &args("10.126.152.2/24", "bravo", &b_extra));
+    let na = Node::start(
+        &a,
+        &dir.0,
+        "a",
+        &args("10.126.152.1/24", "alpha", &["--threads", "1", "-p", "udp://192.0.2.2:11010"]),
+    );
+    wait_until(Duration::from_secs(15), "A reaches B", || na.routes_to("10.126.152.2"));
+    let log = nb.log_text();
+    assert!(log.contains("--metrics listens beyond loopback: anyone who can reach any address of this host"), "{log}");
+    assert!(log.contains("--socks5 without --socks5-auth listens beyond loopback"), "{log}");
+    // A opens more connections than one exposed port relays at once.
+    let cap = 256;
+    let conns: Vec<TcpStream> = a.within(|| {
+        (0..cap + 8)
+            .filter_map(|_| {
+                TcpStream::connect_timeout(&"10.126.152.2:5003".parse().unwrap(), Duration::from_secs(3)).ok()
+            })
+            .collect()
+    });
+    assert!(conns.len() > cap, "only {} connections opened", conns.len());
+    wait_until(Duration::from_secs(10), "B refuses what is over the cap", || {
+        nb.status()["userspace"]["expose_refused"].as_u64().unwrap_or(0) >= (conns.len() - cap) as u64
+    });
+    assert!(held.lock().unwrap().len() <= cap, "the service got {} connections", held.lock().unwrap().len());
+    drop(conns);
+}

@@ -10,7 +10,7 @@
 //!
 //! Hostile or broken peers cost little. A listener holds at most `max_connections`
 //! connections, and at most [`per_source_limit`] of them from one source (an IPv4
-//! address or an IPv6 /64), so one address cannot take every slot. Every deadline is
+//! address or an IPv6 /48), so one address cannot take every slot. Every deadline is
 //! total, never per read, so a peer that trickles a byte now and then gains nothing:
 //! TLS, WebSocket and QUIC handshakes must finish within [`HANDSHAKE_TIMEOUT`]; an
 //! accepted connection (TCP, WebSocket or QUIC) must then deliver a whole first frame
@@ -921,11 +921,12 @@ pub fn per_source_limit(max_connections: usize) -> usize {
     (max_connections / 4).clamp(1, PER_SOURCE_MAX)
 }
 
-/// What counts as one source: an IPv4 address, or an IPv6 /64 (what one host or
-/// site usually gets); IPv4-mapped IPv6 addresses count as IPv4.
+/// What counts as one source: an IPv4 address, or an IPv6 /48 (what one site is
+/// usually given: a /64 each would let one site hold every slot with 32 of its
+/// 65536 subnets); IPv4-mapped IPv6 addresses count as IPv4.
 fn source_of(ip: IpAddr) -> IpAddr {
     match ip.to_canonical() {
-        IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !u128::from(u64::MAX))),
+        IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & (u128::MAX << 80))),
         v4 => v4,
     }
 }
@@ -1649,8 +1650,10 @@ mod tests {
             let a: IpAddr = "2001:db8:1:2:aaaa::1".parse().expect("v6");
             let b: IpAddr = "2001:db8:1:2:bbbb::9".parse().expect("v6");
             let c: IpAddr = "2001:db8:1:3::1".parse().expect("v6");
+            let d: IpAddr = "2001:db8:2::1".parse().expect("v6");
             assert_eq!(source_of(a), source_of(b), "one /64 is one source");
-            assert_ne!(source_of(a), source_of(c));
+            assert_eq!(source_of(a), source_of(c), "and so is one /48");
+            assert_ne!(source_of(a), source_of(d));
         }
     }
 }
