@@ -412,6 +412,8 @@ pub struct Node {
     pub(crate) routes_dirty: bool,
     /// The member `--use-exit-node` matched instead of the pinned one, once warned of.
     pub(crate) exit_warned: Option<NodeId>,
+    /// When each address may get the next punch (one a second, whoever asks).
+    pub(crate) punched: BTreeMap<std::net::SocketAddr, Instant>,
     /// The mesh: records, paths, our record.
     pub(crate) mesh: Mesh,
     /// When each part of the engine next has work.
@@ -484,6 +486,7 @@ impl Node {
             actions: VecDeque::new(),
             routes_dirty: true,
             exit_warned: None,
+            punched: BTreeMap::new(),
             mesh: Mesh::new(),
             deadlines: Deadlines::default(),
             touched: BTreeSet::new(),

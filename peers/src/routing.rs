@@ -26,6 +26,8 @@ const PUNCH_MAX: Duration = Duration::from_secs(30);
 /// A peer's punch requests are answered at most this often (its own retries back off
 /// from `PUNCH_FIRST`).
 const PUNCH_ANSWER_EVERY: Duration = Duration::from_secs(1);
+/// Destinations remembered for the per-destination punch limit.
+const MAX_PUNCHED: usize = 1024;
 /// First probe of a better transport (doubles up to `UPGRADE_MAX`).
 const UPGRADE_FIRST: Duration = Duration::from_secs(5);
 const UPGRADE_MAX: Duration = Duration::from_secs(60);
@@ -212,7 +214,7 @@ impl Node {
     /// For a relayed peer with traffic: send to its known addresses directly and ask
     /// it (through the relay) to do the same towards ours, so both NATs open at once.
     pub(crate) fn punch(&mut self, now: Instant, key: [u8; 32]) {
-        let theirs = self.candidates(&key);
+        let theirs = self.punchable(now, &key);
         let ours = self.candidates(&self.cfg.handshake.local.public);
         let jitter = self.rng.next_u32();
         let Some(p) = self.peers.get_mut(&key) else { return };
@@ -224,11 +226,10 @@ impl Node {
         self.punch_to(now, &key, &theirs);
     }
 
-    /// A peer asks us to send to it directly at `eps` now. Only addresses where it may
-    /// really be are used (the endpoints its signed record announces, and the UDP
-    /// addresses its neighbours observe), never an arbitrary address a member names
-    /// (that would make us send to a third party for it), and at most once a second
-    /// per peer.
+    /// A peer asks us to send to it directly at `eps` now. Only addresses where it
+    /// was really seen are used ([`Node::punchable`]), never an address a member names
+    /// or announces in its own record (that would make us send to a third party for
+    /// it), at most once a second per peer and once a second per destination.
     pub(crate) fn handle_punch(&mut self, now: Instant, key: [u8; 32], eps: &[Endpoint]) {
         let Some(p) = self.peers.get_mut(&key) else { return };
         if p.punch_answer_next.is_some_and(|t| now < t) {
@@ -236,19 +237,66 @@ impl Node {
             return;
         }
         p.punch_answer_next = Some(now + PUNCH_ANSWER_EVERY);
-        let known = self.candidates(&key);
+        let known = self.punchable(now, &key);
         let targets: Vec<Endpoint> = eps.iter().filter(|e| known.contains(e)).copied().collect();
         debug!(peer = %NodeId::from_public(&key), asked = eps.len(), used = targets.len(), "punch request");
         self.punch_to(now, &key, &targets);
     }
 
-    /// Sends a keepalive of `key`'s session straight to each address.
+    /// Sends a keepalive of `key`'s session straight to each address, each address at
+    /// most once a second whoever asks (many members aiming at one address get one
+    /// datagram a second out of this node).
     fn punch_to(&mut self, now: Instant, key: &[u8; 32], eps: &[Endpoint]) {
         let Some(session) = self.peers.get(key).and_then(Peer::tx).map(|s| s.session.clone()) else { return };
         for ep in eps.iter().take(MAX_CANDIDATES) {
+            if self.punched.get(&ep.addr).is_some_and(|t| now < *t) {
+                continue;
+            }
+            if self.punched.len() >= MAX_PUNCHED {
+                self.punched.retain(|_, t| now < *t);
+                if self.punched.len() >= MAX_PUNCHED {
+                    continue;
+                }
+            }
+            self.punched.insert(ep.addr, now + PUNCH_ANSWER_EVERY);
             let ka = crate::node::keepalive(&session, now, self.cfg.epoch);
             self.actions.push_back(Dest::direct(*ep).send(ka));
         }
+    }
+
+    /// Where node `key` was seen, so that a punch towards it reaches it and nobody
+    /// else: the UDP addresses our own links observe it at (in their signed records:
+    /// a link is a member we hold a session with, not whoever the requester names as
+    /// its neighbour), and its announced endpoints that lie in a network this node is
+    /// connected to (two members on one LAN).
+    pub(crate) fn punchable(&self, now: Instant, key: &[u8; 32]) -> Vec<Endpoint> {
+        let id = NodeId::from_public(key);
+        // Where we see it ourselves, when it is a direct neighbour.
+        let mut out: Vec<Endpoint> =
+            self.peers.get(key).and_then(|p| p.path.direct()).map(|d| d.endpoint).into_iter().collect();
+        for link in self.links(now).filter(|k| k != key).map(|k| NodeId::from_public(&k)) {
+            let Some(r) = self.mesh.topology.get(&link) else { continue };
+            for m in r.neighbours.iter().filter(|m| m.node == id && m.observed.proto == Proto::Udp) {
+                if !out.contains(&m.observed) {
+                    out.push(m.observed);
+                }
+            }
+        }
+        if let Some(own) = self.mesh.topology.get(&id) {
+            let ip = |e: &Endpoint| weft_core::transport::canonical(e.addr).ip();
+            let lan = |e: &Endpoint| {
+                self.cfg.local_networks.iter().any(|(n, p)| weft_core::route::overlaps_ip(*n, *p, ip(e), 128))
+            };
+            for e in own.endpoints.iter().filter(|e| lan(e)) {
+                if !out.contains(e) {
+                    out.push(*e);
+                }
+            }
+        }
+        out.retain(|e| !self.tunnelled(e));
+        out.sort_by_key(|e| e.proto);
+        out.truncate(MAX_CANDIDATES);
+        out
     }
 
     /// Where a node may be reachable directly, best transport first: the endpoints it
