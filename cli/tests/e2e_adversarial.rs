@@ -406,3 +406,73 @@ fn a_member_claiming_an_address_outside_the_overlay_takes_nothing() {
     assert!(!st["refused"].to_string().contains("172.16.50.0/24"), "A refused B's subnet: {}", st["refused"]);
     assert!(a_routes_subnet(), "A dropped B's subnet");
 }
+
+#[test]
+fn a_member_joins_while_a_captured_init_is_replayed_below_every_rate() {
+    require_root();
+    let (lan, dir) = (Lan::new(3), TempDir::new());
+    let a = Node::start(&lan.hosts[0], &dir.0, "a", &node_args("10.126.126.1/24", &[]));
+    // A member's captured first-contact init (valid mac1), replayed from 16 spoofed
+    // addresses at 200 a second in all: each source below its rate limit, the whole
+    // below the load threshold, for 20 s. Without the half-full rule the responder's
+    // table of pending XX responses (1024, 10 s each) stays full and new members are
+    // dropped silently.
+    let member = Params {
+        local: StaticKey::generate().unwrap(),
+        psk: Psk::derive(NAME, SECRET),
+        network_name: NAME.into(),
+        hello: Hello {
+            cipher: Cipher::Aes128Gcm,
+            ipv4: Ipv4Addr::new(10, 126, 126, 7),
+            prefix: 24,
+            hostname: "m".into(),
+            ipv6: None,
+            gso: true,
+            gso_quic: true,
+        },
+    };
+    let (_, mut replay) = init_bytes(&member, None, 5);
+    MacKeys::new(&member.psk).seal(&mut replay, None);
+    let target: SocketAddrV4 = format!("{}:11010", lan.addrs[0]).parse().unwrap();
+    let attacker = &lan.hosts[2];
+    let joined = std::thread::scope(|s| {
+        let flood = s.spawn(|| {
+            attacker.within(|| {
+                let sock =
+                    socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::RAW, Some(socket2::Protocol::from(255)))
+                        .unwrap();
+                let to = socket2::SockAddr::from(std::net::SocketAddr::V4(target));
+                let start = Instant::now();
+                let mut i = 0u32;
+                while start.elapsed() < Duration::from_secs(20) {
+                    let src = Ipv4Addr::new(192, 0, 2, 100 + (i % 16) as u8);
+                    let _ = sock.send_to(&spoofed_udp(src, target, &replay), &to);
+                    i += 1;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            })
+        });
+        // Long enough for the table to fill at that rate.
+        std::thread::sleep(Duration::from_secs(6));
+        let peer = format!("udp://{}:11010", lan.addrs[0]);
+        let b = Node::start(&lan.hosts[1], &dir.0, "b", &node_args("10.126.126.2/24", &["-p", &peer]));
+        let start = Instant::now();
+        let mut joined = None;
+        while start.elapsed() < Duration::from_secs(13) {
+            if a.peer_established(B_IP) && b.peer_established(A_IP) {
+                joined = Some(start.elapsed());
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        flood.join().unwrap();
+        joined
+    });
+    let st = a.status();
+    eprintln!("replayed init at 200/s from 16 sources: B joined after {joined:?}; admission {}", st["admission"]);
+    assert!(joined.is_some(), "B did not join during the replay: {}", st["admission"]);
+    assert!(st["admission"]["cookies_sent"].as_u64().unwrap_or(0) > 0, "{}", st["admission"]);
+    // No init was dropped for want of room (a member's own would have been among them).
+    assert_eq!(st["admission"]["state_full"], 0, "{}", st["admission"]);
+    assert_eq!(st["peers"].as_array().unwrap().len(), 1, "the replayed init became a peer: {st}");
+}

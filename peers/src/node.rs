@@ -98,6 +98,11 @@ pub const LOAD_INITS_PER_SEC: u32 = 250;
 pub const SOURCE_RATE: f64 = 20.0;
 /// Burst of [`SOURCE_RATE`].
 pub const SOURCE_BURST: f64 = 40.0;
+/// Relayed inits a second one relaying neighbour may bring us, whatever sender ids it
+/// writes (a member relaying for itself could otherwise mint a bucket per frame).
+pub const RELAY_RATE: f64 = 4.0 * SOURCE_RATE;
+/// Burst of [`RELAY_RATE`].
+pub const RELAY_BURST: f64 = 4.0 * SOURCE_BURST;
 /// Source buckets kept at most (full ones are forgotten first).
 const MAX_BUCKETS: usize = 4096;
 /// The cookie secret rotates this often; a cookie we received is used this long.
@@ -789,23 +794,22 @@ impl Node {
         bytes: &[u8],
     ) -> bool {
         let now_ms = ms_since(self.cfg.epoch, now);
-        // Rate per source address (relayed inits: per claimed sender; relays only
-        // accept frames from their authenticated neighbours).
-        let source = match via {
-            Some(v) => Source::Node(v),
-            None => Source::Ip(from.addr.ip()),
+        // Rate per source address; a relayed init also per claimed sender (relays
+        // only accept frames from their authenticated neighbours, but the sender id is
+        // the relay's to write), and the relaying neighbour's address has a budget of
+        // its own, so random sender ids buy nothing.
+        let limits = match via {
+            Some(v) => [
+                Some((Source::Node(v), SOURCE_RATE, SOURCE_BURST)),
+                Some((Source::Ip(from.addr.ip()), RELAY_RATE, RELAY_BURST)),
+            ],
+            None => [Some((Source::Ip(from.addr.ip()), SOURCE_RATE, SOURCE_BURST)), None],
         };
-        if self.buckets.len() >= MAX_BUCKETS && !self.buckets.contains_key(&source) {
-            self.buckets.retain(|_, b| !b.is_full(SOURCE_RATE, SOURCE_BURST, now_ms));
-        }
-        if self.buckets.len() >= MAX_BUCKETS && !self.buckets.contains_key(&source) {
-            self.admission.rate_limited += 1;
-            return false;
-        }
-        let bucket = self.buckets.entry(source).or_insert_with(|| Bucket::full(SOURCE_BURST, now_ms));
-        if !bucket.take(SOURCE_RATE, SOURCE_BURST, now_ms) {
-            self.admission.rate_limited += 1;
-            return false;
+        for (source, rate, burst) in limits.into_iter().flatten() {
+            if !self.take_token(source, rate, burst, now_ms) {
+                self.admission.rate_limited += 1;
+                return false;
+            }
         }
         // Load: inits a second past mac1, or a full queue in the runtime.
         match self.load_window {
@@ -847,9 +851,27 @@ impl Node {
         true
     }
 
+    /// Takes a token of `source`'s bucket; false when it has none (or no bucket can be
+    /// made: the table is full of busy ones).
+    fn take_token(&mut self, source: Source, rate: f64, burst: f64, now_ms: u64) -> bool {
+        if self.buckets.len() >= MAX_BUCKETS && !self.buckets.contains_key(&source) {
+            self.buckets.retain(|_, b| !b.is_full(rate, burst, now_ms));
+        }
+        if self.buckets.len() >= MAX_BUCKETS && !self.buckets.contains_key(&source) {
+            return false;
+        }
+        self.buckets.entry(source).or_insert_with(|| Bucket::full(burst, now_ms)).take(rate, burst, now_ms)
+    }
+
     /// Under load: more than [`LOAD_INITS_PER_SEC`] inits in the current one-second
-    /// window or the one before it, or a full queue in the last second.
+    /// window or the one before it, a full queue in the last second, or the pending or
+    /// held table half full (replayed inits from many spoofed sources, each below the
+    /// rate, would otherwise fill them and keep real members out: under load they get
+    /// cookies, which a spoofed source never receives).
     fn under_load(&self, now: Instant) -> bool {
+        if self.pending_resp.len() >= MAX_PENDING_RESP / 2 || self.held.len() >= MAX_HELD / 2 {
+            return true;
+        }
         let busy = self.load_window.is_some_and(|s| {
             let age = now.duration_since(s);
             (age < Duration::from_secs(1)
@@ -1970,10 +1992,12 @@ fn reject_why(r: RejectReason) -> &'static str {
     }
 }
 
-/// What a cookie is bound to: the source endpoint, or a relayed sender's node id.
+/// What a cookie is bound to: the source endpoint, or a relayed sender's node id and
+/// the relaying neighbour it came through (a cookie another member opened cannot be
+/// used through another neighbour).
 fn cookie_source(from: Endpoint, via: Option<NodeId>) -> Vec<u8> {
     match via {
-        Some(v) => [&b"node "[..], &v.to_bytes()].concat(),
+        Some(v) => [&b"node "[..], &v.to_bytes(), b" via ", from.to_string().as_bytes()].concat(),
         None => from.to_string().into_bytes(),
     }
 }

@@ -18,7 +18,7 @@ use weft_core::handshake::{Initiator, Params};
 use weft_core::transport::Endpoint;
 use weft_core::wire::{HandshakeHeader, MessageType};
 use weft_peers::node::{Action, Input, MAX_PENDING_RESP, Node};
-use weft_peers::{Config, Timers};
+use weft_peers::{Config, NodeId, Timers};
 
 const NET: &str = "admission";
 const SECRET: &str = "correct horse battery staple";
@@ -168,8 +168,35 @@ fn pending_responses_are_capped() {
             answered += sends(&mut b).len();
         }
     }
-    assert_eq!(answered, MAX_PENDING_RESP);
-    assert_eq!(b.admission(epoch).state_full, 1200 - MAX_PENDING_RESP as u64);
+    // Half full is load: the rest are asked for cookies (a spoofed source never gets
+    // one), so the table never fills and a real member still gets in.
+    assert_eq!(answered, 1200);
+    let a = b.admission(epoch);
+    assert_eq!(a.cookies_sent, 1200 - MAX_PENDING_RESP as u64 / 2);
+    assert_eq!(a.state_full, 0);
+    assert!(b.admission(epoch + Duration::from_secs(6)).under_load, "the table is still half full");
+}
+
+#[test]
+fn relayed_inits_are_limited_by_the_relaying_neighbour_too() {
+    let epoch = Instant::now();
+    let mut b = responder(epoch, false);
+    let member = params(1, SECRET, Ipv4Addr::new(10, 9, 0, 2));
+    let replay = init(&member, None, 77);
+    // One neighbour relays inits under random sender ids: each id is fresh, the
+    // neighbour's budget is not.
+    let mut answered = 0;
+    for i in 0..400u64 {
+        let sender = NodeId::from_bytes((0x5eed_0000 + i).to_be_bytes());
+        b.handle(epoch, Input::Datagram { from: spoofed(1), via: Some(sender), bytes: &replay });
+        answered += sends(&mut b).len();
+    }
+    assert_eq!(answered, weft_peers::node::RELAY_BURST as usize);
+    assert_eq!(b.admission(epoch).rate_limited, 400 - answered as u64);
+    // Another neighbour is not affected.
+    let sender = NodeId::from_bytes([9; 8]);
+    b.handle(epoch, Input::Datagram { from: spoofed(2), via: Some(sender), bytes: &replay });
+    assert_eq!(sends(&mut b).len(), 1);
 }
 
 #[test]
