@@ -492,8 +492,8 @@ impl Node {
         RouteSnapshot::with_relays(self.id.to_bytes(), routes, receiving, next_hops, neighbours)
             .with_subnets(subnets)
             .with_demand(demand, demand_subnets)
-            .with_held(self.held_sessions())
             .with_serves(self.serves())
+            .with_held(self.held_sessions())
     }
 
     /// What this node takes from the tunnel ([`Serves`]): its overlay addresses, the
