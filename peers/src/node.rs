@@ -290,12 +290,24 @@ pub enum Action {
     SaveNames(crate::names::Names),
 }
 
-/// Whom a handshake rate bucket belongs to: a source address, or a relayed sender
-/// (relays only forward frames from their authenticated neighbours).
+/// Whom a handshake rate bucket belongs to: a source address, a relayed sender
+/// (relays only forward frames from their authenticated neighbours), or the
+/// neighbour relaying them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Source {
     Ip(IpAddr),
     Node(NodeId),
+    Relay(IpAddr),
+}
+
+impl Source {
+    /// Its bucket's rate and burst.
+    fn limits(self) -> (f64, f64) {
+        match self {
+            Self::Ip(_) | Self::Node(_) => (SOURCE_RATE, SOURCE_BURST),
+            Self::Relay(_) => (RELAY_RATE, RELAY_BURST),
+        }
+    }
 }
 
 /// Where a cookie we hold applies: an endpoint, and the node behind a relay.
@@ -798,15 +810,12 @@ impl Node {
         // only accept frames from their authenticated neighbours, but the sender id is
         // the relay's to write), and the relaying neighbour's address has a budget of
         // its own, so random sender ids buy nothing.
-        let limits = match via {
-            Some(v) => [
-                Some((Source::Node(v), SOURCE_RATE, SOURCE_BURST)),
-                Some((Source::Ip(from.addr.ip()), RELAY_RATE, RELAY_BURST)),
-            ],
-            None => [Some((Source::Ip(from.addr.ip()), SOURCE_RATE, SOURCE_BURST)), None],
+        let sources = match via {
+            Some(v) => [Some(Source::Node(v)), Some(Source::Relay(from.addr.ip()))],
+            None => [Some(Source::Ip(from.addr.ip())), None],
         };
-        for (source, rate, burst) in limits.into_iter().flatten() {
-            if !self.take_token(source, rate, burst, now_ms) {
+        for source in sources.into_iter().flatten() {
+            if !self.take_token(source, now_ms) {
                 self.admission.rate_limited += 1;
                 return false;
             }
@@ -852,11 +861,16 @@ impl Node {
     }
 
     /// Takes a token of `source`'s bucket; false when it has none (or no bucket can be
-    /// made: the table is full of busy ones).
-    fn take_token(&mut self, source: Source, rate: f64, burst: f64, now_ms: u64) -> bool {
+    /// made: the table is full of busy ones). Full buckets are forgotten first, each
+    /// judged by its own kind's limits.
+    fn take_token(&mut self, source: Source, now_ms: u64) -> bool {
         if self.buckets.len() >= MAX_BUCKETS && !self.buckets.contains_key(&source) {
-            self.buckets.retain(|_, b| !b.is_full(rate, burst, now_ms));
+            self.buckets.retain(|s, b| {
+                let (rate, burst) = s.limits();
+                !b.is_full(rate, burst, now_ms)
+            });
         }
+        let (rate, burst) = source.limits();
         if self.buckets.len() >= MAX_BUCKETS && !self.buckets.contains_key(&source) {
             return false;
         }
