@@ -22,23 +22,6 @@ pub fn nft_table(dev: &str) -> String {
     format!("weft-exit-{dev}")
 }
 
-/// Destinations an exit refuses to members unless `--exit-allow-lan`: "this"
-/// network, private (RFC 1918), CGNAT, loopback, link-local (cloud metadata at
-/// 169.254.169.254), multicast and reserved; IPv6 loopback, unique local, link-local
-/// and multicast.
-const LAN4: [&str; 9] = [
-    "0.0.0.0/8",
-    "10.0.0.0/8",
-    "100.64.0.0/10",
-    "127.0.0.0/8",
-    "169.254.0.0/16",
-    "172.16.0.0/12",
-    "192.168.0.0/16",
-    "224.0.0.0/4",
-    "240.0.0.0/4",
-];
-const LAN6: [&str; 4] = ["::1/128", "fc00::/7", "fe80::/10", "ff00::/8"];
-
 /// What an exit forwards, for its nftables ruleset.
 #[derive(Debug, Clone)]
 pub struct Offer {
@@ -49,8 +32,8 @@ pub struct Offer {
     /// Subnets this node proxies (the portal network among them): members reach
     /// them, and their hosts may start connections to members.
     pub served: Vec<(IpAddr, u8)>,
-    /// The networks this host is connected to (refused as destinations, as the
-    /// private ranges are, unless `allow_lan`).
+    /// The networks this host is connected to (refused as destinations with the
+    /// private ranges unless `allow_lan`: [`weft_core::route::exit_refused`]).
     pub local: Vec<(IpAddr, u8)>,
     /// `--exit-allow-lan`.
     pub allow_lan: bool,
@@ -75,14 +58,8 @@ pub fn nft_ruleset(dev: &str, offer: &Offer) -> String {
             if elems.is_empty() { String::new() } else { format!("\t\telements = {{ {} }}\n", elems.join(", ")) };
         format!("\tset {name} {{\n\t\ttype {ty}; flags interval; auto-merge;\n{elements}\t}}\n")
     };
-    let mut lan4: Vec<String> = Vec::new();
-    let mut lan6: Vec<String> = Vec::new();
-    if !offer.allow_lan {
-        lan4 = LAN4.iter().map(|s| (*s).to_owned()).collect();
-        lan4.extend(family(false, &offer.local));
-        lan6 = LAN6.iter().map(|s| (*s).to_owned()).collect();
-        lan6.extend(family(true, &offer.local));
-    }
+    let refused = weft_core::route::exit_refused(offer.allow_lan, &offer.local);
+    let (lan4, lan6) = (family(false, &refused), family(true, &refused));
     let mut masq = format!("\t\tip saddr {} oifname != \"{dev}\" masquerade\n", offer.overlay);
     let mut from_overlay = format!("\t\tiifname \"{dev}\" ip saddr {} accept\n", offer.overlay);
     if let Some(o6) = &offer.overlay6 {
@@ -312,6 +289,7 @@ mod tests {
         o.overlay6 = Some("fd00:1::/64".into());
         let r6 = nft_ruleset("weft0", &o);
         assert!(!r6.contains("169.254.0.0/16") && !r6.contains("198.51.100.0/24"), "{r6}");
+        assert!(r6.contains("224.0.0.0/4") && r6.contains("ff00::/8"), "never forwarded, LAN or not: {r6}");
         assert!(r6.contains("ip6 saddr fd00:1::/64 oifname != \"weft0\" masquerade"), "{r6}");
         assert!(r6.contains("iifname \"weft0\" ip6 saddr fd00:1::/64 accept"), "{r6}");
         let v6: Vec<String> = route_commands("weft0", true).iter().map(|c| c.join(" ")).collect();

@@ -109,13 +109,56 @@ pub enum Serves {
         own: Vec<IpAddr>,
         /// Subnets we proxy (never a /0).
         subnets: Vec<(IpAddr, u8)>,
-        /// On an exit: the networks no destination may lie in (the overlay networks,
-        /// and unless `--exit-allow-lan` the host's own networks); `None` when this
-        /// node is no exit.
+        /// On an exit: the networks no destination may lie in (the overlay networks
+        /// and [`exit_refused`]); `None` when this node is no exit.
         exit_except: Option<Vec<(IpAddr, u8)>>,
-        /// On an exit, `--exit-allow-lan`: link-local destinations too.
-        exit_link_local: bool,
     },
+}
+
+const fn v4(a: u8, b: u8, c: u8, d: u8, p: u8) -> (IpAddr, u8) {
+    (IpAddr::V4(Ipv4Addr::new(a, b, c, d)), p)
+}
+
+const fn v6(segments: [u16; 8], p: u8) -> (IpAddr, u8) {
+    let [a, b, c, d, e, f, g, h] = segments;
+    (IpAddr::V6(Ipv6Addr::new(a, b, c, d, e, f, g, h)), p)
+}
+
+/// Destinations an exit never forwards to: "this" network, loopback, multicast and
+/// reserved (broadcast among them), and IPv4-mapped IPv6.
+pub const NEVER_FORWARDED: [(IpAddr, u8); 8] = [
+    v4(0, 0, 0, 0, 8),
+    v4(127, 0, 0, 0, 8),
+    v4(224, 0, 0, 0, 4),
+    v4(240, 0, 0, 0, 4),
+    v6([0; 8], 128),
+    v6([0, 0, 0, 0, 0, 0, 0, 1], 128),
+    v6([0xff00, 0, 0, 0, 0, 0, 0, 0], 8),
+    v6([0, 0, 0, 0, 0, 0xffff, 0, 0], 96),
+];
+
+/// Private (RFC 1918, unique local), CGNAT and link-local networks (cloud metadata at
+/// 169.254.169.254): an exit's neighbourhood, refused unless `--exit-allow-lan`.
+pub const PRIVATE: [(IpAddr, u8); 7] = [
+    v4(10, 0, 0, 0, 8),
+    v4(100, 64, 0, 0, 10),
+    v4(169, 254, 0, 0, 16),
+    v4(172, 16, 0, 0, 12),
+    v4(192, 168, 0, 0, 16),
+    v6([0xfc00, 0, 0, 0, 0, 0, 0, 0], 7),
+    v6([0xfe80, 0, 0, 0, 0, 0, 0, 0], 10),
+];
+
+/// The destinations an exit refuses to members: [`NEVER_FORWARDED`], and unless
+/// `allow_lan` (`--exit-allow-lan`) [`PRIVATE`] and the host's own networks
+/// (`local`). The data path ([`Serves`]) and the exit's nftables rules both use it.
+pub fn exit_refused(allow_lan: bool, local: &[(IpAddr, u8)]) -> Vec<(IpAddr, u8)> {
+    let mut v = NEVER_FORWARDED.to_vec();
+    if !allow_lan {
+        v.extend(PRIVATE);
+        v.extend_from_slice(local);
+    }
+    v
 }
 
 impl Serves {
@@ -123,9 +166,8 @@ impl Serves {
         match self {
             Self::Any => Served { any: true, ..Served::default() },
             Self::Nothing => Served::default(),
-            Self::Only { own, subnets, exit_except, exit_link_local } => Served {
+            Self::Only { own, subnets, exit_except } => Served {
                 any: false,
-                link_local: exit_link_local,
                 own,
                 subnets: by_prefix(subnets.into_iter().map(|(a, p)| (a, p, ()))),
                 exit: exit_except.is_some(),
@@ -142,7 +184,6 @@ struct Served {
     own: Vec<IpAddr>,
     subnets: Vec<(Net, ())>,
     exit: bool,
-    link_local: bool,
     except: Vec<(Net, ())>,
 }
 
@@ -151,25 +192,7 @@ impl Served {
         self.any
             || self.own.contains(&dst)
             || longest(&self.subnets, dst).is_some()
-            || (self.exit && is_unicast(dst, self.link_local) && longest(&self.except, dst).is_none())
-    }
-}
-
-/// Whether `a` can be a destination an exit forwards to: not multicast, broadcast,
-/// loopback, unspecified or an IPv4-mapped IPv6 address, and unless `link_local`
-/// (`--exit-allow-lan`) not link-local (cloud metadata lives at 169.254.169.254).
-/// Private ranges are the nftables rules' business (`--exit-allow-lan` opens them
-/// there too).
-fn is_unicast(a: IpAddr, link_local: bool) -> bool {
-    match a {
-        IpAddr::V4(v) => {
-            !(v.is_multicast() || v.is_broadcast() || v.is_loopback() || v.is_unspecified())
-                && (link_local || !v.is_link_local())
-        }
-        IpAddr::V6(v) => {
-            !(v.is_multicast() || v.is_loopback() || v.is_unspecified() || v.to_ipv4_mapped().is_some())
-                && (link_local || !v.is_unicast_link_local())
-        }
+            || (self.exit && longest(&self.except, dst).is_none())
     }
 }
 
@@ -549,7 +572,6 @@ mod tests {
             own: vec![ip("10.126.126.2"), ip("fd00::2")],
             subnets: vec![(ip("192.168.7.0"), 24)],
             exit_except: None,
-            exit_link_local: false,
         });
         assert!(member.delivers_to(ip("10.126.126.2")));
         assert!(member.delivers_to(ip("fd00::2")));
@@ -561,11 +583,12 @@ mod tests {
         assert!(!RouteSnapshot::with_relays([0; 8], [], [], [], []).delivers_to(ip("10.126.126.2")), "told nothing");
 
         let exit = |lan: bool| {
+            let mut except = vec![(ip("10.126.126.0"), 24)];
+            except.extend(exit_refused(lan, &[(ip("198.51.100.0"), 24)]));
             RouteSnapshot::with_relays([0; 8], [], [], [], []).with_serves(Serves::Only {
                 own: vec![ip("10.126.126.1")],
                 subnets: vec![],
-                exit_except: Some(vec![(ip("10.126.126.0"), 24), (ip("198.51.100.0"), 24)]),
-                exit_link_local: lan,
+                exit_except: Some(except),
             })
         };
         let x = exit(false);
@@ -577,6 +600,9 @@ mod tests {
         assert!(!x.delivers_to(ip("fe80::1")));
         assert!(!x.delivers_to(ip("224.0.0.251")) && !x.delivers_to(ip("255.255.255.255")));
         assert!(!x.delivers_to(ip("127.0.0.1")) && !x.delivers_to(ip("::ffff:127.0.0.1")));
-        assert!(exit(true).delivers_to(ip("169.254.169.254")), "--exit-allow-lan");
+        assert!(!x.delivers_to(ip("192.168.1.1")) && !x.delivers_to(ip("100.64.0.1")), "private, CGNAT");
+        let lan = exit(true);
+        assert!(lan.delivers_to(ip("169.254.169.254")) && lan.delivers_to(ip("198.51.100.7")), "--exit-allow-lan");
+        assert!(!lan.delivers_to(ip("224.0.0.251")) && !lan.delivers_to(ip("10.126.126.3")));
     }
 }

@@ -497,8 +497,8 @@ impl Node {
     }
 
     /// What this node takes from the tunnel ([`Serves`]): its overlay addresses, the
-    /// subnets it proxies, and as an exit what lies outside the overlay and (unless
-    /// `--exit-allow-lan`) outside the networks this host is connected to.
+    /// subnets it proxies, and as an exit what lies outside the overlay and
+    /// [`weft_core::route::exit_refused`].
     fn serves(&self) -> Serves {
         let hello = &self.cfg.handshake.hello;
         let own = std::iter::once(IpAddr::V4(hello.ipv4)).chain(hello.ipv6.map(|(a, _)| IpAddr::V6(a))).collect();
@@ -507,10 +507,10 @@ impl Node {
         let exit_except = exit.then(|| {
             let overlays = std::iter::once((IpAddr::V4(hello.ipv4), hello.prefix))
                 .chain(hello.ipv6.map(|(a, q)| (IpAddr::V6(a), q)));
-            let lan = if self.cfg.exit_allow_lan { &[][..] } else { &self.cfg.local_networks[..] };
-            overlays.chain(lan.iter().copied()).collect()
+            let refused = weft_core::route::exit_refused(self.cfg.exit_allow_lan, &self.cfg.local_networks);
+            overlays.chain(refused).collect()
         });
-        Serves::Only { own, subnets, exit_except, exit_link_local: self.cfg.exit_allow_lan }
+        Serves::Only { own, subnets, exit_except }
     }
 
     /// Who claims each overlay address (peers with a session, every record), and
