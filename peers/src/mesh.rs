@@ -533,8 +533,7 @@ impl Node {
         };
         // The first member this node saw with a name keeps it (a later one with the
         // same name is suffixed in Magic DNS and never takes the exit's traffic).
-        let named = self.cfg.names.bind(&rec.hostname, node);
-        if !self.pin_exit() && named {
+        if self.cfg.names.bind(&rec.hostname, node) {
             self.actions.push_back(crate::node::Action::SaveNames(self.cfg.names.clone()));
         }
         for (a, p) in rec.proxied.iter().filter(|s| !before.contains(s) && s.1 != 0) {

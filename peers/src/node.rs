@@ -1957,6 +1957,9 @@ impl Node {
             self.publish(snap);
         }
         if self.routes_dirty || self.held_dirty {
+            // Records came or went: pin --use-exit-node to its first match, or say
+            // that another member matches now (once per step, not per record).
+            self.pin_exit();
             self.routes_dirty = false;
             self.held_dirty = false;
             self.session_index =

@@ -676,17 +676,8 @@ impl Node {
     /// prefix shared by several).
     fn exit_choice(&self) -> Option<NodeId> {
         let bound = self.cfg.use_exit.as_deref().and_then(|w| self.cfg.names.holder(w));
-        let mut named = self.named_exit().map(Record::node);
-        let first = named.next()?;
-        let all = std::iter::once(first).chain(named);
-        let mut lowest = first;
-        for id in all {
-            if Some(id) == bound {
-                return Some(id);
-            }
-            lowest = lowest.min(id);
-        }
-        Some(lowest)
+        let named: Vec<NodeId> = self.named_exit().map(Record::node).collect();
+        named.iter().copied().find(|id| Some(*id) == bound).or_else(|| named.iter().copied().min())
     }
 
     /// Another member `--use-exit-node` names while the pinned one is gone or no
@@ -702,35 +693,28 @@ impl Node {
     }
 
     /// Pins `--use-exit-node` to the member it first matches, and says once when
-    /// another member matches instead. True when the names were handed to the runtime
-    /// to keep.
-    pub(crate) fn pin_exit(&mut self) -> bool {
-        let Some(wanted) = self.cfg.use_exit.clone() else { return false };
-        match self.cfg.names.exit_pin(&wanted) {
-            None => {
-                let Some(id) = self.exit_choice() else { return false };
-                info!(exit = %wanted, node = %id, "--use-exit-node pinned to the member it first matched");
-                self.cfg.names.pin_exit(&wanted, id);
-                self.actions.push_back(crate::node::Action::SaveNames(self.cfg.names.clone()));
-                self.routes_dirty = true;
-                true
-            }
-            Some(pinned) => {
-                if let Some(other) = self.exit_changed().map(Record::node)
-                    && self.exit_warned != Some(other)
-                {
-                    self.exit_warned = Some(other);
-                    tracing::warn!(
-                        exit = %wanted,
-                        %pinned,
-                        now = %other,
-                        "--use-exit-node now matches member {other}, not the member {pinned} it was pinned to: internet \
-                         traffic fails closed; `weft exit accept` uses the new member (a node id names an exit \
-                         unambiguously)"
-                    );
-                }
-                false
-            }
+    /// another member matches instead.
+    pub(crate) fn pin_exit(&mut self) {
+        let Some(wanted) = self.cfg.use_exit.clone() else { return };
+        let Some(pinned) = self.cfg.names.exit_pin(&wanted) else {
+            let Some(id) = self.exit_choice() else { return };
+            info!(exit = %wanted, node = %id, "--use-exit-node pinned to the member it first matched");
+            self.cfg.names.pin_exit(&wanted, id);
+            self.actions.push_back(crate::node::Action::SaveNames(self.cfg.names.clone()));
+            return;
+        };
+        if let Some(other) = self.exit_changed().map(Record::node)
+            && self.exit_warned != Some(other)
+        {
+            self.exit_warned = Some(other);
+            warn!(
+                exit = %wanted,
+                %pinned,
+                now = %other,
+                "--use-exit-node now matches member {other}, not the member {pinned} it was pinned to: internet \
+                 traffic fails closed; `weft exit accept` uses the new member (a node id names an exit \
+                 unambiguously)"
+            );
         }
     }
 
