@@ -484,7 +484,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
     let portal_dev = cfg.wg_portal.as_ref().map(|_| crate::portal::device_name(&cfg.dev_name));
     engine.set_endpoints(local_endpoints(&bound, cfg.ipv4.addr, &cfg.dev_name, portal_dev.as_deref()));
     let netcfg = if cfg.no_tun { NetConfig::none() } else { NetConfig::spawn(cfg.dev_name.clone(), ipv6.is_some())? };
-    let names_writer = NamesWriter::spawn(cfg.state_dir.clone())?;
+    let names_writer = state::NamesWriter::spawn(cfg.state_dir.clone())?;
     let userspace = match stack {
         Some(stack) => {
             let domain = cfg.dns_domain.clone().unwrap_or_else(|| crate::dns::default_domain(&cfg.network_name));
@@ -559,7 +559,7 @@ struct Runtime {
     /// Kernel routes and addresses, changed on a thread of their own.
     netcfg: NetConfig,
     /// Keeps the engine's name bindings and exit pin in the state directory.
-    names_writer: NamesWriter,
+    names_writer: state::NamesWriter,
     /// TCP, WebSocket and QUIC connections.
     connector: Connector,
     /// Counters of the threads that open what connections receive.
@@ -1841,33 +1841,6 @@ enum NetJob {
     Address { old: std::net::Ipv4Addr, new: std::net::Ipv4Addr, prefix: u8 },
     /// Send the default route into the TUN (true) or stop (--exit-fallback).
     ExitRoute(bool),
-}
-
-/// The thread that writes the name bindings and exit pin to the state directory, the
-/// latest of what is queued, so the control loop never waits for a disk.
-struct NamesWriter {
-    tx: std::sync::mpsc::Sender<weft_peers::Names>,
-}
-
-impl NamesWriter {
-    fn spawn(dir: std::path::PathBuf) -> std::io::Result<Self> {
-        let (tx, rx) = std::sync::mpsc::channel::<weft_peers::Names>();
-        std::thread::Builder::new().name("weft-state".into()).spawn(move || {
-            while let Ok(mut names) = rx.recv() {
-                while let Ok(newer) = rx.try_recv() {
-                    names = newer;
-                }
-                if let Err(e) = state::save_names(&dir, &names) {
-                    warn!("cannot keep the name bindings: {e:#}");
-                }
-            }
-        })?;
-        Ok(Self { tx })
-    }
-
-    fn save(&self, names: weft_peers::Names) {
-        let _ = self.tx.send(names);
-    }
 }
 
 /// The thread that runs `ip` commands, in order, so that the control loop never

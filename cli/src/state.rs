@@ -239,6 +239,35 @@ pub fn save_names(dir: &Path, names: &weft_peers::Names) -> Result<()> {
     fs::rename(&tmp, dir.join(NAMES_FILE)).with_context(|| format!("cannot replace {}", dir.join(NAMES_FILE).display()))
 }
 
+/// The thread that writes the name bindings and exit pin to the state directory, the
+/// latest of what is queued, so the control loop never waits for a disk.
+pub struct NamesWriter {
+    tx: std::sync::mpsc::Sender<weft_peers::Names>,
+}
+
+impl NamesWriter {
+    /// Starts the thread for state directory `dir`.
+    pub fn spawn(dir: std::path::PathBuf) -> std::io::Result<Self> {
+        let (tx, rx) = std::sync::mpsc::channel::<weft_peers::Names>();
+        std::thread::Builder::new().name("weft-state".into()).spawn(move || {
+            while let Ok(mut names) = rx.recv() {
+                while let Ok(newer) = rx.try_recv() {
+                    names = newer;
+                }
+                if let Err(e) = save_names(&dir, &names) {
+                    warn!("cannot keep the name bindings: {e:#}");
+                }
+            }
+        })?;
+        Ok(Self { tx })
+    }
+
+    /// Queues `names` to be written (a newer one queued meanwhile wins).
+    pub fn save(&self, names: weft_peers::Names) {
+        let _ = self.tx.send(names);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::PermissionsExt;

@@ -274,29 +274,15 @@ impl Node {
         // Where we see it ourselves, when it is a direct neighbour.
         let mut out: Vec<Endpoint> =
             self.peers.get(key).and_then(|p| p.path.direct()).map(|d| d.endpoint).into_iter().collect();
-        for link in self.links(now).filter(|k| k != key).map(|k| NodeId::from_public(&k)) {
-            let Some(r) = self.mesh.topology.get(&link) else { continue };
-            for m in r.neighbours.iter().filter(|m| m.node == id && m.observed.proto == Proto::Udp) {
-                if !out.contains(&m.observed) {
-                    out.push(m.observed);
-                }
-            }
-        }
+        self.push_observed(id, self.links(now).filter(|k| k != key).map(|k| NodeId::from_public(&k)), &mut out);
         if let Some(own) = self.mesh.topology.get(&id) {
-            let ip = |e: &Endpoint| weft_core::transport::canonical(e.addr).ip();
-            let lan = |e: &Endpoint| {
-                self.cfg.local_networks.iter().any(|(n, p)| weft_core::route::overlaps_ip(*n, *p, ip(e), 128))
+            let on_lan = |e: &&Endpoint| {
+                let ip = weft_core::transport::canonical(e.addr).ip();
+                self.cfg.local_networks.iter().any(|(n, p)| weft_core::route::overlaps_ip(*n, *p, ip, 128))
             };
-            for e in own.endpoints.iter().filter(|e| lan(e)) {
-                if !out.contains(e) {
-                    out.push(*e);
-                }
-            }
+            push_new(&mut out, own.endpoints.iter().filter(on_lan));
         }
-        out.retain(|e| !self.tunnelled(e));
-        out.sort_by_key(|e| e.proto);
-        out.truncate(MAX_CANDIDATES);
-        out
+        self.ranked(out)
     }
 
     /// Where a node may be reachable directly, best transport first: the endpoints it
@@ -307,22 +293,23 @@ impl Node {
         let mut out: Vec<Endpoint> = Vec::new();
         let Some(own) = self.mesh.topology.get(&id) else { return out };
         // Its neighbours are the records that can observe it.
-        for n in &own.neighbours {
-            if let Some(r) = self.mesh.topology.get(&n.node) {
-                for m in r.neighbours.iter().filter(|m| m.node == id) {
-                    if m.observed.proto == Proto::Udp && !out.contains(&m.observed) {
-                        out.push(m.observed);
-                    }
-                }
-            }
+        self.push_observed(id, own.neighbours.iter().map(|n| n.node), &mut out);
+        push_new(&mut out, &own.endpoints);
+        self.ranked(out)
+    }
+
+    /// Adds the UDP addresses at which the records of `observers` see node `id`.
+    fn push_observed(&self, id: NodeId, observers: impl Iterator<Item = NodeId>, out: &mut Vec<Endpoint>) {
+        for r in observers.filter_map(|o| self.mesh.topology.get(&o)) {
+            let seen = r.neighbours.iter().filter(|m| m.node == id && m.observed.proto == Proto::Udp);
+            push_new(out, seen.map(|m| &m.observed));
         }
-        for e in &own.endpoints {
-            if !out.contains(e) {
-                out.push(*e);
-            }
-        }
+    }
+
+    /// Candidates as paths: none routed into the tunnel, best transport first (stable,
+    /// so observed addresses stay before announced ones), at most [`MAX_CANDIDATES`].
+    fn ranked(&self, mut out: Vec<Endpoint>) -> Vec<Endpoint> {
         out.retain(|e| !self.tunnelled(e));
-        // Stable: observed addresses before announced ones within a transport.
         out.sort_by_key(|e| e.proto);
         out.truncate(MAX_CANDIDATES);
         out
@@ -938,5 +925,14 @@ impl Node {
         }
         // A session added since the index was rebuilt (it is rebuilt with every snapshot).
         self.peers.values().find(|p| p.sessions.iter().any(|s| s.session.local_index == local_index)).map(|p| p.key)
+    }
+}
+
+/// Appends the endpoints of `eps` that `out` does not hold yet.
+fn push_new<'a>(out: &mut Vec<Endpoint>, eps: impl IntoIterator<Item = &'a Endpoint>) {
+    for e in eps {
+        if !out.contains(e) {
+            out.push(*e);
+        }
     }
 }
