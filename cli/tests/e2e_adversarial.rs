@@ -125,6 +125,38 @@ fn an_outsider_cannot_join_a_none_network() {
     assert!(!ping(&lan.hosts[0], "10.126.126.9"));
 }
 
+/// A member's handshake parameters (it holds the secret) with overlay address `ipv4`.
+fn member_params(ipv4: Ipv4Addr) -> Params {
+    Params {
+        local: StaticKey::generate().unwrap(),
+        psk: Psk::derive(NAME, SECRET),
+        network_name: NAME.into(),
+        hello: Hello {
+            cipher: Cipher::Aes128Gcm,
+            ipv4,
+            prefix: 24,
+            hostname: "m".into(),
+            ipv6: None,
+            gso: true,
+            gso_quic: true,
+        },
+    }
+}
+
+/// A member's first-contact init with a valid mac1, as an observer would capture it.
+fn captured_init(member: &Params) -> Vec<u8> {
+    let (_, mut init) = init_bytes(member, None, 5);
+    MacKeys::new(&member.psk).seal(&mut init, None);
+    init
+}
+
+/// A raw IPv4 socket for datagrams from spoofed sources ([`spoofed_udp`]) to `target`.
+fn raw_sender(target: SocketAddrV4) -> (socket2::Socket, socket2::SockAddr) {
+    let sock =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::RAW, Some(socket2::Protocol::from(255))).unwrap();
+    (sock, socket2::SockAddr::from(std::net::SocketAddr::V4(target)))
+}
+
 /// A process killed (by its own PID) on drop.
 struct Proc(Child);
 
@@ -176,22 +208,7 @@ fn a_handshake_flood_drops_no_session() {
 
     // The flood: a member's init (valid mac1, as if captured and replayed) and garbage,
     // from 250 spoofed addresses of the LAN, for 8 s at most.
-    let member = Params {
-        local: StaticKey::generate().unwrap(),
-        psk: Psk::derive(NAME, SECRET),
-        network_name: NAME.into(),
-        hello: Hello {
-            cipher: Cipher::Aes128Gcm,
-            ipv4: Ipv4Addr::new(10, 126, 126, 7),
-            prefix: 24,
-            hostname: "m".into(),
-            ipv6: None,
-            gso: true,
-            gso_quic: true,
-        },
-    };
-    let (_, mut replay) = init_bytes(&member, None, 5);
-    MacKeys::new(&member.psk).seal(&mut replay, None);
+    let replay = captured_init(&member_params(Ipv4Addr::new(10, 126, 126, 7)));
     let mut garbage = replay.clone();
     garbage[40] ^= 0xff;
     let target: SocketAddrV4 = format!("{}:11010", lan.addrs[0]).parse().unwrap();
@@ -199,10 +216,7 @@ fn a_handshake_flood_drops_no_session() {
     let flooding = std::thread::scope(|s| {
         let flood = s.spawn(|| {
             attacker.within(|| {
-                let sock =
-                    socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::RAW, Some(socket2::Protocol::from(255)))
-                        .unwrap();
-                let to = socket2::SockAddr::from(std::net::SocketAddr::V4(target));
+                let (sock, to) = raw_sender(target);
                 let start = Instant::now();
                 let mut sent = 0u64;
                 while start.elapsed() < Duration::from_secs(8) {
@@ -255,20 +269,7 @@ struct Rogue {
 
 impl Rogue {
     fn join(sock: UdpSocket, target: SocketAddrV4, overlay: Ipv4Addr) -> Self {
-        let p = Params {
-            local: StaticKey::generate().unwrap(),
-            psk: Psk::derive(NAME, SECRET),
-            network_name: NAME.into(),
-            hello: Hello {
-                cipher: Cipher::Aes128Gcm,
-                ipv4: overlay,
-                prefix: 24,
-                hostname: "rogue".into(),
-                ipv6: None,
-                gso: false,
-                gso_quic: false,
-            },
-        };
+        let p = member_params(overlay);
         let macs = MacKeys::new(&p.psk);
         let (xx, mut m1) = init_bytes(&p, None, 77);
         macs.seal(&mut m1, None);
@@ -417,31 +418,13 @@ fn a_member_joins_while_a_captured_init_is_replayed_below_every_rate() {
     // below the load threshold, for 20 s. Without the half-full rule the responder's
     // table of pending XX responses (1024, 10 s each) stays full and new members are
     // dropped silently.
-    let member = Params {
-        local: StaticKey::generate().unwrap(),
-        psk: Psk::derive(NAME, SECRET),
-        network_name: NAME.into(),
-        hello: Hello {
-            cipher: Cipher::Aes128Gcm,
-            ipv4: Ipv4Addr::new(10, 126, 126, 7),
-            prefix: 24,
-            hostname: "m".into(),
-            ipv6: None,
-            gso: true,
-            gso_quic: true,
-        },
-    };
-    let (_, mut replay) = init_bytes(&member, None, 5);
-    MacKeys::new(&member.psk).seal(&mut replay, None);
+    let replay = captured_init(&member_params(Ipv4Addr::new(10, 126, 126, 7)));
     let target: SocketAddrV4 = format!("{}:11010", lan.addrs[0]).parse().unwrap();
     let attacker = &lan.hosts[2];
     let joined = std::thread::scope(|s| {
         let flood = s.spawn(|| {
             attacker.within(|| {
-                let sock =
-                    socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::RAW, Some(socket2::Protocol::from(255)))
-                        .unwrap();
-                let to = socket2::SockAddr::from(std::net::SocketAddr::V4(target));
+                let (sock, to) = raw_sender(target);
                 let start = Instant::now();
                 let mut i = 0u32;
                 while start.elapsed() < Duration::from_secs(20) {
