@@ -16,15 +16,15 @@ use weft_bench::{HEADERS, tcp4_packet};
 use weft_core::admission::MacKeys;
 use weft_core::crypto::{Cipher, DataKey, TAG_LEN};
 use weft_core::handshake::{Psk, SessionKeys};
-use weft_core::pipeline::{
-    ControlEvent, ControlSink, PipelineConfig, PipelineStats, Rx, Shared, TX_HEADROOM, TunWriter, Tx,
-};
 use weft_core::replay::ReplayWindow;
 use weft_core::route::RouteSnapshot;
 use weft_core::session::{Session, SessionParams};
 use weft_core::stats::DropCounters;
-use weft_core::transport::udp::{Offload, RecvMeta};
 use weft_core::wire::DATA_HEADER_LEN;
+use weft_datapath::pipeline::{
+    ControlEvent, ControlSink, PipelineConfig, PipelineStats, Rx, Shared, TX_HEADROOM, TunWriter, Tx,
+};
+use weft_datapath::transport::udp::{Offload, RecvMeta};
 
 const MSS: usize = 1448;
 const SEGMENTS: usize = 45; // 45 * 1448 = 65160 bytes of payload: one TSO super-packet

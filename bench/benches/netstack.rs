@@ -17,7 +17,7 @@ use weft::netstack::{Stack, TcpConn};
 const CHUNK: usize = 4 << 20;
 
 /// Moves what one stack sends to the other, on a thread of its own.
-fn wire(from: std::sync::mpsc::Receiver<Vec<u8>>, to: weft_core::pipeline::Deliver) {
+fn wire(from: std::sync::mpsc::Receiver<Vec<u8>>, to: weft_datapath::pipeline::Deliver) {
     std::thread::spawn(move || {
         for p in from {
             // A full queue drops, as the pipeline would; TCP retransmits.

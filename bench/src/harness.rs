@@ -27,7 +27,7 @@ use std::net::Ipv4Addr;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use weft_core::transport::Endpoint;
+use weft_datapath::transport::Endpoint;
 
 use arc_swap::ArcSwap;
 use rand::RngCore;
@@ -35,12 +35,12 @@ use tun_rs::{GROTable, VIRTIO_NET_HDR_LEN};
 use weft_core::admission::MacKeys;
 use weft_core::crypto::Cipher;
 use weft_core::handshake::{Hello, Params, Psk, StaticKey};
-use weft_core::pipeline::{
-    ControlEvent, ControlSink, PipelineConfig, PipelineStats, Rx, Shared, TX_HEADROOM, TunWriter, Tx,
-};
 use weft_core::route::RouteSnapshot;
 use weft_core::stats::{DropCounters, DropReason};
-use weft_core::transport::udp::{Offload, RecvMeta};
+use weft_datapath::pipeline::{
+    ControlEvent, ControlSink, PipelineConfig, PipelineStats, Rx, Shared, TX_HEADROOM, TunWriter, Tx,
+};
+use weft_datapath::transport::udp::{Offload, RecvMeta};
 use weft_peers::{Action, Config, Input, Node, NodeId, Timers};
 
 /// Pipeline sizes used everywhere.

@@ -45,8 +45,8 @@ use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use weft_core::crypto::Cipher;
 use weft_core::handshake::StaticKey;
-use weft_core::transport::Endpoint;
 use weft_core::wire::{MessageType, RELAY_HEADER_LEN, RelayHeader};
+use weft_datapath::transport::Endpoint;
 use weft_peers::status::{NodeStatus, PathStatus, PeerState};
 use weft_peers::{Node, NodeId, Timers};
 

@@ -8,7 +8,7 @@ use std::str::FromStr;
 
 use serde::Deserialize;
 use weft_core::crypto::Cipher;
-use weft_core::transport::{Endpoint, Proto};
+use weft_datapath::transport::{Endpoint, Proto};
 
 use crate::args::UpArgs;
 

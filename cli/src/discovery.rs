@@ -167,7 +167,7 @@ impl Discovery {
     /// `node` on `network` at UDP `port`, sealed with `key` ([`beacon_key`]).
     pub fn new(interfaces: Vec<Ipv4Addr>, network: [u8; 8], node: [u8; 8], port: u16, key: hmac::Key) -> Result<Self> {
         let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
-        weft_core::transport::mark_socket(&s)?;
+        weft_datapath::transport::mark_socket(&s)?;
         s.set_reuse_address(true)?;
         s.set_reuse_port(true)?;
         s.set_multicast_loop_v4(false)?;

@@ -35,7 +35,7 @@ use smoltcp::time::Instant as SmolInstant;
 use smoltcp::wire::{HardwareAddress, IpAddress, IpCidr, IpEndpoint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::mpsc as amp;
-use weft_core::pipeline::UserPort;
+use weft_datapath::pipeline::UserPort;
 
 /// Receive and send buffer of each TCP connection (window scaling lets a single
 /// stream keep this much in flight).

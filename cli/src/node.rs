@@ -20,13 +20,13 @@ use tracing::{debug, error, info, warn};
 use weft_core::admission::MacKeys;
 use weft_core::crypto::Cipher;
 use weft_core::handshake::{Hello, Params, Psk};
-use weft_core::pipeline::{self, ControlEvent, ControlSink, PipelineConfig, PipelineStats, Shared, TX_HEADROOM};
 use weft_core::route::RouteSnapshot;
 use weft_core::stats::{DropCounters, DropReason};
-use weft_core::transport::conn::{Connector, LinkDown};
-use weft_core::transport::udp::{self, Offload};
-use weft_core::transport::{Egress, Endpoint, Links, Proto};
-use weft_core::tun::{Tun, TunConfig};
+use weft_datapath::pipeline::{self, ControlEvent, ControlSink, PipelineConfig, PipelineStats, Shared, TX_HEADROOM};
+use weft_datapath::transport::conn::{Connector, LinkDown};
+use weft_datapath::transport::udp::{self, Offload};
+use weft_datapath::transport::{Egress, Endpoint, Links, Proto};
+use weft_datapath::tun::{Tun, TunConfig};
 use weft_peers::NodeId;
 use weft_peers::node::{Action, Config, Input, Node, PeerRef, Timers};
 use weft_peers::status::{NodeStatus, PathStatus};
@@ -231,7 +231,7 @@ fn configure_ipv6(dev: &str, addr: Ipv6Addr, prefix: u8) -> Result<(), String> {
 
 /// Runs a node until SIGINT or SIGTERM.
 pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
-    weft_core::transport::limit_malloc_arenas();
+    weft_datapath::transport::limit_malloc_arenas();
     crate::secret::warn_if_weak(&cfg.network_secret.0);
     let fallback = crate::args::fallback_dir();
     if !crate::access::is_root() && (cfg.state_dir.starts_with(&fallback) || cfg.control.starts_with(&fallback)) {
@@ -247,7 +247,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
             .into());
         }
         // Weft's own sockets (all opened below) keep to the underlay.
-        weft_core::transport::set_socket_mark(crate::exit::TABLE);
+        weft_datapath::transport::set_socket_mark(crate::exit::TABLE);
     }
     let mut ipv6 = resolve_ipv6(&cfg, NodeId::from_public(&key.public))?;
     if let Some(range) = cfg.dhcp {

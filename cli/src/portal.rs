@@ -40,7 +40,7 @@ use ring::rand::SecureRandom;
 use serde::{Deserialize, Serialize};
 use tracing::{debug, info, warn};
 use weft_core::route::prefix_mask;
-use weft_core::tun::{SyncDevice, Tun, TunConfig};
+use weft_datapath::tun::{SyncDevice, Tun, TunConfig};
 
 use crate::config::{IpNet, Ipv4Net, UsageError};
 use crate::control::{PortalClientJson, PortalJson, WgConfigJson};
@@ -88,7 +88,7 @@ impl PortalConfig {
         let uri: crate::config::PeerUri = listen
             .parse()
             .map_err(|e: UsageError| UsageError(format!("invalid --wg-portal: {e} (expected udp://ADDR:PORT)")))?;
-        if uri.proto != weft_core::transport::Proto::Udp {
+        if uri.proto != weft_datapath::transport::Proto::Udp {
             return Err(UsageError(format!(
                 "invalid --wg-portal {listen:?}: WireGuard clients speak UDP only (expected udp://ADDR:PORT)"
             )));
@@ -135,8 +135,8 @@ impl PortalConfig {
 fn bind(addr: SocketAddr) -> std::io::Result<UdpSocket> {
     use socket2::{Domain, Protocol, Socket, Type};
     let s = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
-    weft_core::transport::mark_socket(&s)?;
-    weft_core::transport::udp::grow_buffers(&s);
+    weft_datapath::transport::mark_socket(&s)?;
+    weft_datapath::transport::udp::grow_buffers(&s);
     s.set_read_timeout(Some(TIMER_TICK))?;
     s.bind(&addr.into())?;
     Ok(s.into())

@@ -13,7 +13,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tracing::{info, warn};
 use weft_core::handshake::StaticKey;
-use weft_core::transport::conn::TlsIdentity;
+use weft_datapath::transport::conn::TlsIdentity;
 
 use crate::config::UsageError;
 

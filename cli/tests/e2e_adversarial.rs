@@ -15,8 +15,8 @@ use weft_core::admission::MacKeys;
 use weft_core::crypto::Cipher;
 use weft_core::handshake::{Hello, Initiator, Params, Psk, StaticKey};
 use weft_core::session::{Session, SessionParams};
-use weft_core::transport::Endpoint;
 use weft_core::wire::{DataHeader, HandshakeHeader, MessageType};
+use weft_datapath::transport::Endpoint;
 
 const NAME: &str = "e2e";
 const SECRET: &str = "correct horse";

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
+use crate::endpoint::Endpoint;
 use crate::session::Session;
-use crate::transport::Endpoint;
 use crate::wire::RelayHeader;
 
 /// How to send to one destination.

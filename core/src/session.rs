@@ -9,10 +9,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use parking_lot::Mutex;
 
 use crate::crypto::{Cipher, DataKey};
+use crate::endpoint::Endpoint;
 use crate::handshake::SessionKeys;
 use crate::replay::ReplayWindow;
 use crate::stats::{DropReason, PeerStats};
-use crate::transport::Endpoint;
 use crate::wire::{DATA_HEADER_LEN, DataHeader};
 
 /// Keys older than this (ms) are never used to send or accept, even when rekeying

@@ -25,7 +25,7 @@ pub const MAX_HOPS: u8 = 64;
 /// plane, not an IP packet.
 pub const FLAG_CONTROL: u8 = 0x01;
 /// Data header flag: the plaintext is a GSO super-packet (a virtio-net header, then
-/// one IP packet of up to 64 KiB; see [`crate::gso`]). Sent only on reliable
+/// one IP packet of up to 64 KiB; see `weft_datapath::gso`). Sent only on reliable
 /// connections to peers whose hello says they take it.
 pub const FLAG_GSO: u8 = 0x02;
 /// Data header flag: the plaintext is a TCP segment with data, SYN, FIN or RST (not a

@@ -13,8 +13,8 @@ use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::SeedableRng;
 use weft_core::crypto::Cipher;
 use weft_core::handshake::{Hello, Params, Psk, StaticKey};
-use weft_core::transport::{Endpoint, Proto};
 use weft_core::wire::{HandshakeHeader, MessageType};
+use weft_datapath::transport::{Endpoint, Proto};
 use weft_peers::topology::{Neighbour, Record};
 use weft_peers::{Action, Config, Input, Node, NodeId, PeerRef, Timers};
 

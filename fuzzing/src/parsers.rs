@@ -5,11 +5,11 @@
 use arbitrary::{Arbitrary, Unstructured};
 use bytes::Bytes;
 use weft_core::handshake::Hello;
-use weft_core::transport::conn::{Reassembly, fragment};
-use weft_core::transport::frame::{self, FrameError};
 use weft_core::wire::{
     DATA_HEADER_LEN, DataHeader, HANDSHAKE_HEADER_LEN, HandshakeHeader, RELAY_HEADER_LEN, RejectRepr, RelayHeader,
 };
+use weft_datapath::transport::conn::{Reassembly, fragment};
+use weft_datapath::transport::frame::{self, FrameError};
 use weft_peers::topology::Record;
 
 /// `DataHeader::parse`: a header that parses emits the same 16 bytes.

@@ -12,17 +12,17 @@ use arbitrary::{Arbitrary, Unstructured};
 use arc_swap::ArcSwap;
 use tun_rs::{GROTable, VIRTIO_NET_HDR_LEN};
 use weft_core::crypto::Cipher;
-use weft_core::gso;
 use weft_core::handshake::SessionKeys;
-use weft_core::pipeline::{
-    ControlEvent, ControlSink, PipelineConfig, PipelineStats, Rx, Shared, TX_HEADROOM, TunWriter, Tx,
-};
 use weft_core::route::{Route, RouteSnapshot};
 use weft_core::session::{Session, SessionParams};
 use weft_core::stats::DropCounters;
-use weft_core::transport::Endpoint;
-use weft_core::transport::udp::{Offload, RecvMeta};
 use weft_core::wire::{DATA_HEADER_LEN, FLAG_GSO, MAX_HOPS, RelayHeader};
+use weft_datapath::gso;
+use weft_datapath::pipeline::{
+    ControlEvent, ControlSink, PipelineConfig, PipelineStats, Rx, Shared, TX_HEADROOM, TunWriter, Tx,
+};
+use weft_datapath::transport::Endpoint;
+use weft_datapath::transport::udp::{Offload, RecvMeta};
 
 const A: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
 const B: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);

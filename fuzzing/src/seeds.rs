@@ -6,8 +6,8 @@ use std::net::{Ipv4Addr, SocketAddr};
 
 use weft_core::crypto::Cipher;
 use weft_core::handshake::Hello;
-use weft_core::transport::{Endpoint, Proto, frame};
 use weft_core::wire::{DataHeader, RejectReason, RejectRepr, RelayHeader};
+use weft_datapath::transport::{Endpoint, Proto, frame};
 use weft_peers::topology::{Neighbour, Record};
 use weft_peers::{NodeId, reencode_message};
 

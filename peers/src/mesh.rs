@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
-use weft_core::transport::Endpoint;
+use weft_core::endpoint::Endpoint;
 
 use tracing::{debug, warn};
 use weft_core::handshake::Hello;

@@ -11,7 +11,7 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use weft_core::transport::Endpoint;
+use weft_core::endpoint::Endpoint;
 
 use rand::RngCore;
 use tracing::{debug, info, warn};
@@ -673,7 +673,7 @@ impl Node {
         let epoch = self.cfg.epoch;
         for p in self.peers.values() {
             if let (Some(d), Some(tx)) = (p.path.direct(), p.tx())
-                && d.endpoint.proto == weft_core::transport::Proto::Udp
+                && d.endpoint.proto == weft_core::endpoint::Proto::Udp
             {
                 self.actions.push_back(Dest::direct(d.endpoint).send(keepalive(&tx.session, now, epoch)));
             }

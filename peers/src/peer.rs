@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use weft_core::transport::Endpoint;
+use weft_core::endpoint::Endpoint;
 
 use weft_core::handshake::Hello;
 use weft_core::session::Session;

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use weft_core::transport::{Endpoint, Proto};
+use weft_core::endpoint::{Endpoint, Proto};
 
 use rand::RngCore;
 use tracing::{debug, info, warn};
@@ -277,7 +277,7 @@ impl Node {
         self.push_observed(id, self.links(now).filter(|k| k != key).map(|k| NodeId::from_public(&k)), &mut out);
         if let Some(own) = self.mesh.topology.get(&id) {
             let on_lan = |e: &&Endpoint| {
-                let ip = weft_core::transport::canonical(e.addr).ip();
+                let ip = weft_core::endpoint::canonical(e.addr).ip();
                 self.cfg.local_networks.iter().any(|(n, p)| weft_core::route::overlaps_ip(*n, *p, ip, 128))
             };
             push_new(&mut out, own.endpoints.iter().filter(on_lan));
@@ -321,7 +321,7 @@ impl Node {
     /// announces one (a wildcard listener on a host with such an interface) would
     /// otherwise be dialled through the overlay itself.
     pub(crate) fn tunnelled(&self, ep: &Endpoint) -> bool {
-        let ip = weft_core::transport::canonical(ep.addr).ip();
+        let ip = weft_core::endpoint::canonical(ep.addr).ip();
         let hello = &self.cfg.handshake.hello;
         let within = |a: IpAddr, p: u8| weft_core::route::overlaps_ip(a, p, ip, 128);
         // The subnets routed into the TUN now (kept from the last route update, so this

@@ -4,7 +4,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use weft_core::transport::Endpoint;
+use weft_core::endpoint::Endpoint;
 
 use weft_core::stats::PeerStats;
 

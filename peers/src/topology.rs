@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BinaryHeap};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use std::time::{Duration, Instant};
-use weft_core::transport::{Endpoint, Proto};
+use weft_core::endpoint::{Endpoint, Proto};
 
 use thiserror::Error;
 

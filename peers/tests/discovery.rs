@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use weft_core::crypto::Cipher;
-use weft_core::transport::Endpoint;
+use weft_core::endpoint::Endpoint;
 use weft_peers::node::{DISCOVERED_EXPIRY, Input, MAX_DISCOVERED};
 
 /// How far each step of the test clock moves.

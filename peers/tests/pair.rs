@@ -17,7 +17,7 @@ use std::collections::{HashSet, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use weft_core::transport::{Endpoint, Proto};
+use weft_core::endpoint::{Endpoint, Proto};
 
 use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;

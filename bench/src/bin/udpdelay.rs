@@ -101,7 +101,7 @@ fn main() -> Result<()> {
     // A sender's burst (QUIC sends GSO runs) must not overflow the kernel's default
     // 208 KiB before the receiving thread gets to it: such drops reach no counter.
     for s in [&front, &back] {
-        weft_core::transport::udp::grow_buffers(&socket2::SockRef::from(&**s));
+        weft_datapath::transport::udp::grow_buffers(&socket2::SockRef::from(&**s));
     }
     let delay = Duration::from_millis(a.delay_ms);
     let client = Arc::new(OnceLock::new());

@@ -390,12 +390,12 @@ pub struct Unsent {
 
 impl Unsent {
     /// Counts the failures into `drops`.
-    pub fn count(self, drops: &crate::stats::DropCounters) {
+    pub fn count(self, drops: &weft_core::stats::DropCounters) {
         if self.udp > 0 {
-            drops.add(crate::stats::DropReason::UdpSend, self.udp as u64);
+            drops.add(weft_core::stats::DropReason::UdpSend, self.udp as u64);
         }
         if self.link > 0 {
-            drops.add(crate::stats::DropReason::LinkSend, self.link as u64);
+            drops.add(weft_core::stats::DropReason::LinkSend, self.link as u64);
         }
     }
 }

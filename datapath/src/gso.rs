@@ -3,7 +3,7 @@
 //! segments), checked and either split here or carried whole.
 //!
 //! On reliable connections (TCP, WebSocket) a super-packet travels as one sealed
-//! record ([`crate::wire::FLAG_GSO`]): one AEAD call and one frame instead of ~45, no
+//! record ([`weft_core::wire::FLAG_GSO`]): one AEAD call and one frame instead of ~45, no
 //! TSO split and no GRO on the far side. The receiver writes it to its TUN as is when
 //! the TUN has offload, and splits it with [`split`] otherwise. Everything in the
 //! header is checked first ([`normalize`]): the record comes from a member, and a

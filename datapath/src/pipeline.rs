@@ -22,15 +22,15 @@ use arc_swap::ArcSwap;
 use tracing::{debug, warn};
 use tun_rs::{GROTable, IDEAL_BATCH_SIZE, SyncDevice, VIRTIO_NET_HDR_LEN};
 
-use crate::admission::MacKeys;
-use crate::crypto::TAG_LEN;
 use crate::gso;
-use crate::route::{Lookup, RouteSnapshot};
-use crate::session::Session;
-use crate::stats::{DropCounters, DropReason};
 use crate::transport::udp::{self, MAX_BATCH, Offload, Outgoing, RecvMeta};
 use crate::transport::{Egress, Endpoint, Forward, Inbound, Links, Proto, frame};
-use crate::wire::{
+use weft_core::admission::MacKeys;
+use weft_core::crypto::TAG_LEN;
+use weft_core::route::{Lookup, RouteSnapshot};
+use weft_core::session::Session;
+use weft_core::stats::{DropCounters, DropReason};
+use weft_core::wire::{
     DATA_HEADER_LEN, DataHeader, FLAG_CONTROL, FLAG_GSO, FLAG_ORDERED, MAX_HOPS, MessageType, RELAY_HEADER_LEN,
     RelayHeader, ip_addrs,
 };
@@ -437,7 +437,7 @@ pub struct Tx {
     /// Plaintext bytes of the datagrams in `out`.
     sent_bytes: u64,
     /// Packets of the last batch for members without a session (the slow path: at
-    /// most a few per member and snapshot, see [`crate::route::Demand`]).
+    /// most a few per member and snapshot, see [`weft_core::route::Demand`]).
     unrouted: Vec<(std::net::IpAddr, Vec<u8>)>,
 }
 
@@ -571,7 +571,7 @@ impl Tx {
     /// Seals the super-packet of `len` bytes (virtio header included) in the raw
     /// buffer as one [`FLAG_GSO`] record when it goes to a peer that takes such
     /// records over a reliable connection (TCP, WebSocket), straight or through relays
-    /// whose every link is one ([`crate::route::Route::relay_streams`]), or straight
+    /// whose every link is one ([`weft_core::route::Route::relay_streams`]), or straight
     /// over QUIC when the peer takes them there (the connection's stream); lists it as
     /// the only entry of the outgoing list (buffer 0: [`Tx::super_record`]).
     /// Returns the packets and bytes it stands for, or `None` (nothing sealed) when
@@ -657,7 +657,7 @@ impl Tx {
             if route.target.proto == Proto::Quic {
                 // TCP connections over QUIC send segments that fit one datagram.
                 let max = QUIC_INNER_MAX - if route.relay.is_some() { RELAY_HEADER_LEN } else { 0 };
-                crate::wire::clamp_mss(&mut buf[TX_HEADROOM..TX_HEADROOM + len], max);
+                weft_core::wire::clamp_mss(&mut buf[TX_HEADROOM..TX_HEADROOM + len], max);
                 // Where this node's super-packets go as records on the connection's
                 // stream, a TCP segment of the same flows goes there too, behind them.
                 if offload && records_over_quic(route) && tcp_in_order(&buf[TX_HEADROOM..TX_HEADROOM + len]) {
@@ -705,7 +705,7 @@ impl Tx {
 /// whose hello offers records there (a relay forwards records to stream hops only).
 /// Then TCP segments that must keep their order go on the same stream
 /// ([`FLAG_ORDERED`]).
-fn records_over_quic(route: &crate::route::Route) -> bool {
+fn records_over_quic(route: &weft_core::route::Route) -> bool {
     let s = &route.session;
     route.target.proto == Proto::Quic && route.relay.is_none() && s.peer_gso() && s.peer_gso_quic()
 }

@@ -694,10 +694,10 @@ impl Connector {
     /// A QUIC connection: each frame is a datagram, split in fragments when the path
     /// cannot carry it whole (frames are at most the tunnel MTU plus headers, a
     /// little over what QUIC fits in a 1500-byte packet) — except GSO records
-    /// ([`crate::wire::FLAG_GSO`], up to 64 KiB, sent only to peers whose hello takes
+    /// ([`weft_core::wire::FLAG_GSO`], up to 64 KiB, sent only to peers whose hello takes
     /// them over QUIC), which go on one unidirectional stream per direction, framed as
     /// on TCP, so that quinn packs them into full packets, and the TCP segments that
-    /// must stay behind them ([`crate::wire::FLAG_ORDERED`]; see [`on_quic_stream`]).
+    /// must stay behind them ([`weft_core::wire::FLAG_ORDERED`]; see [`on_quic_stream`]).
     async fn run_quic(&self, conn: quinn::Connection, ep: Endpoint, accepted: bool) -> Result<(), String> {
         let (mut queue, id) = self.register(ep, !accepted);
         let mut next_id: u16 = 0;
@@ -908,10 +908,10 @@ fn tune_quic_windows(conn: &quinn::Connection, current: u32, member: bool) -> u3
 }
 
 /// Whether a frame goes on a QUIC connection's stream: a GSO record, or a TCP segment
-/// that must stay behind the records sent before it ([`crate::wire::FLAG_ORDERED`]).
+/// that must stay behind the records sent before it ([`weft_core::wire::FLAG_ORDERED`]).
 /// Everything else is a datagram.
 pub fn on_quic_stream(f: &[u8]) -> bool {
-    use crate::wire::{DataHeader, FLAG_GSO, FLAG_ORDERED};
+    use weft_core::wire::{DataHeader, FLAG_GSO, FLAG_ORDERED};
     DataHeader::parse(f).is_ok_and(|h| h.flags & (FLAG_GSO | FLAG_ORDERED) != 0)
 }
 

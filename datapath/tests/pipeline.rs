@@ -12,18 +12,18 @@ use parking_lot::Mutex;
 use tun_rs::GROTable;
 use weft_core::admission::MacKeys;
 use weft_core::crypto::Cipher;
-use weft_core::gso;
 use weft_core::handshake::{Psk, SessionKeys};
-use weft_core::pipeline::{
-    ControlEvent, ControlSink, PipelineConfig, PipelineStats, Rx, Shared, TX_HEADROOM, TunWriter, Tx,
-};
 use weft_core::route::RouteSnapshot;
 use weft_core::session::{Session, SessionParams};
 use weft_core::stats::{DropCounters, DropReason};
-use weft_core::transport::conn::on_quic_stream;
-use weft_core::transport::udp::{Offload, RecvMeta};
-use weft_core::transport::{Endpoint, Proto};
 use weft_core::wire::{DataHeader, FLAG_ORDERED, MAX_HOPS, RelayHeader};
+use weft_datapath::gso;
+use weft_datapath::pipeline::{
+    ControlEvent, ControlSink, PipelineConfig, PipelineStats, Rx, Shared, TX_HEADROOM, TunWriter, Tx,
+};
+use weft_datapath::transport::conn::on_quic_stream;
+use weft_datapath::transport::udp::{Offload, RecvMeta};
+use weft_datapath::transport::{Endpoint, Proto};
 
 #[derive(Default)]
 struct Sink(Mutex<Vec<ControlEvent>>);
@@ -276,8 +276,8 @@ fn relays_clamp_the_hop_limit_and_take_frames_only_from_neighbours() {
 #[test]
 fn relayed_frames_pass_from_stream_to_stream_under_the_relay_rules() {
     use tokio::sync::mpsc::{Receiver, channel};
-    use weft_core::pipeline::StreamRelay;
-    use weft_core::transport::{Forward, Links, frame};
+    use weft_datapath::pipeline::StreamRelay;
+    use weft_datapath::transport::{Forward, Links, frame};
     let (a, b, c, d, e, f) = ([0xa; 8], [0xb; 8], [0xc; 8], [0xd; 8], [0xe; 8], [0xf; 8]);
     let from = Endpoint::new(Proto::Tcp, "192.0.2.1:40000".parse().unwrap());
     let stranger = Endpoint::new(Proto::Tcp, "203.0.113.5:40000".parse().unwrap());
