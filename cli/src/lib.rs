@@ -14,7 +14,7 @@
 pub mod access;
 pub mod args;
 pub mod config;
-pub mod control;
+
 pub mod discovery;
 pub mod dns;
 pub mod exit;
@@ -105,13 +105,15 @@ fn run_command(command: Command) -> Result<()> {
         Command::Status(q) => query(&q, show::status),
         Command::Peers(q) => query(&q, show::peers),
         Command::Routes(q) => query(&q, show::routes),
-        Command::Peer(PeerCommand::Add(a)) => change(&a.control, &control::Request::AddPeer { uri: a.peer }),
-        Command::Peer(PeerCommand::Remove(a)) => change(&a.control, &control::Request::RemovePeer { peer: a.peer }),
+        Command::Peer(PeerCommand::Add(a)) => change(&a.control, &weft_control::Request::AddPeer { uri: a.peer }),
+        Command::Peer(PeerCommand::Remove(a)) => {
+            change(&a.control, &weft_control::Request::RemovePeer { peer: a.peer })
+        }
         Command::Wg(WgCommand::Add(a)) => wg_add(&a),
         Command::Wg(WgCommand::List(q)) => query(&q, show::portal),
-        Command::Wg(WgCommand::Remove(a)) => change(&a.control, &control::Request::WgRemove { name: a.name }),
-        Command::Reload(a) => change(&a.control, &control::Request::Reload),
-        Command::Exit(ExitCommand::Accept(a)) => change(&a.control, &control::Request::AcceptExit),
+        Command::Wg(WgCommand::Remove(a)) => change(&a.control, &weft_control::Request::WgRemove { name: a.name }),
+        Command::Reload(a) => change(&a.control, &weft_control::Request::Reload),
+        Command::Exit(ExitCommand::Accept(a)) => change(&a.control, &weft_control::Request::AcceptExit),
         Command::Secret(SecretCommand::Generate) => {
             println!("{}", secret::generate()?);
             Ok(())
@@ -122,21 +124,25 @@ fn run_command(command: Command) -> Result<()> {
 }
 
 /// Asks the node for its status and prints it as JSON or with `table`.
-fn query(q: &args::QueryArgs, table: fn(&control::StatusJson) -> String) -> Result<()> {
-    match control::request(&q.control, &control::Request::Status)? {
-        control::Reply::Status(s) if q.json => println!("{}", serde_json::to_string_pretty(&s)?),
-        control::Reply::Status(s) => print!("{}", table(&s)),
-        control::Reply::Error { message } => anyhow::bail!("node refused the request: {}", show::printable(&message)),
-        control::Reply::Done { .. } | control::Reply::WgClient(_) => anyhow::bail!("unexpected reply from the node"),
+fn query(q: &args::QueryArgs, table: fn(&weft_control::StatusJson) -> String) -> Result<()> {
+    match weft_control::request(&q.control, &weft_control::Request::Status)? {
+        weft_control::Reply::Status(s) if q.json => println!("{}", serde_json::to_string_pretty(&s)?),
+        weft_control::Reply::Status(s) => print!("{}", table(&s)),
+        weft_control::Reply::Error { message } => {
+            anyhow::bail!("node refused the request: {}", show::printable(&message))
+        }
+        weft_control::Reply::Done { .. } | weft_control::Reply::WgClient(_) => {
+            anyhow::bail!("unexpected reply from the node")
+        }
     }
     Ok(())
 }
 
 /// `weft wg add`: prints the new client's config (and a QR code of it with `--qr`).
 fn wg_add(a: &args::WgAddArgs) -> Result<()> {
-    match control::request(&a.control, &control::Request::WgAdd { name: a.name.clone() })? {
-        control::Reply::WgClient(c) if a.json => println!("{}", serde_json::to_string_pretty(&c)?),
-        control::Reply::WgClient(c) => {
+    match weft_control::request(&a.control, &weft_control::Request::WgAdd { name: a.name.clone() })? {
+        weft_control::Reply::WgClient(c) if a.json => println!("{}", serde_json::to_string_pretty(&c)?),
+        weft_control::Reply::WgClient(c) => {
             print!("{}", c.config);
             if a.qr {
                 let code = qrcode::QrCode::new(c.config.as_bytes())
@@ -154,7 +160,7 @@ fn wg_add(a: &args::WgAddArgs) -> Result<()> {
                 c.address
             );
         }
-        control::Reply::Error { message } => return Err(UsageError(show::printable(&message).into_owned()).into()),
+        weft_control::Reply::Error { message } => return Err(UsageError(show::printable(&message).into_owned()).into()),
         _ => anyhow::bail!("unexpected reply from the node"),
     }
     Ok(())
@@ -162,12 +168,14 @@ fn wg_add(a: &args::WgAddArgs) -> Result<()> {
 
 /// Sends a request that changes the node and prints what it did. A refusal is the
 /// caller's bad input (exit 2).
-fn change(path: &std::path::Path, req: &control::Request) -> Result<()> {
-    match control::request(path, req)? {
+fn change(path: &std::path::Path, req: &weft_control::Request) -> Result<()> {
+    match weft_control::request(path, req)? {
         // Messages may quote peer-supplied names: no raw control characters.
-        control::Reply::Done { message } => println!("{}", show::printable(&message)),
-        control::Reply::Error { message } => return Err(UsageError(show::printable(&message).into_owned()).into()),
-        control::Reply::Status(_) | control::Reply::WgClient(_) => anyhow::bail!("unexpected reply from the node"),
+        weft_control::Reply::Done { message } => println!("{}", show::printable(&message)),
+        weft_control::Reply::Error { message } => return Err(UsageError(show::printable(&message).into_owned()).into()),
+        weft_control::Reply::Status(_) | weft_control::Reply::WgClient(_) => {
+            anyhow::bail!("unexpected reply from the node")
+        }
     }
     Ok(())
 }

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use prometheus::{Encoder, GaugeVec, IntCounterVec, Opts, Registry, TextEncoder};
 
-use crate::control::StatusJson;
+use weft_control::{FailureKind, PeerState, StatusJson};
 
 /// Content type of the text exposition format.
 pub const CONTENT_TYPE: &str = prometheus::TEXT_FORMAT;
@@ -59,8 +59,8 @@ impl Families {
     }
 }
 
-fn by_key(m: &BTreeMap<String, u64>) -> impl Iterator<Item = ([String; 1], u64)> + '_ {
-    m.iter().map(|(k, v)| ([k.clone()], *v))
+fn by_key<K: std::fmt::Display>(m: &BTreeMap<K, u64>) -> impl Iterator<Item = ([String; 1], u64)> + '_ {
+    m.iter().map(|(k, v)| ([k.to_string()], *v))
 }
 
 /// The metrics of a node, from its status.
@@ -81,16 +81,16 @@ pub fn render(s: &StatusJson) -> prometheus::Result<String> {
     f.one_gauge("weft_uptime_seconds", "Seconds since the node started.", s.uptime_secs as f64)?;
 
     // Peers.
-    let peer = |p: &crate::control::PeerJson| [p.node_id.clone(), p.hostname.clone(), p.overlay.clone()];
-    let mut states: BTreeMap<String, u64> = BTreeMap::new();
+    let peer = |p: &weft_control::PeerJson| [p.node_id.clone(), p.hostname.clone(), p.overlay.clone()];
+    let mut states: BTreeMap<PeerState, u64> = BTreeMap::new();
     for p in &s.peers {
-        *states.entry(p.state.clone()).or_default() += 1;
+        *states.entry(p.state).or_default() += 1;
     }
     f.gauge(
         "weft_peers",
         "Known members by session state (connecting, established, idle, down).",
         ["state"],
-        states.iter().map(|(k, v)| ([k.clone()], *v as f64)),
+        states.iter().map(|(k, v)| ([k.to_string()], *v as f64)),
     )?;
     let labels = ["node_id", "hostname", "overlay"];
     f.counter(
@@ -123,7 +123,7 @@ pub fn render(s: &StatusJson) -> prometheus::Result<String> {
         ["node_id", "hostname", "overlay", "path", "transport"],
         s.peers.iter().map(|p| {
             let [id, host, overlay] = peer(p);
-            ([id, host, overlay, p.path.clone(), p.transport.clone()], f64::from(u8::from(p.state == "established")))
+            ([id, host, overlay, p.path.to_string(), p.transport.clone()], f64::from(u8::from(p.state == PeerState::Established)))
         }),
     )?;
     f.gauge(
@@ -154,13 +154,13 @@ pub fn render(s: &StatusJson) -> prometheus::Result<String> {
 
     // Drops, handshakes, connections.
     f.counter("weft_drops_total", "Packets and datagrams dropped, by reason.", ["reason"], by_key(&s.drops))?;
-    let mut refused: BTreeMap<String, u64> = BTreeMap::new();
+    let mut refused: BTreeMap<FailureKind, u64> = BTreeMap::new();
     for r in &s.refused_handshakes {
-        *refused.entry(r.reason.clone()).or_default() += r.count;
+        *refused.entry(r.kind).or_default() += r.count;
     }
     f.counter(
         "weft_handshakes_refused_total",
-        "Handshakes refused after the PSK MAC passed, by reason (sources currently remembered).",
+        "Handshakes refused after the PSK MAC passed, by kind (address_taken, refused, ...; sources currently remembered).",
         ["reason"],
         by_key(&refused),
     )?;
@@ -258,7 +258,7 @@ pub fn render(s: &StatusJson) -> prometheus::Result<String> {
         (
             "weft_pipeline_transmit_packets_total",
             "Packets sent by the pipeline.",
-            (|p| p.tx_packets) as fn(&crate::control::PipelineJson) -> u64,
+            (|p| p.tx_packets) as fn(&weft_control::PipelineJson) -> u64,
         ),
         ("weft_pipeline_transmit_bytes_total", "Plaintext bytes sent by the pipeline.", |p| p.tx_bytes),
         ("weft_pipeline_transmit_batches_total", "TUN read batches of the pipeline.", |p| p.tx_batches),
@@ -279,7 +279,7 @@ pub fn render(s: &StatusJson) -> prometheus::Result<String> {
 
     // The WireGuard portal.
     if let Some(p) = &s.wg_portal {
-        let client = |c: &crate::control::PortalClientJson| [c.name.clone(), c.address.clone()];
+        let client = |c: &weft_control::PortalClientJson| [c.name.clone(), c.address.clone()];
         f.one_gauge("weft_wg_clients", "Clients of the WireGuard portal.", p.clients.len() as f64)?;
         f.counter(
             "weft_wg_client_receive_bytes_total",

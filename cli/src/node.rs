@@ -32,11 +32,12 @@ use weft_peers::node::{Action, Config, Input, Node, PeerRef, Timers};
 use weft_peers::status::{NodeStatus, PathStatus};
 
 use crate::config::{Ipv6Overlay, NodeConfig, PeerUri};
-use crate::control::{
-    AdmissionJson, OffloadJson, PeerJson, PendingJson, PipelineJson, RefusedJson, Reply, Request, RouteJson, StatusJson,
-};
 use crate::discovery::{Beacon, Discovery};
 use crate::state;
+use weft_control::{
+    AdmissionJson, ExitState, OffloadJson, PathKind, PeerJson, PeerState, PendingJson, PipelineJson, RefusedJson,
+    Reply, Request, RouteJson, StatusJson,
+};
 
 /// Depth of the data plane -> control plane queue of authenticated events
 /// (confirmations, control messages, path reports).
@@ -584,7 +585,7 @@ struct Runtime {
     /// A flag or RUST_LOG set the log level: reloads leave it.
     log_level_pinned: bool,
     /// The control plane's own traffic.
-    control_traffic: crate::control::ControlTrafficJson,
+    control_traffic: weft_control::ControlTrafficJson,
     /// Magic DNS, when on and bound.
     dns: Option<crate::dns::Server>,
     /// Whether the exit node's /0 is routed now (`--use-exit-node`).
@@ -1331,14 +1332,14 @@ impl Runtime {
                     *drops.entry(k.clone()).or_default() += v;
                 }
                 let (path, via, hops) = match p.path {
-                    PathStatus::Direct => ("direct", None, 1),
-                    PathStatus::Relay { via, hops } => ("relay", Some(via), hops),
-                    PathStatus::None => ("none", None, 0),
+                    PathStatus::Direct => (PathKind::Direct, None, 1),
+                    PathStatus::Relay { via, hops } => (PathKind::Relay, Some(via), hops),
+                    PathStatus::None => (PathKind::None, None, 0),
                 };
                 // The transport of the first link: to the peer, or to the relay.
                 let first_link = match via {
                     Some(v) => st.peers.iter().find(|q| q.node_id == v).and_then(|q| q.endpoint),
-                    None if path == "direct" => p.endpoint,
+                    None if path == PathKind::Direct => p.endpoint,
                     None => None,
                 };
                 PeerJson {
@@ -1347,7 +1348,7 @@ impl Runtime {
                     overlay: p.overlay.to_string(),
                     overlay6: p.overlay6.map(|a| a.to_string()),
                     endpoint: p.endpoint.map(|e| e.to_string()),
-                    path: path.into(),
+                    path,
                     via: via.map(|v| v.to_string()),
                     via_hostname: via
                         .and_then(|v| st.peers.iter().find(|q| q.node_id == v))
@@ -1356,7 +1357,12 @@ impl Runtime {
                     transport: first_link.map_or_else(|| "none".into(), |e| e.proto.to_string()),
                     rtt_ms: p.rtt.map(|r| r.as_secs_f64() * 1000.0),
                     loss: p.loss,
-                    state: p.state.name().into(),
+                    state: match p.state {
+                        weft_peers::status::PeerState::Connecting => PeerState::Connecting,
+                        weft_peers::status::PeerState::Down => PeerState::Down,
+                        weft_peers::status::PeerState::Established => PeerState::Established,
+                        weft_peers::status::PeerState::Idle => PeerState::Idle,
+                    },
                     link: p.link,
                     last_handshake_secs: p.last_handshake.map(|d| d.as_secs()),
                     rx_bytes: p.stats.rx_bytes.load(Ordering::Relaxed),
@@ -1452,6 +1458,7 @@ impl Runtime {
                 .map(|f| RefusedJson {
                     from: f.from.to_string(),
                     reason: f.reason.clone(),
+                    kind: f.kind,
                     count: f.count,
                     last_secs: now.saturating_duration_since(f.last).as_secs(),
                 })
@@ -1469,33 +1476,32 @@ impl Runtime {
             },
             wg_portal: self.portal.as_ref().map(crate::portal::Portal::status),
             exit_node: self.cfg.exit_node,
-            exit: st.exit.as_ref().map(|e| crate::control::ExitJson {
+            exit: st.exit.as_ref().map(|e| weft_control::ExitJson {
                 wanted: e.wanted.clone(),
                 node_id: e.node.as_ref().map(|(id, _)| id.to_string()),
                 hostname: e.node.as_ref().map(|(_, h)| h.clone()),
                 state: match (&e.node, e.routing) {
-                    (_, true) => "routing",
-                    (Some(_), false) => "unreachable",
-                    (None, false) if e.changed_to.is_some() => "changed",
-                    (None, false) if e.known => "not_offered",
-                    (None, false) => "unknown_member",
-                }
-                .into(),
+                    (_, true) => ExitState::Routing,
+                    (Some(_), false) => ExitState::Unreachable,
+                    (None, false) if e.changed_to.is_some() => ExitState::Changed,
+                    (None, false) if e.known => ExitState::NotOffered,
+                    (None, false) => ExitState::UnknownMember,
+                },
                 fallback: self.cfg.exit_fallback,
                 pinned: e.pinned.map(|id| id.to_string()),
                 changed_to: e
                     .changed_to
                     .as_ref()
-                    .map(|(id, h)| crate::control::ExitOfferJson { node_id: id.to_string(), hostname: h.clone() }),
+                    .map(|(id, h)| weft_control::ExitOfferJson { node_id: id.to_string(), hostname: h.clone() }),
             }),
             exit_offers: st
                 .exit_offers
                 .iter()
-                .map(|(id, h)| crate::control::ExitOfferJson { node_id: id.to_string(), hostname: h.clone() })
+                .map(|(id, h)| weft_control::ExitOfferJson { node_id: id.to_string(), hostname: h.clone() })
                 .collect(),
             magic_dns: self.dns.as_ref().map(|d| {
                 let zone = d.zone.load();
-                crate::control::MagicDnsJson {
+                weft_control::MagicDnsJson {
                     domain: zone.domain(),
                     server: d.addrs.iter().map(ToString::to_string).collect::<Vec<_>>().join(" "),
                     name: zone.name_of(self.cfg.ipv4.addr),
@@ -1505,7 +1511,7 @@ impl Runtime {
                 }
             }),
             handshakes_completed: st.handshakes_completed,
-            handshake_failures: st.handshake_failures.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect(),
+            handshake_failures: st.handshake_failures.clone(),
             control_traffic: self.control_traffic.clone(),
             connections_by_transport: self.connector.links().by_transport().into_iter().collect(),
             userspace: self.userspace.as_ref().map(crate::userspace::Userspace::json),

@@ -43,7 +43,7 @@ use weft_core::route::prefix_mask;
 use weft_datapath::tun::{SyncDevice, Tun, TunConfig};
 
 use crate::config::{IpNet, Ipv4Net, UsageError};
-use crate::control::{PortalClientJson, PortalJson, WgConfigJson};
+use weft_control::{PortalClientJson, PortalJson, WgConfigJson};
 
 /// The file of the portal's key and clients, in the state directory.
 pub const STORE_FILE: &str = "wg-portal.json";

@@ -3,7 +3,7 @@
 use std::borrow::Cow;
 use std::fmt::Write;
 
-use crate::control::StatusJson;
+use weft_control::{PathKind, StatusJson};
 
 /// Renders `weft status`.
 pub(crate) fn status(s: &StatusJson) -> String {
@@ -57,7 +57,7 @@ pub(crate) fn status(s: &StatusJson) -> String {
     if let Some(e) = &s.exit {
         let name = e.hostname.as_deref().unwrap_or(&e.wanted);
         let then = if e.fallback { "own route while unreachable" } else { "dropped while unreachable" };
-        let _ = writeln!(o, "exit      via {name}: {} ({then})", e.state.replace('_', " "));
+        let _ = writeln!(o, "exit      via {name}: {} ({then})", e.state.as_str().replace('_', " "));
         if let Some(c) = &e.changed_to {
             let _ = writeln!(
                 o,
@@ -157,16 +157,16 @@ pub(crate) fn peers(s: &StatusJson) -> String {
         .peers
         .iter()
         .map(|p| {
-            let path = match (p.path.as_str(), &p.via_hostname, &p.via) {
-                ("relay", Some(h), _) if !h.is_empty() => format!("relay via {h} ({} hops)", p.hops),
-                ("relay", _, Some(v)) => format!("relay via {v} ({} hops)", p.hops),
-                (other, _, _) => other.to_owned(),
+            let path = match (p.path, &p.via_hostname, &p.via) {
+                (PathKind::Relay, Some(h), _) if !h.is_empty() => format!("relay via {h} ({} hops)", p.hops),
+                (PathKind::Relay, _, Some(v)) => format!("relay via {v} ({} hops)", p.hops),
+                (other, _, _) => other.to_string(),
             };
             [
                 p.overlay.clone(),
                 p.overlay6.clone().unwrap_or_else(|| "-".into()),
                 p.hostname.clone(),
-                p.state.clone(),
+                p.state.to_string(),
                 path,
                 p.rtt_ms.map_or_else(|| "-".into(), |r| format!("{r:.1} ms")),
                 p.loss.map_or_else(|| "-".into(), |l| format!("{:.0}%", l * 100.0)),

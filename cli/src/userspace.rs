@@ -24,6 +24,7 @@ use subtle::ConstantTimeEq;
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tracing::{debug, info, warn};
+use weft_control::UserspaceJson;
 use weft_core::route::{Lookup, RouteSnapshot};
 
 use crate::config::{Expose, Forward, L4};
@@ -696,42 +697,4 @@ async fn associate(mut s: TcpStream, stack: &Stack, dest: &Destinations, stats: 
             }
         }
     }
-}
-
-/// What status shows of the userspace services.
-#[derive(Debug, Clone, Default, Serialize, serde::Deserialize)]
-pub struct UserspaceJson {
-    /// The SOCKS5 address.
-    pub socks5: Option<String>,
-    /// Whether SOCKS5 asks for a user name and password.
-    pub socks5_auth: bool,
-    /// `--forward` specs.
-    pub forwards: Vec<String>,
-    /// `--expose` specs.
-    pub exposes: Vec<String>,
-    /// Open TCP connections in the stack.
-    pub tcp_connections: usize,
-    /// Open UDP sockets in the stack.
-    pub udp_sockets: usize,
-    /// Packets into and out of the stack, and dropped each way.
-    pub packets_in: u64,
-    /// Packets out of the stack.
-    pub packets_out: u64,
-    /// Packets dropped on the way in (stack behind).
-    pub dropped_in: u64,
-    /// Packets dropped on the way out (pipeline behind).
-    pub dropped_out: u64,
-    /// SOCKS5 CONNECTs relayed.
-    pub socks5_connects: u64,
-    /// SOCKS5 UDP associations.
-    pub socks5_associations: u64,
-    /// SOCKS5 requests refused.
-    pub socks5_refused: u64,
-    /// Connections and UDP flows relayed by forwards and exposes.
-    pub relayed: u64,
-    /// What could not be relayed.
-    pub failed: u64,
-    /// Connections and UDP flows refused by an `--expose` at its cap.
-    #[serde(default)]
-    pub expose_refused: u64,
 }

@@ -6,7 +6,7 @@
 //! holds only to copy results in. The window locks it once a frame to read.
 //!
 //! ```text
-//!  UI thread ──Request (mpsc)──► worker ──weft::control::request──► node socket
+//!  UI thread ──Request (mpsc)──► worker ──weft_control::request──► node socket
 //!      ▲                           │
 //!      └──── State (Mutex) ◄───────┘  + repaint callback
 //! ```
@@ -19,7 +19,7 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use weft::control::{self, Reply, Request, StatusJson};
+use weft_control::{self, Reply, Request, StatusJson};
 
 use crate::model::History;
 
@@ -197,7 +197,7 @@ impl Worker {
     }
 
     fn poll(&self) {
-        let reply = match control::request(&self.control, &Request::Status) {
+        let reply = match weft_control::request(&self.control, &Request::Status) {
             Ok(Reply::Status(status)) => Ok(status),
             Ok(other) => Err(Problem::Failed { detail: format!("unexpected reply to status: {other:?}") }),
             Err(e) => Err(diagnose(&self.control, &format!("{e:#}"))),
@@ -229,7 +229,7 @@ impl Worker {
             Request::Reload => "reload".to_owned(),
             Request::AcceptExit => "exit accept".to_owned(),
         };
-        let (ok, message) = match control::request(&self.control, req) {
+        let (ok, message) = match weft_control::request(&self.control, req) {
             Ok(Reply::Done { message }) => (true, message),
             Ok(Reply::Error { message }) => (false, message),
             Ok(Reply::Status(_)) => (true, "status received".to_owned()),

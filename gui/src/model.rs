@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use weft::control::{PeerJson, PortalClientJson, RouteJson, StatusJson};
+use weft_control::{PathKind, PeerJson, PeerState, PortalClientJson, RouteJson, StatusJson};
 
 /// How far back the throughput plot reaches.
 pub const HISTORY: Duration = Duration::from_secs(300);
@@ -162,12 +162,12 @@ pub enum Health {
 impl Health {
     /// Classifies a peer from its status.
     pub fn of(p: &PeerJson) -> Self {
-        match (p.state.as_str(), p.path.as_str()) {
-            (_, "none") | ("down", _) => Self::Down,
-            ("established", _) => Self::Up,
-            ("connecting", _) => Self::Connecting,
-            ("idle", _) => Self::Idle,
-            _ => Self::Down,
+        match (p.state, p.path) {
+            (_, PathKind::None) | (PeerState::Down, _) => Self::Down,
+            (PeerState::Established, _) => Self::Up,
+            (PeerState::Connecting, _) => Self::Connecting,
+            (PeerState::Idle, _) => Self::Idle,
+            (PeerState::Unknown, _) => Self::Down,
         }
     }
 
@@ -496,9 +496,9 @@ impl MeshMap {
         let mut edges = Vec::new();
         for p in &peers {
             let Some(to) = index(&p.node_id) else { continue };
-            match (p.path.as_str(), p.via.as_deref().and_then(index)) {
-                ("direct", _) => edges.push(MapEdge { from: 0, to, kind: EdgeKind::Direct }),
-                ("relay", Some(via)) => edges.push(MapEdge { from: via, to, kind: EdgeKind::Relayed }),
+            match (p.path, p.via.as_deref().and_then(index)) {
+                (PathKind::Direct, _) => edges.push(MapEdge { from: 0, to, kind: EdgeKind::Direct }),
+                (PathKind::Relay, Some(via)) => edges.push(MapEdge { from: via, to, kind: EdgeKind::Relayed }),
                 _ => {}
             }
         }

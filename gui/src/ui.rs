@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use eframe::egui::{self, Color32, RichText, Ui};
 use egui_extras::{Column, TableBuilder};
 use egui_plot::{HoverPosition, Legend, Line, Plot};
-use weft::control::{Request, StatusJson};
+use weft_control::{ExitState, Request, StatusJson};
 
 use crate::client::{Client, Link, Outcome, POLL_INTERVAL};
 use crate::model::{
@@ -194,9 +194,9 @@ impl Dashboard {
         }
         if let Some(e) = &s.exit {
             let name = e.hostname.as_deref().unwrap_or(&e.wanted);
-            let line = format!("via {name}: {}", e.state.replace('_', " "));
+            let line = format!("via {name}: {}", e.state.as_str().replace('_', " "));
             ui.horizontal_wrapped(|ui| {
-                let routing = e.state == "routing";
+                let routing = e.state == ExitState::Routing;
                 ui.label(RichText::new("Exit node").weak());
                 let color = if routing { ok_color(ui) } else { ui.visuals().error_fg_color };
                 ui.label(RichText::new(line).color(color));
@@ -539,7 +539,7 @@ fn mesh_map(ui: &mut Ui, map: &MeshMap) {
     }
 }
 
-fn portal_table(ui: &mut Ui, portal: &weft::control::PortalJson, rows: &[PortalRow]) {
+fn portal_table(ui: &mut Ui, portal: &weft_control::PortalJson, rows: &[PortalRow]) {
     ui.label(RichText::new(format!("WireGuard clients ({})", rows.len())).strong());
     ui.label(
         RichText::new(format!("portal {} for {} · public key {}", portal.listen, portal.net, portal.public_key)).weak(),

@@ -18,7 +18,7 @@ use eframe::egui::Role;
 use egui_kittest::Harness;
 use egui_kittest::kittest::Queryable;
 use netns::TempDir;
-use weft::control::{Reply, StatusJson};
+use weft_control::{Reply, StatusJson};
 use weft_gui::client::Client;
 use weft_gui::ui::Dashboard;
 
@@ -172,7 +172,7 @@ fn the_recorded_node_shows_its_overview_peers_and_routes() {
     assert_eq!(count(&h, "up"), 2 + 2, "two peer states up, two route sessions up");
     assert!(h.query_by_label_contains("DOWN").is_some(), "delta is shown as down");
     let delta = st.peers.iter().find(|p| p.hostname == "delta").unwrap();
-    assert_ne!(delta.state, "established", "the recording has delta down");
+    assert_ne!(delta.state, weft_control::PeerState::Established, "the recording has delta down");
 
     // Routes: one row per reachable member with next hop and proxied subnet.
     assert!(has(&h, "Routes (2)"));

@@ -15,6 +15,7 @@ use weft_core::endpoint::Endpoint;
 
 use rand::RngCore;
 use tracing::{debug, info, warn};
+use weft_control::FailureKind;
 use weft_core::admission::{Bucket, Cookie, CookieSecret, MacKeys, mac1_of};
 use weft_core::handshake::{Completed, HandshakeError, Initiator, Params, Responded, Responder};
 use weft_core::route::RouteSnapshot;
@@ -444,7 +445,7 @@ pub struct Node {
     /// Handshakes that made a session (either side).
     handshakes_completed: u64,
     /// Handshakes that failed, by kind.
-    handshake_failures: BTreeMap<&'static str, u64>,
+    handshake_failures: BTreeMap<FailureKind, u64>,
     /// Subnets routed into the TUN (last `InstallRoutes`).
     pub(crate) installed_subnets: Vec<(IpAddr, u8)>,
     /// Held sessions changed: publish them without rebuilding every route.
@@ -969,7 +970,7 @@ impl Node {
                 self.send_reject(&back, reject);
                 let msg = format!("handshake response from {from}: {}", reject_why(reject.reason));
                 warn!(peer = %from, "{msg}");
-                self.handshake_failed(now, p.target, msg, "bad_response");
+                self.handshake_failed(now, p.target, msg, FailureKind::BadResponse);
             }
             Ok((done, finish)) => {
                 if let Some(why) = self.claim_refused(&done.remote_static, done.hello.ipv4, from, via) {
@@ -1021,7 +1022,7 @@ impl Node {
         if let Some(p) = self.pending_init.remove(&r.receiver_index) {
             let msg = format!("peer {from} rejected our handshake: {why}");
             warn!("{msg}");
-            self.handshake_failed(now, p.target, msg, "rejected");
+            self.handshake_failed(now, p.target, msg, FailureKind::Rejected);
             return;
         }
         // A reject for a session still waiting for its confirmation.
@@ -1031,14 +1032,14 @@ impl Node {
                 Some(target) => {
                     let msg = format!("peer {from} rejected our handshake: {why}");
                     warn!("{msg}");
-                    self.handshake_failed(now, target, msg, "rejected");
+                    self.handshake_failed(now, target, msg, FailureKind::Rejected);
                 }
                 None => {
                     let reason = match r.reason {
                         RejectReason::AddressTaken => format!("peer {from} refused our handshake: {why}"),
                         _ => format!("peer could not authenticate our handshake response: {why}"),
                     };
-                    self.record_inbound_failure(now, from, reason, "rejected");
+                    self.record_inbound_failure(now, from, reason, FailureKind::Rejected);
                 }
             }
             return;
@@ -1046,7 +1047,12 @@ impl Node {
         // An XX handshake we answered, refused by the initiator before its finish.
         if r.reason == RejectReason::AddressTaken && self.pending_resp.remove(&r.receiver_index).is_some() {
             warn!(peer = %from, "handshake refused: {why}");
-            self.record_inbound_failure(now, from, format!("peer {from} refused our handshake: {why}"), "rejected");
+            self.record_inbound_failure(
+                now,
+                from,
+                format!("peer {from} refused our handshake: {why}"),
+                FailureKind::Rejected,
+            );
         }
     }
 
@@ -1232,8 +1238,8 @@ impl Node {
         }
         warn!("{msg}");
         match target {
-            Some(t) => self.handshake_failed(now, t, msg, "address_taken"),
-            None => self.record_inbound_failure(now, from, msg, "address_taken"),
+            Some(t) => self.handshake_failed(now, t, msg, FailureKind::AddressTaken),
+            None => self.record_inbound_failure(now, from, msg, FailureKind::AddressTaken),
         }
     }
 
@@ -1339,7 +1345,7 @@ impl Node {
         let reject = RejectRepr { reason: reason_of(e), receiver_index: sender_index };
         self.send_reject(&back, reject);
         debug!(peer = %back.to, error = %e, "inbound handshake refused");
-        self.record_inbound_failure(now, back.to, e.to_string(), "refused");
+        self.record_inbound_failure(now, back.to, e.to_string(), FailureKind::Refused);
     }
 
     /// Why node `key`'s claim of overlay address `addr` (in a hello from `from`) is
@@ -1353,12 +1359,12 @@ impl Node {
         addr: Ipv4Addr,
         from: Endpoint,
         via: Option<NodeId>,
-    ) -> Option<(String, &'static str)> {
+    ) -> Option<(String, FailureKind)> {
         let id = NodeId::from_public(key);
         if let Some(why) = self.outside_overlay(IpAddr::V4(addr)) {
             return Some((
                 format!("peer {id} at {from} claims overlay address {addr}: refused, {why}"),
-                "address_outside_overlay",
+                FailureKind::AddressOutsideOverlay,
             ));
         }
         let owner = self.address_owner(addr, id, |p| via.is_none() && p.path.endpoint() == Some(from))?;
@@ -1373,7 +1379,7 @@ impl Node {
                 "address conflict: peer {id} at {from} claims {addr}, which belongs to member {owner} ({:?})",
                 host.unwrap_or("?")
             ),
-            "address_taken",
+            FailureKind::AddressTaken,
         ))
     }
 
@@ -1411,7 +1417,7 @@ impl Node {
         back: Dest,
         remote_index: u32,
         target: Option<Target>,
-        (why, kind): (String, &'static str),
+        (why, kind): (String, FailureKind),
     ) {
         warn!("{why}");
         let reject = RejectRepr { reason: RejectReason::AddressTaken, receiver_index: remote_index };
@@ -1423,25 +1429,26 @@ impl Node {
     }
 
     /// Counts a failed handshake by kind (monotonic, for metrics).
-    fn count_failure(&mut self, kind: &'static str) {
+    fn count_failure(&mut self, kind: FailureKind) {
         *self.handshake_failures.entry(kind).or_default() += 1;
     }
 
-    fn record_inbound_failure(&mut self, now: Instant, from: Endpoint, reason: String, kind: &'static str) {
+    fn record_inbound_failure(&mut self, now: Instant, from: Endpoint, reason: String, kind: FailureKind) {
         self.count_failure(kind);
         if let Some(f) = self.inbound_failures.iter_mut().find(|f| f.from == from) {
             f.count += 1;
             f.last = now;
             f.reason = reason;
+            f.kind = kind;
         } else {
             if self.inbound_failures.len() == MAX_INBOUND_FAILURES {
                 self.inbound_failures.pop_front();
             }
-            self.inbound_failures.push_back(InboundFailure { from, reason, count: 1, last: now });
+            self.inbound_failures.push_back(InboundFailure { from, reason, kind, count: 1, last: now });
         }
     }
 
-    fn handshake_failed(&mut self, now: Instant, target: Target, msg: String, kind: &'static str) {
+    fn handshake_failed(&mut self, now: Instant, target: Target, msg: String, kind: FailureKind) {
         self.count_failure(kind);
         let t = self.cfg.timers;
         let jitter = self.rng.next_u32();
@@ -1486,7 +1493,7 @@ impl Node {
                     now,
                     p.target,
                     format!("no handshake response from {}{how}{hint}", p.to.to),
-                    "no_response",
+                    FailureKind::NoResponse,
                 );
             }
         }
@@ -1505,8 +1512,8 @@ impl Node {
                 None => format!("peer {} never confirmed the session (network secret differs?)", h.from),
             };
             match h.target {
-                Some(t) => self.handshake_failed(now, t, msg, "not_confirmed"),
-                None => self.record_inbound_failure(now, h.from, msg, "not_confirmed"),
+                Some(t) => self.handshake_failed(now, t, msg, FailureKind::NotConfirmed),
+                None => self.record_inbound_failure(now, h.from, msg, FailureKind::NotConfirmed),
             }
         }
         let next = self
@@ -1529,7 +1536,12 @@ impl Node {
             .collect();
         for i in gone {
             if let Some(p) = self.pending_init.remove(&i) {
-                self.handshake_failed(now, p.target, format!("cannot reach {endpoint}: {error}"), "unreachable");
+                self.handshake_failed(
+                    now,
+                    p.target,
+                    format!("cannot reach {endpoint}: {error}"),
+                    FailureKind::Unreachable,
+                );
             }
         }
     }
@@ -1817,7 +1829,7 @@ impl Node {
         match self.handshake_dest(&key) {
             Some(to) => self.start_handshake(now, Target::Peer(key), to, use_ik.then_some(key)),
             // Nowhere to send it (no path right now): try again after the backoff.
-            None => self.handshake_failed(now, Target::Peer(key), "no path to the peer".into(), "no_path"),
+            None => self.handshake_failed(now, Target::Peer(key), "no path to the peer".into(), FailureKind::NoPath),
         }
     }
 

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use weft_core::endpoint::Endpoint;
 
+use weft_control::FailureKind;
 use weft_core::stats::PeerStats;
 
 use crate::identity::NodeId;
@@ -125,8 +126,10 @@ pub struct DialStatus {
 pub struct InboundFailure {
     /// Where they came from.
     pub from: Endpoint,
-    /// Why we refused.
+    /// Why we refused, in words.
     pub reason: String,
+    /// Why we refused, as a kind.
+    pub kind: FailureKind,
     /// How many times.
     pub count: u64,
     /// When last.
@@ -161,7 +164,7 @@ pub struct NodeStatus {
     pub handshakes_completed: u64,
     /// Handshakes that failed since start, by kind: bad_response, rejected, refused,
     /// address_taken, no_response, not_confirmed, unreachable, no_path.
-    pub handshake_failures: std::collections::BTreeMap<&'static str, u64>,
+    pub handshake_failures: std::collections::BTreeMap<FailureKind, u64>,
     /// Members that offer themselves as exit nodes (node id, host name).
     pub exit_offers: Vec<(NodeId, String)>,
     /// The exit node this node was told to use, and what became of it.

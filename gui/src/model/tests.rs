@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use weft::control::{PeerJson, StatusJson};
+use weft_control::{PeerJson, StatusJson};
 
 use super::*;
 

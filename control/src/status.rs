@@ -1,84 +1,13 @@
-//! The control socket: one JSON request per line, one JSON reply per line, over a
-//! Unix socket (mode 0660). The reply types double as the `--json` output.
+//! `weft status --json`: the node's report of itself, also the control socket's
+//! status reply. Field names and values are the JSON contract scripts read; the
+//! states, paths and kinds they match are enums ([`crate::kinds`]) that serialize as
+//! the same `snake_case` strings.
 
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
-use std::path::Path;
-use std::time::Duration;
+use std::collections::BTreeMap;
 
-use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
-/// A request.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(tag = "cmd", rename_all = "kebab-case")]
-pub enum Request {
-    /// Node and peers.
-    Status,
-    /// Dial a peer and keep it connected, like `--peer` (until removed or restart).
-    AddPeer {
-        /// Its URI, e.g. `udp://198.51.100.7:11010`.
-        uri: String,
-    },
-    /// Stop dialling a peer and close its sessions.
-    RemovePeer {
-        /// A URI given to `--peer` or `add-peer`, or a member's node id.
-        peer: String,
-    },
-    /// Add a client to the WireGuard portal; the reply carries its config (with its
-    /// private key, which the node does not keep).
-    WgAdd {
-        /// Client name: 1 to 32 letters, digits, `.`, `_` or `-`.
-        name: String,
-    },
-    /// Remove a client of the WireGuard portal.
-    WgRemove {
-        /// Its name.
-        name: String,
-    },
-    /// Re-read the config file and apply what can change live.
-    Reload,
-    /// Use the member `--use-exit-node` matches now, instead of the one it was pinned
-    /// to (`weft exit accept`).
-    AcceptExit,
-}
-
-impl Request {
-    /// Whether the request changes the node (then it needs root or the admin group;
-    /// reading the status needs only access to the socket). New requests must be
-    /// listed here as changing unless they only read.
-    pub fn changes_node(&self) -> bool {
-        match self {
-            Self::Status => false,
-            Self::AddPeer { .. }
-            | Self::RemovePeer { .. }
-            | Self::WgAdd { .. }
-            | Self::WgRemove { .. }
-            | Self::Reload
-            | Self::AcceptExit => true,
-        }
-    }
-}
-
-/// A reply.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case", tag = "result")]
-pub enum Reply {
-    /// Status.
-    Status(Box<StatusJson>),
-    /// A new WireGuard portal client.
-    WgClient(Box<WgConfigJson>),
-    /// The request was carried out.
-    Done {
-        /// What was done.
-        message: String,
-    },
-    /// The request failed.
-    Error {
-        /// Why.
-        message: String,
-    },
-}
+use crate::kinds::{ExitState, FailureKind, PathKind, PeerState};
 
 /// `weft status --json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -104,7 +33,7 @@ pub struct StatusJson {
     /// Counters of the connection transports (accepted, dialled, refused_full,
     /// handshake_failures, protocol_errors, timeouts, ...).
     #[serde(default)]
-    pub transport_counters: std::collections::BTreeMap<String, u64>,
+    pub transport_counters: BTreeMap<String, u64>,
     /// TUN device name.
     pub dev_name: String,
     /// Which offloads are in use.
@@ -117,7 +46,7 @@ pub struct StatusJson {
     /// Seconds since start.
     pub uptime_secs: u64,
     /// Drops by reason: the node's own plus every peer's.
-    pub drops: std::collections::BTreeMap<String, u64>,
+    pub drops: BTreeMap<String, u64>,
     /// Known peers.
     pub peers: Vec<PeerJson>,
     /// Routes to every member of the mesh.
@@ -166,17 +95,17 @@ pub struct StatusJson {
     /// Handshakes that failed since start, by kind (bad_response, rejected, refused,
     /// address_taken, no_response, not_confirmed, unreachable, no_path).
     #[serde(default)]
-    pub handshake_failures: std::collections::BTreeMap<String, u64>,
+    pub handshake_failures: BTreeMap<FailureKind, u64>,
     /// What the control plane itself sent and received (handshakes, keepalives,
     /// probes, records, summaries; not the data the pipelines carry).
     #[serde(default)]
     pub control_traffic: ControlTrafficJson,
     /// Live TCP, WebSocket and QUIC connections by transport.
     #[serde(default)]
-    pub connections_by_transport: std::collections::BTreeMap<String, usize>,
+    pub connections_by_transport: BTreeMap<String, usize>,
     /// The userspace stack and its services, on a node without a TUN (`--no-tun`).
     #[serde(default)]
-    pub userspace: Option<crate::userspace::UserspaceJson>,
+    pub userspace: Option<UserspaceJson>,
 }
 
 /// Datagrams and bytes of the control plane.
@@ -206,7 +135,7 @@ pub struct PortalJson {
     /// Its clients.
     pub clients: Vec<PortalClientJson>,
     /// Datagrams and packets the portal dropped, by reason.
-    pub drops: std::collections::BTreeMap<String, u64>,
+    pub drops: BTreeMap<String, u64>,
 }
 
 /// One WireGuard client of the portal.
@@ -279,7 +208,7 @@ pub struct ExitJson {
     /// unknown_member (no member of the mesh has that name or id), or changed (the
     /// member it was pinned to is gone and another one matches: `changed_to`; traffic
     /// fails closed until `weft exit accept`).
-    pub state: String,
+    pub state: ExitState,
     /// Whether traffic leaves by this host's own route while it is unreachable.
     pub fallback: bool,
     /// The member it is pinned to (the one it first matched).
@@ -351,7 +280,7 @@ pub struct PipelineJson {
     #[serde(default)]
     pub rx_gso_records: u64,
     /// Drops by reason that belong to no peer.
-    pub drops: std::collections::BTreeMap<String, u64>,
+    pub drops: BTreeMap<String, u64>,
     /// A links RX thread (what connections receive), not a TUN/UDP pipeline.
     #[serde(default)]
     pub links: bool,
@@ -372,7 +301,7 @@ pub struct PeerJson {
     /// Its direct endpoint (transport and address), if known.
     pub endpoint: Option<String>,
     /// direct, relay or none.
-    pub path: String,
+    pub path: PathKind,
     /// The first relay's node id, when relayed.
     pub via: Option<String>,
     /// The first relay's host name, when relayed.
@@ -387,7 +316,7 @@ pub struct PeerJson {
     pub loss: Option<f32>,
     /// connecting, established, idle (a member reachable without a session: one is
     /// made when traffic wants it) or down.
-    pub state: String,
+    pub state: PeerState,
     /// Whether it is a link of the mesh (a direct neighbour one end dials).
     #[serde(default)]
     pub link: bool,
@@ -402,7 +331,7 @@ pub struct PeerJson {
     /// Packets sent.
     pub tx_packets: u64,
     /// Drops of this peer's packets by reason.
-    pub drops: std::collections::BTreeMap<String, u64>,
+    pub drops: BTreeMap<String, u64>,
     /// Why it is not established.
     pub error: Option<String>,
 }
@@ -449,32 +378,52 @@ pub struct PendingJson {
 pub struct RefusedJson {
     /// Source.
     pub from: String,
-    /// Reason.
+    /// Why we refused, in words.
     pub reason: String,
+    /// Why we refused, as a kind (the metrics label; `other` from a node too old to
+    /// say).
+    #[serde(default)]
+    pub kind: FailureKind,
     /// How many.
     pub count: u64,
     /// Seconds since the last.
     pub last_secs: u64,
 }
 
-/// Sends one request to the node at `path` and returns its reply.
-pub fn request(path: &Path, req: &Request) -> Result<Reply> {
-    let mut s = UnixStream::connect(path).map_err(|e| {
-        let hint = match e.kind() {
-            std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => " (is `weft up` running?)",
-            std::io::ErrorKind::PermissionDenied => " (run as root or as a member of the socket's group)",
-            _ => "",
-        };
-        anyhow::anyhow!("cannot connect to control socket {}: {e}{hint}", path.display())
-    })?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    let mut line = serde_json::to_string(req)?;
-    line.push('\n');
-    s.write_all(line.as_bytes())?;
-    let mut reply = String::new();
-    BufReader::new(s).read_line(&mut reply).context("no reply from the node")?;
-    if reply.is_empty() {
-        bail!("the node closed the control connection without replying");
-    }
-    serde_json::from_str(&reply).context("malformed reply from the node")
+/// What status shows of the userspace services.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct UserspaceJson {
+    /// The SOCKS5 address.
+    pub socks5: Option<String>,
+    /// Whether SOCKS5 asks for a user name and password.
+    pub socks5_auth: bool,
+    /// `--forward` specs.
+    pub forwards: Vec<String>,
+    /// `--expose` specs.
+    pub exposes: Vec<String>,
+    /// Open TCP connections in the stack.
+    pub tcp_connections: usize,
+    /// Open UDP sockets in the stack.
+    pub udp_sockets: usize,
+    /// Packets into and out of the stack, and dropped each way.
+    pub packets_in: u64,
+    /// Packets out of the stack.
+    pub packets_out: u64,
+    /// Packets dropped on the way in (stack behind).
+    pub dropped_in: u64,
+    /// Packets dropped on the way out (pipeline behind).
+    pub dropped_out: u64,
+    /// SOCKS5 CONNECTs relayed.
+    pub socks5_connects: u64,
+    /// SOCKS5 UDP associations.
+    pub socks5_associations: u64,
+    /// SOCKS5 requests refused.
+    pub socks5_refused: u64,
+    /// Connections and UDP flows relayed by forwards and exposes.
+    pub relayed: u64,
+    /// What could not be relayed.
+    pub failed: u64,
+    /// Connections and UDP flows refused by an `--expose` at its cap.
+    #[serde(default)]
+    pub expose_refused: u64,
 }
