@@ -1,4 +1,4 @@
-//! The no-TUN node's userspace TCP/IP stack (`weft::netstack`): one TCP stream between
+//! The no-TUN node's userspace TCP/IP stack (`weft::notun::stack`): one TCP stream between
 //! two stacks wired back to back in memory (no tunnel, no sockets), so the figure is
 //! the stack's own cost per byte: segmentation, checksums, the polling thread, the
 //! tokio side. Per MTU (the segment size) with incoming checksums verified or not
@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use weft::netstack::{Stack, TcpConn};
+use weft::notun::stack::{Stack, TcpConn};
 
 const CHUNK: usize = 4 << 20;
 

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use weft::args::Cli;
+use weft::config::args::Cli;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

@@ -7,8 +7,8 @@ use anyhow::{Context, Result};
 use clap::CommandFactory;
 use clap_complete::Shell;
 
-use crate::args::{Cli, VERSION};
-use crate::config::UsageError;
+use crate::config::args::{Cli, VERSION};
+use crate::config::values::UsageError;
 
 /// Prints the completion script for `shell`.
 pub(crate) fn completions(shell: Shell) -> Result<()> {

@@ -25,5 +25,5 @@ fn generate_prints_one_strong_secret_each_time() {
     assert_eq!(a.len(), 43, "{a}");
     assert!(a.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'), "{a}");
     assert_ne!(a, b);
-    assert!(weft::secret::estimate_bits(&a) >= weft::secret::WEAK_BITS);
+    assert!(weft::config::secret::estimate_bits(&a) >= weft::config::secret::WEAK_BITS);
 }

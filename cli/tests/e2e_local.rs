@@ -190,7 +190,7 @@ fn a_weak_secret_starts_with_a_loud_warning() {
 
 /// Sends `bytes` from a socket bound to `from` inside `ns` to the beacon port of `to`.
 fn send_beacon(ns: &Netns, from: &str, to: &str, bytes: &[u8]) {
-    let (from, to) = (format!("{from}:0"), format!("{to}:{}", weft::discovery::PORT));
+    let (from, to) = (format!("{from}:0"), format!("{to}:{}", weft::services::discovery::PORT));
     ns.within(|| {
         let s = std::net::UdpSocket::bind(&from).unwrap();
         s.send_to(bytes, &to).unwrap();
@@ -212,7 +212,7 @@ fn pending(node: &Node) -> Vec<String> {
 
 #[test]
 fn lan_beacons_without_the_secret_or_replayed_are_dropped_and_counted() {
-    use weft::discovery::{Beacon, KEY_LABEL, beacon_key, unix_ms};
+    use weft::services::discovery::{Beacon, KEY_LABEL, beacon_key, unix_ms};
     require_root();
     let dir = TempDir::new();
     let lan = netns::Lan::new(2);

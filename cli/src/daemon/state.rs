@@ -15,7 +15,7 @@ use tracing::{info, warn};
 use weft_core::handshake::StaticKey;
 use weft_datapath::transport::conn::TlsIdentity;
 
-use crate::config::UsageError;
+use crate::config::values::UsageError;
 
 const KEY_FILE: &str = "node.key";
 /// Host names bound to the member that held each first, and the exit pin.
@@ -53,7 +53,7 @@ pub fn load_or_create_tls(dir: &Path, given: Option<&(std::path::PathBuf, std::p
     if chain.is_empty() {
         return Err(bad("certificate", &cert, &"no CERTIFICATE block in the file").into());
     }
-    crate::config::check_private(&key, "TLS key", "")?;
+    crate::config::values::check_private(&key, "TLS key", "")?;
     let key = PrivateKeyDer::from_pem_file(&key).map_err(|e| bad("key", &key, &e))?;
     Ok(TlsIdentity { chain, key })
 }
@@ -83,7 +83,7 @@ pub fn load_or_create_key(dir: &Path) -> Result<StaticKey> {
         Ok(text) => {
             // A key others could read may be known to them: say so rather than quietly
             // tightening the mode.
-            crate::config::check_private(&path, "node key", "")?;
+            crate::config::values::check_private(&path, "node key", "")?;
             match parse_key(&text) {
                 Ok(Some(key)) => Ok(key),
                 Ok(None) => {
@@ -162,7 +162,7 @@ pub fn private_dir(dir: &Path) -> Result<()> {
         Err(e) => return Err(e).with_context(|| format!("cannot create {}", dir.display())),
     }
     let m = fs::symlink_metadata(dir).with_context(|| format!("cannot read {}", dir.display()))?;
-    let me = crate::access::own_uid();
+    let me = crate::control::access::own_uid();
     if !m.file_type().is_dir() {
         bail!("{} is not a directory (a link or a file someone else put there): refusing to use it", dir.display());
     }
@@ -374,7 +374,7 @@ mod tests {
         let _ = fs::remove_file(&link);
         std::os::unix::fs::symlink(&dir, &link).unwrap();
         assert!(format!("{:#}", private_dir(&link).unwrap_err()).contains("not a directory"));
-        if crate::access::is_root() {
+        if crate::control::access::is_root() {
             // Another owner: what a local user who made the name first would leave.
             std::os::unix::fs::chown(&dir, Some(65534), None).unwrap();
             assert!(format!("{:#}", private_dir(&dir).unwrap_err()).contains("belongs to uid 65534"));

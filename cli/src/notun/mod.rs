@@ -1,5 +1,5 @@
 //! What a no-TUN node offers local programs, on top of the userspace stack
-//! ([`crate::netstack`]): a SOCKS5 server (CONNECT and UDP ASSOCIATE, RFC 1928, with
+//! ([`crate::notun::stack`]): a SOCKS5 server (CONNECT and UDP ASSOCIATE, RFC 1928, with
 //! optional username/password, RFC 1929), `--forward` (a local port to a member's
 //! port) and `--expose` (an overlay port to a local service).
 //!
@@ -7,6 +7,8 @@
 //! mesh (a member's overlay address or a proxied subnet), and a name must be a member's
 //! in the Magic DNS zone. Anything else is refused with the matching SOCKS reply, so a
 //! client never waits for a connection that cannot happen.
+
+pub mod stack;
 
 use std::collections::HashMap;
 use std::io;
@@ -27,8 +29,8 @@ use tracing::{debug, info, warn};
 use weft_control::UserspaceJson;
 use weft_core::route::{Lookup, RouteSnapshot};
 
-use crate::config::{Expose, Forward, L4};
-use crate::netstack::{Stack, UdpConn};
+use crate::config::values::{Expose, Forward, L4};
+use crate::notun::stack::{Stack, UdpConn};
 
 /// A UDP flow (forward, expose, association) with no traffic for this long ends.
 const UDP_IDLE: Duration = Duration::from_secs(60);
@@ -70,7 +72,7 @@ pub struct Destinations {
     /// The data plane's route snapshot.
     pub routes: Arc<ArcSwap<RouteSnapshot>>,
     /// The Magic DNS zone (refreshed by the runtime).
-    pub names: Arc<ArcSwap<crate::dns::Zone>>,
+    pub names: Arc<ArcSwap<crate::services::dns::Zone>>,
     /// The overlay networks (an address inside with no member is "unreachable", not
     /// "not allowed").
     pub nets: Arc<ArcSwap<Vec<(IpAddr, u8)>>>,
@@ -329,7 +331,7 @@ async fn forward_tcp(l: TcpListener, f: Forward, stack: Stack, dest: Destination
 }
 
 async fn expose_tcp(
-    mut accepted: tokio::sync::mpsc::UnboundedReceiver<crate::netstack::TcpConn>,
+    mut accepted: tokio::sync::mpsc::UnboundedReceiver<stack::TcpConn>,
     local: SocketAddr,
     stats: Arc<ServiceStats>,
 ) {

@@ -14,7 +14,7 @@ pub const DEFAULT_STATE_DIR: &str = "/var/lib/weft";
 /// `$XDG_RUNTIME_DIR/weft/weft.sock` (or `/tmp/weft-UID/weft.sock` without it), so an
 /// unprivileged node (`--no-tun`) and the commands that ask it agree without flags.
 pub fn default_control() -> PathBuf {
-    if crate::access::is_root() {
+    if crate::control::access::is_root() {
         return DEFAULT_CONTROL.into();
     }
     match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
@@ -25,15 +25,15 @@ pub fn default_control() -> PathBuf {
 
 /// Where a non-root node without `XDG_RUNTIME_DIR` (or `HOME`) keeps its socket and
 /// state: `/tmp/weft-UID`. Anyone may create that name first in `/tmp`, so a node
-/// uses it only if it is a directory of its own, mode 0700 ([`crate::state::private_dir`]).
+/// uses it only if it is a directory of its own, mode 0700 ([`crate::daemon::state::private_dir`]).
 pub fn fallback_dir() -> PathBuf {
-    PathBuf::from(format!("/tmp/weft-{}", crate::access::own_uid()))
+    PathBuf::from(format!("/tmp/weft-{}", crate::control::access::own_uid()))
 }
 
 /// The default state directory: [`DEFAULT_STATE_DIR`] for root, else
 /// `$XDG_STATE_HOME/weft` (or `~/.local/state/weft`).
 pub fn default_state_dir() -> PathBuf {
-    if crate::access::is_root() {
+    if crate::control::access::is_root() {
         return DEFAULT_STATE_DIR.into();
     }
     if let Some(d) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
@@ -120,7 +120,7 @@ pub struct UpArgs {
     /// about 60 bits, estimated at start) is warned about, since anyone who records one
     /// handshake can guess it offline.
     #[arg(long, value_name = "SECRET", env = "WEFT_NETWORK_SECRET", hide_env_values = true)]
-    pub network_secret: Option<crate::config::Secret>,
+    pub network_secret: Option<crate::config::values::Secret>,
     /// Overlay address of this node, with the network's prefix length.
     #[arg(short = 'i', long, value_name = "ADDR/PREFIX")]
     pub ipv4: Option<String>,
@@ -279,7 +279,7 @@ pub struct UpArgs {
     /// Require this USER:PASSWORD of SOCKS5 clients (RFC 1929); prefer the environment
     /// or the config file, which stay out of `ps`.
     #[arg(long, value_name = "USER:PASSWORD", env = "WEFT_SOCKS5_AUTH", hide_env_values = true)]
-    pub socks5_auth: Option<crate::config::Secret>,
+    pub socks5_auth: Option<crate::config::values::Secret>,
     /// Forward a local port to a member's port, repeatable:
     /// `tcp://127.0.0.1:8080=10.126.0.2:80` or `udp://[::1]:5353=alpha.office.internal:53`.
     /// Needs --no-tun.

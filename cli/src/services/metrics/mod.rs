@@ -11,6 +11,8 @@ use prometheus::{Encoder, GaugeVec, IntCounterVec, Opts, Registry, TextEncoder};
 
 use weft_control::{FailureKind, PeerState, StatusJson};
 
+pub mod server;
+
 /// Content type of the text exposition format.
 pub const CONTENT_TYPE: &str = prometheus::TEXT_FORMAT;
 
@@ -362,8 +364,8 @@ mod dashboard {
     #[test]
     fn the_grafana_dashboard_queries_only_exported_metrics() {
         let dash: serde_json::Value =
-            serde_json::from_str(include_str!("../../packaging/grafana/weft-dashboard.json")).unwrap();
-        let source = include_str!("metrics.rs");
+            serde_json::from_str(include_str!("../../../../packaging/grafana/weft-dashboard.json")).unwrap();
+        let source = include_str!("mod.rs");
         let mut seen = 0;
         for p in dash["panels"].as_array().unwrap() {
             for t in p["targets"].as_array().unwrap() {

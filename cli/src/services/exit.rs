@@ -222,7 +222,7 @@ fn route_commands(dev: &str, ipv6: bool) -> Vec<Vec<String>> {
 pub fn route_through(dev: &str, ipv6: bool) -> Result<(), String> {
     for args in route_commands(dev, ipv6) {
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        crate::node::ip(&refs).map_err(|e| format!("ip {}: {e}", args.join(" ")))?;
+        crate::host::ip::ip(&refs).map_err(|e| format!("ip {}: {e}", args.join(" ")))?;
     }
     let v6 = if ipv6 { "IPv6 too" } else { "IPv6 blocked: no IPv6 overlay" };
     info!(%dev, "default route through the exit node (table {TABLE}, rules {PRIO_SUPPRESS} and {PRIO_TABLE}; {v6})");
@@ -238,7 +238,7 @@ pub fn unroute() {
             for _ in 0..16 {
                 let mut c = vec![family, "rule", "del"];
                 c.extend(r.iter().map(String::as_str));
-                match crate::node::ip(&c) {
+                match crate::host::ip::ip(&c) {
                     Ok(()) => {}
                     Err(e) if absent(&e) => break,
                     Err(e) => {
@@ -248,7 +248,7 @@ pub fn unroute() {
                 }
             }
         }
-        if let Err(e) = crate::node::ip(&[family, "route", "flush", "table", &TABLE.to_string()])
+        if let Err(e) = crate::host::ip::ip(&[family, "route", "flush", "table", &TABLE.to_string()])
             && !absent(&e)
         {
             warn!(error = %e, "cannot flush the exit route table");

@@ -42,7 +42,7 @@ use tracing::{debug, info, warn};
 use weft_core::route::prefix_mask;
 use weft_datapath::tun::{SyncDevice, Tun, TunConfig};
 
-use crate::config::{IpNet, Ipv4Net, UsageError};
+use crate::config::values::{IpNet, Ipv4Net, UsageError};
 use weft_control::{PortalClientJson, PortalJson, WgConfigJson};
 
 /// The file of the portal's key and clients, in the state directory.
@@ -85,7 +85,7 @@ impl PortalConfig {
         overlay: Ipv4Net,
         proxied: &[IpNet],
     ) -> Result<Self, UsageError> {
-        let uri: crate::config::PeerUri = listen
+        let uri: crate::config::values::PeerUri = listen
             .parse()
             .map_err(|e: UsageError| UsageError(format!("invalid --wg-portal: {e} (expected udp://ADDR:PORT)")))?;
         if uri.proto != weft_datapath::transport::Proto::Udp {
@@ -196,7 +196,7 @@ impl Store {
     fn load_or_create(path: &Path, net: Ipv4Net) -> Result<Self> {
         match std::fs::read_to_string(path) {
             Ok(text) => {
-                crate::config::check_private(path, "WireGuard portal file", "holds private keys and")?;
+                crate::config::values::check_private(path, "WireGuard portal file", "holds private keys and")?;
                 let s: Self = serde_json::from_str(&text)
                     .with_context(|| format!("corrupt WireGuard portal file {}", path.display()))?;
                 key32(&s.private_key, "the portal's private key")

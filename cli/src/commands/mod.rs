@@ -1,0 +1,96 @@
+//! The subcommands other than `weft up`: clients of a running node's control socket
+//! (`status`, `peers`, `peer add`, `wg add`, `reload`, ...) and the local ones (`secret
+//! generate`, `completions`, `man`).
+
+use anyhow::Result;
+
+use crate::config::args::{self, Command, ExitCommand, PeerCommand, SecretCommand, WgCommand};
+use crate::config::values::UsageError;
+use crate::config::{NodeConfig, secret};
+use crate::{daemon, meta};
+
+pub(crate) mod show;
+
+/// Runs `command`.
+pub(crate) fn run(command: Command) -> Result<()> {
+    match command {
+        Command::Up(args) => {
+            daemon::run(NodeConfig::resolve(&args)?, daemon::Reloadable { args: *args, log_level_pinned: true })
+        }
+        Command::Status(q) => query(&q, show::status),
+        Command::Peers(q) => query(&q, show::peers),
+        Command::Routes(q) => query(&q, show::routes),
+        Command::Peer(PeerCommand::Add(a)) => change(&a.control, &weft_control::Request::AddPeer { uri: a.peer }),
+        Command::Peer(PeerCommand::Remove(a)) => {
+            change(&a.control, &weft_control::Request::RemovePeer { peer: a.peer })
+        }
+        Command::Wg(WgCommand::Add(a)) => wg_add(&a),
+        Command::Wg(WgCommand::List(q)) => query(&q, show::portal),
+        Command::Wg(WgCommand::Remove(a)) => change(&a.control, &weft_control::Request::WgRemove { name: a.name }),
+        Command::Reload(a) => change(&a.control, &weft_control::Request::Reload),
+        Command::Exit(ExitCommand::Accept(a)) => change(&a.control, &weft_control::Request::AcceptExit),
+        Command::Secret(SecretCommand::Generate) => {
+            println!("{}", secret::generate()?);
+            Ok(())
+        }
+        Command::Completions(a) => meta::completions(a.shell),
+        Command::Man(a) => meta::man(a.command.as_deref()),
+    }
+}
+
+/// Asks the node for its status and prints it as JSON or with `table`.
+fn query(q: &args::QueryArgs, table: fn(&weft_control::StatusJson) -> String) -> Result<()> {
+    match weft_control::request(&q.control, &weft_control::Request::Status)? {
+        weft_control::Reply::Status(s) if q.json => println!("{}", serde_json::to_string_pretty(&s)?),
+        weft_control::Reply::Status(s) => print!("{}", table(&s)),
+        weft_control::Reply::Error { message } => {
+            anyhow::bail!("node refused the request: {}", show::printable(&message))
+        }
+        weft_control::Reply::Done { .. } | weft_control::Reply::WgClient(_) => {
+            anyhow::bail!("unexpected reply from the node")
+        }
+    }
+    Ok(())
+}
+
+/// `weft wg add`: prints the new client's config (and a QR code of it with `--qr`).
+fn wg_add(a: &args::WgAddArgs) -> Result<()> {
+    match weft_control::request(&a.control, &weft_control::Request::WgAdd { name: a.name.clone() })? {
+        weft_control::Reply::WgClient(c) if a.json => println!("{}", serde_json::to_string_pretty(&c)?),
+        weft_control::Reply::WgClient(c) => {
+            print!("{}", c.config);
+            if a.qr {
+                let code = qrcode::QrCode::new(c.config.as_bytes())
+                    .map_err(|e| anyhow::anyhow!("cannot make a QR code of the config: {e}"))?;
+                let art = code
+                    .render::<qrcode::render::unicode::Dense1x2>()
+                    .dark_color(qrcode::render::unicode::Dense1x2::Light)
+                    .light_color(qrcode::render::unicode::Dense1x2::Dark)
+                    .build();
+                println!("\n{art}");
+            }
+            eprintln!(
+                "client {} has address {}; this is the only copy of its private key",
+                show::printable(&c.name),
+                c.address
+            );
+        }
+        weft_control::Reply::Error { message } => return Err(UsageError(show::printable(&message).into_owned()).into()),
+        _ => anyhow::bail!("unexpected reply from the node"),
+    }
+    Ok(())
+}
+
+/// Sends a request that changes the node and prints what it did. A refusal is the
+/// caller's bad input (exit 2).
+fn change(path: &std::path::Path, req: &weft_control::Request) -> Result<()> {
+    match weft_control::request(path, req)? {
+        // Messages may quote peer-supplied names: no raw control characters.
+        weft_control::Reply::Done { message } => println!("{}", show::printable(&message)),
+        weft_control::Reply::Error { message } => return Err(UsageError(show::printable(&message).into_owned()).into()),
+        weft_control::Reply::Status(_) | weft_control::Reply::WgClient(_) => {
+            anyhow::bail!("unexpected reply from the node")
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,565 @@
+//! The runtime loop: one tokio task that owns the engine, feeds it the pipelines'
+//! events, timers and control requests, and carries out its actions.
+
+use std::net::{IpAddr, Ipv6Addr, SocketAddr, UdpSocket};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use arc_swap::ArcSwap;
+use tokio::sync::{mpsc, oneshot};
+use tracing::{debug, info, warn};
+use weft_control::Reply;
+use weft_core::stats::{DropCounters, DropReason};
+use weft_datapath::pipeline::{ControlEvent, ControlSink, PipelineStats, Shared};
+use weft_datapath::transport::conn::{Connector, LinkDown};
+use weft_datapath::transport::udp::{self};
+use weft_datapath::transport::{Endpoint, Proto};
+use weft_peers::NodeId;
+use weft_peers::node::{Action, Input, Node};
+
+use super::requests::{Ask, Asker, load_again};
+use crate::config::NodeConfig;
+use crate::config::args::UpArgs;
+use crate::config::values::PeerUri;
+use crate::control::server::{Admins, Requests, accept_loop, bind_control};
+use crate::daemon::state;
+use crate::host::interfaces::{local_ipv4s, local_networks};
+use crate::host::net::{NetConfig, NetJob};
+use crate::services::discovery::{Beacon, Discovery};
+use crate::services::metrics::server as metrics;
+
+pub(super) struct QueueSink {
+    pub(super) events: mpsc::Sender<ControlEvent>,
+    pub(super) handshakes: mpsc::Sender<ControlEvent>,
+    /// Set when a handshake did not fit: the engine treats the next second as load.
+    pub(super) overloaded: AtomicBool,
+}
+
+impl ControlSink for QueueSink {
+    fn try_push(&self, ev: ControlEvent) -> bool {
+        match ev {
+            ControlEvent::Datagram { .. } => {
+                let ok = self.handshakes.try_send(ev).is_ok();
+                if !ok {
+                    self.overloaded.store(true, Ordering::Relaxed);
+                }
+                ok
+            }
+            _ => self.events.try_send(ev).is_ok(),
+        }
+    }
+}
+
+pub(super) struct Runtime {
+    pub(super) cfg: NodeConfig,
+    /// The IPv6 overlay address in use (`cfg.ipv6` resolved at start).
+    pub(super) ipv6: Option<(Ipv6Addr, u8)>,
+    pub(super) engine: Node,
+    pub(super) shared: Shared,
+    /// The pipelines' UDP sockets; `sender` is the first.
+    pub(super) sender: Arc<UdpSocket>,
+    pub(super) udp_socks: Vec<Arc<UdpSocket>>,
+    /// Whether each pipeline reads with UDP GRO (its receive slots are sized for it).
+    pub(super) udp_gro: Vec<bool>,
+    pub(super) started: Instant,
+    pub(super) tun_offload: bool,
+    pub(super) pipelines: Vec<Arc<PipelineStats>>,
+    /// Drops of the control plane's own sends.
+    pub(super) drops: DropCounters,
+    /// Kernel routes and addresses, changed on a thread of their own.
+    pub(super) netcfg: NetConfig,
+    /// Keeps the engine's name bindings and exit pin in the state directory.
+    pub(super) names_writer: state::NamesWriter,
+    /// TCP, WebSocket and QUIC connections.
+    pub(super) connector: Connector,
+    /// Counters of the threads that open what connections receive.
+    pub(super) links_stats: Vec<Arc<PipelineStats>>,
+    /// Bound listeners.
+    pub(super) listeners: Vec<Endpoint>,
+    /// Port of the UDP sockets (announced in LAN beacons).
+    pub(super) udp_port: u16,
+    /// MAC key of LAN beacons (from the PSK).
+    pub(super) beacon_key: ring::hmac::Key,
+    /// LAN beacons dropped, with `--lan-discovery`.
+    pub(super) beacon_drops: Option<Arc<crate::services::discovery::Drops>>,
+    /// The WireGuard portal (`--wg-portal`).
+    pub(super) portal: Option<crate::services::portal::Portal>,
+    /// The subnets other members proxy (routed into the TUN).
+    pub(super) member_subnets: Vec<(IpAddr, u8)>,
+    /// The peers of the config (file or flags), as resolved: a reload dials the new
+    /// ones and stops dialling the ones gone.
+    pub(super) dialled: Vec<(PeerUri, Endpoint)>,
+    /// The `weft up` arguments, for reloads.
+    pub(super) args: Arc<UpArgs>,
+    /// A flag or RUST_LOG set the log level: reloads leave it.
+    pub(super) log_level_pinned: bool,
+    /// The control plane's own traffic.
+    pub(super) control_traffic: weft_control::ControlTrafficJson,
+    /// Magic DNS, when on and bound.
+    pub(super) dns: Option<crate::services::dns::Server>,
+    /// Whether the exit node's /0 is routed now (`--use-exit-node`).
+    pub(super) exit_routed: bool,
+    /// Whether the warning that `--use-exit-node` names nobody was given.
+    pub(super) exit_name_warned: bool,
+    /// The userspace stack and its services (`--no-tun`).
+    pub(super) userspace: Option<crate::notun::Userspace>,
+}
+
+pub(crate) fn no_portal() -> Reply {
+    Reply::Error {
+        message: "this node runs no WireGuard portal (start it with --wg-portal udp://ADDR:PORT --wg-portal-net CIDR)"
+            .into(),
+    }
+}
+
+impl Runtime {
+    /// The networks of the mesh: the overlay, our proxied subnets (the portal
+    /// network among them) and the other members'.
+    pub(super) fn mesh_networks(&self) -> Vec<(IpAddr, u8)> {
+        let mut v = vec![crate::config::values::IpNet::from(self.cfg.ipv4.network()).pair()];
+        if let Some((a, p)) = self.ipv6 {
+            v.push(crate::config::values::IpNet { addr: IpAddr::V6(a), prefix: p }.network().pair());
+        }
+        v.extend(self.cfg.proxy_networks.iter().map(|n| n.pair()));
+        // Not an exit's /0: the portal is no way to the internet.
+        v.extend(self.member_subnets.iter().copied().filter(|s| s.1 != 0));
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// The IPv4 networks of the mesh (the WireGuard portal carries IPv4 only).
+    pub(super) fn mesh_networks_v4(&self) -> Vec<(std::net::Ipv4Addr, u8)> {
+        self.mesh_networks()
+            .into_iter()
+            .filter_map(|(a, p)| match a {
+                IpAddr::V4(a) => Some((a, p)),
+                IpAddr::V6(_) => None,
+            })
+            .collect()
+    }
+
+    /// Starts LAN discovery on this host's interfaces.
+    pub(super) fn discovery(&mut self) -> Result<Discovery> {
+        let ifs = local_ipv4s(self.cfg.ipv4.addr, self.portal_dev().as_deref());
+        info!(interfaces = ifs.len(), "LAN discovery on");
+        let d = Discovery::new(
+            ifs,
+            Beacon::network_hash(&self.cfg.network_name),
+            self.engine.id().to_bytes(),
+            self.udp_port,
+            self.beacon_key.clone(),
+        )?;
+        self.beacon_drops = Some(d.drops.clone());
+        Ok(d)
+    }
+
+    /// Moves every pipeline's UDP socket to `addr` (an ephemeral port when `None`):
+    /// binds the new sockets first, so a port in use changes nothing, then swaps each
+    /// descriptor in place. Returns the new local address.
+    pub(super) fn rebind_udp(&mut self, addr: Option<SocketAddr>) -> Result<SocketAddr> {
+        let bind = addr.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
+        let socks = udp::bind_reuseport(bind, self.udp_socks.len(), Duration::from_millis(500))
+            .with_context(|| format!("cannot bind udp://{bind}"))?;
+        let local = socks[0].local_addr().context("UDP socket has no address")?;
+        // GRO only where the pipeline's receive slots hold coalesced bursts: a socket
+        // with GRO under a pipeline without would truncate them.
+        let refused = self.udp_gro.iter().zip(&socks).filter(|(gro, s)| **gro && !udp::enable_gro(s)).count();
+        if refused > 0 {
+            warn!(
+                sockets = refused,
+                "UDP GRO refused on the new sockets; received bursts arrive one datagram at a time"
+            );
+        }
+        for (old, new) in self.udp_socks.iter().zip(&socks) {
+            udp::replace(old, new).context("cannot move the UDP socket")?;
+        }
+        info!(from = self.udp_port, to = local.port(), "UDP sockets moved");
+        self.udp_port = local.port();
+        Ok(local)
+    }
+
+    /// The Magic DNS zone of the mesh as this node knows it: itself and every member
+    /// whose record it holds.
+    pub(super) fn dns_zone(&self, domain: &str) -> crate::services::dns::Zone {
+        let me = self.engine.id();
+        let others = self.engine.topology().records().filter(|r| r.node() != me);
+        let names = self.engine.names();
+        crate::services::dns::Zone::new(
+            domain,
+            std::iter::once((me, self.cfg.hostname.as_str(), self.cfg.ipv4.addr, self.ipv6.map(|(a, _)| a)))
+                .chain(others.map(|r| (r.node(), r.hostname.as_str(), r.overlay, r.overlay6))),
+            |host| names.holder(host),
+        )
+        .for_clients(self.mesh_networks())
+    }
+
+    /// Starts Magic DNS on the overlay address (when on), and registers it with
+    /// systemd-resolved (with `--accept-dns`). A port already taken turns it off with a
+    /// warning: the mesh works without it.
+    /// A failure is retried every second by [`Self::refresh_dns`] (warned of when `loud`).
+    pub(super) fn start_dns(&mut self, loud: bool) {
+        self.dns = None;
+        // Without a TUN the overlay addresses are not the kernel's to bind.
+        if self.userspace.is_some() {
+            return;
+        }
+        let Some(domain) = self.cfg.dns_domain.clone() else { return };
+        let zone = Arc::new(ArcSwap::from_pointee(self.dns_zone(&domain)));
+        let addrs = self.dns_addrs();
+        match crate::services::dns::Server::start(&addrs, zone) {
+            Ok(s) => {
+                info!(addrs = ?addrs, %domain, "Magic DNS on");
+                self.dns = Some(s);
+                self.register_dns();
+            }
+            Err(e) if loud => warn!(error = %e, "Magic DNS off: cannot bind its socket (retrying every second)"),
+            Err(e) => debug!(error = %e, "Magic DNS: bind failed again"),
+        }
+    }
+
+    /// Where Magic DNS listens: the overlay addresses, port 53.
+    pub(super) fn dns_addrs(&self) -> Vec<SocketAddr> {
+        std::iter::once(IpAddr::V4(self.cfg.ipv4.addr))
+            .chain(self.ipv6.map(|(a, _)| IpAddr::V6(a)))
+            .map(|ip| SocketAddr::new(ip, 53))
+            .collect()
+    }
+
+    /// With `--accept-dns`, points systemd-resolved at the running server.
+    pub(super) fn register_dns(&self) {
+        if let (true, Some(domain)) = (self.cfg.accept_dns && self.dns.is_some(), self.cfg.dns_domain.clone()) {
+            let dev = self.cfg.dev_name.clone();
+            let ips: Vec<IpAddr> = self.dns_addrs().iter().map(SocketAddr::ip).collect();
+            tokio::task::spawn_blocking(move || {
+                if crate::services::dns::register(&dev, &ips, &domain) {
+                    info!(%domain, "Magic DNS registered with systemd-resolved");
+                }
+            });
+        }
+    }
+
+    /// Follows members coming, going and renaming, and our own address moving; starts
+    /// the server again when its bind failed (the port was busy, the address not yet
+    /// on the device).
+    /// Gives the userspace services the mesh's current names and networks.
+    pub(super) fn refresh_userspace(&self) {
+        let Some(u) = &self.userspace else { return };
+        let domain =
+            self.cfg.dns_domain.clone().unwrap_or_else(|| crate::services::dns::default_domain(&self.cfg.network_name));
+        u.destinations().names.store(Arc::new(self.dns_zone(&domain)));
+        u.destinations().nets.store(Arc::new(self.mesh_networks()));
+    }
+
+    pub(super) fn refresh_dns(&mut self) {
+        if self.userspace.is_some() {
+            return;
+        }
+        let Some(domain) = self.cfg.dns_domain.clone() else { return };
+        let Some(d) = &self.dns else {
+            self.start_dns(false);
+            return;
+        };
+        if d.addrs != self.dns_addrs() {
+            self.start_dns(true);
+            return;
+        }
+        if d.update(self.dns_zone(&domain)) {
+            debug!("Magic DNS zone changed");
+        }
+    }
+
+    /// Says once, when this node has been in the mesh a while, that `--use-exit-node`
+    /// names no member at all (a typo is otherwise only visible in status), with the
+    /// members that do offer an exit.
+    pub(super) fn check_exit_name(&mut self) {
+        if self.exit_name_warned || self.started.elapsed() < Duration::from_secs(15) {
+            return;
+        }
+        let st = self.engine.status(Instant::now());
+        let Some(e) = &st.exit else { return };
+        let in_mesh = st.peers.iter().any(|p| p.state == weft_peers::status::PeerState::Established);
+        if e.node.is_some() || e.known || !in_mesh {
+            return;
+        }
+        self.exit_name_warned = true;
+        let offers: Vec<String> = st.exit_offers.iter().map(|(id, h)| format!("{h} ({id})")).collect();
+        warn!(
+            wanted = %e.wanted,
+            "--use-exit-node names no member of the mesh; members offering an exit: [{}]",
+            offers.join(", ")
+        );
+    }
+
+    /// The exit node's /0 came or went: say so, and with --exit-fallback add or remove
+    /// the policy routing that sends the default route into the TUN.
+    pub(super) fn follow_exit(&mut self, routed: bool) {
+        if self.cfg.use_exit.is_none() || routed == self.exit_routed {
+            return;
+        }
+        self.exit_routed = routed;
+        let fallback = self.cfg.exit_fallback;
+        match (routed, fallback) {
+            (true, _) => info!("exit node reachable: the default route goes through it"),
+            (false, false) => warn!("exit node unreachable: traffic for the internet is dropped until it is back"),
+            (false, true) => warn!(
+                "exit node unreachable: traffic for the internet leaves by this host's own route (--exit-fallback)"
+            ),
+        }
+        if fallback {
+            self.netcfg.send(NetJob::ExitRoute(routed));
+        }
+    }
+
+    /// The WireGuard portal's TUN device, when there is one.
+    pub(super) fn portal_dev(&self) -> Option<String> {
+        self.cfg.wg_portal.as_ref().map(|_| crate::services::portal::device_name(&self.cfg.dev_name))
+    }
+
+    /// Tells the portal where its clients may send.
+    pub(super) fn update_portal(&self) {
+        if let Some(p) = &self.portal {
+            p.set_destinations(self.mesh_networks_v4());
+        }
+    }
+
+    pub(super) fn handle_event(&mut self, ev: ControlEvent) {
+        let now = Instant::now();
+        let len = match &ev {
+            ControlEvent::Datagram { bytes, .. } | ControlEvent::Message { bytes, .. } => Some(bytes.len()),
+            _ => None,
+        };
+        if let Some(n) = len {
+            self.control_traffic.received_packets += 1;
+            self.control_traffic.received_bytes += n as u64;
+        }
+        match ev {
+            ControlEvent::Datagram { from, via, bytes } => {
+                let via = via.map(NodeId::from_bytes);
+                self.engine.handle(now, Input::Datagram { from, via, bytes: &bytes })
+            }
+            ControlEvent::Confirmed { local_index } => self.engine.handle(now, Input::Confirmed { local_index }),
+            ControlEvent::Message { local_index, bytes } => {
+                self.engine.handle(now, Input::Message { local_index, bytes: &bytes })
+            }
+            ControlEvent::Direct { local_index, from } => self.engine.handle(now, Input::Direct { local_index, from }),
+            ControlEvent::Unrouted { dst, packet } => self.engine.handle(now, Input::Unrouted { dst, packet: &packet }),
+        }
+    }
+
+    pub(super) async fn serve(
+        mut self,
+        mut events: mpsc::Receiver<ControlEvent>,
+        mut handshakes: mpsc::Receiver<ControlEvent>,
+        sink: Arc<QueueSink>,
+        mut link_down: mpsc::Receiver<LinkDown>,
+        metrics: Option<std::net::TcpListener>,
+    ) -> Result<()> {
+        let listener = bind_control(&self.cfg.control)?;
+        let (req_tx, mut requests) = mpsc::channel::<(Ask, oneshot::Sender<Reply>)>(16);
+        let mut metrics = match metrics {
+            Some(l) => {
+                Some(tokio::spawn(metrics::serve(tokio::net::TcpListener::from_std(l)?, req_tx.clone(), || {
+                    Ask::Status
+                })))
+            }
+            None => None,
+        };
+        let admins = Admins {
+            group: self.cfg.admin_group.clone(),
+            gid: crate::control::access::group_id(&self.cfg.admin_group),
+        };
+        if admins.gid.is_none() {
+            info!(group = %admins.group, "admin group not found in /etc/group: only root may change the node");
+        }
+        let accept = tokio::spawn(accept_loop(listener, req_tx.clone(), admins, Asker { args: self.args.clone() }));
+        let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let mut sighup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+        self.engine.handle_timeout(Instant::now());
+        self.drain();
+        let mut discovery = if self.cfg.lan_discovery { Some(self.discovery()?) } else { None };
+        self.start_dns(true);
+        if let Some(u) = &mut self.userspace {
+            u.start()?;
+        }
+        self.refresh_userspace();
+        let mut dns_timer = tokio::time::interval(Duration::from_secs(1));
+        let mut beacon_timer = tokio::time::interval(Duration::from_secs(5));
+        // Interfaces come and go: members' subnets are checked against the networks
+        // this host is connected to now.
+        let mut nets_timer = tokio::time::interval(Duration::from_secs(10));
+        loop {
+            // The engine's next deadline; with none, it waits for an input.
+            let deadline = self.engine.poll_timeout().unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+            tokio::select! {
+                // Authenticated events first and handshakes last: a flood of handshakes must
+                // not delay anything else.
+                biased;
+                ev = events.recv() => {
+                    let Some(ev) = ev else { break };
+                    self.handle_event(ev);
+                }
+                () = tokio::time::sleep_until(deadline.into()) => self.engine.handle_timeout(Instant::now()),
+                down = link_down.recv() => {
+                    if let Some(d) = down {
+                        self.engine.handle(Instant::now(), Input::LinkDown { endpoint: d.endpoint, error: &d.error });
+                    }
+                }
+                req = requests.recv() => {
+                    if let Some((req, reply)) = req {
+                        let r = self.request(req, &mut discovery, &mut metrics, &req_tx).await;
+                        let _ = reply.send(r);
+                    }
+                }
+                _ = sighup.recv() => {
+                    info!("SIGHUP: reloading the config");
+                    // Read and resolve off the loop; the result comes back as a request.
+                    let (args, req_tx) = (self.args.clone(), req_tx.clone());
+                    tokio::spawn(async move {
+                        let reply = match load_again(args).await {
+                            Ok(new) => {
+                                let (tx, rx) = oneshot::channel();
+                                if req_tx.send((Ask::Reload(Box::new(new)), tx)).await.is_err() {
+                                    return;
+                                }
+                                rx.await.ok()
+                            }
+                            Err(message) => Some(Reply::Error { message }),
+                        };
+                        match reply {
+                            Some(Reply::Done { message }) => info!("{message}"),
+                            Some(Reply::Error { message }) => warn!("reload refused: {message}"),
+                            _ => {}
+                        }
+                    });
+                }
+                endpoint = async {
+                    match &discovery {
+                        Some(d) => d.next_peer().await,
+                        None => std::future::pending().await,
+                    }
+                } => self.engine.handle(Instant::now(), Input::Discovered { endpoint: Endpoint::udp(endpoint) }),
+                _ = beacon_timer.tick(), if discovery.is_some() => {
+                    if let Some(d) = &discovery {
+                        d.announce().await;
+                    }
+                }
+                _ = nets_timer.tick() => {
+                    self.engine.set_local_networks(local_networks(&self.cfg.dev_name));
+                    self.check_exit_name();
+                }
+                _ = dns_timer.tick() => {
+                    self.refresh_userspace();
+                    self.refresh_dns();
+                }
+                _ = tokio::signal::ctrl_c() => { info!("interrupted; shutting down"); break }
+                _ = sigterm.recv() => { info!("terminated; shutting down"); break }
+                // Last: handshake datagrams (even replayed ones pass mac1) must never keep
+                // the timers, requests or signals above from being served.
+                ev = handshakes.recv() => {
+                    let Some(ev) = ev else { break };
+                    if sink.overloaded.swap(false, Ordering::Relaxed) {
+                        self.engine.note_overload(Instant::now());
+                    }
+                    self.handle_event(ev);
+                }
+            }
+            self.drain();
+        }
+        self.shared.stop.store(true, Ordering::Relaxed);
+        accept.abort();
+        if self.dns.take().is_some() && self.cfg.accept_dns {
+            let dev = self.cfg.dev_name.clone();
+            let _ = tokio::task::spawn_blocking(move || crate::services::dns::unregister(&dev)).await;
+        }
+        if let Some(m) = metrics {
+            m.abort();
+        }
+        let _ = std::fs::remove_file(&self.cfg.control);
+        Ok(())
+    }
+
+    pub(super) fn drain(&mut self) {
+        while let Some(action) = self.engine.poll_action() {
+            if let Action::Send { bytes, .. } = &action {
+                self.control_traffic.sent_packets += 1;
+                self.control_traffic.sent_bytes += bytes.len() as u64;
+            }
+            match action {
+                Action::PublishRoutes(snap) => {
+                    debug!(routes = snap.route_count(), "publishing routes");
+                    self.shared.routes.store(snap);
+                    // Names follow the routes at once: a SOCKS5 client may ask for a
+                    // member the moment it can be reached.
+                    self.refresh_userspace();
+                }
+                Action::InstallRoutes(subnets) => {
+                    self.follow_exit(subnets.contains(&weft_peers::DEFAULT_ROUTE));
+                    self.member_subnets.clone_from(&subnets);
+                    self.update_portal();
+                    let own = self.cfg.proxy_networks.iter().map(|n| n.pair()).collect();
+                    self.netcfg.send(NetJob::Routes { wanted: subnets, own });
+                }
+                Action::SetAddress { old, new, prefix } => {
+                    self.netcfg.send(NetJob::Address { old, new, prefix });
+                    self.cfg.ipv4.addr = new;
+                    if let Some(u) = &self.userspace {
+                        let mut addrs = vec![(IpAddr::V4(new), prefix)];
+                        addrs.extend(self.ipv6.map(|(a, p)| (IpAddr::V6(a), p)));
+                        u.stack.set_addresses(&addrs);
+                    }
+                    info!(%new, "overlay address changed");
+                }
+                Action::Send { to, bytes } if to.proto == Proto::Udp => {
+                    if let Err(e) = self.sender.send_to(&bytes, to.addr) {
+                        debug!(%to, error = %e, "control send failed");
+                        self.drops.add(DropReason::UdpSend, 1);
+                    }
+                }
+                Action::Send { to, bytes } => self.connector.send(to, &bytes),
+                Action::SaveNames(names) => self.names_writer.save(names),
+            }
+        }
+    }
+
+    pub(super) async fn request(
+        &mut self,
+        ask: Ask,
+        discovery: &mut Option<Discovery>,
+        metrics: &mut Option<tokio::task::JoinHandle<()>>,
+        req_tx: &Requests<Ask>,
+    ) -> Reply {
+        let now = Instant::now();
+        let done = match ask {
+            Ask::Reload(new) => return self.reload(*new, discovery, metrics, req_tx).await,
+            Ask::Status => return Reply::Status(Box::new(self.status())),
+            Ask::AddPeer(to, u) => {
+                self.connector.set_path(to, u.path.clone());
+                self.engine.add_peer(now, to).map(|()| format!("added {u}"))
+            }
+            Ask::RemovePeer(which) => self.engine.remove_peer(now, which),
+            Ask::WgAdd(name) => {
+                let Some(p) = &self.portal else { return no_portal() };
+                // The client routes the mesh's networks (not the portal network, which
+                // the config always carries) through the portal.
+                let own = self.cfg.wg_portal.as_ref().map(|c| (c.net.addr, c.net.prefix));
+                let nets: Vec<_> = self.mesh_networks_v4().into_iter().filter(|n| Some(*n) != own).collect();
+                return match p.add(&name, &nets, &local_ipv4s(self.cfg.ipv4.addr, self.portal_dev().as_deref())) {
+                    Ok(c) => Reply::WgClient(Box::new(c)),
+                    Err(message) => Reply::Error { message },
+                };
+            }
+            Ask::WgRemove(name) => match &self.portal {
+                Some(p) => p.remove(&name),
+                None => return no_portal(),
+            },
+            Ask::AcceptExit => self.engine.accept_exit(now),
+        };
+        match done {
+            Ok(message) => Reply::Done { message },
+            Err(message) => Reply::Error { message },
+        }
+    }
+}

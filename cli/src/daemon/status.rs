@@ -1,0 +1,231 @@
+//! `weft status`: the runtime's report of itself, from the engine's status, the
+//! pipelines' counters and the services'.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use weft_control::{
+    AdmissionJson, ExitState, OffloadJson, PathKind, PeerJson, PeerState, PendingJson, PipelineJson, RefusedJson,
+    RouteJson, StatusJson,
+};
+use weft_core::stats::DropCounters;
+use weft_peers::status::{NodeStatus, PathStatus};
+
+use super::runtime::Runtime;
+
+pub(crate) fn counters(d: &DropCounters) -> BTreeMap<String, u64> {
+    d.nonzero().into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
+}
+
+impl Runtime {
+    pub(super) fn status(&self) -> StatusJson {
+        let now = Instant::now();
+        let st: NodeStatus = self.engine.status(now);
+        let mut drops = counters(&self.drops);
+        for (k, v) in self.beacon_drops.iter().flat_map(|d| d.nonzero()) {
+            drops.insert(k.to_owned(), v);
+        }
+        for (k, v) in self.portal.iter().flat_map(crate::services::portal::Portal::drops) {
+            drops.insert(format!("wg_{k}"), v);
+        }
+        for p in self.pipelines.iter().chain(&self.links_stats) {
+            for (k, v) in counters(&p.drops) {
+                *drops.entry(k).or_default() += v;
+            }
+        }
+        let peers = st
+            .peers
+            .iter()
+            .map(|p| {
+                let pd = counters(&p.stats.drops);
+                for (k, v) in &pd {
+                    *drops.entry(k.clone()).or_default() += v;
+                }
+                let (path, via, hops) = match p.path {
+                    PathStatus::Direct => (PathKind::Direct, None, 1),
+                    PathStatus::Relay { via, hops } => (PathKind::Relay, Some(via), hops),
+                    PathStatus::None => (PathKind::None, None, 0),
+                };
+                // The transport of the first link: to the peer, or to the relay.
+                let first_link = match via {
+                    Some(v) => st.peers.iter().find(|q| q.node_id == v).and_then(|q| q.endpoint),
+                    None if path == PathKind::Direct => p.endpoint,
+                    None => None,
+                };
+                PeerJson {
+                    node_id: p.node_id.to_string(),
+                    hostname: p.hostname.clone(),
+                    overlay: p.overlay.to_string(),
+                    overlay6: p.overlay6.map(|a| a.to_string()),
+                    endpoint: p.endpoint.map(|e| e.to_string()),
+                    path,
+                    via: via.map(|v| v.to_string()),
+                    via_hostname: via
+                        .and_then(|v| st.peers.iter().find(|q| q.node_id == v))
+                        .map(|q| q.hostname.clone()),
+                    hops,
+                    transport: first_link.map_or_else(|| "none".into(), |e| e.proto.to_string()),
+                    rtt_ms: p.rtt.map(|r| r.as_secs_f64() * 1000.0),
+                    loss: p.loss,
+                    state: match p.state {
+                        weft_peers::status::PeerState::Connecting => PeerState::Connecting,
+                        weft_peers::status::PeerState::Down => PeerState::Down,
+                        weft_peers::status::PeerState::Established => PeerState::Established,
+                        weft_peers::status::PeerState::Idle => PeerState::Idle,
+                    },
+                    link: p.link,
+                    last_handshake_secs: p.last_handshake.map(|d| d.as_secs()),
+                    rx_bytes: p.stats.rx_bytes.load(Ordering::Relaxed),
+                    rx_packets: p.stats.rx_packets.load(Ordering::Relaxed),
+                    tx_bytes: p.stats.tx_bytes.load(Ordering::Relaxed),
+                    tx_packets: p.stats.tx_packets.load(Ordering::Relaxed),
+                    drops: pd,
+                    error: p.error.clone(),
+                }
+            })
+            .collect();
+        StatusJson {
+            node_id: st.node_id.to_string(),
+            network_name: self.cfg.network_name.clone(),
+            hostname: self.cfg.hostname.clone(),
+            overlay: self.cfg.ipv4.to_string(),
+            overlay6: self.ipv6.map(|(a, p)| format!("{a}/{p}")),
+            cipher: self.cfg.cipher.to_string(),
+            listeners: self.listeners.iter().map(ToString::to_string).collect(),
+            connections: self.connector.links().len(),
+            transport_counters: self
+                .connector
+                .counters()
+                .snapshot()
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v))
+                .collect(),
+            dev_name: self.cfg.dev_name.clone(),
+            offloads: OffloadJson {
+                tun: self.tun_offload,
+                tun_gro: self.tun_offload && self.shared.offload.tun_gro(),
+                udp_gso: self.shared.offload.gso(),
+                udp_gro: self.shared.offload.gro(),
+            },
+            pipelines: self
+                .pipelines
+                .iter()
+                .map(|p| (p, false))
+                .chain(self.links_stats.iter().map(|p| (p, true)))
+                .map(|(p, links)| {
+                    let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+                    PipelineJson {
+                        tx_packets: l(&p.tx_packets),
+                        tx_bytes: l(&p.tx_bytes),
+                        tx_batches: l(&p.tx_batches),
+                        rx_packets: l(&p.rx_packets),
+                        rx_bytes: l(&p.rx_bytes),
+                        rx_batches: l(&p.rx_batches),
+                        tx_gso_records: l(&p.tx_gso_records),
+                        rx_gso_records: l(&p.rx_gso_records),
+                        drops: counters(&p.drops),
+                        links,
+                    }
+                })
+                .collect(),
+            threads: self.cfg.threads,
+            uptime_secs: now.duration_since(self.started).as_secs(),
+            drops,
+            peers,
+            routes: st
+                .routes
+                .iter()
+                .map(|r| RouteJson {
+                    node_id: r.node.to_string(),
+                    hostname: r.hostname.clone(),
+                    overlay: r.overlay.to_string(),
+                    overlay6: r.overlay6.map(|a| a.to_string()),
+                    next_hop: r.next_hop.to_string(),
+                    next_hop_hostname: st.peers.iter().find(|q| q.node_id == r.next_hop).map(|q| q.hostname.clone()),
+                    hops: r.hops,
+                    latency_ms: r.latency_ms,
+                    session: r.session,
+                    proxied: r.proxied.iter().map(|(a, p)| format!("{a}/{p}")).collect(),
+                })
+                .collect(),
+            rejected_records: st.rejected_records,
+            queued_dropped: st.queued_dropped,
+            refused: st.refused.clone(),
+            address_conflicts: st
+                .conflicts
+                .iter()
+                .map(|(id, host)| format!("{id} ({host}) also claims {}", self.cfg.ipv4.addr))
+                .collect(),
+            proxy_networks: self.cfg.proxy_networks.iter().map(ToString::to_string).collect(),
+            pending_peers: st
+                .dials
+                .iter()
+                .map(|d| PendingJson { endpoint: d.endpoint.to_string(), attempts: d.attempts, error: d.error.clone() })
+                .collect(),
+            refused_handshakes: st
+                .inbound_failures
+                .iter()
+                .map(|f| RefusedJson {
+                    from: f.from.to_string(),
+                    reason: f.reason.clone(),
+                    kind: f.kind,
+                    count: f.count,
+                    last_secs: now.saturating_duration_since(f.last).as_secs(),
+                })
+                .collect(),
+            admission: {
+                let a = self.engine.admission(now);
+                AdmissionJson {
+                    bad_mac: a.bad_mac,
+                    rate_limited: a.rate_limited,
+                    cookies_sent: a.cookies_sent,
+                    cookies_received: a.cookies_received,
+                    state_full: a.state_full,
+                    under_load: a.under_load,
+                }
+            },
+            wg_portal: self.portal.as_ref().map(crate::services::portal::Portal::status),
+            exit_node: self.cfg.exit_node,
+            exit: st.exit.as_ref().map(|e| weft_control::ExitJson {
+                wanted: e.wanted.clone(),
+                node_id: e.node.as_ref().map(|(id, _)| id.to_string()),
+                hostname: e.node.as_ref().map(|(_, h)| h.clone()),
+                state: match (&e.node, e.routing) {
+                    (_, true) => ExitState::Routing,
+                    (Some(_), false) => ExitState::Unreachable,
+                    (None, false) if e.changed_to.is_some() => ExitState::Changed,
+                    (None, false) if e.known => ExitState::NotOffered,
+                    (None, false) => ExitState::UnknownMember,
+                },
+                fallback: self.cfg.exit_fallback,
+                pinned: e.pinned.map(|id| id.to_string()),
+                changed_to: e
+                    .changed_to
+                    .as_ref()
+                    .map(|(id, h)| weft_control::ExitOfferJson { node_id: id.to_string(), hostname: h.clone() }),
+            }),
+            exit_offers: st
+                .exit_offers
+                .iter()
+                .map(|(id, h)| weft_control::ExitOfferJson { node_id: id.to_string(), hostname: h.clone() })
+                .collect(),
+            magic_dns: self.dns.as_ref().map(|d| {
+                let zone = d.zone.load();
+                weft_control::MagicDnsJson {
+                    domain: zone.domain(),
+                    server: d.addrs.iter().map(ToString::to_string).collect::<Vec<_>>().join(" "),
+                    name: zone.name_of(self.cfg.ipv4.addr),
+                    names: zone.len(),
+                    answered: d.stats.answered.load(Ordering::Relaxed),
+                    dropped: d.stats.dropped.load(Ordering::Relaxed),
+                }
+            }),
+            handshakes_completed: st.handshakes_completed,
+            handshake_failures: st.handshake_failures.clone(),
+            control_traffic: self.control_traffic.clone(),
+            connections_by_transport: self.connector.links().by_transport().into_iter().collect(),
+            userspace: self.userspace.as_ref().map(crate::notun::Userspace::json),
+        }
+    }
+}

@@ -1,0 +1,9 @@
+//! What a node offers beside the tunnel, one module each: the exit node ([`exit`]),
+//! the WireGuard portal ([`portal`]), Magic DNS ([`dns`]), LAN discovery
+//! ([`discovery`]) and the Prometheus endpoint ([`metrics`]).
+
+pub mod discovery;
+pub mod dns;
+pub mod exit;
+pub mod metrics;
+pub mod portal;
