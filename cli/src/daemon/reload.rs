@@ -11,17 +11,135 @@ use weft_peers::node::PeerRef;
 use super::requests::{Ask, Reloaded};
 use super::runtime::Runtime;
 use super::settings::{engine_proxied, exit_offer};
+use crate::config::NodeConfig;
+use crate::config::values::IpNet;
 use crate::config::values::PeerUri;
 use crate::control::server::Requests;
 use crate::host::interfaces::local_endpoints;
 use crate::host::net::enable_forwarding;
 use crate::services::discovery::Discovery;
 use crate::services::metrics::server as metrics;
+use std::net::SocketAddr;
+
+/// What applying one subsystem's new settings did: lines for the reply.
+#[derive(Default)]
+pub(super) struct Outcome {
+    done: Vec<String>,
+    failed: Vec<String>,
+}
+
+impl Outcome {
+    fn done(&mut self, what: impl Into<String>) {
+        self.done.push(what.into());
+    }
+
+    fn failed(&mut self, what: impl Into<String>) {
+        self.failed.push(what.into());
+    }
+}
+
+/// The settings a reload applies live.
+struct Live {
+    peers: Vec<PeerUri>,
+    proxy_networks: Vec<IpNet>,
+    listeners: Vec<Endpoint>,
+    lan_discovery: bool,
+    metrics: Option<SocketAddr>,
+    log_level: Option<String>,
+    dns_domain: Option<String>,
+    accept_dns: bool,
+}
+
+/// Takes the new config apart field by field: the settings applied live, and the
+/// names of the others that differ from `old` (they need a restart). A new setting
+/// must be placed on one side or the other, or this does not compile.
+fn split(old: &NodeConfig, new: NodeConfig) -> (Live, Vec<&'static str>) {
+    let NodeConfig {
+        // Applied live, each by its own step below.
+        peers,
+        proxy_networks,
+        listeners,
+        lan_discovery,
+        metrics,
+        log_level,
+        dns_domain,
+        accept_dns,
+        // Fixed until a restart.
+        network_name,
+        network_secret,
+        cipher,
+        ipv4,
+        dhcp,
+        ipv6,
+        dev_name,
+        mtu,
+        threads,
+        hostname,
+        state_dir,
+        control,
+        admin_group,
+        offload,
+        pin,
+        latency_first,
+        accept_wide_subnets,
+        max_connections,
+        tls,
+        wg_portal,
+        log_format,
+        exit_node,
+        exit_allow_lan,
+        use_exit,
+        exit_fallback,
+        rekey_after,
+        no_tun,
+        socks5,
+        socks5_auth,
+        forwards,
+        exposes,
+    } = new;
+    let fixed = [
+        ("network-name", old.network_name != network_name),
+        ("network-secret", old.network_secret != network_secret),
+        ("cipher", old.cipher != cipher),
+        ("ipv4", if old.dhcp.is_some() { old.dhcp != dhcp } else { old.ipv4 != ipv4 }),
+        ("ipv6", old.ipv6 != ipv6),
+        ("dev-name", old.dev_name != dev_name),
+        ("mtu", old.mtu != mtu),
+        ("threads", old.threads != threads),
+        ("hostname", old.hostname != hostname),
+        ("state-dir", old.state_dir != state_dir),
+        ("control", old.control != control),
+        ("admin-group", old.admin_group != admin_group),
+        ("offloads", old.offload != offload),
+        ("pin", old.pin != pin),
+        ("latency-first", old.latency_first != latency_first),
+        ("accept-wide-subnets", old.accept_wide_subnets != accept_wide_subnets),
+        ("max-connections", old.max_connections != max_connections),
+        ("tls-cert/tls-key", old.tls != tls),
+        ("wg-portal", old.wg_portal != wg_portal),
+        ("log-format", old.log_format != log_format),
+        ("exit-node", old.exit_node != exit_node),
+        ("exit-allow-lan", old.exit_allow_lan != exit_allow_lan),
+        ("use-exit-node", old.use_exit != use_exit),
+        ("exit-fallback", old.exit_fallback != exit_fallback),
+        ("rekey-after", old.rekey_after != rekey_after),
+        ("no-tun", old.no_tun != no_tun),
+        ("socks5", old.socks5 != socks5),
+        ("socks5-auth", old.socks5_auth != socks5_auth),
+        ("forward", old.forwards != forwards),
+        ("expose", old.exposes != exposes),
+    ];
+    let restart: Vec<&'static str> = fixed.iter().filter(|(_, changed)| *changed).map(|(name, _)| *name).collect();
+    let live = Live { peers, proxy_networks, listeners, lan_discovery, metrics, log_level, dns_domain, accept_dns };
+    (live, restart)
+}
 
 impl Runtime {
     /// Applies a config read again: peers, listeners, proxied subnets, Magic DNS, LAN
     /// discovery, the metrics address and the log level change live (sessions stay
-    /// up); every other difference is named in the reply and left as it was.
+    /// up); every other difference is named in the reply and left as it was. The
+    /// config is taken apart field by field: a new setting must be placed here, as
+    /// applied live or as needing a restart, or this does not compile.
     pub(super) async fn reload(
         &mut self,
         new: Reloaded,
@@ -29,93 +147,107 @@ impl Runtime {
         metrics: &mut Option<tokio::task::JoinHandle<()>>,
         req_tx: &Requests<Ask>,
     ) -> Reply {
+        let Reloaded { cfg: new, peers: resolved } = new;
+        let (live, restart) = split(&self.cfg, new);
+        let Live {
+            peers,
+            proxy_networks,
+            listeners,
+            lan_discovery,
+            metrics: metrics_addr,
+            log_level,
+            dns_domain,
+            accept_dns,
+        } = live;
+        let mut out = Outcome::default();
         let now = Instant::now();
-        let Reloaded { cfg: new, peers } = new;
-        let old = &self.cfg;
-        let mut restart: Vec<&str> = Vec::new();
-        let fixed = [
-            ("network-name", old.network_name != new.network_name),
-            ("network-secret", old.network_secret != new.network_secret),
-            ("cipher", old.cipher != new.cipher),
-            ("ipv4", if old.dhcp.is_some() { old.dhcp != new.dhcp } else { old.ipv4 != new.ipv4 }),
-            ("ipv6", old.ipv6 != new.ipv6),
-            ("dev-name", old.dev_name != new.dev_name),
-            ("mtu", old.mtu != new.mtu),
-            ("threads", old.threads != new.threads),
-            ("hostname", old.hostname != new.hostname),
-            ("state-dir", old.state_dir != new.state_dir),
-            ("control", old.control != new.control),
-            ("admin-group", old.admin_group != new.admin_group),
-            ("offloads", old.offload != new.offload),
-            ("pin", old.pin != new.pin),
-            ("latency-first", old.latency_first != new.latency_first),
-            ("accept-wide-subnets", old.accept_wide_subnets != new.accept_wide_subnets),
-            ("max-connections", old.max_connections != new.max_connections),
-            ("tls-cert/tls-key", old.tls != new.tls),
-            ("wg-portal", old.wg_portal != new.wg_portal),
-            ("log-format", old.log_format != new.log_format),
-            ("exit-node", old.exit_node != new.exit_node),
-            ("exit-allow-lan", old.exit_allow_lan != new.exit_allow_lan),
-            ("use-exit-node", old.use_exit != new.use_exit),
-            ("exit-fallback", old.exit_fallback != new.exit_fallback),
-        ];
-        restart.extend(fixed.iter().filter(|(_, changed)| *changed).map(|(name, _)| *name));
-        let mut done: Vec<String> = Vec::new();
-        let mut failed: Vec<String> = Vec::new();
+        self.reload_peers(now, peers, resolved, &mut out);
+        self.reload_proxied(now, proxy_networks, &mut out);
+        let udp_moved = self.reload_listeners(now, listeners, &mut out).await;
+        self.reload_discovery(lan_discovery, udp_moved, discovery, &mut out);
+        self.reload_metrics(metrics_addr, metrics, req_tx, &mut out);
+        self.reload_log_level(log_level, &mut out);
+        self.reload_dns(dns_domain, accept_dns, &mut out).await;
 
-        // Peers: dial the new ones, stop dialling the ones gone (peers added with
-        // `weft peer add` are not in the file and stay).
+        let Outcome { done, failed } = out;
+        let file = self.args.config.as_ref().map_or_else(String::new, |p| format!(" {}", p.display()));
+        let mut message = if done.is_empty() {
+            format!("reloaded{file}: nothing changed")
+        } else {
+            format!("reloaded{file}: {}", done.join("; "))
+        };
+        if !failed.is_empty() {
+            message.push_str(&format!("; FAILED: {}", failed.join("; ")));
+        }
+        if !restart.is_empty() {
+            message.push_str(&format!("; needs a restart to change (left as it was): {}", restart.join(", ")));
+        }
+        info!("{message}");
+        if failed.is_empty() { Reply::Done { message } } else { Reply::Error { message } }
+    }
+
+    /// Peers: dial the new ones, stop dialling the ones gone (peers added with `weft
+    /// peer add` are not in the file and stay).
+    fn reload_peers(&mut self, now: Instant, uris: Vec<PeerUri>, peers: Vec<(PeerUri, Endpoint)>, out: &mut Outcome) {
         let gone: Vec<(PeerUri, Endpoint)> =
             self.dialled.iter().filter(|(u, _)| !peers.iter().any(|(n, _)| n == u)).cloned().collect();
         for (u, ep) in gone {
             match self.engine.remove_peer(now, PeerRef::Endpoint(ep)) {
-                Ok(_) => done.push(format!("removed peer {u}")),
-                Err(e) => failed.push(format!("peer {u}: {e}")),
+                Ok(_) => out.done(format!("removed peer {u}")),
+                Err(e) => out.failed(format!("peer {u}: {e}")),
             }
         }
         for (u, ep) in peers.iter().filter(|(u, _)| !self.dialled.iter().any(|(o, _)| o == u)) {
             self.connector.set_path(*ep, u.path.clone());
             match self.engine.add_peer(now, *ep) {
-                Ok(()) => done.push(format!("added peer {u}")),
-                Err(e) => failed.push(format!("peer {u}: {e}")),
+                Ok(()) => out.done(format!("added peer {u}")),
+                Err(e) => out.failed(format!("peer {u}: {e}")),
             }
         }
         self.dialled = peers;
-        self.cfg.peers = new.peers.clone();
+        self.cfg.peers = uris;
+    }
 
-        // Proxied subnets (the portal network stays among them).
-        let mut proxied = new.proxy_networks.clone();
+    /// Proxied subnets (the portal network stays among them): forwarding, the
+    /// engine's announcement, the exit rules and the portal's routes.
+    fn reload_proxied(&mut self, now: Instant, networks: Vec<IpNet>, out: &mut Outcome) {
+        let mut proxied = networks.clone();
         if let Some(p) = &self.cfg.wg_portal {
             proxied.push(p.net.into());
         }
-        if proxied != self.cfg.proxy_networks {
-            if proxied.iter().any(|n| n.addr.is_ipv4()) {
-                let _ = enable_forwarding(false);
-            }
-            if proxied.iter().any(|n| n.addr.is_ipv6()) {
-                let _ = enable_forwarding(true);
-            }
-            self.engine.set_proxied(now, engine_proxied(&proxied, self.cfg.exit_node, self.ipv6.is_some()));
-            let list: Vec<String> = new.proxy_networks.iter().map(ToString::to_string).collect();
-            done.push(format!("proxied subnets now [{}]", list.join(", ")));
-            self.cfg.proxy_networks = proxied;
-            if let Some(o) = exit_offer(&self.cfg, self.ipv6).filter(|_| !self.cfg.no_tun)
-                && let Err(e) = crate::services::exit::offer(&self.cfg.dev_name, &o)
-            {
-                failed.push(format!("exit rules for the new subnets: {e}"));
-            }
-            self.update_portal();
+        if proxied == self.cfg.proxy_networks {
+            return;
         }
+        if proxied.iter().any(|n| n.addr.is_ipv4()) {
+            let _ = enable_forwarding(false);
+        }
+        if proxied.iter().any(|n| n.addr.is_ipv6()) {
+            let _ = enable_forwarding(true);
+        }
+        self.engine.set_proxied(now, engine_proxied(&proxied, self.cfg.exit_node, self.ipv6.is_some()));
+        let list: Vec<String> = networks.iter().map(ToString::to_string).collect();
+        out.done(format!("proxied subnets now [{}]", list.join(", ")));
+        self.cfg.proxy_networks = proxied;
+        if let Some(o) = exit_offer(&self.cfg, self.ipv6).filter(|_| !self.cfg.no_tun)
+            && let Err(e) = crate::services::exit::offer(&self.cfg.dev_name, &o)
+        {
+            out.failed(format!("exit rules for the new subnets: {e}"));
+        }
+        self.update_portal();
+    }
 
-        // Listeners. The UDP sockets move to the new address under the running
-        // pipelines (peers follow us by roaming: our next packets come from there);
-        // a closed QUIC listener keeps its connections and stops accepting.
+    /// Listeners. The UDP sockets move to the new address under the running pipelines
+    /// (peers follow us by roaming: our next packets come from there); a closed QUIC
+    /// listener keeps its connections and stops accepting. Returns whether the UDP
+    /// port moved.
+    async fn reload_listeners(&mut self, now: Instant, wanted_all: Vec<Endpoint>, out: &mut Outcome) -> bool {
+        let new_listeners = &wanted_all;
         let mut listeners_changed = false;
         let mut udp_failed = false;
         let mut udp_moved = false;
         for proto in [Proto::Udp, Proto::Quic, Proto::Tcp, Proto::Ws, Proto::Wss] {
             let was = self.cfg.listeners.iter().find(|l| l.proto == proto).copied();
-            let wanted = new.listeners.iter().find(|l| l.proto == proto).copied();
+            let wanted = new_listeners.iter().find(|l| l.proto == proto).copied();
             if was == wanted {
                 continue;
             }
@@ -128,16 +260,16 @@ impl Runtime {
                         if wanted.is_some() {
                             let b = Endpoint::new(Proto::Udp, addr);
                             self.listeners.push(b);
-                            done.push(format!("listening on {b}"));
+                            out.done(format!("listening on {b}"));
                         } else {
-                            done.push(format!("udp listener closed (outgoing UDP from port {})", addr.port()));
+                            out.done(format!("udp listener closed (outgoing UDP from port {})", addr.port()));
                         }
                         listeners_changed = true;
                     }
                     Err(e) => {
                         udp_failed = true;
                         let l = wanted.map_or_else(|| "off".into(), |l| l.to_string());
-                        failed.push(format!("udp listener {l}: {e:#}"));
+                        out.failed(format!("udp listener {l}: {e:#}"));
                     }
                 }
                 continue;
@@ -147,7 +279,7 @@ impl Runtime {
             {
                 let b = self.listeners.remove(bound);
                 self.connector.close_listener(b);
-                done.push(format!("closed listener {b}"));
+                out.done(format!("closed listener {b}"));
                 listeners_changed = true;
             }
             if let Some(l) = wanted {
@@ -155,20 +287,19 @@ impl Runtime {
                     Ok(addr) => {
                         let b = Endpoint::new(proto, addr);
                         self.listeners.push(b);
-                        done.push(format!("listening on {b}"));
+                        out.done(format!("listening on {b}"));
                         listeners_changed = true;
                     }
-                    Err(e) => failed.push(format!("listener {l}: {e}")),
+                    Err(e) => out.failed(format!("listener {l}: {e}")),
                 }
             }
         }
         if listeners_changed {
             // What is configured now: the new config's listeners that bound, and the
             // UDP one as it was if it could not move.
-            let udp_from = if udp_failed { &self.cfg.listeners } else { &new.listeners };
+            let udp_from = if udp_failed { &self.cfg.listeners } else { new_listeners };
             let udp = udp_from.iter().find(|e| e.proto == Proto::Udp).copied();
-            let mut l: Vec<Endpoint> = new
-                .listeners
+            let mut l: Vec<Endpoint> = new_listeners
                 .iter()
                 .filter(|e| e.proto != Proto::Udp && self.listeners.iter().any(|b| b.proto == e.proto))
                 .copied()
@@ -184,77 +315,96 @@ impl Runtime {
             ));
         }
 
-        // LAN discovery (its beacons name our UDP port: start it again if that moved).
-        if udp_moved && self.cfg.lan_discovery && new.lan_discovery {
+        udp_moved
+    }
+
+    /// LAN discovery (its beacons name our UDP port: started again if that moved).
+    fn reload_discovery(
+        &mut self,
+        wanted: bool,
+        udp_moved: bool,
+        discovery: &mut Option<Discovery>,
+        out: &mut Outcome,
+    ) {
+        if udp_moved && self.cfg.lan_discovery && wanted {
             *discovery = None;
             self.cfg.lan_discovery = false;
         }
-        if new.lan_discovery != self.cfg.lan_discovery {
-            if new.lan_discovery {
+        if wanted != self.cfg.lan_discovery {
+            if wanted {
                 match self.discovery() {
                     Ok(d) => {
                         *discovery = Some(d);
                         self.cfg.lan_discovery = true;
-                        done.push("LAN discovery on".into());
+                        out.done("LAN discovery on");
                     }
-                    Err(e) => failed.push(format!("LAN discovery: {e:#}")),
+                    Err(e) => out.failed(format!("LAN discovery: {e:#}")),
                 }
             } else {
                 *discovery = None;
                 self.cfg.lan_discovery = false;
-                done.push("LAN discovery off".into());
+                out.done("LAN discovery off");
             }
         }
+    }
 
-        // Metrics: bind the new address before letting the old one go.
-        if new.metrics != self.cfg.metrics {
-            let bound = match new.metrics {
-                Some(addr) => std::net::TcpListener::bind(addr)
-                    .and_then(|l| l.set_nonblocking(true).map(|()| l))
-                    .and_then(tokio::net::TcpListener::from_std)
-                    .map(Some)
-                    .map_err(|e| format!("metrics on {addr}: {e}")),
-                None => Ok(None),
-            };
-            match bound {
-                Ok(l) => {
-                    if let Some(old) = metrics.take() {
-                        old.abort();
-                    }
-                    *metrics = l.map(|l| tokio::spawn(metrics::serve(l, req_tx.clone(), || Ask::Status)));
-                    self.cfg.metrics = new.metrics;
-                    done.push(new.metrics.map_or_else(|| "metrics off".into(), |a| format!("metrics on {a}")));
+    /// Metrics: binds the new address before letting the old one go.
+    fn reload_metrics(
+        &mut self,
+        addr: Option<SocketAddr>,
+        metrics: &mut Option<tokio::task::JoinHandle<()>>,
+        req_tx: &Requests<Ask>,
+        out: &mut Outcome,
+    ) {
+        if addr == self.cfg.metrics {
+            return;
+        }
+        // The same bind (and warning) as at start.
+        let bound = addr
+            .map(|a| super::start::bind_metrics(a).and_then(|l| Ok(tokio::net::TcpListener::from_std(l)?)))
+            .transpose();
+        match bound {
+            Ok(l) => {
+                if let Some(old) = metrics.take() {
+                    old.abort();
                 }
-                Err(e) => failed.push(e),
+                *metrics = l.map(|l| tokio::spawn(metrics::serve(l, req_tx.clone(), || Ask::Status)));
+                self.cfg.metrics = addr;
+                out.done(addr.map_or_else(|| "metrics off".into(), |a| format!("metrics on {a}")));
             }
+            Err(e) => out.failed(format!("{e:#}")),
         }
+    }
 
-        // Log level (unless a flag or RUST_LOG chose it).
-        if new.log_level != self.cfg.log_level && !self.log_level_pinned {
-            let spec = new.log_level.clone().unwrap_or_else(|| "info".into());
+    /// The log level (unless a flag or RUST_LOG chose it).
+    fn reload_log_level(&mut self, level: Option<String>, out: &mut Outcome) {
+        if level != self.cfg.log_level && !self.log_level_pinned {
+            let spec = level.clone().unwrap_or_else(|| "info".into());
             match crate::logging::set_log_level(&spec) {
                 Ok(()) => {
-                    done.push(format!("log level {spec}"));
-                    self.cfg.log_level = new.log_level;
+                    out.done(format!("log level {spec}"));
+                    self.cfg.log_level = level;
                 }
-                Err(e) => failed.push(format!("log level: {e}")),
+                Err(e) => out.failed(format!("log level: {e}")),
             }
         }
+    }
 
-        // Magic DNS: a new domain, on or off, registered or not.
-        // The server keeps its socket through a change of domain: rebinding the same
-        // port at once could find it still held by the aborted task.
-        if new.dns_domain != self.cfg.dns_domain || new.accept_dns != self.cfg.accept_dns {
+    /// Magic DNS: a new domain, on or off, registered or not. The server keeps its
+    /// socket through a change of domain: rebinding the same port at once could find
+    /// it still held by the aborted task.
+    async fn reload_dns(&mut self, domain: Option<String>, accept: bool, out: &mut Outcome) {
+        if domain != self.cfg.dns_domain || accept != self.cfg.accept_dns {
             if self.cfg.accept_dns && self.dns.is_some() {
                 let dev = self.cfg.dev_name.clone();
                 let _ = tokio::task::spawn_blocking(move || crate::services::dns::unregister(&dev)).await;
             }
-            self.cfg.dns_domain.clone_from(&new.dns_domain);
-            self.cfg.accept_dns = new.accept_dns;
+            self.cfg.dns_domain.clone_from(&domain);
+            self.cfg.accept_dns = accept;
             match self.cfg.dns_domain.clone() {
                 None => {
                     self.dns = None;
-                    done.push("Magic DNS off".into());
+                    out.done("Magic DNS off");
                 }
                 Some(d) => {
                     match &self.dns {
@@ -265,27 +415,57 @@ impl Runtime {
                         None => self.start_dns(true),
                     }
                     if self.dns.is_some() {
-                        done.push(format!("Magic DNS for {d}"));
+                        out.done(format!("Magic DNS for {d}"));
                     } else {
-                        failed.push(format!("Magic DNS for {d}: cannot bind port 53 yet (retrying every second)"));
+                        out.failed(format!("Magic DNS for {d}: cannot bind port 53 yet (retrying every second)"));
                     }
                 }
             }
         }
+    }
+}
 
-        let file = self.args.config.as_ref().map_or_else(String::new, |p| format!(" {}", p.display()));
-        let mut message = if done.is_empty() {
-            format!("reloaded{file}: nothing changed")
-        } else {
-            format!("reloaded{file}: {}", done.join("; "))
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::args::UpArgs;
+    use crate::config::values::{Secret, parse_forward};
+
+    fn config() -> NodeConfig {
+        let args = UpArgs {
+            network_name: Some("office".into()),
+            network_secret: Some("s3cret".into()),
+            ipv4: Some("10.126.126.2/24".into()),
+            ..UpArgs::default()
         };
-        if !failed.is_empty() {
-            message.push_str(&format!("; FAILED: {}", failed.join("; ")));
-        }
-        if !restart.is_empty() {
-            message.push_str(&format!("; needs a restart to change (left as it was): {}", restart.join(", ")));
-        }
-        info!("{message}");
-        if failed.is_empty() { Reply::Done { message } } else { Reply::Error { message } }
+        NodeConfig::resolve(&args).unwrap()
+    }
+
+    #[test]
+    fn every_setting_is_applied_live_or_named_as_needing_a_restart() {
+        let old = config();
+        let (_, restart) = split(&old, old.clone());
+        assert!(restart.is_empty(), "{restart:?}");
+
+        // Settings the old list of restart keys forgot: they changed nothing and the
+        // reply did not say so.
+        let mut new = old.clone();
+        new.no_tun = true;
+        new.socks5 = Some("127.0.0.1:1080".parse().unwrap());
+        new.socks5_auth = Some(("u".into(), Secret::from("p")));
+        new.forwards = vec![parse_forward("tcp://127.0.0.1:2222=10.126.126.3:22").unwrap()];
+        new.rekey_after = std::time::Duration::from_secs(60);
+        new.cipher = weft_core::crypto::Cipher::ChaCha20Poly1305;
+        let (_, restart) = split(&old, new);
+        assert_eq!(restart, ["cipher", "rekey-after", "no-tun", "socks5", "socks5-auth", "forward"]);
+
+        // Live settings come back to be applied, and are not named.
+        let mut new = old.clone();
+        new.log_level = Some("debug".into());
+        new.lan_discovery = !old.lan_discovery;
+        let (live, restart) = split(&old, new);
+        assert!(restart.is_empty(), "{restart:?}");
+        assert_eq!(live.log_level.as_deref(), Some("debug"));
+        assert_eq!(live.lan_discovery, !old.lan_discovery);
     }
 }
