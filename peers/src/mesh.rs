@@ -467,18 +467,17 @@ impl Node {
     /// A neighbour's summary: it keeps a link with us; when its table differs from
     /// ours, it gets our digest (and pushes what we lack once it has compared).
     fn handle_summary(&mut self, now: Instant, key: [u8; 32], theirs: (u32, u64)) {
-        let Some(p) = self.peers.get_mut(&key) else { return };
+        let Some(p) = self.peers.get(&key) else { return };
         let was_link = p.is_link(now);
         // Only a member that reaches us directly can keep a link with us (as if it
         // had dialled us); a summary over a relayed session means nothing.
         if !(p.path.is_direct() && p.is_up()) {
             return;
         }
-        if p.anchor != Anchor::Dialled {
-            p.anchor = Anchor::Held(now + LINK_HOLD);
-            self.anchored.insert(key);
+        if p.anchor() != Anchor::Dialled {
+            self.peers.set_anchor(&key, Anchor::Held(now + LINK_HOLD));
         }
-        if !p.is_link(now) {
+        if !self.peers.get(&key).is_some_and(|p| p.is_link(now)) {
             return;
         }
         if !was_link {
@@ -581,8 +580,7 @@ impl Node {
                 gso: false,
                 gso_quic: false,
             };
-            self.peers.insert(key, Peer::new(key, hello, now, std::sync::Arc::default()));
-            self.ids.insert(node, key);
+            self.peers.get_or_insert_with(key, || Peer::new(key, hello, now, std::sync::Arc::default()));
             debug!(peer = %node, overlay = %rec.overlay, "learned member from topology");
         }
         if self.cfg.dynamic.is_some() && rec.overlay == self.cfg.handshake.hello.ipv4 {
@@ -609,14 +607,13 @@ impl Node {
             // Members we only knew from their records go with them (a peer we dial,
             // or with a session, stays until its own timers decide).
             for id in gone {
-                let Some(key) = self.ids.get(&id).copied() else { continue };
+                let Some(key) = self.peers.key_of(&id) else { continue };
                 if self
                     .peers
                     .get(&key)
-                    .is_some_and(|p| p.sessions.is_empty() && p.anchor == Anchor::None && p.queued.is_empty())
+                    .is_some_and(|p| p.sessions.is_empty() && p.anchor() == Anchor::None && !p.has_queued())
                 {
                     self.peers.remove(&key);
-                    self.ids.remove(&id);
                     self.routes_dirty = true;
                 }
             }
@@ -642,9 +639,8 @@ impl Node {
     pub(crate) fn own_record(&self, now: Instant) -> Record {
         let hello = &self.cfg.handshake.hello;
         let mut neighbours: Vec<Neighbour> = self
-            .anchored
-            .iter()
-            .filter_map(|k| self.peers.get(k))
+            .peers
+            .anchored()
             .filter(|p| p.is_link(now))
             .filter_map(|p| {
                 Some(Neighbour {
@@ -673,7 +669,7 @@ impl Node {
 
     /// The links: peers with a working direct path that one end keeps.
     pub(crate) fn links(&self, now: Instant) -> impl Iterator<Item = [u8; 32]> + '_ {
-        self.anchored.iter().filter_map(|k| self.peers.get(k)).filter(move |p| p.is_link(now)).map(|p| p.key)
+        self.peers.anchored().filter(move |p| p.is_link(now)).map(|p| p.key)
     }
 }
 

@@ -27,7 +27,7 @@ use weft_core::wire::{
 use crate::deadline::Deadlines;
 use crate::identity::NodeId;
 use crate::mesh::Mesh;
-use crate::peer::{Anchor, Driver, Peer, PeerPath, SessionEntry};
+use crate::peer::{Anchor, Driver, Peer, PeerPath, PeerTable, SessionEntry};
 use crate::status::{DialStatus, InboundFailure, NodeStatus, PathStatus, PeerState, PeerStatus};
 use crate::topology::{Record, Topology};
 
@@ -46,6 +46,20 @@ pub struct Timers {
     pub max_backoff: Duration,
     /// How long a peer that we did not dial is retried after it went silent.
     pub learned_retry: Duration,
+}
+
+impl Timers {
+    /// When a session's keys are renewed: the initiator at `rekey_after`, the
+    /// responder a quarter later (so that both ends do not start one at once).
+    pub fn rekey_due(&self, initiator: bool) -> Duration {
+        if initiator { self.rekey_after } else { self.rekey_after + self.rekey_after / 4 }
+    }
+
+    /// How long a direct path may stay quiet before other paths are tried: two missed
+    /// keepalives and a little.
+    pub fn stale_after(&self) -> Duration {
+        2 * self.keepalive + Duration::from_millis(500)
+    }
 }
 
 impl Default for Timers {
@@ -413,15 +427,8 @@ pub struct Node {
     /// Endpoints we dial, by a stable slot number ([`Target::Dial`]).
     dials: BTreeMap<usize, Dial>,
     next_dial: usize,
-    pub(crate) peers: BTreeMap<[u8; 32], Peer>,
-    /// Node id → key of every entry in `peers` (ids are derived from keys; this only
-    /// saves a scan per lookup on paths that run for every peer).
-    pub(crate) ids: BTreeMap<NodeId, [u8; 32]>,
-    /// Local session index → peer key, rebuilt with every snapshot.
-    pub(crate) session_index: BTreeMap<u32, [u8; 32]>,
-    /// Peers whose anchor is not `None`: the only ones that can be links (so that
-    /// flooding and publishing never scan every member).
-    pub(crate) anchored: BTreeSet<[u8; 32]>,
+    /// Every peer, with its indexes (node id, links, session owners, held packets).
+    pub(crate) peers: PeerTable,
     pending_init: BTreeMap<u32, PendingInit>,
     pending_resp: BTreeMap<u32, PendingResp>,
     held: BTreeMap<u32, Held>,
@@ -438,8 +445,6 @@ pub struct Node {
     deadlines: Deadlines<Wake>,
     /// Peers whose deadline must be recomputed at the end of this step.
     touched: BTreeSet<[u8; 32]>,
-    /// Packets held for members while their sessions are made.
-    queued: usize,
     /// Packets for members without a session dropped because too many were held.
     queued_dropped: u64,
     /// Handshakes that made a session (either side).
@@ -493,10 +498,7 @@ impl Node {
             rng,
             next_dial: dials.len(),
             dials,
-            peers: BTreeMap::new(),
-            ids: BTreeMap::new(),
-            session_index: BTreeMap::new(),
-            anchored: BTreeSet::new(),
+            peers: PeerTable::default(),
             pending_init: BTreeMap::new(),
             pending_resp: BTreeMap::new(),
             held: BTreeMap::new(),
@@ -508,7 +510,6 @@ impl Node {
             mesh: Mesh::new(),
             deadlines: Deadlines::default(),
             touched: BTreeSet::new(),
-            queued: 0,
             queued_dropped: 0,
             handshakes_completed: 0,
             handshake_failures: BTreeMap::new(),
@@ -728,8 +729,8 @@ impl Node {
                 let key = self.dials.remove(&slot).and_then(|d| d.key);
                 (key, format!("stopped dialling {e}"))
             }
-            PeerRef::Node(id) => match self.ids.get(&id) {
-                Some(k) => (Some(*k), format!("removed {id}")),
+            PeerRef::Node(id) => match self.peers.key_of(&id) {
+                Some(k) => (Some(k), format!("removed {id}")),
                 None => return Err(format!("no peer with node id {id}")),
             },
         };
@@ -742,12 +743,11 @@ impl Node {
             if let Some(p) = self.peers.get_mut(&key) {
                 what = format!("{what}; closed the sessions with {} ({})", p.id, p.hello.hostname);
                 p.sessions.clear();
-                p.anchor = Anchor::None;
-                self.anchored.remove(&key);
                 p.path = PeerPath::Relayed { last: None };
                 p.down_since = Some(now);
                 p.error = Some("removed by the administrator".into());
                 p.driver = Driver::default();
+                self.peers.set_anchor(&key, Anchor::None);
                 self.routes_dirty = true;
                 self.mesh.record_changed(now);
                 self.touch(key);
@@ -1103,7 +1103,7 @@ impl Node {
         // it) from the route the current snapshot has for it.
         let Some(snap) = self.last_snapshot.clone() else { return };
         let key = match snap.demand_for(dst) {
-            Some(d) => self.ids.get(&NodeId::from_bytes(d.node)).copied(),
+            Some(d) => self.peers.key_of(&NodeId::from_bytes(d.node)),
             None => snap.route_for(dst).and_then(|r| self.key_of_session(r.session.local_index)),
         };
         let Some(key) = key else {
@@ -1118,13 +1118,11 @@ impl Node {
             }
             return;
         }
-        if p.queued.len() >= MAX_QUEUED_PER_PEER || self.queued >= MAX_QUEUED {
-            self.queued_dropped += 1;
-        } else {
-            p.queued.push_back(packet.to_vec());
-            self.queued += 1;
-        }
         p.wanted_until = Some(now + WANTED_FOR);
+        if !self.peers.queue(&key, packet, MAX_QUEUED_PER_PEER, MAX_QUEUED) {
+            self.queued_dropped += 1;
+        }
+        let Some(p) = self.peers.get(&key) else { return };
         if p.driver.in_flight.is_none() && p.driver.next_attempt.is_none_or(|t| now >= t) {
             debug!(peer = %p.id, %dst, "traffic for an idle member: starting a session");
             self.handshake_with(now, key);
@@ -1134,12 +1132,11 @@ impl Node {
 
     /// Sends the packets held for a peer on its new session.
     fn flush_queued(&mut self, now: Instant, key: [u8; 32]) {
-        let Some(p) = self.peers.get_mut(&key) else { return };
-        if !p.is_up() || p.queued.is_empty() {
+        let Some(p) = self.peers.get(&key) else { return };
+        if !p.is_up() || !p.has_queued() {
             return;
         }
-        let packets: Vec<Vec<u8>> = p.queued.drain(..).collect();
-        self.queued -= packets.len();
+        let packets = self.peers.take_queued(&key);
         for pkt in &packets {
             if !self.send_sealed(&key, pkt, 0, now) {
                 self.queued_dropped += 1;
@@ -1149,12 +1146,7 @@ impl Node {
 
     /// Drops the packets held for a peer (its handshake failed).
     fn drop_queued(&mut self, key: [u8; 32]) {
-        if let Some(p) = self.peers.get_mut(&key) {
-            let n = p.queued.len();
-            p.queued.clear();
-            self.queued -= n;
-            self.queued_dropped += n as u64;
-        }
+        self.queued_dropped += self.peers.take_queued(&key).len() as u64;
     }
 
     // ----- sessions -----
@@ -1271,11 +1263,7 @@ impl Node {
             .collect();
         for k in stale {
             info!(old = %NodeId::from_public(&k), new = %id, "peer replaced by a node with a new key");
-            self.anchored.remove(&k);
-            if let Some(old) = self.peers.remove(&k) {
-                self.queued -= old.queued.len();
-            }
-            self.ids.remove(&NodeId::from_public(&k));
+            self.peers.remove(&k);
             self.mesh.topology.remove(&NodeId::from_public(&k));
             self.mesh.paths_changed(now);
             for d in self.dials.values_mut() {
@@ -1293,15 +1281,14 @@ impl Node {
         }
         dialled |= self.dials.values().any(|d| d.key == Some(key));
         let stats = entry.session.stats.clone();
-        self.ids.insert(id, key);
-        let stale_after = 2 * self.cfg.timers.keepalive.as_millis() as u64;
+        let stale_after = self.cfg.timers.stale_after().as_millis() as u64;
         let now_ms = ms_since(self.cfg.epoch, now);
-        let peer = self.peers.entry(key).or_insert_with(|| Peer::new(key, hello.clone(), now, stats));
-        let was_link = peer.is_link(now);
         if dialled {
-            peer.anchor = Anchor::Dialled;
-            self.anchored.insert(key);
+            self.peers.get_or_insert_with(key, || Peer::new(key, hello.clone(), now, stats.clone()));
+            self.peers.set_anchor(&key, Anchor::Dialled);
         }
+        let peer = self.peers.get_or_insert_with(key, || Peer::new(key, hello.clone(), now, stats));
+        let was_link = peer.is_link(now);
         peer.hello = hello;
         // A handshake that arrived straight from the peer proves a direct path.
         if via.is_none() {
@@ -1373,7 +1360,7 @@ impl Node {
             .topology
             .get(&owner)
             .map(|r| r.hostname.as_str())
-            .or_else(|| self.ids.get(&owner).and_then(|k| self.peers.get(k)).map(|p| p.hello.hostname.as_str()));
+            .or_else(|| self.peers.by_id(&owner).map(|p| p.hello.hostname.as_str()));
         Some((
             format!(
                 "address conflict: peer {id} at {from} claims {addr}, which belongs to member {owner} ({:?})",
@@ -1572,12 +1559,11 @@ impl Node {
         let slots: Vec<usize> = self.dials.keys().copied().collect();
         for i in slots {
             let Some(d) = self.dials.get(&i) else { continue };
-            if let Some(p) = d.key.and_then(|k| self.peers.get_mut(&k)) {
+            if let Some(p) = d.key.and_then(|k| self.peers.get(&k)) {
                 // Known: the peer's own timers keep its session (we dial it: a link).
-                if p.anchor != Anchor::Dialled {
-                    p.anchor = Anchor::Dialled;
+                if p.anchor() != Anchor::Dialled {
                     let k = p.key;
-                    self.anchored.insert(k);
+                    self.peers.set_anchor(&k, Anchor::Dialled);
                     self.touch(k);
                 }
                 continue;
@@ -1611,7 +1597,7 @@ impl Node {
     fn wants_session(&self, p: &Peer, now: Instant) -> bool {
         let recently_up =
             now.saturating_duration_since(p.down_since.unwrap_or(p.first_seen)) < self.cfg.timers.learned_retry;
-        let retried_link = match p.anchor {
+        let retried_link = match p.anchor() {
             Anchor::Dialled => recently_up || self.dials.values().any(|d| d.key == Some(p.key) && !d.discovered),
             Anchor::Held(_) => recently_up,
             Anchor::None => false,
@@ -1633,14 +1619,14 @@ impl Node {
         let last_rx_ms = peer.last_rx_ms();
         let last_rx = (last_rx_ms > 0).then(|| epoch + Duration::from_millis(last_rx_ms - 1));
         peer.activity.sample(&peer.stats, now, last_rx);
-        if let Anchor::Held(until) = peer.anchor
+        if let Anchor::Held(until) = peer.anchor()
             && now >= until
         {
             debug!(peer = %peer.id, "neighbour stopped keeping its link with us");
-            peer.anchor = Anchor::None;
-            self.anchored.remove(&key);
+            self.peers.set_anchor(&key, Anchor::None);
             self.mesh.record_changed(now);
         }
+        let Some(peer) = self.peers.get_mut(&key) else { return };
         // Retire sessions that are superseded and idle, or never confirmed.
         let newest_confirmed = peer.sessions.iter().position(|s| s.session.is_confirmed());
         let before = peer.sessions.len();
@@ -1666,19 +1652,17 @@ impl Node {
         if peer.sessions.len() != before {
             self.routes_dirty = true;
         }
-        let kept = peer.anchor != Anchor::None;
+        let kept = peer.anchor() != Anchor::None;
         let Some(tx) = peer.tx().cloned() else {
             if peer.sessions.is_empty() && peer.path.is_direct() && !kept {
                 peer.path.lose_direct();
             }
             let (in_flight, due) = (peer.driver.in_flight.is_some(), now >= peer.driver.next_attempt.unwrap_or(now));
-            if !in_flight && due && self.wants_session(&self.peers[&key], now) {
+            if !in_flight && due && self.peers.get(&key).is_some_and(|p| self.wants_session(p, now)) {
                 self.handshake_with(now, key);
             } else if !in_flight && self.forgettable(&key, now) {
                 info!(peer = %NodeId::from_public(&key), "forgetting silent peer");
                 self.peers.remove(&key);
-                self.anchored.remove(&key);
-                self.ids.remove(&NodeId::from_public(&key));
                 self.routes_dirty = true;
             }
             return;
@@ -1702,7 +1686,7 @@ impl Node {
             }
             self.routes_dirty = true;
             self.mesh.record_changed(now);
-            if self.wants_session(&self.peers[&key], now) {
+            if self.peers.get(&key).is_some_and(|p| self.wants_session(p, now)) {
                 self.handshake_with(now, key);
             }
             return;
@@ -1717,7 +1701,7 @@ impl Node {
         }
         let active = kept || peer.activity.active(now, ACTIVE_WINDOW);
         let age = now.duration_since(tx.created);
-        let due = if tx.initiator { t.rekey_after } else { t.rekey_after + t.rekey_after / 4 };
+        let due = t.rekey_due(tx.initiator);
         // An idle session is not rekeyed: it retires (or its keys expire) instead.
         let rekey = (age >= due || tx.session.sent_packets() >= REKEY_AFTER_PACKETS)
             && (kept || peer.activity.active(now, 3 * ACTIVE_WINDOW))
@@ -1762,7 +1746,7 @@ impl Node {
         let Some(p) = self.peers.get(key) else { return false };
         let down_for = now.saturating_duration_since(p.down_since.unwrap_or(p.first_seen));
         p.sessions.is_empty()
-            && p.queued.is_empty()
+            && !p.has_queued()
             && !self.wants_session(p, now)
             && !self.mesh.paths.contains_key(&p.id)
             && self.mesh.topology.get(&p.id).is_none()
@@ -1776,7 +1760,7 @@ impl Node {
         let t = self.cfg.timers;
         let epoch = self.cfg.epoch;
         let at_ms = |ms: u64| epoch + Duration::from_millis(ms.saturating_sub(1));
-        let held = match p.anchor {
+        let held = match p.anchor() {
             Anchor::Held(until) => Some(until),
             _ => None,
         };
@@ -1786,14 +1770,14 @@ impl Node {
                 .then(|| p.driver.next_attempt.unwrap_or(now));
             // Forgetting a link that went silent is checked now and then (a member known
             // only from its record goes with the record: Mesh::expire).
-            let forget = ((p.sessions.is_empty() && p.anchor != Anchor::None) || p.down_since.is_some())
+            let forget = ((p.sessions.is_empty() && p.anchor() != Anchor::None) || p.down_since.is_some())
                 .then(|| now + t.learned_retry);
             return [retire_unconfirmed, retry, forget, held].into_iter().flatten().min();
         };
-        let kept = p.anchor != Anchor::None;
+        let kept = p.anchor() != Anchor::None;
         let mut v: Vec<Instant> = Vec::with_capacity(8);
         v.extend(held);
-        let due = if tx.initiator { t.rekey_after } else { t.rekey_after + t.rekey_after / 4 };
+        let due = t.rekey_due(tx.initiator);
         // The rekey, when drive_peer would do it (an in-flight one is timed by the
         // handshake table; an idle session is retired instead).
         if p.driver.in_flight.is_none() && (kept || p.activity.active(now, 3 * ACTIVE_WINDOW)) {
@@ -1974,8 +1958,7 @@ impl Node {
             self.pin_exit();
             self.routes_dirty = false;
             self.held_dirty = false;
-            self.session_index =
-                self.peers.values().flat_map(|p| p.sessions.iter().map(|s| (s.session.local_index, p.key))).collect();
+            self.peers.index_sessions();
             let snap = Arc::new(self.snapshot());
             self.last_snapshot = Some(snap.clone());
             self.publish(snap);
@@ -2051,7 +2034,8 @@ impl Peer {
             PeerState::Established
         } else if self.driver.in_flight.is_some() || !self.sessions.is_empty() {
             PeerState::Connecting
-        } else if self.error.is_some() && (self.anchor != Anchor::None || self.wanted_until.is_some_and(|w| now < w)) {
+        } else if self.error.is_some() && (self.anchor() != Anchor::None || self.wanted_until.is_some_and(|w| now < w))
+        {
             PeerState::Down
         } else if reachable {
             PeerState::Idle

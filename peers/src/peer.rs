@@ -1,5 +1,6 @@
 //! Per-peer state of the session engine.
 
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use weft_core::endpoint::Endpoint;
@@ -187,11 +188,11 @@ pub(crate) struct Peer {
     pub(crate) id: NodeId,
     pub(crate) hello: Hello,
     pub(crate) path: PeerPath,
-    pub(crate) anchor: Anchor,
+    anchor: Anchor,
     pub(crate) stats: Arc<PeerStats>,
     pub(crate) activity: Activity,
     /// Packets waiting for a session (sent once it is up), oldest first.
-    pub(crate) queued: std::collections::VecDeque<Vec<u8>>,
+    queued: VecDeque<Vec<u8>>,
     /// Data wanted this peer recently (a packet arrived for it without a session):
     /// handshakes are retried until then.
     pub(crate) wanted_until: Option<Instant>,
@@ -227,7 +228,7 @@ impl Peer {
             anchor: Anchor::None,
             stats,
             activity: Activity::default(),
-            queued: std::collections::VecDeque::new(),
+            queued: VecDeque::new(),
             wanted_until: None,
             probe: Probe::default(),
             punch: Driver::default(),
@@ -282,7 +283,7 @@ impl Peer {
 #[derive(Debug, Default)]
 pub(crate) struct Probe {
     /// (nonce, sent at, answered) of recent pings, oldest first.
-    pub(crate) recent: std::collections::VecDeque<(u64, Instant, bool)>,
+    pub(crate) recent: VecDeque<(u64, Instant, bool)>,
     /// Smoothed round-trip time.
     pub(crate) rtt: Option<Duration>,
     pub(crate) next: Option<Instant>,
@@ -323,5 +324,185 @@ impl Probe {
             return None;
         }
         Some(decided.iter().filter(|ok| !**ok).count() as f32 / decided.len() as f32)
+    }
+}
+
+impl Peer {
+    /// Why the engine keeps a session with it (set through [`PeerTable::set_anchor`]).
+    pub(crate) fn anchor(&self) -> Anchor {
+        self.anchor
+    }
+
+    /// Whether packets wait for its session.
+    pub(crate) fn has_queued(&self) -> bool {
+        !self.queued.is_empty()
+    }
+}
+
+/// Every peer, and the indexes the engine looks peers up by. The only insert
+/// ([`PeerTable::get_or_insert_with`]) and the only remove ([`PeerTable::remove`])
+/// keep all of them in step: node ids, the anchored peers (our links), the owner of
+/// each session index, and the count of packets held for sessions.
+#[derive(Debug, Default)]
+pub(crate) struct PeerTable {
+    peers: BTreeMap<[u8; 32], Peer>,
+    ids: BTreeMap<NodeId, [u8; 32]>,
+    anchored: BTreeSet<[u8; 32]>,
+    sessions: BTreeMap<u32, [u8; 32]>,
+    queued: usize,
+}
+
+impl PeerTable {
+    pub(crate) fn get(&self, key: &[u8; 32]) -> Option<&Peer> {
+        self.peers.get(key)
+    }
+
+    pub(crate) fn get_mut(&mut self, key: &[u8; 32]) -> Option<&mut Peer> {
+        self.peers.get_mut(key)
+    }
+
+    pub(crate) fn contains_key(&self, key: &[u8; 32]) -> bool {
+        self.peers.contains_key(key)
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&[u8; 32], &Peer)> {
+        self.peers.iter()
+    }
+
+    pub(crate) fn values(&self) -> impl Iterator<Item = &Peer> {
+        self.peers.values()
+    }
+
+    pub(crate) fn values_mut(&mut self) -> impl Iterator<Item = &mut Peer> {
+        self.peers.values_mut()
+    }
+
+    /// The key of the member with node id `id`.
+    pub(crate) fn key_of(&self, id: &NodeId) -> Option<[u8; 32]> {
+        self.ids.get(id).copied()
+    }
+
+    /// The member with node id `id`.
+    pub(crate) fn by_id(&self, id: &NodeId) -> Option<&Peer> {
+        self.ids.get(id).and_then(|k| self.peers.get(k))
+    }
+
+    /// The peer with `key`, made by `make` if there is none.
+    pub(crate) fn get_or_insert_with(&mut self, key: [u8; 32], make: impl FnOnce() -> Peer) -> &mut Peer {
+        let p = self.peers.entry(key).or_insert_with(make);
+        self.ids.insert(p.id, key);
+        if p.anchor != Anchor::None {
+            self.anchored.insert(key);
+        }
+        p
+    }
+
+    /// Takes a peer out of the table and every index; packets held for it are
+    /// dropped (returned with it).
+    pub(crate) fn remove(&mut self, key: &[u8; 32]) -> Option<Peer> {
+        let p = self.peers.remove(key)?;
+        self.ids.remove(&p.id);
+        self.anchored.remove(key);
+        self.sessions.retain(|_, k| k != key);
+        self.queued -= p.queued.len();
+        Some(p)
+    }
+
+    /// Sets why the engine keeps a session with `key` (and whether it is a link).
+    pub(crate) fn set_anchor(&mut self, key: &[u8; 32], anchor: Anchor) {
+        let Some(p) = self.peers.get_mut(key) else { return };
+        p.anchor = anchor;
+        if anchor == Anchor::None {
+            self.anchored.remove(key);
+        } else {
+            self.anchored.insert(*key);
+        }
+    }
+
+    /// The peers we keep a link with (or did until a `Held` anchor ran out).
+    pub(crate) fn anchored(&self) -> impl Iterator<Item = &Peer> {
+        self.anchored.iter().filter_map(|k| self.peers.get(k))
+    }
+
+    /// Holds `packet` for `key`'s session, unless the peer holds `per_peer` or the
+    /// table `total` already (then it is refused: false).
+    pub(crate) fn queue(&mut self, key: &[u8; 32], packet: &[u8], per_peer: usize, total: usize) -> bool {
+        let Some(p) = self.peers.get_mut(key) else { return false };
+        if p.queued.len() >= per_peer || self.queued >= total {
+            return false;
+        }
+        p.queued.push_back(packet.to_vec());
+        self.queued += 1;
+        true
+    }
+
+    /// Takes the packets held for `key`.
+    pub(crate) fn take_queued(&mut self, key: &[u8; 32]) -> Vec<Vec<u8>> {
+        let Some(p) = self.peers.get_mut(key) else { return Vec::new() };
+        let packets: Vec<Vec<u8>> = p.queued.drain(..).collect();
+        self.queued -= packets.len();
+        packets
+    }
+
+    /// Indexes every session by its local index (after sessions came or went).
+    pub(crate) fn index_sessions(&mut self) {
+        self.sessions =
+            self.peers.values().flat_map(|p| p.sessions.iter().map(|s| (s.session.local_index, p.key))).collect();
+    }
+
+    /// The peer whose session has local index `index`, as last indexed.
+    pub(crate) fn session_owner(&self, index: u32) -> Option<[u8; 32]> {
+        self.sessions.get(&index).copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(k: u8) -> Peer {
+        let hello = Hello {
+            cipher: weft_core::crypto::Cipher::Aes128Gcm,
+            ipv4: std::net::Ipv4Addr::new(10, 0, 0, k),
+            prefix: 24,
+            hostname: format!("h{k}"),
+            ipv6: None,
+            gso: false,
+            gso_quic: false,
+        };
+        Peer::new([k; 32], hello, Instant::now(), Arc::default())
+    }
+
+    #[test]
+    fn removing_a_peer_leaves_nothing_of_it_in_any_index() {
+        let mut t = PeerTable::default();
+        for k in [1, 2] {
+            t.get_or_insert_with([k; 32], || peer(k));
+        }
+        t.set_anchor(&[1; 32], Anchor::Dialled);
+        assert!(t.queue(&[1; 32], b"one", 2, 3));
+        assert!(t.queue(&[1; 32], b"two", 2, 3));
+        assert!(!t.queue(&[1; 32], b"three", 2, 3), "per-peer cap");
+        assert!(t.queue(&[2; 32], b"x", 2, 3));
+        assert!(!t.queue(&[2; 32], b"y", 2, 3), "table cap");
+        let id1 = NodeId::from_public(&[1; 32]);
+        assert_eq!(t.key_of(&id1), Some([1; 32]));
+        assert_eq!(t.anchored().count(), 1);
+
+        let gone = t.remove(&[1; 32]).unwrap();
+        assert!(gone.has_queued());
+        assert_eq!(t.key_of(&id1), None);
+        assert!(t.by_id(&id1).is_none());
+        assert_eq!(t.anchored().count(), 0);
+        // Its two held packets no longer count against the table's cap.
+        assert!(t.queue(&[2; 32], b"y", 3, 3));
+        assert_eq!(t.take_queued(&[2; 32]).len(), 2);
+        assert!(t.remove(&[1; 32]).is_none());
+
+        // Anchors set and cleared keep the links index in step.
+        t.set_anchor(&[2; 32], Anchor::Held(Instant::now()));
+        assert_eq!(t.anchored().map(|p| p.key).collect::<Vec<_>>(), [[2; 32]]);
+        t.set_anchor(&[2; 32], Anchor::None);
+        assert_eq!(t.anchored().count(), 0);
     }
 }

@@ -38,7 +38,7 @@ pub(crate) const DEMAND_BUDGET: u32 = 8;
 /// a link's always, a traffic shortcut's while data flows (an idle one is silent by
 /// design and goes with its session).
 fn watched(p: &Peer, now: Instant) -> bool {
-    p.anchor != crate::peer::Anchor::None || p.activity.active(now, crate::node::ACTIVE_WINDOW)
+    p.anchor() != crate::peer::Anchor::None || p.activity.active(now, crate::node::ACTIVE_WINDOW)
 }
 
 /// The default route: what an exit node announces (`--exit-node`).
@@ -90,7 +90,7 @@ impl Node {
             debug!(%from, "not a direct path: the address is routed through the tunnel");
             return;
         }
-        let stale_after = self.stale_after();
+        let stale_after = self.cfg.timers.stale_after();
         let Some(p) = self.peers.get_mut(&key) else { return };
         let current = p.path.endpoint();
         if current == Some(from) {
@@ -121,12 +121,6 @@ impl Node {
         self.touch(key);
     }
 
-    /// How long a direct path may stay quiet before other paths are tried: two
-    /// missed keepalives and a little.
-    pub(crate) fn stale_after(&self) -> Duration {
-        2 * self.cfg.timers.keepalive + Duration::from_millis(500)
-    }
-
     /// A direct path's timers: silent for `dead_after`, it falls back to the relay;
     /// while stale, session keepalives go to every other candidate (the first to
     /// answer becomes the path: failover, e.g. from a UDP path a firewall started
@@ -135,7 +129,7 @@ impl Node {
     pub(crate) fn drive_direct(&mut self, now: Instant, key: [u8; 32]) {
         let t = self.cfg.timers;
         let epoch = self.cfg.epoch;
-        let stale_after = self.stale_after();
+        let stale_after = self.cfg.timers.stale_after();
         let now_ms = ms_since(epoch, now);
         let Some(p) = self.peers.get_mut(&key) else { return };
         let Some(d) = p.path.direct() else { return };
@@ -182,10 +176,10 @@ impl Node {
         if !p.is_up() || !watched(p, now) {
             return None;
         }
-        if p.path_stale(now, self.stale_after()) {
+        if p.path_stale(now, self.cfg.timers.stale_after()) {
             return Some(d.failover_next.unwrap_or(d.since));
         }
-        let stale_at = d.seen.unwrap_or(d.since) + self.stale_after();
+        let stale_at = d.seen.unwrap_or(d.since) + self.cfg.timers.stale_after();
         let upgrade = (d.endpoint.proto != Proto::Udp).then(|| d.upgrade.next_attempt.unwrap_or(d.since));
         Some(upgrade.map_or(stale_at, |u| u.min(stale_at)))
     }
@@ -912,12 +906,12 @@ impl Node {
     }
 
     pub(crate) fn peer_by_id(&self, id: NodeId) -> Option<&Peer> {
-        self.ids.get(&id).and_then(|k| self.peers.get(k))
+        self.peers.by_id(&id)
     }
 
     /// The peer holding the session with this local index.
     pub(crate) fn key_of_session(&self, local_index: u32) -> Option<[u8; 32]> {
-        let indexed = self.session_index.get(&local_index).copied();
+        let indexed = self.peers.session_owner(local_index);
         if let Some(k) = indexed
             && self.peers.get(&k).is_some_and(|p| p.sessions.iter().any(|s| s.session.local_index == local_index))
         {
