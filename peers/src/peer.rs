@@ -457,6 +457,7 @@ impl PeerTable {
 }
 
 #[cfg(test)]
+#[allow(clippy::disallowed_methods)] // tests make their own epoch
 mod tests {
     use super::*;
 
