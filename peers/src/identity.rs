@@ -4,6 +4,29 @@ use std::fmt;
 
 use ring::digest;
 
+/// A member's static public key: how the engine knows a peer (its sessions, its
+/// records, its table entry). Its [`NodeId`] is derived from it.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PeerKey(pub [u8; 32]);
+
+impl PeerKey {
+    /// The node id derived from this key.
+    pub fn id(&self) -> NodeId {
+        NodeId::from_public(&self.0)
+    }
+
+    /// The key's bytes.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for PeerKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PeerKey({})", self.id())
+    }
+}
+
 /// A short, stable name for a node: the first 8 bytes of SHA-256 of its public key.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct NodeId([u8; 8]);

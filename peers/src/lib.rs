@@ -23,7 +23,7 @@ mod routing;
 pub mod status;
 pub mod topology;
 
-pub use identity::NodeId;
+pub use identity::{NodeId, PeerKey};
 pub use mesh::{pick_address, reencode_message};
 pub use names::Names;
 pub use node::{Action, Config, Input, Node, PeerRef, Timers};

@@ -17,7 +17,7 @@ use weft_core::endpoint::Endpoint;
 use tracing::{debug, warn};
 use weft_core::handshake::Hello;
 
-use crate::identity::NodeId;
+use crate::identity::{NodeId, PeerKey};
 use crate::node::Node;
 use crate::peer::{Anchor, Peer};
 use crate::topology::{Neighbour, Path, Reader, Record, Topology, emit_addr};
@@ -454,7 +454,7 @@ impl Node {
                 p.digest_answered = Some((since, hi));
                 let recs = self.mesh.missing_from(self.id, now, lo, hi, &entries);
                 if !recs.is_empty() {
-                    debug!(peer = %NodeId::from_public(&key), count = recs.len(), "repairing a neighbour's topology");
+                    debug!(peer = %key.id(), count = recs.len(), "repairing a neighbour's topology");
                 }
                 for r in recs {
                     self.send_msg(&key, &Msg::Record(Box::new(r)), now);
@@ -466,7 +466,7 @@ impl Node {
 
     /// A neighbour's summary: it keeps a link with us; when its table differs from
     /// ours, it gets our digest (and pushes what we lack once it has compared).
-    fn handle_summary(&mut self, now: Instant, key: [u8; 32], theirs: (u32, u64)) {
+    fn handle_summary(&mut self, now: Instant, key: PeerKey, theirs: (u32, u64)) {
         let Some(p) = self.peers.get(&key) else { return };
         let was_link = p.is_link(now);
         // Only a member that reaches us directly can keep a link with us (as if it
@@ -497,7 +497,7 @@ impl Node {
     }
 
     /// Sends our summary on a link and schedules the next.
-    pub(crate) fn send_summary(&mut self, now: Instant, key: [u8; 32]) {
+    pub(crate) fn send_summary(&mut self, now: Instant, key: PeerKey) {
         let (count, hash) = self.mesh.summary(self.id, now);
         if let Some(p) = self.peers.get_mut(&key) {
             p.summary_next = Some(now + SUMMARY_EVERY);
@@ -505,14 +505,14 @@ impl Node {
         self.send_msg(&key, &Msg::Summary { count, hash }, now);
     }
 
-    fn handle_record(&mut self, now: Instant, from_key: [u8; 32], rec: Record) {
+    fn handle_record(&mut self, now: Instant, from_key: PeerKey, rec: Record) {
         let node = rec.node();
         let network = self.cfg.handshake.network_name.clone();
         // The origin itself sends a record no newer than the one we hold, and not the
         // same: it restarted and numbers from zero again. Our copy goes back so that it
         // jumps past it; else a change (a new host name) under a sequence number it
         // already used would never spread, as summaries hash origins and numbers only.
-        if node == NodeId::from_public(&from_key)
+        if node == from_key.id()
             && let Some(held) = self.mesh.topology.get(&node)
             && held.seq >= rec.seq
             && held.sig != rec.sig
@@ -525,7 +525,7 @@ impl Node {
             Received::Stale => return,
             Received::Forged => {
                 // A member altered or forged someone's record: dropped, never forwarded.
-                warn!(from = %NodeId::from_public(&from_key), origin = %node, seq = rec.seq, "dropped a topology record whose signature is not its origin's");
+                warn!(from = %from_key.id(), origin = %node, seq = rec.seq, "dropped a topology record whose signature is not its origin's");
                 return;
             }
             Received::Stored(before) => before,
@@ -554,7 +554,7 @@ impl Node {
             warn!(peer = %node, host = %rec.hostname, "refused member's overlay address: {why}");
         }
         let taken = taken.or_else(|| outside.map(|_| node));
-        let key = rec.key;
+        let key = PeerKey(rec.key);
         if let Some(p) = self.peers.get_mut(&key)
             && !p.is_up()
             && taken.is_none()
@@ -587,10 +587,9 @@ impl Node {
             self.resolve_address_conflict(now);
         }
         // Flood on to every other link.
-        let from_id = NodeId::from_public(&from_key);
+        let from_id = from_key.id();
         let msg = Msg::Record(Box::new(rec));
-        let targets: Vec<[u8; 32]> =
-            self.links(now).filter(|k| NodeId::from_public(k) != from_id && *k != key).collect();
+        let targets: Vec<PeerKey> = self.links(now).filter(|k| k.id() != from_id && *k != key).collect();
         for k in targets {
             self.send_msg(&k, &msg, now);
         }
@@ -629,7 +628,7 @@ impl Node {
         let Some(rec) = self.mesh.publish(rec, &self.cfg.handshake.local, &network, now) else { return };
         debug!(seq = rec.seq, neighbours = rec.neighbours.len(), "publishing our record");
         let msg = Msg::Record(Box::new(rec));
-        let targets: Vec<[u8; 32]> = self.links(now).collect();
+        let targets: Vec<PeerKey> = self.links(now).collect();
         for k in targets {
             self.send_msg(&k, &msg, now);
         }
@@ -668,7 +667,7 @@ impl Node {
     }
 
     /// The links: peers with a working direct path that one end keeps.
-    pub(crate) fn links(&self, now: Instant) -> impl Iterator<Item = [u8; 32]> + '_ {
+    pub(crate) fn links(&self, now: Instant) -> impl Iterator<Item = PeerKey> + '_ {
         self.peers.anchored().filter(move |p| p.is_link(now)).map(|p| p.key)
     }
 }

@@ -25,7 +25,7 @@ use weft_core::wire::{
 };
 
 use crate::deadline::Deadlines;
-use crate::identity::NodeId;
+use crate::identity::{NodeId, PeerKey};
 use crate::mesh::Mesh;
 use crate::peer::{Anchor, Driver, Peer, PeerPath, PeerTable, SessionEntry};
 use crate::status::{DialStatus, InboundFailure, NodeStatus, PathStatus, PeerState, PeerStatus};
@@ -334,7 +334,7 @@ enum Target {
     /// A configured endpoint whose key we do not know (yet).
     Dial(usize),
     /// A known peer.
-    Peer([u8; 32]),
+    Peer(PeerKey),
 }
 
 struct PendingInit {
@@ -374,7 +374,7 @@ struct Finished {
 
 /// A finished handshake waiting for the peer's proof of the PSK.
 pub(crate) struct Held {
-    key: [u8; 32],
+    key: PeerKey,
     hello: weft_core::handshake::Hello,
     from: Endpoint,
     via: Option<NodeId>,
@@ -388,7 +388,7 @@ pub(crate) struct Held {
 
 pub(crate) struct Dial {
     pub(crate) endpoint: Endpoint,
-    pub(crate) key: Option<[u8; 32]>,
+    pub(crate) key: Option<PeerKey>,
     driver: Driver,
     /// Found by a LAN beacon rather than configured: not retried forever.
     discovered: bool,
@@ -416,7 +416,7 @@ enum Wake {
     /// Endpoints we dial.
     Dials,
     /// One peer's sessions and paths.
-    Peer([u8; 32]),
+    Peer(PeerKey),
 }
 
 /// The session engine.
@@ -444,7 +444,7 @@ pub struct Node {
     /// When each part of the engine next has work.
     deadlines: Deadlines<Wake>,
     /// Peers whose deadline must be recomputed at the end of this step.
-    touched: BTreeSet<[u8; 32]>,
+    touched: BTreeSet<PeerKey>,
     /// Packets for members without a session dropped because too many were held.
     queued_dropped: u64,
     /// Handshakes that made a session (either side).
@@ -603,7 +603,7 @@ impl Node {
     }
 
     /// Marks a peer whose timers may have changed (recomputed at the end of the step).
-    pub(crate) fn touch(&mut self, key: [u8; 32]) {
+    pub(crate) fn touch(&mut self, key: PeerKey) {
         self.touched.insert(key);
     }
 
@@ -936,7 +936,7 @@ impl Node {
             Ok(Responded::Completed(done, msg)) => {
                 // IK: the hello is known now; a taken address is refused before we
                 // answer (only members reach this far once handshakes carry a MAC).
-                if let Some(why) = self.claim_refused(&done.remote_static, done.hello.ipv4, from, via) {
+                if let Some(why) = self.claim_refused(&PeerKey(done.remote_static), done.hello.ipv4, from, via) {
                     self.refuse_claim(now, back, hdr.sender_index, None, why);
                     return;
                 }
@@ -973,7 +973,7 @@ impl Node {
                 self.handshake_failed(now, p.target, msg, FailureKind::BadResponse);
             }
             Ok((done, finish)) => {
-                if let Some(why) = self.claim_refused(&done.remote_static, done.hello.ipv4, from, via) {
+                if let Some(why) = self.claim_refused(&PeerKey(done.remote_static), done.hello.ipv4, from, via) {
                     self.refuse_claim(now, back, hdr.sender_index, Some(p.target), why);
                     return;
                 }
@@ -1131,7 +1131,7 @@ impl Node {
     }
 
     /// Sends the packets held for a peer on its new session.
-    fn flush_queued(&mut self, now: Instant, key: [u8; 32]) {
+    fn flush_queued(&mut self, now: Instant, key: PeerKey) {
         let Some(p) = self.peers.get(&key) else { return };
         if !p.is_up() || !p.has_queued() {
             return;
@@ -1145,7 +1145,7 @@ impl Node {
     }
 
     /// Drops the packets held for a peer (its handshake failed).
-    fn drop_queued(&mut self, key: [u8; 32]) {
+    fn drop_queued(&mut self, key: PeerKey) {
         self.queued_dropped += self.peers.take_queued(&key).len() as u64;
     }
 
@@ -1163,7 +1163,7 @@ impl Node {
             Some(format!("cipher mismatch: we use {}, peer {id} at {from} uses {}", ours.cipher, done.hello.cipher))
         } else if done.hello.ipv4 == ours.ipv4 {
             Some(format!("address conflict: peer {id} at {from} also claims {}", ours.ipv4))
-        } else if let Some(why) = self.claim_refused(&done.remote_static, done.hello.ipv4, from, via) {
+        } else if let Some(why) = self.claim_refused(&PeerKey(done.remote_static), done.hello.ipv4, from, via) {
             // XX responder (the finish carried the hello): tell the initiator why.
             self.refuse_claim(now, Dest::reply(from, via, self.id), remote, target, why);
             return;
@@ -1171,7 +1171,7 @@ impl Node {
             None
         };
         let taken = (done.hello.ipv4 == ours.ipv4).then_some(done.hello.ipv4);
-        let stats = self.peers.get(&done.remote_static).map(|p| p.stats.clone()).unwrap_or_default();
+        let stats = self.peers.get(&PeerKey(done.remote_static)).map(|p| p.stats.clone()).unwrap_or_default();
         let session = Arc::new(Session::new(SessionParams {
             local_index: local,
             remote_index: remote,
@@ -1187,7 +1187,7 @@ impl Node {
         session.set_peer_gso(done.hello.gso);
         session.set_peer_gso_quic(done.hello.gso_quic);
         let held = Held {
-            key: done.remote_static,
+            key: PeerKey(done.remote_static),
             hello: done.hello,
             from,
             via,
@@ -1242,7 +1242,7 @@ impl Node {
             self.refuse_proven(now, from, target, msg, taken);
             return;
         }
-        let id = NodeId::from_public(&key);
+        let id = key.id();
         if let Some(why) = self.claim_refused(&key, hello.ipv4, from, via) {
             self.refuse_claim(now, Dest::reply(from, via, self.id), entry.session.remote_index, target, why);
             self.routes_dirty = true;
@@ -1251,7 +1251,7 @@ impl Node {
         // A node that came back with a new key at the same endpoint replaces its old entry:
         // once the old entry is down, or at once if it claims the old entry's endpoint
         // and address (a restart faster than dead_after).
-        let stale: Vec<[u8; 32]> = self
+        let stale: Vec<PeerKey> = self
             .peers
             .iter()
             .filter(|(k, p)| {
@@ -1262,9 +1262,9 @@ impl Node {
             .map(|(k, _)| *k)
             .collect();
         for k in stale {
-            info!(old = %NodeId::from_public(&k), new = %id, "peer replaced by a node with a new key");
+            info!(old = %k.id(), new = %id, "peer replaced by a node with a new key");
             self.peers.remove(&k);
-            self.mesh.topology.remove(&NodeId::from_public(&k));
+            self.mesh.topology.remove(&k.id());
             self.mesh.paths_changed(now);
             for d in self.dials.values_mut() {
                 if d.key == Some(k) {
@@ -1342,12 +1342,12 @@ impl Node {
     /// (a restart) replaces that entry.
     pub(crate) fn claim_refused(
         &self,
-        key: &[u8; 32],
+        key: &PeerKey,
         addr: Ipv4Addr,
         from: Endpoint,
         via: Option<NodeId>,
     ) -> Option<(String, FailureKind)> {
-        let id = NodeId::from_public(key);
+        let id = key.id();
         if let Some(why) = self.outside_overlay(IpAddr::V4(addr)) {
             return Some((
                 format!("peer {id} at {from} claims overlay address {addr}: refused, {why}"),
@@ -1391,7 +1391,9 @@ impl Node {
             // A member whose session with us died is not holding anything, whatever
             // its last record says.
             .find(|r| {
-                self.peers.get(&r.key).is_none_or(|p| p.hello.ipv4 == addr && p.down_since.is_none() && !restart(p))
+                self.peers
+                    .get(&PeerKey(r.key))
+                    .is_none_or(|p| p.hello.ipv4 == addr && p.down_since.is_none() && !restart(p))
             })
             .map(Record::node)
     }
@@ -1611,7 +1613,7 @@ impl Node {
     /// stream still proves the path), it is dead when data sent gets nothing back
     /// for `dead_after`, and it is retired after [`IDLE_RETIRE`] without data. Probes
     /// run on links and active sessions; hole punching only for active ones.
-    fn drive_peer(&mut self, now: Instant, key: [u8; 32]) {
+    fn drive_peer(&mut self, now: Instant, key: PeerKey) {
         let t = self.cfg.timers;
         let epoch = self.cfg.epoch;
         let now_ms = ms_since(epoch, now);
@@ -1661,7 +1663,7 @@ impl Node {
             if !in_flight && due && self.peers.get(&key).is_some_and(|p| self.wants_session(p, now)) {
                 self.handshake_with(now, key);
             } else if !in_flight && self.forgettable(&key, now) {
-                info!(peer = %NodeId::from_public(&key), "forgetting silent peer");
+                info!(peer = %key.id(), "forgetting silent peer");
                 self.peers.remove(&key);
                 self.routes_dirty = true;
             }
@@ -1742,7 +1744,7 @@ impl Node {
 
     /// A peer that is no use any more: no session, not wanted, not a member we can
     /// reach, silent for `learned_retry`.
-    fn forgettable(&self, key: &[u8; 32], now: Instant) -> bool {
+    fn forgettable(&self, key: &PeerKey, now: Instant) -> bool {
         let Some(p) = self.peers.get(key) else { return false };
         let down_for = now.saturating_duration_since(p.down_since.unwrap_or(p.first_seen));
         p.sessions.is_empty()
@@ -1755,7 +1757,7 @@ impl Node {
 
     /// When [`Node::drive_peer`] next has work for a peer (`None`: nothing until an
     /// input arrives).
-    fn peer_deadline(&self, key: &[u8; 32], now: Instant) -> Option<Instant> {
+    fn peer_deadline(&self, key: &PeerKey, now: Instant) -> Option<Instant> {
         let p = self.peers.get(key)?;
         let t = self.cfg.timers;
         let epoch = self.cfg.epoch;
@@ -1807,7 +1809,7 @@ impl Node {
     }
     /// Starts a handshake with a known peer along its best destination: IK, or XX
     /// after two failures (the peer may have a new key).
-    fn handshake_with(&mut self, now: Instant, key: [u8; 32]) {
+    fn handshake_with(&mut self, now: Instant, key: PeerKey) {
         let Some(p) = self.peers.get(&key) else { return };
         let use_ik = p.driver.failures < 2;
         match self.handshake_dest(&key) {
@@ -1818,14 +1820,14 @@ impl Node {
     }
 
     /// Starts a fresh IK handshake with a known peer (to announce a new hello).
-    pub(crate) fn rehandshake(&mut self, now: Instant, key: [u8; 32]) {
+    pub(crate) fn rehandshake(&mut self, now: Instant, key: PeerKey) {
         if let Some(to) = self.dest_for(&key) {
             self.start_handshake(now, Target::Peer(key), to, Some(key));
         }
     }
 
-    fn start_handshake(&mut self, now: Instant, target: Target, to: Dest, remote: Option<[u8; 32]>) {
-        let (initiator, msg) = match Initiator::start(&self.cfg.handshake, remote.as_ref()) {
+    fn start_handshake(&mut self, now: Instant, target: Target, to: Dest, remote: Option<PeerKey>) {
+        let (initiator, msg) = match Initiator::start(&self.cfg.handshake, remote.as_ref().map(PeerKey::as_bytes)) {
             Ok(x) => x,
             Err(e) => {
                 warn!(error = %e, "cannot start handshake");
@@ -1917,7 +1919,7 @@ impl Node {
             }
         }
         // Peers whose handshake ended this step were touched by it.
-        let done: Vec<[u8; 32]> = self
+        let done: Vec<PeerKey> = self
             .touched
             .iter()
             .filter_map(|k| self.peers.get(k))
@@ -2045,7 +2047,7 @@ impl Peer {
             PeerState::Connecting
         };
         PeerStatus {
-            node_id: NodeId::from_public(&self.key),
+            node_id: self.key.id(),
             hostname: self.hello.hostname.clone(),
             overlay: self.hello.ipv4,
             overlay6: self.hello.ipv6.map(|(a, _)| a),

@@ -9,7 +9,7 @@ use weft_core::handshake::Hello;
 use weft_core::session::Session;
 use weft_core::stats::PeerStats;
 
-use crate::identity::NodeId;
+use crate::identity::{NodeId, PeerKey};
 use crate::node::Timers;
 
 /// Handshake retry state: what is in flight and when to try next.
@@ -184,7 +184,7 @@ impl Activity {
 /// A remote node, keyed by its static public key.
 #[derive(Debug)]
 pub(crate) struct Peer {
-    pub(crate) key: [u8; 32],
+    pub(crate) key: PeerKey,
     pub(crate) id: NodeId,
     pub(crate) hello: Hello,
     pub(crate) path: PeerPath,
@@ -219,10 +219,10 @@ pub(crate) struct Peer {
 }
 
 impl Peer {
-    pub(crate) fn new(key: [u8; 32], hello: Hello, now: Instant, stats: Arc<PeerStats>) -> Self {
+    pub(crate) fn new(key: PeerKey, hello: Hello, now: Instant, stats: Arc<PeerStats>) -> Self {
         Self {
             key,
-            id: NodeId::from_public(&key),
+            id: key.id(),
             hello,
             path: PeerPath::Relayed { last: None },
             anchor: Anchor::None,
@@ -345,27 +345,27 @@ impl Peer {
 /// each session index, and the count of packets held for sessions.
 #[derive(Debug, Default)]
 pub(crate) struct PeerTable {
-    peers: BTreeMap<[u8; 32], Peer>,
-    ids: BTreeMap<NodeId, [u8; 32]>,
-    anchored: BTreeSet<[u8; 32]>,
-    sessions: BTreeMap<u32, [u8; 32]>,
+    peers: BTreeMap<PeerKey, Peer>,
+    ids: BTreeMap<NodeId, PeerKey>,
+    anchored: BTreeSet<PeerKey>,
+    sessions: BTreeMap<u32, PeerKey>,
     queued: usize,
 }
 
 impl PeerTable {
-    pub(crate) fn get(&self, key: &[u8; 32]) -> Option<&Peer> {
+    pub(crate) fn get(&self, key: &PeerKey) -> Option<&Peer> {
         self.peers.get(key)
     }
 
-    pub(crate) fn get_mut(&mut self, key: &[u8; 32]) -> Option<&mut Peer> {
+    pub(crate) fn get_mut(&mut self, key: &PeerKey) -> Option<&mut Peer> {
         self.peers.get_mut(key)
     }
 
-    pub(crate) fn contains_key(&self, key: &[u8; 32]) -> bool {
+    pub(crate) fn contains_key(&self, key: &PeerKey) -> bool {
         self.peers.contains_key(key)
     }
 
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (&[u8; 32], &Peer)> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&PeerKey, &Peer)> {
         self.peers.iter()
     }
 
@@ -378,7 +378,7 @@ impl PeerTable {
     }
 
     /// The key of the member with node id `id`.
-    pub(crate) fn key_of(&self, id: &NodeId) -> Option<[u8; 32]> {
+    pub(crate) fn key_of(&self, id: &NodeId) -> Option<PeerKey> {
         self.ids.get(id).copied()
     }
 
@@ -388,7 +388,7 @@ impl PeerTable {
     }
 
     /// The peer with `key`, made by `make` if there is none.
-    pub(crate) fn get_or_insert_with(&mut self, key: [u8; 32], make: impl FnOnce() -> Peer) -> &mut Peer {
+    pub(crate) fn get_or_insert_with(&mut self, key: PeerKey, make: impl FnOnce() -> Peer) -> &mut Peer {
         let p = self.peers.entry(key).or_insert_with(make);
         self.ids.insert(p.id, key);
         if p.anchor != Anchor::None {
@@ -399,7 +399,7 @@ impl PeerTable {
 
     /// Takes a peer out of the table and every index; packets held for it are
     /// dropped (returned with it).
-    pub(crate) fn remove(&mut self, key: &[u8; 32]) -> Option<Peer> {
+    pub(crate) fn remove(&mut self, key: &PeerKey) -> Option<Peer> {
         let p = self.peers.remove(key)?;
         self.ids.remove(&p.id);
         self.anchored.remove(key);
@@ -409,7 +409,7 @@ impl PeerTable {
     }
 
     /// Sets why the engine keeps a session with `key` (and whether it is a link).
-    pub(crate) fn set_anchor(&mut self, key: &[u8; 32], anchor: Anchor) {
+    pub(crate) fn set_anchor(&mut self, key: &PeerKey, anchor: Anchor) {
         let Some(p) = self.peers.get_mut(key) else { return };
         p.anchor = anchor;
         if anchor == Anchor::None {
@@ -426,7 +426,7 @@ impl PeerTable {
 
     /// Holds `packet` for `key`'s session, unless the peer holds `per_peer` or the
     /// table `total` already (then it is refused: false).
-    pub(crate) fn queue(&mut self, key: &[u8; 32], packet: &[u8], per_peer: usize, total: usize) -> bool {
+    pub(crate) fn queue(&mut self, key: &PeerKey, packet: &[u8], per_peer: usize, total: usize) -> bool {
         let Some(p) = self.peers.get_mut(key) else { return false };
         if p.queued.len() >= per_peer || self.queued >= total {
             return false;
@@ -437,7 +437,7 @@ impl PeerTable {
     }
 
     /// Takes the packets held for `key`.
-    pub(crate) fn take_queued(&mut self, key: &[u8; 32]) -> Vec<Vec<u8>> {
+    pub(crate) fn take_queued(&mut self, key: &PeerKey) -> Vec<Vec<u8>> {
         let Some(p) = self.peers.get_mut(key) else { return Vec::new() };
         let packets: Vec<Vec<u8>> = p.queued.drain(..).collect();
         self.queued -= packets.len();
@@ -451,7 +451,7 @@ impl PeerTable {
     }
 
     /// The peer whose session has local index `index`, as last indexed.
-    pub(crate) fn session_owner(&self, index: u32) -> Option<[u8; 32]> {
+    pub(crate) fn session_owner(&self, index: u32) -> Option<PeerKey> {
         self.sessions.get(&index).copied()
     }
 }
@@ -471,39 +471,39 @@ mod tests {
             gso: false,
             gso_quic: false,
         };
-        Peer::new([k; 32], hello, Instant::now(), Arc::default())
+        Peer::new(PeerKey([k; 32]), hello, Instant::now(), Arc::default())
     }
 
     #[test]
     fn removing_a_peer_leaves_nothing_of_it_in_any_index() {
         let mut t = PeerTable::default();
         for k in [1, 2] {
-            t.get_or_insert_with([k; 32], || peer(k));
+            t.get_or_insert_with(PeerKey([k; 32]), || peer(k));
         }
-        t.set_anchor(&[1; 32], Anchor::Dialled);
-        assert!(t.queue(&[1; 32], b"one", 2, 3));
-        assert!(t.queue(&[1; 32], b"two", 2, 3));
-        assert!(!t.queue(&[1; 32], b"three", 2, 3), "per-peer cap");
-        assert!(t.queue(&[2; 32], b"x", 2, 3));
-        assert!(!t.queue(&[2; 32], b"y", 2, 3), "table cap");
-        let id1 = NodeId::from_public(&[1; 32]);
-        assert_eq!(t.key_of(&id1), Some([1; 32]));
+        t.set_anchor(&PeerKey([1; 32]), Anchor::Dialled);
+        assert!(t.queue(&PeerKey([1; 32]), b"one", 2, 3));
+        assert!(t.queue(&PeerKey([1; 32]), b"two", 2, 3));
+        assert!(!t.queue(&PeerKey([1; 32]), b"three", 2, 3), "per-peer cap");
+        assert!(t.queue(&PeerKey([2; 32]), b"x", 2, 3));
+        assert!(!t.queue(&PeerKey([2; 32]), b"y", 2, 3), "table cap");
+        let id1 = PeerKey([1; 32]).id();
+        assert_eq!(t.key_of(&id1), Some(PeerKey([1; 32])));
         assert_eq!(t.anchored().count(), 1);
 
-        let gone = t.remove(&[1; 32]).unwrap();
+        let gone = t.remove(&PeerKey([1; 32])).unwrap();
         assert!(gone.has_queued());
         assert_eq!(t.key_of(&id1), None);
         assert!(t.by_id(&id1).is_none());
         assert_eq!(t.anchored().count(), 0);
         // Its two held packets no longer count against the table's cap.
-        assert!(t.queue(&[2; 32], b"y", 3, 3));
-        assert_eq!(t.take_queued(&[2; 32]).len(), 2);
-        assert!(t.remove(&[1; 32]).is_none());
+        assert!(t.queue(&PeerKey([2; 32]), b"y", 3, 3));
+        assert_eq!(t.take_queued(&PeerKey([2; 32])).len(), 2);
+        assert!(t.remove(&PeerKey([1; 32])).is_none());
 
         // Anchors set and cleared keep the links index in step.
-        t.set_anchor(&[2; 32], Anchor::Held(Instant::now()));
-        assert_eq!(t.anchored().map(|p| p.key).collect::<Vec<_>>(), [[2; 32]]);
-        t.set_anchor(&[2; 32], Anchor::None);
+        t.set_anchor(&PeerKey([2; 32]), Anchor::Held(Instant::now()));
+        assert_eq!(t.anchored().map(|p| p.key).collect::<Vec<_>>(), [PeerKey([2; 32])]);
+        t.set_anchor(&PeerKey([2; 32]), Anchor::None);
         assert_eq!(t.anchored().count(), 0);
     }
 }

@@ -13,7 +13,7 @@ use tracing::{debug, info, warn};
 use weft_core::route::{Demand, Route, RouteSnapshot, Serves};
 use weft_core::wire::{DATA_HEADER_LEN, FLAG_CONTROL};
 
-use crate::identity::NodeId;
+use crate::identity::{NodeId, PeerKey};
 use crate::mesh::{MAX_CANDIDATES, Msg};
 use crate::node::{Dest, Node, ms_since};
 use crate::peer::{Driver, Peer, PeerPath};
@@ -126,7 +126,7 @@ impl Node {
     /// answer becomes the path: failover, e.g. from a UDP path a firewall started
     /// dropping to TCP); while it works but a better transport is announced, that one
     /// is tried now and then (upgrade, with backoff).
-    pub(crate) fn drive_direct(&mut self, now: Instant, key: [u8; 32]) {
+    pub(crate) fn drive_direct(&mut self, now: Instant, key: PeerKey) {
         let t = self.cfg.timers;
         let epoch = self.cfg.epoch;
         let stale_after = self.cfg.timers.stale_after();
@@ -165,7 +165,7 @@ impl Node {
             d.upgrade.back_off(now, UPGRADE_FIRST, UPGRADE_MAX, jitter);
         }
         if !targets.is_empty() {
-            debug!(peer = %NodeId::from_public(&key), failover = stale, candidates = targets.len(), "probing other paths");
+            debug!(peer = %key.id(), failover = stale, candidates = targets.len(), "probing other paths");
             self.punch_to(now, &key, &targets);
         }
     }
@@ -207,9 +207,9 @@ impl Node {
 
     /// For a relayed peer with traffic: send to its known addresses directly and ask
     /// it (through the relay) to do the same towards ours, so both NATs open at once.
-    pub(crate) fn punch(&mut self, now: Instant, key: [u8; 32]) {
+    pub(crate) fn punch(&mut self, now: Instant, key: PeerKey) {
         let theirs = self.punchable(now, &key);
-        let ours = self.candidates(&self.cfg.handshake.local.public);
+        let ours = self.candidates(&PeerKey(self.cfg.handshake.local.public));
         let jitter = self.rng.next_u32();
         let Some(p) = self.peers.get_mut(&key) else { return };
         p.punch.back_off(now, PUNCH_FIRST, PUNCH_MAX, jitter);
@@ -224,7 +224,7 @@ impl Node {
     /// was really seen are used ([`Node::punchable`]), never an address a member names
     /// or announces in its own record (that would make us send to a third party for
     /// it), at most once a second per peer and once a second per destination.
-    pub(crate) fn handle_punch(&mut self, now: Instant, key: [u8; 32], eps: &[Endpoint]) {
+    pub(crate) fn handle_punch(&mut self, now: Instant, key: PeerKey, eps: &[Endpoint]) {
         let Some(p) = self.peers.get_mut(&key) else { return };
         if p.punch_answer_next.is_some_and(|t| now < t) {
             debug!(peer = %p.id, "punch request too soon; ignored");
@@ -233,14 +233,14 @@ impl Node {
         p.punch_answer_next = Some(now + PUNCH_ANSWER_EVERY);
         let known = self.punchable(now, &key);
         let targets: Vec<Endpoint> = eps.iter().filter(|e| known.contains(e)).copied().collect();
-        debug!(peer = %NodeId::from_public(&key), asked = eps.len(), used = targets.len(), "punch request");
+        debug!(peer = %key.id(), asked = eps.len(), used = targets.len(), "punch request");
         self.punch_to(now, &key, &targets);
     }
 
     /// Sends a keepalive of `key`'s session straight to each address, each address at
     /// most once a second whoever asks (many members aiming at one address get one
     /// datagram a second out of this node).
-    fn punch_to(&mut self, now: Instant, key: &[u8; 32], eps: &[Endpoint]) {
+    fn punch_to(&mut self, now: Instant, key: &PeerKey, eps: &[Endpoint]) {
         let Some(session) = self.peers.get(key).and_then(Peer::tx).map(|s| s.session.clone()) else { return };
         for ep in eps.iter().take(MAX_CANDIDATES) {
             if self.punched.get(&ep.addr).is_some_and(|t| now < *t) {
@@ -263,12 +263,12 @@ impl Node {
     /// a link is a member we hold a session with, not whoever the requester names as
     /// its neighbour), and its announced endpoints that lie in a network this node is
     /// connected to (two members on one LAN).
-    pub(crate) fn punchable(&self, now: Instant, key: &[u8; 32]) -> Vec<Endpoint> {
-        let id = NodeId::from_public(key);
+    pub(crate) fn punchable(&self, now: Instant, key: &PeerKey) -> Vec<Endpoint> {
+        let id = key.id();
         // Where we see it ourselves, when it is a direct neighbour.
         let mut out: Vec<Endpoint> =
             self.peers.get(key).and_then(|p| p.path.direct()).map(|d| d.endpoint).into_iter().collect();
-        self.push_observed(id, self.links(now).filter(|k| k != key).map(|k| NodeId::from_public(&k)), &mut out);
+        self.push_observed(id, self.links(now).filter(|k| k != key).map(|k| k.id()), &mut out);
         if let Some(own) = self.mesh.topology.get(&id) {
             let on_lan = |e: &&Endpoint| {
                 let ip = weft_core::endpoint::canonical(e.addr).ip();
@@ -282,8 +282,8 @@ impl Node {
     /// Where a node may be reachable directly, best transport first: the endpoints it
     /// announces and the UDP addresses its neighbours observe for it (a connection's
     /// observed address is an ephemeral port nobody can dial).
-    pub(crate) fn candidates(&self, key: &[u8; 32]) -> Vec<Endpoint> {
-        let id = NodeId::from_public(key);
+    pub(crate) fn candidates(&self, key: &PeerKey) -> Vec<Endpoint> {
+        let id = key.id();
         let mut out: Vec<Endpoint> = Vec::new();
         let Some(own) = self.mesh.topology.get(&id) else { return out };
         // Its neighbours are the records that can observe it.
@@ -327,13 +327,13 @@ impl Node {
     }
 
     /// Seals a control message on the peer's session and sends it along its path.
-    pub(crate) fn send_msg(&mut self, key: &[u8; 32], msg: &Msg, now: Instant) {
+    pub(crate) fn send_msg(&mut self, key: &PeerKey, msg: &Msg, now: Instant) {
         self.send_sealed(key, &msg.emit(), FLAG_CONTROL, now);
     }
 
     /// Seals `body` (a control message, or an IP packet with `flags` 0) on the peer's
     /// session and sends it along its path. Returns whether it went.
-    pub(crate) fn send_sealed(&mut self, key: &[u8; 32], body: &[u8], flags: u8, now: Instant) -> bool {
+    pub(crate) fn send_sealed(&mut self, key: &PeerKey, body: &[u8], flags: u8, now: Instant) -> bool {
         let Some(dest) = self.dest_for(key) else { return false };
         let Some(tx) = self.peers.get(key).and_then(Peer::tx) else { return false };
         let mut buf = vec![0u8; DATA_HEADER_LEN + body.len() + 16];
@@ -352,7 +352,7 @@ impl Node {
     /// Where to send a handshake to a peer: its current path first; when that is a
     /// direct one, after each failure the next of its other candidates in turn (the
     /// path's transport may have stopped working while another still does).
-    pub(crate) fn handshake_dest(&self, key: &[u8; 32]) -> Option<Dest> {
+    pub(crate) fn handshake_dest(&self, key: &PeerKey) -> Option<Dest> {
         let p = self.peers.get(key)?;
         let first = self.dest_for(key);
         let failures = p.driver.failures as usize;
@@ -372,7 +372,7 @@ impl Node {
 
     /// How to reach a peer right now: directly when its direct path works (or it is
     /// an endpoint we dial with no relay path), else through the first relay.
-    pub(crate) fn dest_for(&self, key: &[u8; 32]) -> Option<Dest> {
+    pub(crate) fn dest_for(&self, key: &PeerKey) -> Option<Dest> {
         let p = self.peers.get(key)?;
         if let Some(d) = p.path.direct() {
             return Some(Dest::direct(d.endpoint));
@@ -615,7 +615,7 @@ impl Node {
         self.routes_dirty = true;
         self.actions.push_back(crate::node::Action::SetAddress { old: ours, new, prefix });
         // Peers learn the new address through a new handshake (the hello carries it).
-        let keys: Vec<[u8; 32]> = self.peers.values().filter(|p| p.is_up()).map(|p| p.key).collect();
+        let keys: Vec<PeerKey> = self.peers.values().filter(|p| p.is_up()).map(|p| p.key).collect();
         for k in keys {
             self.rehandshake(now, k);
         }
@@ -625,7 +625,7 @@ impl Node {
     /// claiming an address another member holds gets nothing routed).
     fn owns_address(&self, r: &Record) -> bool {
         self.outside_overlay(IpAddr::V4(r.overlay)).is_none()
-            && self.peers.get(&r.key).is_some_and(|p| p.hello.ipv4 == r.overlay)
+            && self.peers.get(&PeerKey(r.key)).is_some_and(|p| p.hello.ipv4 == r.overlay)
             && self.address_owner(r.overlay, r.node(), |_| false).is_none()
     }
 
@@ -887,7 +887,7 @@ impl Node {
             .iter()
             .filter_map(|(id, path)| {
                 let rec = self.mesh.topology.get(id)?;
-                let session = self.peers.get(&rec.key).is_some_and(Peer::is_up);
+                let session = self.peers.get(&PeerKey(rec.key)).is_some_and(Peer::is_up);
                 Some(RouteStatus {
                     node: *id,
                     hostname: rec.hostname.clone(),
@@ -910,7 +910,7 @@ impl Node {
     }
 
     /// The peer holding the session with this local index.
-    pub(crate) fn key_of_session(&self, local_index: u32) -> Option<[u8; 32]> {
+    pub(crate) fn key_of_session(&self, local_index: u32) -> Option<PeerKey> {
         let indexed = self.peers.session_owner(local_index);
         if let Some(k) = indexed
             && self.peers.get(&k).is_some_and(|p| p.sessions.iter().any(|s| s.session.local_index == local_index))
