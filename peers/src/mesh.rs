@@ -77,24 +77,35 @@ pub(crate) enum Msg {
     },
 }
 
+/// The first byte of a control message: which [`Msg`] follows. Wire values, never
+/// reused: a message a node does not know is dropped.
+mod tag {
+    pub(super) const RECORD: u8 = 1;
+    pub(super) const PING: u8 = 2;
+    pub(super) const PONG: u8 = 3;
+    pub(super) const PUNCH: u8 = 4;
+    pub(super) const SUMMARY: u8 = 5;
+    pub(super) const DIGEST: u8 = 6;
+}
+
 impl Msg {
     pub(crate) fn emit(&self) -> Vec<u8> {
         let mut out = Vec::new();
         match self {
             Self::Record(r) => {
-                out.push(1);
+                out.push(tag::RECORD);
                 r.emit(&mut out);
             }
             Self::Ping(n) => {
-                out.push(2);
+                out.push(tag::PING);
                 out.extend_from_slice(&n.to_le_bytes());
             }
             Self::Pong(n) => {
-                out.push(3);
+                out.push(tag::PONG);
                 out.extend_from_slice(&n.to_le_bytes());
             }
             Self::Punch(eps) => {
-                out.push(4);
+                out.push(tag::PUNCH);
                 let eps = &eps[..eps.len().min(MAX_CANDIDATES)];
                 out.push(eps.len() as u8);
                 for e in eps {
@@ -102,12 +113,12 @@ impl Msg {
                 }
             }
             Self::Summary { count, hash } => {
-                out.push(5);
+                out.push(tag::SUMMARY);
                 out.extend_from_slice(&count.to_le_bytes());
                 out.extend_from_slice(&hash.to_le_bytes());
             }
             Self::Digest { lo, hi, entries } => {
-                out.push(6);
+                out.push(tag::DIGEST);
                 out.extend_from_slice(&lo.to_bytes());
                 out.extend_from_slice(&hi.to_bytes());
                 let entries = &entries[..entries.len().min(DIGEST_CHUNK)];
@@ -126,10 +137,10 @@ impl Msg {
         let u64_at = |b: &[u8], at: usize| b.get(at..at + 8).and_then(|x| x.try_into().ok()).map(u64::from_le_bytes);
         let id_at = |b: &[u8], at: usize| b.get(at..at + 8).and_then(|x| x.try_into().ok()).map(NodeId::from_bytes);
         Some(match kind {
-            1 => Self::Record(Box::new(Record::parse(rest).ok()?)),
-            2 if rest.len() == 8 => Self::Ping(u64_at(rest, 0)?),
-            3 if rest.len() == 8 => Self::Pong(u64_at(rest, 0)?),
-            4 => {
+            tag::RECORD => Self::Record(Box::new(Record::parse(rest).ok()?)),
+            tag::PING if rest.len() == 8 => Self::Ping(u64_at(rest, 0)?),
+            tag::PONG if rest.len() == 8 => Self::Pong(u64_at(rest, 0)?),
+            tag::PUNCH => {
                 let mut r = Reader(rest);
                 let eps: Vec<Endpoint> = (0..r.u8().ok()?).map(|_| r.addr()).collect::<Result<_, _>>().ok()?;
                 if !r.0.is_empty() || eps.len() > MAX_CANDIDATES {
@@ -137,10 +148,10 @@ impl Msg {
                 }
                 Self::Punch(eps)
             }
-            5 if rest.len() == 12 => {
+            tag::SUMMARY if rest.len() == 12 => {
                 Self::Summary { count: u32::from_le_bytes(rest[..4].try_into().ok()?), hash: u64_at(rest, 4)? }
             }
-            6 => {
+            tag::DIGEST => {
                 let (lo, hi) = (id_at(rest, 0)?, id_at(rest, 8)?);
                 let n = usize::from(*rest.get(16)?);
                 let body = &rest[17..];
