@@ -27,7 +27,7 @@ use weft_core::wire::{
 use crate::deadline::Deadlines;
 use crate::identity::{NodeId, PeerKey};
 use crate::mesh::Mesh;
-use crate::peer::{Anchor, Driver, Peer, PeerPath, PeerTable, SessionEntry};
+use crate::peer::{Anchor, Driver, Peer, PeerPath, PeerTable, SessionEntry, SessionTimers};
 use crate::status::{DialStatus, InboundFailure, NodeStatus, PathStatus, PeerState, PeerStatus};
 use crate::topology::{Record, Topology};
 
@@ -1669,13 +1669,9 @@ impl Node {
             }
             return;
         };
+        let plan = SessionTimers::of(&t, epoch, peer, &tx, now);
         let silent = now_ms.saturating_sub(last_rx_ms.max(ms_since(epoch, tx.created)));
-        let dead = if kept {
-            silent >= t.dead_after.as_millis() as u64
-        } else {
-            peer.activity.unanswered_since.is_some_and(|s| now.saturating_duration_since(s) >= t.dead_after)
-        };
-        if dead {
+        if SessionTimers::due(plan.dead, now) {
             let msg = format!("peer not responding: nothing received for {} s", silent / 1000);
             warn!(peer = %peer.id, "{msg}");
             peer.error = Some(msg);
@@ -1693,7 +1689,7 @@ impl Node {
             }
             return;
         }
-        if !kept && !peer.activity.active(now, IDLE_RETIRE) {
+        if SessionTimers::due(plan.retire, now) {
             debug!(peer = %peer.id, "no traffic for {} s: session retired", IDLE_RETIRE.as_secs());
             peer.sessions.clear();
             peer.path.lose_direct();
@@ -1702,22 +1698,16 @@ impl Node {
             return;
         }
         let active = kept || peer.activity.active(now, ACTIVE_WINDOW);
-        let age = now.duration_since(tx.created);
-        let due = t.rekey_due(tx.initiator);
-        // An idle session is not rekeyed: it retires (or its keys expire) instead.
-        let rekey = (age >= due || tx.session.sent_packets() >= REKEY_AFTER_PACKETS)
-            && (kept || peer.activity.active(now, 3 * ACTIVE_WINDOW))
-            && peer.driver.in_flight.is_none()
-            && now >= peer.driver.next_attempt.unwrap_or(now);
-        let last_tx = tx.session.last_tx_ms().max(ms_since(epoch, tx.created));
-        let quiet = now_ms.saturating_sub(last_tx) >= t.keepalive.as_millis() as u64;
-        // Links: a keepalive whenever we were quiet. Others: only to answer data that
-        // arrived since we last sent anything (WireGuard's passive keepalive).
-        let answer_data = peer.activity.last_data_rx.is_some_and(|r| ms_since(epoch, r) > last_tx);
-        let send_keepalive = quiet && (kept || answer_data);
-        let probe = active && peer.probe.next.is_none_or(|n| now >= n);
+        // The packet limit is counted, not timed: checked here, whenever the peer is
+        // driven, under the same conditions as the timed rekey.
+        let rekey = SessionTimers::due(plan.rekey, now)
+            || (plan.rekey.is_some()
+                && tx.session.sent_packets() >= REKEY_AFTER_PACKETS
+                && now >= peer.driver.next_attempt.unwrap_or(now));
+        let send_keepalive = SessionTimers::due(plan.keepalive, now);
+        let probe = SessionTimers::due(plan.probe, now);
         let punch = !kept && !peer.path.is_direct() && active && peer.punch.next_attempt.is_none_or(|n| now >= n);
-        let summary = peer.is_link(now) && peer.summary_next.is_none_or(|n| now >= n);
+        let summary = SessionTimers::due(plan.summary, now);
         if rekey {
             debug!(peer = %peer.id, "rekeying");
             self.handshake_with(now, key);
@@ -1776,32 +1766,19 @@ impl Node {
                 .then(|| now + t.learned_retry);
             return [retire_unconfirmed, retry, forget, held].into_iter().flatten().min();
         };
-        let kept = p.anchor() != Anchor::None;
+        let plan = SessionTimers::of(&t, epoch, p, tx, now);
         let mut v: Vec<Instant> = Vec::with_capacity(8);
         v.extend(held);
-        let due = t.rekey_due(tx.initiator);
-        // The rekey, when drive_peer would do it (an in-flight one is timed by the
-        // handshake table; an idle session is retired instead).
-        if p.driver.in_flight.is_none() && (kept || p.activity.active(now, 3 * ACTIVE_WINDOW)) {
-            v.push((tx.created + due).max(p.driver.next_attempt.unwrap_or(now)));
-        }
+        v.extend(plan.earliest());
         if p.sessions.len() > 1 {
             v.push(now + RETIRE_IDLE / 2);
         }
         if tx.session.expires_at_ms() != u64::MAX {
             v.push(at_ms(tx.session.expires_at_ms()));
         }
-        if kept {
-            let last_tx = tx.session.last_tx_ms().max(ms_since(epoch, tx.created));
-            v.push(at_ms(last_tx) + t.keepalive);
-            let last_rx = p.last_rx_ms().max(ms_since(epoch, tx.created));
-            v.push(at_ms(last_rx) + t.dead_after);
-            v.push(p.probe.next.unwrap_or(now));
-            if p.is_link(now) {
-                v.push(p.summary_next.unwrap_or(now));
-            }
-        } else {
-            // Traffic is sampled each keepalive interval while the session lives.
+        if p.anchor() == Anchor::None {
+            // Traffic is sampled (from the pipelines' counters) each keepalive
+            // interval while the session lives: activity moves the plan.
             v.push(now + t.keepalive);
         }
         v.extend(self.direct_deadline(p, now));

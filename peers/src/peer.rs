@@ -339,6 +339,67 @@ impl Peer {
     }
 }
 
+/// When each timer of a peer's current session is next due (`None`: not armed). The
+/// one place their conditions are written: `Node::drive_peer` does what is due now
+/// and `Node::peer_deadline` wakes at the earliest, both from this plan, so the two
+/// cannot disagree about when something happens.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SessionTimers {
+    /// New keys by age (the packet-count limit is checked as the peer is driven).
+    /// Armed only when no handshake is in flight and the session is kept or was
+    /// active lately: an idle session retires (or its keys expire) instead.
+    pub(crate) rekey: Option<Instant>,
+    /// A keepalive: on a link whenever we were quiet for `keepalive`; on another
+    /// session only to answer data that arrived since we last sent (WireGuard's
+    /// passive keepalive).
+    pub(crate) keepalive: Option<Instant>,
+    /// The session is dead: a link heard nothing for `dead_after`; another session
+    /// left data unanswered for `dead_after`.
+    pub(crate) dead: Option<Instant>,
+    /// A session that is not a link retires after `IDLE_RETIRE` without data.
+    pub(crate) retire: Option<Instant>,
+    /// The next latency probe, while the session is kept or active.
+    pub(crate) probe: Option<Instant>,
+    /// The next summary, on a link.
+    pub(crate) summary: Option<Instant>,
+}
+
+impl SessionTimers {
+    /// The plan of `p`'s current session `tx` at `now`.
+    pub(crate) fn of(t: &Timers, epoch: Instant, p: &Peer, tx: &SessionEntry, now: Instant) -> Self {
+        use crate::node::{ACTIVE_WINDOW, IDLE_RETIRE, ms_since};
+        // A pipeline timestamp (ms since epoch, +1) as an instant.
+        let at_ms = |ms: u64| epoch + Duration::from_millis(ms.saturating_sub(1));
+        let kept = p.anchor != Anchor::None;
+        let created_ms = ms_since(epoch, tx.created);
+        let rekey = (p.driver.in_flight.is_none() && (kept || p.activity.active(now, 3 * ACTIVE_WINDOW)))
+            .then(|| (tx.created + t.rekey_due(tx.initiator)).max(p.driver.next_attempt.unwrap_or(now)));
+        let last_tx = tx.session.last_tx_ms().max(created_ms);
+        let answer_data = p.activity.last_data_rx.is_some_and(|r| ms_since(epoch, r) > last_tx);
+        let keepalive = (kept || answer_data).then(|| at_ms(last_tx) + t.keepalive);
+        let dead = if kept {
+            Some(at_ms(p.last_rx_ms().max(created_ms)) + t.dead_after)
+        } else {
+            p.activity.unanswered_since.map(|s| s + t.dead_after)
+        };
+        let retire = (!kept).then(|| p.activity.last_data.map_or(now, |d| d + IDLE_RETIRE));
+        let active = kept || p.activity.active(now, ACTIVE_WINDOW);
+        let probe = active.then(|| p.probe.next.unwrap_or(now));
+        let summary = p.is_link(now).then(|| p.summary_next.unwrap_or(now));
+        Self { rekey, keepalive, dead, retire, probe, summary }
+    }
+
+    /// Whether a timer is armed and due.
+    pub(crate) fn due(at: Option<Instant>, now: Instant) -> bool {
+        at.is_some_and(|at| now >= at)
+    }
+
+    /// The earliest armed timer.
+    pub(crate) fn earliest(&self) -> Option<Instant> {
+        [self.rekey, self.keepalive, self.dead, self.retire, self.probe, self.summary].into_iter().flatten().min()
+    }
+}
+
 /// Every peer, and the indexes the engine looks peers up by. The only insert
 /// ([`PeerTable::get_or_insert_with`]) and the only remove ([`PeerTable::remove`])
 /// keep all of them in step: node ids, the anchored peers (our links), the owner of
