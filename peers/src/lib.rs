@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 mod deadline;
+mod gate;
 pub mod identity;
 mod mesh;
 pub mod names;

@@ -16,7 +16,7 @@ use weft_core::endpoint::Endpoint;
 use rand::RngCore;
 use tracing::{debug, info, warn};
 use weft_control::FailureKind;
-use weft_core::admission::{Bucket, Cookie, CookieSecret, MacKeys, mac1_of};
+use weft_core::admission::MacKeys;
 use weft_core::handshake::{Completed, HandshakeError, Initiator, Params, Responded, Responder};
 use weft_core::route::RouteSnapshot;
 use weft_core::session::{Session, SessionParams};
@@ -25,6 +25,8 @@ use weft_core::wire::{
 };
 
 use crate::deadline::Deadlines;
+pub use crate::gate::{AdmissionStats, LOAD_INITS_PER_SEC, RELAY_BURST, RELAY_RATE, SOURCE_BURST, SOURCE_RATE};
+use crate::gate::{Gate, Tables, Verdict};
 use crate::identity::{NodeId, PeerKey};
 use crate::mesh::Mesh;
 use crate::peer::{Anchor, Driver, Peer, PeerPath, PeerTable, SessionEntry, SessionTimers};
@@ -106,41 +108,6 @@ const MAX_INBOUND_FAILURES: usize = 32;
 pub const MAX_PENDING_RESP: usize = 1024;
 /// Finished handshakes waiting for the peer's proof of the PSK, at most.
 pub const MAX_HELD: usize = 1024;
-/// Inits a second (after mac1) above which the node is under load and answers inits
-/// without a valid mac2 with a cookie instead of a Diffie-Hellman.
-pub const LOAD_INITS_PER_SEC: u32 = 250;
-/// Inits a second each source address (or relayed sender) may start, and its burst.
-pub const SOURCE_RATE: f64 = 20.0;
-/// Burst of [`SOURCE_RATE`].
-pub const SOURCE_BURST: f64 = 40.0;
-/// Relayed inits a second one relaying neighbour may bring us, whatever sender ids it
-/// writes (a member relaying for itself could otherwise mint a bucket per frame).
-pub const RELAY_RATE: f64 = 4.0 * SOURCE_RATE;
-/// Burst of [`RELAY_RATE`].
-pub const RELAY_BURST: f64 = 4.0 * SOURCE_BURST;
-/// Source buckets kept at most (full ones are forgotten first).
-const MAX_BUCKETS: usize = 4096;
-/// The cookie secret rotates this often; a cookie we received is used this long.
-const COOKIE_LIFETIME: Duration = Duration::from_secs(120);
-/// Cookies we hold for destinations, at most.
-const MAX_COOKIES: usize = 1024;
-
-/// What admission control did with handshake datagrams (status counters).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct AdmissionStats {
-    /// Handshake, reject or cookie datagrams whose mac1 did not verify.
-    pub bad_mac: u64,
-    /// Inits dropped by a source's token bucket.
-    pub rate_limited: u64,
-    /// Inits answered with a cookie (under load, no valid mac2).
-    pub cookies_sent: u64,
-    /// Cookie replies we accepted (and resent our init with mac2).
-    pub cookies_received: u64,
-    /// Inits dropped because the pending or held tables were full.
-    pub state_full: u64,
-    /// Whether the node is under load right now.
-    pub under_load: bool,
-}
 
 /// Static inputs of a node.
 #[derive(Debug, Clone)]
@@ -305,29 +272,6 @@ pub enum Action {
     SaveNames(crate::names::Names),
 }
 
-/// Whom a handshake rate bucket belongs to: a source address, a relayed sender
-/// (relays only forward frames from their authenticated neighbours), or the
-/// neighbour relaying them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Source {
-    Ip(IpAddr),
-    Node(NodeId),
-    Relay(IpAddr),
-}
-
-impl Source {
-    /// Its bucket's rate and burst.
-    fn limits(self) -> (f64, f64) {
-        match self {
-            Self::Ip(_) | Self::Node(_) => (SOURCE_RATE, SOURCE_BURST),
-            Self::Relay(_) => (RELAY_RATE, RELAY_BURST),
-        }
-    }
-}
-
-/// Where a cookie we hold applies: an endpoint, and the node behind a relay.
-type CookieDest = (Endpoint, Option<[u8; 8]>);
-
 /// What a handshake we started was for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Target {
@@ -456,17 +400,8 @@ pub struct Node {
     /// Held sessions changed: publish them without rebuilding every route.
     held_dirty: bool,
     last_snapshot: Option<Arc<RouteSnapshot>>,
-    macs: Arc<MacKeys>,
-    cookie_secret: CookieSecret,
-    cookie_rotated: Option<Instant>,
-    /// Cookies other nodes gave us, by destination.
-    cookies: BTreeMap<CookieDest, (Cookie, Instant)>,
-    buckets: BTreeMap<Source, Bucket>,
-    load_window: Option<Instant>,
-    load_count: u32,
-    prev_load_count: u32,
-    overloaded_until: Option<Instant>,
-    admission: AdmissionStats,
+    /// Handshake admission: MACs, source buckets, load, cookies.
+    gate: Gate,
     /// The `now` of the last step (for calls that are not handed one).
     last_now: Option<Instant>,
 }
@@ -516,16 +451,7 @@ impl Node {
             installed_subnets: Vec::new(),
             held_dirty: false,
             last_snapshot: None,
-            macs,
-            cookie_secret: CookieSecret::new(secret),
-            cookie_rotated: None,
-            cookies: BTreeMap::new(),
-            buckets: BTreeMap::new(),
-            load_window: None,
-            load_count: 0,
-            prev_load_count: 0,
-            overloaded_until: None,
-            admission: AdmissionStats::default(),
+            gate: Gate::new(macs, secret),
             last_now: None,
         };
         if own_name {
@@ -536,18 +462,18 @@ impl Node {
 
     /// The network's handshake MAC keys, for the pipelines' mac1 check.
     pub fn mac_keys(&self) -> Arc<MacKeys> {
-        self.macs.clone()
+        self.gate.macs.clone()
     }
 
     /// The runtime could not queue a handshake datagram (its queue is full): treat
     /// the next second as under load, so inits without a cookie cost no DH.
     pub fn note_overload(&mut self, now: Instant) {
-        self.overloaded_until = Some(now + Duration::from_secs(1));
+        self.gate.note_overload(now);
     }
 
     /// What admission control did so far.
     pub fn admission(&self, now: Instant) -> AdmissionStats {
-        AdmissionStats { under_load: self.under_load(now), ..self.admission }
+        self.gate.stats(now, self.tables())
     }
 
     /// This node's id.
@@ -767,12 +693,8 @@ impl Node {
 
     fn handle_datagram(&mut self, now: Instant, from: Endpoint, via: Option<NodeId>, bytes: &[u8]) {
         // mac1 first: nothing from outside the network reaches snow or any table.
-        let Some(body) = self.macs.check(bytes) else {
-            if matches!(MessageType::of(bytes), Some(t) if t != MessageType::Data && t != MessageType::Relay) {
-                self.admission.bad_mac += 1;
-            }
-            return;
-        };
+        let counted = matches!(MessageType::of(bytes), Some(t) if t != MessageType::Data && t != MessageType::Relay);
+        let Some(body) = self.gate.check_mac1(bytes, counted) else { return };
         match MessageType::of(body) {
             Some(MessageType::Reject) => {
                 if let Ok(r) = RejectRepr::parse(body) {
@@ -795,9 +717,8 @@ impl Node {
         }
     }
 
-    /// Whether an init (mac1 already verified) may cost us a Diffie-Hellman: its source
-    /// has tokens left, and under load it proves with mac2 that it receives at its
-    /// address (else it gets a cookie); the pending and held tables have room.
+    /// Whether an init (mac1 already verified) may cost us a Diffie-Hellman; a source
+    /// that must prove its address first gets a cookie.
     fn admit_init(
         &mut self,
         now: Instant,
@@ -806,94 +727,21 @@ impl Node {
         hdr: HandshakeHeader,
         bytes: &[u8],
     ) -> bool {
+        let tables = self.tables();
         let now_ms = ms_since(self.cfg.epoch, now);
-        // Rate per source address; a relayed init also per claimed sender (relays
-        // only accept frames from their authenticated neighbours, but the sender id is
-        // the relay's to write), and the relaying neighbour's address has a budget of
-        // its own, so random sender ids buy nothing.
-        let sources = match via {
-            Some(v) => [Some(Source::Node(v)), Some(Source::Relay(from.addr.ip()))],
-            None => [Some(Source::Ip(from.addr.ip())), None],
-        };
-        for source in sources.into_iter().flatten() {
-            if !self.take_token(source, now_ms) {
-                self.admission.rate_limited += 1;
-                return false;
+        match self.gate.admit(now, now_ms, from, via, hdr, bytes, tables, self.rng.as_mut()) {
+            Verdict::Admit => true,
+            Verdict::Cookie(reply) => {
+                self.actions.push_back(Dest::reply(from, via, self.id).send(reply));
+                false
             }
+            Verdict::RateLimited | Verdict::StateFull => false,
         }
-        // Load: inits a second past mac1, or a full queue in the runtime.
-        match self.load_window {
-            Some(start) if now.duration_since(start) < Duration::from_secs(1) => {
-                self.load_count = self.load_count.saturating_add(1);
-            }
-            last => {
-                // The window that just ended still counts for one more second.
-                let recent = last.is_some_and(|s| now.duration_since(s) < Duration::from_secs(2));
-                self.prev_load_count = if recent { self.load_count } else { 0 };
-                self.load_window = Some(now);
-                self.load_count = 1;
-            }
-        }
-        if self.cookie_rotated.is_none_or(|t| now.duration_since(t) >= COOKIE_LIFETIME) {
-            let mut random = [0u8; 32];
-            self.rng.fill_bytes(&mut random);
-            self.cookie_secret.rotate(random);
-            self.cookie_rotated = Some(now);
-        }
-        let cookie_source = cookie_source(from, via);
-        if self.under_load(now) && !self.cookie_secret.check_mac2(&cookie_source, bytes) {
-            let cookie = self.cookie_secret.cookie_for(&cookie_source);
-            let mut nonce = [0u8; 12];
-            self.rng.fill_bytes(&mut nonce);
-            let reply = self.macs.cookie_reply(hdr.sender_index, &mac1_of(bytes), &cookie, nonce);
-            self.actions.push_back(Dest::reply(from, via, self.id).send(reply));
-            self.admission.cookies_sent += 1;
-            return false;
-        }
-        let full = match hdr.pattern {
-            Pattern::Xx => self.pending_resp.len() >= MAX_PENDING_RESP,
-            Pattern::Ik => self.held.len() >= MAX_HELD,
-        };
-        if full {
-            self.admission.state_full += 1;
-            return false;
-        }
-        true
     }
 
-    /// Takes a token of `source`'s bucket; false when it has none (or no bucket can be
-    /// made: the table is full of busy ones). Full buckets are forgotten first, each
-    /// judged by its own kind's limits.
-    fn take_token(&mut self, source: Source, now_ms: u64) -> bool {
-        if self.buckets.len() >= MAX_BUCKETS && !self.buckets.contains_key(&source) {
-            self.buckets.retain(|s, b| {
-                let (rate, burst) = s.limits();
-                !b.is_full(rate, burst, now_ms)
-            });
-        }
-        let (rate, burst) = source.limits();
-        if self.buckets.len() >= MAX_BUCKETS && !self.buckets.contains_key(&source) {
-            return false;
-        }
-        self.buckets.entry(source).or_insert_with(|| Bucket::full(burst, now_ms)).take(rate, burst, now_ms)
-    }
-
-    /// Under load: more than [`LOAD_INITS_PER_SEC`] inits in the current one-second
-    /// window or the one before it, a full queue in the last second, or the pending or
-    /// held table half full (replayed inits from many spoofed sources, each below the
-    /// rate, would otherwise fill them and keep real members out: under load they get
-    /// cookies, which a spoofed source never receives).
-    fn under_load(&self, now: Instant) -> bool {
-        if self.pending_resp.len() >= MAX_PENDING_RESP / 2 || self.held.len() >= MAX_HELD / 2 {
-            return true;
-        }
-        let busy = self.load_window.is_some_and(|s| {
-            let age = now.duration_since(s);
-            (age < Duration::from_secs(1)
-                && (self.load_count > LOAD_INITS_PER_SEC || self.prev_load_count > LOAD_INITS_PER_SEC))
-                || (age < Duration::from_secs(2) && self.load_count > LOAD_INITS_PER_SEC)
-        });
-        busy || self.overloaded_until.is_some_and(|t| now < t)
+    /// The tables an admitted handshake would grow.
+    fn tables(&self) -> Tables {
+        Tables { pending: self.pending_resp.len(), held: self.held.len() }
     }
 
     /// A responder under load sent us a cookie for one of our inits: keep it for that
@@ -901,21 +749,15 @@ impl Node {
     fn handle_cookie_reply(&mut self, now: Instant, bytes: &[u8]) {
         let Some(index) = MacKeys::cookie_reply_index(bytes) else { return };
         let Some(p) = self.pending_init.get_mut(&index) else { return };
-        let Some(cookie) = self.macs.open_cookie_reply(bytes, &p.mac1) else { return };
-        self.admission.cookies_received += 1;
+        let Some(cookie) = self.gate.macs.open_cookie_reply(bytes, &p.mac1) else { return };
         let to = p.to;
         let resend = (!p.resent).then(|| {
             p.resent = true;
             let mut msg = p.msg.clone();
-            p.mac1 = self.macs.seal(&mut msg, Some(&cookie));
+            p.mac1 = self.gate.macs.seal(&mut msg, Some(&cookie));
             msg
         });
-        if self.cookies.len() >= MAX_COOKIES
-            && let Some(oldest) = self.cookies.iter().min_by_key(|(_, (_, t))| *t).map(|(k, _)| *k)
-        {
-            self.cookies.remove(&oldest);
-        }
-        self.cookies.insert((to.to, to.relay.map(|r| r.dst)), (cookie, now));
+        self.gate.keep_cookie((to.to, to.relay.map(|r| r.dst)), cookie, now);
         if let Some(msg) = resend {
             debug!(to = %to.to, "resending handshake with a cookie");
             self.actions.push_back(to.send(msg));
@@ -1206,7 +1048,7 @@ impl Node {
             // Nothing about an unproven peer is acted on or shown: no route, no status
             // row, no --dhcp move, until its first authenticated packet.
             if self.held.len() >= MAX_HELD {
-                self.admission.state_full += 1;
+                self.gate.count_state_full();
                 return;
             }
             self.held.insert(local, held);
@@ -1818,10 +1660,9 @@ impl Node {
             .emit(&mut bytes);
         bytes.extend_from_slice(&msg);
         let key = (to.to, to.relay.map(|r| r.dst));
-        let cookie =
-            self.cookies.get(&key).filter(|(_, got)| now.duration_since(*got) < COOKIE_LIFETIME).map(|(c, _)| *c);
+        let cookie = self.gate.cookie(&key, now);
         let mut sealed = bytes.clone();
-        let mac1 = self.macs.seal(&mut sealed, cookie.as_ref());
+        let mac1 = self.gate.macs.seal(&mut sealed, cookie.as_ref());
         self.actions.push_back(to.send(sealed));
         self.pending_init
             .insert(local, PendingInit { initiator, target, to, started: now, msg: bytes, mac1, resent: false });
@@ -1857,13 +1698,13 @@ impl Node {
         let mut bytes = Vec::with_capacity(12 + msg.len() + 32);
         HandshakeHeader { kind, pattern, sender_index: sender, receiver_index: receiver }.emit(&mut bytes);
         bytes.extend_from_slice(msg);
-        self.macs.seal(&mut bytes, None);
+        self.gate.macs.seal(&mut bytes, None);
         self.actions.push_back(to.send(bytes));
     }
 
     fn send_reject(&mut self, to: &Dest, reject: RejectRepr) {
         let mut bytes = reject.emit().to_vec();
-        self.macs.seal(&mut bytes, None);
+        self.gate.macs.seal(&mut bytes, None);
         self.actions.push_back(to.send(bytes));
     }
 
@@ -1980,16 +1821,6 @@ fn reject_why(r: RejectReason) -> &'static str {
         RejectReason::AddressTaken => {
             "our overlay address already belongs to another member of the mesh (choose another --ipv4)"
         }
-    }
-}
-
-/// What a cookie is bound to: the source endpoint, or a relayed sender's node id and
-/// the relaying neighbour it came through (a cookie another member opened cannot be
-/// used through another neighbour).
-fn cookie_source(from: Endpoint, via: Option<NodeId>) -> Vec<u8> {
-    match via {
-        Some(v) => [&b"node "[..], &v.to_bytes(), b" via ", from.to_string().as_bytes()].concat(),
-        None => from.to_string().into_bytes(),
     }
 }
 
