@@ -578,7 +578,7 @@ impl Node {
             p.hello.ipv4 = rec.overlay;
             p.hello.ipv6 = rec.overlay6.map(|a| (a, self.cfg.handshake.hello.ipv6.map_or(64, |(_, q)| q)));
             p.hello.hostname.clone_from(&rec.hostname);
-            self.routes_dirty = true;
+            self.published.routes_dirty = true;
         }
         if !self.peers.contains_key(&key) && rec.overlay != self.cfg.handshake.hello.ipv4 && taken.is_none() {
             let ours = &self.cfg.handshake.hello;
@@ -609,7 +609,7 @@ impl Node {
     /// The mesh's timers: recompute paths, age records out, publish our record.
     pub(crate) fn drive_mesh(&mut self, now: Instant) {
         if self.mesh.refresh_paths(now, self.id, self.cfg.latency_first) {
-            self.routes_dirty = true;
+            self.published.routes_dirty = true;
         }
         let gone = self.mesh.expire(now, self.id);
         if !gone.is_empty() {
@@ -624,7 +624,7 @@ impl Node {
                     .is_some_and(|p| p.sessions.is_empty() && p.anchor() == Anchor::None && !p.has_queued())
                 {
                     self.peers.remove(&key);
-                    self.routes_dirty = true;
+                    self.published.routes_dirty = true;
                 }
             }
         }

@@ -363,6 +363,44 @@ enum Wake {
     Peer(PeerKey),
 }
 
+/// Handshakes not yet proven (nebula's pending table): nothing about them is acted on
+/// or shown until the peer proves the PSK; proven ones live in the peer table.
+#[derive(Default)]
+struct Pending {
+    /// Inits we sent, by our index.
+    init: BTreeMap<u32, PendingInit>,
+    /// XX responses we sent, waiting for the finish.
+    resp: BTreeMap<u32, PendingResp>,
+    /// Finished handshakes waiting for the peer's first authenticated packet.
+    held: BTreeMap<u32, Held>,
+}
+
+/// Counters and refusals the engine reports.
+#[derive(Default)]
+struct Report {
+    /// Refused inbound handshakes, most recent last.
+    inbound_failures: VecDeque<InboundFailure>,
+    /// Packets for members without a session dropped because too many were held.
+    queued_dropped: u64,
+    /// Handshakes that made a session (either side).
+    handshakes_completed: u64,
+    /// Handshakes that failed, by kind.
+    handshake_failures: BTreeMap<FailureKind, u64>,
+}
+
+/// What the engine last published to the data plane and the host.
+#[derive(Default)]
+pub(crate) struct Published {
+    /// Routes must be rebuilt and published at the end of this step.
+    pub(crate) routes_dirty: bool,
+    /// Held sessions changed: publish them without rebuilding every route.
+    pub(crate) held_dirty: bool,
+    /// The snapshot the pipelines read now.
+    pub(crate) last_snapshot: Option<Arc<RouteSnapshot>>,
+    /// Subnets routed into the TUN (last `InstallRoutes`).
+    pub(crate) installed_subnets: Vec<(IpAddr, u8)>,
+}
+
 /// The session engine.
 pub struct Node {
     pub(crate) cfg: Config,
@@ -373,12 +411,11 @@ pub struct Node {
     next_dial: usize,
     /// Every peer, with its indexes (node id, links, session owners, held packets).
     pub(crate) peers: PeerTable,
-    pending_init: BTreeMap<u32, PendingInit>,
-    pending_resp: BTreeMap<u32, PendingResp>,
-    held: BTreeMap<u32, Held>,
-    inbound_failures: VecDeque<InboundFailure>,
+    /// Handshakes not yet proven: nothing about them is acted on or shown.
+    pending: Pending,
     pub(crate) actions: VecDeque<Action>,
-    pub(crate) routes_dirty: bool,
+    /// What the last step published, and what must be published again.
+    pub(crate) published: Published,
     /// The member `--use-exit-node` matched instead of the pinned one, once warned of.
     pub(crate) exit_warned: Option<NodeId>,
     /// When each address may get the next punch (one a second, whoever asks).
@@ -389,17 +426,8 @@ pub struct Node {
     deadlines: Deadlines<Wake>,
     /// Peers whose deadline must be recomputed at the end of this step.
     touched: BTreeSet<PeerKey>,
-    /// Packets for members without a session dropped because too many were held.
-    queued_dropped: u64,
-    /// Handshakes that made a session (either side).
-    handshakes_completed: u64,
-    /// Handshakes that failed, by kind.
-    handshake_failures: BTreeMap<FailureKind, u64>,
-    /// Subnets routed into the TUN (last `InstallRoutes`).
-    pub(crate) installed_subnets: Vec<(IpAddr, u8)>,
-    /// Held sessions changed: publish them without rebuilding every route.
-    held_dirty: bool,
-    last_snapshot: Option<Arc<RouteSnapshot>>,
+    /// Counters and refusals for status.
+    report: Report,
     /// Handshake admission: MACs, source buckets, load, cookies.
     gate: Gate,
     /// The `now` of the last step (for calls that are not handed one).
@@ -434,23 +462,15 @@ impl Node {
             next_dial: dials.len(),
             dials,
             peers: PeerTable::default(),
-            pending_init: BTreeMap::new(),
-            pending_resp: BTreeMap::new(),
-            held: BTreeMap::new(),
-            inbound_failures: VecDeque::new(),
+            pending: Pending::default(),
             actions: VecDeque::new(),
-            routes_dirty: true,
+            published: Published { routes_dirty: true, ..Published::default() },
             exit_warned: None,
             punched: BTreeMap::new(),
             mesh: Mesh::new(),
             deadlines: Deadlines::default(),
             touched: BTreeSet::new(),
-            queued_dropped: 0,
-            handshakes_completed: 0,
-            handshake_failures: BTreeMap::new(),
-            installed_subnets: Vec::new(),
-            held_dirty: false,
-            last_snapshot: None,
+            report: Report::default(),
             gate: Gate::new(macs, secret),
             last_now: None,
         };
@@ -553,12 +573,12 @@ impl Node {
             conflicts: self.conflicts(),
             peers,
             dials,
-            inbound_failures: self.inbound_failures.iter().cloned().collect(),
+            inbound_failures: self.report.inbound_failures.iter().cloned().collect(),
             rejected_records: self.mesh.rejected_records,
             refused: self.refused_claims(),
-            queued_dropped: self.queued_dropped,
-            handshakes_completed: self.handshakes_completed,
-            handshake_failures: self.handshake_failures.clone(),
+            queued_dropped: self.report.queued_dropped,
+            handshakes_completed: self.report.handshakes_completed,
+            handshake_failures: self.report.handshake_failures.clone(),
             exit_offers: self.exit_offers(),
             exit: self.exit_status(),
         }
@@ -569,7 +589,7 @@ impl Node {
     pub fn set_local_networks(&mut self, networks: Vec<(IpAddr, u8)>) {
         if networks != self.cfg.local_networks {
             self.cfg.local_networks = networks;
-            self.routes_dirty = true;
+            self.published.routes_dirty = true;
             let now = self.last_now.unwrap_or(self.cfg.epoch);
             self.finish_step(now);
         }
@@ -618,7 +638,7 @@ impl Node {
         self.cfg.proxied = subnets;
         self.mesh.record_changed(now);
         self.deadlines.at_most(Wake::Mesh, now);
-        self.routes_dirty = true;
+        self.published.routes_dirty = true;
         self.finish_step(now);
     }
 
@@ -660,7 +680,7 @@ impl Node {
                 None => return Err(format!("no peer with node id {id}")),
             },
         };
-        self.pending_init.retain(|_, p| match p.target {
+        self.pending.init.retain(|_, p| match p.target {
             Target::Dial(i) => self.dials.contains_key(&i),
             Target::Peer(k) => Some(k) != key,
         });
@@ -674,7 +694,7 @@ impl Node {
                 p.error = Some("removed by the administrator".into());
                 p.driver = Driver::default();
                 self.peers.set_anchor(&key, Anchor::None);
-                self.routes_dirty = true;
+                self.published.routes_dirty = true;
                 self.mesh.record_changed(now);
                 self.touch(key);
             }
@@ -741,14 +761,14 @@ impl Node {
 
     /// The tables an admitted handshake would grow.
     fn tables(&self) -> Tables {
-        Tables { pending: self.pending_resp.len(), held: self.held.len() }
+        Tables { pending: self.pending.resp.len(), held: self.pending.held.len() }
     }
 
     /// A responder under load sent us a cookie for one of our inits: keep it for that
     /// destination and resend the init once with mac2.
     fn handle_cookie_reply(&mut self, now: Instant, bytes: &[u8]) {
         let Some(index) = MacKeys::cookie_reply_index(bytes) else { return };
-        let Some(p) = self.pending_init.get_mut(&index) else { return };
+        let Some(p) = self.pending.init.get_mut(&index) else { return };
         let Some(cookie) = self.gate.macs.open_cookie_reply(bytes, &p.mac1) else { return };
         let to = p.to;
         let resend = (!p.resent).then(|| {
@@ -771,7 +791,8 @@ impl Node {
             Ok(Responded::Pending(responder, msg)) => {
                 let local = self.new_index();
                 self.send_handshake(&back, MessageType::HandshakeResponse, hdr.pattern, local, hdr.sender_index, &msg);
-                self.pending_resp
+                self.pending
+                    .resp
                     .insert(local, PendingResp { responder, from, via, remote_index: hdr.sender_index, started: now });
                 self.deadlines.at_most(Wake::Handshakes, now + CONFIRM_TIMEOUT);
             }
@@ -801,7 +822,7 @@ impl Node {
         hdr: HandshakeHeader,
         noise: &[u8],
     ) {
-        let Some(p) = self.pending_init.remove(&hdr.receiver_index) else { return };
+        let Some(p) = self.pending.init.remove(&hdr.receiver_index) else { return };
         let back = Dest::reply(from, via, self.id);
         let pattern = p.initiator.pattern();
         match p.initiator.read_response(&self.cfg.handshake, noise) {
@@ -842,7 +863,7 @@ impl Node {
     }
 
     fn handle_finish(&mut self, now: Instant, from: Endpoint, hdr: HandshakeHeader, noise: &[u8]) {
-        let Some(p) = self.pending_resp.remove(&hdr.receiver_index) else { return };
+        let Some(p) = self.pending.resp.remove(&hdr.receiver_index) else { return };
         match p.responder.finish(noise) {
             Err(e) => self.refuse_inbound(now, Dest::reply(from, p.via, self.id), p.remote_index, &e),
             Ok(done) => {
@@ -855,21 +876,22 @@ impl Node {
 
     fn handle_reject(&mut self, now: Instant, from: Endpoint, r: RejectRepr) {
         let why = reject_why(r.reason);
-        let ours = self.pending_init.contains_key(&r.receiver_index) || self.held.contains_key(&r.receiver_index);
+        let ours =
+            self.pending.init.contains_key(&r.receiver_index) || self.pending.held.contains_key(&r.receiver_index);
         if ours && r.reason == RejectReason::AddressTaken && self.cfg.dynamic.is_some() {
             // Our --dhcp address is held by another member: move, and let the retry
             // find us elsewhere.
             self.move_address(now, None);
         }
-        if let Some(p) = self.pending_init.remove(&r.receiver_index) {
+        if let Some(p) = self.pending.init.remove(&r.receiver_index) {
             let msg = format!("peer {from} rejected our handshake: {why}");
             warn!("{msg}");
             self.handshake_failed(now, p.target, msg, FailureKind::Rejected);
             return;
         }
         // A reject for a session still waiting for its confirmation.
-        if let Some(h) = self.held.remove(&r.receiver_index) {
-            self.held_dirty = true;
+        if let Some(h) = self.pending.held.remove(&r.receiver_index) {
+            self.published.held_dirty = true;
             match h.target {
                 Some(target) => {
                     let msg = format!("peer {from} rejected our handshake: {why}");
@@ -887,7 +909,7 @@ impl Node {
             return;
         }
         // An XX handshake we answered, refused by the initiator before its finish.
-        if r.reason == RejectReason::AddressTaken && self.pending_resp.remove(&r.receiver_index).is_some() {
+        if r.reason == RejectReason::AddressTaken && self.pending.resp.remove(&r.receiver_index).is_some() {
             warn!(peer = %from, "handshake refused: {why}");
             self.record_inbound_failure(
                 now,
@@ -921,8 +943,8 @@ impl Node {
     }
 
     fn handle_confirmed(&mut self, now: Instant, local_index: u32) {
-        if let Some(h) = self.held.remove(&local_index) {
-            self.held_dirty = true;
+        if let Some(h) = self.pending.held.remove(&local_index) {
+            self.published.held_dirty = true;
             self.promote(now, h);
             return;
         }
@@ -931,7 +953,7 @@ impl Node {
         {
             debug!(peer = %peer.id, local_index, "session confirmed");
             peer.error = None;
-            self.routes_dirty = true;
+            self.published.routes_dirty = true;
             self.flush_queued(now, key);
             self.touch(key);
         }
@@ -943,26 +965,26 @@ impl Node {
         // The member it is for: from the snapshot the pipeline looked at, or (when a
         // session came up meanwhile, e.g. this is the answer to the packet that made
         // it) from the route the current snapshot has for it.
-        let Some(snap) = self.last_snapshot.clone() else { return };
+        let Some(snap) = self.published.last_snapshot.clone() else { return };
         let key = match snap.demand_for(dst) {
             Some(d) => self.peers.key_of(&NodeId::from_bytes(d.node)),
             None => snap.route_for(dst).and_then(|r| self.key_of_session(r.session.local_index)),
         };
         let Some(key) = key else {
-            self.queued_dropped += 1;
+            self.report.queued_dropped += 1;
             return;
         };
         let Some(p) = self.peers.get_mut(&key) else { return };
         if p.is_up() {
             // The session came up since the pipeline looked.
             if !self.send_sealed(&key, packet, 0, now) {
-                self.queued_dropped += 1;
+                self.report.queued_dropped += 1;
             }
             return;
         }
         p.wanted_until = Some(now + WANTED_FOR);
         if !self.peers.queue(&key, packet, MAX_QUEUED_PER_PEER, MAX_QUEUED) {
-            self.queued_dropped += 1;
+            self.report.queued_dropped += 1;
         }
         let Some(p) = self.peers.get(&key) else { return };
         if p.driver.in_flight.is_none() && p.driver.next_attempt.is_none_or(|t| now >= t) {
@@ -981,14 +1003,14 @@ impl Node {
         let packets = self.peers.take_queued(&key);
         for pkt in &packets {
             if !self.send_sealed(&key, pkt, 0, now) {
-                self.queued_dropped += 1;
+                self.report.queued_dropped += 1;
             }
         }
     }
 
     /// Drops the packets held for a peer (its handshake failed).
     fn drop_queued(&mut self, key: PeerKey) {
-        self.queued_dropped += self.peers.take_queued(&key).len() as u64;
+        self.report.queued_dropped += self.peers.take_queued(&key).len() as u64;
     }
 
     // ----- sessions -----
@@ -1047,12 +1069,12 @@ impl Node {
         } else {
             // Nothing about an unproven peer is acted on or shown: no route, no status
             // row, no --dhcp move, until its first authenticated packet.
-            if self.held.len() >= MAX_HELD {
+            if self.pending.held.len() >= MAX_HELD {
                 self.gate.count_state_full();
                 return;
             }
-            self.held.insert(local, held);
-            self.held_dirty = true;
+            self.pending.held.insert(local, held);
+            self.published.held_dirty = true;
             self.deadlines.at_most(Wake::Handshakes, now + HELD_TIMEOUT);
         }
     }
@@ -1087,7 +1109,7 @@ impl Node {
         let id = key.id();
         if let Some(why) = self.claim_refused(&key, hello.ipv4, from, via) {
             self.refuse_claim(now, Dest::reply(from, via, self.id), entry.session.remote_index, target, why);
-            self.routes_dirty = true;
+            self.published.routes_dirty = true;
             return;
         }
         // A node that came back with a new key at the same endpoint replaces its old entry:
@@ -1150,7 +1172,7 @@ impl Node {
             peer.path.lose_direct();
         }
         info!(peer = %id, addr = %peer.hello.ipv4, %from, relayed = via.is_some(), initiator = entry.initiator, "session established");
-        self.handshakes_completed += 1;
+        self.report.handshakes_completed += 1;
         peer.sessions.insert(0, entry);
         peer.sessions.truncate(MAX_SESSIONS);
         peer.last_handshake = Some(now);
@@ -1160,7 +1182,7 @@ impl Node {
         // A new session counts as traffic: it is not retired before it had a chance.
         peer.activity.touch(now);
         let link = peer.is_link(now);
-        self.routes_dirty = true;
+        self.published.routes_dirty = true;
         self.mesh.record_changed(now);
         if link && !was_link {
             // A new link: compare tables (the neighbour pulls what it lacks).
@@ -1261,21 +1283,21 @@ impl Node {
 
     /// Counts a failed handshake by kind (monotonic, for metrics).
     fn count_failure(&mut self, kind: FailureKind) {
-        *self.handshake_failures.entry(kind).or_default() += 1;
+        *self.report.handshake_failures.entry(kind).or_default() += 1;
     }
 
     fn record_inbound_failure(&mut self, now: Instant, from: Endpoint, reason: String, kind: FailureKind) {
         self.count_failure(kind);
-        if let Some(f) = self.inbound_failures.iter_mut().find(|f| f.from == from) {
+        if let Some(f) = self.report.inbound_failures.iter_mut().find(|f| f.from == from) {
             f.count += 1;
             f.last = now;
             f.reason = reason;
             f.kind = kind;
         } else {
-            if self.inbound_failures.len() == MAX_INBOUND_FAILURES {
-                self.inbound_failures.pop_front();
+            if self.report.inbound_failures.len() == MAX_INBOUND_FAILURES {
+                self.report.inbound_failures.pop_front();
             }
-            self.inbound_failures.push_back(InboundFailure { from, reason, kind, count: 1, last: now });
+            self.report.inbound_failures.push_back(InboundFailure { from, reason, kind, count: 1, last: now });
         }
     }
 
@@ -1308,13 +1330,14 @@ impl Node {
 
     fn expire_pending(&mut self, now: Instant) {
         let timed_out: Vec<u32> = self
-            .pending_init
+            .pending
+            .init
             .iter()
             .filter(|(_, p)| now.duration_since(p.started) >= self.handshake_timeout(p.target))
             .map(|(i, _)| *i)
             .collect();
         for i in timed_out {
-            if let Some(p) = self.pending_init.remove(&i) {
+            if let Some(p) = self.pending.init.remove(&i) {
                 // A member drops handshakes whose MAC is not keyed by its PSK without
                 // a word, so silence is also what a wrong network secret looks like.
                 let hint = " (unreachable, not running, or its network name or secret differs: members drop \
@@ -1328,16 +1351,17 @@ impl Node {
                 );
             }
         }
-        self.pending_resp.retain(|_, p| now.duration_since(p.started) < CONFIRM_TIMEOUT);
+        self.pending.resp.retain(|_, p| now.duration_since(p.started) < CONFIRM_TIMEOUT);
         let unconfirmed: Vec<u32> = self
+            .pending
             .held
             .iter()
             .filter(|(_, h)| now.duration_since(h.entry.created) >= HELD_TIMEOUT)
             .map(|(i, _)| *i)
             .collect();
         for i in unconfirmed {
-            let Some(h) = self.held.remove(&i) else { continue };
-            self.held_dirty = true;
+            let Some(h) = self.pending.held.remove(&i) else { continue };
+            self.published.held_dirty = true;
             let msg = match h.problem {
                 Some((problem, _)) => format!("{problem} (the peer never proved the network secret)"),
                 None => format!("peer {} never confirmed the session (network secret differs?)", h.from),
@@ -1348,11 +1372,12 @@ impl Node {
             }
         }
         let next = self
-            .pending_init
+            .pending
+            .init
             .values()
             .map(|p| p.started + self.handshake_timeout(p.target))
-            .chain(self.pending_resp.values().map(|p| p.started + CONFIRM_TIMEOUT))
-            .chain(self.held.values().map(|h| h.entry.created + HELD_TIMEOUT))
+            .chain(self.pending.resp.values().map(|p| p.started + CONFIRM_TIMEOUT))
+            .chain(self.pending.held.values().map(|h| h.entry.created + HELD_TIMEOUT))
             .min();
         self.deadlines.set(Wake::Handshakes, next);
     }
@@ -1360,13 +1385,14 @@ impl Node {
     /// Fails every handshake we sent straight to `endpoint` (its connection is gone).
     pub(crate) fn fail_handshakes_to(&mut self, now: Instant, endpoint: Endpoint, error: &str) {
         let gone: Vec<u32> = self
-            .pending_init
+            .pending
+            .init
             .iter()
             .filter(|(_, p)| p.to.relay.is_none() && p.to.to == endpoint)
             .map(|(i, _)| *i)
             .collect();
         for i in gone {
-            if let Some(p) = self.pending_init.remove(&i) {
+            if let Some(p) = self.pending.init.remove(&i) {
                 self.handshake_failed(
                     now,
                     p.target,
@@ -1494,7 +1520,7 @@ impl Node {
             }
         });
         if peer.sessions.len() != before {
-            self.routes_dirty = true;
+            self.published.routes_dirty = true;
         }
         let kept = peer.anchor() != Anchor::None;
         let Some(tx) = peer.tx().cloned() else {
@@ -1507,7 +1533,7 @@ impl Node {
             } else if !in_flight && self.forgettable(&key, now) {
                 info!(peer = %key.id(), "forgetting silent peer");
                 self.peers.remove(&key);
-                self.routes_dirty = true;
+                self.published.routes_dirty = true;
             }
             return;
         };
@@ -1524,7 +1550,7 @@ impl Node {
             if !kept {
                 peer.path.lose_direct();
             }
-            self.routes_dirty = true;
+            self.published.routes_dirty = true;
             self.mesh.record_changed(now);
             if self.peers.get(&key).is_some_and(|p| self.wants_session(p, now)) {
                 self.handshake_with(now, key);
@@ -1536,7 +1562,7 @@ impl Node {
             peer.sessions.clear();
             peer.path.lose_direct();
             peer.wanted_until = None;
-            self.routes_dirty = true;
+            self.published.routes_dirty = true;
             return;
         }
         let active = kept || peer.activity.active(now, ACTIVE_WINDOW);
@@ -1664,7 +1690,8 @@ impl Node {
         let mut sealed = bytes.clone();
         let mac1 = self.gate.macs.seal(&mut sealed, cookie.as_ref());
         self.actions.push_back(to.send(sealed));
-        self.pending_init
+        self.pending
+            .init
             .insert(local, PendingInit { initiator, target, to, started: now, msg: bytes, mac1, resent: false });
         self.deadlines.at_most(Wake::Handshakes, now + self.handshake_timeout(target));
         if let Target::Peer(k) = target {
@@ -1681,7 +1708,7 @@ impl Node {
             },
         };
         if let Some(old) = driver.in_flight.replace(local) {
-            self.pending_init.remove(&old);
+            self.pending.init.remove(&old);
         }
         debug!(to = %to.to, relayed = to.relay.is_some(), ?pattern, local, "handshake started");
     }
@@ -1710,16 +1737,16 @@ impl Node {
 
     /// Sessions waiting for their peer's proof of the PSK (receive only).
     pub(crate) fn held_sessions(&self) -> Vec<Arc<Session>> {
-        self.held.values().map(|h| h.entry.session.clone()).collect()
+        self.pending.held.values().map(|h| h.entry.session.clone()).collect()
     }
 
     fn new_index(&mut self) -> u32 {
         loop {
             let i = self.rng.next_u32();
             let used = i == 0
-                || self.pending_init.contains_key(&i)
-                || self.pending_resp.contains_key(&i)
-                || self.held.contains_key(&i)
+                || self.pending.init.contains_key(&i)
+                || self.pending.resp.contains_key(&i)
+                || self.pending.held.contains_key(&i)
                 || self.key_of_session(i).is_some();
             if !used {
                 return i;
@@ -1730,7 +1757,7 @@ impl Node {
     pub(crate) fn finish_step(&mut self, now: Instant) {
         self.last_now = Some(now);
         // Clear in-flight markers whose handshake is gone (confirmed, failed or expired).
-        let busy = |i: u32| self.pending_init.contains_key(&i) || self.held.contains_key(&i);
+        let busy = |i: u32| self.pending.init.contains_key(&i) || self.pending.held.contains_key(&i);
         for d in self.dials.values_mut() {
             if d.driver.in_flight.is_some_and(|i| !busy(i)) {
                 d.driver.in_flight = None;
@@ -1760,31 +1787,31 @@ impl Node {
             let at = self.peer_deadline(&k, now);
             self.deadlines.set(Wake::Peer(k), at);
         }
-        if !self.routes_dirty
-            && self.held_dirty
-            && let Some(last) = &self.last_snapshot
+        if !self.published.routes_dirty
+            && self.published.held_dirty
+            && let Some(last) = &self.published.last_snapshot
         {
             // Only the held table changed: share every route with the last snapshot.
             let snap = Arc::new(last.with_held(self.held_sessions()));
-            self.held_dirty = false;
-            self.last_snapshot = Some(snap.clone());
+            self.published.held_dirty = false;
+            self.published.last_snapshot = Some(snap.clone());
             // Before this step's datagrams: an answer to them (the first data packet
             // of a session we just made) must find the session in the pipelines.
             self.publish(snap);
         }
-        if self.routes_dirty || self.held_dirty {
+        if self.published.routes_dirty || self.published.held_dirty {
             // Records came or went: pin --use-exit-node to its first match, or say
             // that another member matches now (once per step, not per record).
             self.pin_exit();
-            self.routes_dirty = false;
-            self.held_dirty = false;
+            self.published.routes_dirty = false;
+            self.published.held_dirty = false;
             self.peers.index_sessions();
             let snap = Arc::new(self.snapshot());
-            self.last_snapshot = Some(snap.clone());
+            self.published.last_snapshot = Some(snap.clone());
             self.publish(snap);
             let subnets = self.proxied_routes();
-            if subnets != self.installed_subnets {
-                self.installed_subnets = subnets.clone();
+            if subnets != self.published.installed_subnets {
+                self.published.installed_subnets = subnets.clone();
                 self.actions.push_back(Action::InstallRoutes(subnets));
             }
         }

@@ -114,7 +114,7 @@ impl Node {
         p.path.go_direct(from, now);
         p.punch = Driver::default();
         self.mesh.record_changed(now);
-        self.routes_dirty = true;
+        self.published.routes_dirty = true;
         if p.is_link(now) {
             self.send_summary(now, key);
         }
@@ -141,7 +141,7 @@ impl Node {
             info!(peer = %p.id, "direct path silent; falling back to relay");
             p.path.lose_direct();
             self.mesh.record_changed(now);
-            self.routes_dirty = true;
+            self.published.routes_dirty = true;
             return;
         }
         let stale = p.path_stale(now, stale_after);
@@ -323,7 +323,7 @@ impl Node {
         // (Not the exit's /0: policy routing keeps our own sockets out of the tunnel.)
         within(IpAddr::V4(hello.ipv4), hello.prefix)
             || hello.ipv6.is_some_and(|(a, p)| within(IpAddr::V6(a), p))
-            || self.installed_subnets.iter().any(|s| s.1 != 0 && within(s.0, s.1))
+            || self.published.installed_subnets.iter().any(|s| s.1 != 0 && within(s.0, s.1))
     }
 
     /// Seals a control message on the peer's session and sends it along its path.
@@ -612,7 +612,7 @@ impl Node {
         info!(old = %ours, new = %new, "overlay address taken by another member; moving");
         self.cfg.handshake.hello.ipv4 = new;
         self.mesh.record_changed(now);
-        self.routes_dirty = true;
+        self.published.routes_dirty = true;
         self.actions.push_back(crate::node::Action::SetAddress { old: ours, new, prefix });
         // Peers learn the new address through a new handshake (the hello carries it).
         let keys: Vec<PeerKey> = self.peers.values().filter(|p| p.is_up()).map(|p| p.key).collect();
@@ -711,7 +711,7 @@ impl Node {
         self.cfg.names.pin_exit(&wanted, id);
         self.exit_warned = None;
         self.actions.push_back(crate::node::Action::SaveNames(self.cfg.names.clone()));
-        self.routes_dirty = true;
+        self.published.routes_dirty = true;
         self.finish_step(now);
         warn!(exit = %wanted, node = %id, "exit accepted: --use-exit-node now pinned to member {id}");
         Ok(format!("--use-exit-node {wanted} now uses member {id}"))
@@ -743,7 +743,7 @@ impl Node {
     pub(crate) fn exit_status(&self) -> Option<crate::status::ExitStatus> {
         let wanted = self.cfg.use_exit.clone()?;
         let node = self.exit_node().map(|r| (r.node(), r.hostname.clone()));
-        let routing = self.installed_subnets.contains(&DEFAULT_ROUTE);
+        let routing = self.published.installed_subnets.contains(&DEFAULT_ROUTE);
         let known = self.named_exit().next().is_some();
         let pinned = self.cfg.names.exit_pin(&wanted);
         let changed_to = self.exit_changed().map(|r| (r.node(), r.hostname.clone()));
