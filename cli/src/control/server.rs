@@ -2,7 +2,7 @@
 //! more kept for admins), one request line of at most 64 KiB each within 5 s. Reading
 //! needs access to the socket; changing the node needs root or the admin group
 //! ([`crate::control::access`]). What a request means is the daemon's business: the
-//! server parses it, checks who asks, lets the daemon [`Prepare`] it off the loop and
+//! server parses it, checks who asks, lets the daemon `Prepare` it off the loop and
 //! hands it over with a place for the reply.
 
 use std::future::Future;

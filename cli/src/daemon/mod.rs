@@ -53,7 +53,7 @@ pub struct Reloadable {
 }
 
 /// Runs a node until SIGINT or SIGTERM: each step of the start is a function of
-/// [`start`], in the order they run.
+/// `daemon::start`, in the order they run.
 pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
     weft_datapath::transport::limit_malloc_arenas();
     crate::config::secret::warn_if_weak(&cfg.network_secret.0);
