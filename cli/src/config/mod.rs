@@ -193,210 +193,37 @@ pub struct NodeConfig {
 impl NodeConfig {
     /// Merges flags (which already include the environment) over the file over defaults.
     pub fn resolve(args: &UpArgs) -> Result<Self, UsageError> {
-        let file = match &args.config {
+        let mut file = match &args.config {
             Some(p) => FileConfig::load(p)?,
             None => FileConfig::default(),
         };
-        let network_name = args
-            .network_name
-            .clone()
-            .or(file.network_name)
-            .ok_or_else(|| UsageError("missing network name: pass --network-name NAME".into()))?;
-        if network_name.is_empty() || network_name.len() > 64 {
-            return usage(format!("invalid network name {network_name:?}: 1 to 64 bytes"));
-        }
-        let secret = args.network_secret.clone().or(file.network_secret).ok_or_else(|| {
-            UsageError("missing network secret: set WEFT_NETWORK_SECRET, pass --network-secret, or put network-secret in the config file".into())
-        })?;
-        if secret.0.is_empty() {
-            return usage("invalid network secret: it is empty");
-        }
-        let dhcp_wanted = args.dhcp || file.dhcp.unwrap_or(false);
-        let static_addr = args.ipv4.clone().or(file.ipv4);
-        let (ipv4, dhcp) = match (static_addr, dhcp_wanted) {
-            (Some(a), false) => (a.parse::<Ipv4Net>()?, None),
-            (Some(a), true) => return usage(format!("-i {a} and --dhcp exclude each other: pick one")),
-            (None, true) => {
-                // The address is picked from the range once the node key is known.
-                let range = Ipv4Net { addr: Ipv4Addr::new(10, 126, 126, 0), prefix: 24 };
-                (range, Some(range))
-            }
-            (None, false) => {
-                return usage(
-                    "missing overlay address: pass -i/--ipv4 ADDR/PREFIX (e.g. -i 10.126.126.2/24) or --dhcp",
-                );
-            }
-        };
-        let no_ipv6 = args.no_ipv6 || file.no_ipv6.unwrap_or(false);
-        let ipv6 = match (args.ipv6.clone().or(file.ipv6), no_ipv6) {
-            (Some(a), true) => return usage(format!("--ipv6 {a} and --no-ipv6 exclude each other: pick one")),
-            (Some(a), false) => {
-                let (addr, prefix) = parse_ipv6(&a)?;
-                Ipv6Overlay::Given(addr, prefix)
-            }
-            (None, true) => Ipv6Overlay::Off,
-            (None, false) => Ipv6Overlay::Derived,
-        };
-        let mut listen_uris = if args.listen.is_empty() { file.listen } else { args.listen.clone() };
-        if listen_uris.is_empty() {
-            listen_uris = default_listeners();
-        }
-        let mut listeners: Vec<Endpoint> = Vec::new();
-        for l in &listen_uris {
-            let ep = l.parse::<PeerUri>()?.resolve()?;
-            if listeners.iter().any(|e| e.proto == ep.proto) {
-                return usage(format!("extra listener {l:?}: one listener per transport"));
-            }
-            listeners.push(ep);
-        }
-        let tls = match (args.tls_cert.clone().or(file.tls_cert), args.tls_key.clone().or(file.tls_key)) {
-            (Some(c), Some(k)) => Some((c, k)),
-            (None, None) => None,
-            _ => return usage("--tls-cert and --tls-key go together: give both or neither"),
-        };
-        if tls.is_some() && !listeners.iter().any(|l| matches!(l.proto, Proto::Wss | Proto::Quic)) {
-            return usage("--tls-cert and --tls-key serve wss:// and quic:// listeners, and none is configured");
-        }
-        let max_connections = match args.max_connections.or(file.max_connections) {
-            Some(0) => return usage("invalid --max-connections 0: need at least one"),
-            Some(n) => n,
-            None => 256,
-        };
-        let peer_uris = if args.peer.is_empty() { file.peer } else { args.peer.clone() };
+        let file = &mut file;
+        let (network_name, secret) = network(args, file)?;
+        let (ipv4, dhcp, ipv6) = addresses(args, file)?;
+        let (listeners, tls, max_connections) = listening(args, file)?;
+        let peer_uris = if args.peer.is_empty() { std::mem::take(&mut file.peer) } else { args.peer.clone() };
         let peers = peer_uris.iter().map(|p| p.parse()).collect::<Result<Vec<PeerUri>, _>>()?;
-        let cipher = match args.cipher.clone().or(file.cipher) {
+        let cipher = match args.cipher.clone().or_else(|| file.cipher.take()) {
             Some(c) => c.parse::<Cipher>().map_err(|e| UsageError(format!("invalid --cipher: {e}")))?,
             None => Cipher::default(),
         };
-        let threads = match args.threads.or(file.threads) {
-            Some(0) => return usage("invalid --threads 0: need at least one pipeline"),
-            Some(n) if n > 64 => return usage(format!("invalid --threads {n}: at most 64")),
-            Some(n) => n,
-            None => std::thread::available_parallelism().map_or(1, |n| n.get()).min(8),
-        };
-        let dev_name_given = args.dev_name.is_some() || file.dev_name.is_some();
-        let dev_name = args.dev_name.clone().or(file.dev_name).unwrap_or_else(|| "weft0".into());
-        if dev_name.is_empty() || dev_name.len() > 15 || dev_name.contains(['/', ' ']) {
-            return usage(format!("invalid --dev-name {dev_name:?}: 1 to 15 characters, no '/' or spaces"));
-        }
-        let mtu = args.mtu.or(file.mtu).unwrap_or(1420);
-        if !(576..=9000).contains(&mtu) {
-            return usage(format!("invalid --mtu {mtu}: expected 576 to 9000"));
-        }
-        let hostname = args.hostname.clone().or(file.hostname).unwrap_or_else(system_hostname);
+        let (threads, dev_name, dev_name_given, mtu) = device(args, file)?;
+        let hostname = args.hostname.clone().or_else(|| file.hostname.take()).unwrap_or_else(system_hostname);
         if hostname.chars().any(char::is_control) {
             return usage(format!("invalid --hostname {hostname:?}: control characters are not allowed"));
         }
-        let admin_group =
-            args.admin_group.clone().or(file.admin_group).unwrap_or_else(|| crate::control::access::ADMIN_GROUP.into());
+        let admin_group = args
+            .admin_group
+            .clone()
+            .or_else(|| file.admin_group.take())
+            .unwrap_or_else(|| crate::control::access::ADMIN_GROUP.into());
         if admin_group.is_empty() || admin_group.contains([':', '\n']) {
             return usage(format!("invalid --admin-group {admin_group:?}: expected a group name"));
         }
-        let proxy_networks =
-            proxy_networks(if args.proxy_network.is_empty() { &file.proxy_network } else { &args.proxy_network })?;
-        // (IPv4 subnets that overlap the overlay are refused by every member that
-        // receives them, and said so in their status.)
-        if let Ipv6Overlay::Given(a, p) = ipv6 {
-            let o = IpNet { addr: IpAddr::V6(a), prefix: p }.network();
-            if let Some(n) = proxy_networks.iter().find(|n| n.overlaps(o)) {
-                return usage(format!(
-                    "--proxy-network {n} overlaps the overlay network {o}: a proxied subnet must lie outside it"
-                ));
-            }
-        }
-        let portal_net = args.wg_portal_net.clone().or(file.wg_portal_net);
-        let portal_endpoint = args.wg_portal_endpoint.clone().or(file.wg_portal_endpoint);
-        let wg_portal = match args.wg_portal.clone().or(file.wg_portal) {
-            Some(listen) => Some(crate::services::portal::PortalConfig::parse(
-                &listen,
-                portal_net.as_deref(),
-                portal_endpoint.as_deref(),
-                ipv4,
-                &proxy_networks,
-            )?),
-            None if portal_net.is_some() || portal_endpoint.is_some() => {
-                return usage("--wg-portal-net and --wg-portal-endpoint need --wg-portal udp://ADDR:PORT");
-            }
-            None => None,
-        };
-        if let Some(p) = &wg_portal {
-            let clash = listeners.iter().find(|l| {
-                l.proto == Proto::Udp
-                    && l.addr.port() == p.listen.port()
-                    && (l.addr.ip() == p.listen.ip() || l.addr.ip().is_unspecified() || p.listen.ip().is_unspecified())
-            });
-            if let Some(l) = clash {
-                return usage(format!(
-                    "--wg-portal udp://{} would share the port of the listener {l}: give the portal a port of its own (WireGuard's usual one is 51820)",
-                    p.listen
-                ));
-            }
-        }
-        let exit_node = args.exit_node || file.exit_node.unwrap_or(false);
-        let use_exit = args.use_exit_node.clone().or(file.use_exit_node);
-        if let Some(e) = &use_exit {
-            if exit_node {
-                return usage("--exit-node and --use-exit-node: a node is an exit or uses one, not both".to_owned());
-            }
-            if e.trim().is_empty() || e.chars().any(|c| c.is_control() || c.is_whitespace()) {
-                return usage(format!("invalid --use-exit-node {e:?}: give a member's host name or node id"));
-            }
-            if e.eq_ignore_ascii_case(&hostname) {
-                return usage(format!("--use-exit-node {e:?} names this node (its host name); name another member"));
-            }
-        }
-        let exit_allow_lan = args.exit_allow_lan || file.exit_allow_lan.unwrap_or(false);
-        if exit_allow_lan && !exit_node {
-            return usage("--exit-allow-lan (exit-allow-lan = true) needs --exit-node".to_owned());
-        }
-        let exit_fallback = args.exit_fallback || file.exit_fallback.unwrap_or(false);
-        if exit_fallback && use_exit.is_none() {
-            return usage("--exit-fallback needs --use-exit-node".to_owned());
-        }
-        let dns_off = args.no_magic_dns || file.magic_dns == Some(false);
-        if dns_off && (args.accept_dns || file.accept_dns == Some(true)) {
-            return usage("--accept-dns needs Magic DNS, which --no-magic-dns (magic-dns = false) turns off");
-        }
-        if dns_off && (args.dns_domain.is_some() || file.dns_domain.is_some()) {
-            return usage("--dns-domain needs Magic DNS, which --no-magic-dns (magic-dns = false) turns off");
-        }
-        let dns_domain = if dns_off {
-            None
-        } else {
-            match args.dns_domain.clone().or(file.dns_domain) {
-                Some(d) => Some(crate::services::dns::parse_domain(&d).map_err(UsageError)?),
-                None => Some(crate::services::dns::default_domain(&network_name)),
-            }
-        };
-        let no_tun = args.no_tun || file.no_tun.unwrap_or(false);
-        let socks5 = match args.socks5.clone().or(file.socks5) {
-            Some(a) => Some(
-                a.parse::<SocketAddr>()
-                    .or_else(|_| usage(format!("invalid --socks5 {a:?}: expected ADDR:PORT such as 127.0.0.1:1080")))?,
-            ),
-            None => None,
-        };
-        let socks5_auth = match args.socks5_auth.clone().or(file.socks5_auth) {
-            Some(a) => match a.0.split_once(':') {
-                Some((u, p)) if (1..=255).contains(&u.len()) && (1..=255).contains(&p.len()) => {
-                    Some((u.to_owned(), Secret(p.to_owned())))
-                }
-                _ => return usage("invalid --socks5-auth: expected USER:PASSWORD, each 1 to 255 bytes"),
-            },
-            None => None,
-        };
-        if socks5_auth.is_some() && socks5.is_none() {
-            return usage("--socks5-auth needs --socks5 ADDR:PORT");
-        }
-        let forward_specs = if args.forward.is_empty() { &file.forward } else { &args.forward };
-        let forwards = forward_specs.iter().map(|f| parse_forward(f)).collect::<Result<Vec<_>, _>>()?;
-        let expose_specs = if args.expose.is_empty() { &file.expose } else { &args.expose };
-        let exposes = expose_specs.iter().map(|e| parse_expose(e)).collect::<Result<Vec<_>, _>>()?;
-        for (i, e) in exposes.iter().enumerate() {
-            if exposes[..i].iter().any(|o| o.proto == e.proto && o.port == e.port) {
-                return usage(format!("--expose {e}: overlay port {}/{} is exposed twice", e.port, e.proto));
-            }
-        }
+        let (proxy_networks, wg_portal) = subnets_and_portal(args, file, ipv4, ipv6, &listeners)?;
+        let (exit_node, use_exit, exit_allow_lan, exit_fallback) = exit(args, file, &hostname)?;
+        let dns_domain = magic_dns(args, file, &network_name)?;
+        let (no_tun, socks5, socks5_auth, forwards, exposes) = userspace(args, file)?;
         if no_tun {
             let tun_only = [
                 ("--dev-name", dev_name_given),
@@ -417,6 +244,7 @@ impl NodeConfig {
         {
             return usage(format!("{flag} needs --no-tun (with a TUN device, local programs reach the mesh directly)"));
         }
+
         // One pipeline feeds the userspace stack (it is one thread itself).
         let threads = if no_tun { 1 } else { threads };
         Ok(Self {
@@ -437,38 +265,22 @@ impl NodeConfig {
             threads,
             dev_name,
             mtu,
-            control: args.control.clone().or(file.control).unwrap_or_else(args::default_control),
+            control: args.control.clone().or_else(|| file.control.take()).unwrap_or_else(args::default_control),
             admin_group,
-            state_dir: args.state_dir.clone().or(file.state_dir).unwrap_or_else(args::default_state_dir),
+            state_dir: args.state_dir.clone().or_else(|| file.state_dir.take()).unwrap_or_else(args::default_state_dir),
             hostname,
-            offload: {
-                let all_off = args.no_offload || file.no_offload.unwrap_or(false);
-                OffloadWanted {
-                    tun: !(all_off || args.no_tun_offload || file.no_tun_offload.unwrap_or(false)),
-                    udp_gso: !(all_off || args.no_udp_gso || file.no_udp_gso.unwrap_or(false)),
-                    udp_gro: !(all_off || args.no_udp_gro || file.no_udp_gro.unwrap_or(false)),
-                }
-            },
+            offload: offloads(args, file),
             pin: args.pin || file.pin.unwrap_or(false),
             latency_first: args.latency_first || file.latency_first.unwrap_or(false),
             accept_wide_subnets: args.accept_wide_subnets || file.accept_wide_subnets.unwrap_or(false),
             lan_discovery: args.lan_discovery || file.lan_discovery.unwrap_or(false),
             dhcp,
             proxy_networks,
-            rekey_after: match args.rekey_after.unwrap_or(120) {
-                // The responder rekeys at 1.25x; keys are refused after 180 s.
-                s @ 1..=140 => std::time::Duration::from_secs(s),
-                s => return usage(format!("--rekey-after {s}: must be 1 to 140 seconds (keys expire after 180 s)")),
-            },
+            rekey_after: rekey_after(args)?,
             wg_portal,
-            log_level: file.log_level,
-            log_format: file.log_format,
-            metrics: match args.metrics.clone().or(file.metrics) {
-                Some(m) => Some(m.parse().or_else(|_| {
-                    usage(format!("invalid --metrics {m:?}: expected ADDR:PORT such as 127.0.0.1:9108"))
-                })?),
-                None => None,
-            },
+            log_level: file.log_level.take(),
+            log_format: file.log_format.take(),
+            metrics: metrics(args, file)?,
             dns_domain,
             exit_node,
             exit_allow_lan,
@@ -477,6 +289,279 @@ impl NodeConfig {
             accept_dns: args.accept_dns || file.accept_dns.unwrap_or(false),
         })
     }
+}
+
+/// Which offloads the user allows (all on unless switched off).
+fn offloads(args: &UpArgs, file: &FileConfig) -> OffloadWanted {
+    let all_off = args.no_offload || file.no_offload.unwrap_or(false);
+    OffloadWanted {
+        tun: !(all_off || args.no_tun_offload || file.no_tun_offload.unwrap_or(false)),
+        udp_gso: !(all_off || args.no_udp_gso || file.no_udp_gso.unwrap_or(false)),
+        udp_gro: !(all_off || args.no_udp_gro || file.no_udp_gro.unwrap_or(false)),
+    }
+}
+
+/// `--rekey-after` (a flag only): the responder rekeys at 1.25x, keys are refused
+/// after 180 s.
+fn rekey_after(args: &UpArgs) -> Result<std::time::Duration, UsageError> {
+    match args.rekey_after.unwrap_or(120) {
+        s @ 1..=140 => Ok(std::time::Duration::from_secs(s)),
+        s => usage(format!("--rekey-after {s}: must be 1 to 140 seconds (keys expire after 180 s)")),
+    }
+}
+
+/// The `/metrics` address, if any.
+fn metrics(args: &UpArgs, file: &mut FileConfig) -> Result<Option<SocketAddr>, UsageError> {
+    match args.metrics.clone().or_else(|| file.metrics.take()) {
+        Some(m) => Ok(Some(
+            m.parse()
+                .or_else(|_| usage(format!("invalid --metrics {m:?}: expected ADDR:PORT such as 127.0.0.1:9108")))?,
+        )),
+        None => Ok(None),
+    }
+}
+
+/// The network: name and secret.
+fn network(args: &UpArgs, file: &mut FileConfig) -> Result<(String, Secret), UsageError> {
+    let network_name = args
+        .network_name
+        .clone()
+        .or_else(|| file.network_name.take())
+        .ok_or_else(|| UsageError("missing network name: pass --network-name NAME".into()))?;
+    if network_name.is_empty() || network_name.len() > 64 {
+        return usage(format!("invalid network name {network_name:?}: 1 to 64 bytes"));
+    }
+    let secret = args.network_secret.clone().or_else(|| file.network_secret.take()).ok_or_else(|| {
+        UsageError("missing network secret: set WEFT_NETWORK_SECRET, pass --network-secret, or put network-secret in the config file".into())
+    })?;
+    if secret.0.is_empty() {
+        return usage("invalid network secret: it is empty");
+    }
+    Ok((network_name, secret))
+}
+
+/// The overlay addresses: IPv4 (or a --dhcp range) and IPv6.
+fn addresses(args: &UpArgs, file: &mut FileConfig) -> Result<(Ipv4Net, Option<Ipv4Net>, Ipv6Overlay), UsageError> {
+    let dhcp_wanted = args.dhcp || file.dhcp.unwrap_or(false);
+    let static_addr = args.ipv4.clone().or_else(|| file.ipv4.take());
+    let (ipv4, dhcp) = match (static_addr, dhcp_wanted) {
+        (Some(a), false) => (a.parse::<Ipv4Net>()?, None),
+        (Some(a), true) => return usage(format!("-i {a} and --dhcp exclude each other: pick one")),
+        (None, true) => {
+            // The address is picked from the range once the node key is known.
+            let range = Ipv4Net { addr: Ipv4Addr::new(10, 126, 126, 0), prefix: 24 };
+            (range, Some(range))
+        }
+        (None, false) => {
+            return usage("missing overlay address: pass -i/--ipv4 ADDR/PREFIX (e.g. -i 10.126.126.2/24) or --dhcp");
+        }
+    };
+    let no_ipv6 = args.no_ipv6 || file.no_ipv6.unwrap_or(false);
+    let ipv6 = match (args.ipv6.clone().or_else(|| file.ipv6.take()), no_ipv6) {
+        (Some(a), true) => return usage(format!("--ipv6 {a} and --no-ipv6 exclude each other: pick one")),
+        (Some(a), false) => {
+            let (addr, prefix) = parse_ipv6(&a)?;
+            Ipv6Overlay::Given(addr, prefix)
+        }
+        (None, true) => Ipv6Overlay::Off,
+        (None, false) => Ipv6Overlay::Derived,
+    };
+    Ok((ipv4, dhcp, ipv6))
+}
+
+/// A TLS certificate and key file.
+type TlsFiles = (PathBuf, PathBuf);
+
+/// Listeners (one per transport), their TLS identity, and the connection cap.
+fn listening(args: &UpArgs, file: &mut FileConfig) -> Result<(Vec<Endpoint>, Option<TlsFiles>, usize), UsageError> {
+    let mut listen_uris = if args.listen.is_empty() { std::mem::take(&mut file.listen) } else { args.listen.clone() };
+    if listen_uris.is_empty() {
+        listen_uris = default_listeners();
+    }
+    let mut listeners: Vec<Endpoint> = Vec::new();
+    for l in &listen_uris {
+        let ep = l.parse::<PeerUri>()?.resolve()?;
+        if listeners.iter().any(|e| e.proto == ep.proto) {
+            return usage(format!("extra listener {l:?}: one listener per transport"));
+        }
+        listeners.push(ep);
+    }
+    let tls = match (
+        args.tls_cert.clone().or_else(|| file.tls_cert.take()),
+        args.tls_key.clone().or_else(|| file.tls_key.take()),
+    ) {
+        (Some(c), Some(k)) => Some((c, k)),
+        (None, None) => None,
+        _ => return usage("--tls-cert and --tls-key go together: give both or neither"),
+    };
+    if tls.is_some() && !listeners.iter().any(|l| matches!(l.proto, Proto::Wss | Proto::Quic)) {
+        return usage("--tls-cert and --tls-key serve wss:// and quic:// listeners, and none is configured");
+    }
+    let max_connections = match args.max_connections.or_else(|| file.max_connections.take()) {
+        Some(0) => return usage("invalid --max-connections 0: need at least one"),
+        Some(n) => n,
+        None => 256,
+    };
+    Ok((listeners, tls, max_connections))
+}
+
+/// The data plane's shape: pipelines, TUN name (and whether one was given), MTU.
+fn device(args: &UpArgs, file: &mut FileConfig) -> Result<(usize, String, bool, u16), UsageError> {
+    let threads = match args.threads.or_else(|| file.threads.take()) {
+        Some(0) => return usage("invalid --threads 0: need at least one pipeline"),
+        Some(n) if n > 64 => return usage(format!("invalid --threads {n}: at most 64")),
+        Some(n) => n,
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()).min(8),
+    };
+    let dev_name_given = args.dev_name.is_some() || file.dev_name.is_some();
+    let dev_name = args.dev_name.clone().or_else(|| file.dev_name.take()).unwrap_or_else(|| "weft0".into());
+    if dev_name.is_empty() || dev_name.len() > 15 || dev_name.contains(['/', ' ']) {
+        return usage(format!("invalid --dev-name {dev_name:?}: 1 to 15 characters, no '/' or spaces"));
+    }
+    let mtu = args.mtu.or_else(|| file.mtu.take()).unwrap_or(1420);
+    if !(576..=9000).contains(&mtu) {
+        return usage(format!("invalid --mtu {mtu}: expected 576 to 9000"));
+    }
+    Ok((threads, dev_name, dev_name_given, mtu))
+}
+
+/// Proxied subnets and the WireGuard portal (whose network is one of them, and whose
+/// port no listener may share).
+fn subnets_and_portal(
+    args: &UpArgs,
+    file: &mut FileConfig,
+    ipv4: Ipv4Net,
+    ipv6: Ipv6Overlay,
+    listeners: &[Endpoint],
+) -> Result<(Vec<IpNet>, Option<crate::services::portal::PortalConfig>), UsageError> {
+    let proxy_networks =
+        proxy_networks(if args.proxy_network.is_empty() { &file.proxy_network } else { &args.proxy_network })?;
+    // (IPv4 subnets that overlap the overlay are refused by every member that
+    // receives them, and said so in their status.)
+    if let Ipv6Overlay::Given(a, p) = ipv6 {
+        let o = IpNet { addr: IpAddr::V6(a), prefix: p }.network();
+        if let Some(n) = proxy_networks.iter().find(|n| n.overlaps(o)) {
+            return usage(format!(
+                "--proxy-network {n} overlaps the overlay network {o}: a proxied subnet must lie outside it"
+            ));
+        }
+    }
+    let portal_net = args.wg_portal_net.clone().or_else(|| file.wg_portal_net.take());
+    let portal_endpoint = args.wg_portal_endpoint.clone().or_else(|| file.wg_portal_endpoint.take());
+    let wg_portal = match args.wg_portal.clone().or_else(|| file.wg_portal.take()) {
+        Some(listen) => Some(crate::services::portal::PortalConfig::parse(
+            &listen,
+            portal_net.as_deref(),
+            portal_endpoint.as_deref(),
+            ipv4,
+            &proxy_networks,
+        )?),
+        None if portal_net.is_some() || portal_endpoint.is_some() => {
+            return usage("--wg-portal-net and --wg-portal-endpoint need --wg-portal udp://ADDR:PORT");
+        }
+        None => None,
+    };
+    if let Some(p) = &wg_portal {
+        let clash = listeners.iter().find(|l| {
+            l.proto == Proto::Udp
+                && l.addr.port() == p.listen.port()
+                && (l.addr.ip() == p.listen.ip() || l.addr.ip().is_unspecified() || p.listen.ip().is_unspecified())
+        });
+        if let Some(l) = clash {
+            return usage(format!(
+                "--wg-portal udp://{} would share the port of the listener {l}: give the portal a port of its own (WireGuard's usual one is 51820)",
+                p.listen
+            ));
+        }
+    }
+    Ok((proxy_networks, wg_portal))
+}
+
+/// Exit node settings: offering one, or using one (not both).
+fn exit(
+    args: &UpArgs,
+    file: &mut FileConfig,
+    hostname: &str,
+) -> Result<(bool, Option<String>, bool, bool), UsageError> {
+    let exit_node = args.exit_node || file.exit_node.unwrap_or(false);
+    let use_exit = args.use_exit_node.clone().or_else(|| file.use_exit_node.take());
+    if let Some(e) = &use_exit {
+        if exit_node {
+            return usage("--exit-node and --use-exit-node: a node is an exit or uses one, not both".to_owned());
+        }
+        if e.trim().is_empty() || e.chars().any(|c| c.is_control() || c.is_whitespace()) {
+            return usage(format!("invalid --use-exit-node {e:?}: give a member's host name or node id"));
+        }
+        if e.eq_ignore_ascii_case(hostname) {
+            return usage(format!("--use-exit-node {e:?} names this node (its host name); name another member"));
+        }
+    }
+    let exit_allow_lan = args.exit_allow_lan || file.exit_allow_lan.unwrap_or(false);
+    if exit_allow_lan && !exit_node {
+        return usage("--exit-allow-lan (exit-allow-lan = true) needs --exit-node".to_owned());
+    }
+    let exit_fallback = args.exit_fallback || file.exit_fallback.unwrap_or(false);
+    if exit_fallback && use_exit.is_none() {
+        return usage("--exit-fallback needs --use-exit-node".to_owned());
+    }
+    Ok((exit_node, use_exit, exit_allow_lan, exit_fallback))
+}
+
+/// The Magic DNS domain (`None`: off).
+fn magic_dns(args: &UpArgs, file: &mut FileConfig, network_name: &str) -> Result<Option<String>, UsageError> {
+    let dns_off = args.no_magic_dns || file.magic_dns == Some(false);
+    if dns_off && (args.accept_dns || file.accept_dns == Some(true)) {
+        return usage("--accept-dns needs Magic DNS, which --no-magic-dns (magic-dns = false) turns off");
+    }
+    if dns_off && (args.dns_domain.is_some() || file.dns_domain.is_some()) {
+        return usage("--dns-domain needs Magic DNS, which --no-magic-dns (magic-dns = false) turns off");
+    }
+    let dns_domain = if dns_off {
+        None
+    } else {
+        match args.dns_domain.clone().or_else(|| file.dns_domain.take()) {
+            Some(d) => Some(crate::services::dns::parse_domain(&d).map_err(UsageError)?),
+            None => Some(crate::services::dns::default_domain(network_name)),
+        }
+    };
+    Ok(dns_domain)
+}
+
+/// What the no-TUN node offers local programs: SOCKS5, forwards, exposes.
+type Userspace = (bool, Option<SocketAddr>, Option<(String, Secret)>, Vec<Forward>, Vec<Expose>);
+
+/// `--no-tun` and its services.
+fn userspace(args: &UpArgs, file: &mut FileConfig) -> Result<Userspace, UsageError> {
+    let no_tun = args.no_tun || file.no_tun.unwrap_or(false);
+    let socks5 = match args.socks5.clone().or_else(|| file.socks5.take()) {
+        Some(a) => Some(
+            a.parse::<SocketAddr>()
+                .or_else(|_| usage(format!("invalid --socks5 {a:?}: expected ADDR:PORT such as 127.0.0.1:1080")))?,
+        ),
+        None => None,
+    };
+    let socks5_auth = match args.socks5_auth.clone().or_else(|| file.socks5_auth.take()) {
+        Some(a) => match a.0.split_once(':') {
+            Some((u, p)) if (1..=255).contains(&u.len()) && (1..=255).contains(&p.len()) => {
+                Some((u.to_owned(), Secret(p.to_owned())))
+            }
+            _ => return usage("invalid --socks5-auth: expected USER:PASSWORD, each 1 to 255 bytes"),
+        },
+        None => None,
+    };
+    if socks5_auth.is_some() && socks5.is_none() {
+        return usage("--socks5-auth needs --socks5 ADDR:PORT");
+    }
+    let forward_specs = if args.forward.is_empty() { &file.forward } else { &args.forward };
+    let forwards = forward_specs.iter().map(|f| parse_forward(f)).collect::<Result<Vec<_>, _>>()?;
+    let expose_specs = if args.expose.is_empty() { &file.expose } else { &args.expose };
+    let exposes = expose_specs.iter().map(|e| parse_expose(e)).collect::<Result<Vec<_>, _>>()?;
+    for (i, e) in exposes.iter().enumerate() {
+        if exposes[..i].iter().any(|o| o.proto == e.proto && o.port == e.port) {
+            return usage(format!("--expose {e}: overlay port {}/{} is exposed twice", e.port, e.proto));
+        }
+    }
+    Ok((no_tun, socks5, socks5_auth, forwards, exposes))
 }
 
 fn system_hostname() -> String {
