@@ -357,8 +357,8 @@ impl Runtime {
         mut link_down: mpsc::Receiver<LinkDown>,
         metrics: Option<std::net::TcpListener>,
     ) -> Result<()> {
-        let listener = bind_control(&self.cfg.control)?;
         let (req_tx, mut requests) = mpsc::channel::<(Ask, oneshot::Sender<Reply>)>(16);
+        let accept = self.serve_control(&req_tx)?;
         let mut metrics = match metrics {
             Some(l) => {
                 Some(tokio::spawn(metrics::serve(tokio::net::TcpListener::from_std(l)?, req_tx.clone(), || {
@@ -367,14 +367,6 @@ impl Runtime {
             }
             None => None,
         };
-        let admins = Admins {
-            group: self.cfg.admin_group.clone(),
-            gid: crate::control::access::group_id(&self.cfg.admin_group),
-        };
-        if admins.gid.is_none() {
-            info!(group = %admins.group, "admin group not found in /etc/group: only root may change the node");
-        }
-        let accept = tokio::spawn(accept_loop(listener, req_tx.clone(), admins, Asker { args: self.args.clone() }));
         let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         let mut sighup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
         self.engine.handle_timeout(Instant::now());
@@ -415,25 +407,7 @@ impl Runtime {
                 }
                 _ = sighup.recv() => {
                     info!("SIGHUP: reloading the config");
-                    // Read and resolve off the loop; the result comes back as a request.
-                    let (args, req_tx) = (self.args.clone(), req_tx.clone());
-                    tokio::spawn(async move {
-                        let reply = match load_again(args).await {
-                            Ok(new) => {
-                                let (tx, rx) = oneshot::channel();
-                                if req_tx.send((Ask::Reload(Box::new(new)), tx)).await.is_err() {
-                                    return;
-                                }
-                                rx.await.ok()
-                            }
-                            Err(message) => Some(Reply::Error { message }),
-                        };
-                        match reply {
-                            Some(Reply::Done { message }) => info!("{message}"),
-                            Some(Reply::Error { message }) => warn!("reload refused: {message}"),
-                            _ => {}
-                        }
-                    });
+                    tokio::spawn(reload_from_file(self.args.clone(), req_tx.clone()));
                 }
                 endpoint = async {
                     match &discovery {
@@ -468,17 +442,35 @@ impl Runtime {
             }
             self.drain();
         }
-        self.shared.stop.store(true, Ordering::Relaxed);
         accept.abort();
+        if let Some(m) = metrics {
+            m.abort();
+        }
+        self.shut_down().await;
+        Ok(())
+    }
+
+    /// Binds the control socket and serves it on a task of its own.
+    fn serve_control(&self, req_tx: &Requests<Ask>) -> Result<tokio::task::JoinHandle<()>> {
+        let listener = bind_control(&self.cfg.control)?;
+        let admins = Admins {
+            group: self.cfg.admin_group.clone(),
+            gid: crate::control::access::group_id(&self.cfg.admin_group),
+        };
+        if admins.gid.is_none() {
+            info!(group = %admins.group, "admin group not found in /etc/group: only root may change the node");
+        }
+        Ok(tokio::spawn(accept_loop(listener, req_tx.clone(), admins, Asker { args: self.args.clone() })))
+    }
+
+    /// Stops the pipelines, gives back the DNS registration and removes the socket.
+    async fn shut_down(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
         if self.dns.take().is_some() && self.cfg.accept_dns {
             let dev = self.cfg.dev_name.clone();
             let _ = tokio::task::spawn_blocking(move || crate::services::dns::unregister(&dev)).await;
         }
-        if let Some(m) = metrics {
-            m.abort();
-        }
         let _ = std::fs::remove_file(&self.cfg.control);
-        Ok(())
     }
 
     pub(super) fn drain(&mut self) {
@@ -561,5 +553,25 @@ impl Runtime {
             Ok(message) => Reply::Done { message },
             Err(message) => Reply::Error { message },
         }
+    }
+}
+
+/// SIGHUP: reads and resolves the config off the loop, hands it to the loop as a
+/// reload request, and logs the outcome.
+async fn reload_from_file(args: Arc<UpArgs>, req_tx: Requests<Ask>) {
+    let reply = match load_again(args).await {
+        Ok(new) => {
+            let (tx, rx) = oneshot::channel();
+            if req_tx.send((Ask::Reload(Box::new(new)), tx)).await.is_err() {
+                return;
+            }
+            rx.await.ok()
+        }
+        Err(message) => Some(Reply::Error { message }),
+    };
+    match reply {
+        Some(Reply::Done { message }) => info!("{message}"),
+        Some(Reply::Error { message }) => warn!("reload refused: {message}"),
+        _ => {}
     }
 }
