@@ -84,170 +84,10 @@ impl Connector {
     /// on TCP, so that quinn packs them into full packets, and the TCP segments that
     /// must stay behind them ([`weft_core::wire::FLAG_ORDERED`]; see [`on_quic_stream`]).
     pub(super) async fn run_quic(&self, conn: quinn::Connection, ep: Endpoint, accepted: bool) -> Result<(), String> {
-        let (mut queue, id) = self.register(ep, !accepted);
-        let mut next_id: u16 = 0;
-        let writer = async {
-            let mut stream: Option<quinn::SendStream> = None;
-            let mut records = Vec::new();
-            while let Some(batch) = queue.recv().await {
-                // A large batch of stream frames alone goes as it is, lent rather than
-                // copied: quinn keeps it until the peer acknowledges it, then it returns
-                // to the pool. Decided before any frame is copied (reading headers only).
-                // A small one (a lone ordered segment) is copied below: it would hold a
-                // whole pooled buffer for a round trip.
-                if batch.len() >= LEND_MIN && frame::frames(&batch).flatten().all(on_quic_stream) {
-                    if stream.is_none() {
-                        stream = Some(conn.open_uni().await.map_err(|e| e.to_string())?);
-                    }
-                    if let Some(s) = &mut stream {
-                        s.write_chunk(self.inner.links.lend(batch)).await.map_err(|e| e.to_string())?;
-                    }
-                    continue;
-                }
-                let max = conn.max_datagram_size().ok_or("peer does not accept QUIC datagrams")?;
-                for f in frame::frames(&batch).flatten() {
-                    if on_quic_stream(f) {
-                        frame::push(&mut records, f);
-                        continue;
-                    }
-                    let parts = fragment(f, max, next_id);
-                    if parts.len() > 1 {
-                        self.inner.links.counters.quic_fragmented.fetch_add(1, Relaxed);
-                    }
-                    for d in parts {
-                        // A full send buffer drops the oldest datagrams: loss, as on UDP.
-                        conn.send_datagram(d).map_err(|e| e.to_string())?;
-                    }
-                    next_id = next_id.wrapping_add(1);
-                }
-                self.inner.links.recycle(batch);
-                if records.is_empty() {
-                    continue;
-                }
-                if stream.is_none() {
-                    stream = Some(conn.open_uni().await.map_err(|e| e.to_string())?);
-                }
-                if let Some(s) = &mut stream {
-                    s.write_all(&records).await.map_err(|e| e.to_string())?;
-                }
-                records.clear();
-            }
-            Ok::<(), String>(())
-        };
-        let counters = &self.inner.links.counters;
+        let (queue, id) = self.register(ep, !accepted);
         // When the stream last brought a whole frame (ms after `base`, plus one; 0:
         // never): it keeps the connection from being idle too.
-        let base = Instant::now();
-        let stream_seen = std::sync::atomic::AtomicU64::new(0);
-        let reader = async {
-            let mut reasm = Reassembly::default();
-            // Like streams: an accepted connection's first whole frame within
-            // HANDSHAKE_TIMEOUT, then a whole frame at least every IDLE_TIMEOUT. QUIC's
-            // own keepalives and stray fragments do not count.
-            let mut first = accepted;
-            let mut deadline = Instant::now() + if first { HANDSHAKE_TIMEOUT } else { IDLE_TIMEOUT };
-            loop {
-                // One wakeup takes every datagram already there, up to a batch, so the
-                // links RX thread gets batches rather than single frames.
-                let Ok(d) = timeout_at(deadline, conn.read_datagram()).await else {
-                    let seen = stream_seen.load(Relaxed);
-                    let last = base + Duration::from_millis(seen.saturating_sub(1));
-                    if seen > 0 && last + IDLE_TIMEOUT > Instant::now() {
-                        first = false;
-                        deadline = last + IDLE_TIMEOUT;
-                        continue;
-                    }
-                    counters.timeouts.fetch_add(1, Relaxed);
-                    conn.close(2u32.into(), b"timeout");
-                    return Err(if first {
-                        format!("no whole frame within {} s", HANDSHAKE_TIMEOUT.as_secs())
-                    } else {
-                        format!("nothing received for {} s", IDLE_TIMEOUT.as_secs())
-                    });
-                };
-                let mut batch = self.inner.links.buffer();
-                let mut next = Some(d);
-                while let Some(d) = next.take() {
-                    let d = d.map_err(|e| e.to_string())?;
-                    match reasm.push(&d, self.inner.mtu) {
-                        Ok(Some(f)) => {
-                            frame::push(&mut batch, &f);
-                        }
-                        Ok(None) => {}
-                        Err(MalformedDatagram) => {
-                            counters.protocol_errors.fetch_add(1, Relaxed);
-                            conn.close(1u32.into(), b"malformed datagram");
-                            return Err("not a weft connection: malformed datagram".into());
-                        }
-                    }
-                    if batch.len() < QUIC_BATCH {
-                        next = conn.read_datagram().now_or_never();
-                    }
-                }
-                if batch.is_empty() {
-                    self.inner.links.recycle(batch);
-                } else {
-                    first = false;
-                    deadline = Instant::now() + IDLE_TIMEOUT;
-                    if !self.inner.links.deliver(id, Inbound { from: ep, batch }).await {
-                        return Err("the links RX thread stopped".into());
-                    }
-                }
-            }
-        };
-        // The peer's stream of GSO records and the TCP segments kept behind them (at
-        // most one stream open at a time), read like a TCP connection: whole frames go
-        // to the links RX in batches.
-        let stream_reader = async {
-            // Taken when the peer opens a stream, not for every connection.
-            let mut batch = Vec::new();
-            loop {
-                let mut r = conn.accept_uni().await.map_err(|e| e.to_string())?;
-                if batch.capacity() == 0 {
-                    batch = self.stream_batch();
-                }
-                // As on TCP: a frame that started arriving must be whole within
-                // STALL_TIMEOUT of its first byte (its reads do not extend that).
-                let mut stall: Option<Instant> = None;
-                loop {
-                    let read = r.read_buf(&mut batch);
-                    let got = match stall {
-                        Some(at) => timeout_at(at, read).await.map_err(|_| {
-                            counters.timeouts.fetch_add(1, Relaxed);
-                            conn.close(2u32.into(), b"timeout");
-                            format!("frame not complete within {} s", STALL_TIMEOUT.as_secs())
-                        })?,
-                        None => read.await,
-                    };
-                    let n = got.map_err(|e| e.to_string())?;
-                    if n == 0 {
-                        if !batch.is_empty() {
-                            counters.protocol_errors.fetch_add(1, Relaxed);
-                            conn.close(1u32.into(), b"malformed stream");
-                            return Err("not a weft stream: it ended inside a frame".into());
-                        }
-                        break;
-                    }
-                    let used = frame::complete_prefix(&batch).map_err(|e| {
-                        counters.protocol_errors.fetch_add(1, Relaxed);
-                        conn.close(1u32.into(), b"malformed stream");
-                        format!("not a weft stream: {e}")
-                    })?;
-                    if used > 0 {
-                        self.deliver_frames(id, ep, &mut batch, used).await?;
-                        let ms = u64::try_from(base.elapsed().as_millis()).unwrap_or(u64::MAX - 1);
-                        stream_seen.store(ms + 1, Relaxed);
-                    }
-                    stall = if batch.is_empty() {
-                        None
-                    } else if used > 0 || stall.is_none() {
-                        Some(Instant::now() + STALL_TIMEOUT)
-                    } else {
-                        stall
-                    };
-                }
-            }
-        };
+        let seen = StreamSeen { base: Instant::now(), ms: std::sync::atomic::AtomicU64::new(0) };
         let tuner = async {
             let mut windows = QUIC_WINDOW_MIN;
             while conn.close_reason().is_none() {
@@ -257,14 +97,199 @@ impl Connector {
             Ok(())
         };
         let r = tokio::select! {
-            r = writer => r,
-            r = reader => r,
-            r = stream_reader => r,
+            r = self.quic_writer(&conn, queue) => r,
+            r = self.quic_reader(&conn, ep, id, accepted, &seen) => r,
+            r = self.quic_stream_reader(&conn, ep, id, &seen) => r,
             r = tuner => r,
         };
         self.inner.links.unregister(ep, id);
         conn.close(0u32.into(), b"");
         r
+    }
+
+    /// Sends what the pipelines queue for this connection: frames as datagrams
+    /// (fragmented when they do not fit), GSO records and the TCP segments kept behind
+    /// them on one stream.
+    async fn quic_writer(
+        &self,
+        conn: &quinn::Connection,
+        mut queue: tokio::sync::mpsc::Receiver<Vec<u8>>,
+    ) -> Result<(), String> {
+        let mut next_id: u16 = 0;
+        let mut stream: Option<quinn::SendStream> = None;
+        let mut records = Vec::new();
+        while let Some(batch) = queue.recv().await {
+            // A large batch of stream frames alone goes as it is, lent rather than
+            // copied: quinn keeps it until the peer acknowledges it, then it returns
+            // to the pool. Decided before any frame is copied (reading headers only).
+            // A small one (a lone ordered segment) is copied below: it would hold a
+            // whole pooled buffer for a round trip.
+            if batch.len() >= LEND_MIN && frame::frames(&batch).flatten().all(on_quic_stream) {
+                if stream.is_none() {
+                    stream = Some(conn.open_uni().await.map_err(|e| e.to_string())?);
+                }
+                if let Some(s) = &mut stream {
+                    s.write_chunk(self.inner.links.lend(batch)).await.map_err(|e| e.to_string())?;
+                }
+                continue;
+            }
+            let max = conn.max_datagram_size().ok_or("peer does not accept QUIC datagrams")?;
+            for f in frame::frames(&batch).flatten() {
+                if on_quic_stream(f) {
+                    frame::push(&mut records, f);
+                    continue;
+                }
+                let parts = fragment(f, max, next_id);
+                if parts.len() > 1 {
+                    self.inner.links.counters.quic_fragmented.fetch_add(1, Relaxed);
+                }
+                for d in parts {
+                    // A full send buffer drops the oldest datagrams: loss, as on UDP.
+                    conn.send_datagram(d).map_err(|e| e.to_string())?;
+                }
+                next_id = next_id.wrapping_add(1);
+            }
+            self.inner.links.recycle(batch);
+            if records.is_empty() {
+                continue;
+            }
+            if stream.is_none() {
+                stream = Some(conn.open_uni().await.map_err(|e| e.to_string())?);
+            }
+            if let Some(s) = &mut stream {
+                s.write_all(&records).await.map_err(|e| e.to_string())?;
+            }
+            records.clear();
+        }
+        Ok(())
+    }
+
+    /// Reads the peer's datagrams, reassembles frames and hands them to the links RX
+    /// thread in batches; closes the connection when it stays silent.
+    async fn quic_reader(
+        &self,
+        conn: &quinn::Connection,
+        ep: Endpoint,
+        id: u64,
+        accepted: bool,
+        seen: &StreamSeen,
+    ) -> Result<(), String> {
+        let counters = &self.inner.links.counters;
+        let mut reasm = Reassembly::default();
+        // Like streams: an accepted connection's first whole frame within
+        // HANDSHAKE_TIMEOUT, then a whole frame at least every IDLE_TIMEOUT. QUIC's
+        // own keepalives and stray fragments do not count.
+        let mut first = accepted;
+        let mut deadline = Instant::now() + if first { HANDSHAKE_TIMEOUT } else { IDLE_TIMEOUT };
+        loop {
+            // One wakeup takes every datagram already there, up to a batch, so the
+            // links RX thread gets batches rather than single frames.
+            let Ok(d) = timeout_at(deadline, conn.read_datagram()).await else {
+                let seen_ms = seen.ms.load(Relaxed);
+                let last = seen.base + Duration::from_millis(seen_ms.saturating_sub(1));
+                if seen_ms > 0 && last + IDLE_TIMEOUT > Instant::now() {
+                    first = false;
+                    deadline = last + IDLE_TIMEOUT;
+                    continue;
+                }
+                counters.timeouts.fetch_add(1, Relaxed);
+                conn.close(2u32.into(), b"timeout");
+                return Err(if first {
+                    format!("no whole frame within {} s", HANDSHAKE_TIMEOUT.as_secs())
+                } else {
+                    format!("nothing received for {} s", IDLE_TIMEOUT.as_secs())
+                });
+            };
+            let mut batch = self.inner.links.buffer();
+            let mut next = Some(d);
+            while let Some(d) = next.take() {
+                let d = d.map_err(|e| e.to_string())?;
+                match reasm.push(&d, self.inner.mtu) {
+                    Ok(Some(f)) => {
+                        frame::push(&mut batch, &f);
+                    }
+                    Ok(None) => {}
+                    Err(MalformedDatagram) => {
+                        counters.protocol_errors.fetch_add(1, Relaxed);
+                        conn.close(1u32.into(), b"malformed datagram");
+                        return Err("not a weft connection: malformed datagram".into());
+                    }
+                }
+                if batch.len() < QUIC_BATCH {
+                    next = conn.read_datagram().now_or_never();
+                }
+            }
+            if batch.is_empty() {
+                self.inner.links.recycle(batch);
+            } else {
+                first = false;
+                deadline = Instant::now() + IDLE_TIMEOUT;
+                if !self.inner.links.deliver(id, Inbound { from: ep, batch }).await {
+                    return Err("the links RX thread stopped".into());
+                }
+            }
+        }
+    }
+
+    /// The peer's stream of GSO records and the TCP segments kept behind them (at most
+    /// one stream open at a time), read like a TCP connection: whole frames go to the
+    /// links RX in batches.
+    async fn quic_stream_reader(
+        &self,
+        conn: &quinn::Connection,
+        ep: Endpoint,
+        id: u64,
+        seen: &StreamSeen,
+    ) -> Result<(), String> {
+        let counters = &self.inner.links.counters;
+        // Taken when the peer opens a stream, not for every connection.
+        let mut batch = Vec::new();
+        loop {
+            let mut r = conn.accept_uni().await.map_err(|e| e.to_string())?;
+            if batch.capacity() == 0 {
+                batch = self.stream_batch();
+            }
+            // As on TCP: a frame that started arriving must be whole within
+            // STALL_TIMEOUT of its first byte (its reads do not extend that).
+            let mut stall: Option<Instant> = None;
+            loop {
+                let read = r.read_buf(&mut batch);
+                let got = match stall {
+                    Some(at) => timeout_at(at, read).await.map_err(|_| {
+                        counters.timeouts.fetch_add(1, Relaxed);
+                        conn.close(2u32.into(), b"timeout");
+                        format!("frame not complete within {} s", STALL_TIMEOUT.as_secs())
+                    })?,
+                    None => read.await,
+                };
+                let n = got.map_err(|e| e.to_string())?;
+                if n == 0 {
+                    if !batch.is_empty() {
+                        counters.protocol_errors.fetch_add(1, Relaxed);
+                        conn.close(1u32.into(), b"malformed stream");
+                        return Err("not a weft stream: it ended inside a frame".into());
+                    }
+                    break;
+                }
+                let used = frame::complete_prefix(&batch).map_err(|e| {
+                    counters.protocol_errors.fetch_add(1, Relaxed);
+                    conn.close(1u32.into(), b"malformed stream");
+                    format!("not a weft stream: {e}")
+                })?;
+                if used > 0 {
+                    self.deliver_frames(id, ep, &mut batch, used).await?;
+                    let ms = u64::try_from(seen.base.elapsed().as_millis()).unwrap_or(u64::MAX - 1);
+                    seen.ms.store(ms + 1, Relaxed);
+                }
+                stall = if batch.is_empty() {
+                    None
+                } else if used > 0 || stall.is_none() {
+                    Some(Instant::now() + STALL_TIMEOUT)
+                } else {
+                    stall
+                };
+            }
+        }
     }
 }
 
@@ -384,4 +409,11 @@ pub(super) fn quic_transport() -> quinn::TransportConfig {
         // halves the window again for every random drop (bench/RESULTS.md §6).
         .congestion_controller_factory(Arc::new(quinn::congestion::BbrConfig::default()));
     t
+}
+
+/// When a QUIC connection's stream last brought a whole frame: ms after `base`, plus
+/// one (0: never).
+pub(super) struct StreamSeen {
+    base: Instant,
+    ms: std::sync::atomic::AtomicU64,
 }
