@@ -349,20 +349,7 @@ fn send_chunk<B: AsRef<[u8]>>(
         h.msg_hdr.msg_iov = unsafe { iovs.as_mut_ptr().add(iov_start) }.cast();
         h.msg_hdr.msg_iovlen = count;
         if count > 1 {
-            let space = size_of_val(&cmsgs[nmsg]);
-            h.msg_hdr.msg_control = cmsgs[nmsg].as_mut_ptr().cast();
-            // SAFETY: CMSG_SPACE only computes a size.
-            h.msg_hdr.msg_controllen = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as usize;
-            debug_assert!(h.msg_hdr.msg_controllen <= space);
-            // SAFETY: the control buffer is aligned (u64) and at least CMSG_SPACE(2)
-            // bytes long, so the first header and its data fit in it.
-            unsafe {
-                let c = libc::CMSG_FIRSTHDR(&h.msg_hdr);
-                (*c).cmsg_level = libc::SOL_UDP;
-                (*c).cmsg_type = libc::UDP_SEGMENT;
-                (*c).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as usize;
-                ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), first.len as u16);
-            }
+            set_gso_segment(&mut h, &mut cmsgs[nmsg], first.len as u16);
         }
         hdrs[nmsg].write(h);
         spans[nmsg] = (i, count);
@@ -400,6 +387,25 @@ fn send_chunk<B: AsRef<[u8]>>(
         unsafe { a.assume_init_drop() };
     }
     result.map(|()| failed)
+}
+
+/// Points `h`'s control data at `cmsg` and writes a UDP_SEGMENT header into it: the
+/// kernel splits the message's payload into datagrams of `segment` bytes (GSO).
+fn set_gso_segment(h: &mut libc::mmsghdr, cmsg: &mut [u64; 4], segment: u16) {
+    let space = size_of_val(cmsg);
+    h.msg_hdr.msg_control = cmsg.as_mut_ptr().cast();
+    // SAFETY: CMSG_SPACE only computes a size.
+    h.msg_hdr.msg_controllen = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as usize;
+    debug_assert!(h.msg_hdr.msg_controllen <= space);
+    // SAFETY: the control buffer is aligned (u64) and at least CMSG_SPACE(2) bytes
+    // long, so the first header and its data fit in it.
+    unsafe {
+        let c = libc::CMSG_FIRSTHDR(&h.msg_hdr);
+        (*c).cmsg_level = libc::SOL_UDP;
+        (*c).cmsg_type = libc::UDP_SEGMENT;
+        (*c).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as usize;
+        ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), segment);
+    }
 }
 
 /// Converts a kernel-filled socket address to std's form.
