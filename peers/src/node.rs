@@ -1497,29 +1497,7 @@ impl Node {
             self.mesh.record_changed(now);
         }
         let Some(peer) = self.peers.get_mut(&key) else { return };
-        // Retire sessions that are superseded and idle, or never confirmed.
-        let newest_confirmed = peer.sessions.iter().position(|s| s.session.is_confirmed());
-        let before = peer.sessions.len();
-        let mut i = 0;
-        peer.sessions.retain(|s| {
-            let idx = i;
-            i += 1;
-            let age = now.duration_since(s.created);
-            if s.session.is_expired(now_ms) {
-                return false;
-            }
-            if !s.session.is_confirmed() {
-                return age < CONFIRM_TIMEOUT;
-            }
-            match newest_confirmed {
-                Some(n) if idx > n => {
-                    let idle = now_ms.saturating_sub(s.session.last_rx_ms().max(ms_since(epoch, s.created)));
-                    idle < RETIRE_IDLE.as_millis() as u64
-                }
-                _ => true,
-            }
-        });
-        if peer.sessions.len() != before {
+        if retire_sessions(peer, now, epoch) {
             self.published.routes_dirty = true;
         }
         let kept = peer.anchor() != Anchor::None;
@@ -1849,6 +1827,35 @@ fn reject_why(r: RejectReason) -> &'static str {
             "our overlay address already belongs to another member of the mesh (choose another --ipv4)"
         }
     }
+}
+
+/// Retires `peer`'s sessions that expired, were never confirmed within
+/// [`CONFIRM_TIMEOUT`], or are superseded by a newer confirmed one and idle for
+/// [`RETIRE_IDLE`]. Returns whether any went.
+fn retire_sessions(peer: &mut Peer, now: Instant, epoch: Instant) -> bool {
+    let now_ms = ms_since(epoch, now);
+    let newest_confirmed = peer.sessions.iter().position(|s| s.session.is_confirmed());
+    let before = peer.sessions.len();
+    let mut i = 0;
+    peer.sessions.retain(|s| {
+        let idx = i;
+        i += 1;
+        let age = now.duration_since(s.created);
+        if s.session.is_expired(now_ms) {
+            return false;
+        }
+        if !s.session.is_confirmed() {
+            return age < CONFIRM_TIMEOUT;
+        }
+        match newest_confirmed {
+            Some(n) if idx > n => {
+                let idle = now_ms.saturating_sub(s.session.last_rx_ms().max(ms_since(epoch, s.created)));
+                idle < RETIRE_IDLE.as_millis() as u64
+            }
+            _ => true,
+        }
+    });
+    peer.sessions.len() != before
 }
 
 /// Milliseconds from `epoch` to `now` on the pipeline clock (0 means "never").
