@@ -47,13 +47,16 @@ pub enum DropReason {
     Tun,
     /// A UDP send failed.
     UdpSend,
+    /// A control-plane datagram found the socket's send buffer full: the control loop
+    /// never waits for the data plane's socket, it drops and counts.
+    ControlSendBlocked,
     /// Data for a session index we do not hold (stale or forged).
     UnknownSession,
 }
 
 impl DropReason {
     /// All reasons, in counter order.
-    pub const ALL: [Self; 17] = [
+    pub const ALL: [Self; 18] = [
         Self::AuthFailed,
         Self::ControlQueueFull,
         Self::HandshakeMac,
@@ -70,6 +73,7 @@ impl DropReason {
         Self::Spoofed,
         Self::Tun,
         Self::UdpSend,
+        Self::ControlSendBlocked,
         Self::UnknownSession,
     ];
 
@@ -92,6 +96,7 @@ impl DropReason {
             Self::Spoofed => "spoofed_source",
             Self::Tun => "tun_io",
             Self::UdpSend => "udp_send",
+            Self::ControlSendBlocked => "control_send_blocked",
             Self::UnknownSession => "unknown_session",
         }
     }

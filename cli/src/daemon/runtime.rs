@@ -400,9 +400,13 @@ impl Runtime {
                     }
                 }
                 req = requests.recv() => {
-                    if let Some((req, reply)) = req {
-                        let r = self.request(req, &mut discovery, &mut metrics, &req_tx).await;
-                        let _ = reply.send(r);
+                    match req {
+                        Some((req @ (Ask::WgAdd(_) | Ask::WgRemove(_)), reply)) => self.portal_request(req, reply),
+                        Some((req, reply)) => {
+                            let r = self.request(req, &mut discovery, &mut metrics, &req_tx).await;
+                            let _ = reply.send(r);
+                        }
+                        None => {}
                     }
                 }
                 _ = sighup.recv() => {
@@ -505,9 +509,18 @@ impl Runtime {
                     info!(%new, "overlay address changed");
                 }
                 Action::Send { to, bytes } if to.proto == Proto::Udp => {
-                    if let Err(e) = self.sender.send_to(&bytes, to.addr) {
-                        debug!(%to, error = %e, "control send failed");
-                        self.drops.add(DropReason::UdpSend, 1);
+                    // The pipelines' socket is blocking; this send is not (MSG_DONTWAIT):
+                    // the control loop never waits behind the data plane.
+                    let sock = socket2::SockRef::from(&*self.sender);
+                    match sock.send_to_with_flags(&bytes, &to.addr.into(), libc::MSG_DONTWAIT) {
+                        Ok(_) => {}
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            self.drops.add(DropReason::ControlSendBlocked, 1);
+                        }
+                        Err(e) => {
+                            debug!(%to, error = %e, "control send failed");
+                            self.drops.add(DropReason::UdpSend, 1);
+                        }
                     }
                 }
                 Action::Send { to, bytes } => self.connector.send(to, &bytes),
@@ -532,27 +545,45 @@ impl Runtime {
                 self.engine.add_peer(now, to).map(|()| format!("added {u}"))
             }
             Ask::RemovePeer(which) => self.engine.remove_peer(now, which),
-            Ask::WgAdd(name) => {
-                let Some(p) = &self.portal else { return no_portal() };
-                // The client routes the mesh's networks (not the portal network, which
-                // the config always carries) through the portal.
-                let own = self.cfg.wg_portal.as_ref().map(|c| (c.net.addr, c.net.prefix));
-                let nets: Vec<_> = self.mesh_networks_v4().into_iter().filter(|n| Some(*n) != own).collect();
-                return match p.add(&name, &nets, &local_ipv4s(self.cfg.ipv4.addr, self.portal_dev().as_deref())) {
-                    Ok(c) => Reply::WgClient(Box::new(c)),
-                    Err(message) => Reply::Error { message },
-                };
+            Ask::WgAdd(_) | Ask::WgRemove(_) => {
+                return Reply::Error { message: "portal requests are served apart".into() };
             }
-            Ask::WgRemove(name) => match &self.portal {
-                Some(p) => p.remove(&name),
-                None => return no_portal(),
-            },
             Ask::AcceptExit => self.engine.accept_exit(now),
         };
         match done {
             Ok(message) => Reply::Done { message },
             Err(message) => Reply::Error { message },
         }
+    }
+}
+
+impl Runtime {
+    /// Adds or removes a WireGuard portal client on a blocking thread (the client
+    /// store is written and fsynced before the reply), so the loop goes on meanwhile.
+    pub(super) fn portal_request(&self, ask: Ask, reply: oneshot::Sender<Reply>) {
+        let Some(p) = self.portal.clone() else {
+            let _ = reply.send(no_portal());
+            return;
+        };
+        // A new client routes the mesh's networks (not the portal network, which the
+        // config always carries) through the portal.
+        let own = self.cfg.wg_portal.as_ref().map(|c| (c.net.addr, c.net.prefix));
+        let nets: Vec<_> = self.mesh_networks_v4().into_iter().filter(|n| Some(*n) != own).collect();
+        let local = local_ipv4s(self.cfg.ipv4.addr, self.portal_dev().as_deref());
+        tokio::task::spawn_blocking(move || {
+            let r = match ask {
+                Ask::WgAdd(name) => match p.add(&name, &nets, &local) {
+                    Ok(c) => Reply::WgClient(Box::new(c)),
+                    Err(message) => Reply::Error { message },
+                },
+                Ask::WgRemove(name) => match p.remove(&name) {
+                    Ok(message) => Reply::Done { message },
+                    Err(message) => Reply::Error { message },
+                },
+                _ => Reply::Error { message: "not a portal request".into() },
+            };
+            let _ = reply.send(r);
+        });
     }
 }
 

@@ -367,6 +367,9 @@ struct Inner {
 }
 
 /// A running portal (threads `weft-wg-rx`, `weft-wg-tx`); the process exit ends them.
+/// Clones share it (client changes run on a blocking thread: they write and fsync the
+/// client store).
+#[derive(Clone)]
 pub struct Portal {
     inner: Arc<Inner>,
 }
