@@ -6,8 +6,9 @@
 //! reject      | type=5 | reason | detail | 0 | receiver_index u32 |
 //! ```
 //!
-//! All integers are little-endian. Views borrow the buffer (`Packet<T: AsRef<[u8]>>`,
-//! smoltcp style); `Repr`s are the parsed, owned form and know how to emit themselves.
+//! All integers are little-endian. Each header is a small `Copy` value: `parse` reads
+//! it from the front of a datagram (handshakes also return the message that follows),
+//! `emit` writes it back; nothing here holds on to the buffer.
 
 use thiserror::Error;
 

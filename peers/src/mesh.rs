@@ -486,7 +486,7 @@ impl Node {
             return;
         }
         if p.anchor() != Anchor::Dialled {
-            self.peers.set_anchor(&key, Anchor::Held(now + LINK_HOLD));
+            self.peers.set_anchor(&key, Anchor::ByPeer(now + LINK_HOLD));
         }
         if !self.peers.get(&key).is_some_and(|p| p.is_link(now)) {
             return;

@@ -1469,7 +1469,7 @@ impl Node {
             now.saturating_duration_since(p.down_since.unwrap_or(p.first_seen)) < self.cfg.timers.learned_retry;
         let retried_link = match p.anchor() {
             Anchor::Dialled => recently_up || self.dials.values().any(|d| d.key == Some(p.key) && !d.discovered),
-            Anchor::Held(_) => recently_up,
+            Anchor::ByPeer(_) => recently_up,
             Anchor::None => false,
         };
         retried_link || p.wanted_until.is_some_and(|w| now < w)
@@ -1489,7 +1489,7 @@ impl Node {
         let last_rx_ms = peer.last_rx_ms();
         let last_rx = (last_rx_ms > 0).then(|| epoch + Duration::from_millis(last_rx_ms - 1));
         peer.activity.sample(&peer.stats, now, last_rx);
-        if let Anchor::Held(until) = peer.anchor()
+        if let Anchor::ByPeer(until) = peer.anchor()
             && now >= until
         {
             debug!(peer = %peer.id, "neighbour stopped keeping its link with us");
@@ -1599,7 +1599,7 @@ impl Node {
         let epoch = self.cfg.epoch;
         let at_ms = |ms: u64| epoch + Duration::from_millis(ms.saturating_sub(1));
         let held = match p.anchor() {
-            Anchor::Held(until) => Some(until),
+            Anchor::ByPeer(until) => Some(until),
             _ => None,
         };
         let Some(tx) = p.tx() else {

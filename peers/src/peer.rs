@@ -123,9 +123,10 @@ impl PeerPath {
 pub(crate) enum Anchor {
     /// We dial it (`--peer`, `weft peer add`, a LAN beacon): a link, kept forever.
     Dialled,
-    /// It keeps a link with us: it dialled us (its summaries say so) until
-    /// the given time.
-    Held(Instant),
+    /// It keeps a link with us: it dialled us (its summaries say so) until the given
+    /// time. (Not to be confused with held sessions: finished handshakes waiting for
+    /// the peer's proof, or packets held while a session is made.)
+    ByPeer(Instant),
     /// A member met through the mesh: a session only while traffic flows.
     None,
 }
@@ -262,7 +263,7 @@ impl Peer {
     pub(crate) fn is_link(&self, now: Instant) -> bool {
         let kept = match self.anchor {
             Anchor::Dialled => true,
-            Anchor::Held(until) => now < until,
+            Anchor::ByPeer(until) => now < until,
             Anchor::None => false,
         };
         kept && self.path.is_direct() && self.is_up()
@@ -562,7 +563,7 @@ mod tests {
         assert!(t.remove(&PeerKey([1; 32])).is_none());
 
         // Anchors set and cleared keep the links index in step.
-        t.set_anchor(&PeerKey([2; 32]), Anchor::Held(Instant::now()));
+        t.set_anchor(&PeerKey([2; 32]), Anchor::ByPeer(Instant::now()));
         assert_eq!(t.anchored().map(|p| p.key).collect::<Vec<_>>(), [PeerKey([2; 32])]);
         t.set_anchor(&PeerKey([2; 32]), Anchor::None);
         assert_eq!(t.anchored().count(), 0);

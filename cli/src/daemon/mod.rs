@@ -1,6 +1,9 @@
-//! The node runtime: the only place that owns tokio tasks. It opens the TUN and the
-//! sockets, starts the pipeline threads, feeds the sans-IO engine and carries out its
-//! actions, and serves the control socket.
+//! `weft up`: the node daemon. [`run`] takes the start steps (`start`) in order:
+//! state and key, the TUN (or the userspace stack), the UDP sockets, host settings,
+//! the pipeline threads, the engine and the listeners; then the runtime loop
+//! (`runtime`) drives the sans-IO engine on a small tokio runtime, carries out its
+//! actions, and serves the control socket, reload (`reload`) and status
+//! (`status`). Connection tasks are the transports' own (`weft-datapath`).
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
