@@ -400,13 +400,8 @@ impl Runtime {
                     }
                 }
                 req = requests.recv() => {
-                    match req {
-                        Some((req @ (Ask::WgAdd(_) | Ask::WgRemove(_)), reply)) => self.portal_request(req, reply),
-                        Some((req, reply)) => {
-                            let r = self.request(req, &mut discovery, &mut metrics, &req_tx).await;
-                            let _ = reply.send(r);
-                        }
-                        None => {}
+                    if let Some((req, reply)) = req {
+                        self.answer(req, reply, &mut discovery, &mut metrics, &req_tx).await;
                     }
                 }
                 _ = sighup.recv() => {
@@ -558,6 +553,23 @@ impl Runtime {
 }
 
 impl Runtime {
+    /// Answers a client: portal changes on a blocking thread, everything else here.
+    pub(super) async fn answer(
+        &mut self,
+        req: Ask,
+        reply: oneshot::Sender<Reply>,
+        discovery: &mut Option<Discovery>,
+        metrics: &mut Option<tokio::task::JoinHandle<()>>,
+        req_tx: &Requests<Ask>,
+    ) {
+        if matches!(req, Ask::WgAdd(_) | Ask::WgRemove(_)) {
+            self.portal_request(req, reply);
+        } else {
+            let r = self.request(req, discovery, metrics, req_tx).await;
+            let _ = reply.send(r);
+        }
+    }
+
     /// Adds or removes a WireGuard portal client on a blocking thread (the client
     /// store is written and fsynced before the reply), so the loop goes on meanwhile.
     pub(super) fn portal_request(&self, ask: Ask, reply: oneshot::Sender<Reply>) {

@@ -333,7 +333,13 @@ mod tests {
                 "path": "direct", "via": null, "via_hostname": null, "hops": 1, "transport": "udp", "rtt_ms": 1.5,
                 "loss": 0.25, "state": "established", "last_handshake_secs": 3, "rx_bytes": 100, "rx_packets": 2,
                 "tx_bytes": 200, "tx_packets": 4, "drops": {}, "error": null}],
-            "address_conflicts": [], "proxy_networks": [], "pending_peers": [], "refused_handshakes": [],
+            "address_conflicts": [], "proxy_networks": [], "pending_peers": [],
+            "refused_handshakes": [
+                {"from": "udp://192.0.2.1:1", "reason": "member 1234 claims 10.0.0.9, which b holds", "kind": "address_taken",
+                    "count": 2, "last_secs": 1},
+                {"from": "udp://192.0.2.2:1", "reason": "member 5678 claims 10.0.0.9, which b holds", "kind": "address_taken",
+                    "count": 1, "last_secs": 1},
+                {"from": "udp://192.0.2.3:1", "reason": "from an older node", "count": 1, "last_secs": 1}],
         }))
         .unwrap();
         let text = render(&s).unwrap();
@@ -349,6 +355,11 @@ mod tests {
         assert!(text.contains(r#"weft_pipeline_receive_bytes_total{pipeline="0"} 4"#), "{text}");
         assert!(text.contains(r#"weft_pipeline_receive_bytes_total{pipeline="links-0"} 90"#), "{text}");
         assert!(text.contains(r#"weft_peers{state="established"} 1"#), "{text}");
+        // Refusals are labelled by kind, never by their free-text reason (one series
+        // per kind, whatever the peers wrote).
+        assert!(text.contains(r#"weft_handshakes_refused_total{reason="address_taken"} 3"#), "{text}");
+        assert!(text.contains(r#"weft_handshakes_refused_total{reason="other"} 1"#), "{text}");
+        assert!(!text.contains("claims"), "{text}");
         assert!(!text.contains("weft_wg_"), "no portal, no portal metrics");
         for family in text.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
             let name = family.split(' ').next().unwrap();
