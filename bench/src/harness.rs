@@ -429,7 +429,16 @@ pub fn params(local: StaticKey, net: &str, secret: &str, cipher: Cipher, ipv4: I
         local,
         psk: psk(net, secret),
         network_name: net.into(),
-        hello: Hello { cipher, ipv4, prefix: 16, hostname, ipv6: None, gso: true, gso_quic: true },
+        hello: Hello {
+            cipher,
+            ipv4,
+            prefix: 16,
+            hostname,
+            ipv6: None,
+            gso: true,
+            gso_quic: true,
+            protocol: Some(weft_core::handshake::Protocol::ours(3)),
+        },
     }
 }
 

@@ -7,8 +7,25 @@ use anyhow::{Context, Result};
 use clap::CommandFactory;
 use clap_complete::Shell;
 
-use crate::config::args::{Cli, VERSION};
+use crate::config::args::{COMMIT, Cli, VERSION};
 use crate::config::values::UsageError;
+
+/// `weft version [--json]`.
+pub(crate) fn version(json: bool) -> Result<()> {
+    use weft_core::handshake::Protocol;
+    if json {
+        let v = serde_json::json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "commit": COMMIT,
+            "protocol": Protocol::VERSION,
+            "min_protocol": Protocol::MIN,
+        });
+        println!("{v}");
+    } else {
+        println!("weft {VERSION}");
+    }
+    Ok(())
+}
 
 /// Prints the completion script for `shell`.
 pub(crate) fn completions(shell: Shell) -> Result<()> {
@@ -37,4 +54,15 @@ pub(crate) fn man(command: Option<&str>) -> Result<()> {
 fn print(bytes: &[u8]) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
     stdout.write_all(bytes).and_then(|()| stdout.flush()).context("cannot write to stdout")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_version_line_names_the_protocol_this_build_speaks() {
+        let want = format!(" protocol {}", weft_core::handshake::Protocol::VERSION);
+        assert!(VERSION.ends_with(&want), "{VERSION:?} should end with {want:?}");
+    }
 }

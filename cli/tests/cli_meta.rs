@@ -19,7 +19,15 @@ fn stdout_of(args: &[&str]) -> String {
 fn version_names_the_commit() {
     let v = stdout_of(&["--version"]);
     let prefix = format!("weft {} (", env!("CARGO_PKG_VERSION"));
-    let commit = v.trim().strip_prefix(&prefix).and_then(|r| r.strip_suffix(')')).unwrap_or_else(|| panic!("{v:?}"));
+    let commit = v
+        .trim()
+        .strip_prefix(&prefix)
+        .and_then(|r| r.split_once(") protocol "))
+        .map(|(c, p)| {
+            assert!(p.parse::<u16>().is_ok_and(|p| p >= 2), "protocol {p:?}");
+            c
+        })
+        .unwrap_or_else(|| panic!("{v:?}"));
     assert!(
         commit == "unknown" || (commit.len() >= 7 && commit.bytes().all(|b| b.is_ascii_hexdigit())),
         "not a commit: {v:?}"
@@ -31,6 +39,12 @@ fn version_names_the_commit() {
         assert_eq!(commit, String::from_utf8_lossy(&g.stdout).trim());
     }
     assert!(stdout_of(&["status", "--version"]).contains(&v["weft ".len()..]), "subcommands print the same version");
+    assert_eq!(stdout_of(&["version"]), v, "weft version says what --version says");
+    let j: serde_json::Value = serde_json::from_str(&stdout_of(&["version", "--json"])).unwrap();
+    assert_eq!(j["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(j["commit"], commit);
+    assert!(v.trim().ends_with(&format!("protocol {}", j["protocol"])), "{v:?} {j}");
+    assert!(j["min_protocol"].as_u64().unwrap() <= j["protocol"].as_u64().unwrap(), "{j}");
 }
 
 #[test]

@@ -63,6 +63,7 @@ fn outsider_attack(sock: &UdpSocket, target: SocketAddrV4) -> usize {
             ipv6: None,
             gso: true,
             gso_quic: true,
+            protocol: None,
         },
     };
     let macs = MacKeys::new(&wrong.psk);
@@ -139,6 +140,7 @@ fn member_params(ipv4: Ipv4Addr) -> Params {
             ipv6: None,
             gso: true,
             gso_quic: true,
+            protocol: None,
         },
     }
 }

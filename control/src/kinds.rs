@@ -132,6 +132,8 @@ pub enum FailureKind {
     Unreachable,
     /// No path to the peer, direct or relayed.
     NoPath,
+    /// The two nodes' protocol versions do not overlap (one is too old for the other).
+    IncompatibleVersion,
     /// A kind this build does not know (a newer node's, or an older node that did not
     /// say).
     #[default]
@@ -141,7 +143,7 @@ pub enum FailureKind {
 
 impl FailureKind {
     /// Every kind this build reports.
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 10] = [
         Self::BadResponse,
         Self::Rejected,
         Self::Refused,
@@ -151,6 +153,7 @@ impl FailureKind {
         Self::NotConfirmed,
         Self::Unreachable,
         Self::NoPath,
+        Self::IncompatibleVersion,
     ];
 
     /// The JSON spelling (also the metrics label).
@@ -165,6 +168,7 @@ impl FailureKind {
             Self::NotConfirmed => "not_confirmed",
             Self::Unreachable => "unreachable",
             Self::NoPath => "no_path",
+            Self::IncompatibleVersion => "incompatible_version",
             Self::Other => "other",
         }
     }

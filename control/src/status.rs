@@ -14,6 +14,15 @@ use crate::kinds::{ExitState, FailureKind, PathKind, PeerState};
 pub struct StatusJson {
     /// Our node id.
     pub node_id: String,
+    /// This node's release (`0.2.0`).
+    #[serde(default)]
+    pub version: String,
+    /// The protocol version this node speaks, and the oldest it talks to.
+    #[serde(default)]
+    pub protocol: u16,
+    /// The oldest protocol version this node talks to.
+    #[serde(default)]
+    pub min_protocol: u16,
     /// Network name.
     pub network_name: String,
     /// Host name.
@@ -334,6 +343,10 @@ pub struct PeerJson {
     pub drops: BTreeMap<String, u64>,
     /// Why it is not established.
     pub error: Option<String>,
+    /// The protocol version it speaks, from its hello (absent: a release before
+    /// versioning, or a member met only through the mesh).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<u16>,
 }
 
 /// One route.

@@ -195,6 +195,57 @@ pub struct Hello {
     /// beside its datagrams (an optional field after the features: never read or
     /// written without `gso`).
     pub gso_quic: bool,
+    /// The protocol the sender speaks (an optional field after the others: a hello
+    /// without it is from a release before versioning, [`Protocol::UNVERSIONED`]).
+    pub protocol: Option<Protocol>,
+}
+
+/// A protocol version and what the sender can do. Two nodes talk when each one's
+/// version is at least the other's oldest; within that, they use the capabilities
+/// both announce (new features are announced as capability bits, the way the GSO
+/// flags were).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Protocol {
+    /// The version the sender speaks.
+    pub version: u16,
+    /// The oldest version it still talks to.
+    pub min: u16,
+    /// Capability bits ([`caps`]); bits this build does not know are kept, unused.
+    pub caps: u32,
+}
+
+/// Capability bits of [`Protocol::caps`].
+pub mod caps {
+    /// Takes GSO super-packets as one record on stream connections.
+    pub const GSO: u32 = 1 << 0;
+    /// Takes them over QUIC too.
+    pub const GSO_QUIC: u32 = 1 << 1;
+}
+
+impl Protocol {
+    /// The protocol this build speaks. 1 is every release before the hello carried a
+    /// version; 2 added the version itself (release 0.2.0).
+    pub const VERSION: u16 = 2;
+    /// The oldest protocol this build still talks to: the release before.
+    pub const MIN: u16 = 1;
+    /// A hello without the field: a release before versioning.
+    pub const UNVERSIONED: Self = Self { version: 1, min: 1, caps: 0 };
+
+    /// This build's protocol with capabilities `caps`.
+    pub fn ours(caps: u32) -> Self {
+        Self { version: Self::VERSION, min: Self::MIN, caps }
+    }
+
+    /// Whether a node speaking `self` and one speaking `other` can talk.
+    pub fn compatible(&self, other: &Self) -> bool {
+        self.version >= other.min && other.version >= self.min
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "protocol {} (talks to {} and later)", self.version, self.min)
+    }
 }
 
 /// Tag of the hello's IPv6 field.
@@ -206,6 +257,9 @@ const FEATURE_GSO: u8 = 0x01;
 /// Tag of the hello's "GSO records over a QUIC stream" field (one byte, 1, follows:
 /// a field rather than a feature bit, which older nodes would not have ignored).
 const HELLO_GSO_QUIC: u8 = 8;
+/// Tag of the hello's protocol field: version u16, oldest version u16, capability
+/// bits u32, little-endian (8 bytes follow). Protocol 1 nodes stop reading before it.
+const HELLO_PROTOCOL: u8 = 9;
 
 impl Hello {
     /// Appends the encoded hello to `out`.
@@ -228,6 +282,17 @@ impl Hello {
                 out.extend_from_slice(&[HELLO_GSO_QUIC, 1]);
             }
         }
+        if let Some(p) = self.protocol {
+            out.push(HELLO_PROTOCOL);
+            out.extend_from_slice(&p.version.to_le_bytes());
+            out.extend_from_slice(&p.min.to_le_bytes());
+            out.extend_from_slice(&p.caps.to_le_bytes());
+        }
+    }
+
+    /// The sender's protocol ([`Protocol::UNVERSIONED`] when its hello has none).
+    pub fn protocol(&self) -> Protocol {
+        self.protocol.unwrap_or(Protocol::UNVERSIONED)
     }
 
     /// Parses a hello; unknown trailing bytes are ignored for forward compatibility.
@@ -248,7 +313,7 @@ impl Hello {
         // A peer's name reaches logs and terminals: no control characters (escape
         // sequences, cursor moves). Each becomes '?', which never makes it longer.
         let hostname = hostname.chars().map(|c| if c.is_control() { '?' } else { c }).collect();
-        // Optional fields, in this order: IPv6, features, GSO over QUIC. Anything else (unknown,
+        // Optional fields, in this order: IPv6, features, GSO over QUIC, protocol. Anything else (unknown,
         // cut, out of order, or feature bits this version does not know: a newer node
         // adds a field instead) ends the parse, so an older node's tail and a newer
         // node's additions are ignored and `emit` reproduces what was read.
@@ -266,7 +331,28 @@ impl Hello {
         }
         let gso = matches!(rest, [HELLO_FEATURES, FEATURE_GSO, ..]);
         let gso_quic = matches!(rest, [HELLO_FEATURES, FEATURE_GSO, HELLO_GSO_QUIC, 1, ..]);
-        Ok(Self { cipher, ipv4, prefix, hostname, ipv6, gso, gso_quic })
+        rest = &rest[if gso_quic {
+            4
+        } else if gso {
+            2
+        } else {
+            0
+        }..];
+        let protocol = match rest {
+            [HELLO_PROTOCOL, f @ ..] if f.len() >= 8 => {
+                let u16_at = |i: usize| u16::from_le_bytes([f[i], f[i + 1]]);
+                let p =
+                    Protocol { version: u16_at(0), min: u16_at(2), caps: u32::from_le_bytes([f[4], f[5], f[6], f[7]]) };
+                // A version below its own oldest, or below 2 (the first that says
+                // so), is not one anybody sends.
+                if p.min > p.version || p.version < 2 {
+                    return Err(bad);
+                }
+                Some(p)
+            }
+            _ => None,
+        };
+        Ok(Self { cipher, ipv4, prefix, hostname, ipv6, gso, gso_quic, protocol })
     }
 }
 
@@ -494,6 +580,7 @@ mod tests {
                 ipv6: None,
                 gso: true,
                 gso_quic: true,
+                protocol: None,
             },
         }
     }
@@ -615,6 +702,7 @@ mod tests {
             ipv6: None,
             gso: false,
             gso_quic: false,
+            protocol: None,
         };
         let mut b = Vec::new();
         h.emit(&mut b);
@@ -675,6 +763,57 @@ mod tests {
     }
 
     #[test]
+    fn hello_protocol_field_is_read_by_new_nodes_and_skipped_by_old_ones() {
+        let old = Hello {
+            cipher: Cipher::Aes128Gcm,
+            ipv4: [10, 1, 2, 3].into(),
+            prefix: 24,
+            hostname: "n".into(),
+            ipv6: Some(("fd12::7".parse().unwrap(), 64)),
+            gso: true,
+            gso_quic: true,
+            protocol: None,
+        };
+        let new = Hello { protocol: Some(Protocol::ours(caps::GSO | caps::GSO_QUIC | 1 << 31)), ..old.clone() };
+        let (mut bo, mut bn) = (Vec::new(), Vec::new());
+        old.emit(&mut bo);
+        new.emit(&mut bn);
+        // The field comes last: a protocol-1 node's parse (which stops at a tag it does
+        // not know) reads exactly the old hello from the new bytes.
+        assert_eq!(&bn[..bo.len()], &bo[..]);
+        assert_eq!(bn[bo.len()], 9);
+        assert_eq!(Hello::parse(&bn).unwrap(), new, "unknown capability bits are kept");
+        assert_eq!(Hello::parse(&bo).unwrap().protocol(), Protocol::UNVERSIONED);
+        // Without the optional fields before it, too.
+        let bare = Hello { ipv6: None, gso: false, gso_quic: false, ..new.clone() };
+        let mut bb = Vec::new();
+        bare.emit(&mut bb);
+        assert_eq!(Hello::parse(&bb).unwrap(), bare);
+        // Cut: a tail; nonsense versions: refused.
+        assert_eq!(Hello::parse(&bn[..bn.len() - 1]).unwrap(), old);
+        for (v, min) in [(1u16, 1u16), (3, 4)] {
+            let mut bad = bo.clone();
+            bad.push(9);
+            bad.extend_from_slice(&v.to_le_bytes());
+            bad.extend_from_slice(&min.to_le_bytes());
+            bad.extend_from_slice(&0u32.to_le_bytes());
+            assert!(Hello::parse(&bad).is_err(), "version {v} oldest {min}");
+        }
+    }
+
+    #[test]
+    fn protocols_talk_when_each_is_at_least_the_others_oldest() {
+        let p = |version, min| Protocol { version, min, caps: 0 };
+        let ours = Protocol::ours(0);
+        assert!(ours.compatible(&Protocol::UNVERSIONED), "this release talks to the one before");
+        assert!(Protocol::UNVERSIONED.compatible(&ours));
+        assert!(p(5, 3).compatible(&p(3, 2)));
+        assert!(!p(5, 4).compatible(&p(3, 2)), "the other is too old");
+        assert!(!p(3, 2).compatible(&p(5, 4)), "the other is too new for us");
+        assert_eq!(p(3, 2).to_string(), "protocol 3 (talks to 2 and later)");
+    }
+
+    #[test]
     fn hello_host_name_control_characters_are_replaced() {
         let h = Hello {
             cipher: Cipher::Aes128Gcm,
@@ -684,6 +823,7 @@ mod tests {
             ipv6: None,
             gso: true,
             gso_quic: true,
+            protocol: None,
         };
         let mut b = Vec::new();
         h.emit(&mut b);

@@ -70,6 +70,7 @@ fn config(local: StaticKey, ipv4: Ipv4Addr, dial: Vec<Endpoint>, me: Endpoint, e
                 ipv6: None,
                 gso: true,
                 gso_quic: true,
+                protocol: None,
             },
         },
         dial,

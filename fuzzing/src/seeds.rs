@@ -87,6 +87,7 @@ pub fn seeds() -> Vec<Seed> {
             ipv6: None,
             gso: false,
             gso_quic: false,
+            protocol: None,
         }
         .emit(&mut h);
         s.push(("hello", format!("seed-hello-{i}"), h));
@@ -101,6 +102,7 @@ pub fn seeds() -> Vec<Seed> {
         ipv6: v6,
         gso: true,
         gso_quic: true,
+        protocol: None,
     }
     .emit(&mut h);
     s.push(("hello", "seed-hello-ipv6".into(), h));

@@ -590,6 +590,7 @@ impl Node {
                 ipv6: rec.overlay6.map(|a| (a, ours.ipv6.map_or(64, |(_, q)| q))),
                 gso: false,
                 gso_quic: false,
+                protocol: None,
             };
             self.peers.get_or_insert_with(key, || Peer::new(key, hello, now, std::sync::Arc::default()));
             debug!(peer = %node, overlay = %rec.overlay, "learned member from topology");

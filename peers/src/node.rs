@@ -17,7 +17,7 @@ use rand::RngCore;
 use tracing::{debug, info, warn};
 use weft_control::FailureKind;
 use weft_core::admission::MacKeys;
-use weft_core::handshake::{Completed, HandshakeError, Initiator, Params, Responded, Responder};
+use weft_core::handshake::{Completed, HandshakeError, Hello, Initiator, Params, Responded, Responder};
 use weft_core::route::RouteSnapshot;
 use weft_core::session::{Session, SessionParams};
 use weft_core::wire::{
@@ -319,7 +319,7 @@ struct Finished {
 /// A finished handshake waiting for the peer's proof of the PSK.
 pub(crate) struct Held {
     key: PeerKey,
-    hello: weft_core::handshake::Hello,
+    hello: Hello,
     from: Endpoint,
     via: Option<NodeId>,
     pub(crate) entry: SessionEntry,
@@ -799,7 +799,7 @@ impl Node {
             Ok(Responded::Completed(done, msg)) => {
                 // IK: the hello is known now; a taken address is refused before we
                 // answer (only members reach this far once handshakes carry a MAC).
-                if let Some(why) = self.claim_refused(&PeerKey(done.remote_static), done.hello.ipv4, from, via) {
+                if let Some(why) = self.claim_refused(&PeerKey(done.remote_static), &done.hello, from, via) {
                     self.refuse_claim(now, back, hdr.sender_index, None, why);
                     return;
                 }
@@ -836,7 +836,7 @@ impl Node {
                 self.handshake_failed(now, p.target, msg, FailureKind::BadResponse);
             }
             Ok((done, finish)) => {
-                if let Some(why) = self.claim_refused(&PeerKey(done.remote_static), done.hello.ipv4, from, via) {
+                if let Some(why) = self.claim_refused(&PeerKey(done.remote_static), &done.hello, from, via) {
                     self.refuse_claim(now, back, hdr.sender_index, Some(p.target), why);
                     return;
                 }
@@ -1027,7 +1027,7 @@ impl Node {
             Some(format!("cipher mismatch: we use {}, peer {id} at {from} uses {}", ours.cipher, done.hello.cipher))
         } else if done.hello.ipv4 == ours.ipv4 {
             Some(format!("address conflict: peer {id} at {from} also claims {}", ours.ipv4))
-        } else if let Some(why) = self.claim_refused(&PeerKey(done.remote_static), done.hello.ipv4, from, via) {
+        } else if let Some(why) = self.claim_refused(&PeerKey(done.remote_static), &done.hello, from, via) {
             // XX responder (the finish carried the hello): tell the initiator why.
             self.refuse_claim(now, Dest::reply(from, via, self.id), remote, target, why);
             return;
@@ -1107,7 +1107,7 @@ impl Node {
             return;
         }
         let id = key.id();
-        if let Some(why) = self.claim_refused(&key, hello.ipv4, from, via) {
+        if let Some(why) = self.claim_refused(&key, &hello, from, via) {
             self.refuse_claim(now, Dest::reply(from, via, self.id), entry.session.remote_index, target, why);
             self.published.routes_dirty = true;
             return;
@@ -1207,11 +1207,23 @@ impl Node {
     pub(crate) fn claim_refused(
         &self,
         key: &PeerKey,
-        addr: Ipv4Addr,
+        hello: &Hello,
         from: Endpoint,
         via: Option<NodeId>,
     ) -> Option<(String, FailureKind)> {
         let id = key.id();
+        let addr = hello.ipv4;
+        let (ours, theirs) = (self.cfg.handshake.hello.protocol(), hello.protocol());
+        if !ours.compatible(&theirs) {
+            let who = if theirs.version < ours.min { "too old" } else { "too new" };
+            return Some((
+                format!(
+                    "peer {id} ({}) at {from} is {who} for this node: it speaks {theirs}, this node {ours}",
+                    hello.hostname
+                ),
+                FailureKind::IncompatibleVersion,
+            ));
+        }
         if let Some(why) = self.outside_overlay(IpAddr::V4(addr)) {
             return Some((
                 format!("peer {id} at {from} claims overlay address {addr}: refused, {why}"),
@@ -1273,7 +1285,12 @@ impl Node {
         (why, kind): (String, FailureKind),
     ) {
         warn!("{why}");
-        let reject = RejectRepr { reason: RejectReason::AddressTaken, receiver_index: remote_index };
+        let reason = match kind {
+            // "The payload could not be parsed (version skew)": what every release says.
+            FailureKind::IncompatibleVersion => RejectReason::BadPayload,
+            _ => RejectReason::AddressTaken,
+        };
+        let reject = RejectRepr { reason, receiver_index: remote_index };
         self.send_reject(&back, reject);
         match target {
             Some(t) => self.handshake_failed(now, t, why, kind),
@@ -1901,6 +1918,7 @@ impl Peer {
             link: self.is_link(now),
             last_handshake: self.last_handshake.map(|t| now.saturating_duration_since(t)),
             sessions: self.sessions.len(),
+            protocol: self.hello.protocol.map(|p| p.version),
             error: self.error.clone(),
             stats: self.stats.clone(),
         }

@@ -532,6 +532,7 @@ mod tests {
             ipv6: None,
             gso: false,
             gso_quic: false,
+            protocol: None,
         };
         Peer::new(PeerKey([k; 32]), hello, Instant::now(), Arc::default())
     }

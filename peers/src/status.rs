@@ -65,6 +65,9 @@ pub struct PeerStatus {
     pub last_handshake: Option<Duration>,
     /// Live sessions (current and draining).
     pub sessions: usize,
+    /// The protocol version its hello announced (`None`: a release before versioning,
+    /// or a member known only from its record).
+    pub protocol: Option<u16>,
     /// Why it is not established, if it is not.
     pub error: Option<String>,
     /// Traffic counters.

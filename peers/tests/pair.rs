@@ -578,6 +578,48 @@ fn cipher_mismatch_never_routes_and_says_why() {
     }
 }
 
+#[test]
+fn a_node_too_new_for_us_is_refused_with_both_versions_and_an_older_one_is_taken() {
+    use weft_core::handshake::Protocol;
+    let timers = Timers::default();
+    // A node of a future protocol that no longer talks to ours, as responder and as
+    // initiator: whichever end reads the other's hello first refuses it (a reject
+    // saying "version skew" tells the other), and its status names both versions.
+    let newer = Protocol { version: Protocol::VERSION + 5, min: Protocol::VERSION + 1, caps: u32::MAX };
+    let ours = format!("protocol {}", Protocol::VERSION);
+    for (dialer, future_dials) in [(A, false), (B, true)] {
+        let mut future = params(B, Cipher::Aes128Gcm, SECRET);
+        future.hello.protocol = Some(newer);
+        let (a_dials, b_dials) = if future_dials { (vec![], vec![A]) } else { (vec![B], vec![]) };
+        let mut sim =
+            Sim::new(vec![(params(A, Cipher::Aes128Gcm, SECRET), a_dials, timers), (future, b_dials, timers)]);
+        sim.run(Duration::from_secs(5));
+        assert!(sim.routed(A).is_empty() && sim.routed(B).is_empty(), "they must not route");
+        let st = sim.node(dialer).status(sim.now);
+        assert!(
+            st.handshake_failures.contains_key(&weft_control::FailureKind::IncompatibleVersion),
+            "dialer {dialer}: {:?}",
+            st.handshake_failures
+        );
+        let (who, theirs) = if future_dials { ("too old", ours.clone()) } else { ("too new", newer.to_string()) };
+        let reasons = sim.reasons(dialer);
+        assert!(
+            reasons.iter().any(|r| r.contains(who) && r.contains(&ours) && r.contains(&theirs)),
+            "dialer {dialer} names both versions: {reasons:?}"
+        );
+    }
+
+    // A node from before versioning (no protocol field) is this release's previous one:
+    // taken, and status says which protocol each peer speaks.
+    let mut unversioned = params(B, Cipher::Aes128Gcm, SECRET);
+    unversioned.hello.protocol = None;
+    let mut sim =
+        Sim::new(vec![(params(A, Cipher::Aes128Gcm, SECRET), vec![B], timers), (unversioned, vec![], timers)]);
+    assert!(sim.run_until(Duration::from_secs(2), |s| s.established(A, B) && s.established(B, A)).is_some());
+    assert_eq!(sim.peer_status(A, B).unwrap().protocol, None);
+    assert_eq!(sim.peer_status(B, A).unwrap().protocol, Some(Protocol::VERSION));
+}
+
 // ----- 4 -----
 
 #[test]

@@ -33,6 +33,7 @@ pub(crate) fn run(command: Command) -> Result<()> {
             println!("{}", secret::generate()?);
             Ok(())
         }
+        Command::Version(a) => meta::version(a.json),
         Command::Completions(a) => meta::completions(a.shell),
         Command::Man(a) => meta::man(a.command.as_deref()),
     }

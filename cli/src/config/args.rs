@@ -45,9 +45,14 @@ pub fn default_state_dir() -> PathBuf {
     }
 }
 
-/// What `weft --version` prints after the name: the crate version and the git commit
-/// it was built from (`unknown` outside a git checkout; see `build.rs`).
-pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("WEFT_GIT_COMMIT"), ")");
+/// What `weft --version` prints after the name: the release, the git commit it was
+/// built from (`unknown` outside a git checkout; see `build.rs`) and the protocol
+/// version it speaks (`weft_core::handshake::Protocol::VERSION`; a test checks the
+/// two agree).
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("WEFT_GIT_COMMIT"), ") protocol 2");
+
+/// The git commit this build was made from.
+pub const COMMIT: &str = env!("WEFT_GIT_COMMIT");
 
 /// Weft: a peer-to-peer mesh VPN node.
 #[derive(Debug, Parser)]
@@ -98,6 +103,9 @@ pub enum Command {
     /// Make network secrets.
     #[command(subcommand)]
     Secret(SecretCommand),
+    /// Print the release, the commit and the protocol version (what `--version` says;
+    /// `--json` for scripts, with the oldest protocol this build talks to).
+    Version(VersionArgs),
     /// Print a shell completion script to stdout.
     Completions(CompletionsArgs),
     /// Print a man page (roff) to stdout, for packaging.
@@ -392,6 +400,14 @@ pub enum SecretCommand {
     /// the config file or WEFT_NETWORK_SECRET. A weak secret (below about 60 bits by
     /// `weft up`'s estimate) can be guessed offline by anyone who records one handshake.
     Generate,
+}
+
+/// `weft version`.
+#[derive(Debug, Args)]
+pub struct VersionArgs {
+    /// Print `{"version", "commit", "protocol", "min_protocol"}` as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `weft completions`.

@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 use rand::SeedableRng;
 use tracing::{info, warn};
 use weft_core::crypto::Cipher;
-use weft_core::handshake::{Hello, Params, Psk, StaticKey};
+use weft_core::handshake::{Hello, Params, Protocol, Psk, StaticKey, caps};
 use weft_datapath::pipeline::{self, Device, PipelineConfig, PipelineStats, Shared};
 use weft_datapath::transport::udp;
 use weft_datapath::transport::{Egress, Endpoint, Links, Proto};
@@ -281,6 +281,7 @@ pub(super) fn engine(
         ipv6,
         gso: true,
         gso_quic: true,
+        protocol: Some(Protocol::ours(caps::GSO | caps::GSO_QUIC)),
     };
     let config = Config {
         handshake: Params { local: key, psk, network_name: cfg.network_name.clone(), hello },

@@ -82,11 +82,15 @@ impl Runtime {
                     tx_packets: p.stats.tx_packets.load(Ordering::Relaxed),
                     drops: pd,
                     error: p.error.clone(),
+                    protocol: p.protocol,
                 }
             })
             .collect();
         StatusJson {
             node_id: st.node_id.to_string(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            protocol: weft_core::handshake::Protocol::VERSION,
+            min_protocol: weft_core::handshake::Protocol::MIN,
             network_name: self.cfg.network_name.clone(),
             hostname: self.cfg.hostname.clone(),
             overlay: self.cfg.ipv4.to_string(),
