@@ -38,6 +38,12 @@ if [ -z "${PROMTOOL:-}" ]; then
     fi
 fi
 export PROMTOOL
+# The previous release's weft for the mixed-version tests (cli/tests/e2e_mixed.rs):
+# built once per commit named in packaging/previous-release, then cached.
+if [ -z "${WEFT_PREVIOUS:-}" ]; then
+    WEFT_PREVIOUS=$(scripts/build-previous.sh)
+fi
+export WEFT_PREVIOUS
 # --include-ignored: the 200-node simulation (about 3 minutes) is part of the suite.
 cargo test --workspace --locked "$@" -- --include-ignored
 # The end-to-end suites once more with every offload off (TUN TSO/GRO, UDP GSO/GRO).

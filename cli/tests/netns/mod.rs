@@ -280,6 +280,32 @@ impl Node {
         n
     }
 
+    /// Starts `bin up` (another build of weft: the previous release in the
+    /// mixed-version tests) in `ns`, like [`Node::start`].
+    #[allow(dead_code)]
+    pub fn start_binary(ns: &Netns, dir: &Path, name: &str, bin: &str, args: &[&str]) -> Self {
+        let state = dir.join(format!("{name}-state"));
+        let control = dir.join(format!("{name}.sock"));
+        let log = dir.join(format!("{name}.log"));
+        let launcher: Vec<String> = [bin, "up", "--state-dir"]
+            .map(String::from)
+            .into_iter()
+            .chain([state.display().to_string(), "--control".into(), control.display().to_string()])
+            .collect();
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let mut n = Self {
+            child: spawn_with(&ns.name, &launcher, &log, &args),
+            control,
+            state,
+            log,
+            ns: ns.name.clone(),
+            args,
+            launcher: Some(launcher),
+        };
+        n.wait_for_socket();
+        n
+    }
+
     /// Starts `weft up` in `ns` as `nobody` with every capability dropped, from a copy
     /// of the binary in `dir` (the build tree may not be readable by nobody), with
     /// HOME and XDG_RUNTIME_DIR of its own and no --state-dir or --control: it finds
