@@ -1147,12 +1147,11 @@ impl Node {
         let stats = entry.session.stats.clone();
         let stale_after = self.cfg.timers.stale_after().as_millis() as u64;
         let now_ms = ms_since(self.cfg.epoch, now);
+        let was_link = self.peers.get_or_insert_with(key, || Peer::new(key, hello.clone(), now, stats)).is_link(now);
         if dialled {
-            self.peers.get_or_insert_with(key, || Peer::new(key, hello.clone(), now, stats.clone()));
             self.peers.set_anchor(&key, Anchor::Dialled);
         }
-        let peer = self.peers.get_or_insert_with(key, || Peer::new(key, hello.clone(), now, stats));
-        let was_link = peer.is_link(now);
+        let Some(peer) = self.peers.get_mut(&key) else { return };
         peer.hello = hello;
         // A handshake that arrived straight from the peer proves a direct path.
         if via.is_none() {
@@ -1632,7 +1631,13 @@ impl Node {
         let plan = SessionTimers::of(&t, epoch, p, tx, now);
         let mut v: Vec<Instant> = Vec::with_capacity(8);
         v.extend(held);
-        v.extend(plan.earliest());
+        // A session that is not a link: its rekey, and the sample below (see
+        // SessionTimers: activity is sampled per wake).
+        if p.anchor() == Anchor::None {
+            v.extend(plan.rekey);
+        } else {
+            v.extend(plan.earliest());
+        }
         if p.sessions.len() > 1 {
             v.push(now + RETIRE_IDLE / 2);
         }

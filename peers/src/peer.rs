@@ -342,8 +342,13 @@ impl Peer {
 
 /// When each timer of a peer's current session is next due (`None`: not armed). The
 /// one place their conditions are written: `Node::drive_peer` does what is due now
-/// and `Node::peer_deadline` wakes at the earliest, both from this plan, so the two
-/// cannot disagree about when something happens.
+/// and `Node::peer_deadline` wakes for it, both from this plan, so the two cannot
+/// disagree about when something happens. One exception is deliberate: a session that
+/// is not a link wakes only for its rekey and for the activity sample every keepalive
+/// interval, where its other timers are checked. Activity is sampled on every wake and
+/// its "data sent, nothing back" clock assumes that spacing: waking such a peer at
+/// each probe or keepalive time made restarted members look alive for longer
+/// (`cli/tests/e2e_mesh.rs` `dhcp_nodes_get_distinct_addresses_and_move_on_conflict`).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct SessionTimers {
     /// New keys by age (the packet-count limit is checked as the peer is driven).
