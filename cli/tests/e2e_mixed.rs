@@ -51,7 +51,7 @@ fn both_ways(lan: &Lan, i: usize, j: usize, len: usize) {
 fn the_previous_release_and_this_one_talk_directly_on_every_transport() {
     require_root();
     let _ = previous();
-    for (scheme, port) in [("udp", 11010), ("tcp", 11010), ("ws", 11011), ("quic", 11012)] {
+    for (scheme, port) in [("udp", 11010), ("tcp", 11010), ("ws", 11011), ("wss", 11012), ("quic", 11012)] {
         // Both roles: the old node dials the new one, then the new one dials the old.
         for old_dials in [true, false] {
             let lan = Lan::new(2);
