@@ -149,9 +149,20 @@ pub fn device_name(overlay_dev: &str) -> String {
     n
 }
 
+/// The format of `wg-portal.json` this build writes and the newest it reads. 0.1.0
+/// wrote no `format` field: such a file is format 1.
+const STORE_FORMAT: u32 = 1;
+
+fn store_format_1() -> u32 {
+    1
+}
+
 /// What is kept on disk.
 #[derive(Debug, Serialize, Deserialize)]
 struct Store {
+    /// The file's format ([`STORE_FORMAT`]; absent in files of 0.1.0).
+    #[serde(default = "store_format_1")]
+    format: u32,
     /// The portal's X25519 private key, base64.
     private_key: String,
     clients: Vec<StoredClient>,
@@ -199,6 +210,13 @@ impl Store {
                 crate::config::values::check_private(path, "WireGuard portal file", "holds private keys and")?;
                 let s: Self = serde_json::from_str(&text)
                     .with_context(|| format!("corrupt WireGuard portal file {}", path.display()))?;
+                if s.format > STORE_FORMAT {
+                    anyhow::bail!(
+                        "WireGuard portal file {} has format {}, written by a newer weft; this build reads format {STORE_FORMAT} and older (upgrade weft, or restore the file's backup)",
+                        path.display(),
+                        s.format
+                    );
+                }
                 key32(&s.private_key, "the portal's private key")
                     .with_context(|| format!("corrupt WireGuard portal file {}", path.display()))?;
                 s.check(net).map_err(|e| {
@@ -207,7 +225,7 @@ impl Store {
                 Ok(s)
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let s = Self { private_key: B64.encode(random32()?), clients: Vec::new() };
+                let s = Self { format: STORE_FORMAT, private_key: B64.encode(random32()?), clients: Vec::new() };
                 s.save(path)?;
                 info!(path = %path.display(), "created the WireGuard portal key");
                 Ok(s)
@@ -401,7 +419,11 @@ impl Portal {
         let inner = Arc::new(Inner {
             cfg: cfg.clone(),
             store_path,
-            store: Mutex::new(Store { private_key: store.private_key.clone(), clients: Vec::new() }),
+            store: Mutex::new(Store {
+                format: STORE_FORMAT,
+                private_key: store.private_key.clone(),
+                clients: Vec::new(),
+            }),
             limiter: Arc::new(RateLimiter::new(&public, HANDSHAKE_RATE_LIMIT)),
             secret,
             public,
@@ -473,7 +495,7 @@ impl Portal {
         };
         let mut next = store.clients.clone();
         next.push(stored.clone());
-        Store { private_key: store.private_key.clone(), clients: next.clone() }
+        Store { format: STORE_FORMAT, private_key: store.private_key.clone(), clients: next.clone() }
             .save(&inner.store_path)
             .map_err(|e| format!("{e:#}"))?;
         inner.insert(&stored).map_err(|e| e.to_string())?;
@@ -512,7 +534,7 @@ impl Portal {
         };
         let mut next = store.clients.clone();
         let gone = next.remove(i);
-        Store { private_key: store.private_key.clone(), clients: next.clone() }
+        Store { format: STORE_FORMAT, private_key: store.private_key.clone(), clients: next.clone() }
             .save(&inner.store_path)
             .map_err(|e| format!("{e:#}"))?;
         store.clients = next;
@@ -902,9 +924,18 @@ mod tests {
             let e = format!("{:#}", Store::load_or_create(&path, n).unwrap_err());
             assert!(e.contains(needle) && e.contains(STORE_FILE), "{needle}: {e}");
         }
+        // A file of 0.1.0 (no format field) is read as format 1.
         let ok = serde_json::json!({"private_key": key, "clients": [client("a", "10.127.0.254", &key)]});
         std::fs::write(&path, ok.to_string()).unwrap();
-        assert_eq!(Store::load_or_create(&path, n).unwrap().clients.len(), 1);
+        let old = Store::load_or_create(&path, n).unwrap();
+        assert_eq!((old.clients.len(), old.format), (1, 1));
+        // What this build writes says its format; a newer format is refused by name.
+        let written = serde_json::to_value(&old).unwrap();
+        assert_eq!(written["format"], STORE_FORMAT);
+        let newer = serde_json::json!({"format": STORE_FORMAT + 1, "private_key": key, "clients": []});
+        std::fs::write(&path, newer.to_string()).unwrap();
+        let e = format!("{:#}", Store::load_or_create(&path, n).unwrap_err());
+        assert!(e.contains("newer weft") && e.contains(STORE_FILE), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
