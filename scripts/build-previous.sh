@@ -20,8 +20,12 @@ if [ -x "$bin" ]; then
     echo "$bin"
     exit 0
 fi
+if ! git cat-file -e "$commit^{commit}" 2>/dev/null && [ "$(git rev-parse --is-shallow-repository)" = true ]; then
+    echo "shallow clone: fetching its history for $commit" >&2
+    git fetch --quiet --unshallow >&2 || true
+fi
 if ! git cat-file -e "$commit^{commit}" 2>/dev/null; then
-    echo "error: commit $commit (packaging/previous-release) is not in this clone's history; fetch it (a shallow clone lacks it)" >&2
+    echo "error: commit $commit (packaging/previous-release) is not in this clone's history; fetch it" >&2
     exit 1
 fi
 
