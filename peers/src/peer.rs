@@ -345,10 +345,11 @@ impl Peer {
 /// and `Node::peer_deadline` wakes for it, both from this plan, so the two cannot
 /// disagree about when something happens. One exception is deliberate: a session that
 /// is not a link wakes only for its rekey and for the activity sample every keepalive
-/// interval, where its other timers are checked. Activity is sampled on every wake and
-/// its "data sent, nothing back" clock assumes that spacing: waking such a peer at
-/// each probe or keepalive time made restarted members look alive for longer
-/// (`cli/tests/e2e_mesh.rs` `dhcp_nodes_get_distinct_addresses_and_move_on_conflict`).
+/// interval, where its other timers are checked, as before the plan existed. Waking it
+/// at each of its plan's times (which also samples its activity each time) broke
+/// `cli/tests/e2e_mesh.rs` `dhcp_nodes_get_distinct_addresses_and_move_on_conflict`
+/// (a restarted member that moved was not reached within 20 s); why exactly is not
+/// yet understood, so the old schedule stays until it is.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct SessionTimers {
     /// New keys by age (the packet-count limit is checked as the peer is driven).

@@ -21,10 +21,16 @@ pub(crate) enum Ask {
     Status,
     AddPeer(Endpoint, PeerUri),
     RemovePeer(PeerRef),
-    WgAdd(String),
-    WgRemove(String),
+    Portal(PortalAsk),
     Reload(Box<Reloaded>),
     AcceptExit,
+}
+
+/// A change to the WireGuard portal's clients (served on a blocking thread: the
+/// client store is written and fsynced).
+pub(crate) enum PortalAsk {
+    Add(String),
+    Remove(String),
 }
 
 /// Turns a request into an [`Ask`]: parses URIs and node ids and resolves host names
@@ -65,8 +71,8 @@ async fn ask(req: Request, args: &Arc<UpArgs>) -> Result<Ask, String> {
             let u = peer.parse::<PeerUri>().map_err(|e| format!("{e} (or give a node id: 16 hex digits)"))?;
             Ok(Ask::RemovePeer(PeerRef::Endpoint(resolve(u).await?.0)))
         }
-        Request::WgAdd { name } => Ok(Ask::WgAdd(name)),
-        Request::WgRemove { name } => Ok(Ask::WgRemove(name)),
+        Request::WgAdd { name } => Ok(Ask::Portal(PortalAsk::Add(name))),
+        Request::WgRemove { name } => Ok(Ask::Portal(PortalAsk::Remove(name))),
         Request::Reload => Ok(Ask::Reload(Box::new(load_again(args.clone()).await?))),
         Request::AcceptExit => Ok(Ask::AcceptExit),
     }

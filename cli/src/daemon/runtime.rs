@@ -19,7 +19,7 @@ use weft_datapath::transport::{Endpoint, Proto};
 use weft_peers::NodeId;
 use weft_peers::node::{Action, Input, Node};
 
-use super::requests::{Ask, Asker, load_again};
+use super::requests::{Ask, Asker, PortalAsk, load_again};
 use crate::config::NodeConfig;
 use crate::config::args::UpArgs;
 use crate::config::values::PeerUri;
@@ -524,55 +524,45 @@ impl Runtime {
         }
     }
 
-    pub(super) async fn request(
-        &mut self,
-        ask: Ask,
-        discovery: &mut Option<Discovery>,
-        metrics: &mut Option<tokio::task::JoinHandle<()>>,
-        req_tx: &Requests<Ask>,
-    ) -> Reply {
-        let now = Instant::now();
-        let done = match ask {
-            Ask::Reload(new) => return self.reload(*new, discovery, metrics, req_tx).await,
-            Ask::Status => return Reply::Status(Box::new(self.status())),
-            Ask::AddPeer(to, u) => {
-                self.connector.set_path(to, u.path.clone());
-                self.engine.add_peer(now, to).map(|()| format!("added {u}"))
-            }
-            Ask::RemovePeer(which) => self.engine.remove_peer(now, which),
-            Ask::WgAdd(_) | Ask::WgRemove(_) => {
-                return Reply::Error { message: "portal requests are served apart".into() };
-            }
-            Ask::AcceptExit => self.engine.accept_exit(now),
-        };
-        match done {
-            Ok(message) => Reply::Done { message },
-            Err(message) => Reply::Error { message },
-        }
-    }
-}
-
-impl Runtime {
-    /// Answers a client: portal changes on a blocking thread, everything else here.
+    /// Answers a client: portal changes on a blocking thread (which replies), everything
+    /// else here.
     pub(super) async fn answer(
         &mut self,
-        req: Ask,
+        ask: Ask,
         reply: oneshot::Sender<Reply>,
         discovery: &mut Option<Discovery>,
         metrics: &mut Option<tokio::task::JoinHandle<()>>,
         req_tx: &Requests<Ask>,
     ) {
-        if matches!(req, Ask::WgAdd(_) | Ask::WgRemove(_)) {
-            self.portal_request(req, reply);
-        } else {
-            let r = self.request(req, discovery, metrics, req_tx).await;
-            let _ = reply.send(r);
-        }
+        let now = Instant::now();
+        let done = match ask {
+            Ask::Portal(p) => return self.portal_request(p, reply),
+            Ask::Reload(new) => {
+                let _ = reply.send(self.reload(*new, discovery, metrics, req_tx).await);
+                return;
+            }
+            Ask::Status => {
+                let _ = reply.send(Reply::Status(Box::new(self.status())));
+                return;
+            }
+            Ask::AddPeer(to, u) => {
+                self.connector.set_path(to, u.path.clone());
+                self.engine.add_peer(now, to).map(|()| format!("added {u}"))
+            }
+            Ask::RemovePeer(which) => self.engine.remove_peer(now, which),
+            Ask::AcceptExit => self.engine.accept_exit(now),
+        };
+        let _ = reply.send(match done {
+            Ok(message) => Reply::Done { message },
+            Err(message) => Reply::Error { message },
+        });
     }
+}
 
+impl Runtime {
     /// Adds or removes a WireGuard portal client on a blocking thread (the client
     /// store is written and fsynced before the reply), so the loop goes on meanwhile.
-    pub(super) fn portal_request(&self, ask: Ask, reply: oneshot::Sender<Reply>) {
+    pub(super) fn portal_request(&self, ask: PortalAsk, reply: oneshot::Sender<Reply>) {
         let Some(p) = self.portal.clone() else {
             let _ = reply.send(no_portal());
             return;
@@ -584,15 +574,14 @@ impl Runtime {
         let local = local_ipv4s(self.cfg.ipv4.addr, self.portal_dev().as_deref());
         tokio::task::spawn_blocking(move || {
             let r = match ask {
-                Ask::WgAdd(name) => match p.add(&name, &nets, &local) {
+                PortalAsk::Add(name) => match p.add(&name, &nets, &local) {
                     Ok(c) => Reply::WgClient(Box::new(c)),
                     Err(message) => Reply::Error { message },
                 },
-                Ask::WgRemove(name) => match p.remove(&name) {
+                PortalAsk::Remove(name) => match p.remove(&name) {
                     Ok(message) => Reply::Done { message },
                     Err(message) => Reply::Error { message },
                 },
-                _ => Reply::Error { message: "not a portal request".into() },
             };
             let _ = reply.send(r);
         });
