@@ -20,9 +20,9 @@
 //! private key is made when it is added, printed once in its config, and never kept.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::Write;
+
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
-use std::os::unix::fs::OpenOptionsExt;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
@@ -36,29 +36,31 @@ use boringtun::noise::handshake::parse_handshake_anon;
 use boringtun::noise::rate_limiter::RateLimiter;
 use boringtun::noise::{Packet, Tunn, TunnResult};
 use boringtun::x25519::{PublicKey, StaticSecret};
-use ring::rand::SecureRandom;
-use serde::{Deserialize, Serialize};
+
 use tracing::{debug, info, warn};
-use weft_core::route::prefix_mask;
+
 use weft_datapath::tun::{SyncDevice, Tun, TunConfig};
 
 use crate::config::values::{IpNet, Ipv4Net, UsageError};
 use weft_control::{PortalClientJson, PortalJson, WgConfigJson};
 
-/// The file of the portal's key and clients, in the state directory.
-pub const STORE_FILE: &str = "wg-portal.json";
+mod store;
+
+use store::{STORE_FILE, STORE_FORMAT, Store, StoredClient, check_name, free_address, key32, random32};
+
 /// Handshakes per second (all clients) before the portal answers with cookies. Each
 /// handshake is counted twice (once before the client is looked up, once by its
 /// tunnel), so this is about 100 real handshakes a second.
 const HANDSHAKE_RATE_LIMIT: u64 = 200;
+
 /// How often every client's WireGuard timers run (retries, keepalives, expiry), as in
 /// boringtun's own device.
 const TIMER_TICK: Duration = Duration::from_millis(250);
+
 /// Keepalive interval written into client configs: keeps the client's NAT mapping
 /// open so that members can reach it first.
 const CLIENT_KEEPALIVE: u16 = 25;
-/// Longest client name.
-const MAX_NAME: usize = 32;
+
 /// Largest datagram or packet handled.
 const BUF: usize = 65_535 + 64;
 
@@ -147,131 +149,6 @@ pub fn device_name(overlay_dev: &str) -> String {
     let mut n = format!("wg-{overlay_dev}");
     n.truncate(15);
     n
-}
-
-/// The format of `wg-portal.json` this build writes and the newest it reads. 0.1.0
-/// wrote no `format` field: such a file is format 1.
-const STORE_FORMAT: u32 = 1;
-
-fn store_format_1() -> u32 {
-    1
-}
-
-/// What is kept on disk.
-#[derive(Debug, Serialize, Deserialize)]
-struct Store {
-    /// The file's format ([`STORE_FORMAT`]; absent in files of 0.1.0).
-    #[serde(default = "store_format_1")]
-    format: u32,
-    /// The portal's X25519 private key, base64.
-    private_key: String,
-    clients: Vec<StoredClient>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct StoredClient {
-    name: String,
-    /// X25519 public key, base64 (as `wg` shows it).
-    public_key: String,
-    /// Preshared key, base64.
-    preshared_key: String,
-    address: Ipv4Addr,
-}
-
-/// A client name: 1 to 32 of `A-Z a-z 0-9 . _ -`.
-fn check_name(name: &str) -> Result<(), String> {
-    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
-    if name.is_empty() || name.len() > MAX_NAME || !name.chars().all(ok_char) {
-        return Err(format!(
-            "invalid client name {name:?}: 1 to {MAX_NAME} letters, digits, '.', '_' or '-' (e.g. alice-phone)"
-        ));
-    }
-    Ok(())
-}
-
-fn random32() -> Result<[u8; 32]> {
-    let mut b = [0u8; 32];
-    ring::rand::SystemRandom::new().fill(&mut b).map_err(|_| anyhow::anyhow!("the OS random generator failed"))?;
-    Ok(b)
-}
-
-fn key32(text: &str, what: &str) -> Result<[u8; 32]> {
-    let v = B64.decode(text.trim()).with_context(|| format!("{what} is not base64"))?;
-    v.try_into().map_err(|_| anyhow::anyhow!("{what} is not 32 bytes"))
-}
-
-impl Store {
-    /// Reads the store, or makes a new portal key when there is none. Every client
-    /// must be valid for the portal network `net`: a name, keys, and an address of its
-    /// own inside the network (not the network, portal or broadcast address).
-    fn load_or_create(path: &Path, net: Ipv4Net) -> Result<Self> {
-        match std::fs::read_to_string(path) {
-            Ok(text) => {
-                crate::config::values::check_private(path, "WireGuard portal file", "holds private keys and")?;
-                let s: Self = serde_json::from_str(&text)
-                    .with_context(|| format!("corrupt WireGuard portal file {}", path.display()))?;
-                if s.format > STORE_FORMAT {
-                    anyhow::bail!(
-                        "WireGuard portal file {} has format {}, written by a newer weft; this build reads format {STORE_FORMAT} and older (upgrade weft, or restore the file's backup)",
-                        path.display(),
-                        s.format
-                    );
-                }
-                key32(&s.private_key, "the portal's private key")
-                    .with_context(|| format!("corrupt WireGuard portal file {}", path.display()))?;
-                s.check(net).map_err(|e| {
-                    anyhow::anyhow!("WireGuard portal file {}: {e} (fix or remove that client)", path.display())
-                })?;
-                Ok(s)
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let s = Self { format: STORE_FORMAT, private_key: B64.encode(random32()?), clients: Vec::new() };
-                s.save(path)?;
-                info!(path = %path.display(), "created the WireGuard portal key");
-                Ok(s)
-            }
-            Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
-        }
-    }
-
-    fn check(&self, net: Ipv4Net) -> Result<(), String> {
-        let mut names = std::collections::HashSet::new();
-        let mut keys = std::collections::HashSet::new();
-        let mut addrs = std::collections::HashSet::new();
-        let hosts = free_hosts(net);
-        for c in &self.clients {
-            check_name(&c.name)?;
-            let key = key32(&c.public_key, "public key").map_err(|e| format!("client {:?}: {e}", c.name))?;
-            key32(&c.preshared_key, "preshared key").map_err(|e| format!("client {:?}: {e}", c.name))?;
-            if !hosts.contains(&c.address) {
-                return Err(format!(
-                    "client {:?} has address {}, which is not a client address of --wg-portal-net {net}",
-                    c.name, c.address
-                ));
-            }
-            if !names.insert(c.name.as_str()) || !keys.insert(key) || !addrs.insert(c.address) {
-                return Err(format!("client {:?} repeats a name, key or address of another client", c.name));
-            }
-        }
-        Ok(())
-    }
-
-    /// Writes the store (mode 0600) through a temporary file and a rename, so that a
-    /// crash never leaves half a file.
-    fn save(&self, path: &Path) -> Result<()> {
-        let tmp = path.with_extension("json.tmp");
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .with_context(|| format!("cannot write {}", tmp.display()))?;
-        f.write_all(serde_json::to_string_pretty(self)?.as_bytes())?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
-        Ok(())
-    }
 }
 
 /// Packets and datagrams the portal dropped, by reason.
@@ -606,20 +483,6 @@ impl Portal {
 
 fn device_name_of(inner: &Inner) -> String {
     inner.tun.name().unwrap_or_default()
-}
-
-/// The client addresses of `net`: every host after the portal's own (.0 is the
-/// network, .1 the portal, the last the broadcast address).
-fn free_hosts(net: Ipv4Net) -> std::ops::RangeInclusive<Ipv4Addr> {
-    let base = u32::from(net.addr);
-    let last = base | !prefix_mask(net.prefix);
-    Ipv4Addr::from(base + 2)..=Ipv4Addr::from(last - 1)
-}
-
-/// The lowest client address of `net` that is not taken.
-fn free_address(net: Ipv4Net, taken: &[Ipv4Addr]) -> Option<Ipv4Addr> {
-    let r = free_hosts(net);
-    (u32::from(*r.start())..=u32::from(*r.end())).map(Ipv4Addr::from).find(|a| !taken.contains(a))
 }
 
 impl Inner {
