@@ -214,7 +214,9 @@ pub struct Protocol {
     pub caps: u32,
 }
 
-/// Capability bits of [`Protocol::caps`].
+/// Capability bits of [`Protocol::caps`]. GSO and GSO over QUIC are also said by the
+/// hello's older fields, which receivers read (a protocol-1 peer has no bits); bits
+/// for features added from protocol 2 on are read from here.
 pub mod caps {
     /// Takes GSO super-packets as one record on stream connections.
     pub const GSO: u32 = 1 << 0;

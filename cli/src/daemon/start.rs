@@ -273,15 +273,19 @@ pub(super) fn engine(
     dial: &[Endpoint],
     epoch: std::time::Instant,
 ) -> Result<Node> {
+    // Records on stream connections and over QUIC: said in the fields protocol 1 reads
+    // and, from the same two values, in the capability bits.
+    let (gso, gso_quic) = (true, true);
+    let capabilities = (if gso { caps::GSO } else { 0 }) | (if gso_quic { caps::GSO_QUIC } else { 0 });
     let hello = Hello {
         cipher: cfg.cipher,
         ipv4: cfg.ipv4.addr,
         prefix: cfg.ipv4.prefix,
         hostname: cfg.hostname.clone(),
         ipv6,
-        gso: true,
-        gso_quic: true,
-        protocol: Some(Protocol::ours(caps::GSO | caps::GSO_QUIC)),
+        gso,
+        gso_quic,
+        protocol: Some(Protocol::ours(capabilities)),
     };
     let config = Config {
         handshake: Params { local: key, psk, network_name: cfg.network_name.clone(), hello },
