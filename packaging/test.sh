@@ -98,7 +98,7 @@ ok "apt-get install $deb"
 check "postinst tells the admin to set the secret" grep -q 'systemctl enable --now weft' <<<"$install_log"
 check "/usr/bin/weft --version is the built one ($built_version)" \
     test "$(/usr/bin/weft --version)" = "$built_version"
-check "--version names a commit" grep -Eq '^weft [0-9.]+ \(([0-9a-f]{7,}|unknown)\)$' <<<"$built_version"
+check "--version names a commit and the protocol" grep -Eq '^weft [0-9.]+ \(([0-9a-f]{7,}|unknown)\) protocol [0-9]+$' <<<"$built_version"
 check "man page weft(1) is installed" test -f /usr/share/man/man1/weft.1.gz
 check "man page weft-up(1) is installed" test -f /usr/share/man/man1/weft-up.1.gz
 check "man -w weft finds it" bash -c 'test "$(man -w weft)" = /usr/share/man/man1/weft.1.gz'
