@@ -38,7 +38,7 @@ cleanup() { git -C "$root" worktree remove --force "$tree" >/dev/null 2>&1 || rm
 trap cleanup EXIT
 
 echo "building the previous release ($commit) for the mixed-version tests" >&2
-CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 CARGO_PROFILE_RELEASE_DEBUG=0 \
+CARGO_PROFILE_RELEASE_OPT_LEVEL=0 CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 CARGO_PROFILE_RELEASE_DEBUG=0 \
     CARGO_TARGET_DIR="$out/target" cargo build --release --locked -p weft --manifest-path "$tree/Cargo.toml" >&2
 cp "$out/target/release/weft" "$bin.tmp"
 mv "$bin.tmp" "$bin"

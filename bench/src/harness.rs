@@ -389,6 +389,8 @@ pub fn config(handshake: Params, dial: Vec<Endpoint>, epoch: Instant, timers: Ti
         handshake,
         dial,
         epoch,
+        // A fixed wall clock (2027): stamps grow with the virtual clock.
+        wall: Duration::from_secs(1_800_000_000),
         timers,
         endpoints: vec![endpoint],
         latency_first: false,
@@ -438,6 +440,7 @@ pub fn params(local: StaticKey, net: &str, secret: &str, cipher: Cipher, ipv4: I
             gso: true,
             gso_quic: true,
             protocol: Some(weft_core::handshake::Protocol::ours(3)),
+            stamp: None,
         },
     }
 }

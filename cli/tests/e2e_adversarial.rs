@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use netns::{Lan, Netns, Node, TempDir, link, ping, require_root, wait_until};
 use weft_core::admission::MacKeys;
 use weft_core::crypto::Cipher;
-use weft_core::handshake::{Hello, Initiator, Params, Psk, StaticKey};
+use weft_core::handshake::{Hello, Initiator, Params, Psk, Stamp, StaticKey};
 use weft_core::session::{Session, SessionParams};
 use weft_core::wire::{DataHeader, HandshakeHeader, MessageType};
 use weft_datapath::transport::Endpoint;
@@ -32,7 +32,8 @@ fn node_args<'a>(ip: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
 }
 
 fn init_bytes(p: &Params, remote: Option<&[u8; 32]>, index: u32) -> (Initiator, Vec<u8>) {
-    let (init, msg) = Initiator::start(p, remote).unwrap();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    let (init, msg) = Initiator::start(p, remote, Stamp::from_unix(now)).unwrap();
     let mut b = Vec::new();
     HandshakeHeader {
         kind: MessageType::HandshakeInit,
@@ -64,6 +65,7 @@ fn outsider_attack(sock: &UdpSocket, target: SocketAddrV4) -> usize {
             gso: true,
             gso_quic: true,
             protocol: None,
+            stamp: None,
         },
     };
     let macs = MacKeys::new(&wrong.psk);
@@ -141,6 +143,7 @@ fn member_params(ipv4: Ipv4Addr) -> Params {
             gso: true,
             gso_quic: true,
             protocol: None,
+            stamp: None,
         },
     }
 }
@@ -423,7 +426,15 @@ fn a_member_joins_while_a_captured_init_is_replayed_below_every_rate() {
     let replay = captured_init(&member_params(Ipv4Addr::new(10, 126, 126, 7)));
     let target: SocketAddrV4 = format!("{}:11010", lan.addrs[0]).parse().unwrap();
     let attacker = &lan.hosts[2];
-    let joined = std::thread::scope(|s| {
+    // Whatever A sends back to the spoofed sources, counted on A's way out.
+    for rule in [
+        "add table ip wtcount",
+        "add chain ip wtcount out { type filter hook output priority 0 ; }",
+        "add rule ip wtcount out ip daddr 192.0.2.96/28 counter",
+    ] {
+        assert!(lan.hosts[0].cmd("nft").arg(rule).status().unwrap().success(), "nft {rule}");
+    }
+    let (joined, replayed) = std::thread::scope(|s| {
         let flood = s.spawn(|| {
             attacker.within(|| {
                 let (sock, to) = raw_sender(target);
@@ -435,6 +446,7 @@ fn a_member_joins_while_a_captured_init_is_replayed_below_every_rate() {
                     i += 1;
                     std::thread::sleep(Duration::from_millis(5));
                 }
+                i
             })
         });
         // Long enough for the table to fill at that rate.
@@ -450,14 +462,28 @@ fn a_member_joins_while_a_captured_init_is_replayed_below_every_rate() {
             }
             std::thread::sleep(Duration::from_millis(200));
         }
-        flood.join().unwrap();
-        joined
+        (joined, flood.join().unwrap())
     });
     let st = a.status();
-    eprintln!("replayed init at 200/s from 16 sources: B joined after {joined:?}; admission {}", st["admission"]);
+    // IP and UDP headers on both sides.
+    let replayed_bytes = u64::from(replayed) * (replay.len() as u64 + 28);
+    let out = lan.hosts[0].cmd("nft").args(["list", "table", "ip", "wtcount"]).output().unwrap();
+    let listing = String::from_utf8_lossy(&out.stdout).into_owned();
+    let answered_bytes: u64 = listing
+        .split_whitespace()
+        .skip_while(|w| *w != "bytes")
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no counter in {listing}"));
+    eprintln!(
+        "replayed init at 200/s from 16 sources: B joined after {joined:?}; {replayed_bytes} bytes replayed, \
+         {answered_bytes} answered; admission {}",
+        st["admission"]
+    );
+    assert!(answered_bytes <= replayed_bytes, "answered {answered_bytes} bytes to {replayed_bytes} replayed");
     assert!(joined.is_some(), "B did not join during the replay: {}", st["admission"]);
     assert!(st["admission"]["cookies_sent"].as_u64().unwrap_or(0) > 0, "{}", st["admission"]);
     // No init was dropped for want of room (a member's own would have been among them).
-    assert_eq!(st["admission"]["state_full"], 0, "{}", st["admission"]);
+    assert_eq!(st["admission"]["evicted"], 0, "{}", st["admission"]);
     assert_eq!(st["peers"].as_array().unwrap().len(), 1, "the replayed init became a peer: {st}");
 }

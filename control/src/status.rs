@@ -193,12 +193,17 @@ pub struct AdmissionJson {
     pub bad_mac: u64,
     /// Inits over their source's rate.
     pub rate_limited: u64,
-    /// Inits answered with a cookie instead of a Diffie-Hellman (under load).
+    /// Inits answered with a cookie instead of a Diffie-Hellman (under load, or an
+    /// init smaller than its answer would be).
     pub cookies_sent: u64,
     /// Cookies we received and used.
     pub cookies_received: u64,
-    /// Inits dropped because the pending or held tables were full.
-    pub state_full: u64,
+    /// Unproven handshakes dropped, oldest first, to make room for new ones.
+    #[serde(default)]
+    pub evicted: u64,
+    /// IK inits dropped as replays (their stamp no later than the key's last one).
+    #[serde(default)]
+    pub replayed: u64,
     /// Whether the node is under load now.
     pub under_load: bool,
 }

@@ -27,6 +27,12 @@ const PROLOGUE: &[u8] = b"weft/v1\0";
 const HELLO_VERSION: u8 = 1;
 /// Upper bound of any handshake message we send or accept.
 pub const MAX_HANDSHAKE_MSG: usize = 1024;
+/// Zero bytes an XX init carries as its (plaintext, unread) payload, so that the
+/// init is at least as large as the response it asks for: a responder answers an
+/// unproven sender with no more bytes than it sent (it sends a cookie instead). This
+/// covers responders whose host names are up to 89 bytes long; longer ones ask for a
+/// cookie round trip first. Releases before 0.2.0 send none and ignore it.
+pub const XX_INIT_PADDING: usize = 192;
 
 /// Errors from a handshake.
 #[derive(Debug, Error)]
@@ -198,6 +204,9 @@ pub struct Hello {
     /// The protocol the sender speaks (an optional field after the others: a hello
     /// without it is from a release before versioning, [`Protocol::UNVERSIONED`]).
     pub protocol: Option<Protocol>,
+    /// When the sender made this IK init (an optional field after the protocol,
+    /// written only in IK inits: [`Initiator::start`] sets it).
+    pub stamp: Option<Stamp>,
 }
 
 /// A protocol version and what the sender can do. Two nodes talk when each one's
@@ -250,6 +259,25 @@ impl fmt::Display for Protocol {
     }
 }
 
+/// When an IK init was made, as TAI64N (seconds since 1970 plus 2^62, then
+/// nanoseconds, both big-endian: byte order is time order). A responder takes an IK
+/// init from a static key only if its stamp is later than the last one it accepted
+/// from that key, so a captured init replayed later costs it one Diffie-Hellman and
+/// makes no state and no answer (WireGuard's rule). Only the holder of the static key
+/// can write it: it travels encrypted inside the init.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Stamp(pub [u8; 12]);
+
+impl Stamp {
+    /// The stamp of `since_unix` (time since 1970-01-01 UTC).
+    pub fn from_unix(since_unix: std::time::Duration) -> Self {
+        let mut b = [0u8; 12];
+        b[..8].copy_from_slice(&(0x4000_0000_0000_0000u64.wrapping_add(since_unix.as_secs())).to_be_bytes());
+        b[8..].copy_from_slice(&since_unix.subsec_nanos().to_be_bytes());
+        Self(b)
+    }
+}
+
 /// Tag of the hello's IPv6 field.
 const HELLO_IPV6: u8 = 6;
 /// Tag of the hello's feature bits (one byte follows).
@@ -262,6 +290,9 @@ const HELLO_GSO_QUIC: u8 = 8;
 /// Tag of the hello's protocol field: version u16, oldest version u16, capability
 /// bits u32, little-endian (8 bytes follow). Protocol 1 nodes stop reading before it.
 const HELLO_PROTOCOL: u8 = 9;
+/// Tag of the hello's [`Stamp`] (12 bytes follow); only after the protocol field,
+/// only in IK inits. Protocol 1 nodes stop reading before it.
+const HELLO_STAMP: u8 = 10;
 
 impl Hello {
     /// Appends the encoded hello to `out`.
@@ -289,7 +320,18 @@ impl Hello {
             out.extend_from_slice(&p.version.to_le_bytes());
             out.extend_from_slice(&p.min.to_le_bytes());
             out.extend_from_slice(&p.caps.to_le_bytes());
+            if let Some(t) = self.stamp {
+                out.push(HELLO_STAMP);
+                out.extend_from_slice(&t.0);
+            }
         }
+    }
+
+    /// The length of the encoded hello.
+    pub fn encoded_len(&self) -> usize {
+        let mut v = Vec::new();
+        self.emit(&mut v);
+        v.len()
     }
 
     /// The sender's protocol ([`Protocol::UNVERSIONED`] when its hello has none).
@@ -340,6 +382,7 @@ impl Hello {
         } else {
             0
         }..];
+        let mut stamp = None;
         let protocol = match rest {
             [HELLO_PROTOCOL, f @ ..] if f.len() >= 8 => {
                 let u16_at = |i: usize| u16::from_le_bytes([f[i], f[i + 1]]);
@@ -350,11 +393,16 @@ impl Hello {
                 if p.min > p.version || p.version < 2 {
                     return Err(bad);
                 }
+                if let [HELLO_STAMP, t @ ..] = &f[8..]
+                    && let Some(t) = t.get(..12)
+                {
+                    stamp = t.try_into().ok().map(Stamp);
+                }
                 Some(p)
             }
             _ => None,
         };
-        Ok(Self { cipher, ipv4, prefix, hostname, ipv6, gso, gso_quic, protocol })
+        Ok(Self { cipher, ipv4, prefix, hostname, ipv6, gso, gso_quic, protocol, stamp })
     }
 }
 
@@ -404,6 +452,19 @@ pub struct Params {
     pub hello: Hello,
 }
 
+impl Params {
+    /// The Noise bytes of our response to an init of `pattern` (without the header
+    /// and MACs): what answering it costs in bytes.
+    pub fn response_len(&self, pattern: Pattern) -> usize {
+        // e, then for XX s (encrypted: 32 + tag), then the hello encrypted (+ tag).
+        let statics = match pattern {
+            Pattern::Xx => 32 + 16,
+            Pattern::Ik => 0,
+        };
+        32 + statics + self.hello.encoded_len() + 16
+    }
+}
+
 /// The initiator's side of a handshake in flight.
 pub struct Initiator {
     state: HandshakeState,
@@ -417,9 +478,11 @@ impl fmt::Debug for Initiator {
 }
 
 impl Initiator {
-    /// Starts a handshake. With `remote` known it uses IK, else XX. Returns the state
-    /// and the Noise bytes of the first message.
-    pub fn start(p: &Params, remote: Option<&[u8; 32]>) -> Result<(Self, Vec<u8>), HandshakeError> {
+    /// Starts a handshake. With `remote` known it uses IK (its hello carries `stamp`,
+    /// which must be later than every IK init this key sent before), else XX (padded
+    /// to [`XX_INIT_PADDING`]). Returns the state and the Noise bytes of the first
+    /// message.
+    pub fn start(p: &Params, remote: Option<&[u8; 32]>, stamp: Stamp) -> Result<(Self, Vec<u8>), HandshakeError> {
         let (pattern, name, loc) = match remote {
             Some(_) => (Pattern::Ik, IK, 2),
             None => (Pattern::Xx, XX, 3),
@@ -435,8 +498,9 @@ impl Initiator {
         }
         let mut state = b.build_initiator().map_err(HandshakeError::Setup)?;
         let mut payload = Vec::new();
-        if pattern == Pattern::Ik {
-            p.hello.emit(&mut payload);
+        match pattern {
+            Pattern::Ik => Hello { stamp: Some(stamp), ..p.hello.clone() }.emit(&mut payload),
+            Pattern::Xx => payload.resize(XX_INIT_PADDING, 0),
         }
         let mut out = vec![0u8; MAX_HANDSHAKE_MSG];
         let n = state.write_message(&payload, &mut out).map_err(HandshakeError::Setup)?;
@@ -583,12 +647,13 @@ mod tests {
                 gso: true,
                 gso_quic: true,
                 protocol: None,
+                stamp: None,
             },
         }
     }
 
     fn xx(a: &Params, b: &Params) -> Result<(Completed, Completed), HandshakeError> {
-        let (init, m1) = Initiator::start(a, None)?;
+        let (init, m1) = Initiator::start(a, None, Stamp::default())?;
         let Responded::Pending(resp, m2) = Responder::respond(b, Pattern::Xx, &m1)? else {
             panic!("XX must wait for the finish message")
         };
@@ -636,7 +701,7 @@ mod tests {
         assert_eq!(bd.remote_static, a.local.public);
 
         // Second contact: IK with the learned key.
-        let (init, m1) = Initiator::start(&a, Some(&ad.remote_static)).unwrap();
+        let (init, m1) = Initiator::start(&a, Some(&ad.remote_static), Stamp::default()).unwrap();
         assert_eq!(init.pattern(), Pattern::Ik);
         let Responded::Completed(bd2, m2) = Responder::respond(&b, Pattern::Ik, &m1).unwrap() else {
             panic!("IK completes on the responder after message one")
@@ -652,7 +717,7 @@ mod tests {
     fn wrong_secret_fails_xx_at_responder() {
         let a = params("office", "s3cret", [10, 0, 0, 1], Cipher::Aes128Gcm);
         let b = params("office", "other", [10, 0, 0, 2], Cipher::Aes128Gcm);
-        let (init, m1) = Initiator::start(&a, None).unwrap();
+        let (init, m1) = Initiator::start(&a, None, Stamp::default()).unwrap();
         let Responded::Pending(resp, m2) = Responder::respond(&b, Pattern::Xx, &m1).unwrap() else { panic!() };
         let (_, m3) = init.read_response(&a, &m2).unwrap();
         assert!(matches!(resp.finish(&m3.unwrap()), Err(HandshakeError::Auth(_))));
@@ -662,7 +727,7 @@ mod tests {
     fn wrong_secret_fails_ik_at_initiator() {
         let a = params("office", "s3cret", [10, 0, 0, 1], Cipher::Aes128Gcm);
         let b = params("office", "other", [10, 0, 0, 2], Cipher::Aes128Gcm);
-        let (init, m1) = Initiator::start(&a, Some(&b.local.public)).unwrap();
+        let (init, m1) = Initiator::start(&a, Some(&b.local.public), Stamp::default()).unwrap();
         // psk2 is mixed after message one, so the responder cannot tell yet...
         let Responded::Completed(_, m2) = Responder::respond(&b, Pattern::Ik, &m1).unwrap() else { panic!() };
         // ...but the initiator can.
@@ -681,7 +746,7 @@ mod tests {
         let a = params("office", "s3cret", [10, 0, 0, 1], Cipher::Aes128Gcm);
         let b = params("office", "s3cret", [10, 0, 0, 2], Cipher::Aes128Gcm);
         let old = StaticKey::generate().unwrap();
-        let (_, m1) = Initiator::start(&a, Some(&old.public)).unwrap();
+        let (_, m1) = Initiator::start(&a, Some(&old.public), Stamp::default()).unwrap();
         assert!(matches!(Responder::respond(&b, Pattern::Ik, &m1), Err(HandshakeError::Auth(_))));
     }
 
@@ -705,6 +770,7 @@ mod tests {
             gso: false,
             gso_quic: false,
             protocol: None,
+            stamp: None,
         };
         let mut b = Vec::new();
         h.emit(&mut b);
@@ -775,6 +841,7 @@ mod tests {
             gso: true,
             gso_quic: true,
             protocol: None,
+            stamp: None,
         };
         let new = Hello { protocol: Some(Protocol::ours(caps::GSO | caps::GSO_QUIC | 1 << 31)), ..old.clone() };
         let (mut bo, mut bn) = (Vec::new(), Vec::new());
@@ -804,6 +871,34 @@ mod tests {
     }
 
     #[test]
+    fn ik_inits_carry_their_stamp_and_xx_inits_are_as_large_as_the_answer() {
+        let mut a = params("office", "s3cret", [10, 0, 0, 1], Cipher::Aes128Gcm);
+        let mut b = params("office", "s3cret", [10, 0, 0, 2], Cipher::Aes128Gcm);
+        for p in [&mut a, &mut b] {
+            p.hello.protocol = Some(Protocol::ours(caps::GSO | caps::GSO_QUIC));
+            p.hello.ipv6 = Some(("fd00::2".parse().unwrap(), 64));
+            p.hello.hostname = "h".repeat(89);
+        }
+        // TAI64N orders as the times do, across a second boundary too.
+        let t = |s, n| Stamp::from_unix(std::time::Duration::new(s, n));
+        assert!(t(10, 999_999_999) < t(11, 0) && t(11, 0) < t(11, 1));
+        assert_eq!(t(0, 0).0[..8], 0x4000_0000_0000_0000u64.to_be_bytes());
+
+        let (_, m1) = Initiator::start(&a, Some(&b.local.public), t(1_800_000_000, 5)).unwrap();
+        let Responded::Completed(done, m2) = Responder::respond(&b, Pattern::Ik, &m1).unwrap() else { panic!() };
+        assert_eq!(done.hello.stamp, Some(t(1_800_000_000, 5)));
+        assert_eq!(Hello { stamp: None, ..done.hello }, a.hello);
+        assert_eq!(m2.len(), b.response_len(Pattern::Ik));
+
+        let (init, m1) = Initiator::start(&a, None, Stamp::default()).unwrap();
+        let Responded::Pending(resp, m2) = Responder::respond(&b, Pattern::Xx, &m1).unwrap() else { panic!() };
+        assert_eq!(m2.len(), b.response_len(Pattern::Xx));
+        assert!(m1.len() >= m2.len(), "an XX init ({}) is no smaller than its answer ({})", m1.len(), m2.len());
+        let (_, m3) = init.read_response(&a, &m2).unwrap();
+        assert_eq!(resp.finish(&m3.unwrap()).unwrap().hello.stamp, None, "only IK inits are stamped");
+    }
+
+    #[test]
     fn protocols_talk_when_each_is_at_least_the_others_oldest() {
         let p = |version, min| Protocol { version, min, caps: 0 };
         let ours = Protocol::ours(0);
@@ -826,6 +921,7 @@ mod tests {
             gso: true,
             gso_quic: true,
             protocol: None,
+            stamp: None,
         };
         let mut b = Vec::new();
         h.emit(&mut b);

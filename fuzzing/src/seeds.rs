@@ -88,6 +88,7 @@ pub fn seeds() -> Vec<Seed> {
             gso: false,
             gso_quic: false,
             protocol: None,
+            stamp: None,
         }
         .emit(&mut h);
         s.push(("hello", format!("seed-hello-{i}"), h));
@@ -103,6 +104,7 @@ pub fn seeds() -> Vec<Seed> {
         gso: true,
         gso_quic: true,
         protocol: None,
+        stamp: None,
     }
     .emit(&mut h);
     s.push(("hello", "seed-hello-ipv6".into(), h));

@@ -4,7 +4,7 @@
 //! pending tables. WireGuard's scheme, with relayed senders and their neighbours
 //! budgeted apart.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,9 +12,10 @@ use std::time::{Duration, Instant};
 use rand::RngCore;
 use weft_core::admission::{Bucket, Cookie, CookieSecret, MacKeys, mac1_of};
 use weft_core::endpoint::Endpoint;
-use weft_core::wire::{HandshakeHeader, Pattern};
+use weft_core::handshake::Stamp;
+use weft_core::wire::HandshakeHeader;
 
-use crate::identity::NodeId;
+use crate::identity::{NodeId, PeerKey};
 use crate::node::{MAX_HELD, MAX_PENDING_RESP};
 
 /// Inits a second (after mac1) above which the node is under load and answers inits
@@ -35,6 +36,9 @@ const MAX_BUCKETS: usize = 4096;
 const COOKIE_LIFETIME: Duration = Duration::from_secs(120);
 /// Cookies we hold for destinations, at most.
 const MAX_COOKIES: usize = 1024;
+/// Static keys whose last IK init stamp we remember, at most (the oldest stamp is
+/// forgotten first: a key that has not dialled for longest).
+const MAX_STAMPS: usize = 8192;
 
 /// What admission control did with handshake datagrams (status counters).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -47,8 +51,12 @@ pub struct AdmissionStats {
     pub cookies_sent: u64,
     /// Cookie replies we accepted (and resent our init with mac2).
     pub cookies_received: u64,
-    /// Inits dropped because the pending or held tables were full.
-    pub state_full: u64,
+    /// Unproven handshakes (XX responders waiting for their finish, sessions waiting
+    /// for their first packet) dropped, oldest first, to make room for new ones.
+    pub evicted: u64,
+    /// IK inits dropped after their Diffie-Hellman because their stamp was not later
+    /// than the last one the same key sent (replays of captured inits).
+    pub replayed: u64,
     /// Whether the node is under load right now.
     pub under_load: bool,
 }
@@ -92,10 +100,9 @@ pub(crate) enum Verdict {
     Admit,
     /// Its source (or relay) spent its tokens.
     RateLimited,
-    /// Under load without a valid mac2: send this cookie reply instead.
+    /// Under load, or asking for an answer larger than itself, without a valid mac2:
+    /// send this cookie reply instead.
     Cookie(Vec<u8>),
-    /// The pending or held table is full.
-    StateFull,
 }
 
 /// The admission state of a node: MAC keys, source buckets, the load window, the
@@ -111,6 +118,10 @@ pub(crate) struct Gate {
     prev_load_count: u32,
     overloaded_until: Option<Instant>,
     stats: AdmissionStats,
+    /// The last IK init stamp accepted from each static key.
+    stamps: HashMap<PeerKey, Stamp>,
+    /// The last stamp we wrote into an IK init (each one is later than the last).
+    our_stamp: Stamp,
 }
 
 impl Gate {
@@ -126,6 +137,8 @@ impl Gate {
             prev_load_count: 0,
             overloaded_until: None,
             stats: AdmissionStats::default(),
+            stamps: HashMap::new(),
+            our_stamp: Stamp::default(),
         }
     }
 
@@ -150,8 +163,11 @@ impl Gate {
     }
 
     /// Whether an init (mac1 already verified) may cost us a Diffie-Hellman: its source
-    /// has tokens left, and under load it proves with mac2 that it receives at its
-    /// address (else it gets a cookie); the pending and held tables have room.
+    /// has tokens left, and under load, or when our answer (`answer_len` bytes) would
+    /// be larger than the init, it proves with mac2 that it receives at its address
+    /// (else it gets a cookie, smaller than any init: an unproven sender never draws
+    /// more bytes than it sent). A full pending or held table makes room by dropping
+    /// its oldest unproven entry (the node does that), never by refusing.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn admit(
         &mut self,
@@ -161,6 +177,7 @@ impl Gate {
         via: Option<NodeId>,
         hdr: HandshakeHeader,
         bytes: &[u8],
+        answer_len: usize,
         tables: Tables,
         rng: &mut dyn RngCore,
     ) -> Verdict {
@@ -198,20 +215,13 @@ impl Gate {
             self.cookie_rotated = Some(now);
         }
         let cookie_source = cookie_source(from, via);
-        if self.under_load(now, tables) && !self.cookie_secret.check_mac2(&cookie_source, bytes) {
+        let must_prove = self.under_load(now, tables) || answer_len > bytes.len();
+        if must_prove && !self.cookie_secret.check_mac2(&cookie_source, bytes) {
             let cookie = self.cookie_secret.cookie_for(&cookie_source);
             let mut nonce = [0u8; 12];
             rng.fill_bytes(&mut nonce);
             self.stats.cookies_sent += 1;
             return Verdict::Cookie(self.macs.cookie_reply(hdr.sender_index, &mac1_of(bytes), &cookie, nonce));
-        }
-        let full = match hdr.pattern {
-            Pattern::Xx => tables.pending >= MAX_PENDING_RESP,
-            Pattern::Ik => tables.held >= MAX_HELD,
-        };
-        if full {
-            self.stats.state_full += 1;
-            return Verdict::StateFull;
         }
         Verdict::Admit
     }
@@ -251,9 +261,54 @@ impl Gate {
         busy || self.overloaded_until.is_some_and(|t| now < t)
     }
 
-    /// A handshake found the held table full after admission (counted as such).
-    pub(crate) fn count_state_full(&mut self) {
-        self.stats.state_full += 1;
+    /// An unproven handshake was dropped to make room for a new one.
+    pub(crate) fn count_evicted(&mut self) {
+        self.stats.evicted += 1;
+    }
+
+    /// The stamp of an IK init we make at `wall` (time since 1970): later than any
+    /// we made before, even within one clock tick.
+    pub(crate) fn next_stamp(&mut self, wall: Duration) -> Stamp {
+        let mut s = Stamp::from_unix(wall);
+        if s <= self.our_stamp {
+            s = Stamp::from_unix(self.our_stamp_time() + Duration::from_nanos(1));
+        }
+        self.our_stamp = s;
+        s
+    }
+
+    fn our_stamp_time(&self) -> Duration {
+        let b = self.our_stamp.0;
+        let secs = u64::from_be_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]);
+        let nanos = u32::from_be_bytes([b[8], b[9], b[10], b[11]]);
+        Duration::new(secs.wrapping_sub(0x4000_0000_0000_0000), nanos)
+    }
+
+    /// Whether an IK init from `key` carrying `stamp` is new (and remember it): a
+    /// stamp no later than the last one accepted from the key is a replay, and so is
+    /// an unstamped init from a key that stamped before (only releases before 0.2.0
+    /// send none). Counted when refused.
+    pub(crate) fn accept_stamp(&mut self, key: PeerKey, stamp: Option<Stamp>) -> bool {
+        let last = self.stamps.get(&key).copied();
+        let fresh = match (stamp, last) {
+            (Some(s), Some(l)) => s > l,
+            (Some(_), None) | (None, None) => true,
+            (None, Some(_)) => false,
+        };
+        if !fresh {
+            self.stats.replayed += 1;
+            return false;
+        }
+        if let Some(s) = stamp {
+            if self.stamps.len() >= MAX_STAMPS
+                && !self.stamps.contains_key(&key)
+                && let Some(oldest) = self.stamps.iter().min_by_key(|(_, s)| **s).map(|(k, _)| *k)
+            {
+                self.stamps.remove(&oldest);
+            }
+            self.stamps.insert(key, s);
+        }
+        true
     }
 
     /// Keeps a cookie a responder gave us for `to` (the oldest goes when full).
@@ -288,7 +343,7 @@ fn cookie_source(from: Endpoint, via: Option<NodeId>) -> Vec<u8> {
 mod tests {
     use rand::SeedableRng;
     use weft_core::handshake::Psk;
-    use weft_core::wire::MessageType;
+    use weft_core::wire::{MessageType, Pattern};
 
     use super::*;
 
@@ -308,15 +363,46 @@ mod tests {
         let idle = Tables { pending: 0, held: 0 };
         let from = Endpoint::udp("192.0.2.1:1000".parse().unwrap());
         for _ in 0..SOURCE_BURST as usize {
-            assert_eq!(gate.admit(now, 1, from, None, hdr, &bytes, idle, &mut rng), Verdict::Admit);
+            assert_eq!(gate.admit(now, 1, from, None, hdr, &bytes, 100, idle, &mut rng), Verdict::Admit);
         }
-        assert_eq!(gate.admit(now, 1, from, None, hdr, &bytes, idle, &mut rng), Verdict::RateLimited);
+        assert_eq!(gate.admit(now, 1, from, None, hdr, &bytes, 100, idle, &mut rng), Verdict::RateLimited);
         // Another source while the held table is half full: load, so a cookie first.
         let other = Endpoint::udp("192.0.2.2:1000".parse().unwrap());
         let busy = Tables { pending: 0, held: MAX_HELD / 2 };
-        assert!(matches!(gate.admit(now, 1, other, None, hdr, &bytes, busy, &mut rng), Verdict::Cookie(_)));
+        assert!(matches!(gate.admit(now, 1, other, None, hdr, &bytes, 100, busy, &mut rng), Verdict::Cookie(_)));
         let s = gate.stats(now, busy);
         assert_eq!((s.rate_limited, s.cookies_sent, s.under_load), (1, 1, true));
         assert!(!gate.stats(now, idle).under_load, "load came from the tables only");
+        // Without load, an init asking for more bytes than it carries proves its
+        // address first: the cookie is smaller than the init.
+        let third = Endpoint::udp("192.0.2.3:1000".parse().unwrap());
+        let Verdict::Cookie(c) = gate.admit(now, 1, third, None, hdr, &bytes, 149, idle, &mut rng) else {
+            panic!("a larger answer than the init needs a cookie")
+        };
+        assert!(c.len() < bytes.len());
+        assert_eq!(gate.admit(now, 1, third, None, hdr, &bytes, 148, idle, &mut rng), Verdict::Admit);
+    }
+
+    #[test]
+    fn ik_stamps_must_grow_per_key_and_ours_always_do() {
+        let macs = Arc::new(MacKeys::new(&Psk::derive("net", "a secret of some length")));
+        let mut gate = Gate::new(macs, [7; 32]);
+        let (a, b) = (PeerKey([1; 32]), PeerKey([2; 32]));
+        let t = |s| Some(Stamp::from_unix(Duration::from_secs(s)));
+        assert!(gate.accept_stamp(a, None), "a release before stamps");
+        assert!(gate.accept_stamp(a, t(100)));
+        assert!(!gate.accept_stamp(a, t(100)), "the same init again");
+        assert!(!gate.accept_stamp(a, t(99)), "an older one");
+        assert!(!gate.accept_stamp(a, None), "an unstamped one from a key that stamps");
+        assert!(gate.accept_stamp(b, t(50)), "stamps are per key");
+        assert!(gate.accept_stamp(a, t(101)));
+        assert_eq!(gate.stats(Instant::now(), Tables { pending: 0, held: 0 }).replayed, 3);
+
+        let wall = Duration::from_secs(1_800_000_000);
+        let first = gate.next_stamp(wall);
+        let second = gate.next_stamp(wall);
+        let third = gate.next_stamp(wall - Duration::from_secs(5));
+        assert!(first < second && second < third, "one tick, or a clock stepped back, still grows");
+        assert!(gate.next_stamp(wall + Duration::from_secs(1)) > third);
     }
 }

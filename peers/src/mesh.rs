@@ -591,6 +591,7 @@ impl Node {
                 gso: false,
                 gso_quic: false,
                 protocol: None,
+                stamp: None,
             };
             self.peers.get_or_insert_with(key, || Peer::new(key, hello, now, std::sync::Arc::default()));
             debug!(peer = %node, overlay = %rec.overlay, "learned member from topology");

@@ -16,12 +16,13 @@ use weft_core::endpoint::Endpoint;
 use rand::RngCore;
 use tracing::{debug, info, warn};
 use weft_control::FailureKind;
-use weft_core::admission::MacKeys;
+use weft_core::admission::{HANDSHAKE_MACS_LEN, MacKeys};
 use weft_core::handshake::{Completed, HandshakeError, Hello, Initiator, Params, Responded, Responder};
 use weft_core::route::RouteSnapshot;
 use weft_core::session::{Session, SessionParams};
 use weft_core::wire::{
-    DATA_HEADER_LEN, HandshakeHeader, MAX_HOPS, MessageType, Pattern, RejectReason, RejectRepr, RelayHeader,
+    DATA_HEADER_LEN, HANDSHAKE_HEADER_LEN, HandshakeHeader, MAX_HOPS, MessageType, Pattern, RejectReason, RejectRepr,
+    RelayHeader,
 };
 
 use crate::deadline::Deadlines;
@@ -118,6 +119,9 @@ pub struct Config {
     pub dial: Vec<Endpoint>,
     /// Origin of the millisecond clock the pipelines store in sessions.
     pub epoch: Instant,
+    /// The wall clock at `epoch` (time since 1970-01-01 UTC): IK inits carry a stamp
+    /// that must grow across restarts too (`handshake::Stamp`).
+    pub wall: Duration,
     /// Timing.
     pub timers: Timers,
     /// Addresses this node can be reached at (announced in its topology record).
@@ -749,13 +753,14 @@ impl Node {
     ) -> bool {
         let tables = self.tables();
         let now_ms = ms_since(self.cfg.epoch, now);
-        match self.gate.admit(now, now_ms, from, via, hdr, bytes, tables, self.rng.as_mut()) {
+        let answer = HANDSHAKE_HEADER_LEN + self.cfg.handshake.response_len(hdr.pattern) + HANDSHAKE_MACS_LEN;
+        match self.gate.admit(now, now_ms, from, via, hdr, bytes, answer, tables, self.rng.as_mut()) {
             Verdict::Admit => true,
             Verdict::Cookie(reply) => {
                 self.actions.push_back(Dest::reply(from, via, self.id).send(reply));
                 false
             }
-            Verdict::RateLimited | Verdict::StateFull => false,
+            Verdict::RateLimited => false,
         }
     }
 
@@ -791,12 +796,25 @@ impl Node {
             Ok(Responded::Pending(responder, msg)) => {
                 let local = self.new_index();
                 self.send_handshake(&back, MessageType::HandshakeResponse, hdr.pattern, local, hdr.sender_index, &msg);
+                if self.pending.resp.len() >= MAX_PENDING_RESP
+                    && let Some((&oldest, _)) = self.pending.resp.iter().min_by_key(|(_, p)| p.started)
+                {
+                    self.pending.resp.remove(&oldest);
+                    self.gate.count_evicted();
+                }
                 self.pending
                     .resp
                     .insert(local, PendingResp { responder, from, via, remote_index: hdr.sender_index, started: now });
                 self.deadlines.at_most(Wake::Handshakes, now + CONFIRM_TIMEOUT);
             }
-            Ok(Responded::Completed(done, msg)) => {
+            Ok(Responded::Completed(mut done, msg)) => {
+                // A replayed init (its stamp is not later than the last one this key
+                // sent) costs this Diffie-Hellman and nothing more: no answer, no state.
+                // The stamp is of this init only: it is not part of the peer's hello.
+                if !self.gate.accept_stamp(PeerKey(done.remote_static), done.hello.stamp.take()) {
+                    debug!(peer = %from, "dropped a replayed IK init");
+                    return;
+                }
                 // IK: the hello is known now; a taken address is refused before we
                 // answer (only members reach this far once handshakes carry a MAC).
                 if let Some(why) = self.claim_refused(&PeerKey(done.remote_static), &done.hello, from, via) {
@@ -1069,9 +1087,11 @@ impl Node {
         } else {
             // Nothing about an unproven peer is acted on or shown: no route, no status
             // row, no --dhcp move, until its first authenticated packet.
-            if self.pending.held.len() >= MAX_HELD {
-                self.gate.count_state_full();
-                return;
+            if self.pending.held.len() >= MAX_HELD
+                && let Some((&oldest, _)) = self.pending.held.iter().min_by_key(|(_, h)| h.entry.created)
+            {
+                self.pending.held.remove(&oldest);
+                self.gate.count_evicted();
             }
             self.pending.held.insert(local, held);
             self.published.held_dirty = true;
@@ -1672,13 +1692,15 @@ impl Node {
     }
 
     fn start_handshake(&mut self, now: Instant, target: Target, to: Dest, remote: Option<PeerKey>) {
-        let (initiator, msg) = match Initiator::start(&self.cfg.handshake, remote.as_ref().map(PeerKey::as_bytes)) {
-            Ok(x) => x,
-            Err(e) => {
-                warn!(error = %e, "cannot start handshake");
-                return;
-            }
-        };
+        let stamp = self.gate.next_stamp(self.cfg.wall + now.saturating_duration_since(self.cfg.epoch));
+        let (initiator, msg) =
+            match Initiator::start(&self.cfg.handshake, remote.as_ref().map(PeerKey::as_bytes), stamp) {
+                Ok(x) => x,
+                Err(e) => {
+                    warn!(error = %e, "cannot start handshake");
+                    return;
+                }
+            };
         let local = self.new_index();
         let pattern = initiator.pattern();
         let mut bytes = Vec::with_capacity(12 + msg.len() + 32);

@@ -539,6 +539,7 @@ mod tests {
             gso: false,
             gso_quic: false,
             protocol: None,
+            stamp: None,
         };
         Peer::new(PeerKey([k; 32]), hello, Instant::now(), Arc::default())
     }

@@ -15,7 +15,7 @@ use weft_bench::harness::static_key;
 use weft_core::admission::MacKeys;
 use weft_core::crypto::Cipher;
 use weft_core::endpoint::Endpoint;
-use weft_core::handshake::{Initiator, Params};
+use weft_core::handshake::{Initiator, Params, Stamp};
 use weft_core::wire::{HandshakeHeader, MessageType};
 use weft_peers::node::{Action, Input, MAX_PENDING_RESP, Node};
 use weft_peers::{Config, NodeId, Timers};
@@ -43,7 +43,9 @@ fn responder(epoch: Instant, dynamic: bool) -> Node {
 
 /// An init as a node with `p` would send it (MACed with `p`'s PSK).
 fn init(p: &Params, remote: Option<&[u8; 32]>, sender_index: u32) -> Vec<u8> {
-    let (i, msg) = Initiator::start(p, remote).unwrap();
+    // Each index its own, later stamp (IK inits of one key must grow).
+    let stamp = Stamp::from_unix(Duration::from_secs(1_900_000_000 + u64::from(sender_index)));
+    let (i, msg) = Initiator::start(p, remote, stamp).unwrap();
     let mut b = Vec::new();
     HandshakeHeader { kind: MessageType::HandshakeInit, pattern: i.pattern(), sender_index, receiver_index: 0 }
         .emit(&mut b);
@@ -173,7 +175,7 @@ fn pending_responses_are_capped() {
     assert_eq!(answered, 1200);
     let a = b.admission(epoch);
     assert_eq!(a.cookies_sent, 1200 - MAX_PENDING_RESP as u64 / 2);
-    assert_eq!(a.state_full, 0);
+    assert_eq!(a.evicted, 0);
     assert!(b.admission(epoch + Duration::from_secs(6)).under_load, "the table is still half full");
 }
 
@@ -221,4 +223,106 @@ fn an_unproven_initiator_never_moves_a_dhcp_address() {
     }
     let st = b.status(now);
     assert!(st.peers.is_empty());
+}
+
+/// An init resealed with the cookie of a cookie reply (what an initiator does next).
+fn with_cookie(init: &[u8], reply: &[u8], psk_of: &Params) -> Vec<u8> {
+    let macs = MacKeys::new(&psk_of.psk);
+    let mac1 = weft_core::admission::mac1_of(init);
+    let cookie = macs.open_cookie_reply(reply, &mac1).expect("a cookie for this init");
+    let mut b = init[..init.len() - 32].to_vec();
+    macs.seal(&mut b, Some(&cookie));
+    b
+}
+
+#[test]
+fn a_replayed_ik_init_gets_no_answer_and_leaves_no_state() {
+    let epoch = Instant::now();
+    let mut b = responder(epoch, false);
+    let b_public = params(0, SECRET, Ipv4Addr::new(10, 9, 0, 1)).local.public;
+    let member = params(1, SECRET, Ipv4Addr::new(10, 9, 0, 2));
+    let captured = init(&member, Some(&b_public), 7);
+    b.handle(epoch, Input::Datagram { from: spoofed(1), via: None, bytes: &captured });
+    assert_eq!(sends(&mut b).len(), 1, "the first copy is answered");
+    // The same init again, from anywhere, later: one DH, then nothing.
+    for (i, s) in [1, 2, 3, 40].into_iter().enumerate() {
+        let now = epoch + Duration::from_millis(100 * i as u64);
+        b.handle(now, Input::Datagram { from: spoofed(s), via: None, bytes: &captured });
+        assert!(sends(&mut b).is_empty(), "a replay from {s} was answered");
+    }
+    assert_eq!(b.admission(epoch).replayed, 4);
+    // An older init of the same key (made before the one accepted) is a replay too;
+    // a newer one is a new handshake.
+    b.handle(epoch, Input::Datagram { from: spoofed(1), via: None, bytes: &init(&member, Some(&b_public), 6) });
+    assert!(sends(&mut b).is_empty());
+    b.handle(epoch, Input::Datagram { from: spoofed(1), via: None, bytes: &init(&member, Some(&b_public), 8) });
+    assert_eq!(sends(&mut b).len(), 1);
+    assert_eq!(b.admission(epoch).replayed, 5);
+}
+
+#[test]
+fn an_unproven_sender_never_draws_more_bytes_than_it_sent() {
+    let epoch = Instant::now();
+    let mut b = responder(epoch, false);
+    let member = params(1, SECRET, Ipv4Addr::new(10, 9, 0, 2));
+    // Inits as this release sends them are padded to their answer's size.
+    let padded = init(&member, None, 7);
+    b.handle(epoch, Input::Datagram { from: spoofed(1), via: None, bytes: &padded });
+    let answers = sends(&mut b);
+    assert_eq!(answers.len(), 1);
+    assert!(answers[0].1.len() <= padded.len(), "{} bytes answered to {}", answers[0].1.len(), padded.len());
+    // A responder whose answer is larger than the init (a long host name; or any
+    // responder to a release before 0.2.0, which does not pad) sends a cookie,
+    // smaller than the init, and the response once the sender proves its address.
+    let me = Endpoint::udp(SocketAddr::from(([192, 0, 2, 1], 11010)));
+    let mut long = params(0, SECRET, Ipv4Addr::new(10, 9, 0, 1));
+    long.hello.hostname = "n".repeat(200);
+    let mut b =
+        Node::new(harness::config(long, vec![], epoch, Timers::default(), me), Box::new(ChaCha8Rng::seed_from_u64(7)));
+    b.handle_timeout(epoch);
+    while b.poll_action().is_some() {}
+    b.handle(epoch, Input::Datagram { from: spoofed(2), via: None, bytes: &padded });
+    let cookie = sends(&mut b);
+    assert_eq!(cookie.len(), 1);
+    assert_eq!(MessageType::of(&cookie[0].1), Some(MessageType::CookieReply));
+    assert!(cookie[0].1.len() < padded.len(), "the cookie reply is smaller than the init");
+    b.handle(
+        epoch,
+        Input::Datagram { from: spoofed(2), via: None, bytes: &with_cookie(&padded, &cookie[0].1, &member) },
+    );
+    let answers = sends(&mut b);
+    assert_eq!(answers.len(), 1);
+    assert_eq!(MessageType::of(&answers[0].1), Some(MessageType::HandshakeResponse));
+    assert!(answers[0].1.len() > padded.len(), "only a proven sender draws the larger answer");
+}
+
+#[test]
+fn a_full_table_drops_its_oldest_unproven_entry_not_the_newcomer() {
+    let epoch = Instant::now();
+    let mut b = responder(epoch, false);
+    let member = params(1, SECRET, Ipv4Addr::new(10, 9, 0, 2));
+    let replay = init(&member, None, 77);
+    // Sources that receive (they return the cookie): past half the table that is
+    // asked of everyone, and the table still takes every newcomer.
+    let total = MAX_PENDING_RESP as u32 + 100;
+    let mut answered = 0;
+    for s in 0..total {
+        let now = epoch + Duration::from_millis(u64::from(s) * 4);
+        b.handle(now, Input::Datagram { from: spoofed(s), via: None, bytes: &replay });
+        let mut out = sends(&mut b);
+        if let [(_, reply)] = out.as_slice()
+            && MessageType::of(reply) == Some(MessageType::CookieReply)
+        {
+            let proven = with_cookie(&replay, reply, &member);
+            b.handle(now, Input::Datagram { from: spoofed(s), via: None, bytes: &proven });
+            out = sends(&mut b);
+        }
+        assert_eq!(out.len(), 1, "source {s} got no answer");
+        assert_eq!(MessageType::of(&out[0].1), Some(MessageType::HandshakeResponse));
+        answered += 1;
+    }
+    assert_eq!(answered, total);
+    let a = b.admission(epoch);
+    assert_eq!(a.evicted, u64::from(total) - MAX_PENDING_RESP as u64);
+    assert_eq!(a.rate_limited, 0);
 }

@@ -23,7 +23,7 @@ use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use weft_bench::harness::{DataPlane, Host, Wire, ip_packet, static_key};
 use weft_core::crypto::Cipher;
-use weft_core::handshake::{Initiator, Params, StaticKey};
+use weft_core::handshake::{Initiator, Params, Stamp, StaticKey};
 use weft_core::session::Session;
 use weft_core::wire::{DATA_HEADER_LEN, DataHeader, FLAG_CONTROL, MessageType};
 /// How far each step of the test clock moves.
@@ -781,7 +781,8 @@ fn garbage_never_panics_nor_disturbs_a_session() {
         .map(|s| (s.from, s.bytes.clone()))
         .collect();
     assert!(samples.len() >= 3);
-    let (_, ik) = Initiator::start(&sim.slots[A].params, Some(&sim.slots[B].params.local.public)).expect("ik");
+    let (_, ik) =
+        Initiator::start(&sim.slots[A].params, Some(&sim.slots[B].params.local.public), Stamp::default()).expect("ik");
     let mut ik_dg = vec![1u8, 1, 0, 0, 9, 9, 9, 9, 0, 0, 0, 0];
     ik_dg.extend_from_slice(&ik);
     samples.push((A, ik_dg));
@@ -1231,7 +1232,7 @@ fn keys_are_never_used_past_reject_after_time_when_rekeys_fail() {
 /// A handshake init of node `i`'s key as it would send it (a captured init to replay).
 fn captured_init(i: usize) -> Vec<u8> {
     let p = params(i, Cipher::Aes128Gcm, SECRET);
-    let (init, msg) = Initiator::start(&p, None).expect("init");
+    let (init, msg) = Initiator::start(&p, None, Stamp::default()).expect("init");
     let mut b = Vec::new();
     weft_core::wire::HandshakeHeader {
         kind: MessageType::HandshakeInit,

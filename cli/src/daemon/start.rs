@@ -286,11 +286,13 @@ pub(super) fn engine(
         gso,
         gso_quic,
         protocol: Some(Protocol::ours(capabilities)),
+        stamp: None,
     };
     let config = Config {
         handshake: Params { local: key, psk, network_name: cfg.network_name.clone(), hello },
         dial: dial.to_vec(),
         epoch,
+        wall: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default(),
         timers: Timers { rekey_after: cfg.rekey_after, ..Timers::default() },
         endpoints: Vec::new(),
         latency_first: cfg.latency_first,

@@ -169,14 +169,15 @@ pub fn render(s: &StatusJson) -> prometheus::Result<String> {
     let a = &s.admission;
     f.counter(
         "weft_admission_total",
-        "Handshake admission control: bad_mac, rate_limited, cookies_sent, cookies_received, state_full.",
+        "Handshake admission control: bad_mac, rate_limited, cookies_sent, cookies_received, evicted, replayed.",
         ["event"],
         [
             (["bad_mac".to_owned()], a.bad_mac),
             (["rate_limited".to_owned()], a.rate_limited),
             (["cookies_sent".to_owned()], a.cookies_sent),
             (["cookies_received".to_owned()], a.cookies_received),
-            (["state_full".to_owned()], a.state_full),
+            (["evicted".to_owned()], a.evicted),
+            (["replayed".to_owned()], a.replayed),
         ],
     )?;
     f.one_gauge(
