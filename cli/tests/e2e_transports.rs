@@ -367,9 +367,15 @@ fn hostile_connections_are_closed_and_counted() {
         drop(held);
     });
     let st = a.status();
-    for (name, at_least) in
-        [("protocol_errors", 1), ("handshake_failures", 2), ("timeouts", 1), ("refused_source", 4), ("refused_full", 1)]
-    {
+    // (Eight slots give a pool of two unproven connections: the four extra sources
+    // find it full before they find the listener full.)
+    for (name, at_least) in [
+        ("protocol_errors", 1),
+        ("handshake_failures", 2),
+        ("timeouts", 1),
+        ("refused_source", 4),
+        ("refused_unproven", 1),
+    ] {
         assert!(counter(&st, name) >= at_least, "{name} not counted: {}", st["transport_counters"]);
     }
     assert!(a.peer_established(IPS[1]), "the real peer stayed up");
@@ -378,6 +384,64 @@ fn hostile_connections_are_closed_and_counted() {
     let entry = pending.as_array().unwrap().iter().find(|p| p["endpoint"] == unreachable.as_str()).cloned();
     let entry = entry.unwrap_or_else(|| panic!("unreachable peer not listed: {pending}"));
     assert!(entry["error"].as_str().unwrap_or("").contains("refused"), "{entry}");
+}
+
+/// An attacker with 32 IPv6 /64s (one /48) opens connections to a node's TCP
+/// listener and keeps each busy with well-framed frames that no member would send
+/// (before: the per-source cap counted /64s, and frames kept connections open, so 32
+/// /64s held every slot). A member then joins over TCP: it gets in, and the stranger's
+/// connections are closed by the proof deadline and counted.
+#[test]
+fn a_member_joins_over_tcp_while_32_ipv6_subnets_hold_framed_connections() {
+    require_root();
+    let lan = Lan::new(3);
+    let dir = TempDir::new();
+    let a = start(&lan, &dir, 0, &["--max-connections", "64"]);
+    lan.hosts[0].exec_ok(&["ip", "-6", "addr", "add", "fd00:a::1/16", "dev", "eth0", "nodad"]);
+    let sources: Vec<String> = (0..32).map(|n| format!("fd00:b:0:{n:x}::1")).collect();
+    for src in &sources {
+        lan.hosts[2].exec_ok(&["ip", "-6", "addr", "add", &format!("{src}/16"), "dev", "eth0", "nodad"]);
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (held, b) = std::thread::scope(|s| {
+        let attack = s.spawn(|| {
+            lan.hosts[2].within(|| {
+                // Two connections per /64, each sent a 1-byte frame every 500 ms.
+                let mut conns: Vec<TcpStream> = Vec::new();
+                let to: std::net::SocketAddr = "[fd00:a::1]:11010".parse().unwrap();
+                for src in sources.iter().flat_map(|s| [s, s]) {
+                    let sock = socket2::Socket::new(socket2::Domain::IPV6, socket2::Type::STREAM, None).unwrap();
+                    sock.bind(&format!("[{src}]:0").parse::<std::net::SocketAddr>().unwrap().into()).unwrap();
+                    if sock.connect_timeout(&to.into(), Duration::from_secs(2)).is_ok() {
+                        conns.push(sock.into());
+                    }
+                }
+                let start = Instant::now();
+                let mut most_open = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) && start.elapsed() < Duration::from_secs(30) {
+                    conns.retain_mut(|c| c.write_all(&[0, 1, 0x42]).is_ok());
+                    most_open = most_open.max(conns.len());
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                (most_open, start.elapsed())
+            })
+        });
+        std::thread::sleep(Duration::from_secs(2));
+        let b = start(&lan, &dir, 1, &["-p", &format!("tcp://{}:11010", lan.addrs[0])]);
+        wait_until(Duration::from_secs(15), "B joins over TCP", || {
+            a.peer_established(IPS[1]) && b.peer_established(IPS[0])
+        });
+        // The stranger's connections are all closed by the proof deadline.
+        wait_until(Duration::from_secs(15), "the stranger's connections closed", || {
+            counter(&a.status(), "unproven_closed") + counter(&a.status(), "refused_unproven") >= 64
+        });
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        (attack.join().unwrap(), b)
+    });
+    let st = a.status();
+    eprintln!("the attacker saw at most {} connections open on its side; A: {}", held.0, st["transport_counters"]);
+    assert!(counter(&st, "unproven_closed") >= 1, "{}", st["transport_counters"]);
+    assert!(ping(&lan.hosts[1], IPS[0]), "A: {}\nB: {}", a.log_text(), b.log_text());
 }
 
 /// A and C cannot reach each other at all; A-B is TCP only (no UDP), B-C WebSocket

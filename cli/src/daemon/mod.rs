@@ -103,7 +103,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
         .context("cannot start the control runtime")?;
     let (down_tx, down_rx) = mpsc::channel(CONTROL_QUEUE);
     let frame_max = usize::from(cfg.mtu) + TX_HEADROOM + 64;
-    let connector = Connector::new(data.links, down_tx, tls, cfg.max_connections, frame_max)?;
+    let connector = Connector::new(data.links, down_tx, tls, cfg.max_connections, frame_max, engine.mac_keys())?;
     for (p, ep) in cfg.peers.iter().zip(&dial) {
         connector.set_path(*ep, p.path.clone());
     }

@@ -89,6 +89,12 @@ pub struct LinkCounters {
     /// Connections turned away because their source address held its share of the
     /// listener's slots.
     pub refused_source: AtomicU64,
+    /// Connections turned away because the listener's pool of unproven connections
+    /// (or their source's share of it) was full.
+    pub refused_unproven: AtomicU64,
+    /// Accepted connections closed because they carried no handshake message with a
+    /// valid mac1 within [`crate::transport::conn::PROOF_TIMEOUT`].
+    pub unproven_closed: AtomicU64,
     /// Inbound TLS, WebSocket or QUIC handshakes that failed or timed out.
     pub handshake_failures: AtomicU64,
     /// Connections closed for speaking something other than our framing.
@@ -108,7 +114,7 @@ pub struct LinkCounters {
 
 impl LinkCounters {
     /// Name and value of each counter.
-    pub fn snapshot(&self) -> [(&'static str, u64); 11] {
+    pub fn snapshot(&self) -> [(&'static str, u64); 13] {
         let l = |a: &AtomicU64| a.load(Relaxed);
         [
             ("accepted", l(&self.accepted)),
@@ -116,6 +122,8 @@ impl LinkCounters {
             ("dial_failures", l(&self.dial_failures)),
             ("refused_full", l(&self.refused_full)),
             ("refused_source", l(&self.refused_source)),
+            ("refused_unproven", l(&self.refused_unproven)),
+            ("unproven_closed", l(&self.unproven_closed)),
             ("handshake_failures", l(&self.handshake_failures)),
             ("protocol_errors", l(&self.protocol_errors)),
             ("timeouts", l(&self.timeouts)),

@@ -19,7 +19,12 @@
 //! whole frame (or WebSocket message, or QUIC frame) arrived for [`IDLE_TIMEOUT`] —
 //! WebSocket pings and pongs and QUIC's own keepalives extend none of these. Anything
 //! that is not our framing (a record stream that ends inside a frame too) closes the
-//! connection. Every refusal and close is counted in [`LinkCounters`].
+//! connection. Framing is not membership: an accepted connection must also carry a
+//! handshake, reject or cookie message whose mac1 verifies (only members have the
+//! key) within [`PROOF_TIMEOUT`] of its accept, and until it does it holds one of the
+//! few places of the listener's pool of unproven connections ([`unproven_limit`], at
+//! most [`UNPROVEN_PER_SOURCE`] per source). Every refusal and close is counted in
+//! [`LinkCounters`].
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
@@ -35,6 +40,8 @@ use tokio::sync::mpsc;
 use tokio_tungstenite::WebSocketStream;
 use tracing::debug;
 
+use weft_core::admission::MacKeys;
+
 use super::links::{LINK_QUEUE, LinkCounters, Links};
 use super::{Endpoint, Proto, frame};
 
@@ -47,7 +54,8 @@ mod tls;
 pub use fragment::{MalformedDatagram, Reassembly, fragment};
 pub use quic::on_quic_stream;
 use quic::{quic_endpoint, quic_transport};
-pub use slots::per_source_limit;
+use slots::Proof;
+pub use slots::{UNPROVEN_PER_SOURCE, per_source_limit, unproven_limit};
 use stream::{bind_tcp, ws_config};
 use tls::{AnyCert, transport_crypto};
 
@@ -64,6 +72,12 @@ pub const STALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// keepalives every few seconds on the path they use; WebSocket pings and QUIC
 /// keepalives do not count).
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// An accepted connection must carry a handshake message with a valid mac1 (proof
+/// that a member, not a stranger, holds it) within this from its accept, TLS and
+/// WebSocket handshakes included; until then it holds a place in the listener's small
+/// pool of unproven connections ([`unproven_limit`]).
+pub const PROOF_TIMEOUT: Duration = Duration::from_secs(8);
 
 /// Most connections one source may hold on a listener, whatever the limit.
 pub const PER_SOURCE_MAX: usize = 8;
@@ -162,6 +176,8 @@ struct Inner {
     accepted: Mutex<(HashSet<Endpoint>, VecDeque<Endpoint>)>,
     max_connections: usize,
     mtu: usize,
+    /// The network's MAC keys: what an accepted connection proves itself with.
+    macs: Arc<MacKeys>,
     /// Accept loops of the listeners, by bound endpoint (closed by aborting them,
     /// which drops a TCP socket; a QUIC one stops accepting and stays for the
     /// connections on it).
@@ -171,13 +187,15 @@ struct Inner {
 impl Connector {
     /// A connector whose connections register in `links` and report their end on
     /// `down`. `tls` is needed for `wss://` and `quic://` listeners; `mtu` is the
-    /// largest frame the pipelines produce.
+    /// largest frame the pipelines produce; accepted connections prove themselves with
+    /// a message MACed with `macs` (the network's).
     pub fn new(
         links: Arc<Links>,
         down: mpsc::Sender<LinkDown>,
         tls: Option<TlsIdentity>,
         max_connections: usize,
         mtu: usize,
+        macs: Arc<MacKeys>,
     ) -> Result<Self, ConnError> {
         let provider = Arc::new(transport_crypto());
         let client_tls = rustls::ClientConfig::builder_with_provider(provider.clone())
@@ -218,6 +236,7 @@ impl Connector {
                 accepted: Mutex::default(),
                 max_connections,
                 mtu,
+                macs,
                 listeners: Mutex::new(HashMap::new()),
             }),
         })
@@ -332,10 +351,10 @@ impl Connector {
                 self.inner.links.counters.dialled.fetch_add(1, Relaxed);
                 debug!(%to, "connected");
                 match conn {
-                    Dialled::Tcp(s) => self.run_stream(s, to, false).await,
-                    Dialled::Ws(ws) => self.run_ws(*ws, to, false).await,
-                    Dialled::Wss(ws) => self.run_ws(*ws, to, false).await,
-                    Dialled::Quic(c) => self.run_quic(c, to, false).await,
+                    Dialled::Tcp(s) => self.run_stream(s, to, Proof::dialled()).await,
+                    Dialled::Ws(ws) => self.run_ws(*ws, to, Proof::dialled()).await,
+                    Dialled::Wss(ws) => self.run_ws(*ws, to, Proof::dialled()).await,
+                    Dialled::Quic(c) => self.run_quic(c, to, Proof::dialled()).await,
                 }
             }
             Err(e) => {
@@ -504,10 +523,27 @@ mod tests {
             }
         }
 
+        /// The network keys of these tests (derived once: the PSK is memory-hard).
+        fn macs() -> Arc<MacKeys> {
+            static MACS: std::sync::OnceLock<Arc<MacKeys>> = std::sync::OnceLock::new();
+            MACS.get_or_init(|| Arc::new(MacKeys::new(&weft_core::handshake::Psk::derive("hostile", "secret")))).clone()
+        }
+
+        /// A frame only a member can make: a reject whose mac1 verifies.
+        fn member_frame() -> Vec<u8> {
+            let reject =
+                weft_core::wire::RejectRepr { reason: weft_core::wire::RejectReason::AuthFailed, receiver_index: 7 };
+            let mut msg = reject.emit().to_vec();
+            macs().seal(&mut msg, None);
+            let mut f = Vec::new();
+            assert!(frame::push(&mut f, &msg));
+            f
+        }
+
         async fn listener(proto: Proto, max: usize) -> Listener {
             let (links, inbound) = Links::new(64);
             let (down_tx, down) = mpsc::channel(64);
-            let conn = Connector::new(links, down_tx, Some(tls()), max, 1500).expect("connector");
+            let conn = Connector::new(links, down_tx, Some(tls()), max, 1500, macs()).expect("connector");
             let addr = conn.listen(Endpoint::new(proto, "127.0.0.1:0".parse().expect("addr"))).await.expect("listen");
             Listener { conn, addr, _inbound: inbound, _down: down }
         }
@@ -588,7 +624,8 @@ mod tests {
         async fn tcp_frame_trickled_after_the_first_closes_at_the_stall_deadline() {
             let l = listener(Proto::Tcp, 16).await;
             let (mut r, mut w) = TcpStream::connect(l.addr).await.expect("connect").into_split();
-            w.write_all(&[0, 1, 0x42]).await.expect("first frame");
+            // A member's (proven) connection: only the stall deadline applies.
+            w.write_all(&member_frame()).await.expect("first frame");
             let mut frame = vec![0u8, 100];
             frame.extend([7u8; 100]);
             let start = StdInstant::now();
@@ -626,7 +663,7 @@ mod tests {
         async fn quic_client(addr: SocketAddr) -> (quinn::Connection, Connector) {
             let (links, _inbound) = Links::new(8);
             let (down_tx, _down) = mpsc::channel(8);
-            let client = Connector::new(links, down_tx, None, 4, 1500).expect("client");
+            let client = Connector::new(links, down_tx, None, 4, 1500, macs()).expect("client");
             let endpoint = client.quic_endpoint().expect("client endpoint");
             let conn = endpoint.connect(addr, "weft").expect("connect").await.expect("QUIC handshake");
             (conn, client)
@@ -710,7 +747,7 @@ mod tests {
         async fn quic_bulk_data_leaves_in_sends_of_more_than_ten_packets() {
             let (links, inbound) = Links::new(64);
             let (down_tx, _down) = mpsc::channel(64);
-            let server = Connector::new(links.clone(), down_tx, Some(tls()), 16, 1500).expect("connector");
+            let server = Connector::new(links.clone(), down_tx, Some(tls()), 16, 1500, macs()).expect("connector");
             let addr =
                 server.listen(Endpoint::new(Proto::Quic, "127.0.0.1:0".parse().expect("addr"))).await.expect("listen");
             // The links RX thread's part: take each batch and give its room back, until
@@ -766,7 +803,7 @@ mod tests {
             // A whole frame on the record stream (it counts as the first), then a
             // 100-byte one a byte a second.
             let mut w = conn.open_uni().await.expect("stream");
-            w.write_all(&[0, 1, 0x42]).await.expect("first frame");
+            w.write_all(&member_frame()).await.expect("first frame");
             let mut frame = vec![0u8, 100];
             frame.extend([7u8; 100]);
             let start = StdInstant::now();
@@ -803,8 +840,12 @@ mod tests {
             let l = listener(Proto::Tcp, max).await;
             let mut held = Vec::new();
             for _ in 0..per {
-                held.push(connect_from([127, 0, 0, 1], l.addr).await);
+                // Members' connections: proven, they leave the unproven pool.
+                let mut c = connect_from([127, 0, 0, 1], l.addr).await;
+                c.write_all(&member_frame()).await.expect("member frame");
+                held.push(c);
             }
+            tokio::time::sleep(Duration::from_millis(200)).await;
             let mut extra = connect_from([127, 0, 0, 1], l.addr).await;
             assert!(
                 closed_within(&mut extra, Duration::from_secs(2)).await.is_some(),
@@ -824,6 +865,60 @@ mod tests {
             assert_eq!(c.refused_source.load(Relaxed), 1);
             assert_eq!(c.refused_full.load(Relaxed), 0);
             assert_eq!(c.accepted.load(Relaxed), 4);
+        }
+
+        #[tokio::test]
+        async fn well_framed_strangers_are_closed_at_the_proof_deadline_and_members_stay() {
+            let l = listener(Proto::Tcp, 16).await;
+            let (mut stranger, mut sw) = connect_from([127, 0, 0, 1], l.addr).await.into_split();
+            let (mut member, mut mw) = connect_from([127, 0, 0, 2], l.addr).await.into_split();
+            mw.write_all(&member_frame()).await.expect("member frame");
+            // Both send a well-framed frame every second: enough for every framing
+            // deadline, not for the proof one.
+            let keep = |mut w: tokio::net::tcp::OwnedWriteHalf| {
+                tokio::spawn(async move {
+                    while w.write_all(&[0, 1, 0x42]).await.is_ok() {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                })
+            };
+            sw.write_all(&[0, 1, 0x42]).await.expect("frame");
+            keep(sw);
+            keep(mw);
+            let start = StdInstant::now();
+            let took = closed_within(&mut stranger, PROOF_TIMEOUT + Duration::from_secs(3)).await;
+            assert!(took.is_some(), "a stranger's well-framed connection stayed open");
+            assert!(start.elapsed() >= PROOF_TIMEOUT - Duration::from_millis(300), "closed early: {took:?}");
+            assert_eq!(closed_within(&mut member, Duration::from_secs(2)).await, None, "a member's was closed");
+            let c = l.conn.counters();
+            assert_eq!(c.unproven_closed.load(Relaxed), 1);
+            assert_eq!(c.timeouts.load(Relaxed), 0);
+        }
+
+        #[tokio::test]
+        async fn unproven_connections_share_a_small_pool_of_their_own() {
+            let max = 16;
+            assert_eq!((unproven_limit(max), UNPROVEN_PER_SOURCE, per_source_limit(max)), (4, 2, 4));
+            let l = listener(Proto::Tcp, max).await;
+            let mut open = Vec::new();
+            for src in [1, 1, 2, 2] {
+                open.push(connect_from([127, 0, 0, src], l.addr).await);
+            }
+            // A third unproven one from a source (it has slots left, not pool places),
+            // and one from a new source (the pool is full): refused at once.
+            for src in [1, 3] {
+                let mut c = connect_from([127, 0, 0, src], l.addr).await;
+                assert!(closed_within(&mut c, Duration::from_secs(2)).await.is_some(), "from {src}: not refused");
+            }
+            assert_eq!(l.conn.counters().refused_unproven.load(Relaxed), 2);
+            // One proves itself: its place goes back, a newcomer gets it, and the
+            // proven one stays.
+            open[0].write_all(&member_frame()).await.expect("member frame");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let mut newcomer = connect_from([127, 0, 0, 3], l.addr).await;
+            assert_eq!(closed_within(&mut newcomer, Duration::from_millis(300)).await, None);
+            assert_eq!(closed_within(&mut open[0], Duration::from_millis(100)).await, None);
+            assert_eq!(l.conn.counters().refused_unproven.load(Relaxed), 2);
         }
 
         #[test]

@@ -12,7 +12,7 @@ use tokio::io::AsyncReadExt;
 use tokio::time::{Instant, timeout_at};
 
 use super::fragment::{MalformedDatagram, Reassembly, fragment};
-use super::slots::Slots;
+use super::slots::{Proof, Slots};
 use super::{
     ConnError, Connector, HANDSHAKE_TIMEOUT, IDLE_TIMEOUT, LEND_MIN, QUIC_ALPN, QUIC_BATCH, QUIC_TUNE_EVERY,
     QUIC_WINDOW_MAX, QUIC_WINDOW_MIN, QUIC_WINDOW_RATE, STALL_TIMEOUT,
@@ -50,7 +50,7 @@ impl Connector {
     pub(super) async fn accept_quic(self, endpoint: quinn::Endpoint) {
         let slots = Slots::new(self.inner.max_connections);
         while let Some(incoming) = endpoint.accept().await {
-            let permit = match slots.take(incoming.remote_address().ip()) {
+            let (permit, place) = match slots.take(incoming.remote_address().ip()) {
                 Ok(p) => p,
                 Err(refused) => {
                     refused.count(&self.inner.links.counters);
@@ -59,6 +59,7 @@ impl Connector {
                 }
             };
             let me = self.clone();
+            let proof = Proof::accepted(place, self.inner.macs.clone());
             tokio::spawn(async move {
                 // Not remembered as accepted: a peer dials from its listening socket,
                 // so this address may be exactly where it can be dialled back.
@@ -66,7 +67,7 @@ impl Connector {
                 let r = match me.handshake(async { incoming.accept()?.await }).await {
                     Ok(conn) => {
                         me.inner.links.counters.accepted.fetch_add(1, Relaxed);
-                        me.run_quic(conn, ep, true).await
+                        me.run_quic(conn, ep, proof).await
                     }
                     Err(e) => Err(format!("QUIC: {e}")),
                 };
@@ -83,7 +84,8 @@ impl Connector {
     /// them over QUIC), which go on one unidirectional stream per direction, framed as
     /// on TCP, so that quinn packs them into full packets, and the TCP segments that
     /// must stay behind them ([`weft_core::wire::FLAG_ORDERED`]; see [`on_quic_stream`]).
-    pub(super) async fn run_quic(&self, conn: quinn::Connection, ep: Endpoint, accepted: bool) -> Result<(), String> {
+    pub(super) async fn run_quic(&self, conn: quinn::Connection, ep: Endpoint, proof: Proof) -> Result<(), String> {
+        let accepted = proof.is_accepted();
         let (queue, id) = self.register(ep, !accepted);
         // When the stream last brought a whole frame (ms after `base`, plus one; 0:
         // never): it keeps the connection from being idle too.
@@ -98,9 +100,14 @@ impl Connector {
         };
         let r = tokio::select! {
             r = self.quic_writer(&conn, queue) => r,
-            r = self.quic_reader(&conn, ep, id, accepted, &seen) => r,
-            r = self.quic_stream_reader(&conn, ep, id, &seen) => r,
+            r = self.quic_reader(&conn, ep, id, &proof, &seen) => r,
+            r = self.quic_stream_reader(&conn, ep, id, &proof, &seen) => r,
             r = tuner => r,
+            why = proof.expired() => {
+                self.inner.links.counters.unproven_closed.fetch_add(1, Relaxed);
+                conn.close(3u32.into(), b"unproven");
+                Err(why)
+            }
         };
         self.inner.links.unregister(ep, id);
         conn.close(0u32.into(), b"");
@@ -171,9 +178,10 @@ impl Connector {
         conn: &quinn::Connection,
         ep: Endpoint,
         id: u64,
-        accepted: bool,
+        proof: &Proof,
         seen: &StreamSeen,
     ) -> Result<(), String> {
+        let accepted = proof.is_accepted();
         let counters = &self.inner.links.counters;
         let mut reasm = Reassembly::default();
         // Like streams: an accepted connection's first whole frame within
@@ -224,6 +232,7 @@ impl Connector {
             } else {
                 first = false;
                 deadline = Instant::now() + IDLE_TIMEOUT;
+                proof.check(&batch);
                 if !self.inner.links.deliver(id, Inbound { from: ep, batch }).await {
                     return Err("the links RX thread stopped".into());
                 }
@@ -239,6 +248,7 @@ impl Connector {
         conn: &quinn::Connection,
         ep: Endpoint,
         id: u64,
+        proof: &Proof,
         seen: &StreamSeen,
     ) -> Result<(), String> {
         let counters = &self.inner.links.counters;
@@ -277,6 +287,7 @@ impl Connector {
                     format!("not a weft stream: {e}")
                 })?;
                 if used > 0 {
+                    proof.check(&batch[..used]);
                     self.deliver_frames(id, ep, &mut batch, used).await?;
                     let ms = u64::try_from(seen.base.elapsed().as_millis()).unwrap_or(u64::MAX - 1);
                     seen.ms.store(ms + 1, Relaxed);

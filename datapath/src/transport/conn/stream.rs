@@ -15,7 +15,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tracing::{debug, warn};
 
-use super::slots::Slots;
+use super::slots::{Proof, Slots};
 use super::{Connector, HANDSHAKE_TIMEOUT, IDLE_TIMEOUT, MAX_WS_MESSAGE, STALL_TIMEOUT, STREAM_RX, WS_RUN};
 use super::{Endpoint, Proto, frame};
 use crate::transport::links::Inbound;
@@ -35,7 +35,7 @@ impl Connector {
                     continue;
                 }
             };
-            let permit = match slots.take(from.ip()) {
+            let (permit, place) = match slots.take(from.ip()) {
                 Ok(p) => p,
                 Err(refused) => {
                     refused.count(counters);
@@ -48,27 +48,34 @@ impl Connector {
             tokio::spawn(async move {
                 let ep = Endpoint::new(proto, from);
                 me.remember_accepted(ep);
-                let r = me.serve_accepted(proto, stream, ep).await;
+                let proof = Proof::accepted(place, me.inner.macs.clone());
+                let r = me.serve_accepted(proto, stream, ep, proof).await;
                 me.closed(ep, r);
                 drop(permit);
             });
         }
     }
 
-    pub(super) async fn serve_accepted(&self, proto: Proto, stream: TcpStream, ep: Endpoint) -> Result<(), String> {
+    pub(super) async fn serve_accepted(
+        &self,
+        proto: Proto,
+        stream: TcpStream,
+        ep: Endpoint,
+        proof: Proof,
+    ) -> Result<(), String> {
         let _ = stream.set_nodelay(true);
         match proto {
-            Proto::Tcp => self.run_stream(stream, ep, true).await,
+            Proto::Tcp => self.run_stream(stream, ep, proof).await,
             Proto::Ws => {
                 let ws = self.ws_accept(stream).await?;
-                self.run_ws(ws, ep, true).await
+                self.run_ws(ws, ep, proof).await
             }
             Proto::Wss => {
                 let tls = self.inner.server_tls.clone().ok_or("no certificate")?;
                 let acceptor = tokio_rustls::TlsAcceptor::from(tls);
                 let tls = self.handshake(acceptor.accept(stream)).await.map_err(|e| format!("TLS: {e}"))?;
                 let ws = self.ws_accept(tls).await?;
-                self.run_ws(ws, ep, true).await
+                self.run_ws(ws, ep, proof).await
             }
             Proto::Udp | Proto::Quic => Err("not a stream transport".into()),
         }
@@ -87,8 +94,9 @@ impl Connector {
         &self,
         s: S,
         ep: Endpoint,
-        accepted: bool,
+        proof: Proof,
     ) -> Result<(), String> {
+        let accepted = proof.is_accepted();
         let (mut r, mut w) = tokio::io::split(s);
         let (mut queue, id) = self.register(ep, !accepted);
         let writer = async {
@@ -128,6 +136,7 @@ impl Connector {
                 })?;
                 if used > 0 {
                     first = false;
+                    proof.check(&batch[..used]);
                     self.deliver_frames(id, ep, &mut batch, used).await?;
                 }
                 deadline = if first {
@@ -145,6 +154,10 @@ impl Connector {
         let r = tokio::select! {
             r = writer => r,
             r = reader => r,
+            why = proof.expired() => {
+                counters.unproven_closed.fetch_add(1, Relaxed);
+                Err(why)
+            }
         };
         self.inner.links.unregister(ep, id);
         r
@@ -155,8 +168,9 @@ impl Connector {
         &self,
         ws: WebSocketStream<S>,
         ep: Endpoint,
-        accepted: bool,
+        proof: Proof,
     ) -> Result<(), String> {
+        let accepted = proof.is_accepted();
         let (mut sink, mut stream) = ws.split();
         let (mut queue, id) = self.register(ep, !accepted);
         let writer = async {
@@ -204,6 +218,7 @@ impl Connector {
                         }
                         first = false;
                         deadline = Instant::now() + IDLE_TIMEOUT;
+                        proof.check(&b);
                         let mut batch = self.inner.links.buffer();
                         batch.extend_from_slice(&b);
                         if !self.inner.links.deliver(id, Inbound { from: ep, batch }).await {
@@ -222,6 +237,10 @@ impl Connector {
         let r = tokio::select! {
             r = writer => r,
             r = reader => r,
+            why = proof.expired() => {
+                counters.unproven_closed.fetch_add(1, Relaxed);
+                Err(why)
+            }
         };
         self.inner.links.unregister(ep, id);
         r
