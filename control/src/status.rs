@@ -70,6 +70,12 @@ pub struct StatusJson {
     /// altered by a member).
     #[serde(default)]
     pub rejected_records: u64,
+    /// Topology records dropped by the table's limits: `over_budget` (a link brought
+    /// more than its budget), `table_full` (a new node's record found the table full
+    /// of reachable nodes'), `evicted` (an unreachable node's record dropped to make
+    /// room).
+    #[serde(default)]
+    pub records_dropped: BTreeMap<String, u64>,
     /// Packets for members without a session dropped while their sessions were
     /// being made (too many held, or the handshake failed).
     #[serde(default)]

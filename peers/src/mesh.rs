@@ -12,6 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
+use weft_core::admission::Bucket;
 use weft_core::endpoint::Endpoint;
 
 use tracing::{debug, warn};
@@ -22,6 +23,20 @@ use crate::node::Node;
 use crate::peer::{Anchor, Peer};
 use crate::topology::{Neighbour, Path, Reader, Record, Topology, emit_addr};
 
+/// What one link may bring: records of origins we did not know (a whole mesh's worth
+/// for a member joining one of about a thousand nodes, then a steady trickle) and
+/// updates of those we know, per second and in a burst.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RecordBudget {
+    pub(crate) new_rate: f64,
+    pub(crate) new_burst: f64,
+    pub(crate) update_rate: f64,
+    pub(crate) update_burst: f64,
+}
+
+/// The record budget of every link.
+pub(crate) const RECORD_BUDGET: RecordBudget =
+    RecordBudget { new_rate: 64.0, new_burst: 1024.0, update_rate: 256.0, update_burst: 1024.0 };
 /// How often each link's ends compare summaries.
 pub(crate) const SUMMARY_EVERY: Duration = Duration::from_secs(5);
 /// A peer that sent us a summary keeps its link with us this long.
@@ -220,6 +235,8 @@ pub(crate) struct Mesh {
     summary: Option<(u32, u64)>,
     /// Topology records dropped because their signature was not their origin's.
     pub(crate) rejected_records: u64,
+    /// Topology records dropped because their link had spent its record budget.
+    pub(crate) records_over_budget: u64,
 }
 
 impl Mesh {
@@ -235,6 +252,7 @@ impl Mesh {
             expire_at: None,
             summary: None,
             rejected_records: 0,
+            records_over_budget: 0,
         }
     }
 
@@ -518,6 +536,27 @@ impl Node {
 
     fn handle_record(&mut self, now: Instant, from_key: PeerKey, rec: Record) {
         let node = rec.node();
+        // Each link brings so many new origins and so many updates a second: a member
+        // minting keys fills the table no faster than that, and the signature checks
+        // it can make us do are bounded too (records over budget come again with the
+        // next summary exchange).
+        if node != self.id && self.mesh.topology.is_newer(&rec) {
+            let new_origin = self.mesh.topology.get(&node).is_none();
+            let now_ms = crate::node::ms_since(self.cfg.epoch, now);
+            let Some(p) = self.peers.get_mut(&from_key) else { return };
+            let (origins, updates) = p.record_budget.get_or_insert_with(|| {
+                (Bucket::full(RECORD_BUDGET.new_burst, now_ms), Bucket::full(RECORD_BUDGET.update_burst, now_ms))
+            });
+            let allowed = if new_origin {
+                origins.take(RECORD_BUDGET.new_rate, RECORD_BUDGET.new_burst, now_ms)
+            } else {
+                updates.take(RECORD_BUDGET.update_rate, RECORD_BUDGET.update_burst, now_ms)
+            };
+            if !allowed {
+                self.mesh.records_over_budget += 1;
+                return;
+            }
+        }
         let network = self.cfg.handshake.network_name.clone();
         // The origin itself sends a record no newer than the one we hold, and not the
         // same: it restarted and numbers from zero again. Our copy goes back so that it
@@ -546,8 +585,11 @@ impl Node {
         if self.cfg.names.bind(&rec.hostname, node) {
             self.actions.push_back(crate::node::Action::SaveNames(self.cfg.names.clone()));
         }
-        for (a, p) in rec.proxied.iter().filter(|s| !before.contains(s) && s.1 != 0) {
-            if let Some(why) = self.subnet_refusal(*a, *p) {
+        let fresh: Vec<&(std::net::IpAddr, u8)> =
+            rec.proxied.iter().filter(|s| !before.contains(s) && s.1 != 0).collect();
+        let unrecorded = if fresh.is_empty() { Vec::new() } else { self.unrecorded_addresses() };
+        for (a, p) in fresh {
+            if let Some(why) = self.subnet_refusal(*a, *p, &unrecorded) {
                 warn!(peer = %node, host = %rec.hostname, subnet = %format!("{a}/{p}"), "refused proxied subnet: {why}");
             }
         }

@@ -579,6 +579,10 @@ impl Node {
             dials,
             inbound_failures: self.report.inbound_failures.iter().cloned().collect(),
             rejected_records: self.mesh.rejected_records,
+            records_dropped: {
+                let (table_full, evicted) = self.mesh.topology.full_counts();
+                crate::status::RecordsDropped { over_budget: self.mesh.records_over_budget, table_full, evicted }
+            },
             refused: self.refused_claims(),
             queued_dropped: self.report.queued_dropped,
             handshakes_completed: self.report.handshakes_completed,
@@ -1845,6 +1849,12 @@ impl Node {
     fn publish(&mut self, snap: Arc<RouteSnapshot>) {
         self.actions.retain(|a| !matches!(a, Action::PublishRoutes(_)));
         self.actions.push_front(Action::PublishRoutes(snap));
+    }
+
+    /// The routing state this node would publish now, rebuilt from every record and
+    /// session: what each topology or session change costs (benches measure it).
+    pub fn route_snapshot(&self) -> RouteSnapshot {
+        self.snapshot()
     }
 
     /// Addresses currently routed, for tests.

@@ -3,6 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use weft_core::admission::Bucket;
 use weft_core::endpoint::Endpoint;
 
 use weft_core::handshake::Hello;
@@ -217,6 +218,9 @@ pub(crate) struct Peer {
     /// Its digest: when the current answering window began and the highest origin
     /// answered in it (rate limit).
     pub(crate) digest_answered: Option<(Instant, NodeId)>,
+    /// Topology records this link may still bring us: records of origins we do not
+    /// know, and updates of those we do ([`crate::mesh::RECORD_BUDGET`]).
+    pub(crate) record_budget: Option<(Bucket, Bucket)>,
 }
 
 impl Peer {
@@ -243,6 +247,7 @@ impl Peer {
             summary_next: None,
             digest_sent: None,
             digest_answered: None,
+            record_budget: None,
         }
     }
 

@@ -463,7 +463,7 @@ impl Node {
         let by_demand: BTreeMap<IpAddr, Arc<Demand>> = demand.iter().cloned().collect();
         let mut subnets = Vec::new();
         let mut demand_subnets = Vec::new();
-        for (r, a, p) in self.accepted_subnets() {
+        for (r, a, p) in self.accepted_subnets(&claims) {
             if let Some(route) = by_overlay.get(&IpAddr::V4(r.overlay)) {
                 subnets.push((a, p, route.clone()));
             } else if let Some(d) = by_demand.get(&IpAddr::V4(r.overlay)) {
@@ -568,7 +568,7 @@ impl Node {
     /// into the TUN.
     pub(crate) fn proxied_routes(&self) -> Vec<(IpAddr, u8)> {
         let mut v: Vec<(IpAddr, u8)> = self
-            .accepted_subnets()
+            .accepted_subnets(&self.claimants())
             .into_iter()
             .filter(|(r, _, _)| self.mesh.paths.contains_key(&r.node()))
             .map(|(_, a, p)| (a, p))
@@ -622,23 +622,36 @@ impl Node {
     }
 
     /// Whether `r`'s node is the member we route its overlay address to (a record
-    /// claiming an address another member holds gets nothing routed).
-    fn owns_address(&self, r: &Record) -> bool {
+    /// claiming an address another member holds gets nothing routed). `claims`
+    /// ([`Node::claimants`]) settles an address only one member claims without the
+    /// scan of [`Node::address_owner`].
+    fn owns_address(&self, r: &Record, claims: &std::collections::HashMap<IpAddr, (NodeId, bool)>) -> bool {
         self.outside_overlay(IpAddr::V4(r.overlay)).is_none()
             && self.peers.get(&PeerKey(r.key)).is_some_and(|p| p.hello.ipv4 == r.overlay)
-            && self.address_owner(r.overlay, r.node(), |_| false).is_none()
+            && match claims.get(&IpAddr::V4(r.overlay)) {
+                Some((id, false)) => *id == r.node(),
+                _ => self.address_owner(r.overlay, r.node(), |_| false).is_none(),
+            }
     }
 
     /// Subnets other members proxy that we accept, with the record announcing each.
-    fn accepted_subnets(&self) -> Vec<(&Record, IpAddr, u8)> {
+    fn accepted_subnets(
+        &self,
+        claims: &std::collections::HashMap<IpAddr, (NodeId, bool)>,
+    ) -> Vec<(&Record, IpAddr, u8)> {
         // An exit's offer (the /0) is routed only from the one member we chose.
         let exit = self.exit_node().map(Record::node);
+        let unrecorded = self.unrecorded_addresses();
         self.mesh
             .topology
             .records()
-            .filter(|r| !r.proxied.is_empty() && r.node() != self.id && self.owns_address(r))
+            .filter(|r| !r.proxied.is_empty() && r.node() != self.id && self.owns_address(r, claims))
             .flat_map(|r| r.proxied.iter().map(move |(a, p)| (r, *a, *p)))
-            .filter(|(r, a, p)| if *p == 0 { exit == Some(r.node()) } else { self.subnet_refusal(*a, *p).is_none() })
+            .filter(
+                |(r, a, p)| {
+                    if *p == 0 { exit == Some(r.node()) } else { self.subnet_refusal(*a, *p, &unrecorded).is_none() }
+                },
+            )
             .collect()
     }
 
@@ -750,9 +763,30 @@ impl Node {
         Some(crate::status::ExitStatus { wanted, node, routing, known, pinned, changed_to })
     }
 
+    /// Overlay addresses of members that their records do not say (a session's hello
+    /// that differs, a member without a record): what [`Node::subnet_refusal`]
+    /// checks beside the records' index.
+    pub(crate) fn unrecorded_addresses(&self) -> Vec<(IpAddr, NodeId)> {
+        let unrecorded = self.peers.values().filter(|x| {
+            self.mesh
+                .topology
+                .get(&x.id)
+                .is_none_or(|r| r.overlay != x.hello.ipv4 || r.overlay6 != x.hello.ipv6.map(|(a, _)| a))
+        });
+        unrecorded
+            .flat_map(|x| {
+                std::iter::once((IpAddr::V4(x.hello.ipv4), x.id))
+                    .chain(x.hello.ipv6.map(|(a, _)| (IpAddr::V6(a), x.id)))
+            })
+            .filter(|(addr, _)| self.outside_overlay(*addr).is_none())
+            .collect()
+    }
+
     /// Why we will not route subnet `a/p` that a member proxies, if we will not: it
     /// would capture traffic that is not the member's to take.
-    pub(crate) fn subnet_refusal(&self, a: IpAddr, p: u8) -> Option<String> {
+    /// `unrecorded`: the members' addresses outside the records' index
+    /// ([`Node::unrecorded_addresses`], computed once for a whole rebuild).
+    pub(crate) fn subnet_refusal(&self, a: IpAddr, p: u8, unrecorded: &[(IpAddr, NodeId)]) -> Option<String> {
         let overlaps = |b: IpAddr, q: u8| weft_core::route::overlaps_ip(a, p, b, q);
         if p == 0 {
             return Some("a /0 is an exit's offer: routed only from the member --use-exit-node names".into());
@@ -777,21 +811,14 @@ impl Node {
                 return Some(format!("overlaps the overlay network {net}/{q}"));
             }
         }
-        let members = self
-            .mesh
-            .topology
-            .records()
-            .flat_map(|r| {
-                std::iter::once((IpAddr::V4(r.overlay), r.node())).chain(r.overlay6.map(|a| (IpAddr::V6(a), r.node())))
-            })
-            .chain(self.peers.values().flat_map(|x| {
-                std::iter::once((IpAddr::V4(x.hello.ipv4), x.id))
-                    .chain(x.hello.ipv6.map(|(a, _)| (IpAddr::V6(a), x.id)))
-            }));
-        for (addr, id) in members.filter(|(addr, _)| self.outside_overlay(*addr).is_none()) {
-            if overlaps(addr, 128) {
-                return Some(format!("holds member {id}'s overlay address {addr}"));
-            }
+        // Members' addresses inside the subnet: the records' from their index (one
+        // range query, not a scan per subnet), and those of members whose hello
+        // differs from their record or who have none (a session, a dial).
+        let (lo, hi) = (weft_core::route::network_ip(a, p), last_ip(a, p));
+        let recorded = self.mesh.topology.addresses_within(lo, hi).find(|(m, _)| self.outside_overlay(*m).is_none());
+        let held = recorded.or_else(|| unrecorded.iter().find(|(m, _)| overlaps(*m, 128)).copied());
+        if let Some((m, id)) = held {
+            return Some(format!("holds member {id}'s overlay address {m}"));
         }
         if let Some((b, q)) = self.cfg.local_networks.iter().find(|(b, q)| overlaps(*b, *q)) {
             return Some(format!("overlaps {b}/{q}, a network this node is directly connected to"));
@@ -804,6 +831,7 @@ impl Node {
     pub(crate) fn refused_claims(&self) -> Vec<String> {
         let mut v = Vec::new();
         let claims = self.claimants();
+        let unrecorded = self.unrecorded_addresses();
         for r in self.mesh.topology.records().filter(|r| r.node() != self.id) {
             if let Some(why) = self.outside_overlay(IpAddr::V4(r.overlay)) {
                 v.push(format!(
@@ -845,7 +873,7 @@ impl Node {
             }
             // An exit's offer is listed in `exit_offers`, not as a refusal.
             for (a, p) in r.proxied.iter().filter(|s| s.1 != 0) {
-                if let Some(why) = self.subnet_refusal(*a, *p) {
+                if let Some(why) = self.subnet_refusal(*a, *p, &unrecorded) {
                     v.push(format!("member {} ({:?}) proxies {a}/{p}: refused, {why}", r.node(), r.hostname));
                 }
             }
@@ -927,6 +955,20 @@ fn push_new<'a>(out: &mut Vec<Endpoint>, eps: impl IntoIterator<Item = &'a Endpo
     for e in eps {
         if !out.contains(e) {
             out.push(*e);
+        }
+    }
+}
+
+/// The last address of `a/p`.
+fn last_ip(a: IpAddr, p: u8) -> IpAddr {
+    match a {
+        IpAddr::V4(v4) => {
+            let host = u32::MAX.checked_shr(u32::from(p)).unwrap_or(0);
+            IpAddr::V4(Ipv4Addr::from(u32::from(v4) | host))
+        }
+        IpAddr::V6(v6) => {
+            let host = u128::MAX.checked_shr(u32::from(p)).unwrap_or(0);
+            IpAddr::V6(Ipv6Addr::from(u128::from(v6) | host))
         }
     }
 }

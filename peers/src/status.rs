@@ -157,6 +157,8 @@ pub struct NodeStatus {
     /// Topology records dropped because they were not signed by their origin
     /// (forged or altered by a member).
     pub rejected_records: u64,
+    /// Topology records dropped or pushed out by the table's limits.
+    pub records_dropped: RecordsDropped,
     /// Claims of other members we refuse, each with the reason (an overlay address
     /// another member holds, a proxied subnet we will not route).
     pub refused: Vec<String>,
@@ -190,4 +192,16 @@ pub struct ExitStatus {
     /// Another member it matches while the pinned one does not: the exit stays off
     /// (fails closed) until `weft exit accept`.
     pub changed_to: Option<(NodeId, String)>,
+}
+
+/// What the topology table's limits did with records (a member minting keys meets
+/// these).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecordsDropped {
+    /// Records a link brought beyond its budget of new origins or updates.
+    pub over_budget: u64,
+    /// Records of new nodes refused because the table was full of reachable nodes.
+    pub table_full: u64,
+    /// Records of unreachable nodes dropped to make room for new ones.
+    pub evicted: u64,
 }

@@ -8,7 +8,7 @@
 //! [`Topology::digest`]). A record whose node has been unreachable for
 //! [`RECORD_TTL`] is dropped. Links count only when both ends list each other.
 
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use std::time::{Duration, Instant};
@@ -285,6 +285,11 @@ impl<'a> Reader<'a> {
 }
 
 /// A 64-bit finaliser (splitmix64): spreads a (node, sequence) pair over the hash.
+/// The overlay addresses a record claims.
+fn claimed(r: &Record) -> impl Iterator<Item = IpAddr> + use<> {
+    std::iter::once(IpAddr::V4(r.overlay)).chain(r.overlay6.map(IpAddr::V6))
+}
+
 fn mix(mut x: u64) -> u64 {
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
@@ -306,27 +311,72 @@ pub struct Path {
 }
 
 /// All records a node knows, each with the time its node became unreachable (if it
-/// is).
+/// is), and an index of the overlay addresses they claim.
 #[derive(Debug, Default)]
 pub struct Topology {
     records: BTreeMap<NodeId, (Record, Option<Instant>)>,
+    /// Every overlay address (IPv4 and IPv6) a record claims, with its node.
+    addresses: BTreeSet<(IpAddr, NodeId)>,
+    /// Records of nodes we did not know that found the table full of reachable ones.
+    refused_full: u64,
+    /// Records of unreachable nodes dropped to make room for a new node's.
+    evicted: u64,
 }
 
 impl Topology {
-    /// Stores `rec` if it is newer than what we have (and, for a node we do not know,
-    /// if the table is not full). Returns true if it was. The caller checks the
-    /// signature.
+    /// Stores `rec` if it is newer than what we have. Returns true if it was. A node
+    /// we do not know finds room in a full table by taking the place of the node
+    /// unreachable for longest; when every node is reachable it is refused (counted).
+    /// The caller checks the signature.
     pub fn apply(&mut self, rec: Record) -> bool {
         if !self.is_newer(&rec) || rec.seq > MAX_SEQ {
             return false;
         }
         let id = rec.node();
         if !self.records.contains_key(&id) && self.records.len() >= MAX_RECORDS {
-            return false;
+            let stalest = self.records.iter().filter_map(|(id, (_, u))| u.map(|t| (t, *id))).min();
+            let Some((_, gone)) = stalest else {
+                self.refused_full += 1;
+                return false;
+            };
+            self.remove(&gone);
+            self.evicted += 1;
         }
-        let unreachable = self.records.get(&id).and_then(|(_, u)| *u);
+        let unreachable = match self.records.remove(&id) {
+            Some((old, u)) => {
+                self.unindex(&old);
+                u
+            }
+            None => None,
+        };
+        self.index(&rec);
         self.records.insert(id, (rec, unreachable));
         true
+    }
+
+    fn index(&mut self, r: &Record) {
+        let id = r.node();
+        self.addresses.extend(claimed(r).map(|a| (a, id)));
+    }
+
+    fn unindex(&mut self, r: &Record) {
+        let id = r.node();
+        for a in claimed(r) {
+            self.addresses.remove(&(a, id));
+        }
+    }
+
+    /// The overlay addresses records claim within `lo..=hi`, with the node claiming
+    /// each (an index: no scan).
+    pub fn addresses_within(&self, lo: IpAddr, hi: IpAddr) -> impl Iterator<Item = (IpAddr, NodeId)> + '_ {
+        let (first, last) = (NodeId::from_bytes([0; 8]), NodeId::from_bytes([0xff; 8]));
+        self.addresses.range((lo, first)..=(hi, last)).copied()
+    }
+
+    /// Records refused because the table was full of reachable nodes' records, and
+    /// unreachable nodes' records dropped to make room.
+    pub fn full_counts(&self) -> (u64, u64) {
+        (self.refused_full, self.evicted)
     }
 
     /// Whether `rec` would replace what we hold about its node (a cheap test before
@@ -342,7 +392,9 @@ impl Topology {
 
     /// Forgets a node's record (its key was replaced).
     pub fn remove(&mut self, id: &NodeId) {
-        self.records.remove(id);
+        if let Some((old, _)) = self.records.remove(id) {
+            self.unindex(&old);
+        }
     }
 
     /// Notes which nodes are reachable (`reachable`, plus `keep`: ourselves) and drops
@@ -360,7 +412,7 @@ impl Topology {
             }
         }
         for id in &old {
-            self.records.remove(id);
+            self.remove(id);
         }
         old
     }
@@ -620,10 +672,53 @@ mod tests {
             assert!(t.apply(base.clone()));
         }
         assert!(t.is_full());
-        assert!(!t.apply(rec(2, 1, &[])), "a new node does not fit a full table");
+        assert!(!t.apply(rec(2, 1, &[])), "a new node does not fit a full table of reachable nodes");
+        assert_eq!(t.full_counts(), (1, 0));
         base.seq = 2;
-        assert!(t.apply(base), "a known node still updates");
+        assert!(t.apply(base.clone()), "a known node still updates");
         assert_eq!(t.len(), MAX_RECORDS);
+        // Unreachable nodes' records make room for new ones, the longest unreachable
+        // first; reachable ones are never pushed out.
+        let now = Instant::now();
+        let (first, second) = (base.node(), t.records().next().map(Record::node).unwrap());
+        t.expire(now, NodeId::from_bytes([0; 8]), |id| *id != first);
+        t.expire(now + Duration::from_secs(1), NodeId::from_bytes([0; 8]), |id| *id != first && *id != second);
+        assert!(t.apply(rec(2, 1, &[])));
+        assert!(t.get(&first).is_none() && t.get(&second).is_some(), "the longest unreachable went first");
+        assert!(t.apply(rec(3, 1, &[])));
+        assert!(t.get(&second).is_none());
+        assert!(!t.apply(rec(4, 1, &[])), "then only reachable nodes are left");
+        assert_eq!(t.full_counts(), (2, 2));
+        assert_eq!(t.len(), MAX_RECORDS);
+    }
+
+    #[test]
+    fn the_address_index_follows_every_change() {
+        let mut t = Topology::default();
+        let v4 = |a: u8| IpAddr::V4(Ipv4Addr::new(10, 0, 0, a));
+        let all = |t: &Topology| -> Vec<(IpAddr, NodeId)> {
+            t.addresses_within(IpAddr::V4(Ipv4Addr::UNSPECIFIED), IpAddr::V6(Ipv6Addr::from(u128::MAX))).collect()
+        };
+        assert!(t.apply(rec(2, 1, &[])));
+        assert!(t.apply(rec(3, 1, &[])));
+        // Node 2 has an IPv6 address too (even ids do).
+        let six = IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 2));
+        assert_eq!(all(&t), vec![(v4(2), id(2)), (v4(3), id(3)), (six, id(2))]);
+        assert_eq!(t.addresses_within(v4(3), v4(255)).collect::<Vec<_>>(), vec![(v4(3), id(3))]);
+        // A move (a newer record with another address) re-indexes; a removal unindexes.
+        let mut moved = rec(3, 2, &[]);
+        moved.overlay = Ipv4Addr::new(10, 0, 0, 9);
+        moved.sign(&static_key(3), "net");
+        assert!(t.apply(moved));
+        assert_eq!(t.addresses_within(v4(3), v4(8)).count(), 0);
+        assert_eq!(t.addresses_within(v4(9), v4(9)).collect::<Vec<_>>(), vec![(v4(9), id(3))]);
+        t.remove(&id(2));
+        assert_eq!(all(&t), vec![(v4(9), id(3))]);
+        // Records that age out leave the index too.
+        let now = Instant::now();
+        t.expire(now, id(2), |_| false);
+        assert_eq!(t.expire(now + RECORD_TTL, id(2), |_| false), vec![id(3)]);
+        assert!(all(&t).is_empty());
     }
 
     #[test]

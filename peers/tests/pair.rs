@@ -1816,3 +1816,80 @@ fn a_copied_exit_name_never_moves_the_exit_and_a_changed_one_fails_closed() {
     assert!(sim.run_until(Duration::from_secs(5), |s| routes_via(s, D)).is_some());
     assert_eq!(sim.node(B).status(sim.now).exit.and_then(|e| e.pinned), Some(sim.id(D)));
 }
+
+// ----- sybil records -----
+
+/// A record of a member `B` invents: a fresh key, an address in the overlay, one
+/// subnet of its own, B as its neighbour (B does not list it back).
+fn minted_record(i: usize, via: NodeId, rng: &mut ChaCha8Rng) -> Record {
+    let key = static_key(rng);
+    let mut r = Record {
+        key: key.public,
+        signer: [0; 32],
+        sig: [0; 64],
+        seq: 1,
+        hostname: format!("minted{i}"),
+        overlay: Ipv4Addr::new(10, 77, 1 + (i / 250) as u8, (i % 250) as u8 + 1),
+        overlay6: None,
+        endpoints: vec![Endpoint::udp(SocketAddr::from(([198, 19, (i >> 8) as u8, i as u8], 11010)))],
+        neighbours: vec![weft_peers::topology::Neighbour {
+            node: via,
+            rtt_ms: 5,
+            loss_pct: 0,
+            observed: Endpoint::udp(SocketAddr::from(([198, 19, (i >> 8) as u8, i as u8], 11010))),
+        }],
+        proxied: vec![(std::net::IpAddr::V4(Ipv4Addr::from(0x1400_0000 + 256 * i as u32)), 24)],
+        dynamic: false,
+    };
+    r.sign(&key, NET);
+    r
+}
+
+#[test]
+fn a_member_minting_keys_fills_no_table_and_a_new_member_still_joins() {
+    const D: usize = 3;
+    let timers = Timers::default();
+    let mut sim = Sim::new(vec![
+        (params(A, Cipher::Aes128Gcm, SECRET), vec![B, C], timers),
+        (params(B, Cipher::Aes128Gcm, SECRET), vec![C], timers),
+        (params(C, Cipher::Aes128Gcm, SECRET), vec![], timers),
+        (params(D, Cipher::Aes128Gcm, SECRET), vec![A], timers),
+    ]);
+    sim.kill(D);
+    let up = |s: &Sim| (0..3).all(|i| (0..3).all(|j| i == j || (s.established(i, j) && s.record(i, j).is_some())));
+    assert!(sim.run_until(Duration::from_secs(2), up).is_some(), "mesh did not come up");
+    // B mints 5000 members and hands C their records at once: C takes what B's link
+    // may bring (1024 new origins at once), counts the rest and checks no signature
+    // of theirs.
+    let mut rng = ChaCha8Rng::seed_from_u64(99);
+    let minted = 5000;
+    for i in 0..minted {
+        let r = minted_record(i, sim.id(B), &mut rng);
+        sim.send_record(B, C, &r);
+    }
+    let st = sim.node(C).status(sim.now);
+    let held = sim.node(C).topology().len();
+    assert!(held <= 4 + 1024, "C holds {held} records");
+    assert_eq!(st.records_dropped.over_budget as usize, minted - (held - 3), "{:?}", st.records_dropped);
+    // A new member joins through A meanwhile: its record reaches C over A's link
+    // (budgeted apart from B's), and C knows the way to it.
+    sim.restart(D, params(D, Cipher::Aes128Gcm, SECRET).local, vec![A]);
+    let joined = sim.run_until(Duration::from_secs(10), |s| {
+        let reach = s.node(C).route_snapshot();
+        s.record(C, D).is_some()
+            && s.record(D, C).is_some()
+            && !matches!(reach.lookup(std::net::IpAddr::V4(overlay(D))), weft_core::route::Lookup::None)
+    });
+    assert!(
+        joined.is_some(),
+        "D never reached C: C has D's record {}, D has C's {}, C routes {:?}; {:?}",
+        sim.record(C, D).is_some(),
+        sim.record(D, C).is_some(),
+        sim.routed(C),
+        sim.node(C).status(sim.now).records_dropped
+    );
+    // The minted members' subnets cost C no scan per subnet: they are checked
+    // against the address index (and routed only once reachable: they are not).
+    let reach = sim.node(C).route_snapshot();
+    assert!(matches!(reach.lookup("20.0.0.1".parse().unwrap()), weft_core::route::Lookup::None));
+}

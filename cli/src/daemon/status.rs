@@ -154,6 +154,14 @@ impl Runtime {
                 })
                 .collect(),
             rejected_records: st.rejected_records,
+            records_dropped: [
+                ("over_budget", st.records_dropped.over_budget),
+                ("table_full", st.records_dropped.table_full),
+                ("evicted", st.records_dropped.evicted),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect(),
             queued_dropped: st.queued_dropped,
             refused: st.refused.clone(),
             address_conflicts: st

@@ -243,6 +243,12 @@ pub fn render(s: &StatusJson) -> prometheus::Result<String> {
         "Topology records dropped because their origin did not sign them.",
         s.rejected_records,
     )?;
+    f.counter(
+        "weft_records_dropped_total",
+        "Topology records dropped by the table's limits: over_budget, table_full, evicted.",
+        ["reason"],
+        by_key(&s.records_dropped),
+    )?;
 
     // Pipelines: "0", "1", … read the TUN and the UDP sockets; "links-0", … open what
     // connections receive.
