@@ -439,7 +439,10 @@ pub fn params(local: StaticKey, net: &str, secret: &str, cipher: Cipher, ipv4: I
             ipv6: None,
             gso: true,
             gso_quic: true,
-            protocol: Some(weft_core::handshake::Protocol::ours(3)),
+            protocol: Some(weft_core::handshake::Protocol::ours({
+                use weft_core::handshake::caps;
+                caps::GSO | caps::GSO_QUIC | caps::LEAVE
+            })),
             stamp: None,
         },
     }

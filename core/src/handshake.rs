@@ -231,6 +231,9 @@ pub mod caps {
     pub const GSO: u32 = 1 << 0;
     /// Takes them over QUIC too.
     pub const GSO_QUIC: u32 = 1 << 1;
+    /// Understands the "leaving" control message (a stopping node says goodbye, and
+    /// its neighbours close its sessions at once instead of waiting for a timeout).
+    pub const LEAVE: u32 = 1 << 2;
 }
 
 impl Protocol {

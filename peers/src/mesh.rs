@@ -90,6 +90,9 @@ pub(crate) enum Msg {
         /// (origin, sequence), sorted by origin.
         entries: Vec<(NodeId, u64)>,
     },
+    /// "I am stopping": close my sessions now (sent only to members whose hello
+    /// says they understand it, [`weft_core::handshake::caps::LEAVE`]).
+    Leaving,
 }
 
 /// The first byte of a control message: which [`Msg`] follows. Wire values, never
@@ -101,6 +104,7 @@ mod tag {
     pub(super) const PUNCH: u8 = 4;
     pub(super) const SUMMARY: u8 = 5;
     pub(super) const DIGEST: u8 = 6;
+    pub(super) const LEAVING: u8 = 7;
 }
 
 impl Msg {
@@ -143,6 +147,7 @@ impl Msg {
                     out.extend_from_slice(&seq.to_le_bytes());
                 }
             }
+            Self::Leaving => out.push(tag::LEAVING),
         }
         out
     }
@@ -182,6 +187,7 @@ impl Msg {
                 }
                 Self::Digest { lo, hi, entries }
             }
+            tag::LEAVING if rest.is_empty() => Self::Leaving,
             _ => return None,
         })
     }
@@ -462,6 +468,7 @@ impl Node {
                 }
             }
             Msg::Punch(eps) => self.handle_punch(now, key, &eps),
+            Msg::Leaving => self.peer_left(now, key),
             Msg::Summary { count, hash } => self.handle_summary(now, key, (count, hash)),
             Msg::Digest { lo, hi, entries } => {
                 // Only a link's digest is answered (records travel on links).

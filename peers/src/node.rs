@@ -670,6 +670,39 @@ impl Node {
         Ok(())
     }
 
+    /// This node is stopping: tells every member it has a session with (that
+    /// understands it) so that they close our sessions now and take a returning
+    /// node's handshake at once, instead of sending into a dead session until it
+    /// times out. The runtime sends what this queues before it exits.
+    pub fn leave(&mut self, now: Instant) {
+        let told: Vec<PeerKey> = self
+            .peers
+            .values()
+            .filter(|p| p.is_up() && p.hello.protocol().caps & weft_core::handshake::caps::LEAVE != 0)
+            .map(|p| p.key)
+            .collect();
+        info!(members = told.len(), "leaving the mesh: telling the members we have sessions with");
+        for k in told {
+            self.send_msg(&k, &crate::mesh::Msg::Leaving, now);
+        }
+    }
+
+    /// A member said it is stopping: its sessions close now (it comes back with a
+    /// new handshake), and routes to it go through the mesh or wait for it.
+    pub(crate) fn peer_left(&mut self, now: Instant, key: PeerKey) {
+        let Some(p) = self.peers.get_mut(&key) else { return };
+        info!(peer = %p.id, host = %p.hello.hostname, "member is leaving: closed its sessions");
+        p.sessions.clear();
+        p.path = PeerPath::Relayed { last: None };
+        p.down_since = Some(now);
+        p.error = Some("left the mesh (stopped)".into());
+        p.driver = Driver::default();
+        self.peers.set_anchor(&key, Anchor::None);
+        self.published.routes_dirty = true;
+        self.mesh.record_changed(now);
+        self.touch(key);
+    }
+
     /// Stops dialling a configured endpoint, or forgets a member by node id, and
     /// closes the sessions with that node. A member that other members still reach
     /// comes back through the mesh (it is part of the network; only the configured

@@ -1893,3 +1893,26 @@ fn a_member_minting_keys_fills_no_table_and_a_new_member_still_joins() {
     let reach = sim.node(C).route_snapshot();
     assert!(matches!(reach.lookup("20.0.0.1".parse().unwrap()), weft_core::route::Lookup::None));
 }
+
+// ----- leaving -----
+
+#[test]
+fn a_stopping_member_says_goodbye_and_is_taken_back_at_once() {
+    let mut sim = default_pair_established();
+    assert!(sim.established(A, B));
+    // B stops: it tells A first. A closes B's sessions now, not after a timeout.
+    let now = sim.now;
+    let mut out = Vec::new();
+    sim.slots[B].host.admin(|n| n.leave(now), &mut out);
+    sim.pump(out.into());
+    sim.kill(B);
+    sim.run(Duration::from_millis(50));
+    assert!(sim.route(A, B).is_none(), "A still sends to B's closed session");
+    let st = sim.peer_status(A, B).expect("B is still a member");
+    assert_eq!(st.error.as_deref(), Some("left the mesh (stopped)"), "{st:?}");
+    // B comes back (an upgrade: same key, new process) and dials A: taken at once.
+    sim.restart(B, params(B, Cipher::Aes128Gcm, SECRET).local, vec![A]);
+    let back = sim.run_until(Duration::from_secs(2), |s| s.established(A, B) && s.established(B, A));
+    assert!(back.is_some(), "B did not rejoin: {:?}", sim.peer_status(A, B));
+    eprintln!("rejoined after {back:?}");
+}

@@ -445,6 +445,11 @@ impl Runtime {
         if let Some(m) = metrics {
             m.abort();
         }
+        // Goodbye to the members we have sessions with, then a moment for the
+        // connection writers to send it.
+        self.engine.leave(Instant::now());
+        self.drain();
+        tokio::time::sleep(Duration::from_millis(100)).await;
         self.shut_down().await;
         Ok(())
     }

@@ -276,7 +276,7 @@ pub(super) fn engine(
     // Records on stream connections and over QUIC: said in the fields protocol 1 reads
     // and, from the same two values, in the capability bits.
     let (gso, gso_quic) = (true, true);
-    let capabilities = (if gso { caps::GSO } else { 0 }) | (if gso_quic { caps::GSO_QUIC } else { 0 });
+    let capabilities = (if gso { caps::GSO } else { 0 }) | (if gso_quic { caps::GSO_QUIC } else { 0 }) | caps::LEAVE;
     let hello = Hello {
         cipher: cfg.cipher,
         ipv4: cfg.ipv4.addr,
