@@ -10,6 +10,8 @@
 #
 # Environment: DURATION (s per iperf3 run, default 10), REPS (default 3), STREAMS ("1 4"),
 # WEFT (weft binary; default: cargo build --release -p weft, then target/release/weft),
+# WEFT_A (another weft binary for node A only, the iperf3 server: a mixed-version pair,
+# e.g. WEFT_A=$(scripts/build-previous.sh)),
 # WEFT_FLAGS (extra `weft up` flags for both nodes), WEFT_CIPHERS (default: all three),
 # WEFT_TRANSPORTS (default "udp tcp ws wss quic ipv6": every cipher runs over udp, the first
 # cipher of WEFT_CIPHERS over each other transport; both nodes listen on that transport only and
@@ -210,6 +212,11 @@ prepare_weft() {
     # Run a private copy so a concurrent rebuild cannot swap the binary mid-run.
     cp "$WEFT" "$RUN/weft"; WEFT_BIN="$RUN/weft"
     VERSION[weft]="$("$WEFT_BIN" --version 2>/dev/null | head -n1)${WEFT_REV:+ (built from git $WEFT_REV)}"
+    if [ -n "${WEFT_A:-}" ]; then
+        [ -x "$WEFT_A" ] || { SKIP[weft]="WEFT_A=$WEFT_A is not an executable"; return 1; }
+        cp "$WEFT_A" "$RUN/weft-a"; WEFT_BIN_A="$RUN/weft-a"
+        VERSION[weft]="node A: $("$WEFT_BIN_A" --version 2>/dev/null | head -n1); node B: ${VERSION[weft]}"
+    fi
 }
 
 prepare_wg_common() { # TOOL
@@ -456,7 +463,7 @@ start_weft() { # CIPHER TRANSPORT REP
     export WEFT_NETWORK_SECRET="bench-secret-$$"   # from the environment: stays out of ps
     # Both nodes listen on this one transport only, so neither can pick a better one.
     # shellcheck disable=SC2086  # WEFT_FLAGS is a list of flags
-    spawn "$LOGS/weft-$cipher-$tr-a.log" "$NS_A" "$WEFT_BIN" up --network-name bench -i 10.200.0.1/24 \
+    spawn "$LOGS/weft-$cipher-$tr-a.log" "$NS_A" "${WEFT_BIN_A:-$WEFT_BIN}" up --network-name bench -i 10.200.0.1/24 \
         -l "$listen" --state-dir "$d/a" --control "$d/a.sock" --cipher "$cipher" $v6a $WEFT_FLAGS
     # shellcheck disable=SC2086
     spawn "$LOGS/weft-$cipher-$tr-b.log" "$NS_B" "$WEFT_BIN" up --network-name bench -i 10.200.0.2/24 \
