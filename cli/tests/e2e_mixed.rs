@@ -77,6 +77,23 @@ fn the_previous_release_and_this_one_talk_directly_on_every_transport() {
             assert!(p.get("protocol").is_none_or(serde_json::Value::is_null), "{scheme}: {p}");
             assert_eq!(p["transport"], scheme, "{scheme}: {p}");
             assert!(new.status()["protocol"].as_u64().unwrap() >= 2);
+            if scheme == "udp" {
+                // Each release's `weft status` reads the other's control socket (a GUI
+                // or CLI of one release beside a daemon of the other during an upgrade).
+                for (client, daemon) in [(previous(), new), (env!("CARGO_BIN_EXE_weft").to_owned(), old)] {
+                    let out = std::process::Command::new(&client)
+                        .args(["status", "--json", "--control"])
+                        .arg(&daemon.control)
+                        .output()
+                        .unwrap();
+                    assert!(
+                        out.status.success(),
+                        "{client} status against {}: {}",
+                        daemon.control.display(),
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                }
+            }
         }
     }
 }

@@ -204,6 +204,11 @@ pub struct AdmissionJson {
     pub cookies_sent: u64,
     /// Cookies we received and used.
     pub cookies_received: u64,
+    /// Inits refused because the pending or held table was full: always 0 from 0.2.0
+    /// on (a full table drops its oldest unproven entry instead, `evicted`). Kept
+    /// because 0.1.0's clients require the field to read a status at all.
+    #[serde(default)]
+    pub state_full: u64,
     /// Unproven handshakes dropped, oldest first, to make room for new ones.
     #[serde(default)]
     pub evicted: u64,

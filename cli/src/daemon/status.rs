@@ -193,6 +193,7 @@ impl Runtime {
                     rate_limited: a.rate_limited,
                     cookies_sent: a.cookies_sent,
                     cookies_received: a.cookies_received,
+                    state_full: 0,
                     evicted: a.evicted,
                     replayed: a.replayed,
                     under_load: a.under_load,
