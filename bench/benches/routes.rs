@@ -22,8 +22,18 @@ use weft_peers::topology::{Neighbour, Record};
 
 const RECORDS: usize = 4096;
 
+/// `WEFT_BENCH_RECORDS`, from 3 (the pair's two and one minted) to the table's limit.
 fn records() -> usize {
-    std::env::var("WEFT_BENCH_RECORDS").ok().and_then(|v| v.parse().ok()).unwrap_or(RECORDS)
+    match std::env::var("WEFT_BENCH_RECORDS") {
+        Err(_) => RECORDS,
+        Ok(v) => match v.parse() {
+            Ok(n) if (3..=RECORDS).contains(&n) => n,
+            _ => {
+                eprintln!("error: WEFT_BENCH_RECORDS={v:?} is not a number of records from 3 to {RECORDS}");
+                std::process::exit(2);
+            }
+        },
+    }
 }
 const SUBNETS: usize = 32;
 

@@ -120,8 +120,9 @@ pub(crate) struct Gate {
     stats: AdmissionStats,
     /// The last IK init stamp accepted from each static key.
     stamps: HashMap<PeerKey, Stamp>,
-    /// The last stamp we wrote into an IK init (each one is later than the last).
-    our_stamp: Stamp,
+    /// The wall time of the last stamp we wrote into an IK init (each one is later
+    /// than the last).
+    our_stamp: Duration,
 }
 
 impl Gate {
@@ -138,7 +139,7 @@ impl Gate {
             overloaded_until: None,
             stats: AdmissionStats::default(),
             stamps: HashMap::new(),
-            our_stamp: Stamp::default(),
+            our_stamp: Duration::ZERO,
         }
     }
 
@@ -269,19 +270,8 @@ impl Gate {
     /// The stamp of an IK init we make at `wall` (time since 1970): later than any
     /// we made before, even within one clock tick.
     pub(crate) fn next_stamp(&mut self, wall: Duration) -> Stamp {
-        let mut s = Stamp::from_unix(wall);
-        if s <= self.our_stamp {
-            s = Stamp::from_unix(self.our_stamp_time() + Duration::from_nanos(1));
-        }
-        self.our_stamp = s;
-        s
-    }
-
-    fn our_stamp_time(&self) -> Duration {
-        let b = self.our_stamp.0;
-        let secs = u64::from_be_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]);
-        let nanos = u32::from_be_bytes([b[8], b[9], b[10], b[11]]);
-        Duration::new(secs.wrapping_sub(0x4000_0000_0000_0000), nanos)
+        self.our_stamp = wall.max(self.our_stamp + Duration::from_nanos(1));
+        Stamp::from_unix(self.our_stamp)
     }
 
     /// Whether an IK init from `key` carrying `stamp` is new (and remember it): a

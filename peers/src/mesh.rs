@@ -541,28 +541,34 @@ impl Node {
         self.send_msg(&key, &Msg::Summary { count, hash }, now);
     }
 
+    /// Each link brings so many new origins and so many updates a second: a member
+    /// minting keys fills the table no faster than that, and the signature checks it
+    /// can make us do are bounded too (records over budget come again with the next
+    /// summary exchange). Records that would change nothing (ours, stale) cost none.
+    fn within_record_budget(&mut self, now: Instant, from_key: PeerKey, rec: &Record) -> bool {
+        let node = rec.node();
+        if node == self.id || !self.mesh.topology.is_newer(rec) {
+            return true;
+        }
+        let new_origin = self.mesh.topology.get(&node).is_none();
+        let now_ms = crate::node::ms_since(self.cfg.epoch, now);
+        let Some(p) = self.peers.get_mut(&from_key) else { return false };
+        let b = RECORD_BUDGET;
+        let (origins, updates) = p
+            .record_budget
+            .get_or_insert_with(|| (Bucket::full(b.new_burst, now_ms), Bucket::full(b.update_burst, now_ms)));
+        if new_origin {
+            origins.take(b.new_rate, b.new_burst, now_ms)
+        } else {
+            updates.take(b.update_rate, b.update_burst, now_ms)
+        }
+    }
+
     fn handle_record(&mut self, now: Instant, from_key: PeerKey, rec: Record) {
         let node = rec.node();
-        // Each link brings so many new origins and so many updates a second: a member
-        // minting keys fills the table no faster than that, and the signature checks
-        // it can make us do are bounded too (records over budget come again with the
-        // next summary exchange).
-        if node != self.id && self.mesh.topology.is_newer(&rec) {
-            let new_origin = self.mesh.topology.get(&node).is_none();
-            let now_ms = crate::node::ms_since(self.cfg.epoch, now);
-            let Some(p) = self.peers.get_mut(&from_key) else { return };
-            let (origins, updates) = p.record_budget.get_or_insert_with(|| {
-                (Bucket::full(RECORD_BUDGET.new_burst, now_ms), Bucket::full(RECORD_BUDGET.update_burst, now_ms))
-            });
-            let allowed = if new_origin {
-                origins.take(RECORD_BUDGET.new_rate, RECORD_BUDGET.new_burst, now_ms)
-            } else {
-                updates.take(RECORD_BUDGET.update_rate, RECORD_BUDGET.update_burst, now_ms)
-            };
-            if !allowed {
-                self.mesh.records_over_budget += 1;
-                return;
-            }
+        if !self.within_record_budget(now, from_key, &rec) {
+            self.mesh.records_over_budget += 1;
+            return;
         }
         let network = self.cfg.handshake.network_name.clone();
         // The origin itself sends a record no newer than the one we hold, and not the

@@ -690,12 +690,20 @@ impl Node {
     /// A member said it is stopping: its sessions close now (it comes back with a
     /// new handshake), and routes to it go through the mesh or wait for it.
     pub(crate) fn peer_left(&mut self, now: Instant, key: PeerKey) {
+        if let Some(p) = self.peers.get(&key) {
+            info!(peer = %p.id, host = %p.hello.hostname, "member is leaving: closed its sessions");
+            self.close_sessions(now, key, "left the mesh (stopped)");
+        }
+    }
+
+    /// Closes every session with a peer and says why in its status: no path, no
+    /// anchor, a fresh handshake driver (its next handshake starts at once).
+    fn close_sessions(&mut self, now: Instant, key: PeerKey, why: &str) {
         let Some(p) = self.peers.get_mut(&key) else { return };
-        info!(peer = %p.id, host = %p.hello.hostname, "member is leaving: closed its sessions");
         p.sessions.clear();
         p.path = PeerPath::Relayed { last: None };
         p.down_since = Some(now);
-        p.error = Some("left the mesh (stopped)".into());
+        p.error = Some(why.to_owned());
         p.driver = Driver::default();
         self.peers.set_anchor(&key, Anchor::None);
         self.published.routes_dirty = true;
@@ -727,17 +735,9 @@ impl Node {
         });
         if let Some(key) = key {
             self.dials.retain(|_, d| d.key != Some(key));
-            if let Some(p) = self.peers.get_mut(&key) {
+            if let Some(p) = self.peers.get(&key) {
                 what = format!("{what}; closed the sessions with {} ({})", p.id, p.hello.hostname);
-                p.sessions.clear();
-                p.path = PeerPath::Relayed { last: None };
-                p.down_since = Some(now);
-                p.error = Some("removed by the administrator".into());
-                p.driver = Driver::default();
-                self.peers.set_anchor(&key, Anchor::None);
-                self.published.routes_dirty = true;
-                self.mesh.record_changed(now);
-                self.touch(key);
+                self.close_sessions(now, key, "removed by the administrator");
             }
         }
         info!("{what}");

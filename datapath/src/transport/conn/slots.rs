@@ -124,12 +124,17 @@ impl Slots {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let mut by = self.slots.by_source.lock();
-        if let Some(n) = by.get_mut(&self.source) {
-            *n -= 1;
-            if *n == 0 {
-                by.remove(&self.source);
-            }
+        give_back(&self.slots.by_source, self.source);
+    }
+}
+
+/// Counts one connection of `source` less in a per-source map.
+fn give_back(by: &Mutex<HashMap<IpAddr, usize>>, source: IpAddr) {
+    let mut by = by.lock();
+    if let Some(n) = by.get_mut(&source) {
+        *n -= 1;
+        if *n == 0 {
+            by.remove(&source);
         }
     }
 }
@@ -143,13 +148,7 @@ pub(super) struct Unproven {
 
 impl Drop for Unproven {
     fn drop(&mut self) {
-        let mut by = self.slots.unproven_by_source.lock();
-        if let Some(n) = by.get_mut(&self.source) {
-            *n -= 1;
-            if *n == 0 {
-                by.remove(&self.source);
-            }
-        }
+        give_back(&self.slots.unproven_by_source, self.source);
     }
 }
 
