@@ -673,8 +673,9 @@ impl Node {
     /// This node is stopping: tells every member it has a session with (that
     /// understands it) so that they close our sessions now and take a returning
     /// node's handshake at once, instead of sending into a dead session until it
-    /// times out. The runtime sends what this queues before it exits.
-    pub fn leave(&mut self, now: Instant) {
+    /// times out. The runtime sends what this queues before it exits. Returns how
+    /// many members were told.
+    pub fn leave(&mut self, now: Instant) -> usize {
         let told: Vec<PeerKey> = self
             .peers
             .values()
@@ -682,9 +683,10 @@ impl Node {
             .map(|p| p.key)
             .collect();
         info!(members = told.len(), "leaving the mesh: telling the members we have sessions with");
-        for k in told {
-            self.send_msg(&k, &crate::mesh::Msg::Leaving, now);
+        for k in &told {
+            self.send_msg(k, &crate::mesh::Msg::Leaving, now);
         }
+        told.len()
     }
 
     /// A member said it is stopping: its sessions close now (it comes back with a

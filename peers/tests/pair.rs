@@ -1903,7 +1903,8 @@ fn a_stopping_member_says_goodbye_and_is_taken_back_at_once() {
     // B stops: it tells A first. A closes B's sessions now, not after a timeout.
     let now = sim.now;
     let mut out = Vec::new();
-    sim.slots[B].host.admin(|n| n.leave(now), &mut out);
+    let told = sim.slots[B].host.admin(|n| n.leave(now), &mut out);
+    assert_eq!(told, 1, "B has one member to tell");
     sim.pump(out.into());
     sim.kill(B);
     sim.run(Duration::from_millis(50));

@@ -446,10 +446,11 @@ impl Runtime {
             m.abort();
         }
         // Goodbye to the members we have sessions with, then a moment for the
-        // connection writers to send it.
-        self.engine.leave(Instant::now());
-        self.drain();
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // connection writers to send it (none when nobody was told).
+        if self.engine.leave(Instant::now()) > 0 {
+            self.drain();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         self.shut_down().await;
         Ok(())
     }
