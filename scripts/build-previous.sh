@@ -5,9 +5,23 @@
 #
 # These binaries prove compatibility, not speed: the release profile is built without
 # LTO, with more codegen units and no debug info, to keep the build short.
+#
+#   scripts/build-previous.sh              prints the binary's path
+#   scripts/build-previous.sh --packages   also makes that release's .deb and .rpm (its
+#                                          package metadata and maintainer scripts, its
+#                                          binary) for the upgrade test in packaging/test.sh,
+#                                          cached in target/previous/COMMIT/packages/, and
+#                                          prints that directory (needs cargo-deb and
+#                                          cargo-generate-rpm: packaging/build.sh installs them)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
+packages=no
+case "${1:-}" in
+    "") ;;
+    --packages) packages=yes ;;
+    *) echo "error: unknown argument $1; usage: scripts/build-previous.sh [--packages]" >&2; exit 2 ;;
+esac
 
 commit=$(tr -d '[:space:]' <packaging/previous-release)
 if ! [[ $commit =~ ^[0-9a-f]{40}$ ]]; then
@@ -16,8 +30,9 @@ if ! [[ $commit =~ ^[0-9a-f]{40}$ ]]; then
 fi
 out=$root/target/previous/$commit
 bin=$out/weft
-if [ -x "$bin" ]; then
-    echo "$bin"
+pkgs=$out/packages
+if [ -x "$bin" ] && { [ $packages = no ] || compgen -G "$pkgs/weft_*.deb" >/dev/null; }; then
+    if [ $packages = yes ]; then echo "$pkgs"; else echo "$bin"; fi
     exit 0
 fi
 if ! git cat-file -e "$commit^{commit}" 2>/dev/null && [ "$(git rev-parse --is-shallow-repository)" = true ]; then
@@ -37,11 +52,39 @@ git worktree add --detach --force "$tree" "$commit" >&2
 cleanup() { git -C "$root" worktree remove --force "$tree" >/dev/null 2>&1 || rm -rf "$tree"; }
 trap cleanup EXIT
 
-echo "building the previous release ($commit) for the mixed-version tests" >&2
-CARGO_PROFILE_RELEASE_OPT_LEVEL=0 CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 CARGO_PROFILE_RELEASE_DEBUG=0 \
-    CARGO_TARGET_DIR="$out/target" cargo build --release --locked -p weft --manifest-path "$tree/Cargo.toml" >&2
-cp "$out/target/release/weft" "$bin.tmp"
-mv "$bin.tmp" "$bin"
-# Only the binary is kept: the build tree is large and never reused.
-rm -rf "$out/target"
-echo "$bin"
+if [ ! -x "$bin" ]; then
+    echo "building the previous release ($commit) for the mixed-version tests" >&2
+    CARGO_PROFILE_RELEASE_OPT_LEVEL=0 CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 CARGO_PROFILE_RELEASE_DEBUG=0 \
+        CARGO_TARGET_DIR="$out/target" cargo build --release --locked -p weft --manifest-path "$tree/Cargo.toml" >&2
+    cp "$out/target/release/weft" "$bin.tmp"
+    mv "$bin.tmp" "$bin"
+    # Only the binary is kept: the build tree is large and never reused.
+    rm -rf "$out/target"
+fi
+if [ $packages = no ]; then
+    echo "$bin"
+    exit 0
+fi
+
+for tool in deb generate-rpm; do
+    if ! cargo "$tool" --version >/dev/null 2>&1; then
+        echo "error: cargo $tool is missing: packaging/build.sh installs the packaging tools" >&2
+        exit 1
+    fi
+done
+echo "packaging the previous release ($commit)" >&2
+# The previous release's package metadata (cli/Cargo.toml) names its assets under
+# target/release/: a target directory of their own, holding the cached binary.
+pkg_target=$out/pkg-target
+rm -rf "$pkg_target" "$pkgs.tmp" && mkdir -p "$pkg_target/release" "$pkgs.tmp"
+cp "$bin" "$pkg_target/release/weft"
+packaging/assets.sh weft "$bin" "$bin" strip "$pkg_target/release/pkg-assets" >&2
+pkg_version=$(cargo pkgid -p weft --manifest-path "$tree/Cargo.toml" | sed 's/.*[#@]//')
+packaging/assets.sh changelog weft "$pkg_version" "$("$bin" --version)" "$(git log -1 --format=%cD "$commit")" \
+    >"$pkg_target/release/pkg-assets/changelog.Debian.gz"
+export SOURCE_DATE_EPOCH=$(git log -1 --format=%ct "$commit")
+(cd "$tree" && CARGO_TARGET_DIR="$pkg_target" cargo deb -p weft --no-build --strip --output "$pkgs.tmp/") >&2
+(cd "$tree/cli" && cargo generate-rpm --target-dir "$pkg_target" --output "$pkgs.tmp/") >&2
+rm -rf "$pkgs" "$pkg_target"
+mv "$pkgs.tmp" "$pkgs"
+echo "$pkgs"

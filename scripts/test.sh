@@ -44,6 +44,11 @@ if [ -z "${WEFT_PREVIOUS:-}" ]; then
     WEFT_PREVIOUS=$(scripts/build-previous.sh)
 fi
 export WEFT_PREVIOUS
+# An arm64 weft for the test that runs it under qemu-user (cli/tests/e2e_arm64.rs).
+if [ -z "${WEFT_ARM64:-}" ]; then
+    WEFT_ARM64=$(scripts/build-arm64.sh)
+fi
+export WEFT_ARM64
 # --include-ignored: the 200-node simulation (about 3 minutes) is part of the suite.
 cargo test --workspace --locked "$@" -- --include-ignored
 # The end-to-end suites once more with every offload off (TUN TSO/GRO, UDP GSO/GRO).

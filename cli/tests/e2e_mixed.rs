@@ -24,6 +24,14 @@ fn previous() -> String {
     }
 }
 
+/// The protocol version `bin --version` names (`weft 0.2.0 (abc1234) protocol 2`);
+/// `None` for a release before 0.2.0, which had none.
+fn protocol_of(bin: &str) -> Option<u64> {
+    let out = std::process::Command::new(bin).arg("--version").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.trim().rsplit_once(" protocol ").map(|(_, v)| v.parse().unwrap())
+}
+
 fn start(lan: &Lan, dir: &TempDir, i: usize, old: bool, extra: &[String]) -> Node {
     let mut args: Vec<String> = NET.iter().map(|s| (*s).to_owned()).collect();
     args.extend(["-i".into(), format!("{}/24", IPS[i]), "--threads".into(), "1".into()]);
@@ -71,12 +79,21 @@ fn the_previous_release_and_this_one_talk_directly_on_every_transport() {
                 old.peer_established(IPS[1]) && new.peer_established(IPS[0])
             });
             both_ways(&lan, 0, 1, 4 << 20);
-            // The new node sees that its peer speaks the unversioned protocol; the old
-            // node ignores the new field and says nothing of it.
+            // Each node names the protocol its peer speaks: the new node sees the
+            // previous release's (none before 0.2.0, whose hello had no protocol field);
+            // a previous release that knows the field sees ours.
             let p = new.peer(IPS[0]).unwrap();
-            assert!(p.get("protocol").is_none_or(serde_json::Value::is_null), "{scheme}: {p}");
+            match protocol_of(&previous()) {
+                Some(v) => assert_eq!(p["protocol"], v, "{scheme}: {p}"),
+                None => assert!(p.get("protocol").is_none_or(serde_json::Value::is_null), "{scheme}: {p}"),
+            }
             assert_eq!(p["transport"], scheme, "{scheme}: {p}");
-            assert!(new.status()["protocol"].as_u64().unwrap() >= 2);
+            let ours = protocol_of(env!("CARGO_BIN_EXE_weft")).unwrap();
+            assert_eq!(new.status()["protocol"], ours);
+            if protocol_of(&previous()).is_some() {
+                let q = old.peer(IPS[1]).unwrap();
+                assert_eq!(q["protocol"], ours, "{scheme}: {q}");
+            }
             if scheme == "udp" {
                 // Each release's `weft status` reads the other's control socket (a GUI
                 // or CLI of one release beside a daemon of the other during an upgrade).

@@ -73,9 +73,12 @@ fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
 
 /// Loads the node key from `dir`, creating the directory and the key if needed.
 ///
-/// The file holds the node's Ed25519 seed (`ed25519 <hex>`); the Noise X25519 key
-/// derives from it. A key file of the old format (an X25519 pair only, which cannot
-/// sign the node's records) is replaced by a new key: the node id changes once.
+/// The file's first word names its format. Format 1, `ed25519 <hex>` (since 0.1.0),
+/// holds the node's Ed25519 seed; the Noise X25519 key derives from it. Format 0 (two
+/// hex lines: an X25519 pair, which cannot sign the node's records) is replaced by a
+/// new key: the node id changes once. A first word this build does not know is a
+/// format from a newer weft: an error that says so and keeps the file (it is the
+/// node's identity), never "corrupt".
 pub fn load_or_create_key(dir: &Path) -> Result<StaticKey> {
     fs::create_dir_all(dir).with_context(|| format!("cannot create state directory {}", dir.display()))?;
     let path = dir.join(KEY_FILE);
@@ -97,7 +100,12 @@ pub fn load_or_create_key(dir: &Path) -> Result<StaticKey> {
                     );
                     Ok(key)
                 }
-                Err(e) => Err(e)
+                Err(KeyFileError::Newer(word)) => bail!(
+                    "node key {} is of a format this weft does not read (it begins {word:?}): a newer weft wrote it; \
+                     run that release or a later one (keep the file: it is this node's identity)",
+                    path.display()
+                ),
+                Err(KeyFileError::Corrupt(e)) => Err(e)
                     .with_context(|| format!("corrupt node key {} (delete it to make a new identity)", path.display())),
             }
         }
@@ -124,18 +132,40 @@ fn key_file(key: &StaticKey) -> String {
     format!("{KEY_TAG}{}\n", hex(key.seed_bytes()))
 }
 
-/// The key in a key file; `None` for the old format (two hex lines: an X25519 pair).
-fn parse_key(text: &str) -> Result<Option<StaticKey>> {
+/// Why a key file could not be read.
+#[derive(Debug)]
+enum KeyFileError {
+    /// A format named by a word this build does not know (a newer weft's).
+    Newer(String),
+    Corrupt(anyhow::Error),
+}
+
+/// The key in a key file; `None` for format 0 (two hex lines: an X25519 pair).
+fn parse_key(text: &str) -> Result<Option<StaticKey>, KeyFileError> {
     let mut lines = text.lines();
     let first = lines.next().unwrap_or("").trim();
     if let Some(seed) = first.strip_prefix(KEY_TAG) {
-        let seed: [u8; 32] = unhex(seed.trim())?.try_into().map_err(|_| anyhow::anyhow!("expected a 32-byte seed"))?;
+        let seed: [u8; 32] = unhex(seed.trim())
+            .and_then(|b| b.try_into().map_err(|_| anyhow::anyhow!("expected a 32-byte seed")))
+            .map_err(KeyFileError::Corrupt)?;
         return Ok(Some(StaticKey::from_seed(seed)));
     }
     let second = lines.next().unwrap_or("").trim();
     match (unhex(first), unhex(second)) {
         (Ok(a), Ok(b)) if a.len() == 32 && b.len() == 32 => Ok(None),
-        _ => bail!("expected \"{}<64 hex digits>\"", KEY_TAG),
+        _ => {
+            // A format word (letters, digits, `-`, `/`, `.`, beginning with a letter)
+            // followed by its data: written by a newer weft.
+            let word = first.split_whitespace().next().unwrap_or("");
+            let is_word = word.len() <= 32
+                && word.starts_with(|c: char| c.is_ascii_alphabetic())
+                && word.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '/' | '.' | '_'));
+            if is_word && first.len() > word.len() && unhex(word).is_err() {
+                Err(KeyFileError::Newer(word.to_owned()))
+            } else {
+                Err(KeyFileError::Corrupt(anyhow::anyhow!("expected \"{}<64 hex digits>\"", KEY_TAG)))
+            }
+        }
     }
 }
 
@@ -293,7 +323,17 @@ mod tests {
         let mode = fs::metadata(dir.join(KEY_FILE)).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
         fs::write(dir.join(KEY_FILE), "zz\n").unwrap();
-        assert!(load_or_create_key(&dir).is_err());
+        let e = format!("{:#}", load_or_create_key(&dir).unwrap_err());
+        assert!(e.contains("corrupt node key"), "{e}");
+        // A format a newer weft wrote is named as such, and the file is left alone.
+        let newer = "weft-key/2 ed25519 00ff\n";
+        fs::write(dir.join(KEY_FILE), newer).unwrap();
+        let e = format!("{:#}", load_or_create_key(&dir).unwrap_err());
+        assert!(e.contains("a newer weft wrote it") && e.contains("weft-key/2") && !e.contains("corrupt"), "{e}");
+        assert_eq!(fs::read_to_string(dir.join(KEY_FILE)).unwrap(), newer);
+        // A bad seed under the known tag is corrupt, not newer.
+        fs::write(dir.join(KEY_FILE), "ed25519 abcd\n").unwrap();
+        assert!(format!("{:#}", load_or_create_key(&dir).unwrap_err()).contains("corrupt node key"));
 
         // The self-signed TLS pair is made once, private, and reused.
         let t1 = load_or_create_tls(&dir, None).unwrap();

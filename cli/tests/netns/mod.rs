@@ -284,12 +284,21 @@ impl Node {
     /// mixed-version tests) in `ns`, like [`Node::start`].
     #[allow(dead_code)]
     pub fn start_binary(ns: &Netns, dir: &Path, name: &str, bin: &str, args: &[&str]) -> Self {
+        Self::start_command(ns, dir, name, &[bin], args)
+    }
+
+    /// Starts `command… up` in `ns`, like [`Node::start`]: `command` is the program and
+    /// the words before `up` (an emulator and the binary it runs, for the arm64 test).
+    #[allow(dead_code)]
+    pub fn start_command(ns: &Netns, dir: &Path, name: &str, command: &[&str], args: &[&str]) -> Self {
         let state = dir.join(format!("{name}-state"));
         let control = dir.join(format!("{name}.sock"));
         let log = dir.join(format!("{name}.log"));
-        let launcher: Vec<String> = [bin, "up", "--state-dir"]
+        let launcher: Vec<String> = command
+            .iter()
+            .copied()
+            .chain(["up", "--state-dir"])
             .map(String::from)
-            .into_iter()
             .chain([state.display().to_string(), "--control".into(), control.display().to_string()])
             .collect();
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
@@ -381,7 +390,8 @@ impl Node {
     /// Stops the node as systemd does (SIGTERM) and waits for it to exit.
     pub fn terminate(&mut self) {
         run(Command::new("kill").args(["-TERM", &self.child.id().to_string()]));
-        let deadline = Instant::now() + Duration::from_secs(10);
+        // 30 s: an arm64 node under qemu-user takes about 9 s to make its TLS key.
+        let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
             if !matches!(self.child.try_wait(), Ok(None)) {
                 return;
@@ -400,7 +410,8 @@ impl Node {
     }
 
     fn wait_for_socket(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
+        // 30 s: an arm64 node under qemu-user takes about 9 s to make its TLS key.
+        let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
             if self.try_status().is_some() {
                 return;
