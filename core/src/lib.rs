@@ -1,7 +1,8 @@
 //! weft-core: Weft's protocol primitives, all of them pure.
 //!
 //! Nothing here touches the OS, a socket, a thread or the clock: [`wire`] (headers),
-//! [`admission`] (handshake MACs, cookies, token buckets), [`crypto`] (AEAD in
+//! [`admission`] (handshake MACs, cookies, token buckets), [`cert`] (member
+//! certificates and revocations signed by an authority), [`crypto`] (AEAD in
 //! place), [`replay`] (window), [`handshake`] (Noise via snow), [`session`] (keys +
 //! counters shared with the pipelines), [`route`] (the immutable snapshot pipelines
 //! read), [`endpoint`] (transport + address) and [`stats`]. The I/O half that moves
@@ -19,6 +20,7 @@
 #![warn(missing_docs)]
 
 pub mod admission;
+pub mod cert;
 pub mod crypto;
 pub mod endpoint;
 pub mod handshake;

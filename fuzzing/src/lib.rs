@@ -15,7 +15,7 @@ pub mod seeds;
 
 pub use node::node;
 pub use parsers::{
-    control, data_header, handshake_header, hello, quic_reassembly, record, reject, relay_header, stream_frames,
+    cert, control, data_header, handshake_header, hello, quic_reassembly, record, reject, relay_header, stream_frames,
 };
 pub use rx::rx;
 
@@ -35,4 +35,5 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("quic_reassembly", quic_reassembly),
     ("rx", rx),
     ("node", node),
+    ("cert", cert),
 ];

@@ -127,6 +127,36 @@ pub fn seeds() -> Vec<Seed> {
     punch.extend(addr(0x04, &[198, 51, 100, 7], 11010));
     punch.extend(addr(0x16, &[0x20, 1, 0xd, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1], 443));
     s.push(("control", "seed-punch".into(), punch));
+    // A member certificate with every field, a bare one, and a revocation.
+    let authority = weft_core::cert::AuthorityKey::from_seed([3; 32]);
+    let full = weft_core::cert::CertBody {
+        authority: authority.id(),
+        node: keys()[1].public,
+        network: "fuzz".into(),
+        name: "gateway-1".into(),
+        ipv4: (Ipv4Addr::new(10, 9, 0, 2), 16),
+        ipv6: Some((std::net::Ipv6Addr::new(0xfd12, 0x3456, 0x789a, 0, 7, 7, 7, 7), 64)),
+        groups: vec!["dev".into(), "ops".into()],
+        subnets: vec![weft_core::cert::Prefix { addr: [192, 168, 50, 0].into(), len: 24 }],
+        exit: true,
+        portal: true,
+        not_before: 1_800_000_000,
+        not_after: 1_900_000_000,
+    };
+    let bare = weft_core::cert::CertBody {
+        network: String::new(),
+        ipv6: None,
+        groups: Vec::new(),
+        subnets: Vec::new(),
+        exit: false,
+        portal: false,
+        ..full.clone()
+    };
+    for (name, body) in [("seed-cert", full), ("seed-cert-bare", bare)] {
+        s.push(("cert", name.into(), body.sign(&authority).unwrap().to_bytes()));
+    }
+    let revocation = weft_core::cert::Revocation::issue(&authority, keys()[2].public, 1_800_000_000);
+    s.push(("cert", "seed-revocation".into(), revocation.to_bytes()));
     let mut batch = Vec::new();
     for m in &hs {
         frame::push(&mut batch, m);

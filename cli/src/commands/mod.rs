@@ -1,14 +1,17 @@
 //! The subcommands other than `weft up`: clients of a running node's control socket
 //! (`status`, `peers`, `peer add`, `wg add`, `reload`, ...) and the local ones (`secret
-//! generate`, `completions`, `man`).
+//! generate`, `authority`, `id`, `cert show`, `completions`, `man`).
 
 use anyhow::Result;
 
-use crate::config::args::{self, Command, ExitCommand, PeerCommand, SecretCommand, WgCommand};
+use crate::config::args::{
+    self, AuthorityCommand, CertCommand, Command, ExitCommand, PeerCommand, SecretCommand, WgCommand,
+};
 use crate::config::values::UsageError;
 use crate::config::{NodeConfig, secret};
 use crate::{daemon, meta};
 
+pub(crate) mod authority;
 pub(crate) mod show;
 
 /// Runs `command`.
@@ -33,6 +36,11 @@ pub(crate) fn run(command: Command) -> Result<()> {
             println!("{}", secret::generate()?);
             Ok(())
         }
+        Command::Authority(AuthorityCommand::Init(a)) => authority::init(&a.out),
+        Command::Authority(AuthorityCommand::Sign(a)) => authority::sign(&a),
+        Command::Authority(AuthorityCommand::Revoke(a)) => authority::revoke(&a.key, &a.node_id),
+        Command::Id(a) => authority::id(a.state_dir.as_deref()),
+        Command::Cert(CertCommand::Show(a)) => authority::show(&a),
         Command::Version(a) => meta::version(a.json),
         Command::Completions(a) => meta::completions(a.shell),
         Command::Man(a) => meta::man(a.command.as_deref()),

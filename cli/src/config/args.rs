@@ -103,6 +103,17 @@ pub enum Command {
     /// Make network secrets.
     #[command(subcommand)]
     Secret(SecretCommand),
+    /// A network's authority: its key, member certificates and revocations (the
+    /// authority's key stays with the admin, off the nodes).
+    #[command(subcommand)]
+    Authority(AuthorityCommand),
+    /// Print this node's id: the static public key its handshakes prove, which
+    /// certificates name (`weft authority sign --node-id`). Makes the node key when
+    /// there is none yet, as `weft up` would.
+    Id(IdArgs),
+    /// Read member certificates.
+    #[command(subcommand)]
+    Cert(CertCommand),
     /// Print the release, the commit and the protocol version (what `--version` says;
     /// `--json` for scripts, with the oldest protocol this build talks to).
     Version(VersionArgs),
@@ -400,6 +411,106 @@ pub enum SecretCommand {
     /// the config file or WEFT_NETWORK_SECRET. A weak secret (below about 60 bits by
     /// `weft up`'s estimate) can be guessed offline by anyone who records one handshake.
     Generate,
+}
+
+/// `weft authority`.
+#[derive(Debug, Subcommand)]
+pub enum AuthorityCommand {
+    /// Make an authority key pair: writes the private key to FILE (mode 0600; an
+    /// existing file is never overwritten) and prints the public key, which every
+    /// member is started with (`--authority`).
+    Init(AuthorityInitArgs),
+    /// Issue a member certificate: binds a node id to a host name, overlay addresses,
+    /// groups and what it may offer, for a validity period. Prints it (one line).
+    Sign(Box<AuthoritySignArgs>),
+    /// Revoke a node id: prints a signed revocation (one line) for `weft revoke add`,
+    /// which the mesh carries to every member.
+    Revoke(AuthorityRevokeArgs),
+}
+
+/// Arguments of `weft authority init`.
+#[derive(Debug, Args)]
+pub struct AuthorityInitArgs {
+    /// Where to write the private key.
+    #[arg(long, value_name = "FILE")]
+    pub out: PathBuf,
+}
+
+/// Arguments of `weft authority sign`.
+#[derive(Debug, Args)]
+pub struct AuthoritySignArgs {
+    /// The authority's private key file (`weft authority init`).
+    #[arg(long, value_name = "FILE")]
+    pub key: PathBuf,
+    /// The member's node id (`weft id` on it: 64 hex digits).
+    #[arg(long, value_name = "ID")]
+    pub node_id: String,
+    /// The member's host name (what Magic DNS and `weft status` call it).
+    #[arg(long, value_name = "NAME")]
+    pub name: String,
+    /// The member's IPv4 overlay address with the network's prefix.
+    #[arg(long, value_name = "ADDR/PREFIX")]
+    pub ipv4: String,
+    /// The member's IPv6 overlay address with its prefix (default: none granted).
+    #[arg(long, value_name = "ADDR/PREFIX")]
+    pub ipv6: Option<String>,
+    /// Groups (tags) for access policy, comma-separated.
+    #[arg(long, value_name = "A,B", value_delimiter = ',')]
+    pub groups: Vec<String>,
+    /// A subnet the member may proxy into the mesh (repeat for more).
+    #[arg(long = "subnet", value_name = "CIDR")]
+    pub subnets: Vec<String>,
+    /// The member may offer itself as an exit node.
+    #[arg(long)]
+    pub exit: bool,
+    /// The member may run a WireGuard portal.
+    #[arg(long)]
+    pub portal: bool,
+    /// How long it is valid from now: a number and s, m, h, d or w (e.g. 90d).
+    #[arg(long, value_name = "DURATION", default_value = "365d")]
+    pub expires: String,
+    /// The network it is valid in (default: any network that trusts this authority).
+    #[arg(long, value_name = "NAME")]
+    pub network_name: Option<String>,
+}
+
+/// Arguments of `weft authority revoke`.
+#[derive(Debug, Args)]
+pub struct AuthorityRevokeArgs {
+    /// The authority's private key file.
+    #[arg(long, value_name = "FILE")]
+    pub key: PathBuf,
+    /// The node id to revoke (64 hex digits, as `weft id` and `weft cert show` print it).
+    #[arg(value_name = "NODE-ID")]
+    pub node_id: String,
+}
+
+/// Arguments of `weft id`.
+#[derive(Debug, Args)]
+pub struct IdArgs {
+    /// State directory holding the node key (default: `weft up`'s, /var/lib/weft for
+    /// root).
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+}
+
+/// `weft cert`.
+#[derive(Debug, Subcommand)]
+pub enum CertCommand {
+    /// Print a certificate in words: node id, host name, addresses, groups, grants,
+    /// validity, authority. Checks its signature against the authority it names.
+    Show(CertShowArgs),
+}
+
+/// Arguments of `weft cert show`.
+#[derive(Debug, Args)]
+pub struct CertShowArgs {
+    /// The certificate (`weft-cert:...`) or a file holding it.
+    #[arg(value_name = "CERT|FILE")]
+    pub cert: String,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `weft version`.

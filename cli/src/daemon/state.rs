@@ -169,7 +169,7 @@ fn parse_key(text: &str) -> Result<Option<StaticKey>, KeyFileError> {
     }
 }
 
-fn hex(b: &[u8]) -> String {
+pub(crate) fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 

@@ -1,0 +1,313 @@
+//! `weft authority init|sign|revoke`, `weft id` and `weft cert show`: the local
+//! commands of a network with an authority (no running node needed).
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use weft_core::cert::{AuthorityKey, CertBody, Certificate, Prefix, Revocation};
+
+use crate::config::args::{AuthoritySignArgs, CertShowArgs};
+use crate::config::values::{IpNet, Ipv4Net, UsageError};
+use crate::daemon::state::hex;
+
+/// First line of an authority key file: its format.
+const KEY_HEADER: &str = "weft-authority-key 1";
+
+/// `weft authority init --out FILE`.
+pub(crate) fn init(out: &Path) -> Result<()> {
+    let mut seed = [0u8; 32];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut seed)
+        .map_err(|_| anyhow::anyhow!("the OS random generator failed"))?;
+    let key = AuthorityKey::from_seed(seed);
+    let mut f = match OpenOptions::new().write(true).create_new(true).mode(0o600).open(out) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            return Err(UsageError(format!(
+                "{} exists: refusing to overwrite an authority key (choose another --out)",
+                out.display()
+            ))
+            .into());
+        }
+        Err(e) => return Err(e).with_context(|| format!("cannot write {}", out.display())),
+    };
+    f.write_all(format!("{KEY_HEADER}\ned25519 {}\n", hex(key.seed_bytes())).as_bytes())?;
+    f.sync_all()?;
+    println!("{}", key.id());
+    eprintln!(
+        "wrote the authority's private key to {} (keep it off the nodes); start every member with --authority {}",
+        out.display(),
+        key.id()
+    );
+    Ok(())
+}
+
+/// Reads an authority key file (refusing one that others may read).
+pub(crate) fn load_key(path: &Path) -> Result<AuthorityKey> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| UsageError(format!("cannot read the authority key {}: {e}", path.display())))?;
+    crate::config::values::check_private(path, "authority key", "")?;
+    let mut lines = text.lines().map(str::trim);
+    let bad = |why: &str| UsageError(format!("{} is not an authority key ({why})", path.display()));
+    match lines.next() {
+        Some(KEY_HEADER) => {}
+        Some(h) if h.starts_with("weft-authority-key ") => {
+            return Err(bad(&format!("format {:?}, newer than this weft reads: upgrade weft", &h[19..])).into());
+        }
+        _ => return Err(bad(&format!("its first line is not {KEY_HEADER:?}")).into()),
+    }
+    let seed = lines
+        .next()
+        .and_then(|l| l.strip_prefix("ed25519 "))
+        .and_then(|h| unhex32(h.trim()))
+        .ok_or_else(|| bad("expected \"ed25519 <64 hex digits>\" on its second line"))?;
+    Ok(AuthorityKey::from_seed(seed))
+}
+
+/// Parses a node id: 64 hex digits (the node's static public key).
+pub(crate) fn parse_node_id(s: &str) -> Result<[u8; 32], UsageError> {
+    unhex32(s.trim()).ok_or_else(|| {
+        UsageError(format!(
+            "invalid node id {s:?}: expected 64 hex digits, as `weft id` prints them (the 16-digit id in `weft status` is only its short form)"
+        ))
+    })
+}
+
+/// Parses a duration: a number and s, m, h, d or w.
+pub(crate) fn parse_duration(s: &str) -> Result<u64, UsageError> {
+    let bad =
+        || UsageError(format!("invalid duration {s:?}: expected a number and s, m, h, d or w, such as 90d or 24h"));
+    let s = s.trim();
+    let unit = s.chars().last().ok_or_else(bad)?;
+    let n: u64 = s[..s.len() - unit.len_utf8()].parse().map_err(|_| bad())?;
+    let secs = match unit {
+        's' => 1,
+        'm' => 60,
+        'h' => 3600,
+        'd' => 86_400,
+        'w' => 7 * 86_400,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(secs).filter(|d| *d > 0).ok_or_else(bad)
+}
+
+fn now_unix() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// `weft authority sign`: builds the certificate from the flags and prints it.
+pub(crate) fn sign(a: &AuthoritySignArgs) -> Result<()> {
+    let key = load_key(&a.key)?;
+    let node = parse_node_id(&a.node_id)?;
+    if a.name.is_empty() || a.name.len() > 255 || a.name.chars().any(char::is_control) {
+        return Err(
+            UsageError(format!("invalid --name {:?}: 1 to 255 bytes without control characters", a.name)).into()
+        );
+    }
+    let ipv4: Ipv4Net = a.ipv4.parse()?;
+    let ipv6 = match &a.ipv6 {
+        None => None,
+        Some(s) => match IpNet::parse_cidr(s) {
+            Some(IpNet { addr: std::net::IpAddr::V6(v6), prefix }) if prefix > 0 => Some((v6, prefix)),
+            _ => {
+                return Err(UsageError(format!("invalid --ipv6 {s:?}: expected ADDR/PREFIX such as fd00::5/64")).into());
+            }
+        },
+    };
+    let mut groups = Vec::new();
+    for g in a.groups.iter().map(|g| g.trim()).filter(|g| !g.is_empty()) {
+        if g.len() > 64 || !g.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')) {
+            return Err(UsageError(format!("invalid group {g:?}: 1 to 64 letters, digits, '-', '_' or '.'")).into());
+        }
+        if !groups.iter().any(|x: &String| x == g) {
+            groups.push(g.to_owned());
+        }
+    }
+    let mut subnets = Vec::new();
+    for s in &a.subnets {
+        let n = IpNet::parse_cidr(s)
+            .ok_or_else(|| UsageError(format!("invalid --subnet {s:?}: expected CIDR such as 192.168.1.0/24")))?
+            .network();
+        subnets.push(Prefix { addr: n.addr, len: n.prefix });
+    }
+    let now = now_unix();
+    let body = CertBody {
+        authority: key.id(),
+        node,
+        network: a.network_name.clone().unwrap_or_default(),
+        name: a.name.clone(),
+        ipv4: (ipv4.addr, ipv4.prefix),
+        ipv6,
+        groups,
+        subnets,
+        exit: a.exit,
+        portal: a.portal,
+        not_before: now,
+        not_after: now.saturating_add(parse_duration(&a.expires)?),
+    };
+    let cert = body.sign(&key).map_err(|e| UsageError(format!("cannot issue this certificate: {e}")))?;
+    println!("{}", cert.to_text());
+    Ok(())
+}
+
+/// `weft authority revoke`.
+pub(crate) fn revoke(key: &Path, node_id: &str) -> Result<()> {
+    let key = load_key(key)?;
+    let node = parse_node_id(node_id)?;
+    println!("{}", Revocation::issue(&key, node, now_unix()).to_text());
+    Ok(())
+}
+
+/// `weft id`: the node key's public half, made if missing.
+pub(crate) fn id(state_dir: Option<&Path>) -> Result<()> {
+    let dir = state_dir.map_or_else(crate::config::args::default_state_dir, Path::to_path_buf);
+    let key = crate::daemon::state::load_or_create_key(&dir)?;
+    println!("{}", hex(&key.public));
+    Ok(())
+}
+
+/// A certificate given as text or as a file holding it.
+pub(crate) fn read_cert(arg: &str) -> Result<Certificate> {
+    let text = if arg.trim_start().starts_with(weft_core::cert::CERT_PREFIX) {
+        arg.to_owned()
+    } else {
+        std::fs::read_to_string(arg).map_err(|e| {
+            UsageError(format!("{arg:?} is neither a certificate (weft-cert:...) nor a file that can be read: {e}"))
+        })?
+    };
+    Certificate::from_text(&text).map_err(|e| UsageError(format!("invalid certificate: {e}")).into())
+}
+
+/// `weft cert show`.
+pub(crate) fn show(a: &CertShowArgs) -> Result<()> {
+    let cert = read_cert(&a.cert)?;
+    let b = cert.body();
+    let signed = cert.check(&[b.authority], &b.network, &b.node, b.not_before).is_ok();
+    let now = now_unix();
+    let state = if !signed {
+        "BAD SIGNATURE"
+    } else if now < b.not_before {
+        "not valid yet"
+    } else if now >= b.not_after {
+        "expired"
+    } else {
+        "valid"
+    };
+    let subnets: Vec<String> = b.subnets.iter().map(ToString::to_string).collect();
+    if a.json {
+        let v = serde_json::json!({
+            "node_id": hex(&b.node),
+            "short_id": weft_peers::NodeId::from_public(&b.node).to_string(),
+            "name": b.name,
+            "network": (!b.network.is_empty()).then_some(&b.network),
+            "ipv4": format!("{}/{}", b.ipv4.0, b.ipv4.1),
+            "ipv6": b.ipv6.map(|(a, p)| format!("{a}/{p}")),
+            "groups": b.groups,
+            "subnets": subnets,
+            "exit": b.exit,
+            "portal": b.portal,
+            "not_before": b.not_before,
+            "not_after": b.not_after,
+            "authority": b.authority.to_string(),
+            "state": state.to_lowercase().replace(' ', "_"),
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        let printable = |s: &str| crate::commands::show::printable(s).into_owned();
+        let none = || "none".to_owned();
+        println!("certificate of {} ({state})", printable(&b.name));
+        println!("  node id     {} (short {})", hex(&b.node), weft_peers::NodeId::from_public(&b.node));
+        println!(
+            "  network     {}",
+            if b.network.is_empty() { "any that trusts this authority".to_owned() } else { printable(&b.network) }
+        );
+        println!("  ipv4        {}/{}", b.ipv4.0, b.ipv4.1);
+        println!("  ipv6        {}", b.ipv6.map_or_else(none, |(a, p)| format!("{a}/{p}")));
+        println!("  groups      {}", if b.groups.is_empty() { none() } else { printable(&b.groups.join(", ")) });
+        println!("  subnets     {}", if subnets.is_empty() { none() } else { subnets.join(", ") });
+        println!("  exit node   {}", if b.exit { "may offer" } else { "no" });
+        println!("  wg portal   {}", if b.portal { "may run" } else { "no" });
+        println!("  valid       {} to {}", utc(b.not_before), utc(b.not_after));
+        println!("  authority   {}", b.authority);
+    }
+    if !signed {
+        return Err(
+            UsageError("the certificate's signature does not verify under the authority it names".into()).into()
+        );
+    }
+    Ok(())
+}
+
+/// Unix seconds as `YYYY-MM-DD HH:MM UTC` (the proleptic Gregorian calendar, from
+/// the count of days: Howard Hinnant's `civil_from_days`).
+fn utc(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let (hh, mm) = ((secs % 86_400) / 3600, (secs % 3600) / 60);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02} {hh:02}:{mm:02} UTC")
+}
+
+fn unhex32(s: &str) -> Option<[u8; 32]> {
+    if s.len() != 64 || !s.is_ascii() {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_and_node_ids_parse_or_say_why() {
+        assert_eq!(parse_duration("90d").unwrap(), 90 * 86_400);
+        assert_eq!(parse_duration("24h").unwrap(), 86_400);
+        assert_eq!(parse_duration("2w").unwrap(), 14 * 86_400);
+        for bad in ["", "d", "10", "10y", "-1d", "0s", "99999999999999999999d"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(parse_node_id(&"ab".repeat(32)).unwrap(), [0xab; 32]);
+        let e = parse_node_id("e361616bc623cf03").unwrap_err().0;
+        assert!(e.contains("short form"), "{e}");
+        assert!(parse_node_id(&"zz".repeat(32)).is_err());
+        assert_eq!(utc(0), "1970-01-01 00:00 UTC");
+        assert_eq!(utc(1_800_000_000), "2027-01-15 08:00 UTC");
+        assert_eq!(utc(951_782_400), "2000-02-29 00:00 UTC");
+    }
+
+    #[test]
+    fn an_authority_key_file_is_private_versioned_and_never_overwritten() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("weft-authority-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("auth.key");
+        init(&path).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        let key = load_key(&path).unwrap();
+        assert!(std::fs::read_to_string(&path).unwrap().starts_with("weft-authority-key 1\ned25519 "));
+        // A second init must not replace the key every member trusts.
+        let e = init(&path).unwrap_err().to_string();
+        assert!(e.contains("refusing to overwrite"), "{e}");
+        assert_eq!(load_key(&path).unwrap().id(), key.id());
+        std::fs::write(&path, "weft-authority-key 2\nsomething\n").unwrap();
+        assert!(format!("{:#}", load_key(&path).unwrap_err()).contains("newer than this weft reads"));
+        std::fs::write(&path, "hello\n").unwrap();
+        assert!(format!("{:#}", load_key(&path).unwrap_err()).contains("not an authority key"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
