@@ -391,6 +391,7 @@ pub fn config(handshake: Params, dial: Vec<Endpoint>, epoch: Instant, timers: Ti
         epoch,
         // A fixed wall clock (2027): stamps grow with the virtual clock.
         wall: Duration::from_secs(1_800_000_000),
+        authorities: Vec::new(),
         timers,
         endpoints: vec![endpoint],
         latency_first: false,
@@ -444,6 +445,7 @@ pub fn params(local: StaticKey, net: &str, secret: &str, cipher: Cipher, ipv4: I
                 caps::GSO | caps::GSO_QUIC | caps::LEAVE
             })),
             stamp: None,
+            cert: None,
         },
     }
 }

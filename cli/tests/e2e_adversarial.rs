@@ -66,6 +66,7 @@ fn outsider_attack(sock: &UdpSocket, target: SocketAddrV4) -> usize {
             gso_quic: true,
             protocol: None,
             stamp: None,
+            cert: None,
         },
     };
     let macs = MacKeys::new(&wrong.psk);
@@ -144,6 +145,7 @@ fn member_params(ipv4: Ipv4Addr) -> Params {
             gso_quic: true,
             protocol: None,
             stamp: None,
+            cert: None,
         },
     }
 }

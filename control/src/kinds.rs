@@ -134,6 +134,16 @@ pub enum FailureKind {
     NoPath,
     /// The two nodes' protocol versions do not overlap (one is too old for the other).
     IncompatibleVersion,
+    /// In a network with an authority: the peer has no member certificate.
+    NoCertificate,
+    /// Its certificate is unreadable, signed by another authority, for another
+    /// network or key, not valid now, or revoked.
+    CertificateRefused,
+    /// It claims an address, name or IPv6 address its certificate does not grant.
+    BeyondCertificate,
+    /// It presents a certificate but this node has no authority: the peer's network
+    /// has one this node is not set up for.
+    AuthorityRequired,
     /// A kind this build does not know (a newer node's, or an older node that did not
     /// say).
     #[default]
@@ -143,7 +153,7 @@ pub enum FailureKind {
 
 impl FailureKind {
     /// Every kind this build reports.
-    pub const ALL: [Self; 10] = [
+    pub const ALL: [Self; 14] = [
         Self::BadResponse,
         Self::Rejected,
         Self::Refused,
@@ -154,6 +164,10 @@ impl FailureKind {
         Self::Unreachable,
         Self::NoPath,
         Self::IncompatibleVersion,
+        Self::NoCertificate,
+        Self::CertificateRefused,
+        Self::BeyondCertificate,
+        Self::AuthorityRequired,
     ];
 
     /// The JSON spelling (also the metrics label).
@@ -169,6 +183,10 @@ impl FailureKind {
             Self::Unreachable => "unreachable",
             Self::NoPath => "no_path",
             Self::IncompatibleVersion => "incompatible_version",
+            Self::NoCertificate => "no_certificate",
+            Self::CertificateRefused => "certificate_refused",
+            Self::BeyondCertificate => "beyond_certificate",
+            Self::AuthorityRequired => "authority_required",
             Self::Other => "other",
         }
     }

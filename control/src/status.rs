@@ -9,6 +9,31 @@ use serde::{Deserialize, Serialize};
 
 use crate::kinds::{ExitState, FailureKind, PathKind, PeerState};
 
+/// What this node's certificate grants (`weft status --json`'s `certificate`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CertificateJson {
+    /// The node id it is issued to (the static public key, 64 hex digits).
+    pub node_id: String,
+    /// Host name.
+    pub name: String,
+    /// IPv4 overlay address with prefix.
+    pub ipv4: String,
+    /// IPv6 overlay address with prefix, when granted.
+    pub ipv6: Option<String>,
+    /// Groups (tags).
+    pub groups: Vec<String>,
+    /// Subnets it may proxy.
+    pub subnets: Vec<String>,
+    /// Whether it may be an exit node.
+    pub exit: bool,
+    /// Whether it may run a WireGuard portal.
+    pub portal: bool,
+    /// End of validity, unix seconds.
+    pub not_after: u64,
+    /// Seconds until it expires (0 once expired).
+    pub expires_in_s: u64,
+}
+
 /// `weft status --json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StatusJson {
@@ -25,6 +50,16 @@ pub struct StatusJson {
     pub min_protocol: u16,
     /// Network name.
     pub network_name: String,
+    /// The network's authority (`weft-authority:...`), or null in a network without
+    /// one.
+    #[serde(default)]
+    pub authority: Option<String>,
+    /// Every authority this node trusts (two during a rollover).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub authorities: Vec<String>,
+    /// This node's member certificate, in a network with an authority.
+    #[serde(default)]
+    pub certificate: Option<CertificateJson>,
     /// Host name.
     pub hostname: String,
     /// Overlay address with prefix.

@@ -207,7 +207,14 @@ pub struct Hello {
     /// When the sender made this IK init (an optional field after the protocol,
     /// written only in IK inits: [`Initiator::start`] sets it).
     pub stamp: Option<Stamp>,
+    /// The sender's member certificate ([`crate::cert::Certificate`], encoded), in a
+    /// network with an authority (an optional field after the protocol and the stamp,
+    /// at most [`MAX_HELLO_CERT`] bytes; releases before 0.3.0 stop reading before it).
+    pub cert: Option<Vec<u8>>,
 }
+
+/// Longest certificate a hello carries.
+pub const MAX_HELLO_CERT: usize = 512;
 
 /// A protocol version and what the sender can do. Two nodes talk when each one's
 /// version is at least the other's oldest; within that, they use the capabilities
@@ -238,8 +245,9 @@ pub mod caps {
 
 impl Protocol {
     /// The protocol this build speaks. 1 is every release before the hello carried a
-    /// version; 2 added the version itself (release 0.2.0).
-    pub const VERSION: u16 = 2;
+    /// version; 2 added the version itself (release 0.2.0); 3 the member certificate
+    /// in the hello (0.3.0).
+    pub const VERSION: u16 = 3;
     /// The oldest protocol this build still talks to: the release before.
     pub const MIN: u16 = 1;
     /// A hello without the field: a release before versioning.
@@ -296,6 +304,9 @@ const HELLO_PROTOCOL: u8 = 9;
 /// Tag of the hello's [`Stamp`] (12 bytes follow); only after the protocol field,
 /// only in IK inits. Protocol 1 nodes stop reading before it.
 const HELLO_STAMP: u8 = 10;
+/// Tag of the hello's certificate: length u16 LE, then the certificate. Only after the
+/// protocol field (and the stamp, when there is one).
+const HELLO_CERT: u8 = 11;
 
 impl Hello {
     /// Appends the encoded hello to `out`.
@@ -326,6 +337,11 @@ impl Hello {
             if let Some(t) = self.stamp {
                 out.push(HELLO_STAMP);
                 out.extend_from_slice(&t.0);
+            }
+            if let Some(c) = self.cert.as_deref().filter(|c| c.len() <= MAX_HELLO_CERT) {
+                out.push(HELLO_CERT);
+                out.extend_from_slice(&(c.len() as u16).to_le_bytes());
+                out.extend_from_slice(c);
             }
         }
     }
@@ -386,6 +402,7 @@ impl Hello {
             0
         }..];
         let mut stamp = None;
+        let mut cert = None;
         let protocol = match rest {
             [HELLO_PROTOCOL, f @ ..] if f.len() >= 8 => {
                 let u16_at = |i: usize| u16::from_le_bytes([f[i], f[i + 1]]);
@@ -396,16 +413,27 @@ impl Hello {
                 if p.min > p.version || p.version < 2 {
                     return Err(bad);
                 }
-                if let [HELLO_STAMP, t @ ..] = &f[8..]
+                let mut tail = &f[8..];
+                if let [HELLO_STAMP, t @ ..] = tail
                     && let Some(t) = t.get(..12)
                 {
                     stamp = t.try_into().ok().map(Stamp);
+                    tail = &tail[13..];
+                }
+                if let [HELLO_CERT, l0, l1, c @ ..] = tail {
+                    let len = usize::from(u16::from_le_bytes([*l0, *l1]));
+                    // A certificate field that is cut or too long is not ignored: the
+                    // sender meant its claims to be checked against it.
+                    if len > MAX_HELLO_CERT || c.len() < len {
+                        return Err(bad);
+                    }
+                    cert = Some(c[..len].to_vec());
                 }
                 Some(p)
             }
             _ => None,
         };
-        Ok(Self { cipher, ipv4, prefix, hostname, ipv6, gso, gso_quic, protocol, stamp })
+        Ok(Self { cipher, ipv4, prefix, hostname, ipv6, gso, gso_quic, protocol, stamp, cert })
     }
 }
 
@@ -503,7 +531,8 @@ impl Initiator {
         let mut payload = Vec::new();
         match pattern {
             Pattern::Ik => Hello { stamp: Some(stamp), ..p.hello.clone() }.emit(&mut payload),
-            Pattern::Xx => payload.resize(XX_INIT_PADDING, 0),
+            // A node with a certificate answers with it: its init is as much larger.
+            Pattern::Xx => payload.resize(XX_INIT_PADDING + p.hello.cert.as_ref().map_or(0, |c| 3 + c.len()), 0),
         }
         let mut out = vec![0u8; MAX_HANDSHAKE_MSG];
         let n = state.write_message(&payload, &mut out).map_err(HandshakeError::Setup)?;
@@ -651,6 +680,7 @@ mod tests {
                 gso_quic: true,
                 protocol: None,
                 stamp: None,
+                cert: None,
             },
         }
     }
@@ -774,6 +804,7 @@ mod tests {
             gso_quic: false,
             protocol: None,
             stamp: None,
+            cert: None,
         };
         let mut b = Vec::new();
         h.emit(&mut b);
@@ -845,6 +876,7 @@ mod tests {
             gso_quic: true,
             protocol: None,
             stamp: None,
+            cert: None,
         };
         let new = Hello { protocol: Some(Protocol::ours(caps::GSO | caps::GSO_QUIC | 1 << 31)), ..old.clone() };
         let (mut bo, mut bn) = (Vec::new(), Vec::new());
@@ -902,6 +934,39 @@ mod tests {
     }
 
     #[test]
+    fn certificates_ride_in_both_hellos_and_keep_xx_inits_as_large_as_the_answer() {
+        let mut a = params("office", "s3cret", [10, 0, 0, 1], Cipher::Aes128Gcm);
+        let mut b = params("office", "s3cret", [10, 0, 0, 2], Cipher::Aes128Gcm);
+        for (p, fill) in [(&mut a, 0xa5u8), (&mut b, 0x5a)] {
+            p.hello.protocol = Some(Protocol::ours(0));
+            p.hello.cert = Some(vec![fill; 250]);
+        }
+        let t = Stamp::from_unix(std::time::Duration::from_secs(1_800_000_000));
+        let (_, m1) = Initiator::start(&a, Some(&b.local.public), t).unwrap();
+        let Responded::Completed(done, _) = Responder::respond(&b, Pattern::Ik, &m1).unwrap() else { panic!() };
+        assert_eq!(done.hello.cert, a.hello.cert);
+        assert_eq!(done.hello.stamp, Some(t), "the stamp and the certificate both ride");
+        let (init, m1) = Initiator::start(&a, None, Stamp::default()).unwrap();
+        let Responded::Pending(resp, m2) = Responder::respond(&b, Pattern::Xx, &m1).unwrap() else { panic!() };
+        assert!(m1.len() >= m2.len(), "an XX init ({}) is no smaller than its answer ({})", m1.len(), m2.len());
+        let (got, m3) = init.read_response(&a, &m2).unwrap();
+        assert_eq!(got.hello.cert, b.hello.cert);
+        assert_eq!(resp.finish(&m3.unwrap()).unwrap().hello.cert, a.hello.cert);
+        // A cut or oversized certificate field is refused, not ignored.
+        let mut h = Vec::new();
+        a.hello.emit(&mut h);
+        assert!(Hello::parse(&h[..h.len() - 1]).is_err());
+        let at = h.len() - 250 - 2;
+        h[at..at + 2].copy_from_slice(&((MAX_HELLO_CERT + 1) as u16).to_le_bytes());
+        assert!(Hello::parse(&h).is_err());
+        // Without a protocol field there is no certificate field either.
+        let old = Hello { protocol: None, ..a.hello.clone() };
+        let mut o = Vec::new();
+        old.emit(&mut o);
+        assert_eq!(Hello::parse(&o).unwrap().cert, None);
+    }
+
+    #[test]
     fn protocols_talk_when_each_is_at_least_the_others_oldest() {
         let p = |version, min| Protocol { version, min, caps: 0 };
         let ours = Protocol::ours(0);
@@ -925,6 +990,7 @@ mod tests {
             gso_quic: true,
             protocol: None,
             stamp: None,
+            cert: None,
         };
         let mut b = Vec::new();
         h.emit(&mut b);

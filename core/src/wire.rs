@@ -208,6 +208,10 @@ pub enum RejectReason {
     BadPayload = 2,
     /// The overlay address in the hello already belongs to another member.
     AddressTaken = 3,
+    /// Membership by certificate: the other end's network has an authority and our
+    /// certificate was missing, refused, or claims more than it grants; or ours has an
+    /// authority and the other end has none (protocol 3; older nodes drop it).
+    Membership = 4,
 }
 
 /// A reject message.
@@ -230,6 +234,7 @@ impl RejectRepr {
             1 => RejectReason::AuthFailed,
             2 => RejectReason::BadPayload,
             3 => RejectReason::AddressTaken,
+            4 => RejectReason::Membership,
             _ => return Err(WireError::Invalid),
         };
         Ok(Self { reason, receiver_index: u32::from_le_bytes([b[4], b[5], b[6], b[7]]) })

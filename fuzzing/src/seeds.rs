@@ -89,6 +89,7 @@ pub fn seeds() -> Vec<Seed> {
             gso_quic: false,
             protocol: None,
             stamp: None,
+            cert: None,
         }
         .emit(&mut h);
         s.push(("hello", format!("seed-hello-{i}"), h));
@@ -105,6 +106,7 @@ pub fn seeds() -> Vec<Seed> {
         gso_quic: true,
         protocol: None,
         stamp: None,
+        cert: None,
     }
     .emit(&mut h);
     s.push(("hello", "seed-hello-ipv6".into(), h));

@@ -647,6 +647,7 @@ impl Node {
                 gso_quic: false,
                 protocol: None,
                 stamp: None,
+                cert: None,
             };
             self.peers.get_or_insert_with(key, || Peer::new(key, hello, now, std::sync::Arc::default()));
             debug!(peer = %node, overlay = %rec.overlay, "learned member from topology");

@@ -120,8 +120,12 @@ pub struct Config {
     /// Origin of the millisecond clock the pipelines store in sessions.
     pub epoch: Instant,
     /// The wall clock at `epoch` (time since 1970-01-01 UTC): IK inits carry a stamp
-    /// that must grow across restarts too (`handshake::Stamp`).
+    /// that must grow across restarts too (`handshake::Stamp`), and certificates are
+    /// valid for a period of it.
     pub wall: Duration,
+    /// The authorities whose certificates admit members (`--authority`; two during a
+    /// rollover). Empty: a network without an authority, where the secret admits.
+    pub authorities: Vec<weft_core::cert::AuthorityId>,
     /// Timing.
     pub timers: Timers,
     /// Addresses this node can be reached at (announced in its topology record).
@@ -856,7 +860,7 @@ impl Node {
                 }
                 // IK: the hello is known now; a taken address is refused before we
                 // answer (only members reach this far once handshakes carry a MAC).
-                if let Some(why) = self.claim_refused(&PeerKey(done.remote_static), &done.hello, from, via) {
+                if let Some(why) = self.claim_refused(now, &PeerKey(done.remote_static), &done.hello, from, via) {
                     self.refuse_claim(now, back, hdr.sender_index, None, why);
                     return;
                 }
@@ -893,7 +897,7 @@ impl Node {
                 self.handshake_failed(now, p.target, msg, FailureKind::BadResponse);
             }
             Ok((done, finish)) => {
-                if let Some(why) = self.claim_refused(&PeerKey(done.remote_static), &done.hello, from, via) {
+                if let Some(why) = self.claim_refused(now, &PeerKey(done.remote_static), &done.hello, from, via) {
                     self.refuse_claim(now, back, hdr.sender_index, Some(p.target), why);
                     return;
                 }
@@ -957,7 +961,9 @@ impl Node {
                 }
                 None => {
                     let reason = match r.reason {
-                        RejectReason::AddressTaken => format!("peer {from} refused our handshake: {why}"),
+                        RejectReason::AddressTaken | RejectReason::Membership => {
+                            format!("peer {from} refused our handshake: {why}")
+                        }
                         _ => format!("peer could not authenticate our handshake response: {why}"),
                     };
                     self.record_inbound_failure(now, from, reason, FailureKind::Rejected);
@@ -966,7 +972,9 @@ impl Node {
             return;
         }
         // An XX handshake we answered, refused by the initiator before its finish.
-        if r.reason == RejectReason::AddressTaken && self.pending.resp.remove(&r.receiver_index).is_some() {
+        if matches!(r.reason, RejectReason::AddressTaken | RejectReason::Membership)
+            && self.pending.resp.remove(&r.receiver_index).is_some()
+        {
             warn!(peer = %from, "handshake refused: {why}");
             self.record_inbound_failure(
                 now,
@@ -1084,7 +1092,7 @@ impl Node {
             Some(format!("cipher mismatch: we use {}, peer {id} at {from} uses {}", ours.cipher, done.hello.cipher))
         } else if done.hello.ipv4 == ours.ipv4 {
             Some(format!("address conflict: peer {id} at {from} also claims {}", ours.ipv4))
-        } else if let Some(why) = self.claim_refused(&PeerKey(done.remote_static), &done.hello, from, via) {
+        } else if let Some(why) = self.claim_refused(now, &PeerKey(done.remote_static), &done.hello, from, via) {
             // XX responder (the finish carried the hello): tell the initiator why.
             self.refuse_claim(now, Dest::reply(from, via, self.id), remote, target, why);
             return;
@@ -1166,7 +1174,7 @@ impl Node {
             return;
         }
         let id = key.id();
-        if let Some(why) = self.claim_refused(&key, &hello, from, via) {
+        if let Some(why) = self.claim_refused(now, &key, &hello, from, via) {
             self.refuse_claim(now, Dest::reply(from, via, self.id), entry.session.remote_index, target, why);
             self.published.routes_dirty = true;
             return;
@@ -1264,6 +1272,7 @@ impl Node {
     /// (a restart) replaces that entry.
     pub(crate) fn claim_refused(
         &self,
+        now: Instant,
         key: &PeerKey,
         hello: &Hello,
         from: Endpoint,
@@ -1281,6 +1290,12 @@ impl Node {
                 ),
                 FailureKind::IncompatibleVersion,
             ));
+        }
+        let unix = (self.cfg.wall + now.saturating_duration_since(self.cfg.epoch)).as_secs();
+        if let Some((why, kind)) =
+            crate::authority::refusal(&self.cfg.authorities, &self.cfg.handshake.network_name, key, hello, unix)
+        {
+            return Some((format!("peer {id} ({}) at {from}: {why}", hello.hostname), kind));
         }
         if let Some(why) = self.outside_overlay(IpAddr::V4(addr)) {
             return Some((
@@ -1346,6 +1361,10 @@ impl Node {
         let reason = match kind {
             // "The payload could not be parsed (version skew)": what every release says.
             FailureKind::IncompatibleVersion => RejectReason::BadPayload,
+            FailureKind::NoCertificate
+            | FailureKind::CertificateRefused
+            | FailureKind::BeyondCertificate
+            | FailureKind::AuthorityRequired => RejectReason::Membership,
             _ => RejectReason::AddressTaken,
         };
         let reject = RejectRepr { reason, receiver_index: remote_index };
@@ -1914,6 +1933,9 @@ fn reject_why(r: RejectReason) -> &'static str {
         RejectReason::BadPayload => "malformed hello (version mismatch?)",
         RejectReason::AddressTaken => {
             "our overlay address already belongs to another member of the mesh (choose another --ipv4)"
+        }
+        RejectReason::Membership => {
+            "membership by certificate: one end has an authority and the other's certificate is missing, refused or claims more than it grants (its status says which)"
         }
     }
 }

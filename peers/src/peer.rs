@@ -545,6 +545,7 @@ mod tests {
             gso_quic: false,
             protocol: None,
             stamp: None,
+            cert: None,
         };
         Peer::new(PeerKey([k; 32]), hello, Instant::now(), Arc::default())
     }

@@ -49,7 +49,7 @@ pub fn default_state_dir() -> PathBuf {
 /// built from (`unknown` outside a git checkout; see `build.rs`) and the protocol
 /// version it speaks (`weft_core::handshake::Protocol::VERSION`; a test checks the
 /// two agree).
-pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("WEFT_GIT_COMMIT"), ") protocol 2");
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("WEFT_GIT_COMMIT"), ") protocol 3");
 
 /// The git commit this build was made from.
 pub const COMMIT: &str = env!("WEFT_GIT_COMMIT");
@@ -198,9 +198,18 @@ pub struct UpArgs {
     /// $XDG_STATE_HOME/weft or ~/.local/state/weft).
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
-    /// Host name announced to peers (default: the system host name).
+    /// Host name announced to peers (default: the system host name; with a
+    /// certificate, the name it grants).
     #[arg(long, value_name = "NAME")]
     pub hostname: Option<String>,
+    /// The network's authority (`weft authority init` prints it): only members with a
+    /// certificate it signed are admitted. Repeat during a rollover to trust two.
+    #[arg(long = "authority", value_name = "PUBKEY")]
+    pub authorities: Vec<String>,
+    /// This node's member certificate (`weft authority sign`), or a file holding it:
+    /// its addresses and host name become this node's defaults, and nothing else.
+    #[arg(long, value_name = "CERT|FILE")]
+    pub certificate: Option<String>,
     /// Turn every offload off (TUN TSO/GRO, UDP GSO, UDP GRO).
     #[arg(long, env = "WEFT_NO_OFFLOAD", value_parser = clap::builder::FalseyValueParser::new())]
     pub no_offload: bool,

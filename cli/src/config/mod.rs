@@ -19,6 +19,26 @@ pub mod args;
 pub mod secret;
 pub mod values;
 
+/// A key that takes one string or a list of them (`authority`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    #[default]
+    None,
+    One(String),
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    fn take(&mut self) -> Vec<String> {
+        match std::mem::take(self) {
+            Self::None => Vec::new(),
+            Self::One(s) => vec![s],
+            Self::Many(v) => v,
+        }
+    }
+}
+
 /// The config file. Same keys as the flags.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -26,6 +46,9 @@ pub struct FileConfig {
     network_name: Option<String>,
     network_secret: Option<Secret>,
     ipv4: Option<String>,
+    #[serde(default)]
+    authority: OneOrMany,
+    certificate: Option<String>,
     #[serde(default)]
     listen: Vec<String>,
     #[serde(default)]
@@ -141,6 +164,11 @@ pub struct NodeConfig {
     pub state_dir: PathBuf,
     /// Announced host name.
     pub hostname: String,
+    /// The authorities whose certificates admit members (empty: none, the secret
+    /// admits).
+    pub authorities: Vec<weft_core::cert::AuthorityId>,
+    /// This node's member certificate, in a network with an authority.
+    pub certificate: Option<weft_core::cert::Certificate>,
     /// Offloads wanted (each is probed at start-up and may still be refused).
     pub offload: OffloadWanted,
     /// Pin pipeline threads to cores.
@@ -199,6 +227,7 @@ impl NodeConfig {
         };
         let file = &mut file;
         let (network_name, secret) = network(args, file)?;
+        let (authorities, certificate) = authority(args, file)?;
         let (ipv4, dhcp, ipv6) = addresses(args, file)?;
         let (listeners, tls, max_connections) = listening(args, file)?;
         let peer_uris = if args.peer.is_empty() { std::mem::take(&mut file.peer) } else { args.peer.clone() };
@@ -211,6 +240,9 @@ impl NodeConfig {
         let hostname = args.hostname.clone().or_else(|| file.hostname.take()).unwrap_or_else(system_hostname);
         if hostname.chars().any(char::is_control) {
             return usage(format!("invalid --hostname {hostname:?}: control characters are not allowed"));
+        }
+        if let Some(c) = &certificate {
+            within_certificate(c.body(), ipv4, dhcp.is_some(), &ipv6, &hostname)?;
         }
         let admin_group = args
             .admin_group
@@ -255,6 +287,8 @@ impl NodeConfig {
             exposes,
             network_name,
             network_secret: secret,
+            authorities,
+            certificate,
             ipv4,
             ipv6,
             listeners,
@@ -338,6 +372,86 @@ fn network(args: &UpArgs, file: &mut FileConfig) -> Result<(String, Secret), Usa
         return usage("invalid network secret: it is empty");
     }
     Ok((network_name, secret))
+}
+
+/// The authorities and this node's certificate. A certificate's addresses and host
+/// name become the defaults of `--ipv4`, `--ipv6` and `--hostname` (and without an
+/// IPv6 address granted, IPv6 is off).
+fn authority(
+    args: &UpArgs,
+    file: &mut FileConfig,
+) -> Result<(Vec<weft_core::cert::AuthorityId>, Option<weft_core::cert::Certificate>), UsageError> {
+    let given = if args.authorities.is_empty() { file.authority.take() } else { args.authorities.clone() };
+    let mut authorities = Vec::new();
+    for a in &given {
+        let id = a.parse().map_err(|e| {
+            UsageError(format!(
+                "invalid --authority {a:?}: {e} (expected weft-authority:..., as `weft authority init` prints it)"
+            ))
+        })?;
+        if !authorities.contains(&id) {
+            authorities.push(id);
+        }
+    }
+    let Some(c) = args.certificate.clone().or_else(|| file.certificate.take()) else {
+        if authorities.is_empty() {
+            return Ok((authorities, None));
+        }
+        return usage(
+            "a network with an authority needs this node's --certificate (`weft id` prints the node id to have it signed with `weft authority sign`)",
+        );
+    };
+    if authorities.is_empty() {
+        return usage("--certificate needs --authority: the public key of the authority that signed it");
+    }
+    let cert = crate::commands::authority::read_cert(&c).map_err(|e| UsageError(format!("--certificate: {e:#}")))?;
+    let b = cert.body();
+    if !authorities.contains(&b.authority) {
+        return usage(format!("--certificate was signed by {}, which is not among --authority", b.authority));
+    }
+    if args.ipv4.is_none() && file.ipv4.is_none() && !args.dhcp && file.dhcp != Some(true) {
+        file.ipv4 = Some(format!("{}/{}", b.ipv4.0, b.ipv4.1));
+    }
+    if args.hostname.is_none() && file.hostname.is_none() {
+        file.hostname = Some(b.name.clone());
+    }
+    if args.ipv6.is_none() && file.ipv6.is_none() && !args.no_ipv6 && file.no_ipv6 != Some(true) {
+        match b.ipv6 {
+            Some((a, p)) => file.ipv6 = Some(format!("{a}/{p}")),
+            None => file.no_ipv6 = Some(true),
+        }
+    }
+    Ok((authorities, Some(cert)))
+}
+
+/// Refuses settings the certificate does not grant: a member claims only what its
+/// certificate says (its peers would refuse anything else).
+fn within_certificate(
+    b: &weft_core::cert::CertBody,
+    ipv4: Ipv4Net,
+    dhcp: bool,
+    ipv6: &Ipv6Overlay,
+    hostname: &str,
+) -> Result<(), UsageError> {
+    let granted = format!("{}/{}", b.ipv4.0, b.ipv4.1);
+    if dhcp {
+        return usage(format!("--dhcp and --certificate exclude each other: the certificate grants {granted}"));
+    }
+    if (ipv4.addr, ipv4.prefix) != b.ipv4 {
+        return usage(format!("--ipv4 {ipv4} is not what the certificate grants ({granted})"));
+    }
+    if hostname != b.name {
+        return usage(format!("--hostname {hostname:?} is not the name the certificate grants ({:?})", b.name));
+    }
+    match (ipv6, b.ipv6) {
+        (Ipv6Overlay::Off, _) => Ok(()),
+        (Ipv6Overlay::Given(a, p), Some(g)) if (*a, *p) == g => Ok(()),
+        (Ipv6Overlay::Given(a, p), _) => usage(format!(
+            "--ipv6 {a}/{p} is not what the certificate grants ({})",
+            b.ipv6.map_or_else(|| "no IPv6 address".to_owned(), |(a, p)| format!("{a}/{p}"))
+        )),
+        (Ipv6Overlay::Derived, _) => usage("with a certificate, the IPv6 address is the one it grants, or none"),
+    }
 }
 
 /// The overlay addresses: IPv4 (or a --dhcp range) and IPv6.

@@ -67,6 +67,8 @@ fn split(old: &NodeConfig, new: NodeConfig) -> (Live, Vec<&'static str>) {
         // Fixed until a restart.
         network_name,
         network_secret,
+        authorities,
+        certificate,
         cipher,
         ipv4,
         dhcp,
@@ -100,6 +102,8 @@ fn split(old: &NodeConfig, new: NodeConfig) -> (Live, Vec<&'static str>) {
     let fixed = [
         ("network-name", old.network_name != network_name),
         ("network-secret", old.network_secret != network_secret),
+        ("authority", old.authorities != authorities),
+        ("certificate", old.certificate != certificate),
         ("cipher", old.cipher != cipher),
         ("ipv4", if old.dhcp.is_some() { old.dhcp != dhcp } else { old.ipv4 != ipv4 }),
         ("ipv6", old.ipv6 != ipv6),

@@ -46,6 +46,15 @@ pub(super) fn private_dirs(cfg: &NodeConfig) -> Result<()> {
 pub(super) fn identity(cfg: &mut NodeConfig) -> Result<(StaticKey, Option<(Ipv6Addr, u8)>)> {
     let key = state::load_or_create_key(&cfg.state_dir)?;
     let id = NodeId::from_public(&key.public);
+    if let Some(c) = &cfg.certificate {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs();
+        c.check(&cfg.authorities, &cfg.network_name, &key.public, now).map_err(|r| {
+            UsageError(format!(
+                "--certificate cannot admit this node: {r} (this node's id is {}; `weft cert show` reads the certificate)",
+                state::hex(&key.public)
+            ))
+        })?;
+    }
     if let Some(e) = &cfg.use_exit {
         let hex = id.to_string();
         if e.len() >= 6 && hex.starts_with(&e.to_ascii_lowercase()) {
@@ -287,12 +296,14 @@ pub(super) fn engine(
         gso_quic,
         protocol: Some(Protocol::ours(capabilities)),
         stamp: None,
+        cert: cfg.certificate.as_ref().map(weft_core::cert::Certificate::to_bytes),
     };
     let config = Config {
         handshake: Params { local: key, psk, network_name: cfg.network_name.clone(), hello },
         dial: dial.to_vec(),
         epoch,
         wall: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default(),
+        authorities: cfg.authorities.clone(),
         timers: Timers { rekey_after: cfg.rekey_after, ..Timers::default() },
         endpoints: Vec::new(),
         latency_first: cfg.latency_first,

@@ -92,6 +92,9 @@ impl Runtime {
             protocol: weft_core::handshake::Protocol::VERSION,
             min_protocol: weft_core::handshake::Protocol::MIN,
             network_name: self.cfg.network_name.clone(),
+            authority: self.cfg.authorities.first().map(ToString::to_string),
+            authorities: self.cfg.authorities.iter().map(ToString::to_string).collect(),
+            certificate: self.cfg.certificate.as_ref().map(certificate_json),
             hostname: self.cfg.hostname.clone(),
             overlay: self.cfg.ipv4.to_string(),
             overlay6: self.ipv6.map(|(a, p)| format!("{a}/{p}")),
@@ -241,5 +244,23 @@ impl Runtime {
             connections_by_transport: self.connector.links().by_transport().into_iter().collect(),
             userspace: self.userspace.as_ref().map(crate::notun::Userspace::json),
         }
+    }
+}
+
+/// What this node's certificate grants, for status.
+fn certificate_json(c: &weft_core::cert::Certificate) -> weft_control::CertificateJson {
+    let b = c.body();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    weft_control::CertificateJson {
+        node_id: crate::daemon::state::hex(&b.node),
+        name: b.name.clone(),
+        ipv4: format!("{}/{}", b.ipv4.0, b.ipv4.1),
+        ipv6: b.ipv6.map(|(a, p)| format!("{a}/{p}")),
+        groups: b.groups.clone(),
+        subnets: b.subnets.iter().map(ToString::to_string).collect(),
+        exit: b.exit,
+        portal: b.portal,
+        not_after: b.not_after,
+        expires_in_s: b.not_after.saturating_sub(now),
     }
 }

@@ -1,0 +1,141 @@
+//! End-to-end: a network with an authority. Members started with `--authority` and a
+//! certificate (their addresses and names from it alone) mesh and ping; a node of this
+//! release with the secret but no authority refuses them (`authority_required`) and
+//! they hear why; a node of the previous release, which knows nothing of
+//! certificates, is refused by them (`no_certificate`); a node whose certificate is
+//! another node's, expired, or does not grant the address it is given does not start,
+//! and says which.
+#![allow(unsafe_code, unreachable_pub, clippy::unwrap_used)]
+
+mod netns;
+
+use std::process::Command;
+use std::time::Duration;
+
+use netns::{Lan, Node, TempDir, ping, require_root, wait_until, weft_bin};
+
+const NET: [&str; 4] = ["--network-name", "e2e-authority", "--network-secret", "correct horse battery"];
+const IPS: [&str; 3] = ["10.126.130.1", "10.126.130.2", "10.126.130.3"];
+
+fn weft(args: &[&str]) -> String {
+    let out = Command::new(weft_bin()).args(args).output().unwrap();
+    assert!(out.status.success(), "weft {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+/// A certificate for the node whose state directory is `dir/NAME-state`.
+fn certify(dir: &TempDir, key: &str, name: &str, ip: &str, expires: &str) -> String {
+    let id = weft(&["id", "--state-dir", dir.0.join(format!("{name}-state")).to_str().unwrap()]);
+    weft(&[
+        "authority",
+        "sign",
+        "--key",
+        key,
+        "--node-id",
+        &id,
+        "--name",
+        name,
+        "--ipv4",
+        &format!("{ip}/24"),
+        "--network-name",
+        "e2e-authority",
+        "--expires",
+        expires,
+    ])
+}
+
+fn args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut a = NET.to_vec();
+    a.extend(["--threads", "1"]);
+    a.extend_from_slice(extra);
+    a
+}
+
+#[test]
+fn only_certified_members_mesh_and_each_refusal_is_named() {
+    require_root();
+    let lan = Lan::new(3);
+    let dir = TempDir::new();
+    let key = dir.0.join("auth.key");
+    let key = key.to_str().unwrap();
+    let authority = weft(&["authority", "init", "--out", key]);
+    let (cert_a, cert_b) = (certify(&dir, key, "n0", IPS[0], "1d"), certify(&dir, key, "n1", IPS[1], "1d"));
+    let listen = |i: usize| format!("udp://{}:11010", lan.addrs[i]);
+
+    let a = Node::start(
+        &lan.hosts[0],
+        &dir.0,
+        "n0",
+        &args(&["--authority", &authority, "--certificate", &cert_a, "--listen", &listen(0)]),
+    );
+    let b = Node::start(
+        &lan.hosts[1],
+        &dir.0,
+        "n1",
+        &args(&["--authority", &authority, "--certificate", &cert_b, "--listen", &listen(1), "--peer", &listen(0)]),
+    );
+    wait_until(Duration::from_secs(20), "the certified pair is up", || {
+        a.peer_established(IPS[1]) && b.peer_established(IPS[0])
+    });
+    assert!(ping(&lan.hosts[0], IPS[1]) && ping(&lan.hosts[1], IPS[0]));
+    let st = a.status();
+    assert_eq!(st["authority"], authority.as_str(), "{st}");
+    assert_eq!(st["overlay"], format!("{}/24", IPS[0]), "the address comes from the certificate");
+    assert_eq!(st["hostname"], "n0");
+    assert_eq!(st["certificate"]["name"], "n0");
+    assert!(st["certificate"]["expires_in_s"].as_u64().unwrap() > 86_000, "{}", st["certificate"]);
+    assert_eq!(a.peer(IPS[1]).unwrap()["hostname"], "n1");
+
+    // The secret without a certificate gets nothing, and both ends say why.
+    let c = Node::start(
+        &lan.hosts[2],
+        &dir.0,
+        "n2",
+        &args(&["-i", &format!("{}/24", IPS[2]), "--listen", &listen(2), "--peer", &listen(0)]),
+    );
+    // C sees A's certificate in A's answer first and refuses it; A is told why.
+    wait_until(Duration::from_secs(20), "C refuses A (authority required), A hears why", || {
+        c.status()["handshake_failures"]["authority_required"].as_u64().unwrap_or(0) >= 1
+            && a.status()["refused_handshakes"].to_string().contains("membership by certificate")
+    });
+    let why = c.status().to_string();
+    assert!(why.contains("start it with --authority"), "{why}");
+    assert!(a.peer(IPS[2]).is_none_or(|p| p["state"] != "established"), "{}", a.status()["peers"]);
+    assert!(!ping(&lan.hosts[2], IPS[0]), "C reached A without a certificate");
+    drop(c);
+
+    // A node of the previous release (which knows nothing of certificates and refuses
+    // nobody for them) with the secret: A refuses it for having no certificate.
+    let previous =
+        std::env::var("WEFT_PREVIOUS").expect("WEFT_PREVIOUS names the previous release (scripts/test.sh sets it)");
+    let old = Node::start_binary(
+        &lan.hosts[2],
+        &dir.0,
+        "old",
+        &previous,
+        &args(&["-i", &format!("{}/24", IPS[2]), "--listen", &listen(2), "--peer", &listen(0)]),
+    );
+    wait_until(Duration::from_secs(20), "A refuses the old node: no certificate", || {
+        a.status()["handshake_failures"]["no_certificate"].as_u64().unwrap_or(0) >= 1
+    });
+    assert!(a.status()["refused_handshakes"].to_string().contains("has no member certificate"));
+    assert!(!ping(&lan.hosts[2], IPS[0]), "a node without a certificate reached A");
+    drop(old);
+
+    // Certificates that cannot admit the node that holds them: refused at start, named.
+    let refused = |name: &str, extra: &[&str], names: &str| {
+        let state = dir.0.join(format!("{name}-state"));
+        let mut all = args(&["--state-dir", state.to_str().unwrap(), "--authority", &authority]);
+        all.extend_from_slice(extra);
+        let out = lan.hosts[2].cmd(weft_bin()).arg("up").args(&all).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name}: {err}");
+        assert!(err.contains(names), "{name} should say {names:?}: {err}");
+    };
+    refused("n3", &["--certificate", &cert_b], "issued to another node key");
+    refused("n1x", &["--certificate", &cert_b, "-i", &format!("{}/24", IPS[2])], "is not what the certificate grants");
+    let short = certify(&dir, key, "n4", IPS[2], "1s");
+    std::thread::sleep(Duration::from_millis(2100));
+    refused("n4", &["--certificate", &short], "expired");
+    refused("n5", &[], "needs this node's --certificate");
+}

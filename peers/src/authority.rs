@@ -1,0 +1,140 @@
+//! Admission by certificate, in a network with an authority: whether a handshake's
+//! hello comes with a member certificate this network's authority signed for the
+//! key the handshake proved, valid now, and claims nothing the certificate does not
+//! grant. In a network without an authority, a hello that carries a certificate is
+//! refused too: the peer belongs to an authority network this node is not set up for.
+
+use weft_control::FailureKind;
+use weft_core::cert::{AuthorityId, Certificate};
+use weft_core::handshake::Hello;
+
+use crate::identity::PeerKey;
+
+/// Why `hello` (from the node whose handshake proved `key`) is refused in `network`
+/// trusting `authorities` at `unix` seconds, with the failure kind; `None` admits.
+pub(crate) fn refusal(
+    authorities: &[AuthorityId],
+    network: &str,
+    key: &PeerKey,
+    hello: &Hello,
+    unix: u64,
+) -> Option<(String, FailureKind)> {
+    let bytes = match (&hello.cert, authorities.is_empty()) {
+        (None, true) => return None,
+        (Some(bytes), true) => {
+            let from =
+                Certificate::from_bytes(bytes).map(|c| format!(" of {}", c.body().authority)).unwrap_or_default();
+            return Some((
+                format!(
+                    "presents a member certificate{from}: its network has an authority and this node has none (start it with --authority and --certificate)"
+                ),
+                FailureKind::AuthorityRequired,
+            ));
+        }
+        (None, false) => {
+            return Some((
+                "has no member certificate: this network admits only members its authority signed".into(),
+                FailureKind::NoCertificate,
+            ));
+        }
+        (Some(bytes), false) => bytes,
+    };
+    let cert = match Certificate::from_bytes(bytes) {
+        Ok(c) => c,
+        Err(e) => return Some((format!("presents an unreadable certificate ({e})"), FailureKind::CertificateRefused)),
+    };
+    if let Err(r) = cert.check(authorities, network, &key.0, unix) {
+        return Some((format!("presents a certificate that is refused: {r}"), FailureKind::CertificateRefused));
+    }
+    let b = cert.body();
+    let beyond =
+        |what: String| Some((format!("{what}, which its certificate does not grant"), FailureKind::BeyondCertificate));
+    if (hello.ipv4, hello.prefix) != b.ipv4 {
+        return beyond(format!(
+            "claims {}/{} (its certificate grants {}/{})",
+            hello.ipv4, hello.prefix, b.ipv4.0, b.ipv4.1
+        ));
+    }
+    if hello.hostname != b.name {
+        return beyond(format!("calls itself {:?} (its certificate names it {:?})", hello.hostname, b.name));
+    }
+    if let Some((a, p)) = hello.ipv6
+        && Some((a, p)) != b.ipv6
+    {
+        return beyond(format!("claims {a}/{p}"));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use weft_core::cert::{AuthorityKey, CertBody};
+    use weft_core::crypto::Cipher;
+
+    use super::*;
+
+    fn hello(cert: Option<Vec<u8>>) -> Hello {
+        Hello {
+            cipher: Cipher::Aes128Gcm,
+            ipv4: Ipv4Addr::new(10, 1, 0, 5),
+            prefix: 24,
+            hostname: "build-01".into(),
+            ipv6: None,
+            gso: false,
+            gso_quic: false,
+            protocol: None,
+            stamp: None,
+            cert,
+        }
+    }
+
+    fn cert(key: &AuthorityKey, node: [u8; 32]) -> Vec<u8> {
+        CertBody {
+            authority: key.id(),
+            node,
+            network: "office".into(),
+            name: "build-01".into(),
+            ipv4: (Ipv4Addr::new(10, 1, 0, 5), 24),
+            ipv6: None,
+            groups: vec![],
+            subnets: vec![],
+            exit: false,
+            portal: false,
+            not_before: 1_000,
+            not_after: 2_000,
+        }
+        .sign(key)
+        .unwrap()
+        .to_bytes()
+    }
+
+    #[test]
+    fn only_a_valid_certificate_for_the_proved_key_admits_and_only_what_it_grants() {
+        let auth = AuthorityKey::from_seed([1; 32]);
+        let trusted = [auth.id()];
+        let key = PeerKey([9; 32]);
+        let kind = |h: &Hello, t: &[AuthorityId], unix| refusal(t, "office", &key, h, unix).map(|r| r.1);
+        let good = hello(Some(cert(&auth, key.0)));
+        assert_eq!(kind(&good, &trusted, 1_500), None);
+        assert_eq!(kind(&hello(None), &[], 1_500), None, "no authority, no certificate: as before");
+        assert_eq!(kind(&good, &[], 1_500), Some(FailureKind::AuthorityRequired));
+        assert_eq!(kind(&hello(None), &trusted, 1_500), Some(FailureKind::NoCertificate));
+        assert_eq!(kind(&good, &trusted, 2_000), Some(FailureKind::CertificateRefused), "expired");
+        let stolen = hello(Some(cert(&auth, [8; 32])));
+        assert_eq!(kind(&stolen, &trusted, 1_500), Some(FailureKind::CertificateRefused), "another key's");
+        let rogue = AuthorityKey::from_seed([2; 32]);
+        assert_eq!(kind(&hello(Some(cert(&rogue, key.0))), &trusted, 1_500), Some(FailureKind::CertificateRefused));
+        assert_eq!(kind(&hello(Some(vec![1, 2, 3])), &trusted, 1_500), Some(FailureKind::CertificateRefused));
+        let mut other_addr = good.clone();
+        other_addr.ipv4 = Ipv4Addr::new(10, 1, 0, 6);
+        assert_eq!(kind(&other_addr, &trusted, 1_500), Some(FailureKind::BeyondCertificate));
+        let mut other_name = good.clone();
+        other_name.hostname = "gateway".into();
+        assert_eq!(kind(&other_name, &trusted, 1_500), Some(FailureKind::BeyondCertificate));
+        let mut v6 = good;
+        v6.ipv6 = Some(("fd00::5".parse().unwrap(), 64));
+        assert_eq!(kind(&v6, &trusted, 1_500), Some(FailureKind::BeyondCertificate));
+    }
+}
