@@ -102,6 +102,8 @@ pub struct Host {
     pub installed: Vec<(std::net::IpAddr, u8)>,
     /// The name bindings and exit pin the engine last asked to keep.
     pub names: Option<weft_peers::Names>,
+    /// The revocations the engine last asked to keep.
+    pub revocations: Vec<weft_core::cert::Revocation>,
     /// Overlay address changes the engine ordered (`Action::SetAddress`).
     pub addresses: Vec<(Ipv4Addr, Ipv4Addr, u8)>,
     /// Datagrams the engine sent (`Action::Send`): control-plane traffic.
@@ -136,6 +138,7 @@ impl Host {
             tun: Vec::new(),
             installed: Vec::new(),
             names: None,
+            revocations: Vec::new(),
             addresses: Vec::new(),
             ctl_datagrams: 0,
             ctl_bytes: 0,
@@ -190,6 +193,7 @@ impl Host {
                 Action::InstallRoutes(subnets) => self.installed = subnets,
                 Action::SetAddress { old, new, prefix } => self.addresses.push((old, new, prefix)),
                 Action::SaveNames(names) => self.names = Some(names),
+                Action::SaveRevocations(list) => self.revocations = list,
                 Action::Send { to, bytes } => {
                     self.ctl_datagrams += 1;
                     self.ctl_bytes += bytes.len() as u64;

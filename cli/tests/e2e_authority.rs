@@ -139,3 +139,61 @@ fn only_certified_members_mesh_and_each_refusal_is_named() {
     refused("n4", &["--certificate", &short], "expired");
     refused("n5", &[], "needs this node's --certificate");
 }
+
+#[test]
+fn a_revocation_reaches_every_member_including_one_that_was_offline() {
+    require_root();
+    let lan = Lan::new(3);
+    let dir = TempDir::new();
+    let key = dir.0.join("auth.key");
+    let key = key.to_str().unwrap();
+    let authority = weft(&["authority", "init", "--out", key]);
+    let certs: Vec<String> = (0..3).map(|i| certify(&dir, key, &format!("n{i}"), IPS[i], "1d")).collect();
+    let listen = |i: usize| format!("udp://{}:11010", lan.addrs[i]);
+    let start = |i: usize| {
+        let mut extra = vec!["--authority", &authority, "--certificate", &certs[i]];
+        let (l, p) = (listen(i), listen(0));
+        let mut owned = vec![String::from("--listen"), l];
+        if i != 0 {
+            owned.extend(["--peer".to_owned(), p]);
+        }
+        extra.extend(owned.iter().map(String::as_str));
+        Node::start(&lan.hosts[i], &dir.0, &format!("n{i}"), &args(&extra))
+    };
+    let a = start(0);
+    let mut b = start(1);
+    let c = start(2);
+    wait_until(Duration::from_secs(20), "the three members mesh", || {
+        a.peer_established(IPS[1]) && a.peer_established(IPS[2]) && b.routes_to(IPS[2])
+    });
+    assert!(ping(&lan.hosts[2], IPS[0]) && ping(&lan.hosts[2], IPS[1]));
+    assert!(b.peer_established(IPS[2]), "B and C talk before the revocation");
+
+    // B is offline while C is revoked at A.
+    b.stop();
+    let c_id = weft(&["id", "--state-dir", dir.0.join("n2-state").to_str().unwrap()]);
+    let revocation = weft(&["authority", "revoke", "--key", key, &c_id]);
+    let out =
+        Command::new(weft_bin()).args(["revoke", "add", &revocation, "--control"]).arg(&a.control).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let took = wait_until(Duration::from_secs(5), "A closes C's sessions", || !a.peer_established(IPS[2]));
+    eprintln!("A closed the revoked member's sessions {took:?} after `weft revoke add`");
+    assert_eq!(a.status()["revocations"], serde_json::json!([c_id]));
+    assert!(!ping(&lan.hosts[2], IPS[0]), "the revoked member still reaches A");
+    assert!(
+        std::fs::read_to_string(a.state.join("revocations")).unwrap().contains(&revocation),
+        "A keeps the revocation in its state directory"
+    );
+
+    // B comes back: it learns the revocation from A, the first member it meets, and
+    // refuses C although C still holds a valid certificate.
+    b.restart();
+    wait_until(Duration::from_secs(20), "B learns the revocation from A", || {
+        b.status()["revocations"] == serde_json::json!([c_id])
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(!b.peer_established(IPS[2]), "B has a session with the revoked member: {}", b.status()["peers"]);
+    assert!(!ping(&lan.hosts[2], IPS[1]), "the revoked member reaches B");
+    assert!(ping(&lan.hosts[1], IPS[0]), "B and A still talk");
+    drop(c);
+}

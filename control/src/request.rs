@@ -36,6 +36,12 @@ pub enum Request {
     /// Use the member `--use-exit-node` matches now, instead of the one it was pinned
     /// to (`weft exit accept`).
     AcceptExit,
+    /// Take a revocation signed by the network's authority and pass it to the mesh
+    /// (`weft revoke add`).
+    AddRevocation {
+        /// The revocation, `weft-revocation:...`.
+        revocation: String,
+    },
 }
 
 impl Request {
@@ -50,7 +56,8 @@ impl Request {
             | Self::WgAdd { .. }
             | Self::WgRemove { .. }
             | Self::Reload
-            | Self::AcceptExit => true,
+            | Self::AcceptExit
+            | Self::AddRevocation { .. } => true,
         }
     }
 }

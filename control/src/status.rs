@@ -60,6 +60,9 @@ pub struct StatusJson {
     /// This node's member certificate, in a network with an authority.
     #[serde(default)]
     pub certificate: Option<CertificateJson>,
+    /// Node ids (64 hex digits) the network's authority revoked, as this node knows.
+    #[serde(default)]
+    pub revocations: Vec<String>,
     /// Host name.
     pub hostname: String,
     /// Overlay address with prefix.

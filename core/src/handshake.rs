@@ -241,6 +241,9 @@ pub mod caps {
     /// Understands the "leaving" control message (a stopping node says goodbye, and
     /// its neighbours close its sessions at once instead of waiting for a timeout).
     pub const LEAVE: u32 = 1 << 2;
+    /// Takes and passes on the authority's revocations (the "revocation" control
+    /// message, protocol 3).
+    pub const REVOCATIONS: u32 = 1 << 3;
 }
 
 impl Protocol {

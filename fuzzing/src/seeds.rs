@@ -159,6 +159,8 @@ pub fn seeds() -> Vec<Seed> {
     }
     let revocation = weft_core::cert::Revocation::issue(&authority, keys()[2].public, 1_800_000_000);
     s.push(("cert", "seed-revocation".into(), revocation.to_bytes()));
+    // Control message 8: a revocation passed on by a member.
+    s.push(("control", "seed-revocation".into(), [&[8u8][..], &revocation.to_bytes()].concat()));
     let mut batch = Vec::new();
     for m in &hs {
         frame::push(&mut batch, m);

@@ -228,6 +228,7 @@ impl Worker {
             Request::WgRemove { name } => format!("wg-remove {name}"),
             Request::Reload => "reload".to_owned(),
             Request::AcceptExit => "exit accept".to_owned(),
+            Request::AddRevocation { .. } => "revoke add".to_owned(),
         };
         let (ok, message) = match weft_control::request(&self.control, req) {
             Ok(Reply::Done { message }) => (true, message),

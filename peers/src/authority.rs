@@ -4,21 +4,70 @@
 //! grant. In a network without an authority, a hello that carries a certificate is
 //! refused too: the peer belongs to an authority network this node is not set up for.
 
+use std::collections::HashSet;
+
 use weft_control::FailureKind;
-use weft_core::cert::{AuthorityId, Certificate};
+use weft_core::cert::{AuthorityId, Certificate, Revocation};
 use weft_core::handshake::Hello;
 
 use crate::identity::PeerKey;
+
+/// Revocations kept by a node: each signed by a trusted authority, in the order they
+/// arrived (a peer is sent the ones past what it was sent already).
+#[derive(Debug, Default)]
+pub(crate) struct Revocations {
+    list: Vec<Revocation>,
+    keys: HashSet<[u8; 32]>,
+}
+
+/// Revocations a node keeps, at most (each is 137 bytes; a network that revoked this
+/// many members needs a new authority).
+pub(crate) const MAX_REVOCATIONS: usize = 65_536;
+
+impl Revocations {
+    /// Takes `r` if one of `trusted` signed it: `Ok(true)` when it is new.
+    pub(crate) fn add(&mut self, r: Revocation, trusted: &[AuthorityId]) -> Result<bool, String> {
+        if trusted.is_empty() {
+            return Err("this node has no authority (--authority) to check a revocation against".into());
+        }
+        if !r.verify(trusted) {
+            return Err(format!("not signed by this network's authority (it names {})", r.authority));
+        }
+        if self.keys.contains(&r.node) {
+            return Ok(false);
+        }
+        if self.list.len() >= MAX_REVOCATIONS {
+            return Err(format!("this node already keeps {MAX_REVOCATIONS} revocations"));
+        }
+        self.keys.insert(r.node);
+        self.list.push(r);
+        Ok(true)
+    }
+
+    /// Whether node key `key` is revoked.
+    pub(crate) fn contains(&self, key: &[u8; 32]) -> bool {
+        self.keys.contains(key)
+    }
+
+    /// Every revocation, oldest first.
+    pub(crate) fn list(&self) -> &[Revocation] {
+        &self.list
+    }
+}
 
 /// Why `hello` (from the node whose handshake proved `key`) is refused in `network`
 /// trusting `authorities` at `unix` seconds, with the failure kind; `None` admits.
 pub(crate) fn refusal(
     authorities: &[AuthorityId],
+    revoked: &Revocations,
     network: &str,
     key: &PeerKey,
     hello: &Hello,
     unix: u64,
 ) -> Option<(String, FailureKind)> {
+    if revoked.contains(&key.0) {
+        return Some(("was revoked by the network's authority".into(), FailureKind::CertificateRefused));
+    }
     let bytes = match (&hello.cert, authorities.is_empty()) {
         (None, true) => return None,
         (Some(bytes), true) => {
@@ -115,7 +164,8 @@ mod tests {
         let auth = AuthorityKey::from_seed([1; 32]);
         let trusted = [auth.id()];
         let key = PeerKey([9; 32]);
-        let kind = |h: &Hello, t: &[AuthorityId], unix| refusal(t, "office", &key, h, unix).map(|r| r.1);
+        let none = Revocations::default();
+        let kind = |h: &Hello, t: &[AuthorityId], unix| refusal(t, &none, "office", &key, h, unix).map(|r| r.1);
         let good = hello(Some(cert(&auth, key.0)));
         assert_eq!(kind(&good, &trusted, 1_500), None);
         assert_eq!(kind(&hello(None), &[], 1_500), None, "no authority, no certificate: as before");
@@ -136,5 +186,16 @@ mod tests {
         let mut v6 = good;
         v6.ipv6 = Some(("fd00::5".parse().unwrap(), 64));
         assert_eq!(kind(&v6, &trusted, 1_500), Some(FailureKind::BeyondCertificate));
+        // A revoked key is refused whatever its certificate.
+        let mut revoked = Revocations::default();
+        let r = Revocation::issue(&auth, key.0, 1_400);
+        assert_eq!(revoked.add(r.clone(), &[rogue.id()]).map_err(|_| ()), Err(()), "another authority's");
+        assert_eq!(revoked.add(r.clone(), &[]).map_err(|_| ()), Err(()), "no authority here");
+        assert_eq!(revoked.add(r.clone(), &trusted), Ok(true));
+        assert_eq!(revoked.add(r, &trusted), Ok(false), "known already");
+        let good = hello(Some(cert(&auth, key.0)));
+        let got = refusal(&trusted, &revoked, "office", &key, &good, 1_500).unwrap();
+        assert_eq!(got.1, FailureKind::CertificateRefused);
+        assert!(got.0.contains("revoked"), "{}", got.0);
     }
 }

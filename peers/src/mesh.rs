@@ -93,6 +93,9 @@ pub(crate) enum Msg {
     /// "I am stopping": close my sessions now (sent only to members whose hello
     /// says they understand it, [`weft_core::handshake::caps::LEAVE`]).
     Leaving,
+    /// A revocation signed by the network's authority (sent only to members whose
+    /// hello says they take them, [`weft_core::handshake::caps::REVOCATIONS`]).
+    Revocation(Box<weft_core::cert::Revocation>),
 }
 
 /// The first byte of a control message: which [`Msg`] follows. Wire values, never
@@ -105,6 +108,7 @@ mod tag {
     pub(super) const SUMMARY: u8 = 5;
     pub(super) const DIGEST: u8 = 6;
     pub(super) const LEAVING: u8 = 7;
+    pub(super) const REVOCATION: u8 = 8;
 }
 
 impl Msg {
@@ -148,6 +152,10 @@ impl Msg {
                 }
             }
             Self::Leaving => out.push(tag::LEAVING),
+            Self::Revocation(r) => {
+                out.push(tag::REVOCATION);
+                out.extend_from_slice(&r.to_bytes());
+            }
         }
         out
     }
@@ -188,6 +196,7 @@ impl Msg {
                 Self::Digest { lo, hi, entries }
             }
             tag::LEAVING if rest.is_empty() => Self::Leaving,
+            tag::REVOCATION => Self::Revocation(Box::new(weft_core::cert::Revocation::from_bytes(rest).ok()?)),
             _ => return None,
         })
     }
@@ -451,6 +460,8 @@ impl Node {
             debug!(local_index, "malformed control message");
             return;
         };
+        // The member's session works: it gets the revocations it lacks.
+        self.send_revocations(now, key);
         match msg {
             // Records travel on links only (a member cannot fill our table from afar).
             Msg::Record(rec) if self.peers.get(&key).is_some_and(|p| p.is_link(now)) => {
@@ -469,6 +480,11 @@ impl Node {
             }
             Msg::Punch(eps) => self.handle_punch(now, key, &eps),
             Msg::Leaving => self.peer_left(now, key),
+            Msg::Revocation(r) => {
+                if let Err(e) = self.revoke(now, *r) {
+                    debug!(peer = %key.id(), "revocation from a member refused: {e}");
+                }
+            }
             Msg::Summary { count, hash } => self.handle_summary(now, key, (count, hash)),
             Msg::Digest { lo, hi, entries } => {
                 // Only a link's digest is answered (records travel on links).

@@ -17,7 +17,7 @@ use rand::RngCore;
 use tracing::{debug, info, warn};
 use weft_control::FailureKind;
 use weft_core::admission::{HANDSHAKE_MACS_LEN, MacKeys};
-use weft_core::handshake::{Completed, HandshakeError, Hello, Initiator, Params, Responded, Responder};
+use weft_core::handshake::{Completed, HandshakeError, Hello, Initiator, Params, Responded, Responder, caps};
 use weft_core::route::RouteSnapshot;
 use weft_core::session::{Session, SessionParams};
 use weft_core::wire::{
@@ -278,6 +278,8 @@ pub enum Action {
     },
     /// Keep these name bindings and exit pin in the state directory (they changed).
     SaveNames(crate::names::Names),
+    /// Keep the revocations (all of them) in the state directory.
+    SaveRevocations(Vec<weft_core::cert::Revocation>),
 }
 
 /// What a handshake we started was for.
@@ -438,6 +440,8 @@ pub struct Node {
     report: Report,
     /// Handshake admission: MACs, source buckets, load, cookies.
     gate: Gate,
+    /// Members the network's authority revoked.
+    revocations: crate::authority::Revocations,
     /// The `now` of the last step (for calls that are not handed one).
     last_now: Option<Instant>,
 }
@@ -476,6 +480,7 @@ impl Node {
             exit_warned: None,
             punched: BTreeMap::new(),
             mesh: Mesh::new(),
+            revocations: crate::authority::Revocations::default(),
             deadlines: Deadlines::default(),
             touched: BTreeSet::new(),
             report: Report::default(),
@@ -683,7 +688,7 @@ impl Node {
         let told: Vec<PeerKey> = self
             .peers
             .values()
-            .filter(|p| p.is_up() && p.hello.protocol().caps & weft_core::handshake::caps::LEAVE != 0)
+            .filter(|p| p.is_up() && p.hello.protocol().caps & caps::LEAVE != 0)
             .map(|p| p.key)
             .collect();
         info!(members = told.len(), "leaving the mesh: telling the members we have sessions with");
@@ -1255,7 +1260,59 @@ impl Node {
             self.send_summary(now, key);
         }
         self.flush_queued(now, key);
+        // A new session: the member is sent every revocation again (it may have
+        // been offline when they spread).
+        if let Some(p) = self.peers.get_mut(&key) {
+            p.revocations_sent = 0;
+        }
+        self.send_revocations(now, key);
         self.touch(key);
+    }
+
+    /// Takes a revocation signed by the network's authority (from `weft revoke add` or
+    /// a member): a new one closes the revoked member's sessions, refuses it from now
+    /// on, goes to every member we have a session with, and is kept in the state
+    /// directory ([`Action::SaveRevocations`]). Returns whether it was new.
+    pub fn revoke(&mut self, now: Instant, r: weft_core::cert::Revocation) -> Result<bool, String> {
+        let key = PeerKey(r.node);
+        if !self.revocations.add(r, &self.cfg.authorities)? {
+            return Ok(false);
+        }
+        warn!(node = %key.id(), "member revoked by the network's authority: its sessions close, it is refused from now on");
+        if self.peers.get(&key).is_some() {
+            self.close_sessions(now, key, "revoked by the network's authority");
+        }
+        self.pending.init.retain(|_, p| p.target != Target::Peer(key));
+        let up: Vec<PeerKey> = self.peers.values().filter(|p| p.is_up()).map(|p| p.key).collect();
+        for k in up {
+            self.send_revocations(now, k);
+        }
+        self.actions.push_back(Action::SaveRevocations(self.revocations.list().to_vec()));
+        self.published.routes_dirty = true;
+        Ok(true)
+    }
+
+    /// The revocations this node keeps, oldest first.
+    pub fn revocations(&self) -> &[weft_core::cert::Revocation] {
+        self.revocations.list()
+    }
+
+    /// Sends member `key` the revocations it was not sent on its current session (if
+    /// its hello says it takes them).
+    pub(crate) fn send_revocations(&mut self, now: Instant, key: PeerKey) {
+        let total = self.revocations.list().len();
+        let Some(p) = self.peers.get(&key) else { return };
+        if p.revocations_sent >= total || !p.is_up() || p.hello.protocol().caps & caps::REVOCATIONS == 0 {
+            return;
+        }
+        let from = p.revocations_sent;
+        for i in from..total {
+            let msg = crate::mesh::Msg::Revocation(Box::new(self.revocations.list()[i].clone()));
+            self.send_msg(&key, &msg, now);
+        }
+        if let Some(p) = self.peers.get_mut(&key) {
+            p.revocations_sent = total;
+        }
     }
 
     fn refuse_inbound(&mut self, now: Instant, back: Dest, sender_index: u32, e: &HandshakeError) {
@@ -1292,9 +1349,14 @@ impl Node {
             ));
         }
         let unix = (self.cfg.wall + now.saturating_duration_since(self.cfg.epoch)).as_secs();
-        if let Some((why, kind)) =
-            crate::authority::refusal(&self.cfg.authorities, &self.cfg.handshake.network_name, key, hello, unix)
-        {
+        if let Some((why, kind)) = crate::authority::refusal(
+            &self.cfg.authorities,
+            &self.revocations,
+            &self.cfg.handshake.network_name,
+            key,
+            hello,
+            unix,
+        ) {
             return Some((format!("peer {id} ({}) at {from}: {why}", hello.hostname), kind));
         }
         if let Some(why) = self.outside_overlay(IpAddr::V4(addr)) {

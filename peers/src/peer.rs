@@ -187,6 +187,9 @@ impl Activity {
 #[derive(Debug)]
 pub(crate) struct Peer {
     pub(crate) key: PeerKey,
+    /// How many of our revocations its current session was sent (all of them again
+    /// after each handshake).
+    pub(crate) revocations_sent: usize,
     pub(crate) id: NodeId,
     pub(crate) hello: Hello,
     pub(crate) path: PeerPath,
@@ -227,6 +230,7 @@ impl Peer {
     pub(crate) fn new(key: PeerKey, hello: Hello, now: Instant, stats: Arc<PeerStats>) -> Self {
         Self {
             key,
+            revocations_sent: 0,
             id: key.id(),
             hello,
             path: PeerPath::Relayed { last: None },

@@ -180,6 +180,21 @@ pub(crate) fn read_cert(arg: &str) -> Result<Certificate> {
     Certificate::from_text(&text).map_err(|e| UsageError(format!("invalid certificate: {e}")).into())
 }
 
+/// A revocation given as text or as a file holding it, checked to parse.
+pub(crate) fn read_revocation(arg: &str) -> Result<String> {
+    let text = if arg.trim_start().starts_with(weft_core::cert::REVOCATION_PREFIX) {
+        arg.to_owned()
+    } else {
+        std::fs::read_to_string(arg).map_err(|e| {
+            UsageError(format!(
+                "{arg:?} is neither a revocation (weft-revocation:...) nor a file that can be read: {e}"
+            ))
+        })?
+    };
+    Revocation::from_text(&text).map_err(|e| UsageError(format!("invalid revocation: {e}")))?;
+    Ok(text.trim().to_owned())
+}
+
 /// `weft cert show`.
 pub(crate) fn show(a: &CertShowArgs) -> Result<()> {
     let cert = read_cert(&a.cert)?;

@@ -5,7 +5,7 @@
 use anyhow::Result;
 
 use crate::config::args::{
-    self, AuthorityCommand, CertCommand, Command, ExitCommand, PeerCommand, SecretCommand, WgCommand,
+    self, AuthorityCommand, CertCommand, Command, ExitCommand, PeerCommand, RevokeCommand, SecretCommand, WgCommand,
 };
 use crate::config::values::UsageError;
 use crate::config::{NodeConfig, secret};
@@ -41,6 +41,10 @@ pub(crate) fn run(command: Command) -> Result<()> {
         Command::Authority(AuthorityCommand::Revoke(a)) => authority::revoke(&a.key, &a.node_id),
         Command::Id(a) => authority::id(a.state_dir.as_deref()),
         Command::Cert(CertCommand::Show(a)) => authority::show(&a),
+        Command::Revoke(RevokeCommand::Add(a)) => {
+            let revocation = authority::read_revocation(&a.revocation)?;
+            change(&a.control, &weft_control::Request::AddRevocation { revocation })
+        }
         Command::Version(a) => meta::version(a.json),
         Command::Completions(a) => meta::completions(a.shell),
         Command::Man(a) => meta::man(a.command.as_deref()),

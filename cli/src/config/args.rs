@@ -114,6 +114,11 @@ pub enum Command {
     /// Read member certificates.
     #[command(subcommand)]
     Cert(CertCommand),
+    /// Hand a revocation (`weft authority revoke`) to a running node, which passes it
+    /// to every member: the revoked member's sessions close everywhere and it is
+    /// refused from then on (root or the weft-admin group only).
+    #[command(subcommand)]
+    Revoke(RevokeCommand),
     /// Print the release, the commit and the protocol version (what `--version` says;
     /// `--json` for scripts, with the oldest protocol this build talks to).
     Version(VersionArgs),
@@ -501,6 +506,24 @@ pub struct IdArgs {
     /// root).
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+}
+
+/// `weft revoke`.
+#[derive(Debug, Subcommand)]
+pub enum RevokeCommand {
+    /// Give the running node a revocation; it keeps it and floods it to the mesh.
+    Add(RevokeAddArgs),
+}
+
+/// Arguments of `weft revoke add`.
+#[derive(Debug, Args)]
+pub struct RevokeAddArgs {
+    /// The revocation (`weft-revocation:...`) or a file holding it.
+    #[arg(value_name = "REVOCATION|FILE")]
+    pub revocation: String,
+    /// Control socket of the node.
+    #[arg(long, value_name = "PATH", env = "WEFT_CONTROL", default_value_os_t = default_control())]
+    pub control: PathBuf,
 }
 
 /// `weft cert`.

@@ -24,6 +24,7 @@ pub(crate) enum Ask {
     Portal(PortalAsk),
     Reload(Box<Reloaded>),
     AcceptExit,
+    Revoke(Box<weft_core::cert::Revocation>),
 }
 
 /// A change to the WireGuard portal's clients (served on a blocking thread: the
@@ -75,6 +76,9 @@ async fn ask(req: Request, args: &Arc<UpArgs>) -> Result<Ask, String> {
         Request::WgRemove { name } => Ok(Ask::Portal(PortalAsk::Remove(name))),
         Request::Reload => Ok(Ask::Reload(Box::new(load_again(args.clone()).await?))),
         Request::AcceptExit => Ok(Ask::AcceptExit),
+        Request::AddRevocation { revocation } => weft_core::cert::Revocation::from_text(&revocation)
+            .map(|r| Ask::Revoke(Box::new(r)))
+            .map_err(|e| format!("invalid revocation: {e}")),
     }
 }
 

@@ -526,6 +526,7 @@ impl Runtime {
                 }
                 Action::Send { to, bytes } => self.connector.send(to, &bytes),
                 Action::SaveNames(names) => self.names_writer.save(names),
+                Action::SaveRevocations(list) => self.names_writer.save_revocations(list),
             }
         }
     }
@@ -557,6 +558,16 @@ impl Runtime {
             }
             Ask::RemovePeer(which) => self.engine.remove_peer(now, which),
             Ask::AcceptExit => self.engine.accept_exit(now),
+            Ask::Revoke(r) => {
+                let node = NodeId::from_public(&r.node);
+                self.engine.revoke(now, *r).map(|new| {
+                    if new {
+                        format!("revoked {node}: its sessions are closed and the mesh is told")
+                    } else {
+                        format!("{node} was revoked already")
+                    }
+                })
+            }
         };
         let _ = reply.send(match done {
             Ok(message) => Reply::Done { message },

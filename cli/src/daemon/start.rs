@@ -285,7 +285,10 @@ pub(super) fn engine(
     // Records on stream connections and over QUIC: said in the fields protocol 1 reads
     // and, from the same two values, in the capability bits.
     let (gso, gso_quic) = (true, true);
-    let capabilities = (if gso { caps::GSO } else { 0 }) | (if gso_quic { caps::GSO_QUIC } else { 0 }) | caps::LEAVE;
+    let capabilities = (if gso { caps::GSO } else { 0 })
+        | (if gso_quic { caps::GSO_QUIC } else { 0 })
+        | caps::LEAVE
+        | caps::REVOCATIONS;
     let hello = Hello {
         cipher: cfg.cipher,
         ipv4: cfg.ipv4.addr,
@@ -315,7 +318,22 @@ pub(super) fn engine(
         use_exit: cfg.use_exit.clone(),
         local_networks: local_networks(&cfg.dev_name),
     };
-    Ok(Node::new(config, Box::new(rand::rngs::StdRng::from_entropy())))
+    let mut node = Node::new(config, Box::new(rand::rngs::StdRng::from_entropy()));
+    // The revocations this node kept: refused from the first handshake on.
+    let kept = state::load_revocations(&cfg.state_dir)?;
+    if !kept.is_empty() && cfg.authorities.is_empty() {
+        warn!(count = kept.len(), "revocations kept in the state directory are not used: this node has no --authority");
+    }
+    if !cfg.authorities.is_empty() {
+        let now = std::time::Instant::now();
+        for r in kept {
+            let node_id = NodeId::from_public(&r.node);
+            if let Err(e) = node.revoke(now, r) {
+                warn!(node = %node_id, "a kept revocation is not used: {e}");
+            }
+        }
+    }
+    Ok(node)
 }
 
 /// Binds every listener; a port in use is fatal, like the UDP one (already bound).

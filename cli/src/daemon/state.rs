@@ -12,6 +12,7 @@ use anyhow::{Context, Result, bail};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tracing::{info, warn};
+use weft_core::cert::Revocation;
 use weft_core::handshake::StaticKey;
 use weft_datapath::transport::conn::TlsIdentity;
 
@@ -269,23 +270,41 @@ pub fn save_names(dir: &Path, names: &weft_peers::Names) -> Result<()> {
     fs::rename(&tmp, dir.join(NAMES_FILE)).with_context(|| format!("cannot replace {}", dir.join(NAMES_FILE).display()))
 }
 
-/// The thread that writes the name bindings and exit pin to the state directory, the
-/// latest of what is queued, so the control loop never waits for a disk.
+/// What the state thread writes.
+enum Job {
+    Names(weft_peers::Names),
+    Revocations(Vec<Revocation>),
+}
+
+/// The thread that writes the name bindings, the exit pin and the revocations to the
+/// state directory, the latest of each that is queued, so the control loop never
+/// waits for a disk.
 pub struct NamesWriter {
-    tx: std::sync::mpsc::Sender<weft_peers::Names>,
+    tx: std::sync::mpsc::Sender<Job>,
 }
 
 impl NamesWriter {
     /// Starts the thread for state directory `dir`.
     pub fn spawn(dir: std::path::PathBuf) -> std::io::Result<Self> {
-        let (tx, rx) = std::sync::mpsc::channel::<weft_peers::Names>();
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
         std::thread::Builder::new().name("weft-state".into()).spawn(move || {
-            while let Ok(mut names) = rx.recv() {
-                while let Ok(newer) = rx.try_recv() {
-                    names = newer;
+            while let Ok(job) = rx.recv() {
+                let (mut names, mut revocations) = (None, None);
+                for job in std::iter::once(job).chain(rx.try_iter()) {
+                    match job {
+                        Job::Names(n) => names = Some(n),
+                        Job::Revocations(r) => revocations = Some(r),
+                    }
                 }
-                if let Err(e) = save_names(&dir, &names) {
+                if let Some(n) = names
+                    && let Err(e) = save_names(&dir, &n)
+                {
                     warn!("cannot keep the name bindings: {e:#}");
+                }
+                if let Some(r) = revocations
+                    && let Err(e) = save_revocations(&dir, &r)
+                {
+                    warn!("cannot keep the revocations: {e:#}");
                 }
             }
         })?;
@@ -294,8 +313,59 @@ impl NamesWriter {
 
     /// Queues `names` to be written (a newer one queued meanwhile wins).
     pub fn save(&self, names: weft_peers::Names) {
-        let _ = self.tx.send(names);
+        let _ = self.tx.send(Job::Names(names));
     }
+
+    /// Queues the revocations to be written (a newer list queued meanwhile wins).
+    pub fn save_revocations(&self, list: Vec<Revocation>) {
+        let _ = self.tx.send(Job::Revocations(list));
+    }
+}
+
+/// The revocations file: a header naming its format, then one revocation per line.
+const REVOCATIONS_FILE: &str = "revocations";
+const REVOCATIONS_HEADER: &str = "weft-revocations 1";
+
+/// Writes every revocation to `dir` (whole, then renamed over the old file).
+pub fn save_revocations(dir: &Path, list: &[Revocation]) -> Result<()> {
+    let mut text = format!("{REVOCATIONS_HEADER}\n");
+    for r in list {
+        text.push_str(&r.to_text());
+        text.push('\n');
+    }
+    let tmp = dir.join(format!("{REVOCATIONS_FILE}.tmp"));
+    write_private(&tmp, text.as_bytes())?;
+    let path = dir.join(REVOCATIONS_FILE);
+    fs::rename(&tmp, &path).with_context(|| format!("cannot replace {}", path.display()))
+}
+
+/// The revocations kept in `dir` (none when there is no file). A newer format, or a
+/// line that is not a revocation, is an error naming the file and the line.
+pub fn load_revocations(dir: &Path) -> Result<Vec<Revocation>> {
+    let path = dir.join(REVOCATIONS_FILE);
+    let text = match fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    };
+    let mut lines = text.lines().enumerate();
+    match lines.next() {
+        Some((_, REVOCATIONS_HEADER)) => {}
+        Some((_, h)) if h.starts_with("weft-revocations ") => {
+            bail!(
+                "{} has format {:?}, newer than this weft reads: upgrade weft (keep the file)",
+                path.display(),
+                &h[17..]
+            )
+        }
+        _ => bail!("{} does not begin {REVOCATIONS_HEADER:?}", path.display()),
+    }
+    lines
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            Revocation::from_text(l).with_context(|| format!("{} line {}: not a revocation", path.display(), i + 1))
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -95,6 +95,7 @@ impl Runtime {
             authority: self.cfg.authorities.first().map(ToString::to_string),
             authorities: self.cfg.authorities.iter().map(ToString::to_string).collect(),
             certificate: self.cfg.certificate.as_ref().map(certificate_json),
+            revocations: self.engine.revocations().iter().map(|r| crate::daemon::state::hex(&r.node)).collect(),
             hostname: self.cfg.hostname.clone(),
             overlay: self.cfg.ipv4.to_string(),
             overlay6: self.ipv6.map(|(a, p)| format!("{a}/{p}")),
