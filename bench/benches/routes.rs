@@ -64,6 +64,7 @@ fn record(i: usize, via: weft_peers::NodeId, rng: &mut ChaCha8Rng) -> Record {
         }],
         proxied,
         dynamic: false,
+        cert: None,
     };
     r.sign(&key, NET);
     r

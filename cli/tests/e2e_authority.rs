@@ -138,6 +138,8 @@ fn only_certified_members_mesh_and_each_refusal_is_named() {
     std::thread::sleep(Duration::from_millis(2100));
     refused("n4", &["--certificate", &short], "expired");
     refused("n5", &[], "needs this node's --certificate");
+    refused("n6", &["--certificate", &cert_b, "--proxy-network", "192.168.99.0/24"], "not among the subnets");
+    refused("n7", &["--certificate", &cert_b, "--exit-node"], "not let this node be an exit");
 }
 
 #[test]
@@ -179,7 +181,8 @@ fn a_revocation_reaches_every_member_including_one_that_was_offline() {
     let took = wait_until(Duration::from_secs(5), "A closes C's sessions", || !a.peer_established(IPS[2]));
     eprintln!("A closed the revoked member's sessions {took:?} after `weft revoke add`");
     assert_eq!(a.status()["revocations"], serde_json::json!([c_id]));
-    assert!(!ping(&lan.hosts[2], IPS[0]), "the revoked member still reaches A");
+    let reached = ping(&lan.hosts[2], IPS[0]);
+    assert!(!reached, "the revoked member still reaches A: {}\n{}", a.status()["peers"], a.log_text());
     assert!(
         std::fs::read_to_string(a.state.join("revocations")).unwrap().contains(&revocation),
         "A keeps the revocation in its state directory"

@@ -111,7 +111,8 @@ pub struct StatusJson {
     /// Topology records dropped by the table's limits: `over_budget` (a link brought
     /// more than its budget), `table_full` (a new node's record found the table full
     /// of reachable nodes'), `evicted` (an unreachable node's record dropped to make
-    /// room).
+    /// room), `uncertified` (in a network with an authority: no valid certificate, a
+    /// revoked origin, or claims it does not grant).
     #[serde(default)]
     pub records_dropped: BTreeMap<String, u64>,
     /// Packets for members without a session dropped while their sessions were

@@ -44,6 +44,7 @@ fn record() -> Record {
             (std::net::Ipv6Addr::new(0xfd77, 1, 0, 0, 0, 0, 0, 0).into(), 64),
         ],
         dynamic: true,
+        cert: None,
         signer: [0; 32],
         sig: [0; 64],
     })

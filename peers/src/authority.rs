@@ -115,6 +115,55 @@ pub(crate) fn refusal(
     None
 }
 
+/// Why topology record `rec` is not taken in a network trusting `authorities` (at
+/// `unix` seconds): its origin is revoked, or its certificate is missing, refused, or
+/// does not grant the record's address or name. `None` takes it (and always without
+/// an authority).
+pub(crate) fn record_refusal(
+    authorities: &[AuthorityId],
+    revoked: &Revocations,
+    network: &str,
+    rec: &crate::topology::Record,
+    unix: u64,
+) -> Option<String> {
+    if authorities.is_empty() {
+        return None;
+    }
+    if revoked.contains(&rec.key) {
+        return Some("its origin was revoked".into());
+    }
+    let Some(bytes) = &rec.cert else { return Some("it carries no certificate".into()) };
+    let cert = match Certificate::from_bytes(bytes) {
+        Ok(c) => c,
+        Err(e) => return Some(format!("its certificate is unreadable ({e})")),
+    };
+    if let Err(r) = cert.check(authorities, network, &rec.key, unix) {
+        return Some(format!("its certificate is refused: {r}"));
+    }
+    let b = cert.body();
+    let v6_ok = rec.overlay6.is_none_or(|a| b.ipv6.is_some_and(|(g, _)| g == a));
+    if rec.overlay != b.ipv4.0 || rec.hostname != b.name || !v6_ok {
+        return Some("it claims an address or name its certificate does not grant".into());
+    }
+    None
+}
+
+/// Whether record `rec`'s origin may proxy `a/p` (an exit's offer when `p` is 0):
+/// always without an authority; with one, only what its certificate grants (checked
+/// when the record was taken, [`record_refusal`]).
+pub(crate) fn grants(authorities: &[AuthorityId], rec: &crate::topology::Record, a: std::net::IpAddr, p: u8) -> bool {
+    if authorities.is_empty() {
+        return true;
+    }
+    let Some(cert) = rec.cert.as_deref().and_then(|c| Certificate::from_bytes(c).ok()) else { return false };
+    let b = cert.body();
+    if p == 0 {
+        return b.exit;
+    }
+    let want = weft_core::cert::Prefix { addr: a, len: p };
+    b.subnets.iter().any(|g| g.covers(&want))
+}
+
 #[cfg(test)]
 mod tests {
     use std::net::Ipv4Addr;
@@ -197,5 +246,65 @@ mod tests {
         let got = refusal(&trusted, &revoked, "office", &key, &good, 1_500).unwrap();
         assert_eq!(got.1, FailureKind::CertificateRefused);
         assert!(got.0.contains("revoked"), "{}", got.0);
+    }
+
+    #[test]
+    fn records_are_taken_only_with_their_origins_certificate_and_grant_only_what_it_says() {
+        use crate::topology::Record;
+        let auth = AuthorityKey::from_seed([1; 32]);
+        let trusted = [auth.id()];
+        let origin = weft_core::handshake::StaticKey::from_seed([4; 32]);
+        let cert = CertBody {
+            authority: auth.id(),
+            node: origin.public,
+            network: "office".into(),
+            name: "router".into(),
+            ipv4: (Ipv4Addr::new(10, 1, 0, 7), 24),
+            ipv6: None,
+            groups: vec![],
+            subnets: vec![weft_core::cert::Prefix { addr: [192, 168, 50, 0].into(), len: 24 }],
+            exit: false,
+            portal: false,
+            not_before: 1_000,
+            not_after: 2_000,
+        }
+        .sign(&auth)
+        .unwrap()
+        .to_bytes();
+        let mut rec = Record {
+            key: origin.public,
+            signer: origin.signing_public,
+            seq: 1,
+            hostname: "router".into(),
+            overlay: Ipv4Addr::new(10, 1, 0, 7),
+            overlay6: None,
+            endpoints: vec![],
+            neighbours: vec![],
+            proxied: vec![],
+            dynamic: false,
+            cert: Some(cert),
+            sig: [0; 64],
+        };
+        let none = Revocations::default();
+        let refusal = |r: &Record, t: &[AuthorityId]| record_refusal(t, &none, "office", r, 1_500);
+        assert_eq!(refusal(&rec, &trusted), None);
+        assert_eq!(refusal(&Record { cert: None, ..rec.clone() }, &[]), None, "no authority: as before");
+        assert!(refusal(&Record { cert: None, ..rec.clone() }, &trusted).is_some());
+        assert!(refusal(&Record { overlay: Ipv4Addr::new(10, 1, 0, 8), ..rec.clone() }, &trusted).is_some());
+        assert!(refusal(&Record { hostname: "gateway".into(), ..rec.clone() }, &trusted).is_some());
+        assert!(record_refusal(&trusted, &none, "office", &rec, 2_000).is_some(), "expired");
+        let mut revoked = Revocations::default();
+        revoked.add(Revocation::issue(&auth, origin.public, 1_200), &trusted).unwrap();
+        assert!(record_refusal(&trusted, &revoked, "office", &rec, 1_500).is_some());
+        // Grants: inside the certified subnet yes, beyond it or an exit no.
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        assert!(grants(&trusted, &rec, ip("192.168.50.0"), 24));
+        assert!(grants(&trusted, &rec, ip("192.168.50.128"), 25));
+        assert!(!grants(&trusted, &rec, ip("192.168.0.0"), 16));
+        assert!(!grants(&trusted, &rec, ip("10.9.0.0"), 16));
+        assert!(!grants(&trusted, &rec, ip("0.0.0.0"), 0), "no exit grant");
+        assert!(grants(&[], &rec, ip("0.0.0.0"), 0), "no authority: as before");
+        rec.cert = None;
+        assert!(!grants(&trusted, &rec, ip("192.168.50.0"), 24));
     }
 }

@@ -252,6 +252,9 @@ pub(crate) struct Mesh {
     pub(crate) rejected_records: u64,
     /// Topology records dropped because their link had spent its record budget.
     pub(crate) records_over_budget: u64,
+    /// Records dropped in a network with an authority: no valid certificate, a revoked
+    /// origin, or claims the certificate does not grant.
+    pub(crate) records_uncertified: u64,
 }
 
 impl Mesh {
@@ -268,6 +271,7 @@ impl Mesh {
             summary: None,
             rejected_records: 0,
             records_over_budget: 0,
+            records_uncertified: 0,
         }
     }
 
@@ -481,7 +485,7 @@ impl Node {
             Msg::Punch(eps) => self.handle_punch(now, key, &eps),
             Msg::Leaving => self.peer_left(now, key),
             Msg::Revocation(r) => {
-                if let Err(e) = self.revoke(now, *r) {
+                if let Err(e) = self.take_revocation(now, *r) {
                     debug!(peer = %key.id(), "revocation from a member refused: {e}");
                 }
             }
@@ -587,6 +591,16 @@ impl Node {
             return;
         }
         let network = self.cfg.handshake.network_name.clone();
+        let unix = (self.cfg.wall + now.saturating_duration_since(self.cfg.epoch)).as_secs();
+        if node != self.id
+            && let Some(why) =
+                crate::authority::record_refusal(&self.cfg.authorities, &self.revocations, &network, &rec, unix)
+        {
+            // Not a member by the authority's word: never stored, never forwarded.
+            debug!(from = %from_key.id(), origin = %node, "dropped a topology record: {why}");
+            self.mesh.records_uncertified += 1;
+            return;
+        }
         // The origin itself sends a record no newer than the one we hold, and not the
         // same: it restarted and numbers from zero again. Our copy goes back so that it
         // jumps past it; else a change (a new host name) under a sequence number it
@@ -748,6 +762,7 @@ impl Node {
             neighbours,
             proxied: self.cfg.proxied.clone(),
             dynamic: self.cfg.dynamic.is_some(),
+            cert: hello.cert.clone(),
         }
     }
 

@@ -441,7 +441,7 @@ pub struct Node {
     /// Handshake admission: MACs, source buckets, load, cookies.
     gate: Gate,
     /// Members the network's authority revoked.
-    revocations: crate::authority::Revocations,
+    pub(crate) revocations: crate::authority::Revocations,
     /// The `now` of the last step (for calls that are not handed one).
     last_now: Option<Instant>,
 }
@@ -590,7 +590,12 @@ impl Node {
             rejected_records: self.mesh.rejected_records,
             records_dropped: {
                 let (table_full, evicted) = self.mesh.topology.full_counts();
-                crate::status::RecordsDropped { over_budget: self.mesh.records_over_budget, table_full, evicted }
+                crate::status::RecordsDropped {
+                    over_budget: self.mesh.records_over_budget,
+                    table_full,
+                    evicted,
+                    uncertified: self.mesh.records_uncertified,
+                }
             },
             refused: self.refused_claims(),
             queued_dropped: self.report.queued_dropped,
@@ -1274,6 +1279,15 @@ impl Node {
     /// on, goes to every member we have a session with, and is kept in the state
     /// directory ([`Action::SaveRevocations`]). Returns whether it was new.
     pub fn revoke(&mut self, now: Instant, r: weft_core::cert::Revocation) -> Result<bool, String> {
+        let new = self.take_revocation(now, r)?;
+        // Published at once: the revoked member's sessions leave the data path now,
+        // not at the next timer.
+        self.finish_step(now);
+        Ok(new)
+    }
+
+    /// [`Node::revoke`] within a step (a revocation a member passed on).
+    pub(crate) fn take_revocation(&mut self, now: Instant, r: weft_core::cert::Revocation) -> Result<bool, String> {
         let key = PeerKey(r.node);
         if !self.revocations.add(r, &self.cfg.authorities)? {
             return Ok(false);
@@ -1282,7 +1296,13 @@ impl Node {
         if self.peers.get(&key).is_some() {
             self.close_sessions(now, key, "revoked by the network's authority");
         }
+        // Its record goes too: no route leads to it or its subnets any more.
+        if self.mesh.topology.get(&key.id()).is_some() {
+            self.mesh.topology.remove(&key.id());
+            self.mesh.paths_changed(now);
+        }
         self.pending.init.retain(|_, p| p.target != Target::Peer(key));
+        self.pending.held.retain(|_, h| h.key != key);
         let up: Vec<PeerKey> = self.peers.values().filter(|p| p.is_up()).map(|p| p.key).collect();
         for k in up {
             self.send_revocations(now, k);

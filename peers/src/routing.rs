@@ -647,11 +647,10 @@ impl Node {
             .records()
             .filter(|r| !r.proxied.is_empty() && r.node() != self.id && self.owns_address(r, claims))
             .flat_map(|r| r.proxied.iter().map(move |(a, p)| (r, *a, *p)))
-            .filter(
-                |(r, a, p)| {
-                    if *p == 0 { exit == Some(r.node()) } else { self.subnet_refusal(*a, *p, &unrecorded).is_none() }
-                },
-            )
+            .filter(|(r, a, p)| {
+                crate::authority::grants(&self.cfg.authorities, r, *a, *p)
+                    && if *p == 0 { exit == Some(r.node()) } else { self.subnet_refusal(*a, *p, &unrecorded).is_none() }
+            })
             .collect()
     }
 
@@ -662,7 +661,9 @@ impl Node {
     pub(crate) fn exit_node(&self) -> Option<&Record> {
         let wanted = self.cfg.use_exit.as_deref()?;
         let chosen = self.cfg.names.exit_pin(wanted).or_else(|| self.exit_choice())?;
-        self.named_exit().find(|r| r.node() == chosen).filter(|r| offers_exit(r))
+        self.named_exit().find(|r| r.node() == chosen).filter(|r| {
+            offers_exit(r) && crate::authority::grants(&self.cfg.authorities, r, Ipv4Addr::UNSPECIFIED.into(), 0)
+        })
     }
 
     /// The member `--use-exit-node` would pin now: among those it names, the one its
@@ -872,7 +873,19 @@ impl Node {
                 ));
             }
             // An exit's offer is listed in `exit_offers`, not as a refusal.
-            for (a, p) in r.proxied.iter().filter(|s| s.1 != 0) {
+            for (a, p) in r.proxied.iter() {
+                if !crate::authority::grants(&self.cfg.authorities, r, *a, *p) {
+                    let what = if *p == 0 { "offers itself as an exit".to_owned() } else { format!("proxies {a}/{p}") };
+                    v.push(format!(
+                        "member {} ({:?}) {what}: refused, its certificate does not grant it",
+                        r.node(),
+                        r.hostname
+                    ));
+                    continue;
+                }
+                if *p == 0 {
+                    continue;
+                }
                 if let Some(why) = self.subnet_refusal(*a, *p, &unrecorded) {
                     v.push(format!("member {} ({:?}) proxies {a}/{p}: refused, {why}", r.node(), r.hostname));
                 }

@@ -204,4 +204,7 @@ pub struct RecordsDropped {
     pub table_full: u64,
     /// Records of unreachable nodes dropped to make room for new ones.
     pub evicted: u64,
+    /// Records refused in a network with an authority (no valid certificate, a revoked
+    /// origin, or claims it does not grant).
+    pub uncertified: u64,
 }

@@ -36,6 +36,10 @@ pub const MAX_RECORDS: usize = 4096;
 /// publish) is refused.
 pub const MAX_SEQ: u64 = 1 << 62;
 const RECORD_VERSION: u8 = 4;
+/// A record with the origin's member certificate after its subnets (written only by
+/// nodes that have one: in networks without an authority records stay version 4,
+/// which 0.2.0 reads).
+const RECORD_VERSION_CERT: u8 = 5;
 /// Domain separation of record signatures.
 const SIGN_CONTEXT: &[u8] = b"weft/v1/record\0";
 
@@ -76,6 +80,9 @@ pub struct Record {
     pub proxied: Vec<(IpAddr, u8)>,
     /// The overlay address was picked by `--dhcp` and moves on a conflict.
     pub dynamic: bool,
+    /// The origin's member certificate (encoded), in a network with an authority:
+    /// what its record may claim.
+    pub cert: Option<Vec<u8>>,
     /// The origin's Ed25519 signature of [`Record::signed_message`].
     pub sig: [u8; 64],
 }
@@ -122,7 +129,8 @@ impl Record {
     }
 
     fn emit_body(&self, out: &mut Vec<u8>) {
-        out.push(RECORD_VERSION);
+        let cert = self.cert.as_deref().filter(|c| c.len() <= weft_core::handshake::MAX_HELLO_CERT);
+        out.push(if cert.is_some() { RECORD_VERSION_CERT } else { RECORD_VERSION });
         out.extend_from_slice(&self.key);
         out.extend_from_slice(&self.signer);
         out.extend_from_slice(&self.seq.to_le_bytes());
@@ -170,12 +178,17 @@ impl Record {
             }
             out.push(*p);
         }
+        if let Some(c) = cert {
+            out.extend_from_slice(&(c.len() as u16).to_le_bytes());
+            out.extend_from_slice(c);
+        }
     }
 
     /// Parses a record.
     pub fn parse(b: &[u8]) -> Result<Self, BadRecord> {
         let mut r = Reader(b);
-        if r.u8()? != RECORD_VERSION {
+        let version = r.u8()?;
+        if version != RECORD_VERSION && version != RECORD_VERSION_CERT {
             return Err(BadRecord);
         }
         let key: [u8; 32] = r.take(32)?.try_into().map_err(|_| BadRecord)?;
@@ -232,11 +245,20 @@ impl Record {
                 Ok((a, prefix))
             })
             .collect::<Result<_, _>>()?;
+        let cert = if version == RECORD_VERSION_CERT {
+            let n = usize::from(u16::from_le_bytes(r.take(2)?.try_into().map_err(|_| BadRecord)?));
+            if n > weft_core::handshake::MAX_HELLO_CERT {
+                return Err(BadRecord);
+            }
+            Some(r.take(n)?.to_vec())
+        } else {
+            None
+        };
         let sig: [u8; 64] = r.take(64)?.try_into().map_err(|_| BadRecord)?;
         if !r.0.is_empty() {
             return Err(BadRecord);
         }
-        Ok(Self { key, signer, seq, hostname, overlay, overlay6, endpoints, neighbours, proxied, dynamic, sig })
+        Ok(Self { key, signer, seq, hostname, overlay, overlay6, endpoints, neighbours, proxied, dynamic, cert, sig })
     }
 }
 
@@ -577,6 +599,7 @@ mod tests {
                 (Ipv6Addr::new(0xfd77, u16::from(i), 0, 0, 0, 0, 0, 0).into(), 64),
             ],
             dynamic: i.is_multiple_of(2),
+            cert: (i == 3).then(|| vec![i; 40]),
         };
         r.sign(&static_key(i), "net");
         r

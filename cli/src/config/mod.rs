@@ -254,6 +254,9 @@ impl NodeConfig {
         }
         let (proxy_networks, wg_portal) = subnets_and_portal(args, file, ipv4, ipv6, &listeners)?;
         let (exit_node, use_exit, exit_allow_lan, exit_fallback) = exit(args, file, &hostname)?;
+        if let Some(c) = &certificate {
+            offers_within_certificate(c.body(), &proxy_networks, exit_node, wg_portal.is_some())?;
+        }
         let dns_domain = magic_dns(args, file, &network_name)?;
         let (no_tun, socks5, socks5_auth, forwards, exposes) = userspace(args, file)?;
         if no_tun {
@@ -452,6 +455,40 @@ fn within_certificate(
         )),
         (Ipv6Overlay::Derived, _) => usage("with a certificate, the IPv6 address is the one it grants, or none"),
     }
+}
+
+/// Refuses offers the certificate does not grant: proxied subnets outside its
+/// subnets, an exit without its exit grant, a WireGuard portal without its portal grant.
+fn offers_within_certificate(
+    b: &weft_core::cert::CertBody,
+    proxy_networks: &[IpNet],
+    exit_node: bool,
+    portal: bool,
+) -> Result<(), UsageError> {
+    for n in proxy_networks {
+        let want = weft_core::cert::Prefix { addr: n.addr, len: n.prefix };
+        if !b.subnets.iter().any(|g| g.covers(&want)) {
+            return usage(format!(
+                "--proxy-network {}/{} is not among the subnets the certificate grants ({})",
+                n.addr,
+                n.prefix,
+                if b.subnets.is_empty() {
+                    "none".to_owned()
+                } else {
+                    b.subnets.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+                }
+            ));
+        }
+    }
+    if exit_node && !b.exit {
+        return usage("--exit-node: the certificate does not let this node be an exit (weft authority sign --exit)");
+    }
+    if portal && !b.portal {
+        return usage(
+            "--wg-portal: the certificate does not let this node run a WireGuard portal (weft authority sign --portal)",
+        );
+    }
+    Ok(())
 }
 
 /// The overlay addresses: IPv4 (or a --dhcp range) and IPv6.

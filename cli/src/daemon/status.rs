@@ -162,6 +162,7 @@ impl Runtime {
                 ("over_budget", st.records_dropped.over_budget),
                 ("table_full", st.records_dropped.table_full),
                 ("evicted", st.records_dropped.evicted),
+                ("uncertified", st.records_dropped.uncertified),
             ]
             .into_iter()
             .map(|(k, v)| (k.to_owned(), v))

@@ -245,7 +245,7 @@ pub fn render(s: &StatusJson) -> prometheus::Result<String> {
     )?;
     f.counter(
         "weft_records_dropped_total",
-        "Topology records dropped by the table's limits: over_budget, table_full, evicted.",
+        "Topology records dropped by the table's limits (over_budget, table_full, evicted) or for their certificate (uncertified).",
         ["reason"],
         by_key(&s.records_dropped),
     )?;
