@@ -430,6 +430,28 @@ pub fn psk(net: &str, secret: &str) -> Psk {
     p
 }
 
+/// A certificate of `authority` for the node of `params` (its key, address, prefix
+/// and host name) in network `net`, valid for a year around the harness's wall clock.
+pub fn certificate(authority: &weft_core::cert::AuthorityKey, params: &Params, net: &str) -> Vec<u8> {
+    weft_core::cert::CertBody {
+        authority: authority.id(),
+        node: params.local.public,
+        network: net.into(),
+        name: params.hello.hostname.clone(),
+        ipv4: (params.hello.ipv4, params.hello.prefix),
+        ipv6: params.hello.ipv6,
+        groups: Vec::new(),
+        subnets: Vec::new(),
+        exit: false,
+        portal: false,
+        not_before: 1_800_000_000 - 86_400,
+        not_after: 1_800_000_000 + 365 * 86_400,
+    }
+    .sign(authority)
+    .expect("a certificate within the format's limits")
+    .to_bytes()
+}
+
 /// Handshake parameters of a node.
 pub fn params(local: StaticKey, net: &str, secret: &str, cipher: Cipher, ipv4: Ipv4Addr, hostname: String) -> Params {
     Params {
@@ -446,7 +468,7 @@ pub fn params(local: StaticKey, net: &str, secret: &str, cipher: Cipher, ipv4: I
             gso_quic: true,
             protocol: Some(weft_core::handshake::Protocol::ours({
                 use weft_core::handshake::caps;
-                caps::GSO | caps::GSO_QUIC | caps::LEAVE
+                caps::GSO | caps::GSO_QUIC | caps::LEAVE | caps::REVOCATIONS
             })),
             stamp: None,
             cert: None,

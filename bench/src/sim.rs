@@ -177,6 +177,9 @@ pub struct Net {
     /// Every machine, running or not, by index.
     pub hosts: Vec<Host>,
     keys: Vec<StaticKey>,
+    /// A network with an authority: every node boots with a certificate it signed
+    /// (set before the nodes boot).
+    pub authority: Option<weft_core::cert::AuthorityKey>,
     /// Whom each node dialled at its last boot.
     pub dials: Vec<Vec<usize>>,
     /// The shared RX and TX pipelines.
@@ -255,6 +258,7 @@ impl Net {
             now_ms: 0,
             hosts: (0..n).map(|i| Host::new(addr(i), epoch)).collect(),
             keys,
+            authority: None,
             dials: dials.clone(),
             dp: DataPlane::new(epoch),
             queue: BinaryHeap::new(),
@@ -324,10 +328,14 @@ impl Net {
     }
 
     fn boot(&mut self, i: usize, dial: Vec<usize>) {
-        let params =
+        let mut params =
             harness::params(self.keys[i].clone(), NET, SECRET, Cipher::ChaCha20Poly1305, overlay(i), format!("n{i}"));
+        if let Some(a) = &self.authority {
+            params.hello.cert = Some(harness::certificate(a, &params, NET));
+        }
         let dial_addrs = dial.iter().map(|&j| addr(j)).collect();
-        let cfg = harness::config(params, dial_addrs, self.epoch, Timers::default(), addr(i));
+        let mut cfg = harness::config(params, dial_addrs, self.epoch, Timers::default(), addr(i));
+        cfg.authorities = self.authority.iter().map(weft_core::cert::AuthorityKey::id).collect();
         self.dials[i] = dial;
         self.generation[i] += 1;
         self.pending[i] = None;
@@ -519,6 +527,16 @@ impl Net {
     /// The index of the node with id `id`; panics for a stranger.
     pub fn index_of_id(&self, id: NodeId) -> usize {
         *self.by_id.get(&id).expect("a known node")
+    }
+
+    /// Node `i`'s static public key (what certificates and revocations name).
+    pub fn public_key(&self, i: usize) -> [u8; 32] {
+        self.keys[i].public
+    }
+
+    /// Node `i`'s engine; panics when it is stopped.
+    pub fn node(&self, i: usize) -> &Node {
+        self.hosts[i].node()
     }
 
     /// Node `i`'s status now; panics when it is stopped.

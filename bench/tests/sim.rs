@@ -298,3 +298,39 @@ fn relays_never_refuse_frames_in_a_lossless_mesh() {
         .collect();
     assert!(refused.is_empty(), "relayed frames refused by (node, count): {refused:?}");
 }
+
+/// A revocation given to one member of a 100-node mesh with an authority reaches every
+/// other member through the mesh (virtual time recorded), and none keeps a session
+/// with the revoked member or a route to it. `WEFT_SIM_NODES=1000` for a larger mesh
+/// (bench/RESULTS.md records both).
+#[test]
+fn a_revocation_reaches_every_member_of_a_certified_mesh() {
+    let nodes = std::env::var("WEFT_SIM_NODES").ok().and_then(|v| v.parse().ok()).filter(|n| *n >= 60).unwrap_or(100);
+    let plan = Plan::new(nodes, 11);
+    let mut net = Net::build(plan);
+    let authority = weft_core::cert::AuthorityKey::from_seed([9; 32]);
+    net.authority = Some(weft_core::cert::AuthorityKey::from_seed([9; 32]));
+    net.run_to(plan.last_join_ms());
+    assert!(net.run_until_converged(Duration::from_secs(120)).is_some(), "the certified mesh converges");
+    let revoked = nodes * 4 / 7;
+    let revoked_id = net.id(revoked);
+    let revocation = weft_core::cert::Revocation::issue(&authority, net.public_key(revoked), 1_800_000_000);
+    let now = net.now();
+    assert_eq!(net.admin(0, |n| n.revoke(now, revocation)), Ok(true));
+    let others: Vec<usize> = net.running().into_iter().filter(|&i| i != revoked).collect();
+    let took = net
+        .run_until(Duration::from_secs(60), |net| {
+            others.iter().all(|&i| net.node(i).revocations().iter().any(|r| r.node == net.public_key(revoked)))
+        })
+        .expect("the revocation reaches every member within 60 s of virtual time");
+    eprintln!("a revocation reached all {} other members in {took:?} of virtual time", others.len());
+    net.run_for(Duration::from_secs(5));
+    for &i in &others {
+        let st = net.status(i);
+        assert!(
+            st.peers.iter().all(|p| p.node_id != revoked_id || p.sessions == 0),
+            "node {i} keeps a session with the revoked member"
+        );
+        assert!(st.routes.iter().all(|r| r.node != revoked_id), "node {i} still routes to the revoked member");
+    }
+}
