@@ -51,14 +51,21 @@ fn args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
     a
 }
 
-#[test]
-fn only_certified_members_mesh_and_each_refusal_is_named() {
+/// Three hosts on a LAN, a directory for the nodes, and an authority: its key file and
+/// its public key.
+fn network() -> (Lan, TempDir, String, String) {
     require_root();
     let lan = Lan::new(3);
     let dir = TempDir::new();
-    let key = dir.0.join("auth.key");
-    let key = key.to_str().unwrap();
-    let authority = weft(&["authority", "init", "--out", key]);
+    let key = dir.0.join("auth.key").to_str().unwrap().to_owned();
+    let authority = weft(&["authority", "init", "--out", &key]);
+    (lan, dir, key, authority)
+}
+
+#[test]
+fn only_certified_members_mesh_and_each_refusal_is_named() {
+    let (lan, dir, key, authority) = network();
+    let key = key.as_str();
     let (cert_a, cert_b) = (certify(&dir, key, "n0", IPS[0], "1d"), certify(&dir, key, "n1", IPS[1], "1d"));
     let listen = |i: usize| format!("udp://{}:11010", lan.addrs[i]);
 
@@ -144,12 +151,8 @@ fn only_certified_members_mesh_and_each_refusal_is_named() {
 
 #[test]
 fn a_revocation_reaches_every_member_including_one_that_was_offline() {
-    require_root();
-    let lan = Lan::new(3);
-    let dir = TempDir::new();
-    let key = dir.0.join("auth.key");
-    let key = key.to_str().unwrap();
-    let authority = weft(&["authority", "init", "--out", key]);
+    let (lan, dir, key, authority) = network();
+    let key = key.as_str();
     let certs: Vec<String> = (0..3).map(|i| certify(&dir, key, &format!("n{i}"), IPS[i], "1d")).collect();
     let listen = |i: usize| format!("udp://{}:11010", lan.addrs[i]);
     let start = |i: usize| {
