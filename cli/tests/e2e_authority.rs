@@ -92,6 +92,10 @@ fn only_certified_members_mesh_and_each_refusal_is_named() {
     assert_eq!(st["certificate"]["name"], "n0");
     assert!(st["certificate"]["expires_in_s"].as_u64().unwrap() > 86_000, "{}", st["certificate"]);
     assert_eq!(a.peer(IPS[1]).unwrap()["hostname"], "n1");
+    // A certificate valid for a day is within the day-ahead warning.
+    wait_until(Duration::from_secs(15), "A warns that its certificate expires within a day", || {
+        a.log_text().contains("this node's certificate expires in 23 h")
+    });
 
     // The secret without a certificate gets nothing, and both ends say why.
     let c = Node::start(

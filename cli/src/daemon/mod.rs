@@ -131,6 +131,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
         drops: DropCounters::default(),
         netcfg,
         names_writer,
+        expiry_warned: None,
         connector,
         links_stats: data.links_stats,
         listeners: bound,

@@ -72,6 +72,8 @@ pub(super) struct Runtime {
     pub(super) netcfg: NetConfig,
     /// Keeps the engine's name bindings and exit pin in the state directory.
     pub(super) names_writer: state::NamesWriter,
+    /// The last "certificate expires in" warning given (its threshold, seconds).
+    pub(super) expiry_warned: Option<u64>,
     /// TCP, WebSocket and QUIC connections.
     pub(super) connector: Connector,
     /// Counters of the threads that open what connections receive.
@@ -422,6 +424,7 @@ impl Runtime {
                 _ = nets_timer.tick() => {
                     self.engine.set_local_networks(local_networks(&self.cfg.dev_name));
                     self.check_exit_name();
+                    self.check_certificate_expiry();
                 }
                 _ = dns_timer.tick() => {
                     self.refresh_userspace();
@@ -622,5 +625,35 @@ async fn reload_from_file(args: Arc<UpArgs>, req_tx: Requests<Ask>) {
         Some(Reply::Done { message }) => info!("{message}"),
         Some(Reply::Error { message }) => warn!("reload refused: {message}"),
         _ => {}
+    }
+}
+
+/// Warnings before this node's certificate expires: a week, a day and an hour ahead,
+/// and once it has (members refuse its handshakes from then on).
+const EXPIRY_WARNINGS: [u64; 4] = [7 * 86_400, 86_400, 3_600, 0];
+
+impl Runtime {
+    /// Warns once per threshold of [`EXPIRY_WARNINGS`] as this node's certificate
+    /// nears its end.
+    fn check_certificate_expiry(&mut self) {
+        let Some(c) = &self.cfg.certificate else { return };
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let left = c.body().not_after.saturating_sub(now);
+        let Some(&threshold) = EXPIRY_WARNINGS.iter().filter(|t| left <= **t).min() else { return };
+        if self.expiry_warned.is_some_and(|w| w <= threshold) {
+            return;
+        }
+        self.expiry_warned = Some(threshold);
+        if left == 0 {
+            warn!(
+                "this node's certificate has expired: members refuse its handshakes; have a new one signed (weft authority sign) and restart with it"
+            );
+        } else {
+            warn!(
+                seconds_left = left,
+                "this node's certificate expires in {} h: have a new one signed (weft authority sign) before then",
+                left / 3600
+            );
+        }
     }
 }
