@@ -54,6 +54,9 @@ pub const MAX_GROUPS: usize = 32;
 pub const MAX_SUBNETS: usize = 64;
 /// Longest network name, host name or group, in bytes.
 pub const MAX_NAME: usize = 255;
+/// Longest encoded certificate (what a hello and a record carry): a certificate that
+/// would be longer is not issued, and a longer one is not read.
+pub const MAX_CERT_LEN: usize = 512;
 
 /// Why bytes or text are not a certificate, a revocation or an authority key.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -266,6 +269,9 @@ impl CertBody {
             return Err(CertError::Field("authority (not the signing key's)"));
         }
         let bytes = self.encode()?;
+        if bytes.len() + 64 > MAX_CERT_LEN {
+            return Err(CertError::TooLarge("certificate (over 512 bytes: fewer groups or subnets, or shorter names)"));
+        }
         let signature = key.sign(CERT_DOMAIN, &bytes);
         Ok(Certificate { body: self, signature })
     }
@@ -395,6 +401,9 @@ impl Certificate {
     /// Parses an encoded certificate. Checks its structure only: [`Certificate::check`]
     /// checks the signature and what it is valid for.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, CertError> {
+        if bytes.len() > MAX_CERT_LEN {
+            return Err(CertError::TooLarge("certificate (over 512 bytes)"));
+        }
         let mut r = Reader(bytes);
         let format = r.u8()?;
         check_format(format, CERT_FORMAT)?;
@@ -481,6 +490,11 @@ impl Certificate {
         Self::from_bytes(&from_text(text, CERT_PREFIX)?)
     }
 
+    /// Whether the authority it names signed it (whoever trusts that authority).
+    pub fn signed_by_its_authority(&self) -> bool {
+        self.body.encode().is_ok_and(|bytes| verify(&self.body.authority, CERT_DOMAIN, &bytes, &self.signature))
+    }
+
     /// Whether this certificate admits the node whose handshake proved `node` into
     /// `network` at `now` (unix seconds), signed by one of `trusted`.
     pub fn check(&self, trusted: &[AuthorityId], network: &str, node: &[u8; 32], now: u64) -> Result<(), CertRefusal> {
@@ -488,8 +502,7 @@ impl Certificate {
         if !trusted.contains(&b.authority) {
             return Err(CertRefusal::UnknownAuthority);
         }
-        let Ok(bytes) = b.encode() else { return Err(CertRefusal::BadSignature) };
-        if !verify(&b.authority, CERT_DOMAIN, &bytes, &self.signature) {
+        if !self.signed_by_its_authority() {
             return Err(CertRefusal::BadSignature);
         }
         if !b.network.is_empty() && b.network != network {
@@ -690,6 +703,11 @@ mod tests {
         let mut b = body(&key);
         b.groups = vec!["g".into(); MAX_GROUPS + 1];
         assert_eq!(b.sign(&key), Err(CertError::TooLarge("groups")));
+        // Within every field's limit but longer than a hello carries: not issued.
+        let mut b = body(&key);
+        b.groups = vec!["g".repeat(40); MAX_GROUPS];
+        assert!(matches!(b.sign(&key), Err(CertError::TooLarge(w)) if w.starts_with("certificate")));
+        assert!(Certificate::from_bytes(&vec![1; MAX_CERT_LEN + 1]).is_err());
         let mut b = body(&key);
         b.ipv4.1 = 33;
         assert!(b.sign(&key).is_err());

@@ -213,8 +213,8 @@ pub struct Hello {
     pub cert: Option<Vec<u8>>,
 }
 
-/// Longest certificate a hello carries.
-pub const MAX_HELLO_CERT: usize = 512;
+/// Longest certificate a hello carries (the longest one issued).
+pub const MAX_HELLO_CERT: usize = crate::cert::MAX_CERT_LEN;
 
 /// A protocol version and what the sender can do. Two nodes talk when each one's
 /// version is at least the other's oldest; within that, they use the capabilities

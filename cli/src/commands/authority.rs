@@ -199,7 +199,7 @@ pub(crate) fn read_revocation(arg: &str) -> Result<String> {
 pub(crate) fn show(a: &CertShowArgs) -> Result<()> {
     let cert = read_cert(&a.cert)?;
     let b = cert.body();
-    let signed = cert.check(&[b.authority], &b.network, &b.node, b.not_before).is_ok();
+    let signed = cert.signed_by_its_authority();
     let now = now_unix();
     let state = if !signed {
         "BAD SIGNATURE"
@@ -273,14 +273,7 @@ fn utc(secs: u64) -> String {
 }
 
 fn unhex32(s: &str) -> Option<[u8; 32]> {
-    if s.len() != 64 || !s.is_ascii() {
-        return None;
-    }
-    let mut out = [0u8; 32];
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
-    }
-    Some(out)
+    crate::daemon::state::unhex(s).ok()?.try_into().ok()
 }
 
 #[cfg(test)]
@@ -299,6 +292,7 @@ mod tests {
         let e = parse_node_id("e361616bc623cf03").unwrap_err().0;
         assert!(e.contains("short form"), "{e}");
         assert!(parse_node_id(&"zz".repeat(32)).is_err());
+        assert!(parse_node_id(&format!("{}éa", "a".repeat(61))).is_err(), "non-ASCII: an error, not a panic");
         assert_eq!(utc(0), "1970-01-01 00:00 UTC");
         assert_eq!(utc(1_800_000_000), "2027-01-15 08:00 UTC");
         assert_eq!(utc(951_782_400), "2000-02-29 00:00 UTC");

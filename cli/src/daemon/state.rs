@@ -174,8 +174,8 @@ pub(crate) fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-fn unhex(s: &str) -> Result<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
+pub(crate) fn unhex(s: &str) -> Result<Vec<u8>> {
+    if !s.is_ascii() || !s.len().is_multiple_of(2) {
         bail!("odd hex length");
     }
     (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).context("bad hex")).collect()
@@ -402,6 +402,9 @@ mod tests {
         assert!(e.contains("a newer weft wrote it") && e.contains("weft-key/2") && !e.contains("corrupt"), "{e}");
         assert_eq!(fs::read_to_string(dir.join(KEY_FILE)).unwrap(), newer);
         // A bad seed under the known tag is corrupt, not newer.
+        // Non-ASCII where hex digits belong is corrupt, never a panic.
+        fs::write(dir.join(KEY_FILE), format!("ed25519 {}éa\n", "a".repeat(61))).unwrap();
+        assert!(format!("{:#}", load_or_create_key(&dir).unwrap_err()).contains("corrupt node key"));
         fs::write(dir.join(KEY_FILE), "ed25519 abcd\n").unwrap();
         assert!(format!("{:#}", load_or_create_key(&dir).unwrap_err()).contains("corrupt node key"));
 
