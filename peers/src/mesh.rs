@@ -592,7 +592,11 @@ impl Node {
         }
         let network = self.cfg.handshake.network_name.clone();
         let unix = (self.cfg.wall + now.saturating_duration_since(self.cfg.epoch)).as_secs();
+        // Checked before storing, only for a record newer than the one held (the
+        // same record arrives from every neighbour: one Ed25519 check, not one each).
+        let newer = self.mesh.topology.get(&node).is_none_or(|held| held.seq < rec.seq);
         if node != self.id
+            && newer
             && let Some(why) =
                 crate::authority::record_refusal(&self.cfg.authorities, &self.revocations, &network, &rec, unix)
         {

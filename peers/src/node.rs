@@ -110,6 +110,14 @@ pub const MAX_PENDING_RESP: usize = 1024;
 /// Finished handshakes waiting for the peer's proof of the PSK, at most.
 pub const MAX_HELD: usize = 1024;
 
+/// Why a handshake's claims are refused: the reason shown, its kind, and what the
+/// reject tells the other end (in words its release reads).
+pub(crate) struct Refusal {
+    why: String,
+    kind: FailureKind,
+    reason: RejectReason,
+}
+
 /// Static inputs of a node.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -1354,6 +1362,32 @@ impl Node {
         hello: &Hello,
         from: Endpoint,
         via: Option<NodeId>,
+    ) -> Option<Refusal> {
+        let (why, kind) = self.claim_refusal(now, key, hello, from, via)?;
+        let reason = match kind {
+            // "The payload could not be parsed (version skew)": what every release says.
+            FailureKind::IncompatibleVersion => RejectReason::BadPayload,
+            FailureKind::NoCertificate
+            | FailureKind::CertificateRefused
+            | FailureKind::BeyondCertificate
+            | FailureKind::AuthorityRequired => {
+                // A release before protocol 3 cannot read the Membership reason (it
+                // would drop the reject and wait for a timeout).
+                if hello.protocol().version >= 3 { RejectReason::Membership } else { RejectReason::BadPayload }
+            }
+            _ => RejectReason::AddressTaken,
+        };
+        Some(Refusal { why, kind, reason })
+    }
+
+    /// [`Node::claim_refused`]'s reason and kind.
+    fn claim_refusal(
+        &self,
+        now: Instant,
+        key: &PeerKey,
+        hello: &Hello,
+        from: Endpoint,
+        via: Option<NodeId>,
     ) -> Option<(String, FailureKind)> {
         let id = key.id();
         let addr = hello.ipv4;
@@ -1437,18 +1471,9 @@ impl Node {
         back: Dest,
         remote_index: u32,
         target: Option<Target>,
-        (why, kind): (String, FailureKind),
+        Refusal { why, kind, reason }: Refusal,
     ) {
         warn!("{why}");
-        let reason = match kind {
-            // "The payload could not be parsed (version skew)": what every release says.
-            FailureKind::IncompatibleVersion => RejectReason::BadPayload,
-            FailureKind::NoCertificate
-            | FailureKind::CertificateRefused
-            | FailureKind::BeyondCertificate
-            | FailureKind::AuthorityRequired => RejectReason::Membership,
-            _ => RejectReason::AddressTaken,
-        };
         let reject = RejectRepr { reason, receiver_index: remote_index };
         self.send_reject(&back, reject);
         match target {
