@@ -16,6 +16,7 @@ use crate::config::values::{
 };
 
 pub mod args;
+mod membership;
 pub mod secret;
 pub mod values;
 
@@ -227,7 +228,7 @@ impl NodeConfig {
         };
         let file = &mut file;
         let (network_name, secret) = network(args, file)?;
-        let (authorities, certificate) = authority(args, file)?;
+        let (authorities, certificate) = membership::authority(args, file)?;
         let (ipv4, dhcp, ipv6) = addresses(args, file)?;
         let (listeners, tls, max_connections) = listening(args, file)?;
         let peer_uris = if args.peer.is_empty() { std::mem::take(&mut file.peer) } else { args.peer.clone() };
@@ -242,7 +243,7 @@ impl NodeConfig {
             return usage(format!("invalid --hostname {hostname:?}: control characters are not allowed"));
         }
         if let Some(c) = &certificate {
-            within_certificate(c.body(), ipv4, dhcp.is_some(), &ipv6, &hostname)?;
+            membership::within_certificate(c.body(), ipv4, dhcp.is_some(), &ipv6, &hostname)?;
         }
         let admin_group = args
             .admin_group
@@ -255,7 +256,7 @@ impl NodeConfig {
         let (proxy_networks, wg_portal) = subnets_and_portal(args, file, ipv4, ipv6, &listeners)?;
         let (exit_node, use_exit, exit_allow_lan, exit_fallback) = exit(args, file, &hostname)?;
         if let Some(c) = &certificate {
-            offers_within_certificate(c.body(), &proxy_networks, exit_node, wg_portal.is_some())?;
+            membership::offers_within_certificate(c.body(), &proxy_networks, exit_node, wg_portal.is_some())?;
         }
         let dns_domain = magic_dns(args, file, &network_name)?;
         let (no_tun, socks5, socks5_auth, forwards, exposes) = userspace(args, file)?;
@@ -375,120 +376,6 @@ fn network(args: &UpArgs, file: &mut FileConfig) -> Result<(String, Secret), Usa
         return usage("invalid network secret: it is empty");
     }
     Ok((network_name, secret))
-}
-
-/// The authorities and this node's certificate. A certificate's addresses and host
-/// name become the defaults of `--ipv4`, `--ipv6` and `--hostname` (and without an
-/// IPv6 address granted, IPv6 is off).
-fn authority(
-    args: &UpArgs,
-    file: &mut FileConfig,
-) -> Result<(Vec<weft_core::cert::AuthorityId>, Option<weft_core::cert::Certificate>), UsageError> {
-    let given = if args.authorities.is_empty() { file.authority.take() } else { args.authorities.clone() };
-    let mut authorities = Vec::new();
-    for a in &given {
-        let id = a.parse().map_err(|e| {
-            UsageError(format!(
-                "invalid --authority {a:?}: {e} (expected weft-authority:..., as `weft authority init` prints it)"
-            ))
-        })?;
-        if !authorities.contains(&id) {
-            authorities.push(id);
-        }
-    }
-    let Some(c) = args.certificate.clone().or_else(|| file.certificate.take()) else {
-        if authorities.is_empty() {
-            return Ok((authorities, None));
-        }
-        return usage(
-            "a network with an authority needs this node's --certificate (`weft id` prints the node id to have it signed with `weft authority sign`)",
-        );
-    };
-    if authorities.is_empty() {
-        return usage("--certificate needs --authority: the public key of the authority that signed it");
-    }
-    let cert = crate::commands::authority::read_cert(&c).map_err(|e| UsageError(format!("--certificate: {e:#}")))?;
-    let b = cert.body();
-    if !authorities.contains(&b.authority) {
-        return usage(format!("--certificate was signed by {}, which is not among --authority", b.authority));
-    }
-    if args.ipv4.is_none() && file.ipv4.is_none() && !args.dhcp && file.dhcp != Some(true) {
-        file.ipv4 = Some(format!("{}/{}", b.ipv4.0, b.ipv4.1));
-    }
-    if args.hostname.is_none() && file.hostname.is_none() {
-        file.hostname = Some(b.name.clone());
-    }
-    if args.ipv6.is_none() && file.ipv6.is_none() && !args.no_ipv6 && file.no_ipv6 != Some(true) {
-        match b.ipv6 {
-            Some((a, p)) => file.ipv6 = Some(format!("{a}/{p}")),
-            None => file.no_ipv6 = Some(true),
-        }
-    }
-    Ok((authorities, Some(cert)))
-}
-
-/// Refuses settings the certificate does not grant: a member claims only what its
-/// certificate says (its peers would refuse anything else).
-fn within_certificate(
-    b: &weft_core::cert::CertBody,
-    ipv4: Ipv4Net,
-    dhcp: bool,
-    ipv6: &Ipv6Overlay,
-    hostname: &str,
-) -> Result<(), UsageError> {
-    let granted = format!("{}/{}", b.ipv4.0, b.ipv4.1);
-    if dhcp {
-        return usage(format!("--dhcp and --certificate exclude each other: the certificate grants {granted}"));
-    }
-    if (ipv4.addr, ipv4.prefix) != b.ipv4 {
-        return usage(format!("--ipv4 {ipv4} is not what the certificate grants ({granted})"));
-    }
-    if hostname != b.name {
-        return usage(format!("--hostname {hostname:?} is not the name the certificate grants ({:?})", b.name));
-    }
-    match (ipv6, b.ipv6) {
-        (Ipv6Overlay::Off, _) => Ok(()),
-        (Ipv6Overlay::Given(a, p), Some(g)) if (*a, *p) == g => Ok(()),
-        (Ipv6Overlay::Given(a, p), _) => usage(format!(
-            "--ipv6 {a}/{p} is not what the certificate grants ({})",
-            b.ipv6.map_or_else(|| "no IPv6 address".to_owned(), |(a, p)| format!("{a}/{p}"))
-        )),
-        (Ipv6Overlay::Derived, _) => usage("with a certificate, the IPv6 address is the one it grants, or none"),
-    }
-}
-
-/// Refuses offers the certificate does not grant: proxied subnets outside its
-/// subnets, an exit without its exit grant, a WireGuard portal without its portal grant.
-fn offers_within_certificate(
-    b: &weft_core::cert::CertBody,
-    proxy_networks: &[IpNet],
-    exit_node: bool,
-    portal: bool,
-) -> Result<(), UsageError> {
-    for n in proxy_networks {
-        let want = weft_core::cert::Prefix { addr: n.addr, len: n.prefix };
-        if !b.subnets.iter().any(|g| g.covers(&want)) {
-            return usage(format!(
-                "--proxy-network {}/{} is not among the subnets the certificate grants ({})",
-                n.addr,
-                n.prefix,
-                if b.subnets.is_empty() {
-                    "none".to_owned()
-                } else {
-                    b.subnets.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
-                }
-            ));
-        }
-    }
-    if exit_node && !b.exit {
-        return usage("--exit-node: the certificate does not let this node be an exit (weft authority sign --exit)");
-    }
-    if portal && !b.portal {
-        return usage(
-            "--wg-portal: the certificate does not let this node run a WireGuard portal (weft authority sign --portal)",
-        );
-    }
-    Ok(())
 }
 
 /// The overlay addresses: IPv4 (or a --dhcp range) and IPv6.
