@@ -194,6 +194,7 @@ impl Host {
                 Action::SetAddress { old, new, prefix } => self.addresses.push((old, new, prefix)),
                 Action::SaveNames(names) => self.names = Some(names),
                 Action::SaveRevocations(list) => self.revocations = list,
+                Action::SaveIssued(_) => {}
                 Action::Send { to, bytes } => {
                     self.ctl_datagrams += 1;
                     self.ctl_bytes += bytes.len() as u64;
@@ -472,6 +473,9 @@ pub fn params(local: StaticKey, net: &str, secret: &str, cipher: Cipher, ipv4: I
             })),
             stamp: None,
             cert: None,
+            join: None,
+            issued: None,
+            join_refused: None,
         },
     }
 }

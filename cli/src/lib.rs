@@ -43,10 +43,11 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Up(args) => {
             // The config file may set the log level and format: read it first (its
             // errors go to standard error without a subscriber).
+            let args = daemon::join::prepare(*args)?;
             let cfg = NodeConfig::resolve(&args)?;
             let pinned = log_level.is_some() || std::env::var("RUST_LOG").is_ok_and(|s| !s.is_empty());
             logging::init(log_level, log_format.as_deref(), cfg.log_level.as_deref(), cfg.log_format.as_deref())?;
-            daemon::run(cfg, daemon::Reloadable { args: *args, log_level_pinned: pinned })
+            daemon::run(cfg, daemon::Reloadable { args, log_level_pinned: pinned })
         }
         command => {
             logging::init(log_level, log_format.as_deref(), None, None)?;

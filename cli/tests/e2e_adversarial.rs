@@ -67,6 +67,9 @@ fn outsider_attack(sock: &UdpSocket, target: SocketAddrV4) -> usize {
             protocol: None,
             stamp: None,
             cert: None,
+            join: None,
+            issued: None,
+            join_refused: None,
         },
     };
     let macs = MacKeys::new(&wrong.psk);
@@ -146,6 +149,9 @@ fn member_params(ipv4: Ipv4Addr) -> Params {
             protocol: None,
             stamp: None,
             cert: None,
+            join: None,
+            issued: None,
+            join_refused: None,
         },
     }
 }

@@ -209,3 +209,97 @@ fn a_revocation_reaches_every_member_including_one_that_was_offline() {
     assert!(ping(&lan.hosts[1], IPS[0]), "B and A still talk");
     drop(c);
 }
+
+/// `weft up --join` on a machine that runs it and nothing else.
+fn join_once(lan: &Lan, dir: &TempDir, name: &str, token: &str) -> (bool, String) {
+    let state = dir.0.join(format!("{name}-state"));
+    let out = lan.hosts[1]
+        .cmd(weft_bin())
+        .args(["up", "--join", token, "--state-dir", state.to_str().unwrap(), "--dev-name", "wj0"])
+        .output()
+        .unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn a_new_machine_joins_with_an_invite_alone_and_spent_revoked_or_expired_invites_are_refused() {
+    let (lan, dir, key, authority) = network();
+    let key = key.as_str();
+    let (cert_a, cert_b) = (certify(&dir, key, "n0", IPS[0], "1d"), certify(&dir, key, "n1", IPS[1], "1d"));
+    let listen = |i: usize| format!("udp://{}:11010", lan.addrs[i]);
+    // A issues; B is a member without the key.
+    let a = Node::start(
+        &lan.hosts[0],
+        &dir.0,
+        "n0",
+        &args(&["--authority", &authority, "--certificate", &cert_a, "--authority-key", key, "--listen", &listen(0)]),
+    );
+    let b = Node::start(
+        &lan.hosts[1],
+        &dir.0,
+        "n1",
+        &args(&["--authority", &authority, "--certificate", &cert_b, "--listen", &listen(1), "--peer", &listen(0)]),
+    );
+    wait_until(Duration::from_secs(20), "the certified pair is up", || {
+        a.peer_established(IPS[1]) && b.peer_established(IPS[0])
+    });
+    let invite = |extra: &[&str]| {
+        let mut all = vec!["authority", "invite", "--key", key, "--network-name", "e2e-authority"];
+        all.extend(["--network-secret", NET[3]]);
+        all.extend_from_slice(extra);
+        weft(&all)
+    };
+    // B first, which does not issue, then A: the new machine asks each in turn.
+    let token = invite(&["-p", &listen(1), "-p", &listen(0), "--groups", "dev", "--uses", "1", "--expires", "1h"]);
+    assert!(token.starts_with("weft-invite:"), "{token}");
+
+    // The new machine: the token and nothing else (the harness adds only where its
+    // state directory, control socket and log go).
+    let mut c = Node::start(&lan.hosts[2], &dir.0, "n2", &["--join", &token, "--threads", "1"]);
+    let st = c.status();
+    let addr = st["overlay"].as_str().unwrap().split('/').next().unwrap().to_owned();
+    assert!(addr.starts_with("10.126.130.") && addr != IPS[0] && addr != IPS[1], "{st}");
+    assert_eq!(st["authority"], authority.as_str());
+    assert_eq!(st["certificate"]["groups"], serde_json::json!(["dev"]), "{st}");
+    wait_until(Duration::from_secs(20), "the joined machine reaches both members", || {
+        c.peer_established(IPS[0]) && c.routes_to(IPS[1])
+    });
+    assert!(ping(&lan.hosts[2], IPS[0]) && ping(&lan.hosts[2], IPS[1]), "{}", c.log_text());
+    assert!(ping(&lan.hosts[0], &addr), "A reaches the new member");
+    let log = c.log_text();
+    assert!(log.contains("does not issue certificates"), "B was asked first and said no:\n{log}");
+    let ledger = std::fs::read_to_string(a.state.join("issued")).unwrap();
+    assert_eq!(ledger.lines().count(), 2, "A keeps one issue in its ledger:\n{ledger}");
+
+    // Restarted with the same token: the kept certificate, no second use.
+    c.restart();
+    wait_until(Duration::from_secs(20), "the joined machine is back", || c.peer_established(IPS[0]));
+    assert_eq!(c.status()["overlay"], st["overlay"]);
+    assert!(c.log_text().contains("joined before"), "{}", c.log_text());
+    assert_eq!(std::fs::read_to_string(a.state.join("issued")).unwrap(), ledger);
+
+    // A second machine with the spent token is refused, and told why.
+    let (ok, err) = join_once(&lan, &dir, "n3", &token);
+    assert!(!ok && err.contains("used up (1 of 1 uses)"), "{err}");
+
+    // An invite revoked through the mesh (handed to B, carried to A) is refused.
+    let many = invite(&["-p", &listen(0), "--uses", "0"]);
+    let revocation = weft(&["authority", "revoke", "--key", key, "--invite", &many]);
+    let out =
+        Command::new(weft_bin()).args(["revoke", "add", &revocation, "--control"]).arg(&b.control).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    wait_until(Duration::from_secs(10), "A learns the invite's revocation", || {
+        a.status()["revocations"].as_array().is_some_and(|r| !r.is_empty())
+    });
+    let (ok, err) = join_once(&lan, &dir, "n4", &many);
+    assert!(!ok && err.contains("the invite was revoked"), "{err}");
+
+    // An expired invite is refused.
+    let short = invite(&["-p", &listen(0), "--expires", "1s"]);
+    std::thread::sleep(Duration::from_millis(2100));
+    let (ok, err) = join_once(&lan, &dir, "n5", &short);
+    assert!(!ok && err.contains("the invite expired"), "{err}");
+    // A token that is not one is a usage error naming it.
+    let (ok, err) = join_once(&lan, &dir, "n6", "weft-invite:nonsense!");
+    assert!(!ok && err.contains("invalid --join token"), "{err}");
+}

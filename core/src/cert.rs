@@ -170,7 +170,7 @@ impl AuthorityKey {
         self.public
     }
 
-    fn sign(&self, domain: &[u8], body: &[u8]) -> [u8; 64] {
+    pub(crate) fn sign(&self, domain: &[u8], body: &[u8]) -> [u8; 64] {
         use ed25519_dalek::Signer;
         let mut msg = Vec::with_capacity(domain.len() + body.len());
         msg.extend_from_slice(domain);
@@ -179,7 +179,7 @@ impl AuthorityKey {
     }
 }
 
-fn verify(authority: &AuthorityId, domain: &[u8], body: &[u8], sig: &[u8; 64]) -> bool {
+pub(crate) fn verify(authority: &AuthorityId, domain: &[u8], body: &[u8], sig: &[u8; 64]) -> bool {
     let Ok(vk) = ed25519_dalek::VerifyingKey::from_bytes(&authority.0) else { return false };
     let mut msg = Vec::with_capacity(domain.len() + body.len());
     msg.extend_from_slice(domain);
@@ -331,7 +331,7 @@ impl CertBody {
     }
 }
 
-fn put_str(b: &mut Vec<u8>, s: &str, what: &'static str) -> Result<(), CertError> {
+pub(crate) fn put_str(b: &mut Vec<u8>, s: &str, what: &'static str) -> Result<(), CertError> {
     if s.len() > MAX_NAME {
         return Err(CertError::TooLarge(what));
     }
@@ -341,10 +341,10 @@ fn put_str(b: &mut Vec<u8>, s: &str, what: &'static str) -> Result<(), CertError
 }
 
 /// A reader over a value's bytes that names what ran short.
-struct Reader<'a>(&'a [u8]);
+pub(crate) struct Reader<'a>(pub(crate) &'a [u8]);
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], CertError> {
+    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], CertError> {
         if self.0.len() < n {
             return Err(CertError::Truncated);
         }
@@ -353,28 +353,28 @@ impl<'a> Reader<'a> {
         Ok(head)
     }
 
-    fn u8(&mut self) -> Result<u8, CertError> {
+    pub(crate) fn u8(&mut self) -> Result<u8, CertError> {
         Ok(self.take(1)?[0])
     }
 
-    fn u64(&mut self) -> Result<u64, CertError> {
+    pub(crate) fn u64(&mut self) -> Result<u64, CertError> {
         let mut b = [0u8; 8];
         b.copy_from_slice(self.take(8)?);
         Ok(u64::from_be_bytes(b))
     }
 
-    fn key(&mut self) -> Result<[u8; 32], CertError> {
+    pub(crate) fn key(&mut self) -> Result<[u8; 32], CertError> {
         let mut b = [0u8; 32];
         b.copy_from_slice(self.take(32)?);
         Ok(b)
     }
 
-    fn str(&mut self, what: &'static str) -> Result<String, CertError> {
+    pub(crate) fn str(&mut self, what: &'static str) -> Result<String, CertError> {
         let n = usize::from(self.u8()?);
         String::from_utf8(self.take(n)?.to_vec()).map_err(|_| CertError::Field(what))
     }
 
-    fn signature(&mut self) -> Result<[u8; 64], CertError> {
+    pub(crate) fn signature(&mut self) -> Result<[u8; 64], CertError> {
         let mut b = [0u8; 64];
         b.copy_from_slice(self.take(64)?);
         if !self.0.is_empty() {
@@ -585,7 +585,7 @@ impl Revocation {
     }
 }
 
-fn check_format(format: u8, ours: u8) -> Result<(), CertError> {
+pub(crate) fn check_format(format: u8, ours: u8) -> Result<(), CertError> {
     match format {
         f if f == ours => Ok(()),
         f if f > ours => Err(CertError::Newer(f, ours)),
@@ -593,7 +593,7 @@ fn check_format(format: u8, ours: u8) -> Result<(), CertError> {
     }
 }
 
-fn from_text(text: &str, prefix: &'static str) -> Result<Vec<u8>, CertError> {
+pub(crate) fn from_text(text: &str, prefix: &'static str) -> Result<Vec<u8>, CertError> {
     let rest = text.trim().strip_prefix(prefix).ok_or(CertError::Prefix(prefix))?;
     B64.decode(rest).map_err(|_| CertError::Base64)
 }

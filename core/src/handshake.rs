@@ -211,6 +211,15 @@ pub struct Hello {
     /// network with an authority (an optional field after the protocol and the stamp,
     /// at most [`MAX_HELLO_CERT`] bytes; releases before 0.3.0 stop reading before it).
     pub cert: Option<Vec<u8>>,
+    /// A new machine's signed invite ([`crate::invite::Invite`], encoded): "issue me a
+    /// certificate" (only in the IK init of a join, after the certificate field).
+    pub join: Option<Vec<u8>>,
+    /// An issuer's answer to a join: the certificate it issued (only in the IK
+    /// response to a join).
+    pub issued: Option<Vec<u8>>,
+    /// An issuer's answer to a join it refuses: why, in words (only in the IK
+    /// response to a join; at most 255 bytes).
+    pub join_refused: Option<String>,
 }
 
 /// Longest certificate a hello carries (the longest one issued).
@@ -244,6 +253,9 @@ pub mod caps {
     /// Takes and passes on the authority's revocations (the "revocation" control
     /// message, protocol 3).
     pub const REVOCATIONS: u32 = 1 << 3;
+    /// Holds the authority key and issues certificates to machines with an invite
+    /// (`--authority-key`).
+    pub const ISSUER: u32 = 1 << 4;
 }
 
 impl Protocol {
@@ -310,6 +322,13 @@ const HELLO_STAMP: u8 = 10;
 /// Tag of the hello's certificate: length u16 LE, then the certificate. Only after the
 /// protocol field (and the stamp, when there is one).
 const HELLO_CERT: u8 = 11;
+/// Tag of the hello's invite (a join): length u16 LE, then the invite. After the
+/// certificate field's place.
+const HELLO_JOIN: u8 = 12;
+/// Tag of the certificate an issuer issued: length u16 LE, then the certificate.
+const HELLO_ISSUED: u8 = 13;
+/// Tag of an issuer's refusal of a join: length u8, then UTF-8 words.
+const HELLO_JOIN_REFUSED: u8 = 14;
 
 impl Hello {
     /// Appends the encoded hello to `out`.
@@ -345,6 +364,19 @@ impl Hello {
                 out.push(HELLO_CERT);
                 out.extend_from_slice(&(c.len() as u16).to_le_bytes());
                 out.extend_from_slice(c);
+            }
+            for (tag, v) in [(HELLO_JOIN, &self.join), (HELLO_ISSUED, &self.issued)] {
+                if let Some(v) = v.as_deref().filter(|v| v.len() <= MAX_HELLO_CERT) {
+                    out.push(tag);
+                    out.extend_from_slice(&(v.len() as u16).to_le_bytes());
+                    out.extend_from_slice(v);
+                }
+            }
+            if let Some(why) = &self.join_refused {
+                let why = truncate_utf8(why, 255);
+                out.push(HELLO_JOIN_REFUSED);
+                out.push(why.len() as u8);
+                out.extend_from_slice(why.as_bytes());
             }
         }
     }
@@ -406,6 +438,7 @@ impl Hello {
         }..];
         let mut stamp = None;
         let mut cert = None;
+        let (mut join, mut issued, mut join_refused) = (None, None, None);
         let protocol = match rest {
             [HELLO_PROTOCOL, f @ ..] if f.len() >= 8 => {
                 let u16_at = |i: usize| u16::from_le_bytes([f[i], f[i + 1]]);
@@ -423,20 +456,47 @@ impl Hello {
                     stamp = t.try_into().ok().map(Stamp);
                     tail = &tail[13..];
                 }
-                if let [HELLO_CERT, l0, l1, c @ ..] = tail {
-                    let len = usize::from(u16::from_le_bytes([*l0, *l1]));
-                    // A certificate field that is cut or too long is not ignored: the
-                    // sender meant its claims to be checked against it.
-                    if len > MAX_HELLO_CERT || c.len() < len {
-                        return Err(bad);
+                // A certificate (or invite, or issued certificate) field that is cut or
+                // too long is not ignored: the sender meant it to be checked.
+                let field = |tail: &mut &[u8], tag: u8| -> Result<Option<Vec<u8>>, HandshakeError> {
+                    let [t, l0, l1, c @ ..] = *tail else { return Ok(None) };
+                    if *t != tag {
+                        return Ok(None);
                     }
-                    cert = Some(c[..len].to_vec());
+                    let len = usize::from(u16::from_le_bytes([*l0, *l1]));
+                    if len > MAX_HELLO_CERT || c.len() < len {
+                        return Err(HandshakeError::BadPayload);
+                    }
+                    *tail = &c[len..];
+                    Ok(Some(c[..len].to_vec()))
+                };
+                cert = field(&mut tail, HELLO_CERT)?;
+                join = field(&mut tail, HELLO_JOIN)?;
+                issued = field(&mut tail, HELLO_ISSUED)?;
+                if let [HELLO_JOIN_REFUSED, n, w @ ..] = tail {
+                    let w = w.get(..usize::from(*n)).ok_or(HandshakeError::BadPayload)?;
+                    let w = std::str::from_utf8(w).map_err(|_| HandshakeError::BadPayload)?;
+                    join_refused = Some(w.chars().map(|c| if c.is_control() { '?' } else { c }).collect());
                 }
                 Some(p)
             }
             _ => None,
         };
-        Ok(Self { cipher, ipv4, prefix, hostname, ipv6, gso, gso_quic, protocol, stamp, cert })
+        Ok(Self {
+            cipher,
+            ipv4,
+            prefix,
+            hostname,
+            ipv6,
+            gso,
+            gso_quic,
+            protocol,
+            stamp,
+            cert,
+            join,
+            issued,
+            join_refused,
+        })
     }
 }
 
@@ -583,14 +643,62 @@ impl fmt::Debug for Responder {
 #[derive(Debug)]
 pub enum Responded {
     /// IK: done; send the response bytes.
-    Completed(Completed, Vec<u8>),
+    Completed(Box<Completed>, Vec<u8>),
     /// XX: send the response bytes and wait for the finish message.
     Pending(Box<Responder>, Vec<u8>),
+}
+
+/// An init read by the responder, before it answers.
+pub enum Read {
+    /// IK: the initiator's hello and key are known; [`IkRead::answer`] writes the
+    /// response (with whatever hello the responder chooses).
+    Ik(Box<IkRead>),
+    /// XX: send the response bytes and wait for the finish message.
+    Xx(Box<Responder>, Vec<u8>),
+}
+
+/// An IK init read: who sent it and what it said.
+pub struct IkRead {
+    state: HandshakeState,
+    /// The initiator's hello.
+    pub hello: Hello,
+    /// The initiator's static public key (proven by the `ss` of its init).
+    pub remote_static: [u8; 32],
+}
+
+impl fmt::Debug for IkRead {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IkRead").field("hello", &self.hello).finish_non_exhaustive()
+    }
+}
+
+impl IkRead {
+    /// Writes the response carrying hello `mine`; the handshake is complete.
+    pub fn answer(mut self, mine: &Hello) -> Result<(Completed, Vec<u8>), HandshakeError> {
+        let mut payload = Vec::new();
+        mine.emit(&mut payload);
+        let mut out = vec![0u8; MAX_HANDSHAKE_MSG];
+        let m = self.state.write_message(&payload, &mut out).map_err(HandshakeError::Setup)?;
+        out.truncate(m);
+        Ok((complete(&mut self.state, self.hello, false)?, out))
+    }
 }
 
 impl Responder {
     /// Reads an init message of the given pattern and writes the response.
     pub fn respond(p: &Params, pattern: Pattern, msg: &[u8]) -> Result<Responded, HandshakeError> {
+        match Self::read(p, pattern, msg)? {
+            Read::Ik(r) => {
+                let (done, out) = r.answer(&p.hello)?;
+                Ok(Responded::Completed(Box::new(done), out))
+            }
+            Read::Xx(r, out) => Ok(Responded::Pending(r, out)),
+        }
+    }
+
+    /// Reads an init message of the given pattern. XX is answered at once (the
+    /// initiator is not known yet); IK waits for [`IkRead::answer`].
+    pub fn read(p: &Params, pattern: Pattern, msg: &[u8]) -> Result<Read, HandshakeError> {
         let (name, loc) = match pattern {
             Pattern::Ik => (IK, 2),
             Pattern::Xx => (XX, 3),
@@ -604,18 +712,21 @@ impl Responder {
             .map_err(HandshakeError::Setup)?;
         let mut payload = vec![0u8; MAX_HANDSHAKE_MSG];
         let n = state.read_message(msg, &mut payload).map_err(HandshakeError::Auth)?;
-        let peer_hello = match pattern {
-            Pattern::Ik => Some(Hello::parse(&payload[..n])?),
-            Pattern::Xx => None,
-        };
-        let mut mine = Vec::new();
-        p.hello.emit(&mut mine);
-        let mut out = vec![0u8; MAX_HANDSHAKE_MSG];
-        let m = state.write_message(&mine, &mut out).map_err(HandshakeError::Setup)?;
-        out.truncate(m);
-        match peer_hello {
-            Some(hello) => Ok(Responded::Completed(complete(&mut state, hello, false)?, out)),
-            None => Ok(Responded::Pending(Box::new(Self { state }), out)),
+        match pattern {
+            Pattern::Ik => {
+                let hello = Hello::parse(&payload[..n])?;
+                let remote_static: [u8; 32] =
+                    state.get_remote_static().and_then(|k| k.try_into().ok()).ok_or(HandshakeError::Unexpected)?;
+                Ok(Read::Ik(Box::new(IkRead { state, hello, remote_static })))
+            }
+            Pattern::Xx => {
+                let mut mine = Vec::new();
+                p.hello.emit(&mut mine);
+                let mut out = vec![0u8; MAX_HANDSHAKE_MSG];
+                let m = state.write_message(&mine, &mut out).map_err(HandshakeError::Setup)?;
+                out.truncate(m);
+                Ok(Read::Xx(Box::new(Self { state }), out))
+            }
         }
     }
 
@@ -684,6 +795,9 @@ mod tests {
                 protocol: None,
                 stamp: None,
                 cert: None,
+                join: None,
+                issued: None,
+                join_refused: None,
             },
         }
     }
@@ -808,6 +922,9 @@ mod tests {
             protocol: None,
             stamp: None,
             cert: None,
+            join: None,
+            issued: None,
+            join_refused: None,
         };
         let mut b = Vec::new();
         h.emit(&mut b);
@@ -880,6 +997,9 @@ mod tests {
             protocol: None,
             stamp: None,
             cert: None,
+            join: None,
+            issued: None,
+            join_refused: None,
         };
         let new = Hello { protocol: Some(Protocol::ours(caps::GSO | caps::GSO_QUIC | 1 << 31)), ..old.clone() };
         let (mut bo, mut bn) = (Vec::new(), Vec::new());
@@ -970,6 +1090,40 @@ mod tests {
     }
 
     #[test]
+    fn a_join_shows_its_invite_in_an_ik_init_and_the_answer_carries_a_certificate_or_why_not() {
+        let mut a = params("office", "s3cret", [0, 0, 0, 0], Cipher::Aes128Gcm);
+        let mut b = params("office", "s3cret", [10, 0, 0, 2], Cipher::Aes128Gcm);
+        a.hello.protocol = Some(Protocol::ours(0));
+        b.hello.protocol = Some(Protocol::ours(caps::ISSUER));
+        b.hello.cert = Some(vec![0x5a; 200]);
+        a.hello.join = Some(vec![0x11; 180]);
+        let t = Stamp::from_unix(std::time::Duration::from_secs(1_800_000_000));
+        for answer in [
+            Hello { issued: Some(vec![0x22; 300]), ..b.hello.clone() },
+            Hello { join_refused: Some("the invite is used up (1 of 1 uses)\n".into()), ..b.hello.clone() },
+        ] {
+            let (init, m1) = Initiator::start(&a, Some(&b.local.public), t).unwrap();
+            let Read::Ik(read) = Responder::read(&b, Pattern::Ik, &m1).unwrap() else { panic!("IK is read first") };
+            assert_eq!(read.hello.join, a.hello.join);
+            assert_eq!(read.remote_static, a.local.public, "the issuer knows whom it certifies");
+            let (_, m2) = read.answer(&answer).unwrap();
+            let (got, fin) = init.read_response(&a, &m2).unwrap();
+            assert!(fin.is_none());
+            assert_eq!(got.hello.issued, answer.issued);
+            assert_eq!(got.hello.cert, b.hello.cert, "the issuer's own certificate rides beside");
+            // A control character in the reason is made '?'.
+            assert_eq!(got.hello.join_refused, answer.join_refused.map(|w| w.replace('\n', "?")));
+        }
+        // Each field round-trips, and a cut one is refused.
+        let all =
+            Hello { join: Some(vec![1; 10]), issued: Some(vec![2; 10]), join_refused: Some("no".into()), ..a.hello };
+        let mut h = Vec::new();
+        all.emit(&mut h);
+        assert_eq!(Hello::parse(&h).unwrap(), all);
+        assert!(Hello::parse(&h[..h.len() - 1]).is_err());
+    }
+
+    #[test]
     fn protocols_talk_when_each_is_at_least_the_others_oldest() {
         let p = |version, min| Protocol { version, min, caps: 0 };
         let ours = Protocol::ours(0);
@@ -994,6 +1148,9 @@ mod tests {
             protocol: None,
             stamp: None,
             cert: None,
+            join: None,
+            issued: None,
+            join_refused: None,
         };
         let mut b = Vec::new();
         h.emit(&mut b);

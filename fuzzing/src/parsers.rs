@@ -6,6 +6,7 @@ use arbitrary::{Arbitrary, Unstructured};
 use bytes::Bytes;
 use weft_core::cert::{AuthorityId, Certificate, Revocation};
 use weft_core::handshake::Hello;
+use weft_core::invite::{Invite, Token};
 use weft_core::wire::{
     DATA_HEADER_LEN, DataHeader, HANDSHAKE_HEADER_LEN, HandshakeHeader, RELAY_HEADER_LEN, RejectRepr, RelayHeader,
 };
@@ -69,9 +70,10 @@ pub fn hello(data: &[u8]) {
     }
 }
 
-/// `Certificate::from_bytes` and `Revocation::from_bytes` (member certificates and
-/// revocations, carried by handshakes, records and invites): what parses encodes back
-/// to the input byte for byte and through the text form, and checking it never panics.
+/// `Certificate::from_bytes`, `Revocation::from_bytes`, `Invite::from_bytes` and
+/// `Token::from_bytes` (member certificates, revocations and invites, carried by
+/// handshakes, records and `--join` tokens): what parses encodes back to the input
+/// byte for byte and through the text form, and checking it never panics.
 pub fn cert(data: &[u8]) {
     if let Ok(c) = Certificate::from_bytes(data) {
         assert_eq!(c.to_bytes(), data);
@@ -83,6 +85,15 @@ pub fn cert(data: &[u8]) {
         assert_eq!(r.to_bytes(), data);
         assert_eq!(Revocation::from_text(&r.to_text()).as_ref(), Ok(&r));
         let _ = r.verify(&[r.authority]);
+    }
+    if let Ok(i) = Invite::from_bytes(data) {
+        assert_eq!(i.to_bytes(), data);
+        let _ = i.verify(&[i.body().authority]);
+    }
+    if let Ok(t) = Token::from_bytes(data) {
+        assert_eq!(t.to_bytes().as_deref(), Ok(data));
+        let text = t.to_text().unwrap_or_default();
+        assert_eq!(Token::from_text(&text).as_ref(), Ok(&t));
     }
 }
 

@@ -91,6 +91,9 @@ pub fn seeds() -> Vec<Seed> {
             protocol: None,
             stamp: None,
             cert: None,
+            join: None,
+            issued: None,
+            join_refused: None,
         }
         .emit(&mut h);
         s.push(("hello", format!("seed-hello-{i}"), h));
@@ -108,6 +111,9 @@ pub fn seeds() -> Vec<Seed> {
         protocol: None,
         stamp: None,
         cert: None,
+        join: None,
+        issued: None,
+        join_refused: None,
     }
     .emit(&mut h);
     s.push(("hello", "seed-hello-ipv6".into(), h));
@@ -160,6 +166,49 @@ pub fn seeds() -> Vec<Seed> {
     }
     let revocation = weft_core::cert::Revocation::issue(&authority, keys()[2].public, 1_800_000_000);
     s.push(("cert", "seed-revocation".into(), revocation.to_bytes()));
+    let invite = weft_core::invite::InviteBody {
+        authority: authority.id(),
+        id: [5; 32],
+        expires: 1_800_000_000,
+        uses: 3,
+        lifetime: 86_400,
+        network: "fuzz".into(),
+        groups: vec!["dev".into()],
+    }
+    .sign(&authority)
+    .unwrap();
+    s.push(("cert", "seed-invite".into(), invite.to_bytes()));
+    let token = weft_core::invite::Token {
+        secret: "a secret".into(),
+        entry_points: vec!["udp://198.51.100.7:11010".into()],
+        invite: invite.clone(),
+    };
+    s.push(("cert", "seed-token".into(), token.to_bytes().unwrap()));
+    // A join's hello (with the invite) and an issuer's two answers.
+    for (name, join, issued, refused) in [
+        ("seed-hello-join", Some(invite.to_bytes()), None, None),
+        ("seed-hello-issued", None, Some(revocation.to_bytes()), None),
+        ("seed-hello-join-refused", None, None, Some("the invite is used up".to_owned())),
+    ] {
+        let mut h = Vec::new();
+        Hello {
+            cipher: Cipher::Aes128Gcm,
+            ipv4: Ipv4Addr::UNSPECIFIED,
+            prefix: 0,
+            hostname: "new".into(),
+            ipv6: None,
+            gso: false,
+            gso_quic: false,
+            protocol: Some(weft_core::handshake::Protocol::ours(0)),
+            stamp: None,
+            cert: None,
+            join,
+            issued,
+            join_refused: refused,
+        }
+        .emit(&mut h);
+        s.push(("hello", name.into(), h));
+    }
     // Control message 8: a revocation passed on by a member.
     s.push(("control", "seed-revocation".into(), [&[8u8][..], &revocation.to_bytes()].concat()));
     let mut batch = Vec::new();

@@ -186,6 +186,9 @@ mod tests {
             protocol: None,
             stamp: None,
             cert,
+            join: None,
+            issued: None,
+            join_refused: None,
         }
     }
 

@@ -17,6 +17,7 @@ mod authority;
 mod deadline;
 mod gate;
 pub mod identity;
+mod issuer;
 mod mesh;
 pub mod names;
 pub mod node;
@@ -26,6 +27,7 @@ pub mod status;
 pub mod topology;
 
 pub use identity::{NodeId, PeerKey};
+pub use issuer::Issued;
 pub use mesh::{pick_address, reencode_message};
 pub use names::Names;
 pub use node::{Action, Config, Input, Node, PeerRef, Timers};

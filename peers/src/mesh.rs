@@ -682,6 +682,9 @@ impl Node {
                 protocol: None,
                 stamp: None,
                 cert: None,
+                join: None,
+                issued: None,
+                join_refused: None,
             };
             self.peers.get_or_insert_with(key, || Peer::new(key, hello, now, std::sync::Arc::default()));
             debug!(peer = %node, overlay = %rec.overlay, "learned member from topology");

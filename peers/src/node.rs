@@ -17,7 +17,7 @@ use rand::RngCore;
 use tracing::{debug, info, warn};
 use weft_control::FailureKind;
 use weft_core::admission::{HANDSHAKE_MACS_LEN, MacKeys};
-use weft_core::handshake::{Completed, HandshakeError, Hello, Initiator, Params, Responded, Responder, caps};
+use weft_core::handshake::{Completed, HandshakeError, Hello, Initiator, Params, Read, Responder, caps};
 use weft_core::route::RouteSnapshot;
 use weft_core::session::{Session, SessionParams};
 use weft_core::wire::{
@@ -288,6 +288,9 @@ pub enum Action {
     SaveNames(crate::names::Names),
     /// Keep the revocations (all of them) in the state directory.
     SaveRevocations(Vec<weft_core::cert::Revocation>),
+    /// Keep the ledger of certificates this issuer issued (all of it) in the state
+    /// directory.
+    SaveIssued(Vec<crate::issuer::Issued>),
 }
 
 /// What a handshake we started was for.
@@ -450,6 +453,8 @@ pub struct Node {
     gate: Gate,
     /// Members the network's authority revoked.
     pub(crate) revocations: crate::authority::Revocations,
+    /// `--authority-key`: this member issues certificates to machines with an invite.
+    pub(crate) issuer: Option<crate::issuer::Issuer>,
     /// The `now` of the last step (for calls that are not handed one).
     last_now: Option<Instant>,
 }
@@ -489,6 +494,7 @@ impl Node {
             punched: BTreeMap::new(),
             mesh: Mesh::new(),
             revocations: crate::authority::Revocations::default(),
+            issuer: None,
             deadlines: Deadlines::default(),
             touched: BTreeSet::new(),
             report: Report::default(),
@@ -852,9 +858,9 @@ impl Node {
 
     fn handle_init(&mut self, now: Instant, from: Endpoint, via: Option<NodeId>, hdr: HandshakeHeader, noise: &[u8]) {
         let back = Dest::reply(from, via, self.id);
-        match Responder::respond(&self.cfg.handshake, hdr.pattern, noise) {
+        match Responder::read(&self.cfg.handshake, hdr.pattern, noise) {
             Err(e) => self.refuse_inbound(now, back, hdr.sender_index, &e),
-            Ok(Responded::Pending(responder, msg)) => {
+            Ok(Read::Xx(responder, msg)) => {
                 let local = self.new_index();
                 self.send_handshake(&back, MessageType::HandshakeResponse, hdr.pattern, local, hdr.sender_index, &msg);
                 if self.pending.resp.len() >= MAX_PENDING_RESP
@@ -868,20 +874,30 @@ impl Node {
                     .insert(local, PendingResp { responder, from, via, remote_index: hdr.sender_index, started: now });
                 self.deadlines.at_most(Wake::Handshakes, now + CONFIRM_TIMEOUT);
             }
-            Ok(Responded::Completed(mut done, msg)) => {
+            Ok(Read::Ik(mut read)) => {
                 // A replayed init (its stamp is not later than the last one this key
                 // sent) costs this Diffie-Hellman and nothing more: no answer, no state.
                 // The stamp is of this init only: it is not part of the peer's hello.
-                if !self.gate.accept_stamp(PeerKey(done.remote_static), done.hello.stamp.take()) {
+                if !self.gate.accept_stamp(PeerKey(read.remote_static), read.hello.stamp.take()) {
                     debug!(peer = %from, "dropped a replayed IK init");
+                    return;
+                }
+                // A new machine with an invite: answered with a certificate (or why
+                // not), never a session.
+                if read.hello.join.is_some() {
+                    self.answer_join(now, &back, hdr, *read);
                     return;
                 }
                 // IK: the hello is known now; a taken address is refused before we
                 // answer (only members reach this far once handshakes carry a MAC).
-                if let Some(why) = self.claim_refused(now, &PeerKey(done.remote_static), &done.hello, from, via) {
+                if let Some(why) = self.claim_refused(now, &PeerKey(read.remote_static), &read.hello, from, via) {
                     self.refuse_claim(now, back, hdr.sender_index, None, why);
                     return;
                 }
+                let (done, msg) = match read.answer(&self.cfg.handshake.hello) {
+                    Ok(x) => x,
+                    Err(e) => return self.refuse_inbound(now, back, hdr.sender_index, &e),
+                };
                 let local = self.new_index();
                 self.send_handshake(&back, MessageType::HandshakeResponse, hdr.pattern, local, hdr.sender_index, &msg);
                 // IK responder: the PSK is only proven by the initiator's first data packet.
@@ -1900,7 +1916,7 @@ impl Node {
         debug!(to = %to.to, relayed = to.relay.is_some(), ?pattern, local, "handshake started");
     }
 
-    fn send_handshake(
+    pub(crate) fn send_handshake(
         &mut self,
         to: &Dest,
         kind: MessageType,
@@ -1927,7 +1943,7 @@ impl Node {
         self.pending.held.values().map(|h| h.entry.session.clone()).collect()
     }
 
-    fn new_index(&mut self) -> u32 {
+    pub(crate) fn new_index(&mut self) -> u32 {
         loop {
             let i = self.rng.next_u32();
             let used = i == 0

@@ -550,6 +550,9 @@ mod tests {
             protocol: None,
             stamp: None,
             cert: None,
+            join: None,
+            issued: None,
+            join_refused: None,
         };
         Peer::new(PeerKey([k; 32]), hello, Instant::now(), Arc::default())
     }

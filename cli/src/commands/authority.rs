@@ -9,9 +9,12 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use weft_core::cert::{AuthorityKey, CertBody, Certificate, Prefix, Revocation};
 
-use crate::config::args::{AuthoritySignArgs, CertShowArgs};
+use crate::config::args::{AuthorityInviteArgs, AuthorityRevokeArgs, AuthoritySignArgs, CertShowArgs};
+use crate::config::values::PeerUri;
 use crate::config::values::{IpNet, Ipv4Net, UsageError};
 use crate::daemon::state::hex;
+use rand::RngCore;
+use weft_core::invite::{INVITE_PREFIX, InviteBody, Token};
 
 /// First line of an authority key file: its format.
 const KEY_HEADER: &str = "weft-authority-key 1";
@@ -116,15 +119,7 @@ pub(crate) fn sign(a: &AuthoritySignArgs) -> Result<()> {
             }
         },
     };
-    let mut groups = Vec::new();
-    for g in a.groups.iter().map(|g| g.trim()).filter(|g| !g.is_empty()) {
-        if g.len() > 64 || !g.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')) {
-            return Err(UsageError(format!("invalid group {g:?}: 1 to 64 letters, digits, '-', '_' or '.'")).into());
-        }
-        if !groups.iter().any(|x: &String| x == g) {
-            groups.push(g.to_owned());
-        }
-    }
+    let groups = parse_groups(&a.groups)?;
     let mut subnets = Vec::new();
     for s in &a.subnets {
         let n = IpNet::parse_cidr(s)
@@ -152,12 +147,88 @@ pub(crate) fn sign(a: &AuthoritySignArgs) -> Result<()> {
     Ok(())
 }
 
-/// `weft authority revoke`.
-pub(crate) fn revoke(key: &Path, node_id: &str) -> Result<()> {
-    let key = load_key(key)?;
-    let node = parse_node_id(node_id)?;
-    println!("{}", Revocation::issue(&key, node, now_unix()).to_text());
+/// Groups given as flags: trimmed, checked, without repeats.
+fn parse_groups(given: &[String]) -> Result<Vec<String>, UsageError> {
+    let mut groups = Vec::new();
+    for g in given.iter().map(|g| g.trim()).filter(|g| !g.is_empty()) {
+        if g.len() > 64 || !g.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')) {
+            return Err(UsageError(format!("invalid group {g:?}: 1 to 64 letters, digits, '-', '_' or '.'")));
+        }
+        if !groups.iter().any(|x: &String| x == g) {
+            groups.push(g.to_owned());
+        }
+    }
+    Ok(groups)
+}
+
+/// `weft authority revoke`: a node id, or an invite (`--invite TOKEN|ID`).
+pub(crate) fn revoke(a: &AuthorityRevokeArgs) -> Result<()> {
+    let key = load_key(&a.key)?;
+    let subject = match (&a.node_id, &a.invite) {
+        (_, Some(inv)) => match Token::from_text(inv) {
+            Ok(t) => t.invite.body().id,
+            Err(_) if !inv.trim_start().starts_with(INVITE_PREFIX) => parse_node_id(inv).map_err(|_| {
+                UsageError(format!("invalid --invite {inv:?}: expected the token (weft-invite:...) or its 64-hex id"))
+            })?,
+            Err(e) => return Err(UsageError(format!("invalid --invite token: {e}")).into()),
+        },
+        (Some(id), None) => parse_node_id(id)?,
+        (None, None) => return Err(UsageError("name the NODE-ID to revoke, or --invite".into()).into()),
+    };
+    println!("{}", Revocation::issue(&key, subject, now_unix()).to_text());
     Ok(())
+}
+
+/// `weft authority invite`: signs an invite and prints the token.
+pub(crate) fn invite(a: &AuthorityInviteArgs) -> Result<()> {
+    let key = load_key(&a.key)?;
+    if a.network_name.is_empty() || a.network_name.len() > 64 {
+        return Err(UsageError(format!("invalid --network-name {:?}: 1 to 64 bytes", a.network_name)).into());
+    }
+    if a.network_secret.0.is_empty() {
+        return Err(UsageError("invalid network secret: it is empty".into()).into());
+    }
+    let mut entry_points = Vec::new();
+    for p in &a.peers {
+        let uri: PeerUri = p.parse()?;
+        if uri.proto != weft_datapath::transport::Proto::Udp {
+            return Err(UsageError(format!(
+                "--peer {p}: a new machine joins over udp; give a member's udp:// address (it may use other transports once it is a member)"
+            ))
+            .into());
+        }
+        entry_points.push(uri.to_string());
+    }
+    let lifetime = parse_duration(&a.cert_expires)?;
+    let lifetime = u32::try_from(lifetime)
+        .map_err(|_| UsageError(format!("--cert-expires {}: at most about 136 years", a.cert_expires)))?;
+    let mut id = [0u8; 32];
+    rand::rngs::OsRng.fill_bytes(&mut id);
+    let body = InviteBody {
+        authority: key.id(),
+        id,
+        expires: now_unix().saturating_add(parse_duration(&a.expires)?),
+        uses: a.uses,
+        lifetime,
+        network: a.network_name.clone(),
+        groups: parse_groups(&a.groups)?,
+    };
+    let invite = body.sign(&key).map_err(|e| UsageError(format!("cannot make this invite: {e}")))?;
+    let token = Token { secret: a.network_secret.0.clone(), entry_points, invite };
+    let text = token.to_text().map_err(|e| UsageError(format!("cannot make this invite: {e}")))?;
+    eprintln!(
+        "invite {} for network {:?}: {}, expires {}; it carries the network secret, so hand it over as you would the secret",
+        hex(&id),
+        a.network_name,
+        if a.uses == 0 { "any number of uses".to_owned() } else { format!("{} use(s)", a.uses) },
+        utc(body_expires(&token)),
+    );
+    println!("{text}");
+    Ok(())
+}
+
+fn body_expires(t: &Token) -> u64 {
+    t.invite.body().expires
 }
 
 /// `weft id`: the node key's public half, made if missing.

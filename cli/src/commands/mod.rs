@@ -38,7 +38,8 @@ pub(crate) fn run(command: Command) -> Result<()> {
         }
         Command::Authority(AuthorityCommand::Init(a)) => authority::init(&a.out),
         Command::Authority(AuthorityCommand::Sign(a)) => authority::sign(&a),
-        Command::Authority(AuthorityCommand::Revoke(a)) => authority::revoke(&a.key, &a.node_id),
+        Command::Authority(AuthorityCommand::Revoke(a)) => authority::revoke(&a),
+        Command::Authority(AuthorityCommand::Invite(a)) => authority::invite(&a),
         Command::Id(a) => authority::id(a.state_dir.as_deref()),
         Command::Cert(CertCommand::Show(a)) => authority::show(&a),
         Command::Revoke(RevokeCommand::Add(a)) => {

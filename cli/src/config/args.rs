@@ -215,6 +215,15 @@ pub struct UpArgs {
     /// its addresses and host name become this node's defaults, and nothing else.
     #[arg(long, value_name = "CERT|FILE")]
     pub certificate: Option<String>,
+    /// Join with an invite (`weft authority invite`): the token gives the network
+    /// name, secret, entry points and authority; an issuer gives this node its
+    /// certificate, kept in the state directory for the next start.
+    #[arg(long, value_name = "TOKEN", env = "WEFT_JOIN", hide_env_values = true)]
+    pub join: Option<String>,
+    /// The authority's private key file: this member issues certificates to machines
+    /// that join with an invite (keep the key on as few members as possible).
+    #[arg(long, value_name = "FILE")]
+    pub authority_key: Option<PathBuf>,
     /// Turn every offload off (TUN TSO/GRO, UDP GSO, UDP GRO).
     #[arg(long, env = "WEFT_NO_OFFLOAD", value_parser = clap::builder::FalseyValueParser::new())]
     pub no_offload: bool,
@@ -437,9 +446,43 @@ pub enum AuthorityCommand {
     /// Issue a member certificate: binds a node id to a host name, overlay addresses,
     /// groups and what it may offer, for a validity period. Prints it (one line).
     Sign(Box<AuthoritySignArgs>),
-    /// Revoke a node id: prints a signed revocation (one line) for `weft revoke add`,
-    /// which the mesh carries to every member.
+    /// Revoke a node id (or an invite, `--invite`): prints a signed revocation (one
+    /// line) for `weft revoke add`, which the mesh carries to every member.
     Revoke(AuthorityRevokeArgs),
+    /// Make an invite: prints a token (one line) with which `weft up --join TOKEN`
+    /// joins a new machine, getting its certificate from an issuer (a member started
+    /// with --authority-key) among the entry points.
+    Invite(Box<AuthorityInviteArgs>),
+}
+
+/// Arguments of `weft authority invite`.
+#[derive(Debug, Args)]
+pub struct AuthorityInviteArgs {
+    /// The authority's private key file.
+    #[arg(long, value_name = "FILE")]
+    pub key: PathBuf,
+    /// The network the invite joins.
+    #[arg(long, value_name = "NAME")]
+    pub network_name: String,
+    /// The network's secret, carried in the token (prefer WEFT_NETWORK_SECRET).
+    #[arg(long, value_name = "SECRET", env = "WEFT_NETWORK_SECRET", hide_env_values = true)]
+    pub network_secret: crate::config::values::Secret,
+    /// An entry point the new machine contacts (repeatable): a member's udp:// URI;
+    /// at least one should be an issuer (started with --authority-key).
+    #[arg(short = 'p', long = "peer", value_name = "URI", required = true)]
+    pub peers: Vec<String>,
+    /// Groups the issued certificates carry, comma-separated.
+    #[arg(long, value_name = "A,B", value_delimiter = ',')]
+    pub groups: Vec<String>,
+    /// How long the invite may be used: a number and s, m, h, d or w.
+    #[arg(long, value_name = "DURATION", default_value = "24h")]
+    pub expires: String,
+    /// How many machines may join with it (0: any number until it expires).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub uses: u32,
+    /// How long the certificates issued for it are valid.
+    #[arg(long, value_name = "DURATION", default_value = "365d")]
+    pub cert_expires: String,
 }
 
 /// Arguments of `weft authority init`.
@@ -495,8 +538,12 @@ pub struct AuthorityRevokeArgs {
     #[arg(long, value_name = "FILE")]
     pub key: PathBuf,
     /// The node id to revoke (64 hex digits, as `weft id` and `weft cert show` print it).
-    #[arg(value_name = "NODE-ID")]
-    pub node_id: String,
+    #[arg(value_name = "NODE-ID", required_unless_present = "invite", conflicts_with = "invite")]
+    pub node_id: Option<String>,
+    /// Revoke an invite instead (its token, or the invite id `weft-invite` tokens
+    /// carry): issuers refuse it from then on.
+    #[arg(long, value_name = "TOKEN|ID")]
+    pub invite: Option<String>,
 }
 
 /// Arguments of `weft id`.

@@ -23,7 +23,7 @@ pub mod values;
 /// A key that takes one string or a list of them (`authority`).
 #[derive(Debug, Default, Deserialize)]
 #[serde(untagged)]
-enum OneOrMany {
+pub(crate) enum OneOrMany {
     #[default]
     None,
     One(String),
@@ -31,6 +31,15 @@ enum OneOrMany {
 }
 
 impl OneOrMany {
+    /// Whether it holds nothing.
+    pub(crate) fn is_empty(&self) -> bool {
+        match self {
+            Self::None => true,
+            Self::One(_) => false,
+            Self::Many(v) => v.is_empty(),
+        }
+    }
+
     fn take(&mut self) -> Vec<String> {
         match std::mem::take(self) {
             Self::None => Vec::new(),
@@ -44,16 +53,19 @@ impl OneOrMany {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct FileConfig {
-    network_name: Option<String>,
-    network_secret: Option<Secret>,
+    pub(crate) network_name: Option<String>,
+    pub(crate) network_secret: Option<Secret>,
     ipv4: Option<String>,
     #[serde(default)]
-    authority: OneOrMany,
-    certificate: Option<String>,
+    pub(crate) authority: OneOrMany,
+    pub(crate) certificate: Option<String>,
+    /// An invite token (`weft up --join`).
+    pub(crate) join: Option<String>,
+    authority_key: Option<PathBuf>,
     #[serde(default)]
     listen: Vec<String>,
     #[serde(default)]
-    peer: Vec<String>,
+    pub(crate) peer: Vec<String>,
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
     max_connections: Option<usize>,
@@ -63,8 +75,8 @@ pub struct FileConfig {
     mtu: Option<u16>,
     control: Option<PathBuf>,
     admin_group: Option<String>,
-    state_dir: Option<PathBuf>,
-    hostname: Option<String>,
+    pub(crate) state_dir: Option<PathBuf>,
+    pub(crate) hostname: Option<String>,
     no_offload: Option<bool>,
     no_tun_offload: Option<bool>,
     no_udp_gso: Option<bool>,
@@ -170,6 +182,9 @@ pub struct NodeConfig {
     pub authorities: Vec<weft_core::cert::AuthorityId>,
     /// This node's member certificate, in a network with an authority.
     pub certificate: Option<weft_core::cert::Certificate>,
+    /// `--authority-key`: the authority's private key file; this member issues
+    /// certificates to machines with an invite.
+    pub authority_key: Option<PathBuf>,
     /// Offloads wanted (each is probed at start-up and may still be refused).
     pub offload: OffloadWanted,
     /// Pin pipeline threads to cores.
@@ -229,6 +244,12 @@ impl NodeConfig {
         let file = &mut file;
         let (network_name, secret) = network(args, file)?;
         let (authorities, certificate) = membership::authority(args, file)?;
+        let authority_key = args.authority_key.clone().or_else(|| file.authority_key.take());
+        if authority_key.is_some() && certificate.is_none() {
+            return usage(
+                "--authority-key (issuing certificates for invites) needs --authority and this node's own --certificate",
+            );
+        }
         let (ipv4, dhcp, ipv6) = addresses(args, file)?;
         let (listeners, tls, max_connections) = listening(args, file)?;
         let peer_uris = if args.peer.is_empty() { std::mem::take(&mut file.peer) } else { args.peer.clone() };
@@ -293,6 +314,7 @@ impl NodeConfig {
             network_secret: secret,
             authorities,
             certificate,
+            authority_key,
             ipv4,
             ipv6,
             listeners,
@@ -602,7 +624,7 @@ fn userspace(args: &UpArgs, file: &mut FileConfig) -> Result<Userspace, UsageErr
     Ok((no_tun, socks5, socks5_auth, forwards, exposes))
 }
 
-fn system_hostname() -> String {
+pub(crate) fn system_hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_owned()).unwrap_or_default()
 }
 

@@ -28,6 +28,7 @@ use crate::host::interfaces::local_endpoints;
 use crate::host::net::NetConfig;
 use runtime::{QueueSink, Runtime};
 
+pub mod join;
 mod reload;
 mod requests;
 mod runtime;

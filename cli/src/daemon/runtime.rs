@@ -530,6 +530,7 @@ impl Runtime {
                 Action::Send { to, bytes } => self.connector.send(to, &bytes),
                 Action::SaveNames(names) => self.names_writer.save(names),
                 Action::SaveRevocations(list) => self.names_writer.save_revocations(list),
+                Action::SaveIssued(list) => self.names_writer.save_issued(list),
             }
         }
     }

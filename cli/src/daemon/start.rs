@@ -288,7 +288,8 @@ pub(super) fn engine(
     let capabilities = (if gso { caps::GSO } else { 0 })
         | (if gso_quic { caps::GSO_QUIC } else { 0 })
         | caps::LEAVE
-        | caps::REVOCATIONS;
+        | caps::REVOCATIONS
+        | (if cfg.authority_key.is_some() { caps::ISSUER } else { 0 });
     let hello = Hello {
         cipher: cfg.cipher,
         ipv4: cfg.ipv4.addr,
@@ -300,6 +301,9 @@ pub(super) fn engine(
         protocol: Some(Protocol::ours(capabilities)),
         stamp: None,
         cert: cfg.certificate.as_ref().map(weft_core::cert::Certificate::to_bytes),
+        join: None,
+        issued: None,
+        join_refused: None,
     };
     let config = Config {
         handshake: Params { local: key, psk, network_name: cfg.network_name.clone(), hello },
@@ -319,6 +323,20 @@ pub(super) fn engine(
         local_networks: local_networks(&cfg.dev_name),
     };
     let mut node = Node::new(config, Box::new(rand::rngs::StdRng::from_entropy()));
+    if let Some(path) = &cfg.authority_key {
+        let key = crate::commands::authority::load_key(path)?;
+        if !cfg.authorities.contains(&key.id()) {
+            return Err(UsageError(format!(
+                "--authority-key {} holds the key of {}, which is not among --authority",
+                path.display(),
+                key.id()
+            ))
+            .into());
+        }
+        let ledger = state::load_issued(&cfg.state_dir)?;
+        info!(issued = ledger.len(), "this member issues certificates to machines with an invite");
+        node.set_issuer(key, ledger);
+    }
     // The revocations this node kept: refused from the first handshake on.
     let kept = state::load_revocations(&cfg.state_dir)?;
     if !kept.is_empty() && cfg.authorities.is_empty() {

@@ -59,7 +59,7 @@ pub fn load_or_create_tls(dir: &Path, given: Option<&(std::path::PathBuf, std::p
     Ok(TlsIdentity { chain, key })
 }
 
-fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
+pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut f = OpenOptions::new()
         .write(true)
         .create(true)
@@ -274,6 +274,7 @@ pub fn save_names(dir: &Path, names: &weft_peers::Names) -> Result<()> {
 enum Job {
     Names(weft_peers::Names),
     Revocations(Vec<Revocation>),
+    Issued(Vec<weft_peers::Issued>),
 }
 
 /// The thread that writes the name bindings, the exit pin and the revocations to the
@@ -289,12 +290,18 @@ impl NamesWriter {
         let (tx, rx) = std::sync::mpsc::channel::<Job>();
         std::thread::Builder::new().name("weft-state".into()).spawn(move || {
             while let Ok(job) = rx.recv() {
-                let (mut names, mut revocations) = (None, None);
+                let (mut names, mut revocations, mut issued) = (None, None, None);
                 for job in std::iter::once(job).chain(rx.try_iter()) {
                     match job {
                         Job::Names(n) => names = Some(n),
                         Job::Revocations(r) => revocations = Some(r),
+                        Job::Issued(l) => issued = Some(l),
                     }
+                }
+                if let Some(l) = issued
+                    && let Err(e) = save_issued(&dir, &l)
+                {
+                    warn!("cannot keep the ledger of issued certificates: {e:#}");
                 }
                 if let Some(n) = names
                     && let Err(e) = save_names(&dir, &n)
@@ -320,6 +327,56 @@ impl NamesWriter {
     pub fn save_revocations(&self, list: Vec<Revocation>) {
         let _ = self.tx.send(Job::Revocations(list));
     }
+
+    /// Queues the issuer's ledger to be written (a newer one queued meanwhile wins).
+    pub fn save_issued(&self, list: Vec<weft_peers::Issued>) {
+        let _ = self.tx.send(Job::Issued(list));
+    }
+}
+
+/// The ledger of certificates this node issued for invites: a header naming its
+/// format, then one line per certificate: invite id, node id (hex), IPv4 address,
+/// unix time, host name.
+const ISSUED_FILE: &str = "issued";
+const ISSUED_HEADER: &str = "weft-issued 1";
+
+/// Writes the whole ledger to `dir` (then renamed over the old file).
+pub fn save_issued(dir: &Path, list: &[weft_peers::Issued]) -> Result<()> {
+    let mut text = format!("{ISSUED_HEADER}\n");
+    for e in list {
+        text.push_str(&format!("{} {} {} {} {}\n", hex(&e.invite), hex(&e.node), e.ipv4, e.at, e.name));
+    }
+    let tmp = dir.join(format!("{ISSUED_FILE}.tmp"));
+    write_private(&tmp, text.as_bytes())?;
+    let path = dir.join(ISSUED_FILE);
+    fs::rename(&tmp, &path).with_context(|| format!("cannot replace {}", path.display()))
+}
+
+/// The ledger kept in `dir` (empty when there is none).
+pub fn load_issued(dir: &Path) -> Result<Vec<weft_peers::Issued>> {
+    let path = dir.join(ISSUED_FILE);
+    let Some(text) = read_kept(&path, ISSUED_HEADER)? else { return Ok(Vec::new()) };
+    let lines = text.lines().enumerate().skip(1);
+    let key32 = |s: &str| -> Option<[u8; 32]> { unhex(s).ok()?.try_into().ok() };
+    lines
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            let f: Vec<&str> = l.splitn(5, ' ').collect();
+            let parsed = match f.as_slice() {
+                [inv, node, ip, at, name] => (|| {
+                    Some(weft_peers::Issued {
+                        invite: key32(inv)?,
+                        node: key32(node)?,
+                        ipv4: ip.parse().ok()?,
+                        at: at.parse().ok()?,
+                        name: (*name).to_owned(),
+                    })
+                })(),
+                _ => None,
+            };
+            parsed.with_context(|| format!("{} line {}: not a ledger entry", path.display(), i + 1))
+        })
+        .collect()
 }
 
 /// The revocations file: a header naming its format, then one revocation per line.
@@ -339,27 +396,33 @@ pub fn save_revocations(dir: &Path, list: &[Revocation]) -> Result<()> {
     fs::rename(&tmp, &path).with_context(|| format!("cannot replace {}", path.display()))
 }
 
+/// A state file whose first line is `header` ("weft-NAME FORMAT"): its text, or none
+/// when there is no file. Another format of the same name is "newer, keep the file";
+/// anything else is not such a file.
+fn read_kept(path: &Path, header: &str) -> Result<Option<String>> {
+    let text = match fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    };
+    let word = header.split(' ').next().unwrap_or(header);
+    match text.lines().next() {
+        Some(h) if h == header => Ok(Some(text)),
+        Some(h) if h.split(' ').next() == Some(word) => bail!(
+            "{} has format {:?}, newer than this weft reads: upgrade weft (keep the file)",
+            path.display(),
+            &h[word.len()..].trim()
+        ),
+        _ => bail!("{} does not begin {header:?}", path.display()),
+    }
+}
+
 /// The revocations kept in `dir` (none when there is no file). A newer format, or a
 /// line that is not a revocation, is an error naming the file and the line.
 pub fn load_revocations(dir: &Path) -> Result<Vec<Revocation>> {
     let path = dir.join(REVOCATIONS_FILE);
-    let text = match fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
-    };
-    let mut lines = text.lines().enumerate();
-    match lines.next() {
-        Some((_, REVOCATIONS_HEADER)) => {}
-        Some((_, h)) if h.starts_with("weft-revocations ") => {
-            bail!(
-                "{} has format {:?}, newer than this weft reads: upgrade weft (keep the file)",
-                path.display(),
-                &h[17..]
-            )
-        }
-        _ => bail!("{} does not begin {REVOCATIONS_HEADER:?}", path.display()),
-    }
+    let Some(text) = read_kept(&path, REVOCATIONS_HEADER)? else { return Ok(Vec::new()) };
+    let lines = text.lines().enumerate().skip(1);
     lines
         .filter(|(_, l)| !l.trim().is_empty())
         .map(|(i, l)| {
@@ -450,6 +513,36 @@ mod tests {
         fs::set_permissions(&tls_key, fs::Permissions::from_mode(0o400)).unwrap();
         load_or_create_key(&dir).unwrap();
         load_or_create_tls(&dir, None).unwrap();
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_issuers_ledger_and_the_revocations_survive_a_restart_and_a_newer_format_is_kept() {
+        let dir = std::env::temp_dir().join(format!("weft-ledger-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        assert!(load_issued(&dir).unwrap().is_empty(), "no file: an empty ledger");
+        let ledger = vec![
+            weft_peers::Issued {
+                invite: [1; 32],
+                node: [2; 32],
+                ipv4: [10, 0, 0, 9].into(),
+                name: "a b".into(),
+                at: 7,
+            },
+            weft_peers::Issued { invite: [1; 32], node: [3; 32], ipv4: [10, 0, 0, 10].into(), name: "c".into(), at: 8 },
+        ];
+        save_issued(&dir, &ledger).unwrap();
+        assert_eq!(load_issued(&dir).unwrap(), ledger);
+        fs::write(dir.join(ISSUED_FILE), "weft-issued 2\nwhatever\n").unwrap();
+        let e = format!("{:#}", load_issued(&dir).unwrap_err());
+        assert!(e.contains("newer than this weft reads") && e.contains("keep the file"), "{e}");
+        fs::write(dir.join(ISSUED_FILE), "weft-issued 1\nnot an entry\n").unwrap();
+        assert!(format!("{:#}", load_issued(&dir).unwrap_err()).contains("line 2: not a ledger entry"));
+        fs::write(dir.join(REVOCATIONS_FILE), "weft-revocations 9\n").unwrap();
+        assert!(format!("{:#}", load_revocations(&dir).unwrap_err()).contains("\"9\", newer"));
+        fs::write(dir.join(REVOCATIONS_FILE), "something else\n").unwrap();
+        assert!(format!("{:#}", load_revocations(&dir).unwrap_err()).contains("does not begin"));
         fs::remove_dir_all(&dir).unwrap();
     }
 
