@@ -476,6 +476,7 @@ pub fn params(local: StaticKey, net: &str, secret: &str, cipher: Cipher, ipv4: I
             join: None,
             issued: None,
             join_refused: None,
+            secrets: Vec::new(),
         },
     }
 }

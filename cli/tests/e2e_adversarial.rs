@@ -70,6 +70,7 @@ fn outsider_attack(sock: &UdpSocket, target: SocketAddrV4) -> usize {
             join: None,
             issued: None,
             join_refused: None,
+            secrets: Vec::new(),
         },
     };
     let macs = MacKeys::new(&wrong.psk);
@@ -152,6 +153,7 @@ fn member_params(ipv4: Ipv4Addr) -> Params {
             join: None,
             issued: None,
             join_refused: None,
+            secrets: Vec::new(),
         },
     }
 }

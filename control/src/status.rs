@@ -402,6 +402,20 @@ pub struct PeerJson {
     /// versioning, or a member met only through the mesh).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol: Option<u16>,
+    /// The network secret its last handshake used: current, or next while the
+    /// secret rotates (`network-secret-next`); absent before a handshake.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<SecretUse>,
+}
+
+/// Which network secret a peer's session uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SecretUse {
+    /// The node's `network-secret`.
+    Current,
+    /// The node's `network-secret-next`.
+    Next,
 }
 
 /// One route.

@@ -57,10 +57,38 @@ pub fn trailer_len(datagram: &[u8]) -> usize {
     }
 }
 
-/// The network's admission keys, derived from the PSK.
-pub struct MacKeys {
+/// Which of a network's two secrets: the current one, or the next one accepted
+/// beside it while the secret rotates (`network-secret-next`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Which {
+    /// The network secret.
+    #[default]
+    Current,
+    /// The next network secret.
+    Next,
+}
+
+/// The admission keys of one secret.
+struct Keys {
     mac1: hmac::Key,
     cookie: LessSafeKey,
+}
+
+impl Keys {
+    fn new(psk: &Psk) -> Self {
+        let mac1 = hmac::Key::new(hmac::HMAC_SHA256, &psk.subkey(b"weft/v1/mac1"));
+        // A 32-byte key is ChaCha20-Poly1305's own length: this cannot fail.
+        #[allow(clippy::unwrap_used)]
+        let cookie = LessSafeKey::new(UnboundKey::new(&CHACHA20_POLY1305, &psk.subkey(b"weft/v1/cookie")).unwrap());
+        Self { mac1, cookie }
+    }
+}
+
+/// The network's admission keys, derived from the PSK, and from the next PSK while
+/// the secret rotates. Shared by the engine, the pipelines and the transports, and
+/// changed in place on a reload ([`MacKeys::set`]).
+pub struct MacKeys {
+    sets: std::sync::RwLock<(Keys, Option<Keys>)>,
 }
 
 impl fmt::Debug for MacKeys {
@@ -72,18 +100,35 @@ impl fmt::Debug for MacKeys {
 impl MacKeys {
     /// Derives the keys of a network.
     pub fn new(psk: &Psk) -> Self {
-        let mac1 = hmac::Key::new(hmac::HMAC_SHA256, &psk.subkey(b"weft/v1/mac1"));
-        // A 32-byte key is ChaCha20-Poly1305's own length: this cannot fail.
-        #[allow(clippy::unwrap_used)]
-        let cookie = LessSafeKey::new(UnboundKey::new(&CHACHA20_POLY1305, &psk.subkey(b"weft/v1/cookie")).unwrap());
-        Self { mac1, cookie }
+        Self { sets: std::sync::RwLock::new((Keys::new(psk), None)) }
+    }
+
+    /// Replaces the keys: those of `current`, and of `next` accepted beside them.
+    pub fn set(&self, current: &Psk, next: Option<&Psk>) {
+        let sets = (Keys::new(current), next.map(Keys::new));
+        *self.sets.write().unwrap_or_else(std::sync::PoisonError::into_inner) = sets;
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, (Keys, Option<Keys>)> {
+        self.sets.read().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Appends the MAC trailer to a message of a MACed type: mac1, and for handshake
     /// messages mac2 (from `cookie`, or zeros). Returns the mac1 written.
     pub fn seal(&self, msg: &mut Vec<u8>, cookie: Option<&Cookie>) -> [u8; MAC_LEN] {
+        self.seal_as(msg, cookie, Which::Current)
+    }
+
+    /// [`MacKeys::seal`] with the keys of secret `which` (the current one's when
+    /// there is no next).
+    pub fn seal_as(&self, msg: &mut Vec<u8>, cookie: Option<&Cookie>, which: Which) -> [u8; MAC_LEN] {
         let both = trailer_len(msg) == HANDSHAKE_MACS_LEN;
-        let mac1 = mac(&self.mac1, msg);
+        let sets = self.read();
+        let keys = match (which, &sets.1) {
+            (Which::Next, Some(n)) => n,
+            _ => &sets.0,
+        };
+        let mac1 = mac(&keys.mac1, msg);
         msg.extend_from_slice(&mac1);
         if both {
             match cookie {
@@ -100,13 +145,23 @@ impl MacKeys {
     /// Checks the mac1 of a MACed message; returns the message without its trailer.
     /// `None` for a message of another type, one too short, or a wrong mac1.
     pub fn check<'a>(&self, msg: &'a [u8]) -> Option<&'a [u8]> {
+        self.check_which(msg).map(|(body, _)| body)
+    }
+
+    /// [`MacKeys::check`], saying which secret's key made the mac1.
+    pub fn check_which<'a>(&self, msg: &'a [u8]) -> Option<(&'a [u8], Which)> {
         let t = trailer_len(msg);
         if t == 0 || msg.len() < t + 8 {
             return None;
         }
         let body_end = msg.len() - t;
         let got = &msg[body_end..body_end + MAC_LEN];
-        ct_eq(&mac(&self.mac1, &msg[..body_end]), got).then_some(&msg[..body_end])
+        let sets = self.read();
+        if ct_eq(&mac(&sets.0.mac1, &msg[..body_end]), got) {
+            return Some((&msg[..body_end], Which::Current));
+        }
+        let next = sets.1.as_ref()?;
+        ct_eq(&mac(&next.mac1, &msg[..body_end]), got).then_some((&msg[..body_end], Which::Next))
     }
 
     /// Builds a cookie reply to an init whose sender index is `receiver_index` and
@@ -126,6 +181,8 @@ impl MacKeys {
         // Sealing 16 bytes cannot exceed ChaCha20-Poly1305's length limit.
         #[allow(clippy::unwrap_used)]
         let tag = self
+            .read()
+            .0
             .cookie
             .seal_in_place_separate_tag(Nonce::assume_unique_for_key(nonce), Aad::from(init_mac1), &mut sealed)
             .unwrap();
@@ -148,10 +205,14 @@ impl MacKeys {
     pub fn open_cookie_reply(&self, reply: &[u8], init_mac1: &[u8; MAC_LEN]) -> Option<Cookie> {
         Self::cookie_reply_index(reply)?;
         let nonce: [u8; 12] = reply[8..20].try_into().ok()?;
-        let mut sealed = reply[20..20 + MAC_LEN + 16].to_vec();
-        let plain =
-            self.cookie.open_in_place(Nonce::assume_unique_for_key(nonce), Aad::from(init_mac1), &mut sealed).ok()?;
-        Some(Cookie(plain.try_into().ok()?))
+        let sets = self.read();
+        // Sealed with the responder's current secret: ours, or our next one.
+        [Some(&sets.0), sets.1.as_ref()].into_iter().flatten().find_map(|k| {
+            let mut sealed = reply[20..20 + MAC_LEN + 16].to_vec();
+            let plain =
+                k.cookie.open_in_place(Nonce::assume_unique_for_key(nonce), Aad::from(init_mac1), &mut sealed).ok()?;
+            Some(Cookie(plain.try_into().ok()?))
+        })
     }
 }
 
@@ -267,6 +328,39 @@ mod tests {
         let mut m = vec![1u8, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0];
         m.extend_from_slice(&[0x42; 32]);
         m
+    }
+
+    fn psk(secret: &str) -> Psk {
+        let d = ring::digest::digest(&ring::digest::SHA256, secret.as_bytes());
+        Psk::from_bytes(d.as_ref().try_into().unwrap())
+    }
+
+    #[test]
+    fn while_the_secret_rotates_both_are_accepted_and_each_is_named() {
+        let (old, new) = (psk("old"), psk("new"));
+        let rotating = MacKeys::new(&old);
+        rotating.set(&old, Some(&new));
+        let (only_old, only_new) = (MacKeys::new(&old), MacKeys::new(&new));
+        for (sender, which) in [(&only_old, Which::Current), (&only_new, Which::Next)] {
+            let mut m = init();
+            sender.seal(&mut m, None);
+            assert_eq!(rotating.check_which(&m).map(|(_, w)| w), Some(which));
+        }
+        // It seals with either; a node with only one of them reads only that one.
+        let mut m = init();
+        rotating.seal_as(&mut m, None, Which::Next);
+        assert!(only_new.check(&m).is_some() && only_old.check(&m).is_none());
+        // A cookie reply sealed with the responder's current secret opens with our next.
+        let mut probe = init();
+        let mac1 = rotating.seal_as(&mut probe, None, Which::Next);
+        let reply = only_new.cookie_reply(7, &mac1, &Cookie([5; MAC_LEN]), [1; 12]);
+        assert_eq!(rotating.open_cookie_reply(&reply, &mac1).map(|c| c.0), Some([5; MAC_LEN]));
+        // Dropping the next secret stops accepting it.
+        rotating.set(&new, None);
+        let mut m = init();
+        only_old.seal(&mut m, None);
+        assert!(rotating.check(&m).is_none());
+        assert_ne!(old.fingerprint(), new.fingerprint());
     }
 
     #[test]

@@ -99,6 +99,13 @@ impl Psk {
         Self(bytes)
     }
 
+    /// A short public name of this PSK: what a hello says to tell which secrets its
+    /// sender accepts while the network secret rotates (reveals nothing of it).
+    pub fn fingerprint(&self) -> [u8; 8] {
+        let k = self.subkey(b"weft/v1/fingerprint");
+        [k[0], k[1], k[2], k[3], k[4], k[5], k[6], k[7]]
+    }
+
     /// A key for one purpose (handshake MACs, cookies, LAN beacons), derived from the
     /// PSK with HKDF-SHA256 and `label`; knowing it reveals nothing about the PSK.
     pub fn subkey(&self, label: &[u8]) -> [u8; 32] {
@@ -220,6 +227,9 @@ pub struct Hello {
     /// An issuer's answer to a join it refuses: why, in words (only in the IK
     /// response to a join; at most 255 bytes).
     pub join_refused: Option<String>,
+    /// Fingerprints ([`Psk::fingerprint`]) of the network secrets the sender accepts:
+    /// its current one, then its next one while the secret rotates (empty: not said).
+    pub secrets: Vec<[u8; 8]>,
 }
 
 /// Longest certificate a hello carries (the longest one issued).
@@ -329,6 +339,8 @@ const HELLO_JOIN: u8 = 12;
 const HELLO_ISSUED: u8 = 13;
 /// Tag of an issuer's refusal of a join: length u8, then UTF-8 words.
 const HELLO_JOIN_REFUSED: u8 = 14;
+/// Tag of the secrets the sender accepts: a count (1 or 2), then 8 bytes each.
+const HELLO_SECRETS: u8 = 15;
 
 impl Hello {
     /// Appends the encoded hello to `out`.
@@ -377,6 +389,13 @@ impl Hello {
                 out.push(HELLO_JOIN_REFUSED);
                 out.push(why.len() as u8);
                 out.extend_from_slice(why.as_bytes());
+            }
+            if !self.secrets.is_empty() {
+                let n = self.secrets.len().min(2);
+                out.extend_from_slice(&[HELLO_SECRETS, n as u8]);
+                for f in &self.secrets[..n] {
+                    out.extend_from_slice(f);
+                }
             }
         }
     }
@@ -438,7 +457,7 @@ impl Hello {
         }..];
         let mut stamp = None;
         let mut cert = None;
-        let (mut join, mut issued, mut join_refused) = (None, None, None);
+        let (mut join, mut issued, mut join_refused, mut secrets) = (None, None, None, Vec::new());
         let protocol = match rest {
             [HELLO_PROTOCOL, f @ ..] if f.len() >= 8 => {
                 let u16_at = |i: usize| u16::from_le_bytes([f[i], f[i + 1]]);
@@ -474,9 +493,15 @@ impl Hello {
                 join = field(&mut tail, HELLO_JOIN)?;
                 issued = field(&mut tail, HELLO_ISSUED)?;
                 if let [HELLO_JOIN_REFUSED, n, w @ ..] = tail {
-                    let w = w.get(..usize::from(*n)).ok_or(HandshakeError::BadPayload)?;
+                    let n = usize::from(*n);
+                    let w = w.get(..n).ok_or(HandshakeError::BadPayload)?;
                     let w = std::str::from_utf8(w).map_err(|_| HandshakeError::BadPayload)?;
                     join_refused = Some(w.chars().map(|c| if c.is_control() { '?' } else { c }).collect());
+                    tail = &tail[2 + n..];
+                }
+                if let [HELLO_SECRETS, n @ (1 | 2), f @ ..] = tail {
+                    let f = f.get(..8 * usize::from(*n)).ok_or(HandshakeError::BadPayload)?;
+                    secrets = f.chunks_exact(8).filter_map(|c| c.try_into().ok()).collect();
                 }
                 Some(p)
             }
@@ -496,6 +521,7 @@ impl Hello {
             join,
             issued,
             join_refused,
+            secrets,
         })
     }
 }
@@ -798,6 +824,7 @@ mod tests {
                 join: None,
                 issued: None,
                 join_refused: None,
+                secrets: Vec::new(),
             },
         }
     }
@@ -925,6 +952,7 @@ mod tests {
             join: None,
             issued: None,
             join_refused: None,
+            secrets: Vec::new(),
         };
         let mut b = Vec::new();
         h.emit(&mut b);
@@ -1000,6 +1028,7 @@ mod tests {
             join: None,
             issued: None,
             join_refused: None,
+            secrets: Vec::new(),
         };
         let new = Hello { protocol: Some(Protocol::ours(caps::GSO | caps::GSO_QUIC | 1 << 31)), ..old.clone() };
         let (mut bo, mut bn) = (Vec::new(), Vec::new());
@@ -1151,6 +1180,7 @@ mod tests {
             join: None,
             issued: None,
             join_refused: None,
+            secrets: Vec::new(),
         };
         let mut b = Vec::new();
         h.emit(&mut b);

@@ -76,6 +76,7 @@ fn config(local: StaticKey, ipv4: Ipv4Addr, dial: Vec<Endpoint>, me: Endpoint, e
                 join: None,
                 issued: None,
                 join_refused: None,
+                secrets: Vec::new(),
             },
         },
         dial,

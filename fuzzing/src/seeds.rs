@@ -94,6 +94,7 @@ pub fn seeds() -> Vec<Seed> {
             join: None,
             issued: None,
             join_refused: None,
+            secrets: Vec::new(),
         }
         .emit(&mut h);
         s.push(("hello", format!("seed-hello-{i}"), h));
@@ -114,6 +115,7 @@ pub fn seeds() -> Vec<Seed> {
         join: None,
         issued: None,
         join_refused: None,
+        secrets: Vec::new(),
     }
     .emit(&mut h);
     s.push(("hello", "seed-hello-ipv6".into(), h));
@@ -205,6 +207,7 @@ pub fn seeds() -> Vec<Seed> {
             join,
             issued,
             join_refused: refused,
+            secrets: vec![[7; 8]],
         }
         .emit(&mut h);
         s.push(("hello", name.into(), h));

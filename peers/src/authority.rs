@@ -189,6 +189,7 @@ mod tests {
             join: None,
             issued: None,
             join_refused: None,
+            secrets: Vec::new(),
         }
     }
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rand::RngCore;
-use weft_core::admission::{Bucket, Cookie, CookieSecret, MacKeys, mac1_of};
+use weft_core::admission::{Bucket, Cookie, CookieSecret, MacKeys, Which, mac1_of};
 use weft_core::endpoint::Endpoint;
 use weft_core::handshake::Stamp;
 use weft_core::wire::HandshakeHeader;
@@ -145,8 +145,8 @@ impl Gate {
 
     /// The body of a datagram whose mac1 verifies (a handshake, reject or cookie
     /// datagram that does not is counted).
-    pub(crate) fn check_mac1<'a>(&mut self, bytes: &'a [u8], counted: bool) -> Option<&'a [u8]> {
-        let body = self.macs.check(bytes);
+    pub(crate) fn check_mac1<'a>(&mut self, bytes: &'a [u8], counted: bool) -> Option<(&'a [u8], Which)> {
+        let body = self.macs.check_which(bytes);
         if body.is_none() && counted {
             self.stats.bad_mac += 1;
         }

@@ -17,10 +17,11 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use std::time::Instant;
 
 use tracing::{info, warn};
+use weft_core::admission::Which;
 use weft_core::cert::{AuthorityKey, CertBody, Certificate};
 use weft_core::handshake::{Hello, IkRead};
 use weft_core::invite::Invite;
-use weft_core::wire::{HandshakeHeader, MessageType, Pattern};
+use weft_core::wire::HandshakeHeader;
 
 use crate::identity::{NodeId, PeerKey};
 use crate::node::{Action, Dest, Node};
@@ -64,7 +65,7 @@ impl Node {
 
     /// Answers the IK init `read` (whose hello carries an invite) with a certificate
     /// or the reason for refusing one; never makes a session.
-    pub(crate) fn answer_join(&mut self, now: Instant, back: &Dest, hdr: HandshakeHeader, read: IkRead) {
+    pub(crate) fn answer_join(&mut self, now: Instant, back: &Dest, hdr: HandshakeHeader, read: IkRead, which: Which) {
         let key = PeerKey(read.remote_static);
         let mut mine = Hello { stamp: None, ..self.cfg.handshake.hello.clone() };
         match self.issue(now, &key, &read.hello) {
@@ -75,8 +76,7 @@ impl Node {
             }
         }
         let Ok((_, msg)) = read.answer(&mine) else { return };
-        let local = self.new_index();
-        self.send_handshake(back, MessageType::HandshakeResponse, Pattern::Ik, local, hdr.sender_index, &msg);
+        self.answer_init(back, hdr, &msg, which);
     }
 
     fn issue(&mut self, now: Instant, key: &PeerKey, hello: &Hello) -> Result<Certificate, String> {

@@ -685,6 +685,7 @@ impl Node {
                 join: None,
                 issued: None,
                 join_refused: None,
+                secrets: Vec::new(),
             };
             self.peers.get_or_insert_with(key, || Peer::new(key, hello, now, std::sync::Arc::default()));
             debug!(peer = %node, overlay = %rec.overlay, "learned member from topology");

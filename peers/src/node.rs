@@ -16,7 +16,7 @@ use weft_core::endpoint::Endpoint;
 use rand::RngCore;
 use tracing::{debug, info, warn};
 use weft_control::FailureKind;
-use weft_core::admission::{HANDSHAKE_MACS_LEN, MacKeys};
+use weft_core::admission::{HANDSHAKE_MACS_LEN, MacKeys, Which};
 use weft_core::handshake::{Completed, HandshakeError, Hello, Initiator, Params, Read, Responder, caps};
 use weft_core::route::RouteSnapshot;
 use weft_core::session::{Session, SessionParams};
@@ -313,6 +313,8 @@ struct PendingInit {
     mac1: [u8; 16],
     /// Whether it was already resent with a cookie.
     resent: bool,
+    /// The secret it was made with.
+    which: Which,
 }
 
 struct PendingResp {
@@ -321,6 +323,8 @@ struct PendingResp {
     via: Option<NodeId>,
     remote_index: u32,
     started: Instant,
+    /// The secret the init was MACed with (its PSK is the same).
+    which: Which,
 }
 
 /// A handshake that just finished, from either side.
@@ -335,6 +339,8 @@ struct Finished {
     target: Option<Target>,
     /// Whether the peer already proved the PSK (IK response, XX finish).
     confirmed: bool,
+    /// The network secret the handshake used.
+    secret: Which,
 }
 
 /// A finished handshake waiting for the peer's proof of the PSK.
@@ -349,6 +355,8 @@ pub(crate) struct Held {
     /// Why the session is refused once the peer is proven (and the overlay address it
     /// took from us, if that is why).
     problem: Option<(String, Option<Ipv4Addr>)>,
+    /// The network secret the handshake used.
+    secret: Which,
 }
 
 pub(crate) struct Dial {
@@ -455,6 +463,9 @@ pub struct Node {
     pub(crate) revocations: crate::authority::Revocations,
     /// `--authority-key`: this member issues certificates to machines with an invite.
     pub(crate) issuer: Option<crate::issuer::Issuer>,
+    /// `network-secret-next`: the PSK of the secret accepted beside the current one
+    /// (`cfg.handshake.psk`) while the network secret rotates.
+    pub(crate) secret_next: Option<weft_core::handshake::Psk>,
     /// The `now` of the last step (for calls that are not handed one).
     last_now: Option<Instant>,
 }
@@ -466,6 +477,8 @@ impl Node {
         // Our own name is ours first, on this node.
         let own_name = cfg.names.bind(&cfg.handshake.hello.hostname, id);
         let macs = Arc::new(MacKeys::new(&cfg.handshake.psk));
+        // The hello says which secret this node accepts ([`Node::set_secrets`] adds the next one).
+        cfg.handshake.hello.secrets = vec![cfg.handshake.psk.fingerprint()];
         let mut secret = [0u8; 32];
         rng.fill_bytes(&mut secret);
         let dials: BTreeMap<usize, Dial> = cfg
@@ -495,6 +508,7 @@ impl Node {
             mesh: Mesh::new(),
             revocations: crate::authority::Revocations::default(),
             issuer: None,
+            secret_next: None,
             deadlines: Deadlines::default(),
             touched: BTreeSet::new(),
             report: Report::default(),
@@ -785,7 +799,7 @@ impl Node {
     fn handle_datagram(&mut self, now: Instant, from: Endpoint, via: Option<NodeId>, bytes: &[u8]) {
         // mac1 first: nothing from outside the network reaches snow or any table.
         let counted = matches!(MessageType::of(bytes), Some(t) if t != MessageType::Data && t != MessageType::Relay);
-        let Some(body) = self.gate.check_mac1(bytes, counted) else { return };
+        let Some((body, which)) = self.gate.check_mac1(bytes, counted) else { return };
         match MessageType::of(body) {
             Some(MessageType::Reject) => {
                 if let Ok(r) = RejectRepr::parse(body) {
@@ -798,7 +812,7 @@ impl Node {
                 let Ok((hdr, noise)) = HandshakeHeader::parse(body) else { return };
                 match hdr.kind {
                     MessageType::HandshakeInit if self.admit_init(now, from, via, hdr, bytes) => {
-                        self.handle_init(now, from, via, hdr, noise);
+                        self.handle_init(now, from, via, hdr, noise, which);
                     }
                     MessageType::HandshakeResponse => self.handle_response(now, from, via, hdr, noise),
                     MessageType::HandshakeFinish => self.handle_finish(now, from, hdr, noise),
@@ -846,7 +860,7 @@ impl Node {
         let resend = (!p.resent).then(|| {
             p.resent = true;
             let mut msg = p.msg.clone();
-            p.mac1 = self.gate.macs.seal(&mut msg, Some(&cookie));
+            p.mac1 = self.gate.macs.seal_as(&mut msg, Some(&cookie), p.which);
             msg
         });
         self.gate.keep_cookie((to.to, to.relay.map(|r| r.dst)), cookie, now);
@@ -856,22 +870,37 @@ impl Node {
         }
     }
 
-    fn handle_init(&mut self, now: Instant, from: Endpoint, via: Option<NodeId>, hdr: HandshakeHeader, noise: &[u8]) {
+    fn handle_init(
+        &mut self,
+        now: Instant,
+        from: Endpoint,
+        via: Option<NodeId>,
+        hdr: HandshakeHeader,
+        noise: &[u8],
+        which: Which,
+    ) {
         let back = Dest::reply(from, via, self.id);
-        match Responder::read(&self.cfg.handshake, hdr.pattern, noise) {
+        // The init was MACed with our next secret: its Noise PSK is the next one too.
+        let read = match (which, &self.secret_next) {
+            (Which::Next, Some(next)) => {
+                Responder::read(&Params { psk: next.clone(), ..self.cfg.handshake.clone() }, hdr.pattern, noise)
+            }
+            _ => Responder::read(&self.cfg.handshake, hdr.pattern, noise),
+        };
+        match read {
             Err(e) => self.refuse_inbound(now, back, hdr.sender_index, &e),
             Ok(Read::Xx(responder, msg)) => {
-                let local = self.new_index();
-                self.send_handshake(&back, MessageType::HandshakeResponse, hdr.pattern, local, hdr.sender_index, &msg);
+                let local = self.answer_init(&back, hdr, &msg, which);
                 if self.pending.resp.len() >= MAX_PENDING_RESP
                     && let Some((&oldest, _)) = self.pending.resp.iter().min_by_key(|(_, p)| p.started)
                 {
                     self.pending.resp.remove(&oldest);
                     self.gate.count_evicted();
                 }
-                self.pending
-                    .resp
-                    .insert(local, PendingResp { responder, from, via, remote_index: hdr.sender_index, started: now });
+                self.pending.resp.insert(
+                    local,
+                    PendingResp { responder, from, via, remote_index: hdr.sender_index, started: now, which },
+                );
                 self.deadlines.at_most(Wake::Handshakes, now + CONFIRM_TIMEOUT);
             }
             Ok(Read::Ik(mut read)) => {
@@ -885,7 +914,7 @@ impl Node {
                 // A new machine with an invite: answered with a certificate (or why
                 // not), never a session.
                 if read.hello.join.is_some() {
-                    self.answer_join(now, &back, hdr, *read);
+                    self.answer_join(now, &back, hdr, *read, which);
                     return;
                 }
                 // IK: the hello is known now; a taken address is refused before we
@@ -898,12 +927,20 @@ impl Node {
                     Ok(x) => x,
                     Err(e) => return self.refuse_inbound(now, back, hdr.sender_index, &e),
                 };
-                let local = self.new_index();
-                self.send_handshake(&back, MessageType::HandshakeResponse, hdr.pattern, local, hdr.sender_index, &msg);
+                let local = self.answer_init(&back, hdr, &msg, which);
                 // IK responder: the PSK is only proven by the initiator's first data packet.
                 self.complete(
                     now,
-                    Finished { done, from, via, local, remote: hdr.sender_index, target: None, confirmed: false },
+                    Finished {
+                        done,
+                        from,
+                        via,
+                        local,
+                        remote: hdr.sender_index,
+                        target: None,
+                        confirmed: false,
+                        secret: which,
+                    },
                 );
             }
         }
@@ -940,11 +977,14 @@ impl Node {
                 if let Some(fin) = finish {
                     self.send_handshake(
                         &back,
-                        MessageType::HandshakeFinish,
-                        pattern,
-                        hdr.receiver_index,
-                        hdr.sender_index,
+                        HandshakeHeader {
+                            kind: MessageType::HandshakeFinish,
+                            pattern,
+                            sender_index: hdr.receiver_index,
+                            receiver_index: hdr.sender_index,
+                        },
                         &fin,
+                        p.which,
                     );
                 }
                 // IK: the response proves the responder holds the PSK. XX: the
@@ -952,7 +992,7 @@ impl Node {
                 let confirmed = pattern == Pattern::Ik;
                 let target = Some(p.target);
                 let (local, remote) = (hdr.receiver_index, hdr.sender_index);
-                self.complete(now, Finished { done, from, via, local, remote, target, confirmed });
+                self.complete(now, Finished { done, from, via, local, remote, target, confirmed, secret: p.which });
             }
         }
     }
@@ -964,7 +1004,8 @@ impl Node {
             Ok(done) => {
                 // XXpsk3: reading the finish message proves the initiator holds the PSK.
                 let (from, via, local, remote) = (p.from, p.via, hdr.receiver_index, p.remote_index);
-                self.complete(now, Finished { done, from, via, local, remote, target: None, confirmed: true });
+                let secret = p.which;
+                self.complete(now, Finished { done, from, via, local, remote, target: None, confirmed: true, secret });
             }
         }
     }
@@ -1119,7 +1160,7 @@ impl Node {
     /// exist for routing and status, so that nodes without the secret leave no trace
     /// beyond a refused-handshake record.
     fn complete(&mut self, now: Instant, f: Finished) {
-        let Finished { done, from, via, local, remote, target, confirmed } = f;
+        let Finished { done, from, via, local, remote, target, confirmed, secret } = f;
         let ours = self.cfg.handshake.hello.clone();
         let id = NodeId::from_public(&done.remote_static);
         let mismatch = if done.hello.cipher != ours.cipher {
@@ -1157,6 +1198,7 @@ impl Node {
             entry: SessionEntry { session: session.clone(), created: now, initiator: target.is_some() },
             target,
             problem: mismatch.map(|msg| (msg, taken)),
+            secret,
         };
         if confirmed {
             // We have proof of the peer's keys but it has none of ours yet: a keepalive
@@ -1202,7 +1244,7 @@ impl Node {
 
     /// Moves a confirmed session into its peer, creating the peer if it is new.
     fn promote(&mut self, now: Instant, h: Held) {
-        let Held { key, hello, from, via, entry, target, problem } = h;
+        let Held { key, hello, from, via, entry, target, problem, secret } = h;
         if let Some((msg, taken)) = problem {
             self.refuse_proven(now, from, target, msg, taken);
             return;
@@ -1254,6 +1296,7 @@ impl Node {
         }
         let Some(peer) = self.peers.get_mut(&key) else { return };
         peer.hello = hello;
+        peer.secret = secret;
         // A handshake that arrived straight from the peer proves a direct path.
         if via.is_none() {
             if peer.path.direct().is_none_or(|d| d.endpoint != from) {
@@ -1334,6 +1377,50 @@ impl Node {
         self.actions.push_back(Action::SaveRevocations(self.revocations.list().to_vec()));
         self.published.routes_dirty = true;
         Ok(true)
+    }
+
+    /// The network secrets: `current` (what this node uses with peers that do not
+    /// accept `next`) and `next`, accepted beside it and used with every peer that
+    /// accepts it too, while the secret rotates. Applies to handshakes from now on;
+    /// sessions up keep their keys until their next rekey.
+    pub fn set_secrets(&mut self, current: weft_core::handshake::Psk, next: Option<weft_core::handshake::Psk>) {
+        self.gate.macs.set(&current, next.as_ref());
+        let hello = &mut self.cfg.handshake.hello;
+        hello.secrets = std::iter::once(current.fingerprint()).chain(next.as_ref().map(|n| n.fingerprint())).collect();
+        self.cfg.handshake.psk = current;
+        self.secret_next = next;
+    }
+
+    /// Whether this node has a next secret (`network-secret-next`).
+    pub fn has_next_secret(&self) -> bool {
+        self.secret_next.is_some()
+    }
+
+    /// Which secret a handshake to `target` uses: the next one when the peer's hello
+    /// says it accepts it; the current one when it says it accepts that; else (a
+    /// first contact, or a peer of a release that does not say) the current one
+    /// first and each other attempt the next one.
+    fn secret_for(&self, target: Target) -> Which {
+        let Some(next) = &self.secret_next else { return Which::Current };
+        let (hello, failures) = match target {
+            Target::Peer(k) => match self.peers.get(&k) {
+                Some(p) => (Some(&p.hello), p.driver.failures),
+                None => (None, 0),
+            },
+            Target::Dial(i) => {
+                let d = self.dials.get(&i);
+                let known = d.and_then(|d| d.key).and_then(|k| self.peers.get(&k));
+                (known.map(|p| &p.hello), d.map_or(0, |d| d.driver.failures))
+            }
+        };
+        let says = hello.map(|h| h.secrets.as_slice()).unwrap_or_default();
+        if says.contains(&next.fingerprint()) {
+            Which::Next
+        } else if says.contains(&self.cfg.handshake.psk.fingerprint()) || failures % 2 == 0 {
+            Which::Current
+        } else {
+            Which::Next
+        }
     }
 
     /// The revocations this node keeps, oldest first.
@@ -1874,14 +1961,22 @@ impl Node {
 
     fn start_handshake(&mut self, now: Instant, target: Target, to: Dest, remote: Option<PeerKey>) {
         let stamp = self.gate.next_stamp(self.cfg.wall + now.saturating_duration_since(self.cfg.epoch));
-        let (initiator, msg) =
-            match Initiator::start(&self.cfg.handshake, remote.as_ref().map(PeerKey::as_bytes), stamp) {
-                Ok(x) => x,
-                Err(e) => {
-                    warn!(error = %e, "cannot start handshake");
-                    return;
-                }
-            };
+        let which = self.secret_for(target);
+        let started = match (which, &self.secret_next) {
+            (Which::Next, Some(next)) => Initiator::start(
+                &Params { psk: next.clone(), ..self.cfg.handshake.clone() },
+                remote.as_ref().map(PeerKey::as_bytes),
+                stamp,
+            ),
+            _ => Initiator::start(&self.cfg.handshake, remote.as_ref().map(PeerKey::as_bytes), stamp),
+        };
+        let (initiator, msg) = match started {
+            Ok(x) => x,
+            Err(e) => {
+                warn!(error = %e, "cannot start handshake");
+                return;
+            }
+        };
         let local = self.new_index();
         let pattern = initiator.pattern();
         let mut bytes = Vec::with_capacity(12 + msg.len() + 32);
@@ -1891,11 +1986,11 @@ impl Node {
         let key = (to.to, to.relay.map(|r| r.dst));
         let cookie = self.gate.cookie(&key, now);
         let mut sealed = bytes.clone();
-        let mac1 = self.gate.macs.seal(&mut sealed, cookie.as_ref());
+        let mac1 = self.gate.macs.seal_as(&mut sealed, cookie.as_ref(), which);
         self.actions.push_back(to.send(sealed));
         self.pending
             .init
-            .insert(local, PendingInit { initiator, target, to, started: now, msg: bytes, mac1, resent: false });
+            .insert(local, PendingInit { initiator, target, to, started: now, msg: bytes, mac1, resent: false, which });
         self.deadlines.at_most(Wake::Handshakes, now + self.handshake_timeout(target));
         if let Target::Peer(k) = target {
             self.touch(k);
@@ -1916,19 +2011,26 @@ impl Node {
         debug!(to = %to.to, relayed = to.relay.is_some(), ?pattern, local, "handshake started");
     }
 
-    pub(crate) fn send_handshake(
-        &mut self,
-        to: &Dest,
-        kind: MessageType,
-        pattern: Pattern,
-        sender: u32,
-        receiver: u32,
-        msg: &[u8],
-    ) {
+    /// Sends `msg`, the response to init `init`, MACed with secret `which`; returns
+    /// the response's (new) local index.
+    pub(crate) fn answer_init(&mut self, to: &Dest, init: HandshakeHeader, msg: &[u8], which: Which) -> u32 {
+        let local = self.new_index();
+        let hdr = HandshakeHeader {
+            kind: MessageType::HandshakeResponse,
+            pattern: init.pattern,
+            sender_index: local,
+            receiver_index: init.sender_index,
+        };
+        self.send_handshake(to, hdr, msg, which);
+        local
+    }
+
+    /// Sends handshake message `msg` with header `hdr`, MACed with secret `which`.
+    pub(crate) fn send_handshake(&mut self, to: &Dest, hdr: HandshakeHeader, msg: &[u8], which: Which) {
         let mut bytes = Vec::with_capacity(12 + msg.len() + 32);
-        HandshakeHeader { kind, pattern, sender_index: sender, receiver_index: receiver }.emit(&mut bytes);
+        hdr.emit(&mut bytes);
         bytes.extend_from_slice(msg);
-        self.gate.macs.seal(&mut bytes, None);
+        self.gate.macs.seal_as(&mut bytes, None, which);
         self.actions.push_back(to.send(bytes));
     }
 
@@ -2136,6 +2238,7 @@ impl Peer {
             last_handshake: self.last_handshake.map(|t| now.saturating_duration_since(t)),
             sessions: self.sessions.len(),
             protocol: self.hello.protocol.map(|p| p.version),
+            secret: self.last_handshake.map(|_| self.secret),
             error: self.error.clone(),
             stats: self.stats.clone(),
         }

@@ -192,6 +192,9 @@ pub(crate) struct Peer {
     pub(crate) revocations_sent: usize,
     pub(crate) id: NodeId,
     pub(crate) hello: Hello,
+    /// The network secret its last handshake used (while the secret rotates, one
+    /// peer may use the next one and another the current one).
+    pub(crate) secret: weft_core::admission::Which,
     pub(crate) path: PeerPath,
     anchor: Anchor,
     pub(crate) stats: Arc<PeerStats>,
@@ -252,6 +255,7 @@ impl Peer {
             digest_sent: None,
             digest_answered: None,
             record_budget: None,
+            secret: weft_core::admission::Which::Current,
         }
     }
 
@@ -553,6 +557,7 @@ mod tests {
             join: None,
             issued: None,
             join_refused: None,
+            secrets: Vec::new(),
         };
         Peer::new(PeerKey([k; 32]), hello, Instant::now(), Arc::default())
     }

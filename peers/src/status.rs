@@ -68,6 +68,8 @@ pub struct PeerStatus {
     /// The protocol version its hello announced (`None`: a release before versioning,
     /// or a member known only from its record).
     pub protocol: Option<u16>,
+    /// The network secret its last handshake used (`None` before one).
+    pub secret: Option<weft_core::admission::Which>,
     /// Why it is not established, if it is not.
     pub error: Option<String>,
     /// Traffic counters.

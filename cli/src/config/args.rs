@@ -145,6 +145,11 @@ pub struct UpArgs {
     /// handshake can guess it offline.
     #[arg(long, value_name = "SECRET", env = "WEFT_NETWORK_SECRET", hide_env_values = true)]
     pub network_secret: Option<crate::config::values::Secret>,
+    /// The network's next secret, accepted beside the current one while the secret
+    /// rotates (and used with every member that has it too); changes live on reload.
+    /// Once every member's peers show `secret: next`, make it the network secret.
+    #[arg(long, value_name = "SECRET", env = "WEFT_NETWORK_SECRET_NEXT", hide_env_values = true)]
+    pub network_secret_next: Option<crate::config::values::Secret>,
     /// Overlay address of this node, with the network's prefix length.
     #[arg(short = 'i', long, value_name = "ADDR/PREFIX")]
     pub ipv4: Option<String>,

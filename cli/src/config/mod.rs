@@ -55,6 +55,7 @@ impl OneOrMany {
 pub struct FileConfig {
     pub(crate) network_name: Option<String>,
     pub(crate) network_secret: Option<Secret>,
+    network_secret_next: Option<Secret>,
     ipv4: Option<String>,
     #[serde(default)]
     pub(crate) authority: OneOrMany,
@@ -122,7 +123,9 @@ impl FileConfig {
         let file: Self = toml::from_str(&text).or_else(|e: toml::de::Error| {
             usage(format!("bad config file {}: {}", path.display(), e.message().trim()))
         })?;
-        if file.network_secret.as_ref().is_some_and(|s| !s.0.is_empty()) {
+        if file.network_secret.as_ref().is_some_and(|s| !s.0.is_empty())
+            || file.network_secret_next.as_ref().is_some_and(|s| !s.0.is_empty())
+        {
             check_private(path, "config file", "holds network-secret and")?;
         }
         Ok(file)
@@ -147,6 +150,8 @@ pub struct NodeConfig {
     pub network_name: String,
     /// Network secret (never logged).
     pub network_secret: Secret,
+    /// `network-secret-next`: the secret accepted beside it while it rotates.
+    pub network_secret_next: Option<Secret>,
     /// Overlay address.
     pub ipv4: Ipv4Net,
     /// IPv6 overlay address.
@@ -243,6 +248,11 @@ impl NodeConfig {
         };
         let file = &mut file;
         let (network_name, secret) = network(args, file)?;
+        let network_secret_next = match args.network_secret_next.clone().or_else(|| file.network_secret_next.take()) {
+            Some(n) if n.0.is_empty() => return usage("invalid network-secret-next: it is empty"),
+            Some(n) if n == secret => None,
+            n => n,
+        };
         let (authorities, certificate) = membership::authority(args, file)?;
         let authority_key = args.authority_key.clone().or_else(|| file.authority_key.take());
         if authority_key.is_some() && certificate.is_none() {
@@ -312,6 +322,7 @@ impl NodeConfig {
             exposes,
             network_name,
             network_secret: secret,
+            network_secret_next,
             authorities,
             certificate,
             authority_key,

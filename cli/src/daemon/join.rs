@@ -126,6 +126,7 @@ pub fn join(token: &Token, network: &str, key: &StaticKey, hostname: &str) -> Re
         join: None,
         issued: None,
         join_refused: None,
+        secrets: Vec::new(),
     };
     let mut params = Params { local: key.clone(), psk, network_name: network.to_owned(), hello };
     let mut problems = Vec::new();

@@ -56,6 +56,12 @@ pub struct Reloadable {
     pub log_level_pinned: bool,
 }
 
+/// The PSKs of the network secret and of `network-secret-next` (Argon2id each).
+fn psks(cfg: &NodeConfig) -> (Psk, Option<Psk>) {
+    let next = cfg.network_secret_next.as_ref().map(|n| Psk::derive(&cfg.network_name, &n.0));
+    (Psk::derive(&cfg.network_name, &cfg.network_secret.0), next)
+}
+
 /// Runs a node until SIGINT or SIGTERM: each step of the start is a function of
 /// `daemon::start`, in the order they run.
 pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
@@ -77,7 +83,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
         None => None,
     };
     let epoch = Instant::now();
-    let psk = Psk::derive(&cfg.network_name, &cfg.network_secret.0);
+    let (psk, next_psk) = psks(&cfg);
     let (ctl_tx, ctl_rx) = mpsc::channel(CONTROL_QUEUE);
     let (hs_tx, hs_rx) = mpsc::channel(HANDSHAKE_QUEUE);
     let sink = Arc::new(QueueSink { events: ctl_tx, handshakes: hs_tx, overloaded: AtomicBool::new(false) });
@@ -93,7 +99,12 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
     // The PSK derived above (Argon2id, once): the handshake, its MACs and the LAN
     // beacon key all come from it.
     let beacon_key = crate::services::discovery::beacon_key(&psk.subkey(crate::services::discovery::KEY_LABEL));
-    let mut engine = start::engine(&cfg, key, psk, ipv6, &dial, epoch)?;
+    let mut engine = start::engine(&cfg, key, psk.clone(), ipv6, &dial, epoch)?;
+    if next_psk.is_some() {
+        info!("network-secret-next is set: the next secret is accepted beside the current one");
+    }
+    shared.macs.set(&psk, next_psk.as_ref());
+    engine.set_secrets(psk, next_psk);
     info!(node_id = %engine.id(), addr = %cfg.ipv4, cipher = %cfg.cipher, threads = cfg.threads, "node starting");
 
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -48,6 +48,8 @@ struct Live {
     log_level: Option<String>,
     dns_domain: Option<String>,
     accept_dns: bool,
+    network_secret: crate::config::values::Secret,
+    network_secret_next: Option<crate::config::values::Secret>,
 }
 
 /// Takes the new config apart field by field: the settings applied live, and the
@@ -64,9 +66,10 @@ fn split(old: &NodeConfig, new: NodeConfig) -> (Live, Vec<&'static str>) {
         log_level,
         dns_domain,
         accept_dns,
+        network_secret,
+        network_secret_next,
         // Fixed until a restart.
         network_name,
-        network_secret,
         authorities,
         certificate,
         authority_key,
@@ -102,7 +105,6 @@ fn split(old: &NodeConfig, new: NodeConfig) -> (Live, Vec<&'static str>) {
     } = new;
     let fixed = [
         ("network-name", old.network_name != network_name),
-        ("network-secret", old.network_secret != network_secret),
         ("authority", old.authorities != authorities),
         ("certificate", old.certificate != certificate),
         ("authority-key", old.authority_key != authority_key),
@@ -136,7 +138,18 @@ fn split(old: &NodeConfig, new: NodeConfig) -> (Live, Vec<&'static str>) {
         ("expose", old.exposes != exposes),
     ];
     let restart: Vec<&'static str> = fixed.iter().filter(|(_, changed)| *changed).map(|(name, _)| *name).collect();
-    let live = Live { peers, proxy_networks, listeners, lan_discovery, metrics, log_level, dns_domain, accept_dns };
+    let live = Live {
+        peers,
+        proxy_networks,
+        listeners,
+        lan_discovery,
+        metrics,
+        log_level,
+        dns_domain,
+        accept_dns,
+        network_secret,
+        network_secret_next,
+    };
     (live, restart)
 }
 
@@ -153,7 +166,7 @@ impl Runtime {
         metrics: &mut Option<tokio::task::JoinHandle<()>>,
         req_tx: &Requests<Ask>,
     ) -> Reply {
-        let Reloaded { cfg: new, peers: resolved } = new;
+        let Reloaded { cfg: new, peers: resolved, psks } = new;
         let (live, restart) = split(&self.cfg, new);
         let Live {
             peers,
@@ -164,6 +177,8 @@ impl Runtime {
             log_level,
             dns_domain,
             accept_dns,
+            network_secret,
+            network_secret_next,
         } = live;
         let mut out = Outcome::default();
         let now = Instant::now();
@@ -174,6 +189,7 @@ impl Runtime {
         self.reload_metrics(metrics_addr, metrics, req_tx, &mut out);
         self.reload_log_level(log_level, &mut out);
         self.reload_dns(dns_domain, accept_dns, &mut out).await;
+        self.reload_secrets(network_secret, network_secret_next, psks, &mut out);
 
         let Outcome { done, failed } = out;
         let file = self.args.config.as_ref().map_or_else(String::new, |p| format!(" {}", p.display()));
@@ -190,6 +206,32 @@ impl Runtime {
         }
         info!("{message}");
         if failed.is_empty() { Reply::Done { message } } else { Reply::Error { message } }
+    }
+
+    /// The network secret and the next one: handshakes from now on use them (sessions
+    /// up keep their keys until their next rekey, so nothing is cut).
+    fn reload_secrets(
+        &mut self,
+        secret: crate::config::values::Secret,
+        next: Option<crate::config::values::Secret>,
+        psks: (weft_core::handshake::Psk, Option<weft_core::handshake::Psk>),
+        out: &mut Outcome,
+    ) {
+        if secret == self.cfg.network_secret && next == self.cfg.network_secret_next {
+            return;
+        }
+        let (psk, next_psk) = psks;
+        self.shared.macs.set(&psk, next_psk.as_ref());
+        self.engine.set_secrets(psk, next_psk);
+        let promoted = self.cfg.network_secret_next.as_ref() == Some(&secret);
+        out.done(match (&next, secret == self.cfg.network_secret) {
+            (Some(_), true) => "network-secret-next accepted beside the network secret".to_owned(),
+            (None, true) => "network-secret-next dropped".to_owned(),
+            (_, false) if promoted => "the next network secret is now the network secret".to_owned(),
+            (_, false) => "network secret changed (members without it cannot handshake with this node)".to_owned(),
+        });
+        self.cfg.network_secret = secret;
+        self.cfg.network_secret_next = next;
     }
 
     /// Peers: dial the new ones, stop dialling the ones gone (peers added with `weft

@@ -88,6 +88,8 @@ pub(super) struct Reloaded {
     pub(super) cfg: NodeConfig,
     /// Its peers, resolved.
     pub(super) peers: Vec<(PeerUri, Endpoint)>,
+    /// The PSKs of its network secret and next secret (Argon2id, off the loop).
+    pub(super) psks: (weft_core::handshake::Psk, Option<weft_core::handshake::Psk>),
 }
 
 /// Reads the config file again with the flags `weft up` was given, and resolves its
@@ -104,7 +106,8 @@ pub(crate) async fn load_again(args: Arc<UpArgs>) -> Result<Reloaded, String> {
             .map(|p| p.resolve().map(|e| (p.clone(), e)))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| e.to_string())?;
-        Ok(Reloaded { cfg, peers })
+        let psks = super::psks(&cfg);
+        Ok(Reloaded { cfg, peers, psks })
     });
     match tokio::time::timeout(Duration::from_secs(10), job).await {
         Ok(Ok(r)) => r,

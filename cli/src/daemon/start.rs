@@ -304,6 +304,7 @@ pub(super) fn engine(
         join: None,
         issued: None,
         join_refused: None,
+        secrets: Vec::new(),
     };
     let config = Config {
         handshake: Params { local: key, psk, network_name: cfg.network_name.clone(), hello },

@@ -83,6 +83,10 @@ impl Runtime {
                     drops: pd,
                     error: p.error.clone(),
                     protocol: p.protocol,
+                    secret: p.secret.map(|w| match w {
+                        weft_core::admission::Which::Current => weft_control::SecretUse::Current,
+                        weft_core::admission::Which::Next => weft_control::SecretUse::Next,
+                    }),
                 }
             })
             .collect();
