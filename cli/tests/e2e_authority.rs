@@ -303,3 +303,35 @@ fn a_new_machine_joins_with_an_invite_alone_and_spent_revoked_or_expired_invites
     let (ok, err) = join_once(&lan, &dir, "n6", "weft-invite:nonsense!");
     assert!(!ok && err.contains("invalid --join token"), "{err}");
 }
+
+#[test]
+fn a_certificate_that_expires_while_its_sessions_are_up_stops_working_by_itself() {
+    let (lan, dir, key, authority) = network();
+    let key = key.as_str();
+    let (cert_a, cert_b) = (certify(&dir, key, "n0", IPS[0], "1d"), certify(&dir, key, "n1", IPS[1], "20s"));
+    let listen = |i: usize| format!("udp://{}:11010", lan.addrs[i]);
+    let a = Node::start(
+        &lan.hosts[0],
+        &dir.0,
+        "n0",
+        &args(&["--authority", &authority, "--certificate", &cert_a, "--listen", &listen(0)]),
+    );
+    let b = Node::start(
+        &lan.hosts[1],
+        &dir.0,
+        "n1",
+        &args(&["--authority", &authority, "--certificate", &cert_b, "--listen", &listen(1), "--peer", &listen(0)]),
+    );
+    wait_until(Duration::from_secs(15), "the pair is up", || a.peer_established(IPS[1]) && b.peer_established(IPS[0]));
+    assert!(ping(&lan.hosts[1], IPS[0]));
+    // No restart, no rekey needed: the sessions end within the 10 s check after expiry.
+    let took = wait_until(Duration::from_secs(40), "A cuts off the member whose certificate expired", || {
+        !a.peer_established(IPS[1])
+    });
+    eprintln!("A closed the expired member's sessions {took:?} into the test");
+    assert!(a.log_text().contains("a member's certificate expired"), "{}", a.log_text());
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(!a.peer_established(IPS[1]), "the expired member got back in: {}", a.status()["peers"]);
+    assert!(!ping(&lan.hosts[1], IPS[0]), "the expired member still reaches A");
+    assert!(b.log_text().contains("this node's certificate has expired"), "B warns: {}", b.log_text());
+}

@@ -165,6 +165,44 @@ pub(crate) fn grants(authorities: &[AuthorityId], rec: &crate::topology::Record,
     b.subnets.iter().any(|g| g.covers(&want))
 }
 
+impl crate::node::Node {
+    /// Closes the sessions of every member whose certificate has expired by `now`, and
+    /// forgets the records of those (a certificate is checked at each handshake and
+    /// record; this ends what is already up). Returns how many members it cut off.
+    pub fn expire_members(&mut self, now: std::time::Instant) -> usize {
+        if self.cfg.authorities.is_empty() {
+            return 0;
+        }
+        let unix = (self.cfg.wall + now.saturating_duration_since(self.cfg.epoch)).as_secs();
+        let expired = |cert: Option<&[u8]>| {
+            cert.and_then(|c| Certificate::from_bytes(c).ok()).is_some_and(|c| c.body().not_after <= unix)
+        };
+        let peers: Vec<PeerKey> = self
+            .peers
+            .values()
+            .filter(|p| !p.sessions.is_empty() && expired(p.hello.cert.as_deref()))
+            .map(|p| p.key)
+            .collect();
+        let records: Vec<crate::NodeId> =
+            self.mesh.topology.records().filter(|r| expired(r.cert.as_deref())).map(|r| r.node()).collect();
+        for &k in &peers {
+            tracing::warn!(node = %k.id(), "a member's certificate expired: its sessions close");
+            self.close_sessions(now, k, "its member certificate expired");
+        }
+        for id in &records {
+            self.mesh.topology.remove(id);
+        }
+        if !records.is_empty() {
+            self.mesh.paths_changed(now);
+        }
+        if !peers.is_empty() || !records.is_empty() {
+            self.published.routes_dirty = true;
+            self.finish_step(now);
+        }
+        peers.len().max(records.len())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::net::Ipv4Addr;

@@ -742,7 +742,7 @@ impl Node {
 
     /// Closes every session with a peer and says why in its status: no path, no
     /// anchor, a fresh handshake driver (its next handshake starts at once).
-    fn close_sessions(&mut self, now: Instant, key: PeerKey, why: &str) {
+    pub(crate) fn close_sessions(&mut self, now: Instant, key: PeerKey, why: &str) {
         let Some(p) = self.peers.get_mut(&key) else { return };
         p.sessions.clear();
         p.path = PeerPath::Relayed { last: None };

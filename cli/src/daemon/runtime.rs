@@ -425,6 +425,7 @@ impl Runtime {
                     self.engine.set_local_networks(local_networks(&self.cfg.dev_name));
                     self.check_exit_name();
                     self.check_certificate_expiry();
+                    self.engine.expire_members(Instant::now());
                 }
                 _ = dns_timer.tick() => {
                     self.refresh_userspace();
