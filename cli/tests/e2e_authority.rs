@@ -9,7 +9,7 @@
 
 mod netns;
 
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use netns::{Lan, Node, TempDir, ping, require_root, wait_until, weft_bin};
@@ -334,4 +334,75 @@ fn a_certificate_that_expires_while_its_sessions_are_up_stops_working_by_itself(
     assert!(!a.peer_established(IPS[1]), "the expired member got back in: {}", a.status()["peers"]);
     assert!(!ping(&lan.hosts[1], IPS[0]), "the expired member still reaches A");
     assert!(b.log_text().contains("this node's certificate has expired"), "B warns: {}", b.log_text());
+}
+
+#[test]
+fn a_member_revoked_under_an_iperf3_stream_is_cut_off_everywhere_within_seconds() {
+    require_root();
+    let lan = Lan::new(4);
+    let dir = TempDir::new();
+    let key = dir.0.join("auth.key").to_str().unwrap().to_owned();
+    let authority = weft(&["authority", "init", "--out", &key]);
+    let ips = ["10.126.130.1", "10.126.130.2", "10.126.130.3", "10.126.130.4"];
+    let certs: Vec<String> = (0..4).map(|i| certify(&dir, &key, &format!("n{i}"), ips[i], "1d")).collect();
+    let listen = |i: usize| format!("udp://{}:11010", lan.addrs[i]);
+    let nodes: Vec<Node> = (0..4)
+        .map(|i| {
+            let (l, p) = (listen(i), listen(0));
+            let mut extra = vec!["--authority", authority.as_str(), "--certificate", certs[i].as_str(), "--listen", &l];
+            if i != 0 {
+                extra.extend(["--peer", &p]);
+            }
+            Node::start(&lan.hosts[i], &dir.0, &format!("n{i}"), &args(&extra))
+        })
+        .collect();
+    wait_until(Duration::from_secs(20), "four members mesh", || (1..4).all(|i| nodes[0].peer_established(ips[i])));
+    // Every member has a session with D (the one to be revoked); A streams to it.
+    for i in 1..3 {
+        assert!(ping(&lan.hosts[i], ips[3]), "n{i} reaches D");
+    }
+    let mut server = lan.hosts[3].cmd("iperf3").args(["-s", "-B", ips[3]]).stdout(Stdio::null()).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut client = lan.hosts[0]
+        .cmd("iperf3")
+        .args(["-c", ips[3], "-t", "20"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until(Duration::from_secs(10), "the stream to D runs", || {
+        nodes[0].peer(ips[3]).is_some_and(|p| p["tx_bytes"].as_u64().unwrap_or(0) > 20_000_000)
+    });
+
+    // Revoked at B; A (which streams) and C learn it through the mesh.
+    let d_id = weft(&["id", "--state-dir", dir.0.join("n3-state").to_str().unwrap()]);
+    let revocation = weft(&["authority", "revoke", "--key", &key, &d_id]);
+    let given = std::time::Instant::now();
+    let out = Command::new(weft_bin())
+        .args(["revoke", "add", &revocation, "--control"])
+        .arg(&nodes[1].control)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut gone = [None; 3];
+    while gone.iter().any(Option::is_none) && given.elapsed() < Duration::from_secs(5) {
+        for (i, g) in gone.iter_mut().enumerate() {
+            if g.is_none() && !nodes[i].peer_established(ips[3]) {
+                *g = Some(given.elapsed());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = client.kill();
+    let _ = client.wait();
+    let _ = server.kill();
+    let _ = server.wait();
+    eprintln!(
+        "sessions with the revoked member gone after `weft revoke add` at B: A {:?}, B {:?}, C {:?}",
+        gone[0], gone[1], gone[2]
+    );
+    assert!(gone.iter().all(Option::is_some), "not every member cut D off within 5 s: {gone:?}");
+    for (i, ip) in ips.iter().enumerate().take(3) {
+        assert!(!ping(&lan.hosts[3], ip), "the revoked member still reaches n{i}");
+    }
 }
