@@ -3,7 +3,8 @@
 //! Nothing here touches the OS, a socket, a thread or the clock: [`wire`] (headers),
 //! [`admission`] (handshake MACs, cookies, token buckets), [`cert`] (member
 //! certificates and revocations signed by an authority), [`invite`] (the signed
-//! invites a new machine joins with), [`crypto`] (AEAD in
+//! invites a new machine joins with), [`policy`] (access policy between members,
+//! compiled to a matcher), [`crypto`] (AEAD in
 //! place), [`replay`] (window), [`handshake`] (Noise via snow), [`session`] (keys +
 //! counters shared with the pipelines), [`route`] (the immutable snapshot pipelines
 //! read), [`endpoint`] (transport + address) and [`stats`]. The I/O half that moves
@@ -26,6 +27,7 @@ pub mod crypto;
 pub mod endpoint;
 pub mod handshake;
 pub mod invite;
+pub mod policy;
 pub mod replay;
 pub mod route;
 pub mod session;

@@ -1,0 +1,861 @@
+//! Access policy between members: who may reach what.
+//!
+//! A [`Policy`] is parsed from TOML (`weft policy check FILE`, config `policy =
+//! FILE`): named groups, `[[allow]]` rules from sources to destinations by protocol
+//! and ports, and `[[test]]`s that must hold. Default deny once a policy exists.
+//! Selectors name members by host name or node id, CIDRs (proxied subnets and portal
+//! clients included), `group:NAME` (the file's groups, then the groups of members'
+//! certificates), `*` (anyone), and on the destination side `internet` (anything
+//! outside the overlay, reached through an exit).
+//!
+//! [`Policy::compile`] resolves the selectors against what the node knows of the
+//! members ([`Member`]) into a [`Compiled`] matcher: each rule's source and
+//! destination become address ranges, and the address space is cut into intervals
+//! that each carry the set of rules covering them (a bitset), so a packet costs two
+//! binary searches and a bitset AND, not a scan of the rules. Pure: the data path's
+//! connection table and the distribution of policies are elsewhere.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use serde::Deserialize;
+
+/// IP protocol numbers the policy names.
+pub mod proto {
+    /// ICMP.
+    pub const ICMP: u8 = 1;
+    /// TCP.
+    pub const TCP: u8 = 6;
+    /// UDP.
+    pub const UDP: u8 = 17;
+    /// ICMPv6.
+    pub const ICMPV6: u8 = 58;
+}
+
+/// Most rules a policy holds.
+pub const MAX_RULES: usize = 4096;
+
+/// Why a policy file is refused, naming the place.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    /// Not TOML, or not this shape.
+    #[error("{0}")]
+    Syntax(String),
+    /// A selector that is none of the forms.
+    #[error("{0}: {1:?} is not a host name, node id, CIDR, group:NAME, * or internet")]
+    Selector(String, String),
+    /// A group that is not defined and not a certificate group anybody could have.
+    #[error("{0}: group {1:?} refers to itself")]
+    Cycle(String, String),
+    /// A bad protocol.
+    #[error("{0}: proto {1:?} is not tcp, udp, icmp or any")]
+    Proto(String, String),
+    /// A bad port or range.
+    #[error("{0}: port {1:?} is not a number or range 1-65535")]
+    Port(String, String),
+    /// Too many rules.
+    #[error("more than {MAX_RULES} rules")]
+    TooMany,
+    /// A test that does not hold.
+    #[error("test {0} fails: {1}")]
+    TestFailed(usize, String),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    groups: BTreeMap<String, Vec<String>>,
+    #[serde(default)]
+    hosts: BTreeMap<String, String>,
+    #[serde(default)]
+    allow: Vec<RuleFile>,
+    #[serde(default)]
+    test: Vec<TestFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RuleFile {
+    from: Vec<String>,
+    to: Vec<String>,
+    #[serde(default)]
+    proto: Option<String>,
+    #[serde(default)]
+    ports: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TestFile {
+    from: String,
+    to: String,
+    #[serde(default)]
+    proto: Option<String>,
+    allow: bool,
+}
+
+/// What a selector names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Selector {
+    /// Anyone (`*`).
+    Any,
+    /// Anything outside the overlay, through an exit (`internet`; destinations only).
+    Internet,
+    /// Addresses in a prefix.
+    Cidr(IpAddr, u8),
+    /// A group (`group:NAME`).
+    Group(String),
+    /// A member, by host name or node id (64 hex digits).
+    Member(String),
+}
+
+impl fmt::Display for Selector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Any => f.write_str("*"),
+            Self::Internet => f.write_str("internet"),
+            Self::Cidr(a, p) => write!(f, "{a}/{p}"),
+            Self::Group(g) => write!(f, "group:{g}"),
+            Self::Member(m) => f.write_str(m),
+        }
+    }
+}
+
+fn parse_selector(s: &str, place: &str) -> Result<Selector, PolicyError> {
+    let bad = || PolicyError::Selector(place.to_owned(), s.to_owned());
+    let s = s.trim();
+    if s == "*" {
+        return Ok(Selector::Any);
+    }
+    if s == "internet" {
+        return Ok(Selector::Internet);
+    }
+    if let Some(g) = s.strip_prefix("group:") {
+        return if valid_name(g) { Ok(Selector::Group(g.to_owned())) } else { Err(bad()) };
+    }
+    if let Some((a, p)) = parse_cidr(s) {
+        return Ok(Selector::Cidr(a, p));
+    }
+    if valid_name(s) { Ok(Selector::Member(s.to_owned())) } else { Err(bad()) }
+}
+
+fn valid_name(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 255 && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+/// `ADDR/PREFIX` or a bare address (a /32 or /128), masked to its network.
+fn parse_cidr(s: &str) -> Option<(IpAddr, u8)> {
+    let (a, p) = match s.split_once('/') {
+        Some((a, p)) => (a.parse::<IpAddr>().ok()?, p.parse::<u8>().ok()?),
+        None => {
+            let a = s.parse::<IpAddr>().ok()?;
+            (a, if a.is_ipv4() { 32 } else { 128 })
+        }
+    };
+    let max = if a.is_ipv4() { 32 } else { 128 };
+    (p <= max).then(|| (mask(a, p), p))
+}
+
+fn mask(a: IpAddr, p: u8) -> IpAddr {
+    match a {
+        IpAddr::V4(v) => {
+            let m = if p == 0 { 0 } else { u32::MAX << (32 - p) };
+            IpAddr::V4(Ipv4Addr::from(u32::from(v) & m))
+        }
+        IpAddr::V6(v) => {
+            let m = if p == 0 { 0 } else { u128::MAX << (128 - p) };
+            IpAddr::V6(Ipv6Addr::from(u128::from(v) & m))
+        }
+    }
+}
+
+/// Protocols a rule covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Proto {
+    /// Every protocol.
+    Any,
+    /// TCP.
+    Tcp,
+    /// UDP.
+    Udp,
+    /// ICMP and ICMPv6.
+    Icmp,
+}
+
+impl Proto {
+    fn parse(s: Option<&str>, place: &str) -> Result<Self, PolicyError> {
+        match s.map(str::trim) {
+            None | Some("any" | "*") => Ok(Self::Any),
+            Some("tcp") => Ok(Self::Tcp),
+            Some("udp") => Ok(Self::Udp),
+            Some("icmp") => Ok(Self::Icmp),
+            Some(o) => Err(PolicyError::Proto(place.to_owned(), o.to_owned())),
+        }
+    }
+
+    /// Whether IP protocol number `p` is one of these.
+    pub fn covers(self, p: u8) -> bool {
+        match self {
+            Self::Any => true,
+            Self::Tcp => p == proto::TCP,
+            Self::Udp => p == proto::UDP,
+            Self::Icmp => p == proto::ICMP || p == proto::ICMPV6,
+        }
+    }
+
+    fn has_ports(self) -> bool {
+        matches!(self, Self::Tcp | Self::Udp)
+    }
+}
+
+impl fmt::Display for Proto {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Any => "any",
+            Self::Tcp => "tcp",
+            Self::Udp => "udp",
+            Self::Icmp => "icmp",
+        })
+    }
+}
+
+/// One `[[allow]]` rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    /// Sources.
+    pub from: Vec<Selector>,
+    /// Destinations.
+    pub to: Vec<Selector>,
+    /// Protocols.
+    pub proto: Proto,
+    /// Destination port ranges (empty: every port).
+    pub ports: Vec<(u16, u16)>,
+}
+
+impl Rule {
+    /// Whether destination port `port` of IP protocol `proto` is among its ports.
+    pub fn port_ok(&self, port: u16, proto: u8) -> bool {
+        self.ports.is_empty() || port_in(&self.ports, port, proto)
+    }
+}
+
+/// One `[[test]]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Test {
+    /// The source: a member name, node id or address.
+    pub from: String,
+    /// The destination member (or address) and port, `NAME:PORT` (port optional for icmp).
+    pub to: String,
+    /// The destination port.
+    pub port: u16,
+    /// The protocol (tcp unless said).
+    pub proto: u8,
+    /// Whether it must be allowed.
+    pub allow: bool,
+}
+
+/// A parsed policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// Named groups: their members' selectors.
+    pub groups: BTreeMap<String, Vec<Selector>>,
+    /// Names given addresses by the file (`[hosts]`), for tests without a mesh.
+    pub hosts: BTreeMap<String, IpAddr>,
+    /// The rules, in file order (their index names them in counters).
+    pub rules: Vec<Rule>,
+    /// The tests.
+    pub tests: Vec<Test>,
+}
+
+/// What a node knows of one member when it compiles a policy.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Member {
+    /// Its node id (64 hex digits).
+    pub node_id: String,
+    /// Its host name.
+    pub name: String,
+    /// Its overlay addresses.
+    pub addrs: Vec<IpAddr>,
+    /// The groups of its certificate.
+    pub groups: Vec<String>,
+    /// Subnets it proxies (`group:` and member selectors include them as destinations).
+    pub subnets: Vec<(IpAddr, u8)>,
+}
+
+impl Policy {
+    /// Parses a policy file's text.
+    pub fn parse(text: &str) -> Result<Self, PolicyError> {
+        let f: File = toml::from_str(text).map_err(|e| PolicyError::Syntax(e.to_string()))?;
+        if f.allow.len() > MAX_RULES {
+            return Err(PolicyError::TooMany);
+        }
+        let mut groups = BTreeMap::new();
+        for (name, members) in &f.groups {
+            if !valid_name(name) {
+                return Err(PolicyError::Selector("[groups]".into(), name.clone()));
+            }
+            let place = format!("group {name}");
+            let sel = members.iter().map(|m| parse_selector(m, &place)).collect::<Result<Vec<_>, _>>()?;
+            groups.insert(name.clone(), sel);
+        }
+        let mut hosts = BTreeMap::new();
+        for (name, addr) in &f.hosts {
+            let a =
+                addr.parse::<IpAddr>().map_err(|_| PolicyError::Selector(format!("[hosts] {name}"), addr.clone()))?;
+            hosts.insert(name.clone(), a);
+        }
+        let mut rules = Vec::with_capacity(f.allow.len());
+        for (i, r) in f.allow.iter().enumerate() {
+            let place = format!("allow rule {}", i + 1);
+            let from = r.from.iter().map(|s| parse_selector(s, &place)).collect::<Result<Vec<_>, _>>()?;
+            let to = r.to.iter().map(|s| parse_selector(s, &place)).collect::<Result<Vec<_>, _>>()?;
+            if from.contains(&Selector::Internet) {
+                return Err(PolicyError::Selector(place, "internet (a destination only)".into()));
+            }
+            let proto = Proto::parse(r.proto.as_deref(), &place)?;
+            let ports = r.ports.iter().map(|p| parse_ports(p, &place)).collect::<Result<Vec<_>, _>>()?;
+            if !ports.is_empty() && !proto.has_ports() {
+                return Err(PolicyError::Port(place, format!("{} (ports need proto tcp or udp)", r.ports.join(","))));
+            }
+            rules.push(Rule { from, to, proto, ports });
+        }
+        let mut tests = Vec::with_capacity(f.test.len());
+        for (i, t) in f.test.iter().enumerate() {
+            let place = format!("test {}", i + 1);
+            let p = match Proto::parse(t.proto.as_deref().or(Some("tcp")), &place)? {
+                Proto::Udp => proto::UDP,
+                Proto::Icmp => proto::ICMP,
+                Proto::Tcp | Proto::Any => proto::TCP,
+            };
+            let (to, port) = split_port(&t.to);
+            let port = match port {
+                Some(p) => p.parse::<u16>().map_err(|_| PolicyError::Port(place.clone(), p.to_owned()))?,
+                None if p == proto::ICMP => 0,
+                None => return Err(PolicyError::Port(place, format!("{} (say NAME:PORT)", t.to))),
+            };
+            tests.push(Test { from: t.from.clone(), to: to.to_owned(), port, proto: p, allow: t.allow });
+        }
+        let policy = Self { groups, hosts, rules, tests };
+        for g in policy.groups.keys() {
+            policy.expand_group(g, &mut Vec::new())?;
+        }
+        Ok(policy)
+    }
+
+    /// The selectors a group stands for, nested groups expanded (a group the file does
+    /// not define stays, for members whose certificates carry it).
+    fn expand_group(&self, g: &str, stack: &mut Vec<String>) -> Result<Vec<Selector>, PolicyError> {
+        if stack.iter().any(|s| s == g) {
+            return Err(PolicyError::Cycle(format!("group {}", stack[0]), g.to_owned()));
+        }
+        let Some(members) = self.groups.get(g) else { return Ok(vec![Selector::Group(g.to_owned())]) };
+        stack.push(g.to_owned());
+        let mut out = vec![Selector::Group(g.to_owned())];
+        for m in members {
+            match m {
+                Selector::Group(inner) => out.extend(self.expand_group(inner, stack)?),
+                other => out.push(other.clone()),
+            }
+        }
+        stack.pop();
+        Ok(out)
+    }
+
+    /// Compiles against `members` (what this node knows) for a node whose overlay
+    /// networks are `overlay` (what `internet` excludes).
+    pub fn compile(&self, members: &[Member], overlay: &[(IpAddr, u8)]) -> Compiled {
+        let mut src: Vec<Vec<Range>> = Vec::with_capacity(self.rules.len());
+        let mut dst: Vec<Vec<Range>> = Vec::with_capacity(self.rules.len());
+        for r in &self.rules {
+            src.push(self.ranges(&r.from, members, overlay, false));
+            dst.push(self.ranges(&r.to, members, overlay, true));
+        }
+        Compiled {
+            src: Intervals::build(&src),
+            dst: Intervals::build(&dst),
+            rules: self.rules.iter().map(|r| (r.proto, r.ports.clone())).collect(),
+            words: self.rules.len().div_ceil(64),
+        }
+    }
+
+    /// The address ranges `sel` covers.
+    fn ranges(&self, sel: &[Selector], members: &[Member], overlay: &[(IpAddr, u8)], dest: bool) -> Vec<Range> {
+        let mut out = Vec::new();
+        for s in sel {
+            let expanded = match s {
+                Selector::Group(g) => self.expand_group(g, &mut Vec::new()).unwrap_or_default(),
+                other => vec![other.clone()],
+            };
+            for e in expanded {
+                match e {
+                    Selector::Any => {
+                        out.push(Range::of(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0));
+                        out.push(Range::of(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0));
+                    }
+                    Selector::Internet => out.extend(internet(overlay)),
+                    Selector::Cidr(a, p) => out.push(Range::of(a, p)),
+                    Selector::Group(g) => {
+                        for m in members.iter().filter(|m| m.groups.contains(&g)) {
+                            out.extend(member_ranges(m, dest));
+                        }
+                    }
+                    Selector::Member(name) => {
+                        let found: Vec<&Member> = members
+                            .iter()
+                            .filter(|m| m.name == name || m.node_id.eq_ignore_ascii_case(&name))
+                            .collect();
+                        for m in &found {
+                            out.extend(member_ranges(m, dest));
+                        }
+                        if found.is_empty()
+                            && let Some(a) = self.hosts.get(&name)
+                        {
+                            out.push(Range::of(*a, if a.is_ipv4() { 32 } else { 128 }));
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Runs the tests against `members` (offline: the file's `[hosts]` only): the first
+    /// that fails, with why.
+    pub fn check_tests(&self, members: &[Member], overlay: &[(IpAddr, u8)]) -> Result<usize, PolicyError> {
+        let c = self.compile(members, overlay);
+        for (i, t) in self.tests.iter().enumerate() {
+            let place = i + 1;
+            let from = self.addr_of(&t.from, members).ok_or_else(|| {
+                PolicyError::TestFailed(place, format!("{:?} is no member, address or [hosts] name", t.from))
+            })?;
+            let to = self.addr_of(&t.to, members).ok_or_else(|| {
+                PolicyError::TestFailed(place, format!("{:?} is no member, address or [hosts] name", t.to))
+            })?;
+            let got = c.allows(from, to, t.proto, t.port);
+            if got.is_some() != t.allow {
+                let what = match got {
+                    Some(r) => format!("allowed by rule {}", r + 1),
+                    None => "denied (no rule allows it)".to_owned(),
+                };
+                return Err(PolicyError::TestFailed(
+                    place,
+                    format!(
+                        "{} -> {}:{} is {what}, the test says {}",
+                        t.from,
+                        t.to,
+                        t.port,
+                        if t.allow { "allow" } else { "deny" }
+                    ),
+                ));
+            }
+        }
+        Ok(self.tests.len())
+    }
+
+    /// The address a test names: a member's, a `[hosts]` entry's, or a literal.
+    pub fn addr_of(&self, name: &str, members: &[Member]) -> Option<IpAddr> {
+        if let Ok(a) = name.parse::<IpAddr>() {
+            return Some(a);
+        }
+        members
+            .iter()
+            .find(|m| m.name == name || m.node_id.eq_ignore_ascii_case(name))
+            .and_then(|m| m.addrs.first().copied())
+            .or_else(|| self.hosts.get(name).copied())
+    }
+}
+
+fn member_ranges(m: &Member, dest: bool) -> Vec<Range> {
+    let mut v: Vec<Range> = m.addrs.iter().map(|&a| Range::of(a, if a.is_ipv4() { 32 } else { 128 })).collect();
+    if dest {
+        v.extend(m.subnets.iter().map(|&(a, p)| Range::of(a, p)));
+    }
+    v
+}
+
+/// Everything outside the overlay networks: the complement of their ranges.
+fn internet(overlay: &[(IpAddr, u8)]) -> Vec<Range> {
+    let mut out = Vec::new();
+    for v6 in [false, true] {
+        let mut cut: Vec<Range> =
+            overlay.iter().filter(|(a, _)| a.is_ipv6() == v6).map(|&(a, p)| Range::of(a, p)).collect();
+        cut.sort_by_key(|r| r.lo);
+        let (lo0, hi0) = if v6 { (0u128, u128::MAX) } else { (0, u128::from(u32::MAX)) };
+        let mut at = lo0;
+        let mut done = false;
+        for r in cut {
+            if r.lo > at {
+                out.push(Range { v6, lo: at, hi: r.lo - 1 });
+            }
+            if r.hi >= hi0 {
+                done = true;
+                break;
+            }
+            at = at.max(r.hi + 1);
+        }
+        if !done {
+            out.push(Range { v6, lo: at, hi: hi0 });
+        }
+    }
+    out
+}
+
+fn parse_ports(s: &str, place: &str) -> Result<(u16, u16), PolicyError> {
+    let bad = || PolicyError::Port(place.to_owned(), s.to_owned());
+    let (lo, hi) = match s.trim().split_once('-') {
+        Some((a, b)) => (a.trim().parse::<u16>().map_err(|_| bad())?, b.trim().parse::<u16>().map_err(|_| bad())?),
+        None => {
+            let p = s.trim().parse::<u16>().map_err(|_| bad())?;
+            (p, p)
+        }
+    };
+    if lo == 0 || lo > hi {
+        return Err(bad());
+    }
+    Ok((lo, hi))
+}
+
+/// `NAME:PORT` or `[v6]:PORT` or a bare name.
+fn split_port(s: &str) -> (&str, Option<&str>) {
+    if let Some(rest) = s.strip_prefix('[')
+        && let Some((a, p)) = rest.split_once("]:")
+    {
+        return (a, Some(p));
+    }
+    if s.matches(':').count() == 1
+        && let Some((a, p)) = s.split_once(':')
+    {
+        return (a, Some(p));
+    }
+    (s, None)
+}
+
+/// An inclusive address range of one family (IPv4 as the low 32 bits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Range {
+    v6: bool,
+    lo: u128,
+    hi: u128,
+}
+
+impl Range {
+    fn of(a: IpAddr, p: u8) -> Self {
+        match mask(a, p) {
+            IpAddr::V4(v) => {
+                let lo = u128::from(u32::from(v));
+                let span = if p >= 32 { 0 } else { (1u128 << (32 - p)) - 1 };
+                Self { v6: false, lo, hi: lo + span }
+            }
+            IpAddr::V6(v) => {
+                let lo = u128::from(v);
+                let span = if p >= 128 {
+                    0
+                } else if p == 0 {
+                    u128::MAX
+                } else {
+                    (1u128 << (128 - p)) - 1
+                };
+                Self { v6: true, lo, hi: lo.saturating_add(span) }
+            }
+        }
+    }
+}
+
+fn key(a: IpAddr) -> (bool, u128) {
+    match a {
+        IpAddr::V4(v) => (false, u128::from(u32::from(v))),
+        IpAddr::V6(v) => match v.to_ipv4_mapped() {
+            Some(v4) => (false, u128::from(u32::from(v4))),
+            None => (true, u128::from(v)),
+        },
+    }
+}
+
+/// The address space of both families cut where any rule's range starts or ends;
+/// each piece carries the bitset of the rules covering it.
+#[derive(Debug, Clone, Default)]
+struct Intervals {
+    /// Per family: the start of each piece, sorted, and its rule bitset.
+    starts: [Vec<u128>; 2],
+    sets: [Vec<Vec<u64>>; 2],
+}
+
+impl Intervals {
+    fn build(per_rule: &[Vec<Range>]) -> Self {
+        let words = per_rule.len().div_ceil(64);
+        let mut out = Self::default();
+        for fam in 0..2 {
+            let v6 = fam == 1;
+            let mut cuts: Vec<u128> = vec![0];
+            for r in per_rule.iter().flatten().filter(|r| r.v6 == v6) {
+                cuts.push(r.lo);
+                if r.hi < u128::MAX {
+                    cuts.push(r.hi + 1);
+                }
+            }
+            cuts.sort_unstable();
+            cuts.dedup();
+            let mut sets = vec![vec![0u64; words]; cuts.len()];
+            for (i, ranges) in per_rule.iter().enumerate() {
+                for r in ranges.iter().filter(|r| r.v6 == v6) {
+                    let first = cuts.partition_point(|&c| c < r.lo);
+                    let end = cuts.partition_point(|&c| c <= r.hi);
+                    for set in &mut sets[first..end] {
+                        set[i / 64] |= 1 << (i % 64);
+                    }
+                }
+            }
+            out.starts[fam] = cuts;
+            out.sets[fam] = sets;
+        }
+        out
+    }
+
+    fn get(&self, a: IpAddr) -> Option<&[u64]> {
+        let (v6, k) = key(a);
+        let fam = usize::from(v6);
+        let i = self.starts[fam].partition_point(|&c| c <= k).checked_sub(1)?;
+        self.sets[fam].get(i).map(Vec::as_slice)
+    }
+}
+
+/// A policy resolved to addresses: what the data path asks per new flow.
+#[derive(Debug, Clone, Default)]
+pub struct Compiled {
+    src: Intervals,
+    dst: Intervals,
+    rules: Vec<(Proto, Vec<(u16, u16)>)>,
+    words: usize,
+}
+
+impl Compiled {
+    /// The first rule that allows a packet from `src` to `dst` of IP protocol `proto`
+    /// to destination port `port` (ignored for protocols without ports), or `None`:
+    /// denied.
+    pub fn allows(&self, src: IpAddr, dst: IpAddr, proto: u8, port: u16) -> Option<usize> {
+        let (s, d) = (self.src.get(src)?, self.dst.get(dst)?);
+        for w in 0..self.words {
+            let mut bits = s[w] & d[w];
+            while bits != 0 {
+                let i = w * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                let (p, ports) = &self.rules[i];
+                if p.covers(proto) && (ports.is_empty() || port_in(ports, port, proto)) {
+                    return Some(i);
+                }
+            }
+        }
+        None
+    }
+
+    /// How many rules it holds.
+    pub fn rules(&self) -> usize {
+        self.rules.len()
+    }
+}
+
+fn port_in(ports: &[(u16, u16)], port: u16, proto: u8) -> bool {
+    !(proto == proto::TCP || proto == proto::UDP) || ports.iter().any(|&(lo, hi)| (lo..=hi).contains(&port))
+}
+
+/// Names that a policy's selectors use but that resolve to nobody among `members`
+/// (typos show here: `weft policy check` warns).
+pub fn unresolved(policy: &Policy, members: &[Member]) -> Vec<String> {
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    let known_groups: HashSet<&str> = members.iter().flat_map(|m| m.groups.iter().map(String::as_str)).collect();
+    let all = policy.rules.iter().flat_map(|r| r.from.iter().chain(&r.to)).chain(policy.groups.values().flatten());
+    for s in all {
+        let name = match s {
+            Selector::Member(n)
+                if !members.iter().any(|m| m.name == *n || m.node_id.eq_ignore_ascii_case(n))
+                    && !policy.hosts.contains_key(n) =>
+            {
+                n.clone()
+            }
+            Selector::Group(g) if !policy.groups.contains_key(g) && !known_groups.contains(g.as_str()) => {
+                format!("group:{g}")
+            }
+            _ => continue,
+        };
+        if seen.insert(name.clone()) {
+            out.push(name);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = r#"
+[groups]
+admins  = ["alice", "10.126.126.0/28"]      # host names, node ids, CIDRs, or group:NAME
+servers = ["db", "web"]
+
+[[allow]]
+from  = ["group:admins"]
+to    = ["group:servers"]
+proto = "tcp"
+ports = ["22", "8000-8099"]
+
+[[allow]]
+from  = ["*"]
+to    = ["web"]
+proto = "tcp"
+ports = ["443"]
+
+[[test]]
+from = "alice"
+to   = "db:22"
+allow = true
+
+[[test]]
+from = "web"
+to   = "db:5432"
+allow = false
+"#;
+
+    fn m(name: &str, ip: [u8; 4], groups: &[&str]) -> Member {
+        Member {
+            node_id: format!("{:064x}", ip[3]),
+            name: name.into(),
+            addrs: vec![IpAddr::V4(ip.into())],
+            groups: groups.iter().map(|g| (*g).to_owned()).collect(),
+            subnets: Vec::new(),
+        }
+    }
+
+    fn members() -> Vec<Member> {
+        vec![
+            m("alice", [10, 126, 126, 50], &[]),
+            m("db", [10, 126, 126, 20], &[]),
+            m("web", [10, 126, 126, 21], &["public"]),
+            m("laptop", [10, 126, 126, 60], &["laptops"]),
+        ]
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn the_issues_example_parses_and_its_tests_pass() {
+        let p = Policy::parse(EXAMPLE).unwrap();
+        assert_eq!(p.rules.len(), 2);
+        assert_eq!(p.check_tests(&members(), &[]), Ok(2));
+        let c = p.compile(&members(), &[]);
+        assert_eq!(c.allows(ip("10.126.126.50"), ip("10.126.126.20"), proto::TCP, 22), Some(0));
+        assert_eq!(c.allows(ip("10.126.126.3"), ip("10.126.126.21"), proto::TCP, 8050), Some(0), "an admin CIDR");
+        assert_eq!(c.allows(ip("10.126.126.60"), ip("10.126.126.21"), proto::TCP, 443), Some(1), "anyone to web:443");
+        assert_eq!(c.allows(ip("10.126.126.60"), ip("10.126.126.20"), proto::TCP, 22), None, "default deny");
+        assert_eq!(c.allows(ip("10.126.126.50"), ip("10.126.126.20"), proto::UDP, 22), None, "tcp only");
+        assert_eq!(c.allows(ip("10.126.126.50"), ip("10.126.126.20"), proto::ICMP, 0), None);
+    }
+
+    #[test]
+    fn a_failing_test_is_named_with_the_rule_that_decides() {
+        let text = format!("{EXAMPLE}\n[[test]]\nfrom = \"laptop\"\nto = \"web:443\"\nallow = false\n");
+        let e = Policy::parse(&text).unwrap().check_tests(&members(), &[]).unwrap_err();
+        assert_eq!(e.to_string(), "test 3 fails: laptop -> web:443 is allowed by rule 2, the test says deny");
+    }
+
+    #[test]
+    fn bad_files_are_refused_naming_the_place() {
+        let cases = [
+            ("[[allow]]\nfrom=[\"a b\"]\nto=[\"*\"]\n", "allow rule 1: \"a b\" is not"),
+            ("[[allow]]\nfrom=[\"*\"]\nto=[\"*\"]\nproto=\"sctp\"\n", "proto \"sctp\""),
+            ("[[allow]]\nfrom=[\"*\"]\nto=[\"*\"]\nproto=\"tcp\"\nports=[\"0\"]\n", "port \"0\""),
+            ("[[allow]]\nfrom=[\"*\"]\nto=[\"*\"]\nports=[\"22\"]\n", "ports need proto"),
+            ("[[allow]]\nfrom=[\"internet\"]\nto=[\"*\"]\n", "a destination only"),
+            ("[groups]\na=[\"group:b\"]\nb=[\"group:a\"]\n", "refers to itself"),
+            ("[[test]]\nfrom=\"a\"\nto=\"b\"\nallow=true\n", "say NAME:PORT"),
+            ("[allow]\n", "invalid type"),
+            ("bogus = 1\n", "unknown field"),
+        ];
+        for (text, want) in cases {
+            let e = Policy::parse(text).unwrap_err().to_string();
+            assert!(e.contains(want), "{text:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn groups_come_from_the_file_and_from_certificates_and_nest() {
+        let text = "[groups]\nstaff=[\"group:admins\", \"bob\"]\nadmins=[\"alice\"]\n\
+                    [[allow]]\nfrom=[\"group:staff\", \"group:laptops\"]\nto=[\"group:public\"]\n";
+        let c = Policy::parse(text).unwrap().compile(&members(), &[]);
+        let web = ip("10.126.126.21");
+        assert_eq!(c.allows(ip("10.126.126.50"), web, proto::UDP, 53), Some(0), "alice through admins");
+        assert_eq!(c.allows(ip("10.126.126.60"), web, proto::ICMP, 0), Some(0), "a certificate group");
+        assert_eq!(c.allows(ip("10.126.126.20"), web, proto::TCP, 1), None);
+        assert_eq!(c.allows(ip("10.126.126.50"), ip("10.126.126.20"), proto::TCP, 1), None, "db is not public");
+    }
+
+    #[test]
+    fn internet_is_what_lies_outside_the_overlay_and_subnets_are_destinations() {
+        let mut mm = members();
+        mm[1].subnets.push((ip("192.168.50.0"), 24));
+        let text = "[[allow]]\nfrom=[\"alice\"]\nto=[\"internet\", \"db\"]\n";
+        let c = Policy::parse(text).unwrap().compile(&mm, &[(ip("10.126.126.0"), 24), (ip("fd00::"), 64)]);
+        let alice = ip("10.126.126.50");
+        assert_eq!(c.allows(alice, ip("1.1.1.1"), proto::TCP, 443), Some(0));
+        assert_eq!(c.allows(alice, ip("2001:db8::1"), proto::TCP, 443), Some(0));
+        assert_eq!(c.allows(alice, ip("10.126.126.21"), proto::TCP, 443), None, "web is in the overlay");
+        assert_eq!(c.allows(alice, ip("fd00::9"), proto::TCP, 443), None);
+        assert_eq!(c.allows(alice, ip("192.168.50.7"), proto::TCP, 443), Some(0), "db's subnet");
+        assert_eq!(
+            unresolved(&Policy::parse("[[allow]]\nfrom=[\"carol\"]\nto=[\"group:x\"]\n").unwrap(), &mm),
+            ["carol", "group:x"]
+        );
+    }
+
+    /// The compiled matcher against a scan of the rules, on random packets.
+    #[test]
+    fn the_compiled_matcher_agrees_with_a_naive_scan() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let base = u32::from(Ipv4Addr::new(10, 0, 0, 0));
+        let rand_cidr = |rng: &mut rand::rngs::StdRng| {
+            let p = rng.gen_range(20..=32u8);
+            (IpAddr::V4(Ipv4Addr::from(base + rng.gen_range(0..4096))), p)
+        };
+        for round in 0..20 {
+            let n = if round == 0 { 200 } else { rng.gen_range(1..80) };
+            let mut rules = Vec::new();
+            for _ in 0..n {
+                let sels = |rng: &mut rand::rngs::StdRng| -> Vec<Selector> {
+                    let k = rng.gen_range(1..3);
+                    (0..k).map(|_| rand_cidr(rng)).map(|(a, p)| Selector::Cidr(mask(a, p), p)).collect()
+                };
+                let (from, to) = (sels(&mut rng), sels(&mut rng));
+                let proto = [Proto::Any, Proto::Tcp, Proto::Udp, Proto::Icmp][rng.gen_range(0..4)];
+                let ports = if proto.has_ports() && rng.gen_bool(0.7) {
+                    let lo = rng.gen_range(1..1000u16);
+                    vec![(lo, lo + rng.gen_range(0..50))]
+                } else {
+                    Vec::new()
+                };
+                rules.push(Rule { from, to, proto, ports });
+            }
+            let policy = Policy { groups: BTreeMap::new(), hosts: BTreeMap::new(), rules, tests: Vec::new() };
+            let c = policy.compile(&[], &[]);
+            let inside = |sel: &[Selector], a: IpAddr| {
+                sel.iter().any(|s| matches!(s, Selector::Cidr(n, p) if mask(a, *p) == *n))
+            };
+            for _ in 0..2000 {
+                let s = IpAddr::V4(Ipv4Addr::from(base + rng.gen_range(0..4096)));
+                let d = IpAddr::V4(Ipv4Addr::from(base + rng.gen_range(0..4096)));
+                let pr = [proto::TCP, proto::UDP, proto::ICMP, 47][rng.gen_range(0..4)];
+                let port = rng.gen_range(1..1100u16);
+                let naive = policy
+                    .rules
+                    .iter()
+                    .position(|r| inside(&r.from, s) && inside(&r.to, d) && r.proto.covers(pr) && r.port_ok(port, pr));
+                assert_eq!(c.allows(s, d, pr, port), naive, "{s} -> {d} proto {pr} port {port}");
+            }
+        }
+    }
+}
