@@ -231,6 +231,7 @@ fn pipeline(c: &mut Criterion) {
                         epoch: Instant::now(),
                         stop: Arc::new(AtomicBool::new(false)),
                         offload: Arc::new(Offload::new(false, false)),
+                        firewall: Default::default(),
                     };
                     let (slab, slot, metas) = rx.slab();
                     for (i, d) in dgrams.iter().enumerate() {

@@ -129,6 +129,7 @@ impl Host {
             epoch,
             stop: Arc::new(AtomicBool::new(false)),
             offload: Arc::new(Offload::new(false, false)),
+            firewall: Default::default(),
         };
         Self {
             addr,

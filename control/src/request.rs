@@ -42,6 +42,15 @@ pub enum Request {
         /// The revocation, `weft-revocation:...`.
         revocation: String,
     },
+    /// Which rule of the access policy decides a flow (`weft policy explain`).
+    ExplainPolicy {
+        /// The source: a member's host name or node id, or an address.
+        from: String,
+        /// The destination, likewise, and its port: `NAME:PORT`.
+        to: String,
+        /// tcp, udp or icmp.
+        proto: String,
+    },
 }
 
 impl Request {
@@ -50,7 +59,7 @@ impl Request {
     /// listed here as changing unless they only read.
     pub fn changes_node(&self) -> bool {
         match self {
-            Self::Status => false,
+            Self::Status | Self::ExplainPolicy { .. } => false,
             Self::AddPeer { .. }
             | Self::RemovePeer { .. }
             | Self::WgAdd { .. }

@@ -63,6 +63,9 @@ pub struct StatusJson {
     /// Node ids (64 hex digits) the network's authority revoked, as this node knows.
     #[serde(default)]
     pub revocations: Vec<String>,
+    /// The access policy in force (absent: none, every member reaches everything).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<PolicyJson>,
     /// Host name.
     pub hostname: String,
     /// Overlay address with prefix.
@@ -406,6 +409,29 @@ pub struct PeerJson {
     /// secret rotates (`network-secret-next`); absent before a handshake.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret: Option<SecretUse>,
+}
+
+/// The access policy a node enforces.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyJson {
+    /// Where it came from: the file it was read from.
+    pub source: String,
+    /// A short hash of its text (what changes when the policy does).
+    pub version: String,
+    /// Its rules.
+    pub rules: usize,
+    /// Its tests, passed when it was put in force.
+    pub tests_passed: usize,
+    /// Tests skipped then: they name members this node did not know.
+    pub tests_skipped: usize,
+    /// Flows in the connection table.
+    pub flows: usize,
+    /// Packets dropped: no rule allows them and they answer no flow of ours.
+    pub denied: u64,
+    /// New flows dropped because the connection table was full.
+    pub table_full: u64,
+    /// New flows each rule admitted, in rule order.
+    pub hits: Vec<u64>,
 }
 
 /// Which network secret a peer's session uses.

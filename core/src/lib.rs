@@ -4,7 +4,8 @@
 //! [`admission`] (handshake MACs, cookies, token buckets), [`cert`] (member
 //! certificates and revocations signed by an authority), [`invite`] (the signed
 //! invites a new machine joins with), [`policy`] (access policy between members,
-//! compiled to a matcher), [`crypto`] (AEAD in
+//! compiled to a matcher), [`firewall`] (the connection table in front of it),
+//! [`crypto`] (AEAD in
 //! place), [`replay`] (window), [`handshake`] (Noise via snow), [`session`] (keys +
 //! counters shared with the pipelines), [`route`] (the immutable snapshot pipelines
 //! read), [`endpoint`] (transport + address) and [`stats`]. The I/O half that moves
@@ -25,6 +26,7 @@ pub mod admission;
 pub mod cert;
 pub mod crypto;
 pub mod endpoint;
+pub mod firewall;
 pub mod handshake;
 pub mod invite;
 pub mod policy;

@@ -52,11 +52,13 @@ pub enum DropReason {
     ControlSendBlocked,
     /// Data for a session index we do not hold (stale or forged).
     UnknownSession,
+    /// The access policy allows no such flow, and it answers none of ours.
+    Policy,
 }
 
 impl DropReason {
     /// All reasons, in counter order.
-    pub const ALL: [Self; 18] = [
+    pub const ALL: [Self; 19] = [
         Self::AuthFailed,
         Self::ControlQueueFull,
         Self::HandshakeMac,
@@ -75,6 +77,7 @@ impl DropReason {
         Self::UdpSend,
         Self::ControlSendBlocked,
         Self::UnknownSession,
+        Self::Policy,
     ];
 
     /// The snake_case name used in status output.
@@ -98,6 +101,7 @@ impl DropReason {
             Self::UdpSend => "udp_send",
             Self::ControlSendBlocked => "control_send_blocked",
             Self::UnknownSession => "unknown_session",
+            Self::Policy => "policy",
         }
     }
 

@@ -94,6 +94,7 @@ fn ends_over(cipher: Cipher, ep: Endpoint, offload: bool) -> Ends {
         epoch: Instant::now(),
         stop: Arc::new(AtomicBool::new(false)),
         offload: Arc::new(Offload::new(false, false)),
+        firewall: Default::default(),
     };
     let cfg = PipelineConfig { mtu: 1420, offload: false, udp_gro: false, pin: None };
     Ends {

@@ -156,6 +156,7 @@ impl<'p> World<'p> {
             epoch: Instant::now(),
             stop: Arc::new(AtomicBool::new(false)),
             offload: Arc::new(Offload::new(false, false)),
+            firewall: Default::default(),
         };
         Self {
             tx,

@@ -229,6 +229,7 @@ impl Worker {
             Request::Reload => "reload".to_owned(),
             Request::AcceptExit => "exit accept".to_owned(),
             Request::AddRevocation { .. } => "revoke add".to_owned(),
+            Request::ExplainPolicy { from, to, .. } => format!("policy explain {from} {to}"),
         };
         let (ok, message) = match weft_control::request(&self.control, req) {
             Ok(Reply::Done { message }) => (true, message),

@@ -166,6 +166,44 @@ pub(crate) fn grants(authorities: &[AuthorityId], rec: &crate::topology::Record,
 }
 
 impl crate::node::Node {
+    /// What this node knows of every member, itself included, for an access policy:
+    /// node id, host name, overlay addresses, certificate groups (with an authority)
+    /// and proxied subnets (only those granted, with an authority).
+    pub fn members(&self) -> Vec<weft_core::policy::Member> {
+        let groups_of = |cert: Option<&[u8]>| -> Vec<String> {
+            if self.cfg.authorities.is_empty() {
+                return Vec::new();
+            }
+            cert.and_then(|c| Certificate::from_bytes(c).ok()).map(|c| c.body().groups.clone()).unwrap_or_default()
+        };
+        let hello = &self.cfg.handshake.hello;
+        let mut out = vec![weft_core::policy::Member {
+            node_id: self.id().to_string(),
+            name: hello.hostname.clone(),
+            addrs: std::iter::once(std::net::IpAddr::V4(hello.ipv4))
+                .chain(hello.ipv6.map(|(a, _)| std::net::IpAddr::V6(a)))
+                .collect(),
+            groups: groups_of(hello.cert.as_deref()),
+            subnets: self.cfg.proxied.clone(),
+        }];
+        for r in self.mesh.topology.records() {
+            if r.key == self.cfg.handshake.local.public {
+                continue;
+            }
+            out.push(weft_core::policy::Member {
+                node_id: r.node().to_string(),
+                name: r.hostname.clone(),
+                addrs: std::iter::once(std::net::IpAddr::V4(r.overlay))
+                    .chain(r.overlay6.map(std::net::IpAddr::V6))
+                    .collect(),
+                groups: groups_of(r.cert.as_deref()),
+                subnets: r.proxied.iter().filter(|&&(a, p)| grants(&self.cfg.authorities, r, a, p)).copied().collect(),
+            });
+        }
+        out.sort_by(|a, b| a.node_id.cmp(&b.node_id));
+        out
+    }
+
     /// Closes the sessions of every member whose certificate has expired by `now`, and
     /// forgets the records of those (a certificate is checked at each handshake and
     /// record; this ends what is already up). Returns how many members it cut off.

@@ -5,7 +5,8 @@
 use anyhow::Result;
 
 use crate::config::args::{
-    self, AuthorityCommand, CertCommand, Command, ExitCommand, PeerCommand, RevokeCommand, SecretCommand, WgCommand,
+    self, AuthorityCommand, CertCommand, Command, ExitCommand, PeerCommand, PolicyCommand, RevokeCommand,
+    SecretCommand, WgCommand,
 };
 use crate::config::values::UsageError;
 use crate::config::{NodeConfig, secret};
@@ -42,6 +43,10 @@ pub(crate) fn run(command: Command) -> Result<()> {
         Command::Authority(AuthorityCommand::Invite(a)) => authority::invite(&a),
         Command::Id(a) => authority::id(a.state_dir.as_deref()),
         Command::Cert(CertCommand::Show(a)) => authority::show(&a),
+        Command::Policy(PolicyCommand::Check(a)) => crate::services::policy::check(&a.file),
+        Command::Policy(PolicyCommand::Explain(a)) => {
+            change(&a.control, &weft_control::Request::ExplainPolicy { from: a.from, to: a.to, proto: a.proto })
+        }
         Command::Revoke(RevokeCommand::Add(a)) => {
             let revocation = authority::read_revocation(&a.revocation)?;
             change(&a.control, &weft_control::Request::AddRevocation { revocation })

@@ -119,6 +119,10 @@ pub enum Command {
     /// refused from then on (root or the weft-admin group only).
     #[command(subcommand)]
     Revoke(RevokeCommand),
+    /// Access policy between members: check a policy file, ask a running node which
+    /// rule decides a flow.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
     /// Print the release, the commit and the protocol version (what `--version` says;
     /// `--json` for scripts, with the oldest protocol this build talks to).
     Version(VersionArgs),
@@ -225,6 +229,10 @@ pub struct UpArgs {
     /// certificate, kept in the state directory for the next start.
     #[arg(long, value_name = "TOKEN", env = "WEFT_JOIN", hide_env_values = true)]
     pub join: Option<String>,
+    /// An access policy file (TOML; `weft policy check` tests it): once given, this
+    /// node takes only the flows it allows, and their answers (changes on reload).
+    #[arg(long, value_name = "FILE")]
+    pub policy: Option<PathBuf>,
     /// The authority's private key file: this member issues certificates to machines
     /// that join with an invite (keep the key on as few members as possible).
     #[arg(long, value_name = "FILE")]
@@ -573,6 +581,41 @@ pub struct RevokeAddArgs {
     /// The revocation (`weft-revocation:...`) or a file holding it.
     #[arg(value_name = "REVOCATION|FILE")]
     pub revocation: String,
+    /// Control socket of the node.
+    #[arg(long, value_name = "PATH", env = "WEFT_CONTROL", default_value_os_t = default_control())]
+    pub control: PathBuf,
+}
+
+/// `weft policy`.
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Parse a policy file and run its tests (names resolve through its `[hosts]`):
+    /// exits 2 naming the first problem.
+    Check(PolicyCheckArgs),
+    /// Which rule of the running node's policy decides a flow from SRC to DST:PORT.
+    Explain(PolicyExplainArgs),
+}
+
+/// Arguments of `weft policy check`.
+#[derive(Debug, Args)]
+pub struct PolicyCheckArgs {
+    /// The policy file (TOML).
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+}
+
+/// Arguments of `weft policy explain`.
+#[derive(Debug, Args)]
+pub struct PolicyExplainArgs {
+    /// The source: a member's host name or node id, or an address.
+    #[arg(value_name = "SRC")]
+    pub from: String,
+    /// The destination and port, `NAME:PORT` (a member, or an address).
+    #[arg(value_name = "DST:PORT")]
+    pub to: String,
+    /// tcp, udp or icmp.
+    #[arg(long, default_value = "tcp")]
+    pub proto: String,
     /// Control socket of the node.
     #[arg(long, value_name = "PATH", env = "WEFT_CONTROL", default_value_os_t = default_control())]
     pub control: PathBuf,

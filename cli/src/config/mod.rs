@@ -63,6 +63,7 @@ pub struct FileConfig {
     /// An invite token (`weft up --join`).
     pub(crate) join: Option<String>,
     authority_key: Option<PathBuf>,
+    policy: Option<PathBuf>,
     #[serde(default)]
     listen: Vec<String>,
     #[serde(default)]
@@ -190,6 +191,8 @@ pub struct NodeConfig {
     /// `--authority-key`: the authority's private key file; this member issues
     /// certificates to machines with an invite.
     pub authority_key: Option<PathBuf>,
+    /// `policy`: the access policy file, read and checked.
+    pub policy: Option<crate::services::policy::Loaded>,
     /// Offloads wanted (each is probed at start-up and may still be refused).
     pub offload: OffloadWanted,
     /// Pin pipeline threads to cores.
@@ -255,6 +258,10 @@ impl NodeConfig {
         };
         let (authorities, certificate) = membership::authority(args, file)?;
         let authority_key = args.authority_key.clone().or_else(|| file.authority_key.take());
+        let policy = match args.policy.clone().or_else(|| file.policy.take()) {
+            Some(p) => Some(crate::services::policy::Loaded::read(&p)?),
+            None => None,
+        };
         if authority_key.is_some() && certificate.is_none() {
             return usage(
                 "--authority-key (issuing certificates for invites) needs --authority and this node's own --certificate",
@@ -326,6 +333,7 @@ impl NodeConfig {
             authorities,
             certificate,
             authority_key,
+            policy,
             ipv4,
             ipv6,
             listeners,

@@ -94,6 +94,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
         epoch,
         stop: Arc::new(AtomicBool::new(false)),
         offload: Arc::new(Offload::new(udp.gso, udp.gro)),
+        firewall: Default::default(),
     };
     let data = start::pipelines(&cfg, devices.queues, devices.tun_offload, &udp, &shared)?;
     // The PSK derived above (Argon2id, once): the handshake, its MACs and the LAN
@@ -129,7 +130,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
         None => None,
     };
     let cfg_peers = cfg.peers.clone();
-    let runtime = Runtime {
+    let mut runtime = Runtime {
         cfg,
         ipv6,
         engine,
@@ -144,6 +145,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
         netcfg,
         names_writer,
         expiry_warned: None,
+        policy: Default::default(),
         connector,
         links_stats: data.links_stats,
         listeners: bound,
@@ -161,6 +163,11 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
         exit_name_warned: false,
         userspace,
     };
+    let policy = runtime.cfg.policy.clone();
+    if let Some(p) = &policy {
+        info!(policy = %p.path.display(), version = %p.version, rules = p.policy.rules.len(), "access policy in force: default deny");
+    }
+    runtime.apply_policy(policy).map_err(crate::config::values::UsageError)?;
     runtime.update_portal();
     let result = rt.block_on(runtime.serve(ctl_rx, hs_rx, sink, down_rx, metrics));
     // Pipeline threads block in TUN reads; the process exit ends them.

@@ -50,6 +50,7 @@ struct Live {
     accept_dns: bool,
     network_secret: crate::config::values::Secret,
     network_secret_next: Option<crate::config::values::Secret>,
+    policy: Option<crate::services::policy::Loaded>,
 }
 
 /// Takes the new config apart field by field: the settings applied live, and the
@@ -68,6 +69,7 @@ fn split(old: &NodeConfig, new: NodeConfig) -> (Live, Vec<&'static str>) {
         accept_dns,
         network_secret,
         network_secret_next,
+        policy,
         // Fixed until a restart.
         network_name,
         authorities,
@@ -149,6 +151,7 @@ fn split(old: &NodeConfig, new: NodeConfig) -> (Live, Vec<&'static str>) {
         accept_dns,
         network_secret,
         network_secret_next,
+        policy,
     };
     (live, restart)
 }
@@ -179,6 +182,7 @@ impl Runtime {
             accept_dns,
             network_secret,
             network_secret_next,
+            policy,
         } = live;
         let mut out = Outcome::default();
         let now = Instant::now();
@@ -190,6 +194,7 @@ impl Runtime {
         self.reload_log_level(log_level, &mut out);
         self.reload_dns(dns_domain, accept_dns, &mut out).await;
         self.reload_secrets(network_secret, network_secret_next, psks, &mut out);
+        self.reload_policy(policy, &mut out);
 
         let Outcome { done, failed } = out;
         let file = self.args.config.as_ref().map_or_else(String::new, |p| format!(" {}", p.display()));
@@ -206,6 +211,32 @@ impl Runtime {
         }
         info!("{message}");
         if failed.is_empty() { Reply::Done { message } } else { Reply::Error { message } }
+    }
+
+    /// The access policy: a new one (or a changed file) is in force at once; flows it
+    /// no longer allows are cut, the others stay.
+    fn reload_policy(&mut self, policy: Option<crate::services::policy::Loaded>, out: &mut Outcome) {
+        let was = self.policy.loaded.as_ref().map(|l| (l.path.clone(), l.version.clone()));
+        let now = policy.as_ref().map(|l| (l.path.clone(), l.version.clone()));
+        if was == now {
+            return;
+        }
+        let what = match &policy {
+            Some(l) => format!(
+                "access policy {} version {} in force ({} rules)",
+                l.path.display(),
+                l.version,
+                l.policy.rules.len()
+            ),
+            None => "access policy removed: every member reaches everything".to_owned(),
+        };
+        match self.apply_policy(policy.clone()) {
+            Ok(()) => {
+                self.cfg.policy = policy;
+                out.done(what);
+            }
+            Err(e) => out.failed(e),
+        }
     }
 
     /// The network secret and the next one: handshakes from now on use them (sessions

@@ -25,6 +25,7 @@ pub(crate) enum Ask {
     Reload(Box<Reloaded>),
     AcceptExit,
     Revoke(Box<weft_core::cert::Revocation>),
+    Explain { from: String, to: String, proto: String },
 }
 
 /// A change to the WireGuard portal's clients (served on a blocking thread: the
@@ -76,6 +77,7 @@ async fn ask(req: Request, args: &Arc<UpArgs>) -> Result<Ask, String> {
         Request::WgRemove { name } => Ok(Ask::Portal(PortalAsk::Remove(name))),
         Request::Reload => Ok(Ask::Reload(Box::new(load_again(args.clone()).await?))),
         Request::AcceptExit => Ok(Ask::AcceptExit),
+        Request::ExplainPolicy { from, to, proto } => Ok(Ask::Explain { from, to, proto }),
         Request::AddRevocation { revocation } => weft_core::cert::Revocation::from_text(&revocation)
             .map(|r| Ask::Revoke(Box::new(r)))
             .map_err(|e| format!("invalid revocation: {e}")),

@@ -74,6 +74,8 @@ pub(super) struct Runtime {
     pub(super) names_writer: state::NamesWriter,
     /// The last "certificate expires in" warning given (its threshold, seconds).
     pub(super) expiry_warned: Option<u64>,
+    /// The access policy in force and the members it was compiled against.
+    pub(super) policy: crate::services::policy::Enforced,
     /// TCP, WebSocket and QUIC connections.
     pub(super) connector: Connector,
     /// Counters of the threads that open what connections receive.
@@ -426,8 +428,10 @@ impl Runtime {
                     self.check_exit_name();
                     self.check_certificate_expiry();
                     self.engine.expire_members(Instant::now());
+                    self.shared.firewall.expire(clock_ms(self.shared.epoch));
                 }
                 _ = dns_timer.tick() => {
+                    self.refresh_policy();
                     self.refresh_userspace();
                     self.refresh_dns();
                 }
@@ -563,6 +567,7 @@ impl Runtime {
             }
             Ask::RemovePeer(which) => self.engine.remove_peer(now, which),
             Ask::AcceptExit => self.engine.accept_exit(now),
+            Ask::Explain { from, to, proto } => self.policy.explain(&from, &to, &proto, &self.overlay_networks()),
             Ask::Revoke(r) => {
                 let node = NodeId::from_public(&r.node);
                 self.engine.revoke(now, *r).map(|new| {
@@ -627,6 +632,40 @@ async fn reload_from_file(args: Arc<UpArgs>, req_tx: Requests<Ask>) {
         Some(Reply::Done { message }) => info!("{message}"),
         Some(Reply::Error { message }) => warn!("reload refused: {message}"),
         _ => {}
+    }
+}
+
+/// Milliseconds on the sessions' clock (what the data path stamps flows with).
+pub(super) fn clock_ms(epoch: Instant) -> u64 {
+    u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Runtime {
+    /// This node's overlay networks (what a policy's `internet` is not).
+    pub(super) fn overlay_networks(&self) -> Vec<(IpAddr, u8)> {
+        let v4 =
+            crate::config::values::IpNet { addr: self.cfg.ipv4.addr.into(), prefix: self.cfg.ipv4.prefix }.network();
+        let mut v = vec![(v4.addr, v4.prefix)];
+        if let Some((a, p)) = self.ipv6 {
+            let n = crate::config::values::IpNet { addr: a.into(), prefix: p }.network();
+            v.push((n.addr, n.prefix));
+        }
+        v
+    }
+
+    /// Recompiles the access policy when the members changed.
+    fn refresh_policy(&mut self) {
+        if self.policy.loaded.is_none() {
+            return;
+        }
+        let (members, overlay) = (self.engine.members(), self.overlay_networks());
+        self.policy.refresh(&self.shared.firewall, members, &overlay);
+    }
+
+    /// Puts `loaded` in force (start and reload).
+    pub(super) fn apply_policy(&mut self, loaded: Option<crate::services::policy::Loaded>) -> Result<(), String> {
+        let (members, overlay) = (self.engine.members(), self.overlay_networks());
+        self.policy.apply(&self.shared.firewall, loaded, members, &overlay)
     }
 }
 

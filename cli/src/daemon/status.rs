@@ -100,6 +100,7 @@ impl Runtime {
             authorities: self.cfg.authorities.iter().map(ToString::to_string).collect(),
             certificate: self.cfg.certificate.as_ref().map(certificate_json),
             revocations: self.engine.revocations().iter().map(|r| crate::daemon::state::hex(&r.node)).collect(),
+            policy: self.policy_json(),
             hostname: self.cfg.hostname.clone(),
             overlay: self.cfg.ipv4.to_string(),
             overlay6: self.ipv6.map(|(a, p)| format!("{a}/{p}")),
@@ -250,6 +251,26 @@ impl Runtime {
             connections_by_transport: self.connector.links().by_transport().into_iter().collect(),
             userspace: self.userspace.as_ref().map(crate::notun::Userspace::json),
         }
+    }
+}
+
+impl Runtime {
+    /// The access policy in force, for status.
+    fn policy_json(&self) -> Option<weft_control::PolicyJson> {
+        let l = self.policy.loaded.as_ref()?;
+        let fw = &self.shared.firewall;
+        let hits = fw.active().map(|a| a.hits.iter().map(|h| h.load(Ordering::Relaxed)).collect()).unwrap_or_default();
+        Some(weft_control::PolicyJson {
+            source: l.path.display().to_string(),
+            version: l.version.clone(),
+            rules: l.policy.rules.len(),
+            tests_passed: self.policy.tests.0,
+            tests_skipped: self.policy.tests.1,
+            flows: fw.flows(),
+            denied: fw.denied.load(Ordering::Relaxed),
+            table_full: fw.table_full.load(Ordering::Relaxed),
+            hits,
+        })
     }
 }
 

@@ -1,9 +1,11 @@
 //! What a node offers beside the tunnel, one module each: the exit node ([`exit`]),
 //! the WireGuard portal ([`portal`]), Magic DNS ([`dns`]), LAN discovery
-//! ([`discovery`]) and the Prometheus endpoint ([`metrics`]).
+//! ([`discovery`]), the Prometheus endpoint ([`metrics`]) and the access policy
+//! ([`policy`]).
 
 pub mod discovery;
 pub mod dns;
 pub mod exit;
 pub mod metrics;
+pub mod policy;
 pub mod portal;

@@ -103,6 +103,8 @@ pub struct Shared {
     pub stop: Arc<AtomicBool>,
     /// UDP offload state (GSO can be switched off at run time).
     pub offload: Arc<Offload>,
+    /// The access policy and its connection table (none in force: everything passes).
+    pub firewall: Arc<weft_core::firewall::Firewall>,
 }
 
 /// Counters of one pipeline, written once per batch by its own threads.

@@ -443,10 +443,13 @@ pub(super) fn open<'r>(
     let ip = if gso { DATA_HEADER_LEN + VIRTIO_NET_HDR_LEN } else { DATA_HEADER_LEN };
     match data.get(ip..DATA_HEADER_LEN + len).and_then(ip_addrs) {
         Some((src, dst)) if routes.may_send_from(session, src) => {
-            if routes.delivers_to(dst) {
+            if !routes.delivers_to(dst) {
+                session.stats.drops.add(DropReason::ForbiddenDestination, 1);
+                None
+            } else if shared.firewall.inbound(&data[ip..DATA_HEADER_LEN + len], now) {
                 Some((session, len, gso))
             } else {
-                session.stats.drops.add(DropReason::ForbiddenDestination, 1);
+                session.stats.drops.add(DropReason::Policy, 1);
                 None
             }
         }

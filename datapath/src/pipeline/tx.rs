@@ -15,6 +15,7 @@ use crate::gso;
 use crate::transport::udp::Outgoing;
 use crate::transport::{Egress, Endpoint, Proto, frame};
 use weft_core::crypto::TAG_LEN;
+use weft_core::firewall::Firewall;
 use weft_core::route::{Lookup, RouteSnapshot};
 use weft_core::stats::{DropCounters, DropReason};
 use weft_core::wire::{FLAG_GSO, FLAG_ORDERED, RELAY_HEADER_LEN, ip_addrs};
@@ -32,6 +33,8 @@ pub struct Tx {
     /// Packets of the last batch for members without a session (the slow path: at
     /// most a few per member and snapshot, see [`weft_core::route::Demand`]).
     pub(super) unrouted: Vec<(std::net::IpAddr, Vec<u8>)>,
+    /// The access policy's connection table: what this node sends may be answered.
+    pub(super) firewall: Option<std::sync::Arc<Firewall>>,
 }
 
 impl Tx {
@@ -47,6 +50,7 @@ impl Tx {
             out: Vec::with_capacity(IDEAL_BATCH_SIZE),
             sent_bytes: 0,
             unrouted: Vec::new(),
+            firewall: None,
         }
     }
 
@@ -73,6 +77,7 @@ impl Tx {
         shared: &Shared,
         stats: &PipelineStats,
     ) {
+        self.firewall = Some(shared.firewall.clone());
         // The stack's packets are at most one MTU: no TSO split to do.
         while let Ok(first) = outbound.recv() {
             let mut n = 0;
@@ -109,6 +114,7 @@ impl Tx {
     }
 
     pub(super) fn run_tun(mut self, tun: &SyncDevice, mut egress: Egress, shared: &Shared, stats: &PipelineStats) {
+        self.firewall = Some(shared.firewall.clone());
         loop {
             let n = match self.read(tun, &mut egress, shared, stats) {
                 Ok(0) => continue,
@@ -176,6 +182,9 @@ impl Tx {
         }
         let (_, dst) = ip_addrs(&pkt[VIRTIO_NET_HDR_LEN..])?;
         let Lookup::Route(route) = routes.lookup(dst) else { return None };
+        if let Some(fw) = &self.firewall {
+            fw.outbound(&pkt[VIRTIO_NET_HDR_LEN..], now);
+        }
         let s = &route.session;
         let relay_len = if route.relay.is_some() { RELAY_HEADER_LEN } else { 0 };
         if (route.relay.is_some() && !route.relay_streams)
@@ -227,6 +236,9 @@ impl Tx {
                 drops.add(DropReason::NotIp, 1);
                 continue;
             };
+            if let Some(fw) = &self.firewall {
+                fw.outbound(&buf[TX_HEADROOM..TX_HEADROOM + len], now);
+            }
             let route = match routes.lookup(dst) {
                 Lookup::Route(r) => r,
                 Lookup::Demand(d) if d.take() => {

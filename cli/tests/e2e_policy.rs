@@ -1,0 +1,204 @@
+//! End-to-end: an access policy on a member. The server takes from the admins TCP
+//! 5201 and ping, nothing else and from nobody else; its own flows get their answers;
+//! `weft policy explain` names the deciding rule; a policy changed by `weft reload`
+//! keeps a running iperf3 stream it still allows and cuts one it no longer allows.
+#![allow(unsafe_code, unreachable_pub, clippy::unwrap_used)]
+
+mod netns;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use netns::{Lan, Netns, Node, TempDir, ping, require_root, wait_until, weft_bin};
+
+const IPS: [&str; 3] = ["10.126.132.1", "10.126.132.2", "10.126.132.3"];
+const NAMES: [&str; 3] = ["srv", "adm", "oth"];
+
+fn policy(extra: &str) -> String {
+    format!(
+        r#"[hosts]
+srv = "10.126.132.1"
+adm = "10.126.132.2"
+oth = "10.126.132.3"
+
+[groups]
+admins = ["adm"]
+
+[[allow]]
+from  = ["group:admins"]
+to    = ["srv"]
+proto = "tcp"
+ports = ["5201"]
+
+[[allow]]
+from  = ["group:admins"]
+to    = ["srv"]
+proto = "icmp"
+{extra}
+[[test]]
+from = "adm"
+to   = "srv:5201"
+allow = true
+
+[[test]]
+from = "oth"
+to   = "srv:5201"
+allow = false
+"#
+    )
+}
+
+fn write(path: &Path, text: &str) {
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+}
+
+fn connects(ns: &Netns, port: u16) -> bool {
+    ns.cmd("timeout")
+        .args(["3", "bash", "-c", &format!("exec 3<>/dev/tcp/{}/{port}", IPS[0])])
+        .status()
+        .unwrap()
+        .success()
+}
+
+fn weft_out(args: &[&str]) -> (bool, String) {
+    let out = Command::new(weft_bin()).args(args).output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
+}
+
+struct Kill(Child);
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_policy_lets_in_what_it_allows_and_the_answers_to_what_the_node_sends() {
+    require_root();
+    let lan = Lan::new(3);
+    let dir = TempDir::new();
+    let pol = dir.0.join("policy.toml");
+    write(&pol, &policy(""));
+    let (ok, said) = weft_out(&["policy", "check", pol.to_str().unwrap()]);
+    assert!(ok && said.contains("2 rule(s), 2 test(s) passed"), "{said}");
+    // A policy whose test fails is refused, by the check and at start.
+    let bad = dir.0.join("bad.toml");
+    write(&bad, &policy("[[allow]]\nfrom = [\"oth\"]\nto = [\"*\"]\n"));
+    let (ok, said) = weft_out(&["policy", "check", bad.to_str().unwrap()]);
+    assert!(!ok && said.contains("test 2 fails: oth -> srv:5201 is allowed by rule 3"), "{said}");
+
+    let cfg = dir.0.join("srv.toml");
+    let base = format!(
+        "network-name = \"policy\"\nnetwork-secret = \"policy secret\"\nipv4 = \"{}/24\"\nhostname = \"srv\"\nthreads = 1\nlisten = [\"udp://0.0.0.0:11010\"]\npolicy = \"{}\"\n",
+        IPS[0],
+        pol.display()
+    );
+    write(&cfg, &base);
+    let srv = Node::start(&lan.hosts[0], &dir.0, "srv", &["--config", cfg.to_str().unwrap()]);
+    let first = format!("udp://{}:11010", lan.addrs[0]);
+    let others: Vec<Node> = (1..3)
+        .map(|i| {
+            let ip = format!("{}/24", IPS[i]);
+            let args = [
+                "--network-name",
+                "policy",
+                "--network-secret",
+                "policy secret",
+                "-i",
+                &ip,
+                "--hostname",
+                NAMES[i],
+                "--threads",
+                "1",
+                "-p",
+                &first,
+            ];
+            Node::start(&lan.hosts[i], &dir.0, NAMES[i], &args)
+        })
+        .collect();
+    wait_until(Duration::from_secs(20), "the members mesh", || {
+        srv.peer_established(IPS[1]) && srv.peer_established(IPS[2])
+    });
+    let st = srv.status();
+    assert_eq!(st["policy"]["rules"], 2, "{}", st["policy"]);
+    let servers: Vec<Kill> = [5201u16, 5202]
+        .iter()
+        .map(|p| {
+            Kill(
+                lan.hosts[0]
+                    .cmd("iperf3")
+                    .args(["-s", "-B", IPS[0], "-p", &p.to_string()])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .unwrap(),
+            )
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+
+    assert!(ping(&lan.hosts[1], IPS[0]), "the admin pings the server");
+    assert!(connects(&lan.hosts[1], 5201), "the admin reaches 5201");
+    assert!(!connects(&lan.hosts[1], 5202), "the admin does not reach 5202");
+    assert!(!ping(&lan.hosts[2], IPS[0]), "another member does not ping the server");
+    assert!(!connects(&lan.hosts[2], 5201), "nor reach 5201");
+    assert!(ping(&lan.hosts[0], IPS[2]), "the server's own ping to it gets its answers");
+    let control = srv.control.to_str().unwrap().to_owned();
+    let (ok, said) = weft_out(&["policy", "explain", "adm", "srv:5201", "--control", &control]);
+    assert!(ok && said.contains("allowed by rule 1"), "{said}");
+    let (ok, said) = weft_out(&["policy", "explain", "oth", "srv:5201", "--control", &control]);
+    assert!(ok && said.contains("denied (no rule allows it"), "{said}");
+    let p = srv.status()["policy"].clone();
+    assert!(p["denied"].as_u64().unwrap() > 0 && p["hits"][0].as_u64().unwrap() >= 1, "{p}");
+    assert!(srv.status()["drops"]["policy"].as_u64().unwrap_or(0) > 0, "{}", srv.status()["drops"]);
+
+    // A new version that still allows the admin's stream and now lets the other
+    // member ping: the stream lives on, the ping passes.
+    let stream = |secs: &str| {
+        lan.hosts[1]
+            .cmd("iperf3")
+            .args(["-c", IPS[0], "-p", "5201", "-t", secs, "-J"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let run = stream("4");
+    std::thread::sleep(Duration::from_secs(1));
+    write(&pol, &policy("[[allow]]\nfrom = [\"oth\"]\nto = [\"srv\"]\nproto = \"icmp\"\n"));
+    let (ok, said) = weft_out(&["reload", "--control", &control]);
+    assert!(ok && said.contains("access policy"), "{said}");
+    let out = run.wait_with_output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let sent = v["end"]["sum_received"]["bytes"].as_u64().unwrap_or(0);
+    assert!(out.status.success() && sent > 1_000_000, "the allowed stream died: {v}");
+    assert!(ping(&lan.hosts[2], IPS[0]), "the new rule lets the other member ping");
+
+    // A version without the admins' TCP rule cuts the running stream within a second.
+    let rx = |n: &Node| n.peer(IPS[1]).map_or(0, |p| p["rx_bytes"].as_u64().unwrap_or(0));
+    let at = rx(&srv);
+    let run = Kill(stream("8"));
+    wait_until(Duration::from_secs(5), "the second stream runs", || rx(&srv) > at + 5_000_000);
+    let text = policy("").replace("ports = [\"5201\"]", "ports = [\"5203\"]").replace(
+        "[[test]]\nfrom = \"adm\"\nto   = \"srv:5201\"\nallow = true",
+        "[[test]]\nfrom = \"adm\"\nto   = \"srv:5201\"\nallow = false",
+    );
+    write(&pol, &text);
+    let denied_before = srv.status()["policy"]["denied"].as_u64().unwrap();
+    let (ok, said) = weft_out(&["reload", "--control", &control]);
+    assert!(ok, "{said}");
+    std::thread::sleep(Duration::from_secs(1));
+    let denied_after = srv.status()["policy"]["denied"].as_u64().unwrap();
+    assert!(
+        denied_after > denied_before + 10,
+        "the cut stream's packets are dropped: {denied_before} -> {denied_after}"
+    );
+    drop(run);
+    assert!(!connects(&lan.hosts[1], 5201), "a new connection is refused too");
+    drop(servers);
+    drop(others);
+}

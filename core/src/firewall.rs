@@ -1,0 +1,422 @@
+//! The access policy on the data path: a connection table in front of the compiled
+//! policy ([`crate::policy::Compiled`]).
+//!
+//! The receiver is the boundary. A packet that arrives (after decryption and the
+//! inner-source check, before the TUN write) passes when it belongs to a flow in the
+//! table, or when the policy allows it, which starts a flow. A packet this node sends
+//! starts or refreshes a flow too, so the answers to what it sends pass whatever the
+//! policy says of the other direction (the other end's own policy decides whether it
+//! takes them). ICMP errors about a tracked flow pass. Entries expire by protocol
+//! (TCP 12 min, 10 s after a FIN or RST; UDP 3 min; others 1 min); the table holds
+//! at most [`MAX_FLOWS`] (a new flow beyond that is dropped, counted). A new policy
+//! re-checks the flows the old one admitted: those it no longer allows are cut.
+//! No policy: everything passes and nothing is tracked (one atomic load).
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::policy::{Compiled, proto};
+
+/// Most flows tracked.
+pub const MAX_FLOWS: usize = 65_536;
+const SHARDS: usize = 16;
+const TCP_MS: u64 = 12 * 60_000;
+const CLOSING_MS: u64 = 10_000;
+const UDP_MS: u64 = 3 * 60_000;
+const OTHER_MS: u64 = 60_000;
+
+/// A flow, from this node's side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Flow {
+    local: IpAddr,
+    remote: IpAddr,
+    proto: u8,
+    local_port: u16,
+    remote_port: u16,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    expires: u64,
+    /// The rule that admitted it (inbound), or `None`: this node started it.
+    rule: Option<u32>,
+}
+
+/// What one packet says about its flow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Packet {
+    /// Source address.
+    pub src: IpAddr,
+    /// Destination address.
+    pub dst: IpAddr,
+    /// IP protocol (the transport header's, after IPv6 extension headers are not
+    /// followed: anything else is its own protocol number).
+    pub proto: u8,
+    /// Source port (an ICMP echo request: its identifier).
+    pub sport: u16,
+    /// Destination port (an ICMP echo reply: its identifier).
+    pub dport: u16,
+    /// A TCP FIN or RST: the flow is closing.
+    pub closing: bool,
+    /// An ICMP error: the flow it is about, as that packet's own [`Packet`] (sent by
+    /// the receiver of the error).
+    pub about: Option<(IpAddr, IpAddr, u8, u16, u16)>,
+}
+
+impl Packet {
+    /// Reads an IPv4 or IPv6 packet's addresses, protocol and ports (`None`: not IP).
+    pub fn parse(p: &[u8]) -> Option<Self> {
+        let (src, dst, proto, l4) = ip_header(p)?;
+        let mut pkt = Self { src, dst, proto, sport: 0, dport: 0, closing: false, about: None };
+        match proto {
+            proto::TCP | proto::UDP => {
+                if let Some(h) = l4.get(..4) {
+                    pkt.sport = u16::from_be_bytes([h[0], h[1]]);
+                    pkt.dport = u16::from_be_bytes([h[2], h[3]]);
+                }
+                if proto == proto::TCP {
+                    pkt.closing = l4.get(13).is_some_and(|f| f & 0x05 != 0);
+                }
+            }
+            proto::ICMP | proto::ICMPV6 => {
+                let t = *l4.first()?;
+                let request = matches!((proto, t), (proto::ICMP, 8) | (proto::ICMPV6, 128));
+                let reply = matches!((proto, t), (proto::ICMP, 0) | (proto::ICMPV6, 129));
+                let error = matches!((proto, t), (proto::ICMP, 3 | 4 | 5 | 11 | 12) | (proto::ICMPV6, 1..=4));
+                // The identifier on the asker's side: a reply matches the request's flow,
+                // a request from the other side does not.
+                if let Some(id) = l4.get(4..6).filter(|_| request || reply) {
+                    let id = u16::from_be_bytes([id[0], id[1]]);
+                    (pkt.sport, pkt.dport) = if request { (id, 0) } else { (0, id) };
+                }
+                if error && let Some(inner) = l4.get(8..) {
+                    let (s, d, pr, l) = ip_header_loose(inner)?;
+                    let ports = l
+                        .get(..4)
+                        .map_or((0, 0), |h| (u16::from_be_bytes([h[0], h[1]]), u16::from_be_bytes([h[2], h[3]])));
+                    let ports = if pr == proto::TCP || pr == proto::UDP { ports } else { (0, 0) };
+                    pkt.about = Some((s, d, pr, ports.0, ports.1));
+                }
+            }
+            _ => {}
+        }
+        Some(pkt)
+    }
+}
+
+/// Source, destination, protocol and the bytes after the IP header.
+fn ip_header(p: &[u8]) -> Option<(IpAddr, IpAddr, u8, &[u8])> {
+    match p.first()? >> 4 {
+        4 => {
+            let ihl = usize::from(p.first()? & 0x0f) * 4;
+            if ihl < 20 || p.len() < ihl {
+                return None;
+            }
+            let src = Ipv4Addr::new(p[12], p[13], p[14], p[15]);
+            let dst = Ipv4Addr::new(p[16], p[17], p[18], p[19]);
+            // A later fragment has no transport header: ports stay 0.
+            let later = u16::from_be_bytes([p[6], p[7]]) & 0x1fff != 0;
+            Some((src.into(), dst.into(), p[9], if later { &[] } else { &p[ihl..] }))
+        }
+        6 => {
+            let h = p.get(..40)?;
+            let src: [u8; 16] = h[8..24].try_into().ok()?;
+            let dst: [u8; 16] = h[24..40].try_into().ok()?;
+            Some((Ipv6Addr::from(src).into(), Ipv6Addr::from(dst).into(), h[6], &p[40..]))
+        }
+        _ => None,
+    }
+}
+
+/// [`ip_header`] for the truncated packet an ICMP error quotes.
+fn ip_header_loose(p: &[u8]) -> Option<(IpAddr, IpAddr, u8, &[u8])> {
+    ip_header(p)
+}
+
+fn timeout(proto: u8, closing: bool) -> u64 {
+    match proto {
+        proto::TCP if closing => CLOSING_MS,
+        proto::TCP => TCP_MS,
+        proto::UDP => UDP_MS,
+        _ => OTHER_MS,
+    }
+}
+
+/// A policy in force, with its counters.
+#[derive(Debug)]
+pub struct Active {
+    /// The matcher.
+    pub compiled: Compiled,
+    /// New flows admitted by each rule.
+    pub hits: Vec<AtomicU64>,
+}
+
+impl Active {
+    /// Wraps a compiled policy with zeroed counters.
+    pub fn new(compiled: Compiled) -> Self {
+        let hits = (0..compiled.rules()).map(|_| AtomicU64::new(0)).collect();
+        Self { compiled, hits }
+    }
+
+    /// The same policy compiled again (the members changed): its counters go on.
+    pub fn recompiled(compiled: Compiled, old: &Self) -> Self {
+        let hits =
+            (0..compiled.rules()).map(|i| AtomicU64::new(old.hits.get(i).map_or(0, |h| h.load(Relaxed)))).collect();
+        Self { compiled, hits }
+    }
+}
+
+/// The connection table and the policy in force, shared by every pipeline.
+#[derive(Debug)]
+pub struct Firewall {
+    on: AtomicBool,
+    policy: RwLock<Option<Arc<Active>>>,
+    shards: Vec<Mutex<HashMap<Flow, Entry>>>,
+    /// Packets dropped: no rule allows them and they answer no flow.
+    pub denied: AtomicU64,
+    /// New flows dropped because the table was full.
+    pub table_full: AtomicU64,
+}
+
+impl Default for Firewall {
+    fn default() -> Self {
+        Self {
+            on: AtomicBool::new(false),
+            policy: RwLock::new(None),
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            denied: AtomicU64::new(0),
+            table_full: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Firewall {
+    fn shard(&self, f: &Flow) -> &Mutex<HashMap<Flow, Entry>> {
+        // The remote address and its port spread flows well enough.
+        let k = match f.remote {
+            IpAddr::V4(a) => u32::from(a) as usize,
+            IpAddr::V6(a) => (u128::from(a) as usize) ^ ((u128::from(a) >> 64) as usize),
+        };
+        &self.shards[(k ^ usize::from(f.remote_port) ^ usize::from(f.local_port)) % SHARDS]
+    }
+
+    /// Puts `policy` in force (`None`: none, everything passes). Flows the old policy
+    /// admitted that the new one does not are cut; flows this node started stay.
+    pub fn set(&self, policy: Option<Arc<Active>>) {
+        let on = policy.is_some();
+        *self.policy.write() = policy.clone();
+        for s in &self.shards {
+            let mut t = s.lock();
+            match &policy {
+                None => t.clear(),
+                Some(p) => t.retain(|f, e| match e.rule {
+                    None => true,
+                    Some(_) => match p.compiled.allows(f.remote, f.local, f.proto, f.local_port) {
+                        Some(r) => {
+                            e.rule = Some(r as u32);
+                            true
+                        }
+                        None => false,
+                    },
+                }),
+            }
+        }
+        self.on.store(on, Relaxed);
+    }
+
+    /// The policy in force.
+    pub fn active(&self) -> Option<Arc<Active>> {
+        self.policy.read().clone()
+    }
+
+    /// Whether a received packet (`packet`, an IP packet) may be delivered at `now`
+    /// (milliseconds). Counts what it drops.
+    pub fn inbound(&self, packet: &[u8], now: u64) -> bool {
+        if !self.on.load(Relaxed) {
+            return true;
+        }
+        let Some(p) = Packet::parse(packet) else { return true };
+        let flow = Flow { local: p.dst, remote: p.src, proto: p.proto, local_port: p.dport, remote_port: p.sport };
+        {
+            let mut t = self.shard(&flow).lock();
+            if let Some(e) = t.get_mut(&flow)
+                && e.expires > now
+            {
+                e.expires = now + timeout(p.proto, p.closing);
+                return true;
+            }
+        }
+        // An ICMP error about a flow we track (it quotes what was sent to the error's sender).
+        if let Some((s, d, pr, sp, dp)) = p.about {
+            let about = Flow { local: s, remote: d, proto: pr, local_port: sp, remote_port: dp };
+            if self.shard(&about).lock().get(&about).is_some_and(|e| e.expires > now) {
+                return true;
+            }
+        }
+        let Some(active) = self.active() else { return true };
+        match active.compiled.allows(p.src, p.dst, p.proto, p.dport) {
+            Some(rule) => {
+                if let Some(h) = active.hits.get(rule) {
+                    h.fetch_add(1, Relaxed);
+                }
+                self.track(flow, Entry { expires: now + timeout(p.proto, p.closing), rule: Some(rule as u32) })
+            }
+            None => {
+                self.denied.fetch_add(1, Relaxed);
+                false
+            }
+        }
+    }
+
+    /// Notes a packet this node sends (an IP packet): its answers may come back.
+    pub fn outbound(&self, packet: &[u8], now: u64) {
+        if !self.on.load(Relaxed) {
+            return;
+        }
+        let Some(p) = Packet::parse(packet) else { return };
+        let flow = Flow { local: p.src, remote: p.dst, proto: p.proto, local_port: p.sport, remote_port: p.dport };
+        let expires = now + timeout(p.proto, p.closing);
+        {
+            let mut t = self.shard(&flow).lock();
+            if let Some(e) = t.get_mut(&flow) {
+                e.expires = expires;
+                return;
+            }
+        }
+        self.track(flow, Entry { expires, rule: None });
+    }
+
+    fn track(&self, flow: Flow, e: Entry) -> bool {
+        let mut t = self.shard(&flow).lock();
+        if t.len() >= MAX_FLOWS / SHARDS {
+            let now = e.expires.saturating_sub(timeout(flow.proto, false));
+            t.retain(|_, x| x.expires > now);
+            if t.len() >= MAX_FLOWS / SHARDS {
+                self.table_full.fetch_add(1, Relaxed);
+                return false;
+            }
+        }
+        t.insert(flow, e);
+        true
+    }
+
+    /// Forgets the flows expired at `now`; returns how many are tracked.
+    pub fn expire(&self, now: u64) -> usize {
+        self.shards
+            .iter()
+            .map(|s| {
+                let mut t = s.lock();
+                t.retain(|_, e| e.expires > now);
+                t.len()
+            })
+            .sum()
+    }
+
+    /// Flows tracked (expired ones included until [`Firewall::expire`]).
+    pub fn flows(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().len()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::Policy;
+
+    fn tcp(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16, flags: u8) -> Vec<u8> {
+        let mut p = vec![0x45, 0, 0, 40, 0, 0, 0x40, 0, 64, proto::TCP, 0, 0];
+        p.extend_from_slice(&src);
+        p.extend_from_slice(&dst);
+        p.extend_from_slice(&sport.to_be_bytes());
+        p.extend_from_slice(&dport.to_be_bytes());
+        p.extend_from_slice(&[0; 9]);
+        p.push(flags);
+        p.extend_from_slice(&[0; 6]);
+        p
+    }
+
+    fn icmp(src: [u8; 4], dst: [u8; 4], t: u8, rest: &[u8]) -> Vec<u8> {
+        let mut p = vec![0x45, 0, 0, 0, 0, 0, 0, 0, 64, proto::ICMP, 0, 0];
+        p.extend_from_slice(&src);
+        p.extend_from_slice(&dst);
+        p.extend_from_slice(&[t, 0, 0, 0, 0, 7, 0, 1]);
+        p.extend_from_slice(rest);
+        p
+    }
+
+    const ME: [u8; 4] = [10, 0, 0, 1];
+    const ADMIN: [u8; 4] = [10, 0, 0, 2];
+    const OTHER: [u8; 4] = [10, 0, 0, 3];
+
+    fn firewall(text: &str) -> Firewall {
+        let fw = Firewall::default();
+        fw.set(Some(Arc::new(Active::new(Policy::parse(text).unwrap().compile(&[], &[])))));
+        fw
+    }
+
+    const SSH_FROM_ADMIN: &str = "[[allow]]\nfrom=[\"10.0.0.2\"]\nto=[\"10.0.0.1\"]\nproto=\"tcp\"\nports=[\"22\"]\n";
+
+    #[test]
+    fn allowed_flows_pass_their_replies_and_nothing_else() {
+        let fw = firewall(SSH_FROM_ADMIN);
+        assert!(fw.inbound(&tcp(ADMIN, ME, 40000, 22, 0x02), 0), "the admin's SYN to 22");
+        assert!(fw.inbound(&tcp(ADMIN, ME, 40000, 22, 0x10), 5), "and the rest of the flow");
+        fw.outbound(&tcp(ME, ADMIN, 22, 40000, 0x12), 1);
+        assert!(!fw.inbound(&tcp(ADMIN, ME, 40000, 23, 0x02), 0), "another port");
+        assert!(!fw.inbound(&tcp(OTHER, ME, 40000, 22, 0x02), 0), "another source");
+        assert_eq!(fw.denied.load(Relaxed), 2);
+        assert_eq!(fw.active().unwrap().hits[0].load(Relaxed), 1);
+        // What this node starts gets its answers, though no rule allows them inbound.
+        fw.outbound(&tcp(ME, OTHER, 50000, 443, 0x02), 10);
+        assert!(fw.inbound(&tcp(OTHER, ME, 443, 50000, 0x12), 11));
+        assert!(!fw.inbound(&tcp(OTHER, ME, 443, 50001, 0x12), 11), "not the same flow");
+        // ICMP: an echo we sent gets its reply; an error about our flow passes.
+        fw.outbound(&icmp(ME, OTHER, 8, &[]), 20);
+        assert!(fw.inbound(&icmp(OTHER, ME, 0, &[]), 21));
+        let quoted = tcp(ME, OTHER, 50000, 443, 0x10);
+        assert!(fw.inbound(&icmp([10, 0, 0, 9], ME, 3, &quoted[..28]), 22), "unreachable about our flow");
+        let stranger = tcp(ME, OTHER, 50002, 443, 0x10);
+        assert!(!fw.inbound(&icmp([10, 0, 0, 9], ME, 3, &stranger[..28]), 22));
+        assert!(!fw.inbound(&icmp(OTHER, ME, 8, &[]), 23), "unsolicited echo");
+    }
+
+    #[test]
+    fn flows_expire_by_protocol_and_closing_shortens_them() {
+        let fw = firewall(SSH_FROM_ADMIN);
+        assert!(fw.inbound(&tcp(ADMIN, ME, 40000, 22, 0x02), 0));
+        fw.outbound(&tcp(ME, OTHER, 50000, 443, 0x02), 0);
+        assert_eq!(fw.expire(TCP_MS - 1), 2);
+        assert_eq!(fw.expire(TCP_MS), 0, "idle TCP flows end after 12 min");
+        fw.outbound(&tcp(ME, OTHER, 50000, 443, 0x02), 0);
+        fw.outbound(&tcp(ME, OTHER, 50000, 443, 0x01), 1);
+        assert_eq!(fw.expire(1 + CLOSING_MS), 0, "10 s after a FIN");
+        // The bound: new flows past it are refused and counted, the table never grows past it.
+        let any = firewall("[[allow]]\nfrom=[\"*\"]\nto=[\"*\"]\n");
+        let mut admitted = 0;
+        for i in 0..(MAX_FLOWS as u32 + 5000) {
+            let src = (0x0a00_0000u32 + 2 + i).to_be_bytes();
+            admitted += usize::from(any.inbound(&tcp(src, ME, 1000, 22, 0x02), 5));
+        }
+        assert!(any.flows() <= MAX_FLOWS && admitted <= MAX_FLOWS, "{} flows", any.flows());
+        assert!(any.table_full.load(Relaxed) >= 5000);
+    }
+
+    #[test]
+    fn a_new_policy_cuts_the_flows_it_no_longer_allows_and_keeps_the_rest() {
+        let fw = firewall(&format!("{SSH_FROM_ADMIN}[[allow]]\nfrom=[\"10.0.0.3\"]\nto=[\"*\"]\n"));
+        assert!(fw.inbound(&tcp(ADMIN, ME, 40000, 22, 0x02), 0));
+        assert!(fw.inbound(&tcp(OTHER, ME, 40001, 80, 0x02), 0));
+        fw.outbound(&tcp(ME, OTHER, 50000, 443, 0x02), 0);
+        fw.set(Some(Arc::new(Active::new(Policy::parse(SSH_FROM_ADMIN).unwrap().compile(&[], &[])))));
+        assert!(fw.inbound(&tcp(ADMIN, ME, 40000, 22, 0x10), 1), "still allowed: kept");
+        assert!(!fw.inbound(&tcp(OTHER, ME, 40001, 80, 0x10), 1), "no longer allowed: cut");
+        assert!(fw.inbound(&tcp(OTHER, ME, 443, 50000, 0x10), 1), "ours: kept");
+        fw.set(None);
+        assert!(fw.inbound(&tcp(OTHER, ME, 1, 2, 0), 2), "no policy: everything passes");
+        assert_eq!(fw.flows(), 0, "and nothing is tracked");
+    }
+}
