@@ -15,7 +15,8 @@ pub mod seeds;
 
 pub use node::node;
 pub use parsers::{
-    cert, control, data_header, handshake_header, hello, quic_reassembly, record, reject, relay_header, stream_frames,
+    cert, control, data_header, handshake_header, hello, policy, quic_reassembly, record, reject, relay_header,
+    stream_frames,
 };
 pub use rx::rx;
 
@@ -36,4 +37,5 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("rx", rx),
     ("node", node),
     ("cert", cert),
+    ("policy", policy),
 ];

@@ -176,3 +176,41 @@ pub fn quic_reassembly(data: &[u8]) {
         assert_eq!(got.as_deref(), Some(&f[..]));
     }
 }
+
+/// `Policy::parse` (access policy files, and the text of signed policies a member
+/// passes on) and `firewall::Packet::parse` (every packet the connection table
+/// reads): what parses compiles and answers queries without panicking, and the
+/// compiled matcher agrees with itself on a second compile.
+pub fn policy(data: &[u8]) {
+    use std::net::IpAddr;
+    use weft_core::policy::{Member, Policy};
+    let _ = weft_core::firewall::Packet::parse(data);
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    let Ok(p) = Policy::parse(text) else { return };
+    let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+    let members = [
+        Member {
+            node_id: "ab".repeat(32),
+            name: "db".into(),
+            addrs: vec![ip("10.126.0.5"), ip("fd00::5")],
+            groups: vec!["servers".into()],
+            subnets: vec![(ip("192.168.1.0"), 24)],
+        },
+        Member { node_id: "cd".repeat(32), name: "alice".into(), addrs: vec![ip("10.126.0.6")], ..Member::default() },
+    ];
+    let overlay = [(ip("10.126.0.0"), 16), (ip("fd00::"), 64)];
+    let c = p.compile(&members, &overlay);
+    let again = p.compile(&members, &overlay);
+    let _ = p.check_known_tests(&members, &overlay);
+    let _ = weft_core::policy::unresolved(&p, &members);
+    for (s, d) in [
+        ("10.126.0.6", "10.126.0.5"),
+        ("10.126.0.5", "1.1.1.1"),
+        ("fd00::9", "fd00::5"),
+        ("0.0.0.0", "255.255.255.255"),
+    ] {
+        for (proto, port) in [(6, 22), (17, 53), (1, 0), (47, 0)] {
+            assert_eq!(c.allows(ip(s), ip(d), proto, port), again.allows(ip(s), ip(d), proto, port));
+        }
+    }
+}

@@ -168,6 +168,12 @@ pub fn seeds() -> Vec<Seed> {
     }
     let revocation = weft_core::cert::Revocation::issue(&authority, keys()[2].public, 1_800_000_000);
     s.push(("cert", "seed-revocation".into(), revocation.to_bytes()));
+    // An access policy with every kind of selector, and a packet the table reads.
+    let policy = "[hosts]\nweb = \"10.126.0.7\"\n[groups]\nadmins = [\"alice\", \"10.126.0.0/28\", \"group:ops\"]\nops = [\"fd00::/64\"]\n\
+                  [[allow]]\nfrom = [\"group:admins\"]\nto = [\"group:servers\", \"db\", \"internet\"]\nproto = \"tcp\"\nports = [\"22\", \"8000-8099\"]\n\
+                  [[allow]]\nfrom = [\"*\"]\nto = [\"web\"]\nproto = \"icmp\"\n\
+                  [[test]]\nfrom = \"alice\"\nto = \"db:22\"\nallow = true\n";
+    s.push(("policy", "seed-policy".into(), policy.as_bytes().to_vec()));
     let invite = weft_core::invite::InviteBody {
         authority: authority.id(),
         id: [5; 32],
