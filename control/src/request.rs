@@ -42,6 +42,12 @@ pub enum Request {
         /// The revocation, `weft-revocation:...`.
         revocation: String,
     },
+    /// Take an access policy signed by the network's authority and pass it to the mesh
+    /// (`weft policy push`).
+    PushPolicy {
+        /// The signed policy, `weft-policy:...`.
+        policy: String,
+    },
     /// Which rule of the access policy decides a flow (`weft policy explain`).
     ExplainPolicy {
         /// The source: a member's host name or node id, or an address.
@@ -66,7 +72,8 @@ impl Request {
             | Self::WgRemove { .. }
             | Self::Reload
             | Self::AcceptExit
-            | Self::AddRevocation { .. } => true,
+            | Self::AddRevocation { .. }
+            | Self::PushPolicy { .. } => true,
         }
     }
 }

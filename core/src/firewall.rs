@@ -44,6 +44,9 @@ struct Entry {
     expires: u64,
     /// The rule that admitted it (inbound), or `None`: this node started it.
     rule: Option<u32>,
+    /// A new policy no longer allows it: it stays (until it expires) only so that
+    /// what this node still sends on it does not start it again.
+    cut: bool,
 }
 
 /// What one packet says about its flow.
@@ -213,16 +216,14 @@ impl Firewall {
             let mut t = s.lock();
             match &policy {
                 None => t.clear(),
-                Some(p) => t.retain(|f, e| match e.rule {
-                    None => true,
-                    Some(_) => match p.compiled.allows(f.remote, f.local, f.proto, f.local_port) {
-                        Some(r) => {
-                            e.rule = Some(r as u32);
-                            true
+                Some(p) => {
+                    for (f, e) in t.iter_mut().filter(|(_, e)| e.rule.is_some() && !e.cut) {
+                        match p.compiled.allows(f.remote, f.local, f.proto, f.local_port) {
+                            Some(r) => e.rule = Some(r as u32),
+                            None => e.cut = true,
                         }
-                        None => false,
-                    },
-                }),
+                    }
+                }
             }
         }
         self.on.store(on, Relaxed);
@@ -245,6 +246,7 @@ impl Firewall {
             let mut t = self.shard(&flow).lock();
             if let Some(e) = t.get_mut(&flow)
                 && e.expires > now
+                && !e.cut
             {
                 e.expires = now + timeout(p.proto, p.closing);
                 return true;
@@ -253,7 +255,7 @@ impl Firewall {
         // An ICMP error about a flow we track (it quotes what was sent to the error's sender).
         if let Some((s, d, pr, sp, dp)) = p.about {
             let about = Flow { local: s, remote: d, proto: pr, local_port: sp, remote_port: dp };
-            if self.shard(&about).lock().get(&about).is_some_and(|e| e.expires > now) {
+            if self.shard(&about).lock().get(&about).is_some_and(|e| e.expires > now && !e.cut) {
                 return true;
             }
         }
@@ -263,7 +265,8 @@ impl Firewall {
                 if let Some(h) = active.hits.get(rule) {
                     h.fetch_add(1, Relaxed);
                 }
-                self.track(flow, Entry { expires: now + timeout(p.proto, p.closing), rule: Some(rule as u32) })
+                let e = Entry { expires: now + timeout(p.proto, p.closing), rule: Some(rule as u32), cut: false };
+                self.track(flow, e)
             }
             None => {
                 self.denied.fetch_add(1, Relaxed);
@@ -283,11 +286,14 @@ impl Firewall {
         {
             let mut t = self.shard(&flow).lock();
             if let Some(e) = t.get_mut(&flow) {
-                e.expires = expires;
+                // A cut flow is not started again by what this node still sends on it.
+                if !e.cut {
+                    e.expires = expires;
+                }
                 return;
             }
         }
-        self.track(flow, Entry { expires, rule: None });
+        self.track(flow, Entry { expires, rule: None, cut: false });
     }
 
     fn track(&self, flow: Flow, e: Entry) -> bool {
@@ -316,9 +322,9 @@ impl Firewall {
             .sum()
     }
 
-    /// Flows tracked (expired ones included until [`Firewall::expire`]).
+    /// Flows tracked (expired ones included until [`Firewall::expire`]; cut ones not).
     pub fn flows(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().len()).sum()
+        self.shards.iter().map(|s| s.lock().values().filter(|e| !e.cut).count()).sum()
     }
 }
 
@@ -413,6 +419,8 @@ mod tests {
         fw.outbound(&tcp(ME, OTHER, 50000, 443, 0x02), 0);
         fw.set(Some(Arc::new(Active::new(Policy::parse(SSH_FROM_ADMIN).unwrap().compile(&[], &[])))));
         assert!(fw.inbound(&tcp(ADMIN, ME, 40000, 22, 0x10), 1), "still allowed: kept");
+        // What this node still sends on the cut flow does not start it again.
+        fw.outbound(&tcp(ME, OTHER, 80, 40001, 0x10), 1);
         assert!(!fw.inbound(&tcp(OTHER, ME, 40001, 80, 0x10), 1), "no longer allowed: cut");
         assert!(fw.inbound(&tcp(OTHER, ME, 443, 50000, 0x10), 1), "ours: kept");
         fw.set(None);

@@ -266,6 +266,9 @@ pub mod caps {
     /// Holds the authority key and issues certificates to machines with an invite
     /// (`--authority-key`).
     pub const ISSUER: u32 = 1 << 4;
+    /// Takes and passes on access policies signed by the authority (the "policy part"
+    /// control message).
+    pub const POLICY: u32 = 1 << 5;
 }
 
 impl Protocol {

@@ -710,9 +710,115 @@ pub fn unresolved(policy: &Policy, members: &[Member]) -> Vec<String> {
     out
 }
 
+/// Prefix of a signed policy's text form.
+pub const SIGNED_POLICY_PREFIX: &str = "weft-policy:";
+const POLICY_DOMAIN: &[u8] = b"weft policy 1\0";
+const POLICY_FORMAT: u8 = 1;
+/// Longest policy text a signed policy carries.
+pub const MAX_POLICY_TEXT: usize = 60_000;
+
+/// A policy the network's authority signed, with a version: the mesh carries it to
+/// every member and the newest valid version wins.
+///
+/// Format 1: `u8 1, [32] authority, u64 version (BE), u32 length (BE) + the policy's
+/// TOML text, [64] Ed25519 signature over "weft policy 1\0" ‖ everything before it`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignedPolicy {
+    /// The authority that signed it.
+    pub authority: crate::cert::AuthorityId,
+    /// Its version: a newer one replaces it.
+    pub version: u64,
+    /// The policy file's text.
+    pub text: String,
+    signature: [u8; 64],
+}
+
+impl SignedPolicy {
+    /// Signs `text` (which must parse) as version `version`.
+    pub fn sign(key: &crate::cert::AuthorityKey, version: u64, text: &str) -> Result<Self, String> {
+        Policy::parse(text).map_err(|e| e.to_string())?;
+        if text.len() > MAX_POLICY_TEXT {
+            return Err(format!("the policy is over {MAX_POLICY_TEXT} bytes"));
+        }
+        let mut p = Self { authority: key.id(), version, text: text.to_owned(), signature: [0; 64] };
+        p.signature = key.sign(POLICY_DOMAIN, &p.body());
+        Ok(p)
+    }
+
+    fn body(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(45 + self.text.len());
+        b.push(POLICY_FORMAT);
+        b.extend_from_slice(&self.authority.0);
+        b.extend_from_slice(&self.version.to_be_bytes());
+        b.extend_from_slice(&(self.text.len() as u32).to_be_bytes());
+        b.extend_from_slice(self.text.as_bytes());
+        b
+    }
+
+    /// The encoded signed policy.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut b = self.body();
+        b.extend_from_slice(&self.signature);
+        b
+    }
+
+    /// Parses an encoded signed policy (structure only; [`SignedPolicy::verify`]
+    /// checks the signature, [`Policy::parse`] the text).
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, crate::cert::CertError> {
+        use crate::cert::{CertError, Reader};
+        let mut r = Reader(bytes);
+        crate::cert::check_format(r.u8()?, POLICY_FORMAT)?;
+        let authority = crate::cert::AuthorityId(r.key()?);
+        let version = r.u64()?;
+        let n = r.take(4)?;
+        let n = u32::from_be_bytes([n[0], n[1], n[2], n[3]]) as usize;
+        if n > MAX_POLICY_TEXT {
+            return Err(CertError::TooLarge("policy text"));
+        }
+        let text = String::from_utf8(r.take(n)?.to_vec()).map_err(|_| CertError::Field("policy text"))?;
+        let signature = r.signature()?;
+        Ok(Self { authority, version, text, signature })
+    }
+
+    /// The one-line text form, `weft-policy:<base64url>`.
+    pub fn to_text(&self) -> String {
+        use base64::Engine;
+        format!("{SIGNED_POLICY_PREFIX}{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(self.to_bytes()))
+    }
+
+    /// Parses the text form.
+    pub fn from_text(text: &str) -> Result<Self, crate::cert::CertError> {
+        Self::from_bytes(&crate::cert::from_text(text, SIGNED_POLICY_PREFIX)?)
+    }
+
+    /// Whether one of `trusted` signed it.
+    pub fn verify(&self, trusted: &[crate::cert::AuthorityId]) -> bool {
+        trusted.contains(&self.authority)
+            && crate::cert::verify(&self.authority, POLICY_DOMAIN, &self.body(), &self.signature)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_signed_policy_round_trips_and_verifies_only_unchanged_under_its_authority() {
+        let k = crate::cert::AuthorityKey::from_seed([4; 32]);
+        let p = SignedPolicy::sign(&k, 7, EXAMPLE).unwrap();
+        let back = SignedPolicy::from_text(&p.to_text()).unwrap();
+        assert_eq!(back, p);
+        assert!(back.verify(&[k.id()]));
+        assert!(!back.verify(&[crate::cert::AuthorityKey::from_seed([5; 32]).id()]));
+        let mut bytes = p.to_bytes();
+        bytes[40] ^= 1; // the version
+        assert!(!SignedPolicy::from_bytes(&bytes).unwrap().verify(&[k.id()]));
+        let b = p.to_bytes();
+        for n in 0..b.len() {
+            assert!(SignedPolicy::from_bytes(&b[..n]).is_err(), "cut at {n}");
+        }
+        assert!(SignedPolicy::sign(&k, 1, "[[allow]]\nfrom=[\"a b\"]\nto=[]\n").is_err(), "text that does not parse");
+    }
 
     const EXAMPLE: &str = r#"
 [groups]

@@ -230,6 +230,7 @@ impl Worker {
             Request::AcceptExit => "exit accept".to_owned(),
             Request::AddRevocation { .. } => "revoke add".to_owned(),
             Request::ExplainPolicy { from, to, .. } => format!("policy explain {from} {to}"),
+            Request::PushPolicy { .. } => "policy push".to_owned(),
         };
         let (ok, message) = match weft_control::request(&self.control, req) {
             Ok(Reply::Done { message }) => (true, message),

@@ -204,6 +204,92 @@ impl crate::node::Node {
         out
     }
 
+    /// Takes an access policy signed by the authority (encoded
+    /// [`weft_core::policy::SignedPolicy`]: `weft policy push`, the state directory, or
+    /// a member): a newer one than held is kept, announced
+    /// ([`crate::Action::PolicyChanged`]) and passed to every member. Returns whether
+    /// it was newer.
+    pub fn offer_policy(&mut self, now: std::time::Instant, bytes: Vec<u8>) -> Result<bool, String> {
+        let new = self.take_policy(now, bytes)?;
+        self.finish_step(now);
+        Ok(new)
+    }
+
+    pub(crate) fn take_policy(&mut self, now: std::time::Instant, bytes: Vec<u8>) -> Result<bool, String> {
+        if self.cfg.authorities.is_empty() {
+            return Err("this node has no authority (--authority) to check a signed policy against".into());
+        }
+        let p = weft_core::policy::SignedPolicy::from_bytes(&bytes).map_err(|e| format!("not a signed policy: {e}"))?;
+        if self.policy.as_ref().is_some_and(|(v, _)| *v >= p.version) {
+            return Ok(false);
+        }
+        if !p.verify(&self.cfg.authorities) {
+            return Err(format!("not signed by this network's authority (it names {})", p.authority));
+        }
+        tracing::info!(version = p.version, "access policy signed by the authority: newer, passed to the mesh");
+        self.policy = Some((p.version, bytes.clone()));
+        self.policy_parts = None;
+        self.actions.push_back(crate::Action::PolicyChanged(bytes));
+        let up: Vec<PeerKey> = self.peers.values().filter(|p| p.is_up()).map(|p| p.key).collect();
+        for k in up {
+            self.send_policy(now, k);
+        }
+        Ok(true)
+    }
+
+    /// Sends member `key` our signed policy, in pieces, unless its session has it.
+    pub(crate) fn send_policy(&mut self, now: std::time::Instant, key: PeerKey) {
+        let Some((version, bytes)) = self.policy.clone() else { return };
+        let Some(p) = self.peers.get(&key) else { return };
+        if p.policy_sent >= version || !p.is_up() || p.hello.protocol().caps & weft_core::handshake::caps::POLICY == 0 {
+            return;
+        }
+        let parts = bytes.chunks(crate::mesh::POLICY_PART).count() as u16;
+        for (i, chunk) in bytes.chunks(crate::mesh::POLICY_PART).enumerate() {
+            let msg = crate::mesh::Msg::PolicyPart { version, part: i as u16, parts, bytes: chunk.to_vec() };
+            self.send_msg(&key, &msg, now);
+        }
+        if let Some(p) = self.peers.get_mut(&key) {
+            p.policy_sent = version;
+        }
+    }
+
+    /// A piece of a signed policy from member `from`: kept until the policy is whole.
+    pub(crate) fn policy_part(
+        &mut self,
+        now: std::time::Instant,
+        from: PeerKey,
+        version: u64,
+        part: u16,
+        parts: u16,
+        bytes: Vec<u8>,
+    ) {
+        if self.cfg.authorities.is_empty() || self.policy.as_ref().is_some_and(|(v, _)| *v >= version) {
+            return;
+        }
+        let fresh = match &self.policy_parts {
+            Some((v, p)) => *v < version || (*v == version && p.len() != usize::from(parts)),
+            None => true,
+        };
+        if fresh {
+            if self.policy_parts.as_ref().is_some_and(|(v, _)| *v > version) {
+                return;
+            }
+            self.policy_parts = Some((version, vec![None; usize::from(parts)]));
+        }
+        let Some((_, pieces)) = self.policy_parts.as_mut() else { return };
+        if let Some(slot) = pieces.get_mut(usize::from(part)) {
+            *slot = Some(bytes);
+        }
+        if pieces.iter().all(Option::is_some) {
+            let whole: Vec<u8> = pieces.iter().flatten().flatten().copied().collect();
+            self.policy_parts = None;
+            if let Err(e) = self.take_policy(now, whole) {
+                tracing::debug!(peer = %from.id(), "signed policy from a member refused: {e}");
+            }
+        }
+    }
+
     /// Closes the sessions of every member whose certificate has expired by `now`, and
     /// forgets the records of those (a certificate is checked at each handshake and
     /// record; this ends what is already up). Returns how many members it cut off.

@@ -96,7 +96,24 @@ pub(crate) enum Msg {
     /// A revocation signed by the network's authority (sent only to members whose
     /// hello says they take them, [`weft_core::handshake::caps::REVOCATIONS`]).
     Revocation(Box<weft_core::cert::Revocation>),
+    /// A piece of an access policy signed by the authority (sent only to members
+    /// whose hello says they take them, [`weft_core::handshake::caps::POLICY`]).
+    PolicyPart {
+        /// The policy's version.
+        version: u64,
+        /// Which piece.
+        part: u16,
+        /// Of how many.
+        parts: u16,
+        /// Its bytes.
+        bytes: Vec<u8>,
+    },
 }
+
+/// Bytes of a signed policy per control message (the message fits one datagram).
+pub(crate) const POLICY_PART: usize = 1000;
+/// Most pieces of one policy.
+pub(crate) const MAX_POLICY_PARTS: u16 = 64;
 
 /// The first byte of a control message: which [`Msg`] follows. Wire values, never
 /// reused: a message a node does not know is dropped.
@@ -109,6 +126,7 @@ mod tag {
     pub(super) const DIGEST: u8 = 6;
     pub(super) const LEAVING: u8 = 7;
     pub(super) const REVOCATION: u8 = 8;
+    pub(super) const POLICY_PART: u8 = 9;
 }
 
 impl Msg {
@@ -156,6 +174,13 @@ impl Msg {
                 out.push(tag::REVOCATION);
                 out.extend_from_slice(&r.to_bytes());
             }
+            Self::PolicyPart { version, part, parts, bytes } => {
+                out.push(tag::POLICY_PART);
+                out.extend_from_slice(&version.to_le_bytes());
+                out.extend_from_slice(&part.to_le_bytes());
+                out.extend_from_slice(&parts.to_le_bytes());
+                out.extend_from_slice(&bytes[..bytes.len().min(POLICY_PART)]);
+            }
         }
         out
     }
@@ -197,6 +222,14 @@ impl Msg {
             }
             tag::LEAVING if rest.is_empty() => Self::Leaving,
             tag::REVOCATION => Self::Revocation(Box::new(weft_core::cert::Revocation::from_bytes(rest).ok()?)),
+            tag::POLICY_PART if rest.len() > 12 && rest.len() <= 12 + POLICY_PART => {
+                let u16_at = |at: usize| u16::from_le_bytes([rest[at], rest[at + 1]]);
+                let (part, parts) = (u16_at(8), u16_at(10));
+                if part >= parts || parts > MAX_POLICY_PARTS {
+                    return None;
+                }
+                Self::PolicyPart { version: u64_at(rest, 0)?, part, parts, bytes: rest[12..].to_vec() }
+            }
             _ => return None,
         })
     }
@@ -489,6 +522,7 @@ impl Node {
                     debug!(peer = %key.id(), "revocation from a member refused: {e}");
                 }
             }
+            Msg::PolicyPart { version, part, parts, bytes } => self.policy_part(now, key, version, part, parts, bytes),
             Msg::Summary { count, hash } => self.handle_summary(now, key, (count, hash)),
             Msg::Digest { lo, hi, entries } => {
                 // Only a link's digest is answered (records travel on links).

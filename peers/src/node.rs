@@ -291,6 +291,10 @@ pub enum Action {
     /// Keep the ledger of certificates this issuer issued (all of it) in the state
     /// directory.
     SaveIssued(Vec<crate::issuer::Issued>),
+    /// A newer access policy signed by the authority arrived (encoded
+    /// [`weft_core::policy::SignedPolicy`], signature checked): put it in force and
+    /// keep it in the state directory.
+    PolicyChanged(Vec<u8>),
 }
 
 /// What a handshake we started was for.
@@ -466,6 +470,10 @@ pub struct Node {
     /// `network-secret-next`: the PSK of the secret accepted beside the current one
     /// (`cfg.handshake.psk`) while the network secret rotates.
     pub(crate) secret_next: Option<weft_core::handshake::Psk>,
+    /// The newest signed access policy this node holds (version, encoded) and one
+    /// being reassembled from its pieces (version, pieces).
+    pub(crate) policy: Option<(u64, Vec<u8>)>,
+    pub(crate) policy_parts: Option<(u64, Vec<Option<Vec<u8>>>)>,
     /// The `now` of the last step (for calls that are not handed one).
     last_now: Option<Instant>,
 }
@@ -509,6 +517,8 @@ impl Node {
             revocations: crate::authority::Revocations::default(),
             issuer: None,
             secret_next: None,
+            policy: None,
+            policy_parts: None,
             deadlines: Deadlines::default(),
             touched: BTreeSet::new(),
             report: Report::default(),
@@ -1336,8 +1346,10 @@ impl Node {
         // been offline when they spread).
         if let Some(p) = self.peers.get_mut(&key) {
             p.revocations_sent = 0;
+            p.policy_sent = 0;
         }
         self.send_revocations(now, key);
+        self.send_policy(now, key);
         self.touch(key);
     }
 

@@ -190,6 +190,8 @@ pub(crate) struct Peer {
     /// How many of our revocations its current session was sent (all of them again
     /// after each handshake).
     pub(crate) revocations_sent: usize,
+    /// The version of our signed access policy its current session was sent (0: none).
+    pub(crate) policy_sent: u64,
     pub(crate) id: NodeId,
     pub(crate) hello: Hello,
     /// The network secret its last handshake used (while the secret rotates, one
@@ -256,6 +258,7 @@ impl Peer {
             digest_answered: None,
             record_budget: None,
             secret: weft_core::admission::Which::Current,
+            policy_sent: 0,
         }
     }
 

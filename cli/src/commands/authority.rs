@@ -227,6 +227,32 @@ pub(crate) fn invite(a: &AuthorityInviteArgs) -> Result<()> {
     Ok(())
 }
 
+/// `weft authority sign-policy`: checks the policy (its tests, through its `[hosts]`)
+/// and prints it signed.
+pub(crate) fn sign_policy(a: &crate::config::args::AuthoritySignPolicyArgs) -> Result<()> {
+    let key = load_key(&a.key)?;
+    let text = std::fs::read_to_string(&a.file)
+        .map_err(|e| UsageError(format!("cannot read policy file {}: {e}", a.file.display())))?;
+    let policy = weft_core::policy::Policy::parse(&text)
+        .map_err(|e| UsageError(format!("policy file {}: {e}", a.file.display())))?;
+    let (passed, skipped) =
+        policy.check_known_tests(&[], &[]).map_err(|e| UsageError(format!("policy file {}: {e}", a.file.display())))?;
+    let version = a.policy_version.unwrap_or_else(now_unix);
+    let signed = weft_core::policy::SignedPolicy::sign(&key, version, &text)
+        .map_err(|e| UsageError(format!("cannot sign {}: {e}", a.file.display())))?;
+    eprintln!(
+        "policy version {version}: {} rule(s), {passed} test(s) passed{}",
+        policy.rules.len(),
+        if skipped > 0 {
+            format!(", {skipped} left to the members (they name hosts the file does not)")
+        } else {
+            String::new()
+        }
+    );
+    println!("{}", signed.to_text());
+    Ok(())
+}
+
 fn body_expires(t: &Token) -> u64 {
     t.invite.body().expires
 }

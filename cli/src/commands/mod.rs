@@ -41,6 +41,22 @@ pub(crate) fn run(command: Command) -> Result<()> {
         Command::Authority(AuthorityCommand::Sign(a)) => authority::sign(&a),
         Command::Authority(AuthorityCommand::Revoke(a)) => authority::revoke(&a),
         Command::Authority(AuthorityCommand::Invite(a)) => authority::invite(&a),
+        Command::Authority(AuthorityCommand::SignPolicy(a)) => authority::sign_policy(&a),
+        Command::Policy(PolicyCommand::Push(a)) => {
+            let text = if a.policy.trim_start().starts_with(weft_core::policy::SIGNED_POLICY_PREFIX) {
+                a.policy.clone()
+            } else {
+                std::fs::read_to_string(&a.policy).map_err(|e| {
+                    UsageError(format!(
+                        "{:?} is neither a signed policy (weft-policy:...) nor a file that can be read: {e}",
+                        a.policy
+                    ))
+                })?
+            };
+            let p = weft_core::policy::SignedPolicy::from_text(&text)
+                .map_err(|e| UsageError(format!("invalid signed policy: {e}")))?;
+            change(&a.control, &weft_control::Request::PushPolicy { policy: p.to_text() })
+        }
         Command::Id(a) => authority::id(a.state_dir.as_deref()),
         Command::Cert(CertCommand::Show(a)) => authority::show(&a),
         Command::Policy(PolicyCommand::Check(a)) => crate::services::policy::check(&a.file),

@@ -466,6 +466,24 @@ pub enum AuthorityCommand {
     /// joins a new machine, getting its certificate from an issuer (a member started
     /// with --authority-key) among the entry points.
     Invite(Box<AuthorityInviteArgs>),
+    /// Sign an access policy file (after checking it): prints the signed policy (one
+    /// line) for `weft policy push`, which the mesh carries to every member.
+    SignPolicy(AuthoritySignPolicyArgs),
+}
+
+/// Arguments of `weft authority sign-policy`.
+#[derive(Debug, Args)]
+pub struct AuthoritySignPolicyArgs {
+    /// The authority's private key file.
+    #[arg(long, value_name = "FILE")]
+    pub key: PathBuf,
+    /// The policy file (TOML).
+    #[arg(value_name = "POLICY")]
+    pub file: PathBuf,
+    /// Its version (default: the current time in seconds, so a later signature is
+    /// newer); members keep the newest.
+    #[arg(long = "policy-version", value_name = "N")]
+    pub policy_version: Option<u64>,
 }
 
 /// Arguments of `weft authority invite`.
@@ -594,6 +612,21 @@ pub enum PolicyCommand {
     Check(PolicyCheckArgs),
     /// Which rule of the running node's policy decides a flow from SRC to DST:PORT.
     Explain(PolicyExplainArgs),
+    /// Hand a policy the authority signed (`weft authority sign-policy`) to a running
+    /// node, which puts it in force and passes it to every member (root or the
+    /// weft-admin group only).
+    Push(PolicyPushArgs),
+}
+
+/// Arguments of `weft policy push`.
+#[derive(Debug, Args)]
+pub struct PolicyPushArgs {
+    /// The signed policy (`weft-policy:...`) or a file holding it.
+    #[arg(value_name = "SIGNED|FILE")]
+    pub policy: String,
+    /// Control socket of the node.
+    #[arg(long, value_name = "PATH", env = "WEFT_CONTROL", default_value_os_t = default_control())]
+    pub control: PathBuf,
 }
 
 /// Arguments of `weft policy check`.
@@ -662,4 +695,15 @@ pub struct ManArgs {
     /// Print the page of this subcommand (weft-COMMAND(1)) instead of weft(1).
     #[arg(value_name = "COMMAND")]
     pub command: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    /// Clap's own checks of every subcommand (unique names, valid defaults), which
+    /// otherwise fire only when that subcommand runs.
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
+    }
 }

@@ -216,6 +216,13 @@ impl Runtime {
     /// The access policy: a new one (or a changed file) is in force at once; flows it
     /// no longer allows are cut, the others stay.
     fn reload_policy(&mut self, policy: Option<crate::services::policy::Loaded>, out: &mut Outcome) {
+        if let Some(v) = self.policy.loaded.as_ref().and_then(|l| l.signed) {
+            if self.cfg.policy != policy {
+                out.done(format!("policy file noted; the policy the authority signed (version {v}) stays in force"));
+                self.cfg.policy = policy;
+            }
+            return;
+        }
         let was = self.policy.loaded.as_ref().map(|l| (l.path.clone(), l.version.clone()));
         let now = policy.as_ref().map(|l| (l.path.clone(), l.version.clone()));
         if was == now {

@@ -26,6 +26,7 @@ pub(crate) enum Ask {
     AcceptExit,
     Revoke(Box<weft_core::cert::Revocation>),
     Explain { from: String, to: String, proto: String },
+    PushPolicy(Vec<u8>),
 }
 
 /// A change to the WireGuard portal's clients (served on a blocking thread: the
@@ -78,6 +79,9 @@ async fn ask(req: Request, args: &Arc<UpArgs>) -> Result<Ask, String> {
         Request::Reload => Ok(Ask::Reload(Box::new(load_again(args.clone()).await?))),
         Request::AcceptExit => Ok(Ask::AcceptExit),
         Request::ExplainPolicy { from, to, proto } => Ok(Ask::Explain { from, to, proto }),
+        Request::PushPolicy { policy } => weft_core::policy::SignedPolicy::from_text(&policy)
+            .map(|p| Ask::PushPolicy(p.to_bytes()))
+            .map_err(|e| format!("invalid signed policy: {e}")),
         Request::AddRevocation { revocation } => weft_core::cert::Revocation::from_text(&revocation)
             .map(|r| Ask::Revoke(Box::new(r)))
             .map_err(|e| format!("invalid revocation: {e}")),

@@ -536,6 +536,7 @@ impl Runtime {
                 Action::SaveNames(names) => self.names_writer.save(names),
                 Action::SaveRevocations(list) => self.names_writer.save_revocations(list),
                 Action::SaveIssued(list) => self.names_writer.save_issued(list),
+                Action::PolicyChanged(bytes) => self.signed_policy(&bytes),
             }
         }
     }
@@ -567,6 +568,7 @@ impl Runtime {
             }
             Ask::RemovePeer(which) => self.engine.remove_peer(now, which),
             Ask::AcceptExit => self.engine.accept_exit(now),
+            Ask::PushPolicy(bytes) => self.push_policy(now, bytes),
             Ask::Explain { from, to, proto } => self.policy.explain(&from, &to, &proto, &self.overlay_networks()),
             Ask::Revoke(r) => {
                 let node = NodeId::from_public(&r.node);
@@ -660,6 +662,39 @@ impl Runtime {
         }
         let (members, overlay) = (self.engine.members(), self.overlay_networks());
         self.policy.refresh(&self.shared.firewall, members, &overlay);
+    }
+
+    /// A newer policy signed by the authority: in force at once, and kept.
+    fn signed_policy(&mut self, bytes: &[u8]) {
+        let loaded = match crate::services::policy::Loaded::signed(bytes, &self.cfg.state_dir.join("policy")) {
+            Ok(l) => l,
+            Err(e) => return warn!("{e}: the policy in force stays"),
+        };
+        let (version, rules) = (loaded.signed.unwrap_or(0), loaded.policy.rules.len());
+        match self.apply_policy(Some(loaded)) {
+            Ok(()) => {
+                info!(version, rules, "access policy signed by the authority in force");
+                if let Ok(p) = weft_core::policy::SignedPolicy::from_bytes(bytes)
+                    && let Err(e) = state::save_policy(&self.cfg.state_dir, &p.to_text())
+                {
+                    warn!("cannot keep the signed policy: {e:#}");
+                }
+            }
+            Err(e) => warn!("{e}: the policy in force stays"),
+        }
+    }
+
+    /// Checks a signed policy pushed by an admin (`weft policy push`) and offers it to
+    /// the engine, which passes it to the mesh.
+    pub(super) fn push_policy(&mut self, now: Instant, bytes: Vec<u8>) -> Result<String, String> {
+        let loaded = crate::services::policy::Loaded::signed(&bytes, &self.cfg.state_dir.join("policy"))?;
+        let (members, overlay) = (self.engine.members(), self.overlay_networks());
+        loaded.policy.check_known_tests(&members, &overlay).map_err(|e| format!("refused: {e}"))?;
+        let v = loaded.signed.unwrap_or(0);
+        match self.engine.offer_policy(now, bytes)? {
+            true => Ok(format!("access policy version {v} in force here and passed to the mesh")),
+            false => Ok(format!("version {v} is not newer than the signed policy this node holds: nothing changed")),
+        }
     }
 
     /// Puts `loaded` in force (start and reload).

@@ -289,7 +289,8 @@ pub(super) fn engine(
         | (if gso_quic { caps::GSO_QUIC } else { 0 })
         | caps::LEAVE
         | caps::REVOCATIONS
-        | (if cfg.authority_key.is_some() { caps::ISSUER } else { 0 });
+        | (if cfg.authority_key.is_some() { caps::ISSUER } else { 0 })
+        | (if cfg.authorities.is_empty() { 0 } else { caps::POLICY });
     let hello = Hello {
         cipher: cfg.cipher,
         ipv4: cfg.ipv4.addr,
@@ -345,6 +346,13 @@ pub(super) fn engine(
     }
     if !cfg.authorities.is_empty() {
         let now = std::time::Instant::now();
+        // The signed policy kept from before: in force from the start (the runtime
+        // applies it when it reads the engine's first actions).
+        if let Some(bytes) = state::load_policy(&cfg.state_dir)?
+            && let Err(e) = node.offer_policy(now, bytes)
+        {
+            warn!("the signed policy kept in the state directory is not used: {e}");
+        }
         for r in kept {
             let node_id = NodeId::from_public(&r.node);
             if let Err(e) = node.revoke(now, r) {

@@ -396,6 +396,29 @@ pub fn save_revocations(dir: &Path, list: &[Revocation]) -> Result<()> {
     fs::rename(&tmp, &path).with_context(|| format!("cannot replace {}", path.display()))
 }
 
+/// The signed access policy kept: a header naming the format, then the policy's text
+/// form (`weft-policy:...`).
+const POLICY_FILE: &str = "policy";
+const POLICY_HEADER: &str = "weft-policy 1";
+
+/// Keeps the signed policy `text` in `dir` (whole, then renamed over the old file).
+pub fn save_policy(dir: &Path, text: &str) -> Result<()> {
+    let tmp = dir.join(format!("{POLICY_FILE}.tmp"));
+    write_private(&tmp, format!("{POLICY_HEADER}\n{text}\n").as_bytes())?;
+    let path = dir.join(POLICY_FILE);
+    fs::rename(&tmp, &path).with_context(|| format!("cannot replace {}", path.display()))
+}
+
+/// The signed policy kept in `dir`, encoded (none when there is no file).
+pub fn load_policy(dir: &Path) -> Result<Option<Vec<u8>>> {
+    let path = dir.join(POLICY_FILE);
+    let Some(text) = read_kept(&path, POLICY_HEADER)? else { return Ok(None) };
+    let line = text.lines().nth(1).unwrap_or_default();
+    let p = weft_core::policy::SignedPolicy::from_text(line)
+        .with_context(|| format!("{} line 2: not a signed policy", path.display()))?;
+    Ok(Some(p.to_bytes()))
+}
+
 /// A state file whose first line is `header` ("weft-NAME FORMAT"): its text, or none
 /// when there is no file. Another format of the same name is "newer, keep the file";
 /// anything else is not such a file.

@@ -261,7 +261,7 @@ impl Runtime {
         let fw = &self.shared.firewall;
         let hits = fw.active().map(|a| a.hits.iter().map(|h| h.load(Ordering::Relaxed)).collect()).unwrap_or_default();
         Some(weft_control::PolicyJson {
-            source: l.path.display().to_string(),
+            source: l.source(),
             version: l.version.clone(),
             rules: l.policy.rules.len(),
             tests_passed: self.policy.tests.0,

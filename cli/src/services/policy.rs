@@ -21,6 +21,8 @@ pub struct Loaded {
     pub version: String,
     /// The policy.
     pub policy: Policy,
+    /// Its version when the authority signed it (then `path` is where it is kept).
+    pub signed: Option<u64>,
 }
 
 impl Loaded {
@@ -29,7 +31,22 @@ impl Loaded {
         let text = std::fs::read_to_string(path)
             .map_err(|e| UsageError(format!("cannot read policy file {}: {e}", path.display())))?;
         let policy = Policy::parse(&text).map_err(|e| UsageError(format!("policy file {}: {e}", path.display())))?;
-        Ok(Self { path: path.to_owned(), version: version(&text), policy })
+        Ok(Self { path: path.to_owned(), version: version(&text), policy, signed: None })
+    }
+
+    /// A policy signed by the authority (encoded), kept at `path`.
+    pub fn signed(bytes: &[u8], path: &Path) -> Result<Self, String> {
+        let sp = weft_core::policy::SignedPolicy::from_bytes(bytes).map_err(|e| format!("not a signed policy: {e}"))?;
+        let policy = Policy::parse(&sp.text).map_err(|e| format!("signed policy version {}: {e}", sp.version))?;
+        Ok(Self { path: path.to_owned(), version: sp.version.to_string(), policy, signed: Some(sp.version) })
+    }
+
+    /// Where it came from, in words.
+    pub fn source(&self) -> String {
+        match self.signed {
+            Some(v) => format!("signed by the authority, version {v}"),
+            None => self.path.display().to_string(),
+        }
     }
 }
 
@@ -66,7 +83,7 @@ impl Enforced {
                 let tests = l
                     .policy
                     .check_known_tests(&members, overlay)
-                    .map_err(|e| format!("policy {} refused: {e}", l.path.display()))?;
+                    .map_err(|e| format!("policy ({}) refused: {e}", l.source()))?;
                 fw.set(Some(Arc::new(Active::new(l.policy.compile(&members, overlay)))));
                 self.tests = tests;
             }
