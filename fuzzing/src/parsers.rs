@@ -178,13 +178,18 @@ pub fn quic_reassembly(data: &[u8]) {
 }
 
 /// `Policy::parse` (access policy files, and the text of signed policies a member
-/// passes on) and `firewall::Packet::parse` (every packet the connection table
-/// reads): what parses compiles and answers queries without panicking, and the
+/// passes on), `SignedPolicy::from_bytes` (what members pass on) and
+/// `firewall::Packet::parse` (every packet the connection table reads): what parses compiles and answers queries without panicking, and the
 /// compiled matcher agrees with itself on a second compile.
 pub fn policy(data: &[u8]) {
     use std::net::IpAddr;
     use weft_core::policy::{Member, Policy};
     let _ = weft_core::firewall::Packet::parse(data);
+    if let Ok(sp) = weft_core::policy::SignedPolicy::from_bytes(data) {
+        assert_eq!(sp.to_bytes(), data);
+        assert_eq!(weft_core::policy::SignedPolicy::from_text(&sp.to_text()).as_ref(), Ok(&sp));
+        let _ = sp.verify(&[sp.authority]);
+    }
     let Ok(text) = std::str::from_utf8(data) else { return };
     let Ok(p) = Policy::parse(text) else { return };
     let ip = |s: &str| s.parse::<IpAddr>().unwrap();
