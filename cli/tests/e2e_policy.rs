@@ -279,3 +279,91 @@ fn a_signed_policy_handed_to_one_member_reaches_every_member_and_uses_certificat
     let said = weft(&["policy", "push", &old, "--control", srv.control.to_str().unwrap()]);
     assert!(said.contains("not newer"), "{said}");
 }
+
+/// A subnet router with a policy: the contractor reaches one port of one host on the
+/// subnet behind it, and nothing else there; another member reaches nothing there.
+#[test]
+fn a_contractor_reaches_one_port_of_one_host_on_a_proxied_subnet() {
+    require_root();
+    let dir = TempDir::new();
+    let (a, b, p, h) = (Netns::new(), Netns::new(), Netns::new(), Netns::new());
+    netns::link(&a, "eth0", "192.0.2.1/24", &p, "eth0", "192.0.2.2/24");
+    netns::link(&b, "eth0", "192.0.3.1/24", &p, "eth1", "192.0.3.2/24");
+    netns::link(&p, "lan", "172.16.5.1/24", &h, "eth0", "172.16.5.2/24");
+    h.exec_ok(&["ip", "route", "add", "default", "via", "172.16.5.1"]);
+    let pol = dir.0.join("router.toml");
+    write(
+        &pol,
+        "[[allow]]\nfrom = [\"contractor\"]\nto = [\"172.16.5.2\"]\nproto = \"tcp\"\nports = [\"5201\"]\n\n\
+         [[test]]\nfrom = \"contractor\"\nto = \"172.16.5.2:5201\"\nallow = true\n\
+         [hosts]\ncontractor = \"10.126.133.1\"\n",
+    );
+    let net = ["--network-name", "subnet-policy", "--network-secret", "subnet policy secret", "--threads", "1"];
+    fn with<'a>(net: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+        net.iter().chain(extra).copied().collect()
+    }
+    let router = Node::start(
+        &p,
+        &dir.0,
+        "router",
+        &with(
+            &net,
+            &[
+                "-i",
+                "10.126.133.9/24",
+                "--hostname",
+                "router",
+                "--proxy-network",
+                "172.16.5.0/24",
+                "--policy",
+                pol.to_str().unwrap(),
+            ],
+        ),
+    );
+    let con = Node::start(
+        &a,
+        &dir.0,
+        "con",
+        &with(&net, &["-i", "10.126.133.1/24", "--hostname", "contractor", "-p", "udp://192.0.2.2:11010"]),
+    );
+    let other = Node::start(
+        &b,
+        &dir.0,
+        "other",
+        &with(&net, &["-i", "10.126.133.2/24", "--hostname", "other", "-p", "udp://192.0.3.2:11010"]),
+    );
+    let learned = |n: &Node| {
+        n.status()["routes"].as_array().is_some_and(|r| {
+            r.iter().any(|r| r["proxied"].as_array().is_some_and(|p| p.iter().any(|x| x == "172.16.5.0/24")))
+        })
+    };
+    wait_until(Duration::from_secs(20), "both members learn the subnet", || learned(&con) && learned(&other));
+    let _servers: Vec<Kill> = [5201u16, 5202]
+        .iter()
+        .map(|port| {
+            Kill(
+                h.cmd("iperf3")
+                    .args(["-s", "-B", "172.16.5.2", "-p", &port.to_string()])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .unwrap(),
+            )
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let reaches = |ns: &Netns, port: u16| {
+        ns.cmd("timeout")
+            .args(["3", "bash", "-c", &format!("exec 3<>/dev/tcp/172.16.5.2/{port}")])
+            .status()
+            .unwrap()
+            .success()
+    };
+    assert!(reaches(&a, 5201), "the contractor reaches the web port on the subnet");
+    assert!(!reaches(&a, 5202), "but not another port");
+    assert!(!ping(&a, "172.16.5.2"), "nor ping");
+    assert!(!reaches(&b, 5201), "another member reaches nothing there");
+    assert!(router.status()["policy"]["denied"].as_u64().unwrap() > 0);
+    drop(con);
+    drop(other);
+}
