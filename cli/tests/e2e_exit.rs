@@ -386,3 +386,44 @@ fn bad_exit_settings_exit_2() {
         assert!(err.contains(says), "{extra:?}: {err}");
     }
 }
+
+/// An exit whose access policy lets one group out: the member in it reaches the
+/// internet through the exit, the other member asks for the same exit and is not
+/// let out (`weft policy explain` on the exit says why).
+#[test]
+fn an_exit_with_a_policy_lets_only_its_group_out() {
+    require_root();
+    let lan = Lan::new(3);
+    let (_router, public) = upstream(&lan.hosts[0]);
+    let _seen = public_server(&public);
+    let dir = TempDir::new();
+    let pol = dir.0.join("exit-policy.toml");
+    std::fs::write(
+        &pol,
+        "[groups]\ntravel = [\"mnode\"]\n\n[[allow]]\nfrom = [\"group:travel\"]\nto = [\"internet\"]\nproto = \"tcp\"\n",
+    )
+    .unwrap();
+    let peer = format!("udp://{}:11010", lan.addrs[0]);
+    let x = Node::start(
+        &lan.hosts[0],
+        &dir.0,
+        "x",
+        &args(0, "10.124.0.1/24", &peer, &["--exit-node", "--policy", pol.to_str().unwrap()]),
+    );
+    let m = Node::start(&lan.hosts[1], &dir.0, "m", &args(1, "10.124.0.2/24", &peer, &["--use-exit-node", "xnode"]));
+    let n = Node::start(&lan.hosts[2], &dir.0, "n", &args(2, "10.124.0.3/24", &peer, &["--use-exit-node", "xnode"]));
+    wait_until(Duration::from_secs(15), "both members route through X", || {
+        m.status()["exit"]["state"] == "routing" && n.status()["exit"]["state"] == "routing"
+    });
+    // The exit compiles the group once it knows M's record (its 1 s tick).
+    wait_until(Duration::from_secs(10), "the travel group reaches the internet", || reach(&lan.hosts[1]).is_ok());
+    assert!(reach(&lan.hosts[2]).is_err(), "a member outside the group got out through the exit");
+    let out = Command::new(weft_bin())
+        .args(["policy", "explain", "nnode", &format!("{PUBLIC}:8080"), "--control"])
+        .arg(&x.control)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("denied"), "{said}");
+    assert!(x.status()["policy"]["denied"].as_u64().unwrap() > 0);
+}
