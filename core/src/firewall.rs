@@ -97,7 +97,7 @@ impl Packet {
                     (pkt.sport, pkt.dport) = if request { (id, 0) } else { (0, id) };
                 }
                 if error && let Some(inner) = l4.get(8..) {
-                    let (s, d, pr, l) = ip_header_loose(inner)?;
+                    let (s, d, pr, l) = ip_header(inner)?;
                     let ports = l
                         .get(..4)
                         .map_or((0, 0), |h| (u16::from_be_bytes([h[0], h[1]]), u16::from_be_bytes([h[2], h[3]])));
@@ -133,11 +133,6 @@ fn ip_header(p: &[u8]) -> Option<(IpAddr, IpAddr, u8, &[u8])> {
         }
         _ => None,
     }
-}
-
-/// [`ip_header`] for the truncated packet an ICMP error quotes.
-fn ip_header_loose(p: &[u8]) -> Option<(IpAddr, IpAddr, u8, &[u8])> {
-    ip_header(p)
 }
 
 fn timeout(proto: u8, closing: bool) -> u64 {
@@ -266,7 +261,7 @@ impl Firewall {
                     h.fetch_add(1, Relaxed);
                 }
                 let e = Entry { expires: now + timeout(p.proto, p.closing), rule: Some(rule as u32), cut: false };
-                self.track(flow, e)
+                self.track(flow, e, now)
             }
             None => {
                 self.denied.fetch_add(1, Relaxed);
@@ -293,13 +288,12 @@ impl Firewall {
                 return;
             }
         }
-        self.track(flow, Entry { expires, rule: None, cut: false });
+        self.track(flow, Entry { expires, rule: None, cut: false }, now);
     }
 
-    fn track(&self, flow: Flow, e: Entry) -> bool {
+    fn track(&self, flow: Flow, e: Entry, now: u64) -> bool {
         let mut t = self.shard(&flow).lock();
         if t.len() >= MAX_FLOWS / SHARDS {
-            let now = e.expires.saturating_sub(timeout(flow.proto, false));
             t.retain(|_, x| x.expires > now);
             if t.len() >= MAX_FLOWS / SHARDS {
                 self.table_full.fetch_add(1, Relaxed);

@@ -25,8 +25,10 @@ const XX: &str = "Noise_XXpsk3_25519_ChaChaPoly_BLAKE2s";
 const IK: &str = "Noise_IKpsk2_25519_ChaChaPoly_BLAKE2s";
 const PROLOGUE: &[u8] = b"weft/v1\0";
 const HELLO_VERSION: u8 = 1;
-/// Upper bound of any handshake message we send or accept.
-pub const MAX_HANDSHAKE_MSG: usize = 1024;
+/// Upper bound of any handshake message we send or accept: room for an issuer's IK
+/// answer to a join, which carries its own certificate and the one it issues (up to
+/// 512 bytes each) beside its hello.
+pub const MAX_HANDSHAKE_MSG: usize = 2048;
 /// Zero bytes an XX init carries as its (plaintext, unread) payload, so that the
 /// init is at least as large as the response it asks for: a responder answers an
 /// unproven sender with no more bytes than it sent (it sends a cookie instead). This
@@ -1127,11 +1129,12 @@ mod tests {
         let mut b = params("office", "s3cret", [10, 0, 0, 2], Cipher::Aes128Gcm);
         a.hello.protocol = Some(Protocol::ours(0));
         b.hello.protocol = Some(Protocol::ours(caps::ISSUER));
-        b.hello.cert = Some(vec![0x5a; 200]);
+        // The largest: an issuer's own certificate beside the one it issues.
+        b.hello.cert = Some(vec![0x5a; MAX_HELLO_CERT]);
         a.hello.join = Some(vec![0x11; 180]);
         let t = Stamp::from_unix(std::time::Duration::from_secs(1_800_000_000));
         for answer in [
-            Hello { issued: Some(vec![0x22; 300]), ..b.hello.clone() },
+            Hello { issued: Some(vec![0x22; MAX_HELLO_CERT]), ..b.hello.clone() },
             Hello { join_refused: Some("the invite is used up (1 of 1 uses)\n".into()), ..b.hello.clone() },
         ] {
             let (init, m1) = Initiator::start(&a, Some(&b.local.public), t).unwrap();

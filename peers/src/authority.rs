@@ -228,7 +228,6 @@ impl crate::node::Node {
         }
         tracing::info!(version = p.version, "access policy signed by the authority: newer, passed to the mesh");
         self.policy = Some((p.version, bytes.clone()));
-        self.policy_parts = None;
         self.actions.push_back(crate::Action::PolicyChanged(bytes));
         let up: Vec<PeerKey> = self.peers.values().filter(|p| p.is_up()).map(|p| p.key).collect();
         for k in up {
@@ -254,7 +253,8 @@ impl crate::node::Node {
         }
     }
 
-    /// A piece of a signed policy from member `from`: kept until the policy is whole.
+    /// A piece of a signed policy from member `from`: kept (per member, one version
+    /// at a time, at most 64 pieces of 1000 bytes) until the policy is whole.
     pub(crate) fn policy_part(
         &mut self,
         now: std::time::Instant,
@@ -267,23 +267,18 @@ impl crate::node::Node {
         if self.cfg.authorities.is_empty() || self.policy.as_ref().is_some_and(|(v, _)| *v >= version) {
             return;
         }
-        let fresh = match &self.policy_parts {
-            Some((v, p)) => *v < version || (*v == version && p.len() != usize::from(parts)),
-            None => true,
-        };
-        if fresh {
-            if self.policy_parts.as_ref().is_some_and(|(v, _)| *v > version) {
-                return;
-            }
-            self.policy_parts = Some((version, vec![None; usize::from(parts)]));
+        let Some(peer) = self.peers.get_mut(&from) else { return };
+        // A newer version, or the same one cut differently, starts over.
+        if peer.policy_parts.as_ref().is_none_or(|(v, p)| *v != version || p.len() != usize::from(parts)) {
+            peer.policy_parts = Some((version, vec![None; usize::from(parts)]));
         }
-        let Some((_, pieces)) = self.policy_parts.as_mut() else { return };
+        let Some((_, pieces)) = peer.policy_parts.as_mut() else { return };
         if let Some(slot) = pieces.get_mut(usize::from(part)) {
             *slot = Some(bytes);
         }
         if pieces.iter().all(Option::is_some) {
             let whole: Vec<u8> = pieces.iter().flatten().flatten().copied().collect();
-            self.policy_parts = None;
+            peer.policy_parts = None;
             if let Err(e) = self.take_policy(now, whole) {
                 tracing::debug!(peer = %from.id(), "signed policy from a member refused: {e}");
             }

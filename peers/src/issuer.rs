@@ -75,8 +75,12 @@ impl Node {
                 mine.join_refused = Some(why);
             }
         }
-        let Ok((_, msg)) = read.answer(&mine) else { return };
-        self.answer_init(back, hdr, &msg, which);
+        match read.answer(&mine) {
+            Ok((_, msg)) => {
+                self.answer_init(back, hdr, &msg, which);
+            }
+            Err(e) => warn!(node = %key.id(), "cannot answer a join: {e}"),
+        }
     }
 
     fn issue(&mut self, now: Instant, key: &PeerKey, hello: &Hello) -> Result<Certificate, String> {

@@ -470,10 +470,8 @@ pub struct Node {
     /// `network-secret-next`: the PSK of the secret accepted beside the current one
     /// (`cfg.handshake.psk`) while the network secret rotates.
     pub(crate) secret_next: Option<weft_core::handshake::Psk>,
-    /// The newest signed access policy this node holds (version, encoded) and one
-    /// being reassembled from its pieces (version, pieces).
+    /// The newest signed access policy this node holds (version, encoded).
     pub(crate) policy: Option<(u64, Vec<u8>)>,
-    pub(crate) policy_parts: Option<(u64, Vec<Option<Vec<u8>>>)>,
     /// The `now` of the last step (for calls that are not handed one).
     last_now: Option<Instant>,
 }
@@ -518,7 +516,6 @@ impl Node {
             issuer: None,
             secret_next: None,
             policy: None,
-            policy_parts: None,
             deadlines: Deadlines::default(),
             touched: BTreeSet::new(),
             report: Report::default(),
@@ -534,6 +531,13 @@ impl Node {
     /// The network's handshake MAC keys, for the pipelines' mac1 check.
     pub fn mac_keys(&self) -> Arc<MacKeys> {
         self.gate.macs.clone()
+    }
+
+    /// Uses `macs` (the pipelines' instance, derived from the same PSK) for the
+    /// handshake MACs, so that [`Node::set_secrets`] changes the one set every part
+    /// of the node reads.
+    pub fn share_mac_keys(&mut self, macs: Arc<MacKeys>) {
+        self.gate.macs = macs;
     }
 
     /// The runtime could not queue a handshake datagram (its queue is full): treat
@@ -891,13 +895,7 @@ impl Node {
     ) {
         let back = Dest::reply(from, via, self.id);
         // The init was MACed with our next secret: its Noise PSK is the next one too.
-        let read = match (which, &self.secret_next) {
-            (Which::Next, Some(next)) => {
-                Responder::read(&Params { psk: next.clone(), ..self.cfg.handshake.clone() }, hdr.pattern, noise)
-            }
-            _ => Responder::read(&self.cfg.handshake, hdr.pattern, noise),
-        };
-        match read {
+        match Responder::read(&self.params(which), hdr.pattern, noise) {
             Err(e) => self.refuse_inbound(now, back, hdr.sender_index, &e),
             Ok(Read::Xx(responder, msg)) => {
                 let local = self.answer_init(&back, hdr, &msg, which);
@@ -1401,6 +1399,17 @@ impl Node {
         hello.secrets = std::iter::once(current.fingerprint()).chain(next.as_ref().map(|n| n.fingerprint())).collect();
         self.cfg.handshake.psk = current;
         self.secret_next = next;
+    }
+
+    /// The handshake parameters of secret `which` (the next secret's are a copy with
+    /// its PSK, made only while the secret rotates).
+    fn params(&self, which: Which) -> std::borrow::Cow<'_, Params> {
+        match (which, &self.secret_next) {
+            (Which::Next, Some(next)) => {
+                std::borrow::Cow::Owned(Params { psk: next.clone(), ..self.cfg.handshake.clone() })
+            }
+            _ => std::borrow::Cow::Borrowed(&self.cfg.handshake),
+        }
     }
 
     /// Whether this node has a next secret (`network-secret-next`).
@@ -2038,7 +2047,7 @@ impl Node {
     }
 
     /// Sends handshake message `msg` with header `hdr`, MACed with secret `which`.
-    pub(crate) fn send_handshake(&mut self, to: &Dest, hdr: HandshakeHeader, msg: &[u8], which: Which) {
+    fn send_handshake(&mut self, to: &Dest, hdr: HandshakeHeader, msg: &[u8], which: Which) {
         let mut bytes = Vec::with_capacity(12 + msg.len() + 32);
         hdr.emit(&mut bytes);
         bytes.extend_from_slice(msg);
@@ -2057,7 +2066,7 @@ impl Node {
         self.pending.held.values().map(|h| h.entry.session.clone()).collect()
     }
 
-    pub(crate) fn new_index(&mut self) -> u32 {
+    fn new_index(&mut self) -> u32 {
         loop {
             let i = self.rng.next_u32();
             let used = i == 0

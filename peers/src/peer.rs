@@ -192,6 +192,9 @@ pub(crate) struct Peer {
     pub(crate) revocations_sent: usize,
     /// The version of our signed access policy its current session was sent (0: none).
     pub(crate) policy_sent: u64,
+    /// A signed policy this member is sending us, in pieces (version, pieces): per
+    /// member, so that one that never finishes holds up nobody else's.
+    pub(crate) policy_parts: Option<(u64, Vec<Option<Vec<u8>>>)>,
     pub(crate) id: NodeId,
     pub(crate) hello: Hello,
     /// The network secret its last handshake used (while the secret rotates, one
@@ -259,6 +262,7 @@ impl Peer {
             record_budget: None,
             secret: weft_core::admission::Which::Current,
             policy_sent: 0,
+            policy_parts: None,
         }
     }
 

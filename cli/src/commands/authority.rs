@@ -221,7 +221,7 @@ pub(crate) fn invite(a: &AuthorityInviteArgs) -> Result<()> {
         hex(&id),
         a.network_name,
         if a.uses == 0 { "any number of uses".to_owned() } else { format!("{} use(s)", a.uses) },
-        utc(body_expires(&token)),
+        utc(token.invite.body().expires),
     );
     println!("{text}");
     Ok(())
@@ -251,10 +251,6 @@ pub(crate) fn sign_policy(a: &crate::config::args::AuthoritySignPolicyArgs) -> R
     );
     println!("{}", signed.to_text());
     Ok(())
-}
-
-fn body_expires(t: &Token) -> u64 {
-    t.invite.body().expires
 }
 
 /// `weft id`: the node key's public half, made if missing.

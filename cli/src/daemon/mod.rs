@@ -104,7 +104,9 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
     if next_psk.is_some() {
         info!("network-secret-next is set: the next secret is accepted beside the current one");
     }
-    shared.macs.set(&psk, next_psk.as_ref());
+    // One set of handshake MAC keys for the engine, the pipelines and the transports:
+    // a rotation changes it for all of them.
+    engine.share_mac_keys(shared.macs.clone());
     engine.set_secrets(psk, next_psk);
     info!(node_id = %engine.id(), addr = %cfg.ipv4, cipher = %cfg.cipher, threads = cfg.threads, "node starting");
 

@@ -259,7 +259,7 @@ impl Runtime {
             return;
         }
         let (psk, next_psk) = psks;
-        self.shared.macs.set(&psk, next_psk.as_ref());
+        // The engine's keys are the pipelines' and the transports' (one instance).
         self.engine.set_secrets(psk, next_psk);
         let promoted = self.cfg.network_secret_next.as_ref() == Some(&secret);
         out.done(match (&next, secret == self.cfg.network_secret) {
