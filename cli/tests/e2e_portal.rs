@@ -266,3 +266,116 @@ fn a_stock_wireguard_client_reaches_the_mesh_through_the_portal() {
     assert!(out.status.success() && text.contains("[Interface]") && text.contains('▀'), "{text}");
     drop(na);
 }
+
+/// Whether a TCP connection from `ns` to `addr` opens within 3 s.
+fn connects(ns: &Netns, addr: &str) -> bool {
+    let addr: std::net::SocketAddr = addr.parse().unwrap();
+    ns.within(|| std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(3)).is_ok())
+}
+
+/// Listens on `port` (all addresses) in `ns`, accepting and closing connections until
+/// the process ends.
+fn listen(ns: &Netns, port: u16) {
+    let l = ns.within(|| std::net::TcpListener::bind(("0.0.0.0", port)).unwrap());
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            drop(c);
+        }
+    });
+}
+
+#[test]
+fn the_portal_enforces_the_access_policy_for_its_clients_both_ways() {
+    require_root();
+    let dir = TempDir::new();
+    let (w, p, a) = (Netns::new(), Netns::new(), Netns::new());
+    link(&w, "eth0", "203.0.113.2/24", &p, "wan", "203.0.113.1/24");
+    link(&p, "eth0", "192.0.2.1/24", &a, "eth0", "192.0.2.2/24");
+    // The portal node's policy (a local one: this network has no authority). The client
+    // alice reaches A's SSH and pings it; A reaches alice's port 7000; nothing else,
+    // and nothing of the portal node itself.
+    let policy = dir.0.join("portal-policy.toml");
+    std::fs::write(
+        &policy,
+        r#"[hosts]
+alice = "10.127.0.2"
+a = "10.126.126.2"
+p = "10.126.126.1"
+
+[[allow]]
+from  = ["alice"]
+to    = ["a"]
+proto = "tcp"
+ports = ["22"]
+
+[[allow]]
+from  = ["alice"]
+to    = ["a"]
+proto = "icmp"
+
+[[allow]]
+from  = ["a"]
+to    = ["alice"]
+proto = "tcp"
+ports = ["7000"]
+
+[[test]]
+from  = "alice"
+to    = "p:22"
+allow = false
+"#,
+    )
+    .unwrap();
+    let portal = [
+        "--wg-portal",
+        "udp://0.0.0.0:51820",
+        "--wg-portal-net",
+        "10.127.0.0/24",
+        "--policy",
+        policy.to_str().unwrap(),
+    ];
+    let np = Node::start(&p, &dir.0, "p", &args("10.126.126.1/24", &portal));
+    let na = Node::start(&a, &dir.0, "a", &args("10.126.126.2/24", &["-p", "udp://192.0.2.1:11010"]));
+    wait_until(Duration::from_secs(20), "P and A learn each other", || {
+        np.routes_to("10.126.126.2") && na.routes_to("10.126.126.1")
+    });
+    let ctl = np.control.to_str().unwrap().to_owned();
+    let out = weft(&["wg", "add", "alice", "--json", "--control", &ctl]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let added: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(added["address"], "10.127.0.2");
+    let config =
+        added["config"].as_str().unwrap().replace("Endpoint = 192.0.2.1:51820", "Endpoint = 203.0.113.1:51820");
+    let iface = format!("wgp{}", std::process::id() % 100_000);
+    let _wg = WgClient::up(&w, &iface, &config, &dir.0);
+    for port in [22, 23] {
+        listen(&a, port);
+        listen(&p, port);
+    }
+    for port in [7000, 7001] {
+        listen(&w, port);
+    }
+
+    // What the policy allows, and the answers to it.
+    assert!(ping(&w, "10.126.126.2") || ping(&w, "10.126.126.2"), "alice -> A (ping)\nP {}", np.status());
+    assert!(connects(&w, "10.126.126.2:22"), "alice -> A:22");
+    assert!(connects(&a, "10.127.0.2:7000"), "A -> alice:7000");
+    // What it does not, though A has no policy and alice none either: the portal is
+    // their boundary. The portal node itself is not reachable from its own clients.
+    assert!(!connects(&w, "10.126.126.2:23"), "alice -> A:23");
+    assert!(!connects(&w, "10.126.126.1:22"), "alice -> the portal node's own SSH");
+    assert!(!ping(&w, "10.126.126.1"), "alice -> the portal node (ping)");
+    assert!(!connects(&a, "10.127.0.2:7001"), "A -> alice:7001");
+    assert!(!ping(&a, "10.127.0.2"), "A -> alice (ping)");
+    assert!(!connects(&p, "10.127.0.2:7000"), "the portal node -> alice:7000 (only A may)");
+    let drops = portal_drop(&np, "policy");
+    assert!(drops >= 4, "the portal counts what its policy drops: {}", portal_status(&np));
+    let st = np.status()["policy"].clone();
+    assert!(st["denied"].as_u64().unwrap() >= drops, "{st}");
+    let said = weft(&["policy", "explain", "alice", "p:22", "--control", &ctl]);
+    let said = String::from_utf8_lossy(&said.stdout).into_owned() + &String::from_utf8_lossy(&said.stderr);
+    assert!(said.contains("denied"), "{said}");
+    // Still serving what is allowed.
+    assert!(connects(&w, "10.126.126.2:22"), "alice -> A:22 after the drops");
+    drop(na);
+}

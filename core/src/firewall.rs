@@ -42,8 +42,11 @@ struct Flow {
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     expires: u64,
-    /// The rule that admitted it (inbound), or `None`: this node started it.
+    /// The rule that admitted it, or `None`: this node started it.
     rule: Option<u32>,
+    /// Admitted from the local end to the remote one ([`Firewall::forward`]: a packet
+    /// a portal client sent), not from the remote end ([`Firewall::inbound`]).
+    sent: bool,
     /// A new policy no longer allows it: it stays (until it expires) only so that
     /// what this node still sends on it does not start it again.
     cut: bool,
@@ -213,7 +216,12 @@ impl Firewall {
                 None => t.clear(),
                 Some(p) => {
                     for (f, e) in t.iter_mut().filter(|(_, e)| e.rule.is_some() && !e.cut) {
-                        match p.compiled.allows(f.remote, f.local, f.proto, f.local_port) {
+                        let allowed = if e.sent {
+                            p.compiled.allows(f.local, f.remote, f.proto, f.remote_port)
+                        } else {
+                            p.compiled.allows(f.remote, f.local, f.proto, f.local_port)
+                        };
+                        match allowed {
                             Some(r) => e.rule = Some(r as u32),
                             None => e.cut = true,
                         }
@@ -232,14 +240,25 @@ impl Firewall {
     /// Whether a received packet (`packet`, an IP packet) may be delivered at `now`
     /// (milliseconds). Counts what it drops.
     pub fn inbound(&self, packet: &[u8], now: u64) -> bool {
+        self.admit(packet, now, false)
+    }
+
+    /// Whether `packet` passes: `sent` says it goes from the local end of its flow
+    /// ([`Firewall::forward`]), not to it ([`Firewall::inbound`]).
+    fn admit(&self, packet: &[u8], now: u64, sent: bool) -> bool {
         if !self.on.load(Relaxed) {
             return true;
         }
         let Some(p) = Packet::parse(packet) else { return true };
-        let flow = Flow { local: p.dst, remote: p.src, proto: p.proto, local_port: p.dport, remote_port: p.sport };
+        // The flow from the local end's side: the destination is local when received.
+        let flow = |(a, pa), (b, pb), proto| {
+            let (local, remote, local_port, remote_port) = if sent { (a, b, pa, pb) } else { (b, a, pb, pa) };
+            Flow { local, remote, proto, local_port, remote_port }
+        };
+        let this = flow((p.src, p.sport), (p.dst, p.dport), p.proto);
         {
-            let mut t = self.shard(&flow).lock();
-            if let Some(e) = t.get_mut(&flow)
+            let mut t = self.shard(&this).lock();
+            if let Some(e) = t.get_mut(&this)
                 && e.expires > now
                 && !e.cut
             {
@@ -247,9 +266,9 @@ impl Firewall {
                 return true;
             }
         }
-        // An ICMP error about a flow we track (it quotes what was sent to the error's sender).
+        // An ICMP error about a tracked flow: it quotes a packet that went the other way.
         if let Some((s, d, pr, sp, dp)) = p.about {
-            let about = Flow { local: s, remote: d, proto: pr, local_port: sp, remote_port: dp };
+            let about = flow((d, dp), (s, sp), pr);
             if self.shard(&about).lock().get(&about).is_some_and(|e| e.expires > now && !e.cut) {
                 return true;
             }
@@ -260,8 +279,8 @@ impl Firewall {
                 if let Some(h) = active.hits.get(rule) {
                     h.fetch_add(1, Relaxed);
                 }
-                let e = Entry { expires: now + timeout(p.proto, p.closing), rule: Some(rule as u32), cut: false };
-                self.track(flow, e, now)
+                let e = Entry { expires: now + timeout(p.proto, p.closing), rule: Some(rule as u32), cut: false, sent };
+                self.track(this, e, now)
             }
             None => {
                 self.denied.fetch_add(1, Relaxed);
@@ -288,7 +307,17 @@ impl Firewall {
                 return;
             }
         }
-        self.track(flow, Entry { expires, rule: None, cut: false }, now);
+        self.track(flow, Entry { expires, rule: None, cut: false, sent: false }, now);
+    }
+
+    /// Whether a packet this node forwards for a device that enforces nothing itself
+    /// (a WireGuard portal client: `packet` is what it sent) may go on at `now`. The
+    /// node is that device's boundary: the packet passes when it belongs to a tracked
+    /// flow (either way) or the policy allows its source to reach its destination,
+    /// which starts a flow whose answers [`Firewall::inbound`] then passes. Counts what
+    /// it drops.
+    pub fn forward(&self, packet: &[u8], now: u64) -> bool {
+        self.admit(packet, now, true)
     }
 
     fn track(&self, flow: Flow, e: Entry, now: u64) -> bool {
@@ -420,5 +449,37 @@ mod tests {
         fw.set(None);
         assert!(fw.inbound(&tcp(OTHER, ME, 1, 2, 0), 2), "no policy: everything passes");
         assert_eq!(fw.flows(), 0, "and nothing is tracked");
+    }
+
+    #[test]
+    fn a_portal_client_sends_only_what_the_policy_allows_and_gets_the_answers() {
+        // 10.0.0.2 is a client behind this node (a device with no policy of its own).
+        let client = ADMIN;
+        let fw = firewall(SSH_FROM_ADMIN);
+        assert!(fw.forward(&tcp(client, ME, 40000, 22, 0x02), 0), "the client's SYN to 22");
+        assert!(fw.inbound(&tcp(ME, client, 22, 40000, 0x12), 1), "the answer reaches the client");
+        assert!(fw.forward(&tcp(client, ME, 40000, 22, 0x10), 2));
+        assert!(!fw.forward(&tcp(client, ME, 40000, 23, 0x02), 2), "another port");
+        assert!(!fw.forward(&tcp(client, OTHER, 40000, 22, 0x02), 2), "another destination");
+        assert!(!fw.inbound(&tcp(OTHER, client, 22, 40001, 0x02), 2), "nobody may reach the client");
+        assert_eq!(fw.denied.load(Relaxed), 3);
+        // A flow that reached the client (allowed there) gets its answers, ICMP errors too.
+        let to_client = "[[allow]]\nfrom=[\"10.0.0.3\"]\nto=[\"10.0.0.2\"]\nproto=\"udp\"\n";
+        let fw = firewall(to_client);
+        let mut quoted = tcp(OTHER, client, 5000, 53, 0);
+        quoted[9] = proto::UDP;
+        assert!(fw.inbound(&quoted, 0));
+        assert!(fw.forward(&icmp(client, OTHER, 3, &quoted[..28]), 1), "port unreachable about it");
+        let mut other = quoted.clone();
+        other[23] = 54;
+        assert!(!fw.forward(&icmp(client, OTHER, 3, &other[..28]), 1), "about a flow never seen");
+        // A new policy cuts what the client started and no longer may: judged the way it went.
+        let fw = firewall(&format!("{SSH_FROM_ADMIN}[[allow]]\nfrom=[\"10.0.0.2\"]\nto=[\"10.0.0.3\"]\n"));
+        assert!(fw.forward(&tcp(client, ME, 40000, 22, 0x02), 0));
+        assert!(fw.forward(&tcp(client, OTHER, 40001, 80, 0x02), 0));
+        fw.set(Some(Arc::new(Active::new(Policy::parse(SSH_FROM_ADMIN).unwrap().compile(&[], &[])))));
+        assert!(fw.inbound(&tcp(ME, client, 22, 40000, 0x10), 1), "still allowed: kept");
+        assert!(!fw.inbound(&tcp(OTHER, client, 80, 40001, 0x10), 1), "no longer allowed: cut");
+        assert!(!fw.forward(&tcp(client, OTHER, 40001, 80, 0x10), 1));
     }
 }

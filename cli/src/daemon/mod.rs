@@ -78,11 +78,19 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
     // included); only a SIGKILL leaves them, for the next start to replace.
     let _exit = start::host(&mut cfg, ipv6)?;
     let metrics = cfg.metrics.map(start::bind_metrics).transpose()?;
+    let epoch = Instant::now();
+    let firewall: Arc<weft_core::firewall::Firewall> = Default::default();
     let portal = match &cfg.wg_portal {
-        Some(p) => Some(crate::services::portal::Portal::start(p, &cfg.state_dir, &cfg.dev_name, cfg.mtu)?),
+        Some(p) => Some(crate::services::portal::Portal::start(
+            p,
+            &cfg.state_dir,
+            &cfg.dev_name,
+            cfg.mtu,
+            firewall.clone(),
+            epoch,
+        )?),
         None => None,
     };
-    let epoch = Instant::now();
     let (psk, next_psk) = psks(&cfg);
     let (ctl_tx, ctl_rx) = mpsc::channel(CONTROL_QUEUE);
     let (hs_tx, hs_rx) = mpsc::channel(HANDSHAKE_QUEUE);
@@ -94,7 +102,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
         epoch,
         stop: Arc::new(AtomicBool::new(false)),
         offload: Arc::new(Offload::new(udp.gso, udp.gro)),
-        firewall: Default::default(),
+        firewall,
     };
     let data = start::pipelines(&cfg, devices.queues, devices.tun_offload, &udp, &shared)?;
     // The PSK derived above (Argon2id, once): the handshake, its MACs and the LAN

@@ -198,7 +198,9 @@ fn pin(core: Option<usize>) {
     }
 }
 
-fn now_ms(epoch: Instant) -> u64 {
+/// The data path's clock: milliseconds since `epoch` ([`Shared::epoch`]), the times of
+/// sessions and of the connection table.
+pub fn now_ms(epoch: Instant) -> u64 {
     // +1 so that 0 keeps meaning "never".
     epoch.elapsed().as_millis() as u64 + 1
 }

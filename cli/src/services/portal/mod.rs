@@ -39,6 +39,7 @@ use boringtun::x25519::{PublicKey, StaticSecret};
 
 use tracing::{debug, info, warn};
 
+use weft_core::firewall::Firewall;
 use weft_datapath::tun::{SyncDevice, Tun, TunConfig};
 
 use crate::config::values::{IpNet, Ipv4Net, UsageError};
@@ -173,6 +174,9 @@ pub struct Drops {
     no_client: AtomicU64,
     /// A packet for a client that never connected (no endpoint yet).
     no_endpoint: AtomicU64,
+    /// A packet from or to a client that the access policy does not allow (the portal
+    /// is its clients' boundary: they enforce nothing themselves).
+    policy: AtomicU64,
     /// Send or TUN write errors.
     io_error: AtomicU64,
     /// Handshakes answered with a cookie (under load).
@@ -196,6 +200,7 @@ impl Drops {
             ("not_ipv4", &self.not_ipv4),
             ("no_client", &self.no_client),
             ("no_endpoint", &self.no_endpoint),
+            ("policy", &self.policy),
             ("io_error", &self.io_error),
             ("cookies_sent", &self.cookies_sent),
         ]
@@ -259,6 +264,11 @@ struct Inner {
     bound: SocketAddr,
     /// Inner MTU written into client configs.
     mtu: u16,
+    /// The node's access policy and connection table: the portal enforces it for its
+    /// clients, both ways.
+    firewall: Arc<Firewall>,
+    /// The data path's clock (the connection table's times).
+    epoch: Instant,
 }
 
 /// A running portal (threads `weft-wg-rx`, `weft-wg-tx`); the process exit ends them.
@@ -272,7 +282,14 @@ pub struct Portal {
 impl Portal {
     /// Loads or creates the portal's key and clients in `state_dir`, opens the portal
     /// TUN and the UDP socket, and starts the two threads.
-    pub fn start(cfg: &PortalConfig, state_dir: &Path, overlay_dev: &str, mtu: u16) -> Result<Self> {
+    pub fn start(
+        cfg: &PortalConfig,
+        state_dir: &Path,
+        overlay_dev: &str,
+        mtu: u16,
+        firewall: Arc<Firewall>,
+        epoch: Instant,
+    ) -> Result<Self> {
         std::fs::create_dir_all(state_dir)
             .with_context(|| format!("cannot create state directory {}", state_dir.display()))?;
         let store_path = state_dir.join(STORE_FILE);
@@ -312,6 +329,8 @@ impl Portal {
             drops: Drops::default(),
             bound,
             mtu,
+            firewall,
+            epoch,
         });
         for c in &store.clients {
             inner.insert(c)?;
@@ -634,6 +653,8 @@ impl Inner {
                     Drops::bump(&self.drops.spoofed_source);
                 } else if !matches!(dst, Some(IpAddr::V4(d)) if self.allowed(d)) {
                     Drops::bump(&self.drops.forbidden_destination);
+                } else if !self.firewall.forward(p, self.now()) {
+                    Drops::bump(&self.drops.policy);
                 } else if self.tun.send(p).is_err() {
                     Drops::bump(&self.drops.io_error);
                 } else {
@@ -655,6 +676,10 @@ impl Inner {
                 client.tx_packets.fetch_add(1, Ordering::Relaxed);
             }
         }
+    }
+
+    fn now(&self) -> u64 {
+        weft_datapath::pipeline::now_ms(self.epoch)
     }
 
     fn allowed(&self, dst: Ipv4Addr) -> bool {
@@ -684,6 +709,12 @@ impl Inner {
                 Drops::bump(&self.drops.no_client);
                 continue;
             };
+            // From the mesh (checked already on arrival: a tracked flow), this node or
+            // another client: the client's boundary is here.
+            if !self.firewall.inbound(packet, self.now()) {
+                Drops::bump(&self.drops.policy);
+                continue;
+            }
             let mut conn = client.conn();
             let endpoint = conn.endpoint;
             match conn.tunn.encapsulate(packet, &mut out) {
