@@ -12,10 +12,11 @@
 //! re-checks the flows the old one admitted: those it no longer allows are cut.
 //! No policy: everything passes and nothing is tracked (one atomic load).
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
 
 use parking_lot::{Mutex, RwLock};
 
@@ -28,6 +29,55 @@ const TCP_MS: u64 = 12 * 60_000;
 const CLOSING_MS: u64 = 10_000;
 const UDP_MS: u64 = 3 * 60_000;
 const OTHER_MS: u64 = 60_000;
+/// How long a thread trusts the last flow it saw pass without the table: a bulk
+/// flow's packets take no lock, and its entry is refreshed this often. Far below
+/// every timeout, so a trusted entry cannot expire meanwhile.
+const TRUST_MS: u64 = 1_000;
+
+/// Tells firewalls apart in [`LAST`] (tests make many on one thread).
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// The last flow this thread saw pass: through which firewall, under which policy
+/// generation, its [`fast_key`] (with the check's [`Kind`]) and when.
+#[derive(Clone, Copy)]
+struct Last {
+    firewall: u64,
+    generation: u64,
+    key: u128,
+    at: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Inbound = 1,
+    Forward = 2,
+    Outbound = 3,
+}
+
+thread_local! {
+    static LAST: Cell<Last> = const { Cell::new(Last { firewall: 0, generation: 0, key: 0, at: 0 }) };
+}
+
+/// An unfragmented IPv4 TCP (not FIN or RST) or UDP packet's addresses, ports and
+/// protocol, with `kind`, read straight from its bytes: what a thread may trust
+/// without the table. `None`: anything else (it always goes to the table).
+fn fast_key(p: &[u8], kind: Kind) -> Option<u128> {
+    let h: &[u8; 24] = p.get(..24)?.try_into().ok()?;
+    // Version 4 without options, neither a fragment nor more to come.
+    if h[0] != 0x45 || u16::from_be_bytes([h[6], h[7]]) & 0x3fff != 0 {
+        return None;
+    }
+    match h[9] {
+        proto::UDP => {}
+        proto::TCP if p.get(33).is_some_and(|f| f & 0x05 == 0) => {}
+        _ => return None,
+    }
+    let mut k = [0u8; 16];
+    k[..12].copy_from_slice(&h[12..24]);
+    k[12] = h[9];
+    k[13] = kind as u8;
+    Some(u128::from_ne_bytes(k))
+}
 
 /// A flow, from this node's side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -175,6 +225,10 @@ impl Active {
 #[derive(Debug)]
 pub struct Firewall {
     on: AtomicBool,
+    /// This firewall in [`LAST`].
+    id: u64,
+    /// Bumped by every [`Firewall::set`]: what a thread trusted before is checked again.
+    generation: AtomicU64,
     policy: RwLock<Option<Arc<Active>>>,
     shards: Vec<Mutex<HashMap<Flow, Entry>>>,
     /// Packets dropped: no rule allows them and they answer no flow.
@@ -187,6 +241,8 @@ impl Default for Firewall {
     fn default() -> Self {
         Self {
             on: AtomicBool::new(false),
+            id: NEXT_ID.fetch_add(1, Relaxed),
+            generation: AtomicU64::new(0),
             policy: RwLock::new(None),
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             denied: AtomicU64::new(0),
@@ -230,6 +286,24 @@ impl Firewall {
             }
         }
         self.on.store(on, Relaxed);
+        // After the marks: a thread that reads the new generation sees them.
+        self.generation.fetch_add(1, Release);
+    }
+
+    /// Whether this thread saw the flow of `key` ([`fast_key`]) pass the same check
+    /// under the policy of `generation` less than [`TRUST_MS`] ago.
+    fn trusted(&self, generation: u64, key: Option<u128>, now: u64) -> bool {
+        let Some(key) = key else { return false };
+        let l = LAST.with(Cell::get);
+        l.key == key && l.firewall == self.id && l.generation == generation && now < l.at.saturating_add(TRUST_MS)
+    }
+
+    /// Notes that the flow of `key` passed at `now` (its entry refreshed) under the
+    /// policy of `generation` (read before the table was), for [`Firewall::trusted`].
+    fn trust(&self, generation: u64, key: Option<u128>, now: u64) {
+        if let Some(key) = key {
+            LAST.with(|l| l.set(Last { firewall: self.id, generation, key, at: now }));
+        }
     }
 
     /// The policy in force.
@@ -249,6 +323,12 @@ impl Firewall {
         if !self.on.load(Relaxed) {
             return true;
         }
+        let kind = if sent { Kind::Forward } else { Kind::Inbound };
+        let key = fast_key(packet, kind);
+        let generation = self.generation.load(Acquire);
+        if self.trusted(generation, key, now) {
+            return true;
+        }
         let Some(p) = Packet::parse(packet) else { return true };
         // The flow from the local end's side: the destination is local when received.
         let flow = |(a, pa), (b, pb), proto| {
@@ -263,6 +343,8 @@ impl Firewall {
                 && !e.cut
             {
                 e.expires = now + timeout(p.proto, p.closing);
+                drop(t);
+                self.trust(generation, key, now);
                 return true;
             }
         }
@@ -280,7 +362,11 @@ impl Firewall {
                     h.fetch_add(1, Relaxed);
                 }
                 let e = Entry { expires: now + timeout(p.proto, p.closing), rule: Some(rule as u32), cut: false, sent };
-                self.track(this, e, now)
+                let tracked = self.track(this, e, now);
+                if tracked {
+                    self.trust(generation, key, now);
+                }
+                tracked
             }
             None => {
                 self.denied.fetch_add(1, Relaxed);
@@ -294,6 +380,11 @@ impl Firewall {
         if !self.on.load(Relaxed) {
             return;
         }
+        let key = fast_key(packet, Kind::Outbound);
+        let generation = self.generation.load(Acquire);
+        if self.trusted(generation, key, now) {
+            return;
+        }
         let Some(p) = Packet::parse(packet) else { return };
         let flow = Flow { local: p.src, remote: p.dst, proto: p.proto, local_port: p.sport, remote_port: p.dport };
         let expires = now + timeout(p.proto, p.closing);
@@ -303,11 +394,15 @@ impl Firewall {
                 // A cut flow is not started again by what this node still sends on it.
                 if !e.cut {
                     e.expires = expires;
+                    drop(t);
+                    self.trust(generation, key, now);
                 }
                 return;
             }
         }
-        self.track(flow, Entry { expires, rule: None, cut: false, sent: false }, now);
+        if self.track(flow, Entry { expires, rule: None, cut: false, sent: false }, now) {
+            self.trust(generation, key, now);
+        }
     }
 
     /// Whether a packet this node forwards for a device that enforces nothing itself
@@ -481,5 +576,27 @@ mod tests {
         assert!(fw.inbound(&tcp(ME, client, 22, 40000, 0x10), 1), "still allowed: kept");
         assert!(!fw.inbound(&tcp(OTHER, client, 80, 40001, 0x10), 1), "no longer allowed: cut");
         assert!(!fw.forward(&tcp(client, OTHER, 40001, 80, 0x10), 1));
+    }
+
+    #[test]
+    fn a_flow_a_thread_trusts_is_still_cut_at_once_and_kept_alive_while_it_runs() {
+        let fw = firewall(&format!("{SSH_FROM_ADMIN}[[allow]]\nfrom=[\"10.0.0.3\"]\nto=[\"*\"]\n"));
+        let pkt = tcp(OTHER, ME, 40001, 80, 0x10);
+        assert!(fw.inbound(&pkt, 0));
+        assert!(fw.inbound(&pkt, 1), "trusted: no table");
+        fw.set(Some(Arc::new(Active::new(Policy::parse(SSH_FROM_ADMIN).unwrap().compile(&[], &[])))));
+        assert!(!fw.inbound(&pkt, 2), "a new policy is checked by the next packet, trusted or not");
+        // A flow that keeps going keeps its entry, though most packets skip the table.
+        let ssh = tcp(ADMIN, ME, 40000, 22, 0x10);
+        let mut now = 0;
+        while now < 2 * TCP_MS {
+            assert!(fw.inbound(&ssh, now));
+            now += 250;
+        }
+        assert_eq!(fw.expire(now), 1, "the running flow is still tracked");
+        // Another firewall on the same thread trusts nothing of this one's.
+        assert!(fw.inbound(&ssh, now + 1));
+        let fresh = firewall("[[allow]]\nfrom=[\"10.0.0.9\"]\nto=[\"*\"]\n");
+        assert!(!fresh.inbound(&ssh, now + 2), "not trusted through another firewall");
     }
 }
