@@ -241,6 +241,7 @@ fn pipeline(c: &mut Criterion) {
                             len: d.len(),
                             stride: d.len(),
                             truncated: false,
+                            arrived_ns: 0,
                         };
                     }
                     let routes = shared.routes.load();

@@ -62,11 +62,14 @@ DURATION=${DURATION:-10}
 REPS=${REPS:-3}
 STREAMS=${STREAMS:-"1 4"}
 MTU=${MTU:-1420}
+LATENCY=${LATENCY:-0}
+IPERF_FLAGS=${IPERF_FLAGS:-}
+PINGS=${PINGS:-500}
 WEFT_CIPHERS=${WEFT_CIPHERS:-"aes-128-gcm chacha20-poly1305 none"}
 WEFT_FLAGS=${WEFT_FLAGS:-}
 WEFT_TRANSPORTS=${WEFT_TRANSPORTS:-"udp tcp ws wss quic ipv6"}
 OUT=${OUT:-$ROOT/bench/results}
-for v in DURATION REPS MTU ${MAX_RUNTIME:+MAX_RUNTIME}; do
+for v in DURATION REPS MTU PINGS ${MAX_RUNTIME:+MAX_RUNTIME}; do
     [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || { echo "error: $v must be a positive integer, got '${!v}'" >&2; exit 2; }
 done
 for s in $STREAMS; do
@@ -181,6 +184,7 @@ for req in ip:iproute2 ping:iputils-ping iperf3:iperf3 python3:python3; do
 done
 PY="$(command -v python3)"
 REPORT="$HERE/report.py"
+LATENCY_PY="$HERE/latency.py"
 [ -f "$REPORT" ] || { echo "error: $REPORT is missing" >&2; exit 1; }
 CLK_TCK=$(getconf CLK_TCK)
 
@@ -411,6 +415,10 @@ restart_iperf_server() {
     start_iperf_server
 }
 start_iperf_server
+if [ "$LATENCY" = 1 ]; then
+    ip netns exec "$NS_A" "$PY" "$LATENCY_PY" echo 9000 >"$RUN/echo.log" 2>&1 &
+    DAEMON_PIDS+=($!)
+fi
 
 ping_b_to_a() { ip netns exec "$NS_B" ping -c 1 -W 1 -q "$1"; }
 
@@ -602,6 +610,39 @@ measure() { # REP TOOL MODE TARGET STREAMS DIR(b-to-a|a-to-b)
     fi
 }
 
+# Latency (LATENCY=1, bench/netns/latency.sh): PINGS pings 10 ms apart B -> A with the
+# tunnel idle; then one iperf3 stream B -> A for DURATION s with, from its second second,
+# pings 10 ms apart and the game flow (50 packets/s of 100 bytes, echoed by A) beside it.
+measure_latency() { # REP TOOL MODE TARGET
+    local rep=$1 tool=$2 mode=$3 target=$4 base rc=0 n note="" ping=(ping)
+    base="$RUN/lat-r$rep-$tool-${mode// /_}"
+    [[ "$target" == *:* ]] && ping=(ping -6)
+    fg_run timeout $((PINGS / 100 + 20)) ip netns exec "$NS_B" "${ping[@]}" -i 0.01 -W 1 -c "$PINGS" "$target" \
+        >"$base.idle" 2>&1 || true
+    # shellcheck disable=SC2086  # IPERF_FLAGS is a list of flags
+    ip netns exec "$NS_B" iperf3 -c "$target" -p 5201 -J -t "$DURATION" --connect-timeout 5000 $IPERF_FLAGS \
+        >"$base.iperf" 2>"$base.iperf.err" &
+    local bulk=$!
+    DAEMON_PIDS+=("$bulk")
+    sleep 1
+    n=$(( (DURATION - 2) * 100 ))
+    ip netns exec "$NS_B" "$PY" "$LATENCY_PY" game "$target" 9000 "$((DURATION - 2))" "$base.game" &
+    local game=$!
+    DAEMON_PIDS+=("$game")
+    fg_run timeout $((DURATION + 20)) ip netns exec "$NS_B" "${ping[@]}" -i 0.01 -W 1 -c "$n" "$target" \
+        >"$base.loaded" 2>&1 || true
+    wait "$game" 2>/dev/null || true
+    wait "$bulk" 2>/dev/null || rc=$?
+    local keep=() p
+    for p in "${DAEMON_PIDS[@]}"; do [ "$p" = "$bulk" ] || [ "$p" = "$game" ] || keep+=("$p"); done
+    DAEMON_PIDS=("${keep[@]}")
+    [ "${#TUN_PIDS[@]}" -gt 0 ] && ! alive_all && note="a tunnel process exited during the run"
+    "$PY" "$LATENCY_PY" record --rep "$rep" --tool "$tool" --mode "$mode" --idle "$base.idle" \
+        --loaded "$base.loaded" --game "$base.game" --iperf "$base.iperf" --note "$note" >>"$RUNS" || true
+    tail -n1 "$RUNS" | "$PY" "$LATENCY_PY" line >&2 || true
+    [ "$rc" = 0 ] || restart_iperf_server
+}
+
 record_failure() { # REP TOOL MODE REASON
     local s dir
     for s in $STREAMS; do for dir in b-to-a a-to-b; do
@@ -622,7 +663,10 @@ run_variant() { # REP TOOL MODE [TRANSPORT]
         nebula) start_nebula "$rep" && ok=1 ;;
         easytier) start_easytier "$rep" && ok=1 ;;
     esac
-    if [ "$ok" = 1 ]; then
+    if [ "$ok" = 1 ] && [ "$LATENCY" = 1 ]; then
+        measure_latency "$rep" "$tool" "$mode" "$target"
+        [ "$tool" = weft ] && weft_save_status "weft-${mode// over /-}"
+    elif [ "$ok" = 1 ]; then
         for s in $STREAMS; do for dir in b-to-a a-to-b; do
             measure "$rep" "$tool" "$mode" "$target" "$s" "$dir"
         done; done
@@ -639,7 +683,7 @@ run_variant() { # REP TOOL MODE [TRANSPORT]
 for rep in $(seq "$REPS"); do
     log "repetition $rep/$REPS"
     run_variant "$rep" direct veth
-    run_variant "$rep" loopback lo
+    [ "$LATENCY" = 1 ] || run_variant "$rep" loopback lo
     for t in "${ACTIVE[@]}"; do
         case "$t" in
             weft) for v in "${WEFT_VARIANTS[@]}"; do run_variant "$rep" weft "${v% *}" "${v#* }"; done ;;
@@ -670,5 +714,10 @@ for f in install.log weft-build.log; do [ -f "$RUN/$f" ] && cp "$RUN/$f" "$OUT/l
     for k in "${!VERSION[@]}"; do echo "version.$k=${VERSION[$k]}"; done
     for k in "${!SKIP[@]}"; do echo "skip.$k=${SKIP[$k]}"; done
 } >"$RUN/meta.txt"
-"$PY" "$REPORT" report --runs "$RUNS" --meta "$RUN/meta.txt" --out "$OUT"
-log "wrote $OUT/results.md, $OUT/results.json, $OUT/chart.svg"
+if [ "$LATENCY" = 1 ]; then
+    "$PY" "$LATENCY_PY" report --runs "$RUNS" --meta "$RUN/meta.txt" --out "$OUT"
+    log "wrote $OUT/latency.md, $OUT/latency.json, $OUT/latency.svg"
+else
+    "$PY" "$REPORT" report --runs "$RUNS" --meta "$RUN/meta.txt" --out "$OUT"
+    log "wrote $OUT/results.md, $OUT/results.json, $OUT/chart.svg"
+fi

@@ -30,6 +30,7 @@ pub mod firewall;
 pub mod handshake;
 pub mod invite;
 pub mod policy;
+pub mod queue;
 pub mod replay;
 pub mod route;
 pub mod session;

@@ -54,11 +54,15 @@ pub enum DropReason {
     UnknownSession,
     /// The access policy allows no such flow, and it answers none of ours.
     Policy,
+    /// A bulk flow's packet dropped to keep the receive queue short (CoDel on the time
+    /// datagrams waited in the socket): the flow's sender slows down, sparse flows
+    /// never wait behind it.
+    Queue,
 }
 
 impl DropReason {
     /// All reasons, in counter order.
-    pub const ALL: [Self; 19] = [
+    pub const ALL: [Self; 20] = [
         Self::AuthFailed,
         Self::ControlQueueFull,
         Self::HandshakeMac,
@@ -78,6 +82,7 @@ impl DropReason {
         Self::ControlSendBlocked,
         Self::UnknownSession,
         Self::Policy,
+        Self::Queue,
     ];
 
     /// The snake_case name used in status output.
@@ -102,6 +107,7 @@ impl DropReason {
             Self::ControlSendBlocked => "control_send_blocked",
             Self::UnknownSession => "unknown_session",
             Self::Policy => "policy",
+            Self::Queue => "queue",
         }
     }
 

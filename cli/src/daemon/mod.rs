@@ -68,6 +68,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
     weft_datapath::transport::limit_malloc_arenas();
     crate::config::secret::warn_if_weak(&cfg.network_secret.0);
     start::private_dirs(&cfg)?;
+    start::priority();
     let (key, mut ipv6) = start::identity(&mut cfg)?;
     let devices = start::devices(&cfg, &mut ipv6)?;
     let udp = start::udp(&cfg, devices.tun_offload)?;

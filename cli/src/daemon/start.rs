@@ -28,6 +28,25 @@ use crate::notun::{Destinations, Userspace};
 use crate::services::dns::{Zone, default_domain};
 use crate::services::exit;
 
+/// The scheduling priority (nice) Weft runs at: a packet that arrives wakes its
+/// thread ahead of the programs that make bulk traffic, as the kernel's own network
+/// processing (softirq) would. On two busy cores this halves a ping's wait beside a
+/// download (bench/RESULTS.md, latency).
+pub(super) const NICE: libc::c_int = -10;
+
+/// Raises this thread's priority to [`NICE`] before any other thread starts (they
+/// inherit it). Without CAP_SYS_NICE (and no `Nice=` from systemd) it says so and
+/// runs at the priority it has.
+pub(super) fn priority() {
+    if let Err(e) = pipeline::raise_priority(NICE) {
+        info!(
+            nice = NICE,
+            error = %e,
+            "cannot raise the data path's priority (needs CAP_SYS_NICE, or Nice= in the unit): packets wait longer behind busy programs"
+        );
+    }
+}
+
 /// A non-root node keeping its state or socket under the `/tmp/weft-UID` fallback
 /// needs that directory to be its own, mode 0700.
 pub(super) fn private_dirs(cfg: &NodeConfig) -> Result<()> {

@@ -198,6 +198,27 @@ fn pin(core: Option<usize>) {
     }
 }
 
+/// Sets the calling thread's scheduling priority (nice) to `nice` unless it is that
+/// high already; threads it starts afterwards inherit it. Raising it needs
+/// CAP_SYS_NICE.
+#[allow(unsafe_code)]
+pub fn raise_priority(nice: libc::c_int) -> io::Result<()> {
+    // SAFETY: getpriority/setpriority act on the calling thread (`who` 0) and take no
+    // pointers; errno is cleared first because -1 is a valid priority.
+    let current = unsafe {
+        *libc::__errno_location() = 0;
+        libc::getpriority(libc::PRIO_PROCESS, 0)
+    };
+    if io::Error::last_os_error().raw_os_error() == Some(0) && current <= nice {
+        return Ok(());
+    }
+    // SAFETY: as above.
+    if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// The data path's clock: milliseconds since `epoch` ([`Shared::epoch`]), the times of
 /// sessions and of the connection table.
 pub fn now_ms(epoch: Instant) -> u64 {

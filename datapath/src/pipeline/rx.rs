@@ -17,6 +17,7 @@ use super::{ControlEvent, PipelineConfig, PipelineStats, Shared, Tally, now_ms};
 use crate::transport::udp::{self, MAX_BATCH, Outgoing, RecvMeta};
 use crate::transport::{Egress, Endpoint, Inbound, frame};
 use weft_core::crypto::TAG_LEN;
+use weft_core::queue::{Codel, FlowLoad, sparse_first};
 use weft_core::route::RouteSnapshot;
 use weft_core::session::Session;
 use weft_core::stats::DropReason;
@@ -33,6 +34,12 @@ pub struct Rx {
     /// Relayed frames to forward, as offsets into the slab.
     pub(super) fwd: Vec<Outgoing>,
     pub(super) vnet_hdr: bool,
+    /// Queue control on how long datagrams waited in the socket ([`weft_core::queue`]).
+    pub(super) codel: Codel,
+    /// Which inner flows are bulk.
+    pub(super) load: FlowLoad,
+    /// Whether each pending packet's flow is bulk: sparse ones are written first.
+    pub(super) pending_bulk: Vec<bool>,
 }
 
 impl Rx {
@@ -52,6 +59,9 @@ impl Rx {
             pending: 0,
             fwd: Vec::with_capacity(MAX_BATCH),
             vnet_hdr: cfg.offload,
+            codel: Codel::default(),
+            load: FlowLoad::default(),
+            pending_bulk: Vec::new(),
         }
     }
 
@@ -133,7 +143,7 @@ impl Rx {
                     let len = end - start;
                     let slot = n * self.slot;
                     self.slab[slot..slot + len].copy_from_slice(&b.batch[start..end]);
-                    self.metas[n] = RecvMeta { from: b.from, len, stride: len, truncated: false };
+                    self.metas[n] = RecvMeta { from: b.from, len, stride: len, truncated: false, arrived_ns: 0 };
                     n += 1;
                 }
                 // The slots hold copies; big frames are done with: the buffer can go.
@@ -222,12 +232,17 @@ impl Rx {
         let mut tally = Tally::new();
         let (mut packets, mut bytes) = (0u64, 0u64);
         self.fwd.clear();
+        self.pending_bulk.resize(self.coal.bufs.len(), false);
+        // The kernel's receive times are on the realtime clock: read it once a batch.
+        let now_ns = if self.metas[..n].iter().any(|m| m.arrived_ns != 0) { udp::realtime_ns() } else { 0 };
         for i in 0..n {
             let meta = self.metas[i];
             if meta.truncated || meta.len == 0 {
                 stats.drops.add(DropReason::Malformed, 1);
                 continue;
             }
+            // How long it waited in the socket (0: not known, never dropped for it).
+            let sojourn = if meta.arrived_ns == 0 { 0 } else { now_ns.saturating_sub(meta.arrived_ns) };
             let base = i * self.slot;
             let stride = meta.stride.max(1);
             let mut off = 0;
@@ -239,6 +254,12 @@ impl Rx {
                     match classify(routes, shared, stats, meta.from, &mut self.slab[start..start + seg], now) {
                         Got::Packet { session, at, len, gso: false } => (session, start + at, len),
                         Got::Packet { session, at, len, gso: true } => {
+                            let ip = self.slab.get(start + at + VIRTIO_NET_HDR_LEN..start + at + len);
+                            let bulk = self.load.add(ip.unwrap_or_default(), len, now);
+                            if self.codel.drop_packet(sojourn, now_ns, bulk) {
+                                session.stats.drops.add(DropReason::Queue, 1);
+                                continue;
+                            }
                             // In order: what is pending goes first.
                             if self.pending > 0 {
                                 self.write(stats, out);
@@ -258,6 +279,12 @@ impl Rx {
                         Got::Nothing => continue,
                     };
                 let plain = &self.slab[at..at + len];
+                let bulk = self.load.add(plain, len, now);
+                if self.codel.drop_packet(sojourn, now_ns, bulk) {
+                    session.stats.drops.add(DropReason::Queue, 1);
+                    continue;
+                }
+                self.pending_bulk[self.pending] = bulk;
                 let buf = &mut self.coal.bufs[self.pending];
                 buf.clear();
                 buf.resize(VIRTIO_NET_HDR_LEN, 0);
@@ -283,6 +310,13 @@ impl Rx {
     /// offload only: nothing else coalesces).
     pub(super) fn write(&mut self, stats: &PipelineStats, out: &mut impl TunWriter) {
         let n = std::mem::take(&mut self.pending);
+        // Sparse flows' packets first (each flow's own order kept).
+        if let Some(bulk) = self.pending_bulk.get_mut(..n)
+            && bulk.contains(&true)
+            && bulk.contains(&false)
+        {
+            sparse_first(&mut self.coal.bufs[..n], bulk);
+        }
         if self.vnet_hdr {
             self.coal.promote(n);
         }

@@ -17,6 +17,12 @@ use super::Endpoint;
 /// Largest number of datagrams moved by one system call.
 pub const MAX_BATCH: usize = 128;
 const SOCKET_BUFFER: usize = 4 << 20;
+/// The receive buffer: a backlog the node cannot open fast enough waits here, in
+/// arrival order, sparse packets behind bulk ones. 1 MiB (the kernel counts it twice,
+/// with its overhead) is about 2 ms of what one receive thread opens here: room for
+/// bursts, not a standing queue (bench/RESULTS.md, latency; CoDel keeps what stands
+/// shorter for senders that slow down on loss, [`weft_core::queue`]).
+const RECV_BUFFER: usize = 1 << 20;
 
 /// Binds `count` UDP sockets to `addr` with `SO_REUSEPORT`, so each pipeline owns one
 /// and the kernel spreads peers across them by 4-tuple hash. Reads time out after
@@ -38,7 +44,11 @@ pub fn bind_reuseport(addr: SocketAddr, count: usize, read_timeout: Duration) ->
         if let Some(local) = s.local_addr()?.as_socket() {
             bound = local;
         }
-        out.push(s.into());
+        let s: UdpSocket = s.into();
+        // How long each datagram waited: the receive path's queue control. Without it
+        // (an old kernel) nothing is dropped for the queue's sake.
+        enable_timestamps(&s);
+        out.push(s);
     }
     Ok(out)
 }
@@ -89,7 +99,7 @@ pub fn probe_gso(sock: &UdpSocket) -> bool {
     r == 0
 }
 
-/// Gives a UDP socket 4 MiB buffers each way: past `rmem_max`/`wmem_max` with
+/// Gives a UDP socket a 4 MiB send and a 1 MiB receive buffer: past `rmem_max`/`wmem_max` with
 /// `SO_RCVBUFFORCE`/`SO_SNDBUFFORCE` when we hold CAP_NET_ADMIN (a node does, for its
 /// TUN), else as far as those limits allow. A burst that overflows the receive buffer
 /// is lost before any counter of ours sees it.
@@ -98,7 +108,7 @@ pub fn grow_buffers(s: &Socket) {
         (libc::SO_RCVBUFFORCE, Socket::set_recv_buffer_size as fn(&Socket, usize) -> io::Result<()>),
         (libc::SO_SNDBUFFORCE, Socket::set_send_buffer_size),
     ] {
-        let size = SOCKET_BUFFER as libc::c_int;
+        let size = if force == libc::SO_RCVBUFFORCE { RECV_BUFFER } else { SOCKET_BUFFER } as libc::c_int;
         // SAFETY: `size` is a valid c_int for the duration of the call.
         let r = unsafe {
             libc::setsockopt(
@@ -110,7 +120,7 @@ pub fn grow_buffers(s: &Socket) {
             )
         };
         if r != 0 {
-            let _ = size_fn(s, SOCKET_BUFFER);
+            let _ = size_fn(s, size as usize);
         }
     }
 }
@@ -155,17 +165,21 @@ pub struct RecvMeta {
     pub stride: usize,
     /// The message was larger than the slot and was cut.
     pub truncated: bool,
+    /// When the kernel received it (`CLOCK_REALTIME` nanoseconds, from
+    /// `SO_TIMESTAMPNS`; 0: not known): how long it waited in the socket.
+    pub arrived_ns: u64,
 }
 
 impl Default for RecvMeta {
     fn default() -> Self {
         let nowhere = SocketAddr::V4(SocketAddrV4::new([0, 0, 0, 0].into(), 0));
-        Self { from: Endpoint::udp(nowhere), len: 0, stride: 0, truncated: false }
+        Self { from: Endpoint::udp(nowhere), len: 0, stride: 0, truncated: false, arrived_ns: 0 }
     }
 }
 
-/// Control-message space per received message (UDP_GRO's int, with room to spare).
-const RECV_CMSG: usize = 64;
+/// Control-message space per received message: UDP_GRO's int and SO_TIMESTAMPNS's
+/// timespec, each with its header, and room to spare.
+const RECV_CMSG: usize = 96;
 
 /// Receives up to `metas.len()` messages into consecutive `slot`-byte slots of `slab`,
 /// blocking until at least one arrives (or the read timeout passes, which returns
@@ -219,23 +233,26 @@ pub fn recv_batch(sock: &UdpSocket, slab: &mut [u8], slot: usize, metas: &mut [R
         let from = unsafe { sockaddr_to_std(names[i].as_ptr(), h.msg_hdr.msg_namelen) };
         let len = (h.msg_len as usize).min(slot);
         // SAFETY: msg_control/msg_controllen describe cmsgs[i] as updated by the kernel.
-        let stride = unsafe { gro_stride(&h.msg_hdr) }.filter(|s| *s > 0).unwrap_or(len);
+        let (stride, arrived_ns) = unsafe { control(&h.msg_hdr) };
         metas[i] = RecvMeta {
             from: from.map_or(metas[i].from, Endpoint::udp),
             len,
-            stride,
+            stride: stride.filter(|s| *s > 0).unwrap_or(len),
             truncated: h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
+            arrived_ns,
         };
     }
     Ok(got)
 }
 
-/// Reads the UDP_GRO segment size from a received message's control data.
+/// Reads the UDP_GRO segment size and the SO_TIMESTAMPNS receive time (nanoseconds,
+/// 0 when absent) from a received message's control data.
 ///
 /// # Safety
 /// `h.msg_control` must point at `h.msg_controllen` bytes of control data written by
 /// the kernel (or zero length).
-unsafe fn gro_stride(h: &libc::msghdr) -> Option<usize> {
+unsafe fn control(h: &libc::msghdr) -> (Option<usize>, u64) {
+    let (mut stride, mut arrived) = (None, 0);
     // SAFETY: per the function contract the control buffer is valid; CMSG_FIRSTHDR and
     // CMSG_NXTHDR stay within msg_controllen and return null at the end.
     unsafe {
@@ -243,12 +260,41 @@ unsafe fn gro_stride(h: &libc::msghdr) -> Option<usize> {
         while !c.is_null() {
             if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == libc::UDP_GRO {
                 let v = ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>());
-                return usize::try_from(v).ok();
+                stride = usize::try_from(v).ok();
+            } else if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_TIMESTAMPNS {
+                let t = ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::timespec>());
+                arrived = (t.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(t.tv_nsec as u64);
             }
             c = libc::CMSG_NXTHDR(h, c);
         }
     }
-    None
+    (stride, arrived)
+}
+
+/// Asks the kernel to stamp each datagram with its receive time (`SO_TIMESTAMPNS`),
+/// so the receive path knows how long it waited ([`RecvMeta::arrived_ns`]). Returns
+/// whether the kernel accepted.
+pub fn enable_timestamps(sock: &UdpSocket) -> bool {
+    let one: libc::c_int = 1;
+    // SAFETY: `one` is a valid c_int for the duration of the call.
+    let r = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_TIMESTAMPNS,
+            (&raw const one).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    r == 0
+}
+
+/// The clock of [`RecvMeta::arrived_ns`] (`CLOCK_REALTIME`), now, in nanoseconds.
+pub fn realtime_ns() -> u64 {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `t` is a valid timespec to write.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &raw mut t) };
+    (t.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(t.tv_nsec as u64)
 }
 
 /// One datagram to send: `len` bytes at offset `start` of buffer `buf` of the batch.
