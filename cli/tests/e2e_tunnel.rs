@@ -305,3 +305,56 @@ fn peers_added_and_removed_at_run_time() {
     assert!(st["routes"].as_array().unwrap().iter().all(|r| r["overlay"] != B_IP || r["session"] == false));
     assert!(st["pending_peers"].as_array().unwrap().is_empty(), "the dial is gone: {st}");
 }
+
+/// The round-trip times of `count` pings from `ns` to `addr`, 50 ms apart (a reply
+/// has 5 s: this counts answers, it does not time them).
+fn ping_times(ns: &netns::Netns, addr: &str, count: u32) -> Vec<f64> {
+    let out = ns.cmd("ping").args(["-c", &count.to_string(), "-i", "0.05", "-W", "5", addr]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split("time=").nth(1)?.split(' ').next()?.parse().ok())
+        .collect()
+}
+
+#[test]
+fn pings_are_answered_while_a_bulk_transfer_runs() {
+    require_root();
+    let (lan, dir) = (Lan::new(2), TempDir::new());
+    let (a, b) = pair(&lan, &dir, &[], &[]);
+    // The data path runs at a raised priority (every thread inherits it).
+    for n in [&a, &b] {
+        let task = std::fs::read_dir(format!("/proc/{}/task", n.pid())).unwrap();
+        for t in task {
+            let stat = std::fs::read_to_string(t.unwrap().path().join("stat")).unwrap();
+            let nice: i32 = stat.rsplit(')').next().unwrap().split_whitespace().nth(16).unwrap().parse().unwrap();
+            assert_eq!(nice, -10, "a thread of weft runs at nice {nice}: {stat}");
+        }
+    }
+    // Downloads A -> B back to back while B's pings go the same way through A's queues.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (times, transfers) = std::thread::scope(|s| {
+        let bulk = s.spawn(|| {
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let (sent, got, _) = transfer(&lan.hosts[0], &lan.hosts[1], B_IP, 64 << 20);
+                assert_eq!(sent, got, "the download arrived damaged");
+                n += 1;
+            }
+            n
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        let times = ping_times(&lan.hosts[0], B_IP, 60);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        (times, bulk.join().unwrap())
+    });
+    assert!(transfers >= 1);
+    assert_eq!(times.len(), 60, "every ping beside the download is answered: {times:?}");
+    let mut sorted = times.clone();
+    sorted.sort_by(f64::total_cmp);
+    eprintln!(
+        "beside {transfers} x 64 MiB: ping p50 {:.2} ms, max {:.2} ms; B's drops {}",
+        sorted[30],
+        sorted[59],
+        b.status()["drops"]
+    );
+}
