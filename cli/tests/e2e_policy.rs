@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use netns::{Lan, Netns, Node, TempDir, ping, require_root, wait_until, weft_bin};
 
-const IPS: [&str; 3] = ["10.126.132.1", "10.126.132.2", "10.126.132.3"];
-const NAMES: [&str; 3] = ["srv", "adm", "oth"];
+const IPS: [&str; 5] = ["10.126.132.1", "10.126.132.2", "10.126.132.3", "10.126.132.4", "10.126.132.5"];
+const NAMES: [&str; 5] = ["srv", "adm", "oth", "db", "web"];
 
 fn policy(extra: &str) -> String {
     format!(
@@ -209,13 +209,14 @@ fn weft(args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap().trim().to_owned()
 }
 
-/// A network with an authority: a policy the authority signs, handed to one member,
-/// reaches the others within seconds and one that was offline from the first member
-/// it meets; each enforces it with the groups of the members' certificates.
+/// A network with an authority, five members: a policy the authority signs, handed to
+/// one member, reaches the other three online within seconds and the one that was
+/// offline from the first member it meets; each enforces it with the groups of the
+/// members' certificates.
 #[test]
 fn a_signed_policy_handed_to_one_member_reaches_every_member_and_uses_certificate_groups() {
     require_root();
-    let lan = Lan::new(3);
+    let lan = Lan::new(5);
     let dir = TempDir::new();
     let key = dir.0.join("auth.key").to_str().unwrap().to_owned();
     let authority = weft(&["authority", "init", "--out", &key]);
@@ -228,7 +229,7 @@ fn a_signed_policy_handed_to_one_member_reaches_every_member_and_uses_certificat
         }
         weft(&a)
     };
-    let certs = [certify(0, "servers"), certify(1, "admins"), certify(2, "")];
+    let certs = [certify(0, "servers"), certify(1, "admins"), certify(2, ""), certify(3, "servers"), certify(4, "")];
     let first = format!("udp://{}:11010", lan.addrs[0]);
     let start = |i: usize| {
         let mut a = vec!["--network-name", "policy", "--network-secret", "policy secret", "--threads", "1"];
@@ -241,9 +242,9 @@ fn a_signed_policy_handed_to_one_member_reaches_every_member_and_uses_certificat
     let srv = start(0);
     let adm = start(1);
     let mut oth = start(2);
-    wait_until(Duration::from_secs(20), "the members mesh", || {
-        srv.peer_established(IPS[1]) && srv.peer_established(IPS[2])
-    });
+    let db = start(3);
+    let web = start(4);
+    wait_until(Duration::from_secs(30), "the five members mesh", || IPS[1..].iter().all(|ip| srv.peer_established(ip)));
     assert!(ping(&lan.hosts[2], IPS[0]), "no policy yet: everyone pings");
     oth.stop();
 
@@ -262,6 +263,12 @@ fn a_signed_policy_handed_to_one_member_reaches_every_member_and_uses_certificat
         pushed.elapsed()
     );
     assert_eq!(srv.status()["policy"]["source"], "signed by the authority, version 7");
+    let all = wait_until(Duration::from_secs(10), "every member online takes it", || {
+        [&db, &web].iter().all(|n| n.status()["policy"]["version"] == "7")
+    });
+    eprintln!("in force on all four online members {:?} after the push", pushed.elapsed().max(all));
+    assert!(ping(&lan.hosts[1], IPS[3]), "the admins ping db");
+    assert!(!ping(&lan.hosts[4], IPS[3]), "web (no group) does not ping db");
     assert!(ping(&lan.hosts[1], IPS[0]), "the admins (a certificate group) ping the server");
 
     // The member that was offline learns it from the first member it meets.

@@ -349,7 +349,7 @@ fn pings_are_answered_while_a_bulk_transfer_runs() {
     });
     assert!(transfers >= 1);
     assert_eq!(times.len(), 60, "every ping beside the download is answered: {times:?}");
-    let mut sorted = times.clone();
+    let mut sorted = times;
     sorted.sort_by(f64::total_cmp);
     eprintln!(
         "beside {transfers} x 64 MiB: ping p50 {:.2} ms, max {:.2} ms; B's drops {}",
