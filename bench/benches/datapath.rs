@@ -236,13 +236,7 @@ fn pipeline(c: &mut Criterion) {
                     let (slab, slot, metas) = rx.slab();
                     for (i, d) in dgrams.iter().enumerate() {
                         slab[i * slot..i * slot + d.len()].copy_from_slice(d);
-                        metas[i] = RecvMeta {
-                            from: "192.0.2.1:11010".parse().unwrap(),
-                            len: d.len(),
-                            stride: d.len(),
-                            truncated: false,
-                            arrived_ns: 0,
-                        };
+                        metas[i] = RecvMeta::whole("192.0.2.1:11010".parse().unwrap(), d.len());
                     }
                     let routes = shared.routes.load();
                     let start = Instant::now();

@@ -322,7 +322,7 @@ impl DataPlane {
             for (i, (from, d)) in rest[..n].iter().enumerate() {
                 let len = d.len().min(slot);
                 slab[i * slot..i * slot + len].copy_from_slice(&d[..len]);
-                metas[i] = RecvMeta { from: *from, len, stride: len, truncated: d.len() > slot, arrived_ns: 0 };
+                metas[i] = RecvMeta { truncated: d.len() > slot, ..RecvMeta::whole(*from, len) };
             }
             rest = &rest[n..];
             let routes = host.routes.clone();

@@ -168,8 +168,11 @@ pub fn sparse_first<T>(items: &mut [T], bulk: &mut [bool]) {
     let mut w = 0;
     for i in 0..items.len().min(bulk.len()) {
         if !bulk[i] {
-            items[w..=i].rotate_right(1);
-            bulk[w..=i].rotate_right(1);
+            // Only a sparse item behind a bulk one moves (all sparse or all bulk: none).
+            if w < i {
+                items[w..=i].rotate_right(1);
+                bulk[w..=i].rotate_right(1);
+            }
             w += 1;
         }
     }

@@ -127,13 +127,7 @@ fn deliver(e: &mut Ends, dgrams: &[Vec<u8>]) -> Vec<Vec<u8>> {
     for (i, d) in dgrams.iter().enumerate() {
         let n = d.len().min(slot);
         slab[i * slot..i * slot + n].copy_from_slice(&d[..n]);
-        metas[i] = RecvMeta {
-            from: "192.0.2.1:11010".parse().unwrap(),
-            len: n,
-            stride: n,
-            truncated: d.len() > slot,
-            arrived_ns: 0,
-        };
+        metas[i] = RecvMeta { truncated: d.len() > slot, ..RecvMeta::whole("192.0.2.1:11010".parse().unwrap(), n) };
     }
     let routes = e.shared_b.routes.load();
     let mut out = Collect(Vec::new());
@@ -243,8 +237,7 @@ fn relay(e: &mut Ends, routes: &RouteSnapshot, from: &str, dgrams: &[Vec<u8>]) -
     let (slab, slot, metas) = e.rx.slab();
     for (i, d) in dgrams.iter().enumerate() {
         slab[i * slot..i * slot + d.len()].copy_from_slice(d);
-        metas[i] =
-            RecvMeta { from: from.parse().unwrap(), len: d.len(), stride: d.len(), truncated: false, arrived_ns: 0 };
+        metas[i] = RecvMeta::whole(from.parse().unwrap(), d.len());
     }
     let mut out = Collect(Vec::new());
     e.rx.process(routes, &e.shared_b, &e.stats_b, dgrams.len(), 1, &mut out);
@@ -410,13 +403,7 @@ fn keys_older_than_reject_after_time_never_seal_or_open() {
     // RX at the limit: a packet sealed in time is refused all the same.
     let (slab, slot, metas) = e.rx.slab();
     slab[..fresh[0].len()].copy_from_slice(&fresh[0]);
-    metas[0] = RecvMeta {
-        from: "192.0.2.1:11010".parse().unwrap(),
-        len: fresh[0].len(),
-        stride: fresh[0].len(),
-        truncated: false,
-        arrived_ns: 0,
-    };
+    metas[0] = RecvMeta::whole("192.0.2.1:11010".parse().unwrap(), fresh[0].len());
     let _ = slot;
     let routes = e.shared_b.routes.load();
     let mut out = Collect(Vec::new());
@@ -694,13 +681,7 @@ fn gro_receive(e: &mut Ends, dgrams: &[Vec<u8>]) -> Gro {
     let (slab, slot, metas) = e.rx.slab();
     for (i, d) in dgrams.iter().enumerate() {
         slab[i * slot..i * slot + d.len()].copy_from_slice(d);
-        metas[i] = RecvMeta {
-            from: "192.0.2.1:11010".parse().unwrap(),
-            len: d.len(),
-            stride: d.len(),
-            truncated: false,
-            arrived_ns: 0,
-        };
+        metas[i] = RecvMeta::whole("192.0.2.1:11010".parse().unwrap(), d.len());
     }
     let routes = e.shared_b.routes.load();
     let mut out = Gro(Vec::new());

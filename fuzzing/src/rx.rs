@@ -266,7 +266,7 @@ fn run(input: &Input, tx: &mut Tx, rx: &mut Rx) {
             let len = joined.len().min(slot);
             slab[n * slot..n * slot + len].copy_from_slice(&joined[..len]);
             let stride = stride.map_or(len, usize::from);
-            metas[n] = RecvMeta { from, len, stride, truncated: joined.len() > slot, arrived_ns: 0 };
+            metas[n] = RecvMeta { stride, truncated: joined.len() > slot, ..RecvMeta::whole(from, len) };
             n += 1;
         }
         let routes = w.shared_b.routes.load_full();

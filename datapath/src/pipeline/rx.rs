@@ -38,7 +38,8 @@ pub struct Rx {
     pub(super) codel: Codel,
     /// Which inner flows are bulk.
     pub(super) load: FlowLoad,
-    /// Whether each pending packet's flow is bulk: sparse ones are written first.
+    /// Whether each pending packet's flow is bulk (one per write buffer): sparse ones
+    /// are written first.
     pub(super) pending_bulk: Vec<bool>,
 }
 
@@ -50,18 +51,19 @@ impl Rx {
         } else {
             ((DATA_HEADER_LEN + usize::from(cfg.mtu) + TAG_LEN + 64).max(2048), RX_SLOTS)
         };
+        let coal = Coalescer::new(VIRTIO_NET_HDR_LEN + usize::from(cfg.mtu) + 64, HEAD_ROOM);
         Self {
             slab: vec![0u8; slot * slots],
             slot,
             metas: vec![RecvMeta::default(); slots],
-            coal: Coalescer::new(VIRTIO_NET_HDR_LEN + usize::from(cfg.mtu) + 64, HEAD_ROOM),
+            pending_bulk: vec![false; coal.bufs.len()],
+            coal,
             gro: GROTable::default(),
             pending: 0,
             fwd: Vec::with_capacity(MAX_BATCH),
             vnet_hdr: cfg.offload,
             codel: Codel::default(),
             load: FlowLoad::default(),
-            pending_bulk: Vec::new(),
         }
     }
 
@@ -143,7 +145,7 @@ impl Rx {
                     let len = end - start;
                     let slot = n * self.slot;
                     self.slab[slot..slot + len].copy_from_slice(&b.batch[start..end]);
-                    self.metas[n] = RecvMeta { from: b.from, len, stride: len, truncated: false, arrived_ns: 0 };
+                    self.metas[n] = RecvMeta::whole(b.from, len);
                     n += 1;
                 }
                 // The slots hold copies; big frames are done with: the buffer can go.
@@ -232,7 +234,6 @@ impl Rx {
         let mut tally = Tally::new();
         let (mut packets, mut bytes) = (0u64, 0u64);
         self.fwd.clear();
-        self.pending_bulk.resize(self.coal.bufs.len(), false);
         // The kernel's receive times are on the realtime clock: read it once a batch.
         let now_ns = if self.metas[..n].iter().any(|m| m.arrived_ns != 0) { udp::realtime_ns() } else { 0 };
         for i in 0..n {
@@ -311,12 +312,7 @@ impl Rx {
     pub(super) fn write(&mut self, stats: &PipelineStats, out: &mut impl TunWriter) {
         let n = std::mem::take(&mut self.pending);
         // Sparse flows' packets first (each flow's own order kept).
-        if let Some(bulk) = self.pending_bulk.get_mut(..n)
-            && bulk.contains(&true)
-            && bulk.contains(&false)
-        {
-            sparse_first(&mut self.coal.bufs[..n], bulk);
-        }
+        sparse_first(&mut self.coal.bufs[..n], &mut self.pending_bulk[..n]);
         if self.vnet_hdr {
             self.coal.promote(n);
         }

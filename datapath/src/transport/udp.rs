@@ -104,39 +104,27 @@ pub fn probe_gso(sock: &UdpSocket) -> bool {
 /// TUN), else as far as those limits allow. A burst that overflows the receive buffer
 /// is lost before any counter of ours sees it.
 pub fn grow_buffers(s: &Socket) {
-    for (force, size_fn) in [
-        (libc::SO_RCVBUFFORCE, Socket::set_recv_buffer_size as fn(&Socket, usize) -> io::Result<()>),
-        (libc::SO_SNDBUFFORCE, Socket::set_send_buffer_size),
+    for (force, size, size_fn) in [
+        (libc::SO_RCVBUFFORCE, RECV_BUFFER, Socket::set_recv_buffer_size as fn(&Socket, usize) -> io::Result<()>),
+        (libc::SO_SNDBUFFORCE, SOCKET_BUFFER, Socket::set_send_buffer_size),
     ] {
-        let size = if force == libc::SO_RCVBUFFORCE { RECV_BUFFER } else { SOCKET_BUFFER } as libc::c_int;
-        // SAFETY: `size` is a valid c_int for the duration of the call.
-        let r = unsafe {
-            libc::setsockopt(
-                s.as_raw_fd(),
-                libc::SOL_SOCKET,
-                force,
-                (&raw const size).cast(),
-                size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        if r != 0 {
-            let _ = size_fn(s, size as usize);
+        if !set_int(s.as_raw_fd(), libc::SOL_SOCKET, force, size as libc::c_int) {
+            let _ = size_fn(s, size);
         }
     }
 }
 
 /// Turns UDP GRO on for this socket; returns whether the kernel accepted it.
 pub fn enable_gro(sock: &UdpSocket) -> bool {
-    let one: libc::c_int = 1;
-    // SAFETY: `one` is a valid c_int for the duration of the call.
+    set_int(sock.as_raw_fd(), libc::SOL_UDP, libc::UDP_GRO, 1)
+}
+
+/// Sets an integer socket option; returns whether the kernel accepted it.
+fn set_int(fd: std::os::fd::RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> bool {
+    // SAFETY: `value` is a valid c_int for the duration of the call; `fd` is the
+    // caller's open socket.
     let r = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_UDP,
-            libc::UDP_GRO,
-            (&raw const one).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
-        )
+        libc::setsockopt(fd, level, name, (&raw const value).cast(), size_of::<libc::c_int>() as libc::socklen_t)
     };
     r == 0
 }
@@ -170,10 +158,17 @@ pub struct RecvMeta {
     pub arrived_ns: u64,
 }
 
+impl RecvMeta {
+    /// One whole datagram of `len` bytes from `from` (not coalesced, not cut, arrival
+    /// time unknown): what a connection's frame or a test's datagram is.
+    pub fn whole(from: Endpoint, len: usize) -> Self {
+        Self { from, len, stride: len, truncated: false, arrived_ns: 0 }
+    }
+}
+
 impl Default for RecvMeta {
     fn default() -> Self {
-        let nowhere = SocketAddr::V4(SocketAddrV4::new([0, 0, 0, 0].into(), 0));
-        Self { from: Endpoint::udp(nowhere), len: 0, stride: 0, truncated: false, arrived_ns: 0 }
+        Self::whole(Endpoint::udp(SocketAddr::V4(SocketAddrV4::new([0, 0, 0, 0].into(), 0))), 0)
     }
 }
 
@@ -275,18 +270,7 @@ unsafe fn control(h: &libc::msghdr) -> (Option<usize>, u64) {
 /// so the receive path knows how long it waited ([`RecvMeta::arrived_ns`]). Returns
 /// whether the kernel accepted.
 pub fn enable_timestamps(sock: &UdpSocket) -> bool {
-    let one: libc::c_int = 1;
-    // SAFETY: `one` is a valid c_int for the duration of the call.
-    let r = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_TIMESTAMPNS,
-            (&raw const one).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    r == 0
+    set_int(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)
 }
 
 /// The clock of [`RecvMeta::arrived_ns`] (`CLOCK_REALTIME`), now, in nanoseconds.
