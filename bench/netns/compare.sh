@@ -72,6 +72,10 @@ OUT=${OUT:-$ROOT/bench/results}
 for v in DURATION REPS MTU PINGS ${MAX_RUNTIME:+MAX_RUNTIME}; do
     [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || { echo "error: $v must be a positive integer, got '${!v}'" >&2; exit 2; }
 done
+# Latency mode pings from the bulk run's second second to two seconds before its end.
+if [ "$LATENCY" = 1 ] && [ "$DURATION" -lt 4 ]; then
+    echo "error: LATENCY=1 needs DURATION of at least 4 (s), got '$DURATION'" >&2; exit 2
+fi
 for s in $STREAMS; do
     [[ "$s" =~ ^[1-9][0-9]*$ ]] || { echo "error: STREAMS must hold positive integers, got '$s'" >&2; exit 2; }
 done

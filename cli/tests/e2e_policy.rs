@@ -55,12 +55,26 @@ fn write(path: &Path, text: &str) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
 }
 
+/// Whether a TCP connection from `ns` to `addr:port` opens within 3 s.
+fn connects_to(ns: &Netns, addr: &str, port: u16) -> bool {
+    ns.cmd("timeout").args(["3", "bash", "-c", &format!("exec 3<>/dev/tcp/{addr}/{port}")]).status().unwrap().success()
+}
+
 fn connects(ns: &Netns, port: u16) -> bool {
-    ns.cmd("timeout")
-        .args(["3", "bash", "-c", &format!("exec 3<>/dev/tcp/{}/{port}", IPS[0])])
-        .status()
-        .unwrap()
-        .success()
+    connects_to(ns, IPS[0], port)
+}
+
+/// iperf3 servers on `addr` in `ns`, ports 5201 and 5202, stopped on drop.
+fn iperf_servers(ns: &Netns, addr: &str) -> Vec<Kill> {
+    let servers = [5201u16, 5202]
+        .iter()
+        .map(|p| {
+            let args = ["-s", "-B", addr, "-p", &p.to_string()];
+            Kill(ns.cmd("iperf3").args(args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap())
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    servers
 }
 
 fn weft_out(args: &[&str]) -> (bool, String) {
@@ -125,21 +139,7 @@ fn a_policy_lets_in_what_it_allows_and_the_answers_to_what_the_node_sends() {
     });
     let st = srv.status();
     assert_eq!(st["policy"]["rules"], 2, "{}", st["policy"]);
-    let servers: Vec<Kill> = [5201u16, 5202]
-        .iter()
-        .map(|p| {
-            Kill(
-                lan.hosts[0]
-                    .cmd("iperf3")
-                    .args(["-s", "-B", IPS[0], "-p", &p.to_string()])
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .unwrap(),
-            )
-        })
-        .collect();
-    std::thread::sleep(Duration::from_millis(300));
+    let servers = iperf_servers(&lan.hosts[0], IPS[0]);
 
     assert!(ping(&lan.hosts[1], IPS[0]), "the admin pings the server");
     assert!(connects(&lan.hosts[1], 5201), "the admin reaches 5201");
@@ -345,27 +345,8 @@ fn a_contractor_reaches_one_port_of_one_host_on_a_proxied_subnet() {
         })
     };
     wait_until(Duration::from_secs(20), "both members learn the subnet", || learned(&con) && learned(&other));
-    let _servers: Vec<Kill> = [5201u16, 5202]
-        .iter()
-        .map(|port| {
-            Kill(
-                h.cmd("iperf3")
-                    .args(["-s", "-B", "172.16.5.2", "-p", &port.to_string()])
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .unwrap(),
-            )
-        })
-        .collect();
-    std::thread::sleep(Duration::from_millis(300));
-    let reaches = |ns: &Netns, port: u16| {
-        ns.cmd("timeout")
-            .args(["3", "bash", "-c", &format!("exec 3<>/dev/tcp/172.16.5.2/{port}")])
-            .status()
-            .unwrap()
-            .success()
-    };
+    let _servers = iperf_servers(&h, "172.16.5.2");
+    let reaches = |ns: &Netns, port: u16| connects_to(ns, "172.16.5.2", port);
     assert!(reaches(&a, 5201), "the contractor reaches the web port on the subnet");
     assert!(!reaches(&a, 5202), "but not another port");
     assert!(!ping(&a, "172.16.5.2"), "nor ping");
