@@ -3,8 +3,9 @@
 # in a git worktree, release profile, and prints the binary's path. Cached by commit
 # under target/previous/COMMIT/weft: a second call prints the path at once.
 #
-# These binaries prove compatibility, not speed: the release profile is built without
-# LTO, with more codegen units and no debug info, to keep the build short.
+# These binaries prove compatibility, not speed: built with scripts/quick-release.sh
+# (no optimisation, LTO or debug info), sharing its compiled dependencies with the
+# arm64 test build and CI's package test.
 #
 #   scripts/build-previous.sh              prints the binary's path
 #   scripts/build-previous.sh --packages   also makes that release's .deb and .rpm (its
@@ -54,12 +55,10 @@ trap cleanup EXIT
 
 if [ ! -x "$bin" ]; then
     echo "building the previous release ($commit) for the mixed-version tests" >&2
-    CARGO_PROFILE_RELEASE_OPT_LEVEL=0 CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 CARGO_PROFILE_RELEASE_DEBUG=0 \
-        CARGO_TARGET_DIR="$out/target" cargo build --release --locked -p weft --manifest-path "$tree/Cargo.toml" >&2
-    cp "$out/target/release/weft" "$bin.tmp"
+    scripts/quick-release.sh cargo build --release --locked -p weft --manifest-path "$tree/Cargo.toml" >&2
+    # The next quick build of this tree's weft overwrites it: keep a copy.
+    cp "${QUICK_TARGET_DIR:-$root/target/quick}/release/weft" "$bin.tmp"
     mv "$bin.tmp" "$bin"
-    # Only the binary is kept: the build tree is large and never reused.
-    rm -rf "$out/target"
 fi
 if [ $packages = no ]; then
     echo "$bin"
