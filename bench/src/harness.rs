@@ -461,23 +461,13 @@ pub fn params(local: StaticKey, net: &str, secret: &str, cipher: Cipher, ipv4: I
         psk: psk(net, secret),
         network_name: net.into(),
         hello: Hello {
-            cipher,
-            ipv4,
-            prefix: 16,
-            hostname,
-            ipv6: None,
             gso: true,
             gso_quic: true,
             protocol: Some(weft_core::handshake::Protocol::ours({
                 use weft_core::handshake::caps;
                 caps::GSO | caps::GSO_QUIC | caps::LEAVE | caps::REVOCATIONS
             })),
-            stamp: None,
-            cert: None,
-            join: None,
-            issued: None,
-            join_refused: None,
-            secrets: Vec::new(),
+            ..Hello::new(cipher, ipv4, 16, hostname)
         },
     }
 }

@@ -348,6 +348,35 @@ const HELLO_JOIN_REFUSED: u8 = 14;
 const HELLO_SECRETS: u8 = 15;
 
 impl Hello {
+    /// A hello that says only the cipher, the IPv4 overlay address and network and the
+    /// host name: every optional field empty (the builder of a full one starts here).
+    pub fn new(cipher: Cipher, ipv4: Ipv4Addr, prefix: u8, hostname: impl Into<String>) -> Self {
+        Self {
+            cipher,
+            ipv4,
+            prefix,
+            hostname: hostname.into(),
+            ipv6: None,
+            gso: false,
+            gso_quic: false,
+            protocol: None,
+            stamp: None,
+            cert: None,
+            join: None,
+            issued: None,
+            join_refused: None,
+            secrets: Vec::new(),
+        }
+    }
+
+    /// What this node (whose hello `self` is) knows of a member from its signed record
+    /// alone: its addresses and name, with this node's cipher and network prefixes;
+    /// the rest comes with the member's first handshake.
+    pub fn for_member(&self, ipv4: Ipv4Addr, ipv6: Option<Ipv6Addr>, hostname: &str) -> Self {
+        let prefix6 = self.ipv6.map_or(64, |(_, q)| q);
+        Self { ipv6: ipv6.map(|a| (a, prefix6)), ..Self::new(self.cipher, ipv4, self.prefix, hostname) }
+    }
+
     /// Appends the encoded hello to `out`.
     pub fn emit(&self, out: &mut Vec<u8>) {
         let name = truncate_utf8(&self.hostname, 255);
@@ -434,7 +463,7 @@ impl Hello {
         let hostname = std::str::from_utf8(name).map_err(|_| HandshakeError::BadPayload)?;
         // A peer's name reaches logs and terminals: no control characters (escape
         // sequences, cursor moves). Each becomes '?', which never makes it longer.
-        let hostname = hostname.chars().map(|c| if c.is_control() { '?' } else { c }).collect();
+        let hostname: String = hostname.chars().map(|c| if c.is_control() { '?' } else { c }).collect();
         // Optional fields, in this order: IPv6, features, GSO over QUIC, protocol. Anything else (unknown,
         // cut, out of order, or feature bits this version does not know: a newer node
         // adds a field instead) ends the parse, so an older node's tail and a newer
@@ -460,74 +489,62 @@ impl Hello {
         } else {
             0
         }..];
-        let mut stamp = None;
-        let mut cert = None;
-        let (mut join, mut issued, mut join_refused, mut secrets) = (None, None, None, Vec::new());
-        let protocol = match rest {
-            [HELLO_PROTOCOL, f @ ..] if f.len() >= 8 => {
-                let u16_at = |i: usize| u16::from_le_bytes([f[i], f[i + 1]]);
-                let p =
-                    Protocol { version: u16_at(0), min: u16_at(2), caps: u32::from_le_bytes([f[4], f[5], f[6], f[7]]) };
-                // A version below its own oldest, or below 2 (the first that says
-                // so), is not one anybody sends.
-                if p.min > p.version || p.version < 2 {
-                    return Err(bad);
-                }
-                let mut tail = &f[8..];
-                if let [HELLO_STAMP, t @ ..] = tail
-                    && let Some(t) = t.get(..12)
-                {
-                    stamp = t.try_into().ok().map(Stamp);
-                    tail = &tail[13..];
-                }
-                // A certificate (or invite, or issued certificate) field that is cut or
-                // too long is not ignored: the sender meant it to be checked.
-                let field = |tail: &mut &[u8], tag: u8| -> Result<Option<Vec<u8>>, HandshakeError> {
-                    let [t, l0, l1, c @ ..] = *tail else { return Ok(None) };
-                    if *t != tag {
-                        return Ok(None);
-                    }
-                    let len = usize::from(u16::from_le_bytes([*l0, *l1]));
-                    if len > MAX_HELLO_CERT || c.len() < len {
-                        return Err(HandshakeError::BadPayload);
-                    }
-                    *tail = &c[len..];
-                    Ok(Some(c[..len].to_vec()))
-                };
-                cert = field(&mut tail, HELLO_CERT)?;
-                join = field(&mut tail, HELLO_JOIN)?;
-                issued = field(&mut tail, HELLO_ISSUED)?;
-                if let [HELLO_JOIN_REFUSED, n, w @ ..] = tail {
-                    let n = usize::from(*n);
-                    let w = w.get(..n).ok_or(HandshakeError::BadPayload)?;
-                    let w = std::str::from_utf8(w).map_err(|_| HandshakeError::BadPayload)?;
-                    join_refused = Some(w.chars().map(|c| if c.is_control() { '?' } else { c }).collect());
-                    tail = &tail[2 + n..];
-                }
-                if let [HELLO_SECRETS, n @ (1 | 2), f @ ..] = tail {
-                    let f = f.get(..8 * usize::from(*n)).ok_or(HandshakeError::BadPayload)?;
-                    secrets = f.chunks_exact(8).filter_map(|c| c.try_into().ok()).collect();
-                }
-                Some(p)
+        let mut hello = Self { ipv6, gso, gso_quic, ..Self::new(cipher, ipv4, prefix, hostname) };
+        if let [HELLO_PROTOCOL, f @ ..] = rest
+            && f.len() >= 8
+        {
+            hello.parse_protocol(f)?;
+        }
+        Ok(hello)
+    }
+
+    /// Reads the protocol field `f` (after its tag) and the fields that follow it:
+    /// the IK stamp, the certificate, a join's invite and answer, the secrets.
+    fn parse_protocol(&mut self, f: &[u8]) -> Result<(), HandshakeError> {
+        let u16_at = |i: usize| u16::from_le_bytes([f[i], f[i + 1]]);
+        let p = Protocol { version: u16_at(0), min: u16_at(2), caps: u32::from_le_bytes([f[4], f[5], f[6], f[7]]) };
+        // A version below its own oldest, or below 2 (the first that says so), is not
+        // one anybody sends.
+        if p.min > p.version || p.version < 2 {
+            return Err(HandshakeError::BadPayload);
+        }
+        self.protocol = Some(p);
+        let mut tail = &f[8..];
+        if let [HELLO_STAMP, t @ ..] = tail
+            && let Some(t) = t.get(..12)
+        {
+            self.stamp = t.try_into().ok().map(Stamp);
+            tail = &tail[13..];
+        }
+        // A certificate (or invite, or issued certificate) field that is cut or too
+        // long is not ignored: the sender meant it to be checked.
+        let field = |tail: &mut &[u8], tag: u8| -> Result<Option<Vec<u8>>, HandshakeError> {
+            let [t, l0, l1, c @ ..] = *tail else { return Ok(None) };
+            if *t != tag {
+                return Ok(None);
             }
-            _ => None,
+            let len = usize::from(u16::from_le_bytes([*l0, *l1]));
+            if len > MAX_HELLO_CERT || c.len() < len {
+                return Err(HandshakeError::BadPayload);
+            }
+            *tail = &c[len..];
+            Ok(Some(c[..len].to_vec()))
         };
-        Ok(Self {
-            cipher,
-            ipv4,
-            prefix,
-            hostname,
-            ipv6,
-            gso,
-            gso_quic,
-            protocol,
-            stamp,
-            cert,
-            join,
-            issued,
-            join_refused,
-            secrets,
-        })
+        self.cert = field(&mut tail, HELLO_CERT)?;
+        self.join = field(&mut tail, HELLO_JOIN)?;
+        self.issued = field(&mut tail, HELLO_ISSUED)?;
+        if let [HELLO_JOIN_REFUSED, n, w @ ..] = tail {
+            let n = usize::from(*n);
+            let w = w.get(..n).ok_or(HandshakeError::BadPayload)?;
+            let w = std::str::from_utf8(w).map_err(|_| HandshakeError::BadPayload)?;
+            self.join_refused = Some(w.chars().map(|c| if c.is_control() { '?' } else { c }).collect());
+            tail = &tail[2 + n..];
+        }
+        if let [HELLO_SECRETS, n @ (1 | 2), f @ ..] = tail {
+            let f = f.get(..8 * usize::from(*n)).ok_or(HandshakeError::BadPayload)?;
+            self.secrets = f.chunks_exact(8).filter_map(|c| c.try_into().ok()).collect();
+        }
+        Ok(())
     }
 }
 

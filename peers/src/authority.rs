@@ -220,14 +220,14 @@ impl crate::node::Node {
             return Err("this node has no authority (--authority) to check a signed policy against".into());
         }
         let p = weft_core::policy::SignedPolicy::from_bytes(&bytes).map_err(|e| format!("not a signed policy: {e}"))?;
-        if self.policy.as_ref().is_some_and(|(v, _)| *v >= p.version) {
+        if self.trust.policy.as_ref().is_some_and(|(v, _)| *v >= p.version) {
             return Ok(false);
         }
         if !p.verify(&self.cfg.authorities) {
             return Err(format!("not signed by this network's authority (it names {})", p.authority));
         }
         tracing::info!(version = p.version, "access policy signed by the authority: newer, passed to the mesh");
-        self.policy = Some((p.version, bytes.clone()));
+        self.trust.policy = Some((p.version, bytes.clone()));
         self.actions.push_back(crate::Action::PolicyChanged(bytes));
         let up: Vec<PeerKey> = self.peers.values().filter(|p| p.is_up()).map(|p| p.key).collect();
         for k in up {
@@ -238,7 +238,7 @@ impl crate::node::Node {
 
     /// Sends member `key` our signed policy, in pieces, unless its session has it.
     pub(crate) fn send_policy(&mut self, now: std::time::Instant, key: PeerKey) {
-        let Some((version, bytes)) = self.policy.clone() else { return };
+        let Some((version, bytes)) = self.trust.policy.clone() else { return };
         let Some(p) = self.peers.get(&key) else { return };
         if p.policy_sent >= version || !p.is_up() || p.hello.protocol().caps & weft_core::handshake::caps::POLICY == 0 {
             return;
@@ -264,7 +264,7 @@ impl crate::node::Node {
         parts: u16,
         bytes: Vec<u8>,
     ) {
-        if self.cfg.authorities.is_empty() || self.policy.as_ref().is_some_and(|(v, _)| *v >= version) {
+        if self.cfg.authorities.is_empty() || self.trust.policy.as_ref().is_some_and(|(v, _)| *v >= version) {
             return;
         }
         let Some(peer) = self.peers.get_mut(&from) else { return };
@@ -332,22 +332,7 @@ mod tests {
     use super::*;
 
     fn hello(cert: Option<Vec<u8>>) -> Hello {
-        Hello {
-            cipher: Cipher::Aes128Gcm,
-            ipv4: Ipv4Addr::new(10, 1, 0, 5),
-            prefix: 24,
-            hostname: "build-01".into(),
-            ipv6: None,
-            gso: false,
-            gso_quic: false,
-            protocol: None,
-            stamp: None,
-            cert,
-            join: None,
-            issued: None,
-            join_refused: None,
-            secrets: Vec::new(),
-        }
+        Hello { cert, ..Hello::new(Cipher::Aes128Gcm, Ipv4Addr::new(10, 1, 0, 5), 24, "build-01") }
     }
 
     fn cert(key: &AuthorityKey, node: [u8; 32]) -> Vec<u8> {

@@ -55,12 +55,12 @@ impl Node {
     /// Makes this node an issuer for invites, holding the authority key `key` and
     /// the certificates it issued before (from the state directory).
     pub fn set_issuer(&mut self, key: AuthorityKey, ledger: Vec<Issued>) {
-        self.issuer = Some(Issuer { key, ledger });
+        self.trust.issuer = Some(Issuer { key, ledger });
     }
 
     /// The certificates this node issued (empty when it is no issuer).
     pub fn issued(&self) -> &[Issued] {
-        self.issuer.as_ref().map_or(&[], |i| &i.ledger)
+        self.trust.issuer.as_ref().map_or(&[], |i| &i.ledger)
     }
 
     /// Answers the IK init `read` (whose hello carries an invite) with a certificate
@@ -85,7 +85,7 @@ impl Node {
 
     fn issue(&mut self, now: Instant, key: &PeerKey, hello: &Hello) -> Result<Certificate, String> {
         let unix = (self.cfg.wall + now.saturating_duration_since(self.cfg.epoch)).as_secs();
-        if self.issuer.is_none() {
+        if self.trust.issuer.is_none() {
             return Err("this member does not issue certificates (one started with --authority-key does)".into());
         }
         let bytes = hello.join.as_deref().unwrap_or_default();
@@ -97,13 +97,14 @@ impl Node {
         if b.network != self.cfg.handshake.network_name {
             return Err(format!("the invite is for network {:?}, not this one", b.network));
         }
-        if self.revocations.contains(&b.id) {
+        if self.trust.revocations.contains(&b.id) {
             return Err("the invite was revoked".into());
         }
-        if self.revocations.contains(&key.0) {
+        if self.trust.revocations.contains(&key.0) {
             return Err("this node key was revoked".into());
         }
         let again = self
+            .trust
             .issuer
             .as_ref()
             .and_then(|i| i.ledger.iter().find(|e| e.invite == b.id && e.node == key.0))
@@ -114,11 +115,12 @@ impl Node {
                 if unix >= b.expires {
                     return Err(format!("the invite expired {} s ago", unix - b.expires));
                 }
-                let used = self.issuer.as_ref().map_or(0, |i| i.ledger.iter().filter(|e| e.invite == b.id).count());
+                let used =
+                    self.trust.issuer.as_ref().map_or(0, |i| i.ledger.iter().filter(|e| e.invite == b.id).count());
                 if b.uses != 0 && used >= b.uses as usize {
                     return Err(format!("the invite is used up ({used} of {} uses)", b.uses));
                 }
-                if self.issuer.as_ref().is_some_and(|i| i.ledger.len() >= MAX_LEDGER) {
+                if self.trust.issuer.as_ref().is_some_and(|i| i.ledger.len() >= MAX_LEDGER) {
                     return Err(format!("this issuer already issued {MAX_LEDGER} certificates"));
                 }
                 (self.free_address(key)?, self.free_name(key, &hello.hostname))
@@ -132,7 +134,7 @@ impl Node {
             o[8..].copy_from_slice(&key.id().to_bytes());
             (Ipv6Addr::from(o), p)
         });
-        let Some(issuer) = self.issuer.as_mut() else { return Err("no issuer".into()) };
+        let Some(issuer) = self.trust.issuer.as_mut() else { return Err("no issuer".into()) };
         let body = CertBody {
             authority: issuer.key.id(),
             node: key.0,
@@ -170,7 +172,7 @@ impl Node {
         taken.insert(mine.ipv4);
         taken.extend(self.peers.values().map(|p| p.hello.ipv4));
         taken.extend(self.mesh.topology.records().map(|r| r.overlay));
-        if let Some(i) = &self.issuer {
+        if let Some(i) = &self.trust.issuer {
             taken.extend(i.ledger.iter().filter(|e| e.node != key.0).map(|e| e.ipv4));
         }
         let size = 1u64 << (32 - prefix);
@@ -205,7 +207,7 @@ impl Node {
         taken.insert(self.cfg.handshake.hello.hostname.as_str());
         taken.extend(self.peers.values().filter(|p| p.key != *key).map(|p| p.hello.hostname.as_str()));
         taken.extend(self.mesh.topology.records().filter(|r| r.key != key.0).map(|r| r.hostname.as_str()));
-        if let Some(i) = &self.issuer {
+        if let Some(i) = &self.trust.issuer {
             taken.extend(i.ledger.iter().filter(|e| e.node != key.0).map(|e| e.name.as_str()));
         }
         if !taken.contains(base.as_str()) {

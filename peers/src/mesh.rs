@@ -16,7 +16,6 @@ use weft_core::admission::Bucket;
 use weft_core::endpoint::Endpoint;
 
 use tracing::{debug, warn};
-use weft_core::handshake::Hello;
 
 use crate::identity::{NodeId, PeerKey};
 use crate::node::Node;
@@ -619,39 +618,11 @@ impl Node {
     }
 
     fn handle_record(&mut self, now: Instant, from_key: PeerKey, rec: Record) {
+        if !self.admit_record(now, from_key, &rec) {
+            return;
+        }
         let node = rec.node();
-        if !self.within_record_budget(now, from_key, &rec) {
-            self.mesh.records_over_budget += 1;
-            return;
-        }
         let network = self.cfg.handshake.network_name.clone();
-        let unix = (self.cfg.wall + now.saturating_duration_since(self.cfg.epoch)).as_secs();
-        // Checked before storing, only for a record newer than the one held (the
-        // same record arrives from every neighbour: one Ed25519 check, not one each).
-        let newer = self.mesh.topology.get(&node).is_none_or(|held| held.seq < rec.seq);
-        if node != self.id
-            && newer
-            && let Some(why) =
-                crate::authority::record_refusal(&self.cfg.authorities, &self.revocations, &network, &rec, unix)
-        {
-            // Not a member by the authority's word: never stored, never forwarded.
-            debug!(from = %from_key.id(), origin = %node, "dropped a topology record: {why}");
-            self.mesh.records_uncertified += 1;
-            return;
-        }
-        // The origin itself sends a record no newer than the one we hold, and not the
-        // same: it restarted and numbers from zero again. Our copy goes back so that it
-        // jumps past it; else a change (a new host name) under a sequence number it
-        // already used would never spread, as summaries hash origins and numbers only.
-        if node == from_key.id()
-            && let Some(held) = self.mesh.topology.get(&node)
-            && held.seq >= rec.seq
-            && held.sig != rec.sig
-        {
-            let back = Msg::Record(Box::new(held.clone()));
-            self.send_msg(&from_key, &back, now);
-            return;
-        }
         let before = match self.mesh.receive(&rec, self.id, &network, now) {
             Received::Stale => return,
             Received::Forged => {
@@ -661,6 +632,61 @@ impl Node {
             }
             Received::Stored(before) => before,
         };
+        self.learn_member(now, &rec, &before);
+        // Flood on to every other link.
+        let (from_id, key) = (from_key.id(), PeerKey(rec.key));
+        let msg = Msg::Record(Box::new(rec));
+        let targets: Vec<PeerKey> = self.links(now).filter(|k| k.id() != from_id && *k != key).collect();
+        for k in targets {
+            self.send_msg(&k, &msg, now);
+        }
+    }
+
+    /// Whether a record from `from_key` may be stored at all: within the sender's
+    /// budget, certified where the network has an authority, and not an older copy
+    /// of the sender's own (which is answered with ours instead).
+    fn admit_record(&mut self, now: Instant, from_key: PeerKey, rec: &Record) -> bool {
+        let node = rec.node();
+        if !self.within_record_budget(now, from_key, rec) {
+            self.mesh.records_over_budget += 1;
+            return false;
+        }
+        let network = &self.cfg.handshake.network_name;
+        let unix = (self.cfg.wall + now.saturating_duration_since(self.cfg.epoch)).as_secs();
+        // Checked before storing, only for a record newer than the one kept (the
+        // same record arrives from every neighbour: one Ed25519 check, not one each).
+        let newer = self.mesh.topology.get(&node).is_none_or(|kept| kept.seq < rec.seq);
+        if node != self.id
+            && newer
+            && let Some(why) =
+                crate::authority::record_refusal(&self.cfg.authorities, &self.trust.revocations, network, rec, unix)
+        {
+            // Not a member by the authority's word: never stored, never forwarded.
+            debug!(from = %from_key.id(), origin = %node, "dropped a topology record: {why}");
+            self.mesh.records_uncertified += 1;
+            return false;
+        }
+        // The origin itself sends a record no newer than the one we keep, and not the
+        // same: it restarted and numbers from zero again. Our copy goes back so that it
+        // jumps past it; else a change (a new host name) under a sequence number it
+        // already used would never spread, as summaries hash origins and numbers only.
+        if node == from_key.id()
+            && let Some(kept) = self.mesh.topology.get(&node)
+            && kept.seq >= rec.seq
+            && kept.sig != rec.sig
+        {
+            let back = Msg::Record(Box::new(kept.clone()));
+            self.send_msg(&from_key, &back, now);
+            return false;
+        }
+        true
+    }
+
+    /// What a stored record tells this node about its origin: its name, the subnets it
+    /// newly proxies (`before` held the old ones), and the member itself, as an idle
+    /// peer, when its address is its own to claim.
+    fn learn_member(&mut self, now: Instant, rec: &Record, before: &[(std::net::IpAddr, u8)]) {
+        let node = rec.node();
         // The first member this node saw with a name keeps it (a later one with the
         // same name is suffixed in Magic DNS and never takes the exit's traffic).
         if self.cfg.names.bind(&rec.hostname, node) {
@@ -677,7 +703,7 @@ impl Node {
         // A member we have not met exists for routing and status from now on, as an
         // idle peer (a session is made when traffic wants one) -- unless it claims our
         // own address (a conflict, or a former identity of this very node) or another
-        // member's: the first holder keeps it.
+        // member's: the first claimant keeps it.
         let taken = self.address_owner(rec.overlay, node, |_| false);
         if let Some(owner) = taken {
             debug!(peer = %node, overlay = %rec.overlay, %owner, "member's record claims another member's address");
@@ -689,6 +715,7 @@ impl Node {
         }
         let taken = taken.or_else(|| outside.map(|_| node));
         let key = PeerKey(rec.key);
+        let prefix6 = self.cfg.handshake.hello.ipv6.map_or(64, |(_, q)| q);
         if let Some(p) = self.peers.get_mut(&key)
             && !p.is_up()
             && taken.is_none()
@@ -699,40 +726,17 @@ impl Node {
             // A member without a session moved (--dhcp) or renamed: its signed record
             // is what we know of it until a handshake tells us more.
             p.hello.ipv4 = rec.overlay;
-            p.hello.ipv6 = rec.overlay6.map(|a| (a, self.cfg.handshake.hello.ipv6.map_or(64, |(_, q)| q)));
+            p.hello.ipv6 = rec.overlay6.map(|a| (a, prefix6));
             p.hello.hostname.clone_from(&rec.hostname);
             self.published.routes_dirty = true;
         }
         if !self.peers.contains_key(&key) && rec.overlay != self.cfg.handshake.hello.ipv4 && taken.is_none() {
-            let ours = &self.cfg.handshake.hello;
-            let hello = Hello {
-                cipher: ours.cipher,
-                ipv4: rec.overlay,
-                prefix: ours.prefix,
-                hostname: rec.hostname.clone(),
-                ipv6: rec.overlay6.map(|a| (a, ours.ipv6.map_or(64, |(_, q)| q))),
-                gso: false,
-                gso_quic: false,
-                protocol: None,
-                stamp: None,
-                cert: None,
-                join: None,
-                issued: None,
-                join_refused: None,
-                secrets: Vec::new(),
-            };
+            let hello = self.cfg.handshake.hello.for_member(rec.overlay, rec.overlay6, &rec.hostname);
             self.peers.get_or_insert_with(key, || Peer::new(key, hello, now, std::sync::Arc::default()));
             debug!(peer = %node, overlay = %rec.overlay, "learned member from topology");
         }
         if self.cfg.dynamic.is_some() && rec.overlay == self.cfg.handshake.hello.ipv4 {
             self.resolve_address_conflict(now);
-        }
-        // Flood on to every other link.
-        let from_id = from_key.id();
-        let msg = Msg::Record(Box::new(rec));
-        let targets: Vec<PeerKey> = self.links(now).filter(|k| k.id() != from_id && *k != key).collect();
-        for k in targets {
-            self.send_msg(&k, &msg, now);
         }
     }
 

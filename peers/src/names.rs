@@ -1,5 +1,5 @@
 //! Who a name belongs to, as this node saw it: ssh's known_hosts model. A host name is
-//! bound to the member that held it first; a later member with the same name gets
+//! bound to the member that claimed it first; a later member with the same name gets
 //! the suffixed name in Magic DNS and never `--use-exit-node`'s traffic. Node ids can
 //! be ground in seconds, so "the lowest id wins" would hand a copied name to whoever
 //! grinds one. The runtime keeps the bindings (and the exit pin) in the state
@@ -16,7 +16,7 @@ pub const MAX_NAMES: usize = 4096;
 /// Name bindings and the exit pin.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Names {
-    /// Lower-case host name → the member that held it first.
+    /// Lower-case host name → the member that claimed it first.
     by_name: BTreeMap<String, NodeId>,
     /// `--use-exit-node`'s value and the member it first matched.
     exit_pin: Option<(String, NodeId)>,

@@ -126,7 +126,7 @@ pub(crate) enum Anchor {
     Dialled,
     /// It keeps a link with us: it dialled us (its summaries say so) until the given
     /// time. (Not to be confused with held sessions: finished handshakes waiting for
-    /// the peer's proof, or packets held while a session is made.)
+    /// the peer's proof, or packets queued while a session is made.)
     ByPeer(Instant),
     /// A member met through the mesh: a session only while traffic flows.
     None,
@@ -289,9 +289,10 @@ impl Peer {
         kept && self.path.is_direct() && self.is_up()
     }
 
-    /// Whether nothing arrived on the direct path's own endpoint for `after`.
-    pub(crate) fn path_stale(&self, now: Instant, after: Duration) -> bool {
-        self.path.direct().is_none_or(|d| d.seen.is_none_or(|t| now.saturating_duration_since(t) >= after))
+    /// Whether the direct path is stale: nothing arrived on its own endpoint for
+    /// [`Timers::stale_after`](crate::node::Timers::stale_after).
+    pub(crate) fn path_stale(&self, now: Instant, t: &Timers) -> bool {
+        self.path.direct().is_none_or(|d| d.seen.is_none_or(|seen| t.is_stale(now.saturating_duration_since(seen))))
     }
 
     /// When anything last arrived on any session (ms on the pipeline clock).
@@ -430,7 +431,7 @@ impl SessionTimers {
 /// Every peer, and the indexes the engine looks peers up by. The only insert
 /// ([`PeerTable::get_or_insert_with`]) and the only remove ([`PeerTable::remove`])
 /// keep all of them in step: node ids, the anchored peers (our links), the owner of
-/// each session index, and the count of packets held for sessions.
+/// each session index, and the count of packets queued for sessions.
 #[derive(Debug, Default)]
 pub(crate) struct PeerTable {
     peers: BTreeMap<PeerKey, Peer>,
@@ -485,7 +486,7 @@ impl PeerTable {
         p
     }
 
-    /// Takes a peer out of the table and every index; packets held for it are
+    /// Takes a peer out of the table and every index; packets queued for it are
     /// dropped (returned with it).
     pub(crate) fn remove(&mut self, key: &PeerKey) -> Option<Peer> {
         let p = self.peers.remove(key)?;
@@ -507,7 +508,7 @@ impl PeerTable {
         }
     }
 
-    /// The peers we keep a link with (or did until a `Held` anchor ran out).
+    /// The peers we keep a link with (or did until a `ByPeer` anchor ran out).
     pub(crate) fn anchored(&self) -> impl Iterator<Item = &Peer> {
         self.anchored.iter().filter_map(|k| self.peers.get(k))
     }
@@ -524,7 +525,7 @@ impl PeerTable {
         true
     }
 
-    /// Takes the packets held for `key`.
+    /// Takes the packets queued for `key`.
     pub(crate) fn take_queued(&mut self, key: &PeerKey) -> Vec<Vec<u8>> {
         let Some(p) = self.peers.get_mut(key) else { return Vec::new() };
         let packets: Vec<Vec<u8>> = p.queued.drain(..).collect();
@@ -550,22 +551,8 @@ mod tests {
     use super::*;
 
     fn peer(k: u8) -> Peer {
-        let hello = Hello {
-            cipher: weft_core::crypto::Cipher::Aes128Gcm,
-            ipv4: std::net::Ipv4Addr::new(10, 0, 0, k),
-            prefix: 24,
-            hostname: format!("h{k}"),
-            ipv6: None,
-            gso: false,
-            gso_quic: false,
-            protocol: None,
-            stamp: None,
-            cert: None,
-            join: None,
-            issued: None,
-            join_refused: None,
-            secrets: Vec::new(),
-        };
+        let hello =
+            Hello::new(weft_core::crypto::Cipher::Aes128Gcm, std::net::Ipv4Addr::new(10, 0, 0, k), 24, format!("h{k}"));
         Peer::new(PeerKey([k; 32]), hello, Instant::now(), Arc::default())
     }
 
@@ -590,7 +577,7 @@ mod tests {
         assert_eq!(t.key_of(&id1), None);
         assert!(t.by_id(&id1).is_none());
         assert_eq!(t.anchored().count(), 0);
-        // Its two held packets no longer count against the table's cap.
+        // Its two queued packets no longer count against the table's cap.
         assert!(t.queue(&PeerKey([2; 32]), b"y", 3, 3));
         assert_eq!(t.take_queued(&PeerKey([2; 32])).len(), 2);
         assert!(t.remove(&PeerKey([1; 32])).is_none());

@@ -90,7 +90,6 @@ impl Node {
             debug!(%from, "not a direct path: the address is routed through the tunnel");
             return;
         }
-        let stale_after = self.cfg.timers.stale_after();
         let Some(p) = self.peers.get_mut(&key) else { return };
         let current = p.path.endpoint();
         if current == Some(from) {
@@ -106,7 +105,7 @@ impl Node {
             let moved = current.is_some_and(|cur| {
                 cur.proto == Proto::Udp && from.proto == Proto::Udp && cur.addr.ip() == from.addr.ip()
             });
-            if p.path.is_direct() && !better && !moved && !p.path_stale(now, stale_after) {
+            if p.path.is_direct() && !better && !moved && !p.path_stale(now, &self.cfg.timers) {
                 return;
             }
         }
@@ -129,7 +128,6 @@ impl Node {
     pub(crate) fn drive_direct(&mut self, now: Instant, key: PeerKey) {
         let t = self.cfg.timers;
         let epoch = self.cfg.epoch;
-        let stale_after = self.cfg.timers.stale_after();
         let now_ms = ms_since(epoch, now);
         let Some(p) = self.peers.get_mut(&key) else { return };
         let Some(d) = p.path.direct() else { return };
@@ -144,7 +142,7 @@ impl Node {
             self.published.routes_dirty = true;
             return;
         }
-        let stale = p.path_stale(now, stale_after);
+        let stale = p.path_stale(now, &self.cfg.timers);
         let due = if stale {
             d.failover_next.is_none_or(|x| now >= x)
         } else {
@@ -176,7 +174,7 @@ impl Node {
         if !p.is_up() || !watched(p, now) {
             return None;
         }
-        if p.path_stale(now, self.cfg.timers.stale_after()) {
+        if p.path_stale(now, &self.cfg.timers) {
             return Some(d.failover_next.unwrap_or(d.since));
         }
         let stale_at = d.seen.unwrap_or(d.since) + self.cfg.timers.stale_after();
@@ -243,16 +241,16 @@ impl Node {
     fn punch_to(&mut self, now: Instant, key: &PeerKey, eps: &[Endpoint]) {
         let Some(session) = self.peers.get(key).and_then(Peer::tx).map(|s| s.session.clone()) else { return };
         for ep in eps.iter().take(MAX_CANDIDATES) {
-            if self.punched.get(&ep.addr).is_some_and(|t| now < *t) {
+            if self.dials.punched.get(&ep.addr).is_some_and(|t| now < *t) {
                 continue;
             }
-            if self.punched.len() >= MAX_PUNCHED {
-                self.punched.retain(|_, t| now < *t);
-                if self.punched.len() >= MAX_PUNCHED {
+            if self.dials.punched.len() >= MAX_PUNCHED {
+                self.dials.punched.retain(|_, t| now < *t);
+                if self.dials.punched.len() >= MAX_PUNCHED {
                     continue;
                 }
             }
-            self.punched.insert(ep.addr, now + PUNCH_ANSWER_EVERY);
+            self.dials.punched.insert(ep.addr, now + PUNCH_ANSWER_EVERY);
             let ka = crate::node::keepalive(&session, now, self.cfg.epoch);
             self.actions.push_back(Dest::direct(*ep).send(ka));
         }
@@ -342,7 +340,7 @@ impl Node {
         buf.truncate(n);
         tx.session.touch_tx(ms_since(self.cfg.epoch, now));
         if flags & FLAG_CONTROL == 0 {
-            // An IP packet held while the session was made: data, as the pipelines count it.
+            // An IP packet queued while the session was made: data, as the pipelines count it.
             tx.session.stats.add_tx(1, body.len() as u64);
         }
         self.actions.push_back(dest.send(buf));
@@ -699,9 +697,9 @@ impl Node {
             return;
         };
         if let Some(other) = self.exit_changed().map(Record::node)
-            && self.exit_warned != Some(other)
+            && self.report.exit_warned != Some(other)
         {
-            self.exit_warned = Some(other);
+            self.report.exit_warned = Some(other);
             warn!(
                 exit = %wanted,
                 %pinned,
@@ -723,7 +721,7 @@ impl Node {
         }
         let id = self.exit_choice().ok_or_else(|| format!("no member matches --use-exit-node {wanted}"))?;
         self.cfg.names.pin_exit(&wanted, id);
-        self.exit_warned = None;
+        self.report.exit_warned = None;
         self.actions.push_back(crate::node::Action::SaveNames(self.cfg.names.clone()));
         self.published.routes_dirty = true;
         self.finish_step(now);
@@ -817,8 +815,8 @@ impl Node {
         // differs from their record or who have none (a session, a dial).
         let (lo, hi) = (weft_core::route::network_ip(a, p), last_ip(a, p));
         let recorded = self.mesh.topology.addresses_within(lo, hi).find(|(m, _)| self.outside_overlay(*m).is_none());
-        let held = recorded.or_else(|| unrecorded.iter().find(|(m, _)| overlaps(*m, 128)).copied());
-        if let Some((m, id)) = held {
+        let claimed = recorded.or_else(|| unrecorded.iter().find(|(m, _)| overlaps(*m, 128)).copied());
+        if let Some((m, id)) = claimed {
             return Some(format!("holds member {id}'s overlay address {m}"));
         }
         if let Some((b, q)) = self.cfg.local_networks.iter().find(|(b, q)| overlaps(*b, *q)) {

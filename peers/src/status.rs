@@ -164,7 +164,7 @@ pub struct NodeStatus {
     /// Claims of other members we refuse, each with the reason (an overlay address
     /// another member holds, a proxied subnet we will not route).
     pub refused: Vec<String>,
-    /// Packets for members without a session dropped because too many were held
+    /// Packets for members without a session dropped because too many were queued
     /// while their handshakes ran (or the handshake failed).
     pub queued_dropped: u64,
     /// Handshakes that made a session, either side, since start.

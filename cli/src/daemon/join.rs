@@ -113,20 +113,8 @@ pub fn join(token: &Token, network: &str, key: &StaticKey, hostname: &str) -> Re
     let psk = Psk::derive(network, &token.secret);
     let macs = MacKeys::new(&psk);
     let hello = Hello {
-        cipher: Cipher::Aes128Gcm,
-        ipv4: std::net::Ipv4Addr::UNSPECIFIED,
-        prefix: 0,
-        hostname: hostname.to_owned(),
-        ipv6: None,
-        gso: false,
-        gso_quic: false,
         protocol: Some(Protocol::ours(0)),
-        stamp: None,
-        cert: None,
-        join: None,
-        issued: None,
-        join_refused: None,
-        secrets: Vec::new(),
+        ..Hello::new(Cipher::Aes128Gcm, std::net::Ipv4Addr::UNSPECIFIED, 0, hostname)
     };
     let mut params = Params { local: key.clone(), psk, network_name: network.to_owned(), hello };
     let mut problems = Vec::new();

@@ -311,20 +311,12 @@ pub(super) fn engine(
         | (if cfg.authority_key.is_some() { caps::ISSUER } else { 0 })
         | (if cfg.authorities.is_empty() { 0 } else { caps::POLICY });
     let hello = Hello {
-        cipher: cfg.cipher,
-        ipv4: cfg.ipv4.addr,
-        prefix: cfg.ipv4.prefix,
-        hostname: cfg.hostname.clone(),
         ipv6,
         gso,
         gso_quic,
         protocol: Some(Protocol::ours(capabilities)),
-        stamp: None,
         cert: cfg.certificate.as_ref().map(weft_core::cert::Certificate::to_bytes),
-        join: None,
-        issued: None,
-        join_refused: None,
-        secrets: Vec::new(),
+        ..Hello::new(cfg.cipher, cfg.ipv4.addr, cfg.ipv4.prefix, cfg.hostname.clone())
     };
     let config = Config {
         handshake: Params { local: key, psk, network_name: cfg.network_name.clone(), hello },

@@ -1,0 +1,135 @@
+//! The network secret (and the next one while it rotates) and the authority's revocations.
+
+use super::*;
+
+/// What the network's authority and secrets have handed this node.
+#[derive(Default)]
+pub(crate) struct Trust {
+    /// Members the network's authority revoked.
+    pub(crate) revocations: crate::authority::Revocations,
+    /// `--authority-key`: this member issues certificates to machines with an invite.
+    pub(crate) issuer: Option<crate::issuer::Issuer>,
+    /// `network-secret-next`: the PSK of the secret accepted beside the current one
+    /// (`cfg.handshake.psk`) while the network secret rotates.
+    pub(crate) secret_next: Option<weft_core::handshake::Psk>,
+    /// The newest signed access policy this node holds (version, encoded).
+    pub(crate) policy: Option<(u64, Vec<u8>)>,
+}
+
+impl Node {
+    /// Takes a revocation signed by the network's authority (from `weft revoke add` or
+    /// a member): a new one closes the revoked member's sessions, refuses it from now
+    /// on, goes to every member we have a session with, and is kept in the state
+    /// directory ([`Action::SaveRevocations`]). Returns whether it was new.
+    pub fn revoke(&mut self, now: Instant, r: weft_core::cert::Revocation) -> Result<bool, String> {
+        let new = self.take_revocation(now, r)?;
+        // Published at once: the revoked member's sessions leave the data path now,
+        // not at the next timer.
+        self.finish_step(now);
+        Ok(new)
+    }
+
+    /// [`Node::revoke`] within a step (a revocation a member passed on).
+    pub(crate) fn take_revocation(&mut self, now: Instant, r: weft_core::cert::Revocation) -> Result<bool, String> {
+        let key = PeerKey(r.node);
+        if !self.trust.revocations.add(r, &self.cfg.authorities)? {
+            return Ok(false);
+        }
+        warn!(node = %key.id(), "member revoked by the network's authority: its sessions close, it is refused from now on");
+        if self.peers.get(&key).is_some() {
+            self.close_sessions(now, key, "revoked by the network's authority");
+        }
+        // Its record goes too: no route leads to it or its subnets any more.
+        if self.mesh.topology.get(&key.id()).is_some() {
+            self.mesh.topology.remove(&key.id());
+            self.mesh.paths_changed(now);
+        }
+        self.pending.init.retain(|_, p| p.target != Target::Peer(key));
+        self.pending.held.retain(|_, h| h.key != key);
+        let up: Vec<PeerKey> = self.peers.values().filter(|p| p.is_up()).map(|p| p.key).collect();
+        for k in up {
+            self.send_revocations(now, k);
+        }
+        self.actions.push_back(Action::SaveRevocations(self.trust.revocations.list().to_vec()));
+        self.published.routes_dirty = true;
+        Ok(true)
+    }
+
+    /// The network secrets: `current` (what this node uses with peers that do not
+    /// accept `next`) and `next`, accepted beside it and used with every peer that
+    /// accepts it too, while the secret rotates. Applies to handshakes from now on;
+    /// sessions up keep their keys until their next rekey.
+    pub fn set_secrets(&mut self, current: weft_core::handshake::Psk, next: Option<weft_core::handshake::Psk>) {
+        self.gate.macs.set(&current, next.as_ref());
+        let hello = &mut self.cfg.handshake.hello;
+        hello.secrets = std::iter::once(current.fingerprint()).chain(next.as_ref().map(|n| n.fingerprint())).collect();
+        self.cfg.handshake.psk = current;
+        self.trust.secret_next = next;
+    }
+
+    /// The handshake parameters of secret `which` (the next secret's are a copy with
+    /// its PSK, made only while the secret rotates).
+    pub(super) fn params(&self, which: Which) -> std::borrow::Cow<'_, Params> {
+        match (which, &self.trust.secret_next) {
+            (Which::Next, Some(next)) => {
+                std::borrow::Cow::Owned(Params { psk: next.clone(), ..self.cfg.handshake.clone() })
+            }
+            _ => std::borrow::Cow::Borrowed(&self.cfg.handshake),
+        }
+    }
+
+    /// Whether this node has a next secret (`network-secret-next`).
+    pub fn has_next_secret(&self) -> bool {
+        self.trust.secret_next.is_some()
+    }
+
+    /// Which secret a handshake to `target` uses: the next one when the peer's hello
+    /// says it accepts it; the current one when it says it accepts that; else (a
+    /// first contact, or a peer of a release that does not say) the current one
+    /// first and each other attempt the next one.
+    pub(super) fn secret_for(&self, target: Target) -> Which {
+        let Some(next) = &self.trust.secret_next else { return Which::Current };
+        let (hello, failures) = match target {
+            Target::Peer(k) => match self.peers.get(&k) {
+                Some(p) => (Some(&p.hello), p.driver.failures),
+                None => (None, 0),
+            },
+            Target::Dial(i) => {
+                let d = self.dials.slots.get(&i);
+                let known = d.and_then(|d| d.key).and_then(|k| self.peers.get(&k));
+                (known.map(|p| &p.hello), d.map_or(0, |d| d.driver.failures))
+            }
+        };
+        let says = hello.map(|h| h.secrets.as_slice()).unwrap_or_default();
+        if says.contains(&next.fingerprint()) {
+            Which::Next
+        } else if says.contains(&self.cfg.handshake.psk.fingerprint()) || failures % 2 == 0 {
+            Which::Current
+        } else {
+            Which::Next
+        }
+    }
+
+    /// The revocations this node keeps, oldest first.
+    pub fn revocations(&self) -> &[weft_core::cert::Revocation] {
+        self.trust.revocations.list()
+    }
+
+    /// Sends member `key` the revocations it was not sent on its current session (if
+    /// its hello says it takes them).
+    pub(crate) fn send_revocations(&mut self, now: Instant, key: PeerKey) {
+        let total = self.trust.revocations.list().len();
+        let Some(p) = self.peers.get(&key) else { return };
+        if p.revocations_sent >= total || !p.is_up() || p.hello.protocol().caps & caps::REVOCATIONS == 0 {
+            return;
+        }
+        let from = p.revocations_sent;
+        for i in from..total {
+            let msg = crate::mesh::Msg::Revocation(Box::new(self.trust.revocations.list()[i].clone()));
+            self.send_msg(&key, &msg, now);
+        }
+        if let Some(p) = self.peers.get_mut(&key) {
+            p.revocations_sent = total;
+        }
+    }
+}
