@@ -7,17 +7,15 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use weft_core::cert::{AuthorityKey, CertBody, Certificate, Prefix, Revocation};
+use weft_core::cert::{AuthorityKey, CertBody, Prefix, Revocation};
 
 use crate::config::args::{AuthorityInviteArgs, AuthorityRevokeArgs, AuthoritySignArgs, CertShowArgs};
+use crate::config::membership::read_cert;
 use crate::config::values::PeerUri;
 use crate::config::values::{IpNet, Ipv4Net, UsageError};
-use crate::daemon::state::hex;
+use crate::daemon::state::{KEY_HEADER, hex, load_key};
 use rand::RngCore;
 use weft_core::invite::{INVITE_PREFIX, InviteBody, Token};
-
-/// First line of an authority key file: its format.
-const KEY_HEADER: &str = "weft-authority-key 1";
 
 /// `weft authority init --out FILE`.
 pub(crate) fn init(out: &Path) -> Result<()> {
@@ -45,28 +43,6 @@ pub(crate) fn init(out: &Path) -> Result<()> {
         key.id()
     );
     Ok(())
-}
-
-/// Reads an authority key file (refusing one that others may read).
-pub(crate) fn load_key(path: &Path) -> Result<AuthorityKey> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| UsageError(format!("cannot read the authority key {}: {e}", path.display())))?;
-    crate::config::values::check_private(path, "authority key", "")?;
-    let mut lines = text.lines().map(str::trim);
-    let bad = |why: &str| UsageError(format!("{} is not an authority key ({why})", path.display()));
-    match lines.next() {
-        Some(KEY_HEADER) => {}
-        Some(h) if h.starts_with("weft-authority-key ") => {
-            return Err(bad(&format!("format {:?}, newer than this weft reads: upgrade weft", &h[19..])).into());
-        }
-        _ => return Err(bad(&format!("its first line is not {KEY_HEADER:?}")).into()),
-    }
-    let seed = lines
-        .next()
-        .and_then(|l| l.strip_prefix("ed25519 "))
-        .and_then(|h| unhex32(h.trim()))
-        .ok_or_else(|| bad("expected \"ed25519 <64 hex digits>\" on its second line"))?;
-    Ok(AuthorityKey::from_seed(seed))
 }
 
 /// Parses a node id: 64 hex digits (the node's static public key).
@@ -259,18 +235,6 @@ pub(crate) fn id(state_dir: Option<&Path>) -> Result<()> {
     let key = crate::daemon::state::load_or_create_key(&dir)?;
     println!("{}", hex(&key.public));
     Ok(())
-}
-
-/// A certificate given as text or as a file holding it.
-pub(crate) fn read_cert(arg: &str) -> Result<Certificate> {
-    let text = if arg.trim_start().starts_with(weft_core::cert::CERT_PREFIX) {
-        arg.to_owned()
-    } else {
-        std::fs::read_to_string(arg).map_err(|e| {
-            UsageError(format!("{arg:?} is neither a certificate (weft-cert:...) nor a file that can be read: {e}"))
-        })?
-    };
-    Certificate::from_text(&text).map_err(|e| UsageError(format!("invalid certificate: {e}")).into())
 }
 
 /// A revocation given as text or as a file holding it, checked to parse.

@@ -25,7 +25,7 @@ pub fn default_control() -> PathBuf {
 
 /// Where a non-root node without `XDG_RUNTIME_DIR` (or `HOME`) keeps its socket and
 /// state: `/tmp/weft-UID`. Anyone may create that name first in `/tmp`, so a node
-/// uses it only if it is a directory of its own, mode 0700 ([`crate::daemon::state::private_dir`]).
+/// uses it only if it is a directory of its own, mode 0700 (`daemon::state::private_dir` checks it).
 pub fn fallback_dir() -> PathBuf {
     PathBuf::from(format!("/tmp/weft-{}", crate::control::access::own_uid()))
 }

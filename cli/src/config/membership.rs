@@ -36,7 +36,7 @@ pub(super) fn authority(
     if authorities.is_empty() {
         return usage("--certificate needs --authority: the public key of the authority that signed it");
     }
-    let cert = crate::commands::authority::read_cert(&c).map_err(|e| UsageError(format!("--certificate: {e:#}")))?;
+    let cert = read_cert(&c).map_err(|e| UsageError(format!("--certificate: {e:#}")))?;
     let b = cert.body();
     if !authorities.contains(&b.authority) {
         return usage(format!("--certificate was signed by {}, which is not among --authority", b.authority));
@@ -118,4 +118,16 @@ pub(super) fn offers_within_certificate(
         );
     }
     Ok(())
+}
+
+/// A certificate given as text or as a file holding it.
+pub(crate) fn read_cert(arg: &str) -> anyhow::Result<weft_core::cert::Certificate> {
+    let text = if arg.trim_start().starts_with(weft_core::cert::CERT_PREFIX) {
+        arg.to_owned()
+    } else {
+        std::fs::read_to_string(arg).map_err(|e| {
+            UsageError(format!("{arg:?} is neither a certificate (weft-cert:...) nor a file that can be read: {e}"))
+        })?
+    };
+    weft_core::cert::Certificate::from_text(&text).map_err(|e| UsageError(format!("invalid certificate: {e}")).into())
 }

@@ -16,7 +16,10 @@ use crate::config::values::{
 };
 
 pub mod args;
-mod membership;
+pub mod domain;
+pub mod membership;
+pub mod policy;
+pub mod portal;
 pub mod secret;
 pub mod values;
 
@@ -192,7 +195,7 @@ pub struct NodeConfig {
     /// certificates to machines with an invite.
     pub authority_key: Option<PathBuf>,
     /// `policy`: the access policy file, read and checked.
-    pub policy: Option<crate::services::policy::Loaded>,
+    pub policy: Option<policy::Loaded>,
     /// Offloads wanted (each is probed at start-up and may still be refused).
     pub offload: OffloadWanted,
     /// Pin pipeline threads to cores.
@@ -211,7 +214,7 @@ pub struct NodeConfig {
     /// Rekey interval.
     pub rekey_after: std::time::Duration,
     /// `--wg-portal`: a WireGuard endpoint for stock clients.
-    pub wg_portal: Option<crate::services::portal::PortalConfig>,
+    pub wg_portal: Option<portal::PortalConfig>,
     /// `log-level` of the config file (the flag, WEFT_LOG_LEVEL and RUST_LOG win).
     pub log_level: Option<String>,
     /// `log-format` of the config file (the flag and WEFT_LOG_FORMAT win).
@@ -251,22 +254,7 @@ impl NodeConfig {
         };
         let file = &mut file;
         let (network_name, secret) = network(args, file)?;
-        let network_secret_next = match args.network_secret_next.clone().or_else(|| file.network_secret_next.take()) {
-            Some(n) if n.0.is_empty() => return usage("invalid network-secret-next: it is empty"),
-            Some(n) if n == secret => None,
-            n => n,
-        };
-        let (authorities, certificate) = membership::authority(args, file)?;
-        let authority_key = args.authority_key.clone().or_else(|| file.authority_key.take());
-        let policy = match args.policy.clone().or_else(|| file.policy.take()) {
-            Some(p) => Some(crate::services::policy::Loaded::read(&p)?),
-            None => None,
-        };
-        if authority_key.is_some() && certificate.is_none() {
-            return usage(
-                "--authority-key (issuing certificates for invites) needs --authority and this node's own --certificate",
-            );
-        }
+        let (network_secret_next, authorities, certificate, authority_key, policy) = trust(args, file, &secret)?;
         let (ipv4, dhcp, ipv6) = addresses(args, file)?;
         let (listeners, tls, max_connections) = listening(args, file)?;
         let peer_uris = if args.peer.is_empty() { std::mem::take(&mut file.peer) } else { args.peer.clone() };
@@ -298,26 +286,18 @@ impl NodeConfig {
         }
         let dns_domain = magic_dns(args, file, &network_name)?;
         let (no_tun, socks5, socks5_auth, forwards, exposes) = userspace(args, file)?;
-        if no_tun {
-            let tun_only = [
-                ("--dev-name", dev_name_given),
-                ("--proxy-network", !proxy_networks.is_empty()),
-                ("--exit-node", exit_node),
-                ("--use-exit-node", use_exit.is_some()),
-                ("--wg-portal", wg_portal.is_some()),
-                ("--accept-dns", args.accept_dns || file.accept_dns == Some(true)),
-                ("--pin", args.pin || file.pin == Some(true)),
-            ];
-            if let Some((flag, _)) = tun_only.iter().find(|(_, set)| *set) {
-                return usage(format!("{flag} needs a TUN device, which --no-tun leaves out"));
-            }
-        } else if let Some(flag) =
-            [("--socks5", socks5.is_some()), ("--forward", !forwards.is_empty()), ("--expose", !exposes.is_empty())]
-                .iter()
-                .find_map(|(f, set)| set.then_some(f))
-        {
-            return usage(format!("{flag} needs --no-tun (with a TUN device, local programs reach the mesh directly)"));
-        }
+        let tun_only = [
+            ("--dev-name", dev_name_given),
+            ("--proxy-network", !proxy_networks.is_empty()),
+            ("--exit-node", exit_node),
+            ("--use-exit-node", use_exit.is_some()),
+            ("--wg-portal", wg_portal.is_some()),
+            ("--accept-dns", args.accept_dns || file.accept_dns == Some(true)),
+            ("--pin", args.pin || file.pin == Some(true)),
+        ];
+        let userspace_only =
+            [("--socks5", socks5.is_some()), ("--forward", !forwards.is_empty()), ("--expose", !exposes.is_empty())];
+        tun_or_not(no_tun, &tun_only, &userspace_only)?;
 
         // One pipeline feeds the userspace stack (it is one thread itself).
         let threads = if no_tun { 1 } else { threads };
@@ -368,6 +348,55 @@ impl NodeConfig {
             accept_dns: args.accept_dns || file.accept_dns.unwrap_or(false),
         })
     }
+}
+
+/// The next network secret, the authorities, this node's certificate, the issuer's key
+/// and the access policy, with what they need of each other.
+#[allow(clippy::type_complexity)]
+fn trust(
+    args: &UpArgs,
+    file: &mut FileConfig,
+    secret: &Secret,
+) -> Result<
+    (
+        Option<Secret>,
+        Vec<weft_core::cert::AuthorityId>,
+        Option<weft_core::cert::Certificate>,
+        Option<PathBuf>,
+        Option<policy::Loaded>,
+    ),
+    UsageError,
+> {
+    let next = match args.network_secret_next.clone().or_else(|| file.network_secret_next.take()) {
+        Some(n) if n.0.is_empty() => return usage("invalid network-secret-next: it is empty"),
+        Some(n) if n == *secret => None,
+        n => n,
+    };
+    let (authorities, certificate) = membership::authority(args, file)?;
+    let authority_key = args.authority_key.clone().or_else(|| file.authority_key.take());
+    let policy = match args.policy.clone().or_else(|| file.policy.take()) {
+        Some(p) => Some(policy::Loaded::read(&p)?),
+        None => None,
+    };
+    if authority_key.is_some() && certificate.is_none() {
+        return usage(
+            "--authority-key (issuing certificates for invites) needs --authority and this node's own --certificate",
+        );
+    }
+    Ok((next, authorities, certificate, authority_key, policy))
+}
+
+/// Refuses a TUN-only flag with `--no-tun`, and a userspace-only one without it
+/// (each list: the flag, and whether it was given).
+fn tun_or_not(no_tun: bool, tun_only: &[(&str, bool)], userspace_only: &[(&str, bool)]) -> Result<(), UsageError> {
+    if no_tun {
+        if let Some((flag, _)) = tun_only.iter().find(|(_, set)| *set) {
+            return usage(format!("{flag} needs a TUN device, which --no-tun leaves out"));
+        }
+    } else if let Some((flag, _)) = userspace_only.iter().find(|(_, set)| *set) {
+        return usage(format!("{flag} needs --no-tun (with a TUN device, local programs reach the mesh directly)"));
+    }
+    Ok(())
 }
 
 /// Which offloads the user allows (all on unless switched off).
@@ -512,7 +541,7 @@ fn subnets_and_portal(
     ipv4: Ipv4Net,
     ipv6: Ipv6Overlay,
     listeners: &[Endpoint],
-) -> Result<(Vec<IpNet>, Option<crate::services::portal::PortalConfig>), UsageError> {
+) -> Result<(Vec<IpNet>, Option<portal::PortalConfig>), UsageError> {
     let proxy_networks =
         proxy_networks(if args.proxy_network.is_empty() { &file.proxy_network } else { &args.proxy_network })?;
     // (IPv4 subnets that overlap the overlay are refused by every member that
@@ -528,7 +557,7 @@ fn subnets_and_portal(
     let portal_net = args.wg_portal_net.clone().or_else(|| file.wg_portal_net.take());
     let portal_endpoint = args.wg_portal_endpoint.clone().or_else(|| file.wg_portal_endpoint.take());
     let wg_portal = match args.wg_portal.clone().or_else(|| file.wg_portal.take()) {
-        Some(listen) => Some(crate::services::portal::PortalConfig::parse(
+        Some(listen) => Some(portal::PortalConfig::parse(
             &listen,
             portal_net.as_deref(),
             portal_endpoint.as_deref(),
@@ -599,8 +628,8 @@ fn magic_dns(args: &UpArgs, file: &mut FileConfig, network_name: &str) -> Result
         None
     } else {
         match args.dns_domain.clone().or_else(|| file.dns_domain.take()) {
-            Some(d) => Some(crate::services::dns::parse_domain(&d).map_err(UsageError)?),
-            None => Some(crate::services::dns::default_domain(network_name)),
+            Some(d) => Some(domain::parse_domain(&d).map_err(UsageError)?),
+            None => Some(domain::default_domain(network_name)),
         }
     };
     Ok(dns_domain)

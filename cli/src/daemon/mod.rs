@@ -81,17 +81,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
     let metrics = cfg.metrics.map(start::bind_metrics).transpose()?;
     let epoch = Instant::now();
     let firewall: Arc<weft_core::firewall::Firewall> = Default::default();
-    let portal = match &cfg.wg_portal {
-        Some(p) => Some(crate::services::portal::Portal::start(
-            p,
-            &cfg.state_dir,
-            &cfg.dev_name,
-            cfg.mtu,
-            firewall.clone(),
-            epoch,
-        )?),
-        None => None,
-    };
+    let portal = start::portal(&cfg, &firewall, epoch)?;
     let (psk, next_psk) = psks(&cfg);
     let (ctl_tx, ctl_rx) = mpsc::channel(CONTROL_QUEUE);
     let (hs_tx, hs_rx) = mpsc::channel(HANDSHAKE_QUEUE);
@@ -110,13 +100,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
     // beacon key all come from it.
     let beacon_key = crate::services::discovery::beacon_key(&psk.subkey(crate::services::discovery::KEY_LABEL));
     let mut engine = start::engine(&cfg, key, psk.clone(), ipv6, &dial, epoch)?;
-    if next_psk.is_some() {
-        info!("network-secret-next is set: the next secret is accepted beside the current one");
-    }
-    // One set of handshake MAC keys for the engine, the pipelines and the transports:
-    // a rotation changes it for all of them.
-    engine.share_mac_keys(shared.macs.clone());
-    engine.set_secrets(psk, next_psk);
+    start::secrets(&mut engine, &shared, psk, next_psk);
     info!(node_id = %engine.id(), addr = %cfg.ipv4, cipher = %cfg.cipher, threads = cfg.threads, "node starting");
 
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -174,11 +158,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
         exit_name_warned: false,
         userspace,
     };
-    let policy = runtime.cfg.policy.clone();
-    if let Some(p) = &policy {
-        info!(policy = %p.path.display(), version = %p.version, rules = p.policy.rules.len(), "access policy in force: default deny");
-    }
-    runtime.apply_policy(policy).map_err(crate::config::values::UsageError)?;
+    start::policy(&mut runtime)?;
     runtime.update_portal();
     let result = rt.block_on(runtime.serve(ctl_rx, hs_rx, sink, down_rx, metrics));
     // Pipeline threads block in TUN reads; the process exit ends them.

@@ -18,7 +18,6 @@ use crate::control::server::Requests;
 use crate::host::interfaces::local_endpoints;
 use crate::host::net::enable_forwarding;
 use crate::services::discovery::Discovery;
-use crate::services::metrics::server as metrics;
 use std::net::SocketAddr;
 
 /// What applying one subsystem's new settings did: lines for the reply.
@@ -454,7 +453,7 @@ impl Runtime {
                 if let Some(old) = metrics.take() {
                     old.abort();
                 }
-                *metrics = l.map(|l| tokio::spawn(metrics::serve(l, req_tx.clone(), || Ask::Status)));
+                *metrics = l.map(|l| super::runtime::spawn_metrics(l, req_tx));
                 self.cfg.metrics = addr;
                 out.done(addr.map_or_else(|| "metrics off".into(), |a| format!("metrics on {a}")));
             }

@@ -363,24 +363,11 @@ impl Runtime {
     ) -> Result<()> {
         let (req_tx, mut requests) = mpsc::channel::<(Ask, oneshot::Sender<Reply>)>(16);
         let accept = self.serve_control(&req_tx)?;
-        let mut metrics = match metrics {
-            Some(l) => {
-                Some(tokio::spawn(metrics::serve(tokio::net::TcpListener::from_std(l)?, req_tx.clone(), || {
-                    Ask::Status
-                })))
-            }
-            None => None,
-        };
+        let metrics = metrics.map(tokio::net::TcpListener::from_std).transpose()?;
+        let mut metrics = metrics.map(|l| spawn_metrics(l, &req_tx));
         let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         let mut sighup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
-        self.engine.handle_timeout(Instant::now());
-        self.drain();
-        let mut discovery = if self.cfg.lan_discovery { Some(self.discovery()?) } else { None };
-        self.start_dns(true);
-        if let Some(u) = &mut self.userspace {
-            u.start()?;
-        }
-        self.refresh_userspace();
+        let mut discovery = self.begin()?;
         let mut dns_timer = tokio::time::interval(Duration::from_secs(1));
         let mut beacon_timer = tokio::time::interval(Duration::from_secs(5));
         // Interfaces come and go: members' subnets are checked against the networks
@@ -423,13 +410,7 @@ impl Runtime {
                         d.announce().await;
                     }
                 }
-                _ = nets_timer.tick() => {
-                    self.engine.set_local_networks(local_networks(&self.cfg.dev_name));
-                    self.check_exit_name();
-                    self.check_certificate_expiry();
-                    self.engine.expire_members(Instant::now());
-                    self.shared.firewall.expire(clock_ms(self.shared.epoch));
-                }
+                _ = nets_timer.tick() => self.every_ten_seconds(),
                 _ = dns_timer.tick() => {
                     self.refresh_policy();
                     self.refresh_userspace();
@@ -461,6 +442,30 @@ impl Runtime {
         }
         self.shut_down().await;
         Ok(())
+    }
+
+    /// What runs once before the loop: the engine's first step, LAN discovery (when
+    /// on), Magic DNS and the userspace stack.
+    fn begin(&mut self) -> Result<Option<Discovery>> {
+        self.engine.handle_timeout(Instant::now());
+        self.drain();
+        let discovery = if self.cfg.lan_discovery { Some(self.discovery()?) } else { None };
+        self.start_dns(true);
+        if let Some(u) = &mut self.userspace {
+            u.start()?;
+        }
+        self.refresh_userspace();
+        Ok(discovery)
+    }
+
+    /// The slow checks: the host's networks, the exit's name, this node's certificate,
+    /// members' certificates and the firewall's idle flows.
+    fn every_ten_seconds(&mut self) {
+        self.engine.set_local_networks(local_networks(&self.cfg.dev_name));
+        self.check_exit_name();
+        self.check_certificate_expiry();
+        self.engine.expire_members(Instant::now());
+        self.shared.firewall.expire(clock_ms(self.shared.epoch));
     }
 
     /// Binds the control socket and serves it on a task of its own.
@@ -732,4 +737,10 @@ impl Runtime {
             );
         }
     }
+}
+
+/// Serves `/metrics` on `listener` (status asked through the control loop), at start
+/// and when a reload turns it on or moves it.
+pub(super) fn spawn_metrics(listener: tokio::net::TcpListener, req_tx: &Requests<Ask>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(metrics::serve(listener, req_tx.clone(), || Ask::Status))
 }

@@ -337,7 +337,7 @@ pub(super) fn engine(
     };
     let mut node = Node::new(config, Box::new(rand::rngs::StdRng::from_entropy()));
     if let Some(path) = &cfg.authority_key {
-        let key = crate::commands::authority::load_key(path)?;
+        let key = state::load_key(path)?;
         if !cfg.authorities.contains(&key.id()) {
             return Err(UsageError(format!(
                 "--authority-key {} holds the key of {}, which is not among --authority",
@@ -372,6 +372,40 @@ pub(super) fn engine(
         }
     }
     Ok(node)
+}
+
+/// The WireGuard portal (`--wg-portal`): its device, keys and clients, behind the
+/// access policy's firewall.
+pub(super) fn portal(
+    cfg: &NodeConfig,
+    firewall: &Arc<weft_core::firewall::Firewall>,
+    epoch: std::time::Instant,
+) -> Result<Option<crate::services::portal::Portal>> {
+    let Some(p) = &cfg.wg_portal else { return Ok(None) };
+    let portal =
+        crate::services::portal::Portal::start(p, &cfg.state_dir, &cfg.dev_name, cfg.mtu, firewall.clone(), epoch)?;
+    Ok(Some(portal))
+}
+
+/// The network secrets in force: one set of handshake MAC keys for the engine, the
+/// pipelines and the transports (a rotation changes it for all of them), and the next
+/// secret beside the current one while it rotates.
+pub(super) fn secrets(engine: &mut Node, shared: &Shared, psk: Psk, next: Option<Psk>) {
+    if next.is_some() {
+        info!("network-secret-next is set: the next secret is accepted beside the current one");
+    }
+    engine.share_mac_keys(shared.macs.clone());
+    engine.set_secrets(psk, next);
+}
+
+/// The access policy file (`--policy`), in force from the first packet: default deny.
+pub(super) fn policy(runtime: &mut super::runtime::Runtime) -> Result<()> {
+    let policy = runtime.cfg.policy.clone();
+    if let Some(p) = &policy {
+        info!(policy = %p.path.display(), version = %p.version, rules = p.policy.rules.len(), "access policy in force: default deny");
+    }
+    runtime.apply_policy(policy).map_err(UsageError)?;
+    Ok(())
 }
 
 /// Binds every listener; a port in use is fatal, like the UDP one (already bound).

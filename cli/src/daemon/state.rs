@@ -170,6 +170,31 @@ fn parse_key(text: &str) -> Result<Option<StaticKey>, KeyFileError> {
     }
 }
 
+/// First line of an authority key file: its format.
+pub(crate) const KEY_HEADER: &str = "weft-authority-key 1";
+
+/// Reads an authority key file (refusing one that others may read).
+pub(crate) fn load_key(path: &Path) -> Result<weft_core::cert::AuthorityKey> {
+    let text = fs::read_to_string(path)
+        .map_err(|e| UsageError(format!("cannot read the authority key {}: {e}", path.display())))?;
+    crate::config::values::check_private(path, "authority key", "")?;
+    let mut lines = text.lines().map(str::trim);
+    let bad = |why: &str| UsageError(format!("{} is not an authority key ({why})", path.display()));
+    match lines.next() {
+        Some(KEY_HEADER) => {}
+        Some(h) if h.starts_with("weft-authority-key ") => {
+            return Err(bad(&format!("format {:?}, newer than this weft reads: upgrade weft", &h[19..])).into());
+        }
+        _ => return Err(bad(&format!("its first line is not {KEY_HEADER:?}")).into()),
+    }
+    let seed = lines
+        .next()
+        .and_then(|l| l.strip_prefix("ed25519 "))
+        .and_then(|h| unhex(h.trim()).ok()?.try_into().ok())
+        .ok_or_else(|| bad("expected \"ed25519 <64 hex digits>\" on its second line"))?;
+    Ok(weft_core::cert::AuthorityKey::from_seed(seed))
+}
+
 pub(crate) fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }

@@ -96,17 +96,17 @@ impl NetConfig {
                 match job {
                     NetJob::Routes { mut wanted, own } => {
                         // An exit's /0 is never a main-table route: policy routing
-                        // (crate::services::exit) carries the default route.
+                        // (super::exit_route) carries the default route.
                         wanted.retain(|s| s.1 != 0);
                         kernel_routes = install_routes(&dev, &kernel_routes, wanted, &own)
                     }
                     NetJob::ExitRoute(true) => {
-                        crate::services::exit::unroute();
-                        if let Err(e) = crate::services::exit::route_through(&dev, ipv6) {
+                        super::exit_route::unroute();
+                        if let Err(e) = super::exit_route::route_through(&dev, ipv6) {
                             warn!(error = %e, "cannot route through the exit node");
                         }
                     }
-                    NetJob::ExitRoute(false) => crate::services::exit::unroute(),
+                    NetJob::ExitRoute(false) => super::exit_route::unroute(),
                     NetJob::Address { old, new, prefix } => {
                         // Delete first: removing a primary address also removes the
                         // secondaries of its subnet (promote_secondaries is off by default).
