@@ -216,12 +216,12 @@ pub struct PeerRow {
 impl PeerRow {
     /// Builds the row of `p` with its rate from `history`.
     pub fn new(p: &PeerJson, history: &History) -> Self {
-        let path = match p.path.as_str() {
-            "relay" => {
+        let path = match p.path {
+            PathKind::Relay => {
                 let via = p.via_hostname.as_deref().or(p.via.as_deref()).unwrap_or("?");
                 format!("relay via {via}")
             }
-            other => other.to_owned(),
+            other => other.as_str().to_owned(),
         };
         Self {
             node_id: p.node_id.clone(),
@@ -519,6 +519,28 @@ impl MeshMap {
     }
 }
 
+/// Whether a portal client has a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientState {
+    /// A handshake in the last 3 minutes (WireGuard rekeys every 2 while traffic flows).
+    Active,
+    /// Connected once, quiet since.
+    Idle,
+    /// Never connected.
+    Never,
+}
+
+impl ClientState {
+    /// In words, as the table shows it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Active => "active",
+            Self::Idle => "idle",
+            Self::Never => "never connected",
+        }
+    }
+}
+
 /// One client of the node's WireGuard portal.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PortalRow {
@@ -528,9 +550,8 @@ pub struct PortalRow {
     pub address: String,
     /// Where it last sent from, or `-`.
     pub endpoint: String,
-    /// `active` (a handshake in the last 3 minutes: WireGuard rekeys every 2 while
-    /// traffic flows), `idle`, or `never connected`.
-    pub state: &'static str,
+    /// Whether it has a session now.
+    pub state: ClientState,
     /// `12s ago`, or `never`.
     pub handshake: String,
     /// `received / sent`, in the window's byte units.
@@ -544,9 +565,9 @@ impl PortalRow {
     /// The row of `c`.
     pub fn new(c: &PortalClientJson) -> Self {
         let state = match c.last_handshake_secs {
-            None => "never connected",
-            Some(s) if s <= Self::ACTIVE_SECS => "active",
-            Some(_) => "idle",
+            None => ClientState::Never,
+            Some(s) if s <= Self::ACTIVE_SECS => ClientState::Active,
+            Some(_) => ClientState::Idle,
         };
         Self {
             name: c.name.clone(),

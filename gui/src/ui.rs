@@ -15,8 +15,8 @@ use weft_control::{ExitState, Request, StatusJson};
 
 use crate::client::{Client, Link, Outcome, POLL_INTERVAL};
 use crate::model::{
-    EdgeKind, HISTORY, Health, MeshMap, PeerColumn, PeerRow, PortalRow, Rate, RouteRow, Series, Sort, format_duration,
-    format_rate, format_rate_in, unit_for,
+    ClientState, EdgeKind, HISTORY, Health, MeshMap, PeerColumn, PeerRow, PortalRow, Rate, RouteRow, Series, Sort,
+    format_duration, format_rate, format_rate_in, unit_for,
 };
 
 /// The whole window's contents and the choices the user made in it.
@@ -572,9 +572,10 @@ fn portal_table(ui: &mut Ui, portal: &weft_control::PortalJson, rows: &[PortalRo
         .body(|mut body| {
             for r in rows {
                 body.row(row_height, |mut row| {
-                    let active = r.state == "active";
-                    for (i, text) in
-                        [&r.name, &r.address, r.state, &r.endpoint, &r.handshake, &r.traffic].into_iter().enumerate()
+                    let active = r.state == ClientState::Active;
+                    for (i, text) in [&r.name, &r.address, r.state.as_str(), &r.endpoint, &r.handshake, &r.traffic]
+                        .into_iter()
+                        .enumerate()
                     {
                         row.col(|ui| {
                             let t = RichText::new(text);

@@ -119,7 +119,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
     let portal_dev = cfg.wg_portal.as_ref().map(|_| crate::services::portal::device_name(&cfg.dev_name));
     engine.set_endpoints(local_endpoints(&bound, cfg.ipv4.addr, &cfg.dev_name, portal_dev.as_deref()));
     let netcfg = if cfg.no_tun { NetConfig::none() } else { NetConfig::spawn(cfg.dev_name.clone(), ipv6.is_some())? };
-    let names_writer = state::NamesWriter::spawn(cfg.state_dir.clone())?;
+    let state_writer = state::StateWriter::spawn(cfg.state_dir.clone())?;
     let userspace = match devices.stack {
         Some(stack) => Some(start::userspace(&cfg, stack, &shared)?),
         None => None,
@@ -138,7 +138,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
         pipelines: data.stats,
         drops: DropCounters::default(),
         netcfg,
-        names_writer,
+        state_writer,
         expiry_warned: None,
         policy: Default::default(),
         connector,

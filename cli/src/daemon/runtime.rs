@@ -71,7 +71,7 @@ pub(super) struct Runtime {
     /// Kernel routes and addresses, changed on a thread of their own.
     pub(super) netcfg: NetConfig,
     /// Keeps the engine's name bindings and exit pin in the state directory.
-    pub(super) names_writer: state::NamesWriter,
+    pub(super) state_writer: state::StateWriter,
     /// The last "certificate expires in" warning given (its threshold, seconds).
     pub(super) expiry_warned: Option<u64>,
     /// The access policy in force and the members it was compiled against.
@@ -538,9 +538,9 @@ impl Runtime {
                     }
                 }
                 Action::Send { to, bytes } => self.connector.send(to, &bytes),
-                Action::SaveNames(names) => self.names_writer.save(names),
-                Action::SaveRevocations(list) => self.names_writer.save_revocations(list),
-                Action::SaveIssued(list) => self.names_writer.save_issued(list),
+                Action::SaveNames(names) => self.state_writer.save(names),
+                Action::SaveRevocations(list) => self.state_writer.save_revocations(list),
+                Action::SaveIssued(list) => self.state_writer.save_issued(list),
                 Action::PolicyChanged(bytes) => self.signed_policy(&bytes),
             }
         }
@@ -679,10 +679,8 @@ impl Runtime {
         match self.apply_policy(Some(loaded)) {
             Ok(()) => {
                 info!(version, rules, "access policy signed by the authority in force");
-                if let Ok(p) = weft_core::policy::SignedPolicy::from_bytes(bytes)
-                    && let Err(e) = state::save_policy(&self.cfg.state_dir, &p.to_text())
-                {
-                    warn!("cannot keep the signed policy: {e:#}");
+                if let Ok(p) = weft_core::policy::SignedPolicy::from_bytes(bytes) {
+                    self.state_writer.save_policy(p.to_text());
                 }
             }
             Err(e) => warn!("{e}: the policy in force stays"),

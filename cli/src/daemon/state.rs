@@ -300,27 +300,29 @@ enum Job {
     Names(weft_peers::Names),
     Revocations(Vec<Revocation>),
     Issued(Vec<weft_peers::Issued>),
+    Policy(String),
 }
 
-/// The thread that writes the name bindings, the exit pin and the revocations to the
-/// state directory, the latest of each that is queued, so the control loop never
-/// waits for a disk.
-pub struct NamesWriter {
+/// The thread that writes the name bindings, the exit pin, the revocations, the
+/// issuer's ledger and the signed policy to the state directory, the latest of each
+/// that is queued, so the control loop never waits for a disk.
+pub struct StateWriter {
     tx: std::sync::mpsc::Sender<Job>,
 }
 
-impl NamesWriter {
+impl StateWriter {
     /// Starts the thread for state directory `dir`.
     pub fn spawn(dir: std::path::PathBuf) -> std::io::Result<Self> {
         let (tx, rx) = std::sync::mpsc::channel::<Job>();
         std::thread::Builder::new().name("weft-state".into()).spawn(move || {
             while let Ok(job) = rx.recv() {
-                let (mut names, mut revocations, mut issued) = (None, None, None);
+                let (mut names, mut revocations, mut issued, mut policy) = (None, None, None, None);
                 for job in std::iter::once(job).chain(rx.try_iter()) {
                     match job {
                         Job::Names(n) => names = Some(n),
                         Job::Revocations(r) => revocations = Some(r),
                         Job::Issued(l) => issued = Some(l),
+                        Job::Policy(p) => policy = Some(p),
                     }
                 }
                 if let Some(l) = issued
@@ -337,6 +339,11 @@ impl NamesWriter {
                     && let Err(e) = save_revocations(&dir, &r)
                 {
                     warn!("cannot keep the revocations: {e:#}");
+                }
+                if let Some(p) = policy
+                    && let Err(e) = save_policy(&dir, &p)
+                {
+                    warn!("cannot keep the signed policy: {e:#}");
                 }
             }
         })?;
@@ -356,6 +363,12 @@ impl NamesWriter {
     /// Queues the issuer's ledger to be written (a newer one queued meanwhile wins).
     pub fn save_issued(&self, list: Vec<weft_peers::Issued>) {
         let _ = self.tx.send(Job::Issued(list));
+    }
+
+    /// Queues a signed policy (its text form) to be written (a newer one queued
+    /// meanwhile wins).
+    pub fn save_policy(&self, text: String) {
+        let _ = self.tx.send(Job::Policy(text));
     }
 }
 

@@ -240,13 +240,13 @@ fn portal_rows_say_whether_a_client_is_connected() {
     let rows = PortalRow::rows(&st);
     let names: Vec<&str> = rows.iter().map(|r| r.name.as_str()).collect();
     assert_eq!(names, ["laptop", "phone", "router"]);
-    assert_eq!((rows[0].state, rows[0].handshake.as_str()), ("active", "42s ago"));
+    assert_eq!((rows[0].state, rows[0].handshake.as_str()), (ClientState::Active, "42s ago"));
     assert_eq!(rows[0].traffic, "1.5 MB / 2.0 kB");
     assert_eq!(
         (rows[1].state, rows[1].endpoint.as_str(), rows[1].handshake.as_str()),
-        ("never connected", "-", "never")
+        (ClientState::Never, "-", "never")
     );
-    assert_eq!(rows[2].state, "idle");
+    assert_eq!(rows[2].state, ClientState::Idle);
 }
 
 #[test]
