@@ -271,14 +271,7 @@ impl NodeConfig {
         if let Some(c) = &certificate {
             membership::within_certificate(c.body(), ipv4, dhcp.is_some(), &ipv6, &hostname)?;
         }
-        let admin_group = args
-            .admin_group
-            .clone()
-            .or_else(|| file.admin_group.take())
-            .unwrap_or_else(|| crate::control::access::ADMIN_GROUP.into());
-        if admin_group.is_empty() || admin_group.contains([':', '\n']) {
-            return usage(format!("invalid --admin-group {admin_group:?}: expected a group name"));
-        }
+        let admin_group = admin_group(args, file)?;
         let (proxy_networks, wg_portal) = subnets_and_portal(args, file, ipv4, ipv6, &listeners)?;
         let (exit_node, use_exit, exit_allow_lan, exit_fallback) = exit(args, file, &hostname)?;
         if let Some(c) = &certificate {
@@ -384,6 +377,19 @@ fn trust(
         );
     }
     Ok((next, authorities, certificate, authority_key, policy))
+}
+
+/// `--admin-group`: the group whose members may change the node (default `weft`).
+fn admin_group(args: &UpArgs, file: &mut FileConfig) -> Result<String, UsageError> {
+    let group = args
+        .admin_group
+        .clone()
+        .or_else(|| file.admin_group.take())
+        .unwrap_or_else(|| crate::control::access::ADMIN_GROUP.into());
+    if group.is_empty() || group.contains([':', '\n']) {
+        return usage(format!("invalid --admin-group {group:?}: expected a group name"));
+    }
+    Ok(group)
 }
 
 /// Refuses a TUN-only flag with `--no-tun`, and a userspace-only one without it

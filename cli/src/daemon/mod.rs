@@ -18,7 +18,6 @@ use weft_core::handshake::Psk;
 use weft_core::route::RouteSnapshot;
 use weft_core::stats::DropCounters;
 use weft_datapath::pipeline::{Shared, TX_HEADROOM};
-use weft_datapath::transport::Proto;
 use weft_datapath::transport::conn::Connector;
 use weft_datapath::transport::udp::Offload;
 
@@ -73,8 +72,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
     let devices = start::devices(&cfg, &mut ipv6)?;
     let udp = start::udp(&cfg, devices.tun_offload)?;
     let dial = cfg.peers.iter().map(|p| p.resolve()).collect::<Result<Vec<_>, _>>()?;
-    let needs_tls = cfg.listeners.iter().any(|l| matches!(l.proto, Proto::Wss | Proto::Quic));
-    let tls = if needs_tls { Some(state::load_or_create_tls(&cfg.state_dir, cfg.tls.as_ref())?) } else { None };
+    let tls = start::tls(&cfg)?;
     // Undoes the exit rules when `run` returns, whichever way (a failure further on
     // included); only a SIGKILL leaves them, for the next start to replace.
     let _exit = start::host(&mut cfg, ipv6)?;

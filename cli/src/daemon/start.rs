@@ -374,6 +374,14 @@ pub(super) fn engine(
     Ok(node)
 }
 
+/// The TLS identity of wss:// and quic:// listeners (none without one).
+pub(super) fn tls(cfg: &NodeConfig) -> Result<Option<weft_datapath::transport::conn::TlsIdentity>> {
+    if !cfg.listeners.iter().any(|l| matches!(l.proto, Proto::Wss | Proto::Quic)) {
+        return Ok(None);
+    }
+    Ok(Some(state::load_or_create_tls(&cfg.state_dir, cfg.tls.as_ref())?))
+}
+
 /// The WireGuard portal (`--wg-portal`): its device, keys and clients, behind the
 /// access policy's firewall.
 pub(super) fn portal(
