@@ -55,10 +55,21 @@ trap cleanup EXIT
 
 if [ ! -x "$bin" ]; then
     echo "building the previous release ($commit) for the mixed-version tests" >&2
-    scripts/quick-release.sh cargo build --release --locked -p weft --manifest-path "$tree/Cargo.toml" >&2
+    # Cargo names a workspace crate's build by name, version and path inside its
+    # workspace, not by where the workspace is: in a shared target directory, the
+    # previous release's weft-core would stand for this tree's if both had one
+    # version (and sources no newer than its build). Only a release whose version
+    # differs from this tree's shares target/quick; another builds apart.
+    old_version=$(cargo pkgid -p weft --manifest-path "$tree/Cargo.toml" | sed 's/.*[#@]//')
+    new_version=$(cargo pkgid -p weft | sed 's/.*[#@]//')
+    quick_dir=${QUICK_TARGET_DIR:-$root/target/quick}
+    [ "$old_version" != "$new_version" ] || quick_dir=$out/target
+    QUICK_TARGET_DIR=$quick_dir scripts/quick-release.sh \
+        cargo build --release --locked -p weft --manifest-path "$tree/Cargo.toml" >&2
     # The next quick build of this tree's weft overwrites it: keep a copy.
-    cp "${QUICK_TARGET_DIR:-$root/target/quick}/release/weft" "$bin.tmp"
+    cp "$quick_dir/release/weft" "$bin.tmp"
     mv "$bin.tmp" "$bin"
+    [ "$quick_dir" != "$out/target" ] || rm -rf "$out/target"
 fi
 if [ $packages = no ]; then
     echo "$bin"

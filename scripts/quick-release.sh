@@ -5,7 +5,8 @@
 # use it: the previous release (scripts/build-previous.sh), the arm64 binary the qemu
 # test runs (scripts/build-arm64.sh) and CI's package test (.ci/run). Sharing the
 # settings and the directory lets them share the compiled dependency tree: on a clean
-# clone it is compiled once per architecture instead of once per script.
+# clone it is compiled once per architecture instead of once per script (the previous
+# release only when its version differs from this tree's: scripts/build-previous.sh).
 #
 #   scripts/quick-release.sh cargo build --release -p weft
 set -euo pipefail
