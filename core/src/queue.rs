@@ -34,8 +34,12 @@ pub const WINDOW_MS: u64 = 16;
 const BUCKETS: usize = 1024;
 
 /// CoDel's state for one queue.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Clone)]
 pub struct Codel {
+    /// The wait tolerated, nanoseconds.
+    target: u64,
+    /// How long the wait must stay above it before the first drop, nanoseconds.
+    interval: u64,
     /// When the wait first went above the target plus one interval (0: it is below).
     first_above: u64,
     dropping: bool,
@@ -46,15 +50,37 @@ pub struct Codel {
     owed: bool,
 }
 
+impl Default for Codel {
+    /// The receive queue's: [`TARGET_NS`] and [`INTERVAL_NS`].
+    fn default() -> Self {
+        Self::new(TARGET_NS, INTERVAL_NS)
+    }
+}
+
 impl Codel {
+    /// A queue whose wait may stay above `target_ns` for at most `interval_ns` before
+    /// CoDel drops.
+    pub fn new(target_ns: u64, interval_ns: u64) -> Self {
+        Self {
+            target: target_ns,
+            interval: interval_ns,
+            first_above: 0,
+            dropping: false,
+            drop_next: 0,
+            count: 0,
+            last_count: 0,
+            owed: false,
+        }
+    }
+
     /// One datagram read at `now` (nanoseconds) after waiting `sojourn` nanoseconds.
     /// Returns whether CoDel asks for a drop now.
     pub fn dequeue(&mut self, sojourn: u64, now: u64) -> bool {
-        let ok_to_drop = if sojourn < TARGET_NS {
+        let ok_to_drop = if sojourn < self.target {
             self.first_above = 0;
             false
         } else if self.first_above == 0 {
-            self.first_above = now.saturating_add(INTERVAL_NS);
+            self.first_above = now.saturating_add(self.interval);
             false
         } else {
             now >= self.first_above
@@ -65,7 +91,7 @@ impl Codel {
                 false
             } else if now >= self.drop_next {
                 self.count = self.count.saturating_add(1);
-                self.drop_next = control_law(self.drop_next, self.count);
+                self.drop_next = control_law(self.drop_next, self.count, self.interval);
                 true
             } else {
                 false
@@ -74,8 +100,8 @@ impl Codel {
             self.dropping = true;
             // Dropping again soon after the last episode: start where it left off.
             let delta = self.count.saturating_sub(self.last_count);
-            self.count = if delta > 1 && now.saturating_sub(self.drop_next) < 16 * INTERVAL_NS { delta } else { 1 };
-            self.drop_next = control_law(now, self.count);
+            self.count = if delta > 1 && now.saturating_sub(self.drop_next) < 16 * self.interval { delta } else { 1 };
+            self.drop_next = control_law(now, self.count, self.interval);
             self.last_count = self.count;
             true
         } else {
@@ -105,8 +131,8 @@ impl Codel {
     }
 }
 
-fn control_law(t: u64, count: u32) -> u64 {
-    t.saturating_add((INTERVAL_NS as f64 / f64::from(count.max(1)).sqrt()) as u64)
+fn control_law(t: u64, count: u32, interval: u64) -> u64 {
+    t.saturating_add((interval as f64 / f64::from(count.max(1)).sqrt()) as u64)
 }
 
 /// Bytes per inner flow over a short window, to tell bulk flows from sparse ones.

@@ -303,10 +303,10 @@ fn relayed_frames_pass_from_stream_to_stream_under_the_relay_rules() {
         }
         b
     };
-    let sent = |q: &mut Receiver<Vec<u8>>| -> Vec<Vec<u8>> {
+    let sent = |q: &mut Receiver<weft_datapath::transport::links::Queued>| -> Vec<Vec<u8>> {
         let mut out = Vec::new();
-        while let Ok(b) = q.try_recv() {
-            out.push(b);
+        while let Ok(q) = q.try_recv() {
+            out.push(q.batch);
         }
         out
     };

@@ -15,16 +15,27 @@ use std::net::UdpSocket;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::mpsc;
+use std::time::Instant;
 
 use parking_lot::RwLock;
 use rustc_hash::FxHashMap;
 use tokio::sync::mpsc as tmpsc;
+use weft_core::queue::Codel;
 
 use super::udp::{self, Offload, Outgoing};
 use super::{Endpoint, Proto, frame};
 
 /// Framed batches queued per connection before the sender drops.
 pub const LINK_QUEUE: usize = 512;
+/// The wait in a connection's send queue CoDel tolerates (5 ms) and the interval it
+/// must last before a drop (100 ms): RFC 8289's values for paths across the Internet.
+/// On a fast link the writer keeps the queue near empty and nothing is dropped; on a
+/// slow uplink what would stand here (up to [`LINK_QUEUE`] batches of 64 KiB, tens of
+/// seconds at 10 Mbit/s) is cut to about the target, and the inner TCP senders slow
+/// down instead of burying every other flow's packets behind theirs.
+pub const LINK_TARGET_NS: u64 = 5_000_000;
+/// See [`LINK_TARGET_NS`].
+pub const LINK_INTERVAL_NS: u64 = 100_000_000;
 /// Batch buffers kept for reuse (see [`Links::buffer`]): enough for the batches in
 /// flight of a few busy connections; each may hold up to 128 KiB, so at most 2 MiB.
 const POOL: usize = 16;
@@ -110,11 +121,13 @@ pub struct LinkCounters {
     /// Batches of relayed frames a reader handed to the next hop's connection itself
     /// (see [`Links::set_forward`]), never through a links RX thread.
     pub relayed_batches: AtomicU64,
+    /// Batches CoDel dropped from a connection's send queue (see [`LinkQueue`]).
+    pub queue_dropped: AtomicU64,
 }
 
 impl LinkCounters {
     /// Name and value of each counter.
-    pub fn snapshot(&self) -> [(&'static str, u64); 13] {
+    pub fn snapshot(&self) -> [(&'static str, u64); 14] {
         let l = |a: &AtomicU64| a.load(Relaxed);
         [
             ("accepted", l(&self.accepted)),
@@ -130,6 +143,7 @@ impl LinkCounters {
             ("rx_queue_full", l(&self.rx_queue_full)),
             ("quic_fragmented", l(&self.quic_fragmented)),
             ("relayed_batches", l(&self.relayed_batches)),
+            ("queue_dropped", l(&self.queue_dropped)),
         ]
     }
 }
@@ -145,7 +159,77 @@ struct Shard {
 #[derive(Clone)]
 struct Entry {
     id: u64,
-    tx: tmpsc::Sender<Vec<u8>>,
+    tx: tmpsc::Sender<Queued>,
+}
+
+/// A framed batch in a connection's send queue, with the time it was queued.
+#[derive(Debug)]
+pub struct Queued {
+    /// The framed batch.
+    pub batch: Vec<u8>,
+    /// When it was queued.
+    pub at: Instant,
+}
+
+impl Queued {
+    /// `batch`, queued now.
+    pub fn now(batch: Vec<u8>) -> Self {
+        Self { batch, at: Instant::now() }
+    }
+}
+
+/// The writer's end of a connection's send queue. Each batch it takes has waited
+/// some time; CoDel ([`Codel`], [`LINK_TARGET_NS`]) drops one now and then while that
+/// wait stays above its target, so the queue stands no longer than that whatever the
+/// link's speed (the kernel's own send buffer is kept short too: the connection's
+/// `TCP_NOTSENT_LOWAT`). Dropped batches are counted (`queue_dropped`) and their
+/// buffers go back to the pool; the last batch waiting is never dropped.
+pub struct LinkQueue {
+    rx: tmpsc::Receiver<Queued>,
+    codel: Codel,
+    epoch: Instant,
+    links: Arc<Links>,
+}
+
+impl LinkQueue {
+    /// The queue `rx` of a connection registered with `links`.
+    pub fn new(rx: tmpsc::Receiver<Queued>, links: Arc<Links>) -> Self {
+        Self { rx, codel: Codel::new(LINK_TARGET_NS, LINK_INTERVAL_NS), epoch: Instant::now(), links }
+    }
+
+    /// The next batch to write (`None`: the connection was unregistered).
+    pub async fn recv(&mut self) -> Option<Vec<u8>> {
+        loop {
+            let q = self.rx.recv().await?;
+            if let Some(b) = self.keep(q) {
+                return Some(b);
+            }
+        }
+    }
+
+    /// The next batch already waiting, if any.
+    pub fn try_recv(&mut self) -> Option<Vec<u8>> {
+        loop {
+            let q = self.rx.try_recv().ok()?;
+            if let Some(b) = self.keep(q) {
+                return Some(b);
+            }
+        }
+    }
+
+    /// `q`'s batch, unless CoDel drops it.
+    fn keep(&mut self, q: Queued) -> Option<Vec<u8>> {
+        let now = Instant::now();
+        // An empty queue has no standing wait to cut (RFC 8289: never below one packet).
+        let sojourn = if self.rx.is_empty() { 0 } else { now.saturating_duration_since(q.at).as_nanos() as u64 };
+        let now_ns = now.saturating_duration_since(self.epoch).as_nanos() as u64 + 1;
+        if self.codel.dequeue(sojourn, now_ns) {
+            self.links.counters.queue_dropped.fetch_add(1, Relaxed);
+            self.links.recycle(q.batch);
+            return None;
+        }
+        Some(q.batch)
+    }
 }
 
 /// Live connections by endpoint.
@@ -200,7 +284,7 @@ impl Links {
     /// Registers a connection's send queue under `ep` (replacing an older one, whose
     /// queue then closes) and returns its registration id, which the connection
     /// passes to [`Links::deliver`].
-    pub fn register(&self, ep: Endpoint, tx: tmpsc::Sender<Vec<u8>>) -> u64 {
+    pub fn register(&self, ep: Endpoint, tx: tmpsc::Sender<Queued>) -> u64 {
         let id = self.next_id.fetch_add(1, Relaxed);
         self.map.write().insert(ep, Entry { id, tx });
         id
@@ -269,10 +353,10 @@ impl Links {
             Some(e) => e.tx.clone(),
             None => return Err(batch),
         };
-        match tx.try_send(batch) {
+        match tx.try_send(Queued::now(batch)) {
             Ok(()) => Ok(true),
             Err(tmpsc::error::TrySendError::Full(_)) => Ok(false),
-            Err(tmpsc::error::TrySendError::Closed(b)) => Err(b),
+            Err(tmpsc::error::TrySendError::Closed(q)) => Err(q.batch),
         }
     }
 
@@ -494,6 +578,39 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_send_queue_that_stands_past_its_target_is_cut_but_never_its_last_batch() {
+        let (links, _rx) = Links::new(4);
+        let (tx, rx) = tmpsc::channel(64);
+        let mut q = LinkQueue::new(rx, links.clone());
+        // Batches taken as fast as they come: nothing is dropped.
+        for i in 0..20u8 {
+            tx.try_send(Queued::now(vec![i])).unwrap();
+            assert_eq!(q.try_recv(), Some(vec![i]));
+        }
+        // A backlog that waited a second: CoDel waits one interval before its first drop.
+        let old = || Queued { batch: vec![7], at: Instant::now() - std::time::Duration::from_secs(1) };
+        for _ in 0..8 {
+            tx.try_send(old()).unwrap();
+        }
+        for _ in 0..4 {
+            assert_eq!(q.try_recv(), Some(vec![7]));
+        }
+        assert_eq!(links.counters.queue_dropped.load(Relaxed), 0);
+        std::thread::sleep(std::time::Duration::from_nanos(LINK_INTERVAL_NS + 10_000_000));
+        let mut kept = 0;
+        while q.try_recv().is_some() {
+            kept += 1;
+        }
+        let dropped = links.counters.queue_dropped.load(Relaxed);
+        assert!(dropped >= 1 && kept >= 1 && dropped + kept == 4, "dropped {dropped}, kept {kept}");
+        // One old batch alone in the queue is never dropped.
+        let before = dropped;
+        tx.try_send(old()).unwrap();
+        assert_eq!(q.try_recv(), Some(vec![7]));
+        assert_eq!(links.counters.queue_dropped.load(Relaxed), before);
+    }
+
+    #[test]
     fn egress_batches_frames_per_connection_and_counts_the_unsendable() {
         let (links, _rx) = Links::new(4);
         let udp = Arc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
@@ -513,7 +630,7 @@ mod tests {
         ];
         // The ws connection does not exist: its frame fails; the rest goes out.
         assert_eq!(eg.send(&bufs, &out), Unsent { udp: 0, link: 1 });
-        let batch = rx.try_recv().unwrap();
+        let batch = rx.try_recv().unwrap().batch;
         let frames: Vec<&[u8]> = frame::frames(&batch).collect::<Result<_, _>>().unwrap();
         assert_eq!(frames, [&bufs[0][..], &bufs[1][..]]);
         let mut got = [0u8; 100];
@@ -611,7 +728,7 @@ mod tests {
         links.unregister(ep, first);
         assert!(links.contains(&ep), "an old id does not remove the new connection");
         assert_eq!(links.send(ep, vec![0, 1, 9]), Ok(true));
-        assert_eq!(rb.try_recv().unwrap(), vec![0, 1, 9]);
+        assert_eq!(rb.try_recv().unwrap().batch, vec![0, 1, 9]);
         links.unregister(ep, second);
         assert_eq!(links.send(ep, vec![1]), Err(vec![1]));
         assert!(links.try_deliver(second, Inbound { from: ep, batch: vec![] }).is_ok());

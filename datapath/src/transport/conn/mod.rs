@@ -42,7 +42,7 @@ use tracing::debug;
 
 use weft_core::admission::MacKeys;
 
-use super::links::{LINK_QUEUE, LinkCounters, Links};
+use super::links::{LINK_QUEUE, LinkCounters, LinkQueue, Links, Queued};
 use super::{Endpoint, Proto, frame};
 
 mod fragment;
@@ -377,7 +377,7 @@ impl Connector {
             .map_err(|e| e.to_string())?;
         super::mark_socket(&socket2::SockRef::from(&sock)).map_err(|e| format!("cannot mark the socket: {e}"))?;
         let stream = sock.connect(to.addr).await.map_err(|e| e.to_string())?;
-        let _ = stream.set_nodelay(true);
+        short_send_buffer(&stream);
         let path = self.inner.paths.lock().get(&to).cloned().unwrap_or_else(|| "/".into());
         let host = match to.addr {
             SocketAddr::V6(a) => format!("[{}]:{}", a.ip(), a.port()),
@@ -408,7 +408,7 @@ impl Connector {
 
     /// Registers a connection's queue; dialled connections first get the frames
     /// that waited for them.
-    fn register(&self, ep: Endpoint, dialled: bool) -> (mpsc::Receiver<Vec<u8>>, u64) {
+    fn register(&self, ep: Endpoint, dialled: bool) -> (LinkQueue, u64) {
         let (tx, rx) = mpsc::channel(LINK_QUEUE);
         if dialled {
             let waiting = self.inner.dialling.lock().remove(&ep).unwrap_or_default();
@@ -417,11 +417,11 @@ impl Connector {
                 frame::push(&mut batch, f);
             }
             if !batch.is_empty() {
-                let _ = tx.try_send(batch);
+                let _ = tx.try_send(Queued::now(batch));
             }
         }
         let id = self.inner.links.register(ep, tx);
-        (rx, id)
+        (LinkQueue::new(rx, self.inner.links.clone()), id)
     }
 
     fn remember_accepted(&self, ep: Endpoint) {
@@ -457,6 +457,21 @@ enum Dialled {
     Ws(Box<WebSocketStream<TcpStream>>),
     Wss(Box<WebSocketStream<tokio_rustls::client::TlsStream<TcpStream>>>),
     Quic(quinn::Connection),
+}
+
+/// Unsent bytes a stream connection's socket may hold before it stops taking more
+/// (`TCP_NOTSENT_LOWAT`): beyond what is in flight, the kernel keeps only this much
+/// waiting, so a backlog stands in the send queue, where CoDel sees and cuts it
+/// ([`LinkQueue`]), instead of in a send buffer that grows to 4 MiB (seconds on a slow
+/// uplink).
+pub const NOTSENT_LOWAT: i32 = 128 << 10;
+
+/// No Nagle, and a short unsent queue ([`NOTSENT_LOWAT`]) on a stream connection's
+/// socket (either failing only costs latency).
+pub(super) fn short_send_buffer(stream: &TcpStream) {
+    use std::os::fd::AsRawFd;
+    let _ = stream.set_nodelay(true);
+    crate::transport::udp::set_int(stream.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT, NOTSENT_LOWAT);
 }
 
 #[cfg(test)]

@@ -120,7 +120,7 @@ impl Connector {
     async fn quic_writer(
         &self,
         conn: &quinn::Connection,
-        mut queue: tokio::sync::mpsc::Receiver<Vec<u8>>,
+        mut queue: crate::transport::links::LinkQueue,
     ) -> Result<(), String> {
         let mut next_id: u16 = 0;
         let mut stream: Option<quinn::SendStream> = None;

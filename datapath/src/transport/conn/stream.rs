@@ -63,7 +63,7 @@ impl Connector {
         ep: Endpoint,
         proof: Proof,
     ) -> Result<(), String> {
-        let _ = stream.set_nodelay(true);
+        super::short_send_buffer(&stream);
         match proto {
             Proto::Tcp => self.run_stream(stream, ep, proof).await,
             Proto::Ws => {
@@ -182,7 +182,7 @@ impl Connector {
                 while let Some(b) = next.take() {
                     sink.feed(Message::Binary(self.inner.links.lend(b))).await.map_err(|e| e.to_string())?;
                     fed += 1;
-                    next = if fed < WS_RUN { queue.try_recv().ok() } else { None };
+                    next = if fed < WS_RUN { queue.try_recv() } else { None };
                 }
                 sink.flush().await.map_err(|e| e.to_string())?;
             }
