@@ -16,7 +16,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use netns::{Lan, Netns, Node, TempDir, ping, require_root, transfer, wait_until};
+use netns::{Lan, Netns, Node, TempDir, ping, ping_times, require_root, transfer, wait_until};
 use serde_json::Value;
 
 const NET: [&str; 4] = ["--network-name", "e2e-transports", "--network-secret", "correct horse"];
@@ -549,4 +549,40 @@ fn two_connections_are_opened_on_two_threads() {
     eprintln!("hub: {} connections, bytes opened per links thread {links:?}", st["connections"]);
     assert_eq!(links.len(), 2, "one links thread per pipeline: {}", st["pipelines"]);
     assert!(links.iter().all(|&b| b >= 16 << 20), "each member's transfer on its own thread: {links:?}");
+}
+
+/// A download over a TCP connection on a slow link (tbf at 20 Mbit/s each way; Reno,
+/// a loss-based sender like CUBIC, which a namespace may not choose): the connection's
+/// send queue drops batches while they keep waiting (CoDel, `queue_dropped`) instead
+/// of holding the backlog, the download arrives intact, and the pings beside it are
+/// answered (small batches are never dropped; a ping that shares a batch with bulk
+/// frames may be).
+#[test]
+fn a_download_on_a_slow_tcp_link_keeps_the_send_queue_short() {
+    require_root();
+    let (lan, dir) = (Lan::new(2), TempDir::new());
+    for h in &lan.hosts {
+        h.exec_ok(&[
+            "tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", "20mbit", "burst", "64kbit", "latency", "100ms",
+        ]);
+        h.exec_ok(&["sysctl", "-qw", "net.ipv4.tcp_congestion_control=reno"]);
+    }
+    let a = start(&lan, &dir, 0, &["-l", "tcp://0.0.0.0:11050"]);
+    let b = start(&lan, &dir, 1, &["-l", "tcp://0.0.0.0:11050", "-p", &format!("tcp://{}:11050", lan.addrs[0])]);
+    wait_until(Duration::from_secs(15), "A and B talk over tcp", || transport_of(&a, IPS[1]).as_deref() == Some("tcp"));
+    let ((sent, got), times) = std::thread::scope(|s| {
+        let bulk = s.spawn(|| {
+            let (sent, got, _) = transfer(&lan.hosts[0], &lan.hosts[1], IPS[1], 8 << 20);
+            (sent, got)
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        let times = ping_times(&lan.hosts[0], IPS[1], 20);
+        (bulk.join().unwrap(), times)
+    });
+    assert_eq!(sent, got, "the download arrived damaged");
+    let dropped = counter(&a.status(), "queue_dropped");
+    eprintln!("beside 8 MiB at 20 Mbit/s over tcp: {} of 20 pings answered, {dropped} batches dropped", times.len());
+    assert!(dropped > 0, "A's send queue to B never dropped: {}", a.status()["transport_counters"]);
+    assert!(times.len() >= 18, "pings beside the download: {times:?}");
+    drop(b);
 }

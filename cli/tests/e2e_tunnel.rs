@@ -11,7 +11,7 @@ mod netns;
 use std::net::UdpSocket;
 use std::time::Duration;
 
-use netns::{Lan, Node, TempDir, ping, require_root, transfer, wait_until};
+use netns::{Lan, Node, TempDir, ping, ping_times, require_root, transfer, wait_until};
 
 const NET: [&str; 4] = ["--network-name", "e2e", "--network-secret", "correct horse"];
 const A_IP: &str = "10.126.126.1";
@@ -304,16 +304,6 @@ fn peers_added_and_removed_at_run_time() {
     let st = a.status();
     assert!(st["routes"].as_array().unwrap().iter().all(|r| r["overlay"] != B_IP || r["session"] == false));
     assert!(st["pending_peers"].as_array().unwrap().is_empty(), "the dial is gone: {st}");
-}
-
-/// The round-trip times of `count` pings from `ns` to `addr`, 50 ms apart (a reply
-/// has 5 s: this counts answers, it does not time them).
-fn ping_times(ns: &netns::Netns, addr: &str, count: u32) -> Vec<f64> {
-    let out = ns.cmd("ping").args(["-c", &count.to_string(), "-i", "0.05", "-W", "5", addr]).output().unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split("time=").nth(1)?.split(' ').next()?.parse().ok())
-        .collect()
 }
 
 #[test]

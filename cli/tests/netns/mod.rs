@@ -502,6 +502,16 @@ pub fn ping(ns: &Netns, addr: &str) -> bool {
     ns.exec_status(&["ping", "-c", "2", "-i", "0.3", "-W", "1", addr])
 }
 
+/// The round-trip times of `count` pings from `ns` to `addr`, 50 ms apart (a reply
+/// has 5 s: this counts answers, it does not time them).
+pub fn ping_times(ns: &Netns, addr: &str, count: u32) -> Vec<f64> {
+    let out = ns.cmd("ping").args(["-c", &count.to_string(), "-i", "0.05", "-W", "5", addr]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split("time=").nth(1)?.split(' ').next()?.parse().ok())
+        .collect()
+}
+
 /// Sends `len` pseudo-random bytes over TCP from `from` to `to_ip` inside `to`, on a
 /// port the receiver's kernel picks (a fixed port made back-to-back transfers to one
 /// host fail with EADDRINUSE now and then); returns the SHA-256 of what was sent and of

@@ -36,6 +36,10 @@ pub const LINK_QUEUE: usize = 512;
 pub const LINK_TARGET_NS: u64 = 5_000_000;
 /// See [`LINK_TARGET_NS`].
 pub const LINK_INTERVAL_NS: u64 = 100_000_000;
+/// A batch smaller than this (a ping, a keystroke, a game packet, an ACK: one or two
+/// small frames) is never what CoDel drops: a drop asked for while such batches pass
+/// falls on the next larger one, as the receive path spares sparse flows.
+pub const LINK_SMALL_BATCH: usize = 1024;
 /// Batch buffers kept for reuse (see [`Links::buffer`]): enough for the batches in
 /// flight of a few busy connections; each may hold up to 128 KiB, so at most 2 MiB.
 const POOL: usize = 16;
@@ -182,8 +186,9 @@ impl Queued {
 /// some time; CoDel ([`Codel`], [`LINK_TARGET_NS`]) drops one now and then while that
 /// wait stays above its target, so the queue stands no longer than that whatever the
 /// link's speed (the kernel's own send buffer is kept short too: the connection's
-/// `TCP_NOTSENT_LOWAT`). Dropped batches are counted (`queue_dropped`) and their
-/// buffers go back to the pool; the last batch waiting is never dropped.
+/// `TCP_NOTSENT_LOWAT`). Only batches of [`LINK_SMALL_BATCH`] or more are dropped;
+/// dropped batches are counted (`queue_dropped`) and their buffers go back to the
+/// pool; the last batch waiting is never dropped.
 pub struct LinkQueue {
     rx: tmpsc::Receiver<Queued>,
     codel: Codel,
@@ -223,7 +228,7 @@ impl LinkQueue {
         // An empty queue has no standing wait to cut (RFC 8289: never below one packet).
         let sojourn = if self.rx.is_empty() { 0 } else { now.saturating_duration_since(q.at).as_nanos() as u64 };
         let now_ns = now.saturating_duration_since(self.epoch).as_nanos() as u64 + 1;
-        if self.codel.dequeue(sojourn, now_ns) {
+        if self.codel.drop_packet(sojourn, now_ns, q.batch.len() >= LINK_SMALL_BATCH) {
             self.links.counters.queue_dropped.fetch_add(1, Relaxed);
             self.links.recycle(q.batch);
             return None;
@@ -588,12 +593,13 @@ mod tests {
             assert_eq!(q.try_recv(), Some(vec![i]));
         }
         // A backlog that waited a second: CoDel waits one interval before its first drop.
-        let old = || Queued { batch: vec![7], at: Instant::now() - std::time::Duration::from_secs(1) };
+        let old =
+            || Queued { batch: vec![7; LINK_SMALL_BATCH], at: Instant::now() - std::time::Duration::from_secs(1) };
         for _ in 0..8 {
             tx.try_send(old()).unwrap();
         }
         for _ in 0..4 {
-            assert_eq!(q.try_recv(), Some(vec![7]));
+            assert_eq!(q.try_recv(), Some(vec![7; LINK_SMALL_BATCH]));
         }
         assert_eq!(links.counters.queue_dropped.load(Relaxed), 0);
         std::thread::sleep(std::time::Duration::from_nanos(LINK_INTERVAL_NS + 10_000_000));
@@ -606,8 +612,26 @@ mod tests {
         // One old batch alone in the queue is never dropped.
         let before = dropped;
         tx.try_send(old()).unwrap();
-        assert_eq!(q.try_recv(), Some(vec![7]));
+        assert_eq!(q.try_recv(), Some(vec![7; LINK_SMALL_BATCH]));
         assert_eq!(links.counters.queue_dropped.load(Relaxed), before);
+        // Still standing: small batches (a ping) pass, the drop they were owed falls on
+        // the next large one.
+        let small = || Queued { batch: vec![1; 100], at: Instant::now() - std::time::Duration::from_secs(1) };
+        tx.try_send(small()).unwrap();
+        tx.try_send(small()).unwrap();
+        assert_eq!(q.try_recv(), Some(vec![1; 100]));
+        std::thread::sleep(std::time::Duration::from_nanos(LINK_INTERVAL_NS + 10_000_000));
+        for _ in 0..5 {
+            tx.try_send(small()).unwrap();
+        }
+        tx.try_send(old()).unwrap();
+        tx.try_send(old()).unwrap();
+        for _ in 0..6 {
+            assert_eq!(q.try_recv(), Some(vec![1; 100]), "a small batch is never dropped");
+        }
+        assert_eq!(q.try_recv(), Some(vec![7; LINK_SMALL_BATCH]), "the last batch waiting is kept");
+        assert_eq!(q.try_recv(), None);
+        assert_eq!(links.counters.queue_dropped.load(Relaxed), before + 1, "the owed drop fell on a large batch");
     }
 
     #[test]
