@@ -57,20 +57,9 @@ fn outsider_attack(sock: &UdpSocket, target: SocketAddrV4) -> usize {
         psk: Psk::derive(NAME, "a guess"),
         network_name: NAME.into(),
         hello: Hello {
-            cipher: Cipher::AuthOnly,
-            ipv4: Ipv4Addr::new(10, 126, 126, 9),
-            prefix: 24,
-            hostname: "x".into(),
-            ipv6: None,
             gso: true,
             gso_quic: true,
-            protocol: None,
-            stamp: None,
-            cert: None,
-            join: None,
-            issued: None,
-            join_refused: None,
-            secrets: Vec::new(),
+            ..Hello::new(Cipher::AuthOnly, Ipv4Addr::new(10, 126, 126, 9), 24, "x")
         },
     };
     let macs = MacKeys::new(&wrong.psk);
@@ -139,22 +128,7 @@ fn member_params(ipv4: Ipv4Addr) -> Params {
         local: StaticKey::generate().unwrap(),
         psk: Psk::derive(NAME, SECRET),
         network_name: NAME.into(),
-        hello: Hello {
-            cipher: Cipher::Aes128Gcm,
-            ipv4,
-            prefix: 24,
-            hostname: "m".into(),
-            ipv6: None,
-            gso: true,
-            gso_quic: true,
-            protocol: None,
-            stamp: None,
-            cert: None,
-            join: None,
-            issued: None,
-            join_refused: None,
-            secrets: Vec::new(),
-        },
+        hello: Hello { gso: true, gso_quic: true, ..Hello::new(Cipher::Aes128Gcm, ipv4, 24, "m") },
     }
 }
 

@@ -832,22 +832,7 @@ mod tests {
             local: StaticKey::generate().unwrap(),
             psk: Psk::derive(name, secret),
             network_name: name.into(),
-            hello: Hello {
-                cipher,
-                ipv4: ip.into(),
-                prefix: 24,
-                hostname: format!("h{}", ip[3]),
-                ipv6: None,
-                gso: true,
-                gso_quic: true,
-                protocol: None,
-                stamp: None,
-                cert: None,
-                join: None,
-                issued: None,
-                join_refused: None,
-                secrets: Vec::new(),
-            },
+            hello: Hello { gso: true, gso_quic: true, ..Hello::new(cipher, ip.into(), 24, format!("h{}", ip[3])) },
         }
     }
 
@@ -960,22 +945,7 @@ mod tests {
 
     #[test]
     fn hello_round_trip_and_bad_input() {
-        let h = Hello {
-            cipher: Cipher::ChaCha20Poly1305,
-            ipv4: [10, 1, 2, 3].into(),
-            prefix: 16,
-            hostname: "node-α".into(),
-            ipv6: None,
-            gso: false,
-            gso_quic: false,
-            protocol: None,
-            stamp: None,
-            cert: None,
-            join: None,
-            issued: None,
-            join_refused: None,
-            secrets: Vec::new(),
-        };
+        let h = Hello::new(Cipher::ChaCha20Poly1305, [10, 1, 2, 3].into(), 16, "node-α");
         let mut b = Vec::new();
         h.emit(&mut b);
         assert_eq!(&b[..8], &[1, 2, 10, 1, 2, 3, 16, 7]);
@@ -1037,20 +1007,10 @@ mod tests {
     #[test]
     fn hello_protocol_field_is_read_by_new_nodes_and_skipped_by_old_ones() {
         let old = Hello {
-            cipher: Cipher::Aes128Gcm,
-            ipv4: [10, 1, 2, 3].into(),
-            prefix: 24,
-            hostname: "n".into(),
             ipv6: Some(("fd12::7".parse().unwrap(), 64)),
             gso: true,
             gso_quic: true,
-            protocol: None,
-            stamp: None,
-            cert: None,
-            join: None,
-            issued: None,
-            join_refused: None,
-            secrets: Vec::new(),
+            ..Hello::new(Cipher::Aes128Gcm, [10, 1, 2, 3].into(), 24, "n")
         };
         let new = Hello { protocol: Some(Protocol::ours(caps::GSO | caps::GSO_QUIC | 1 << 31)), ..old.clone() };
         let (mut bo, mut bn) = (Vec::new(), Vec::new());
@@ -1190,20 +1150,9 @@ mod tests {
     #[test]
     fn hello_host_name_control_characters_are_replaced() {
         let h = Hello {
-            cipher: Cipher::Aes128Gcm,
-            ipv4: [10, 1, 2, 3].into(),
-            prefix: 24,
-            hostname: "ev\x1b[31mil\u{9b}2J\x7f\r\n-α".into(),
-            ipv6: None,
             gso: true,
             gso_quic: true,
-            protocol: None,
-            stamp: None,
-            cert: None,
-            join: None,
-            issued: None,
-            join_refused: None,
-            secrets: Vec::new(),
+            ..Hello::new(Cipher::Aes128Gcm, [10, 1, 2, 3].into(), 24, "ev\x1b[31mil\u{9b}2J\x7f\r\n-α")
         };
         let mut b = Vec::new();
         h.emit(&mut b);

@@ -80,42 +80,16 @@ pub fn seeds() -> Vec<Seed> {
     }
     for (i, cipher) in Cipher::ALL.into_iter().enumerate() {
         let mut h = Vec::new();
-        Hello {
-            cipher,
-            ipv4: Ipv4Addr::new(10, 9, 0, 1),
-            prefix: 16,
-            hostname: format!("host-é-{i}"),
-            ipv6: None,
-            gso: false,
-            gso_quic: false,
-            protocol: None,
-            stamp: None,
-            cert: None,
-            join: None,
-            issued: None,
-            join_refused: None,
-            secrets: Vec::new(),
-        }
-        .emit(&mut h);
+        Hello::new(cipher, Ipv4Addr::new(10, 9, 0, 1), 16, format!("host-é-{i}")).emit(&mut h);
         s.push(("hello", format!("seed-hello-{i}"), h));
     }
     let mut h = Vec::new();
     let v6 = Some((std::net::Ipv6Addr::new(0xfd12, 0x3456, 0x789a, 0, 1, 2, 3, 4), 64));
     Hello {
-        cipher: Cipher::Aes128Gcm,
-        ipv4: Ipv4Addr::new(10, 9, 0, 1),
-        prefix: 16,
-        hostname: "six".into(),
         ipv6: v6,
         gso: true,
         gso_quic: true,
-        protocol: None,
-        stamp: None,
-        cert: None,
-        join: None,
-        issued: None,
-        join_refused: None,
-        secrets: Vec::new(),
+        ..Hello::new(Cipher::Aes128Gcm, Ipv4Addr::new(10, 9, 0, 1), 16, "six")
     }
     .emit(&mut h);
     s.push(("hello", "seed-hello-ipv6".into(), h));
