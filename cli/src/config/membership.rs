@@ -6,6 +6,37 @@ use super::{FileConfig, IpNet, Ipv4Net, Ipv6Overlay, usage};
 use crate::config::args::UpArgs;
 use crate::config::values::UsageError;
 
+/// What a node trusts and is trusted with: the next network secret, the authorities,
+/// its certificate, the issuer's key and the access policy.
+pub(super) struct Trust {
+    pub network_secret_next: Option<super::Secret>,
+    pub authorities: Vec<weft_core::cert::AuthorityId>,
+    pub certificate: Option<weft_core::cert::Certificate>,
+    pub authority_key: Option<std::path::PathBuf>,
+    pub policy: Option<super::policy::Loaded>,
+}
+
+/// [`Trust`] from the flags over the file, with what its parts need of each other.
+pub(super) fn trust(args: &UpArgs, file: &mut FileConfig, secret: &super::Secret) -> Result<Trust, UsageError> {
+    let network_secret_next = match args.network_secret_next.clone().or_else(|| file.network_secret_next.take()) {
+        Some(n) if n.0.is_empty() => return usage("invalid network-secret-next: it is empty"),
+        Some(n) if n == *secret => None,
+        n => n,
+    };
+    let (authorities, certificate) = authority(args, file)?;
+    let authority_key = args.authority_key.clone().or_else(|| file.authority_key.take());
+    let policy = match args.policy.clone().or_else(|| file.policy.take()) {
+        Some(p) => Some(super::policy::Loaded::read(&p)?),
+        None => None,
+    };
+    if authority_key.is_some() && certificate.is_none() {
+        return usage(
+            "--authority-key (issuing certificates for invites) needs --authority and this node's own --certificate",
+        );
+    }
+    Ok(Trust { network_secret_next, authorities, certificate, authority_key, policy })
+}
+
 /// The authorities and this node's certificate. A certificate's addresses and host
 /// name become the defaults of `--ipv4`, `--ipv6` and `--hostname` (and without an
 /// IPv6 address granted, IPv6 is off).

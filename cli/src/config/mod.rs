@@ -254,7 +254,8 @@ impl NodeConfig {
         };
         let file = &mut file;
         let (network_name, secret) = network(args, file)?;
-        let (network_secret_next, authorities, certificate, authority_key, policy) = trust(args, file, &secret)?;
+        let membership::Trust { network_secret_next, authorities, certificate, authority_key, policy } =
+            membership::trust(args, file, &secret)?;
         let (ipv4, dhcp, ipv6) = addresses(args, file)?;
         let (listeners, tls, max_connections) = listening(args, file)?;
         let peer_uris = if args.peer.is_empty() { std::mem::take(&mut file.peer) } else { args.peer.clone() };
@@ -343,43 +344,7 @@ impl NodeConfig {
     }
 }
 
-/// The next network secret, the authorities, this node's certificate, the issuer's key
-/// and the access policy, with what they need of each other.
-#[allow(clippy::type_complexity)]
-fn trust(
-    args: &UpArgs,
-    file: &mut FileConfig,
-    secret: &Secret,
-) -> Result<
-    (
-        Option<Secret>,
-        Vec<weft_core::cert::AuthorityId>,
-        Option<weft_core::cert::Certificate>,
-        Option<PathBuf>,
-        Option<policy::Loaded>,
-    ),
-    UsageError,
-> {
-    let next = match args.network_secret_next.clone().or_else(|| file.network_secret_next.take()) {
-        Some(n) if n.0.is_empty() => return usage("invalid network-secret-next: it is empty"),
-        Some(n) if n == *secret => None,
-        n => n,
-    };
-    let (authorities, certificate) = membership::authority(args, file)?;
-    let authority_key = args.authority_key.clone().or_else(|| file.authority_key.take());
-    let policy = match args.policy.clone().or_else(|| file.policy.take()) {
-        Some(p) => Some(policy::Loaded::read(&p)?),
-        None => None,
-    };
-    if authority_key.is_some() && certificate.is_none() {
-        return usage(
-            "--authority-key (issuing certificates for invites) needs --authority and this node's own --certificate",
-        );
-    }
-    Ok((next, authorities, certificate, authority_key, policy))
-}
-
-/// `--admin-group`: the group whose members may change the node (default `weft`).
+/// `--admin-group`: the group whose members may change the node (default `weft-admin`).
 fn admin_group(args: &UpArgs, file: &mut FileConfig) -> Result<String, UsageError> {
     let group = args
         .admin_group

@@ -1,0 +1,233 @@
+//! What the engine is given and what it asks for: its timing and static inputs, the
+//! inputs the runtime feeds it and the actions it hands back.
+
+use super::*;
+
+/// Timing of the session engine.
+#[derive(Debug, Clone, Copy)]
+pub struct Timers {
+    /// Start a new handshake when the session is this old.
+    pub rekey_after: Duration,
+    /// Send a keepalive when nothing was sent for this long.
+    pub keepalive: Duration,
+    /// Declare a peer dead when nothing was received for this long.
+    pub dead_after: Duration,
+    /// First handshake retry delay; doubles up to `max_backoff`.
+    pub initial_backoff: Duration,
+    /// Largest handshake retry delay.
+    pub max_backoff: Duration,
+    /// How long a peer that we did not dial is retried after it went silent.
+    pub learned_retry: Duration,
+}
+
+impl Timers {
+    /// When a session's keys are renewed: the initiator at `rekey_after`, the
+    /// responder a quarter later (so that both ends do not start one at once).
+    pub fn rekey_due(&self, initiator: bool) -> Duration {
+        if initiator { self.rekey_after } else { self.rekey_after + self.rekey_after / 4 }
+    }
+
+    /// How long a direct path may stay quiet before other paths are tried: two missed
+    /// keepalives and a little.
+    pub fn stale_after(&self) -> Duration {
+        2 * self.keepalive + Duration::from_millis(500)
+    }
+
+    /// Whether a path on which nothing arrived for `quiet` is stale: the one test
+    /// every caller uses ([`Timers::stale_after`] or more).
+    pub fn is_stale(&self, quiet: Duration) -> bool {
+        quiet >= self.stale_after()
+    }
+}
+
+impl Default for Timers {
+    fn default() -> Self {
+        Self {
+            rekey_after: Duration::from_secs(120),
+            keepalive: Duration::from_secs(2),
+            dead_after: Duration::from_secs(6),
+            initial_backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(8),
+            learned_retry: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Static inputs of a node.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Handshake parameters: our key, the PSK, the network name and our hello.
+    pub handshake: Params,
+    /// Endpoints to dial and keep connected forever (`--peer`).
+    pub dial: Vec<Endpoint>,
+    /// Origin of the millisecond clock the pipelines store in sessions.
+    pub epoch: Instant,
+    /// The wall clock at `epoch` (time since 1970-01-01 UTC): IK inits carry a stamp
+    /// that must grow across restarts too (`handshake::Stamp`), and certificates are
+    /// valid for a period of it.
+    pub wall: Duration,
+    /// The authorities whose certificates admit members (`--authority`; two during a
+    /// rollover). Empty: a network without an authority, where the secret admits.
+    pub authorities: Vec<weft_core::cert::AuthorityId>,
+    /// Timing.
+    pub timers: Timers,
+    /// Addresses this node can be reached at (announced in its topology record).
+    pub endpoints: Vec<Endpoint>,
+    /// Prefer the path with the lowest latency over the one with fewest hops.
+    pub latency_first: bool,
+    /// Subnets behind this node that it forwards for the mesh.
+    pub proxied: Vec<(IpAddr, u8)>,
+    /// `--dhcp`: the range the overlay address was picked from; it moves on a conflict.
+    pub dynamic: Option<(Ipv4Addr, u8)>,
+    /// `--use-exit-node`: the member (host name or node id) whose 0.0.0.0/0 we route;
+    /// every other member's /0 is ignored (an offer, never a route we did not ask for).
+    pub use_exit: Option<String>,
+    /// `--accept-wide-subnets`: route subnets other members proxy even when shorter
+    /// than /8 (never a /0).
+    pub accept_wide_subnets: bool,
+    /// `--exit-allow-lan`: as an exit, also take packets for the networks this host
+    /// is connected to (refused by default: members reach the internet, not the
+    /// exit's LAN).
+    pub exit_allow_lan: bool,
+    /// Networks this node is directly connected to (its interfaces' networks): a
+    /// member's proxied subnet overlapping one is refused.
+    pub local_networks: Vec<(IpAddr, u8)>,
+    /// Host names bound to the member that claimed each first, and the member
+    /// `--use-exit-node` first matched, as kept in the state directory.
+    pub names: crate::names::Names,
+}
+
+/// A fact the runtime reports.
+#[derive(Debug)]
+pub enum Input<'a> {
+    /// A handshake or reject datagram arrived.
+    Datagram {
+        /// Sender (the last relay when `via` is set).
+        from: Endpoint,
+        /// The node that sent it through relays, if it was relayed.
+        via: Option<NodeId>,
+        /// The datagram.
+        bytes: &'a [u8],
+    },
+    /// A session's first authenticated data packet arrived.
+    Confirmed {
+        /// The session's local index.
+        local_index: u32,
+    },
+    /// A control message arrived inside a session.
+    Message {
+        /// The session's local index.
+        local_index: u32,
+        /// The decrypted message.
+        bytes: &'a [u8],
+    },
+    /// A member of our network announced itself on the LAN at `endpoint`.
+    Discovered {
+        /// Its UDP endpoint.
+        endpoint: Endpoint,
+    },
+    /// Authenticated packets of a session arrive directly from `from`.
+    Direct {
+        /// The session's local index.
+        local_index: u32,
+        /// Their source address.
+        from: Endpoint,
+    },
+    /// A connection (TCP, WebSocket, QUIC) to `endpoint` closed, or could not be
+    /// opened.
+    LinkDown {
+        /// The connection's endpoint.
+        endpoint: Endpoint,
+        /// Why, for status (e.g. "connection refused").
+        error: &'a str,
+    },
+    /// A packet from our TUN for a member without a session: the engine starts the
+    /// handshake and sends the packet once the session is up (a few are queued per
+    /// member; the rest are dropped and counted).
+    Unrouted {
+        /// Its destination.
+        dst: IpAddr,
+        /// The IP packet.
+        packet: &'a [u8],
+    },
+}
+
+/// A peer named by an administrator: a dialled endpoint or a member's node id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerRef {
+    /// An endpoint given to `--peer` or [`Node::add_peer`].
+    Endpoint(Endpoint),
+    /// A member of the mesh.
+    Node(NodeId),
+}
+
+/// Where a datagram goes: straight to an address, or through relays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Dest {
+    pub(crate) to: Endpoint,
+    pub(crate) relay: Option<RelayHeader>,
+}
+
+impl Dest {
+    pub(crate) fn direct(to: Endpoint) -> Self {
+        Self { to, relay: None }
+    }
+
+    /// To node `dst` through the relay at `to`, from `src`.
+    pub(crate) fn relayed(to: Endpoint, dst: NodeId, src: NodeId) -> Self {
+        Self { to, relay: Some(RelayHeader { hop_limit: MAX_HOPS, dst: dst.to_bytes(), src: src.to_bytes() }) }
+    }
+
+    /// The way back to whoever sent us something from `from` (through `via` if relayed).
+    pub(crate) fn reply(from: Endpoint, via: Option<NodeId>, local: NodeId) -> Self {
+        match via {
+            Some(v) => Self::relayed(from, v, local),
+            None => Self::direct(from),
+        }
+    }
+
+    pub(crate) fn send(&self, bytes: Vec<u8>) -> Action {
+        let bytes = match &self.relay {
+            Some(h) => h.wrap(&bytes),
+            None => bytes,
+        };
+        Action::Send { to: self.to, bytes }
+    }
+}
+
+/// An order for the runtime.
+#[derive(Debug)]
+pub enum Action {
+    /// Publish a new route snapshot to the pipelines.
+    PublishRoutes(Arc<RouteSnapshot>),
+    /// Change the TUN's overlay address (`--dhcp` moved after a conflict).
+    SetAddress {
+        /// The address to remove.
+        old: Ipv4Addr,
+        /// The address to add.
+        new: Ipv4Addr,
+        /// Prefix length of both.
+        prefix: u8,
+    },
+    /// Route these subnets (proxied by other members) into the TUN; replaces the
+    /// previous set.
+    InstallRoutes(Vec<(IpAddr, u8)>),
+    /// Send a datagram.
+    Send {
+        /// Destination.
+        to: Endpoint,
+        /// The datagram.
+        bytes: Vec<u8>,
+    },
+    /// Keep these name bindings and exit pin in the state directory (they changed).
+    SaveNames(crate::names::Names),
+    /// Keep the revocations (all of them) in the state directory.
+    SaveRevocations(Vec<weft_core::cert::Revocation>),
+    /// Keep the ledger of certificates this issuer issued (all of it) in the state
+    /// directory.
+    SaveIssued(Vec<crate::issuer::Issued>),
+    /// A newer access policy signed by the authority arrived (encoded
+    /// [`weft_core::policy::SignedPolicy`], signature checked): put it in force and
+    /// keep it in the state directory.
+    PolicyChanged(Vec<u8>),
+}
