@@ -11,6 +11,9 @@ import re
 import sys
 
 src = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "cli", "src")
+if not os.path.isdir(src):
+    print(f"error: {src} is not a directory (expected the daemon's source, cli/src)", file=sys.stderr)
+    sys.exit(2)
 mods = sorted(
     n[:-3] if n.endswith(".rs") else n
     for n in os.listdir(src)

@@ -59,10 +59,7 @@ cleanup() {
     kill_pid "$A_PID"
     stop_all WEFTS
     stop_all PIDS
-    for ns in "$A" "$B" "$C" "$D" "$S"; do
-        ip netns pids "$ns" 2>/dev/null | xargs -r kill 2>/dev/null || true
-        ip netns del "$ns" 2>/dev/null || true
-    done
+    remove_netns "$A" "$B" "$C" "$D" "$S"
     rm -rf "$WORK"
 }
 trap cleanup EXIT INT TERM
@@ -70,7 +67,7 @@ start_watchdog
 PIDS+=("$WATCHDOG_PID")
 
 nsx() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
-for ns in "$S" "$A" "$B" "$C" "$D"; do ip netns add "$ns"; nsx "$ns" ip link set lo up; done
+make_netns "$S" "$A" "$B" "$C" "$D"
 nsx "$S" ip link add br0 type bridge
 nsx "$S" ip link set br0 up
 n=1
@@ -178,7 +175,7 @@ lines = [
     "| ping from A | median ms | p95 ms | max ms | samples |",
     "|---|---|---|---|---|",
 ]
-for label, key in [("first, to D (direct)", "first_direct"), ("later, to D", "later_direct"),
+for label, key in [("first, to D (on A's LAN)", "first_direct"), ("later, to D", "later_direct"),
                    ("first, to C (relayed by B)", "first_relayed"), ("later, to C", "later_relayed")]:
     m, p, x, n = stats(key)
     lines.append(f"| {label} | {m} | {p} | {x} | {n} |")

@@ -62,3 +62,22 @@ stop_all() {
     for pid in "${pids_[@]}"; do wait "$pid" 2>/dev/null || true; done
     pids_=()
 }
+
+# Makes each named network namespace with its loopback up (first.sh, uplink.sh).
+make_netns() {
+    local ns
+    for ns in "$@"; do
+        ip netns add "$ns"
+        ip netns exec "$ns" ip link set lo up
+    done
+}
+
+# Ends whatever still runs in each named namespace and deletes it; never fails, so it
+# is safe in cleanup (first.sh, uplink.sh).
+remove_netns() {
+    local ns
+    for ns in "$@"; do
+        ip netns pids "$ns" 2>/dev/null | xargs -r kill 2>/dev/null || true
+        ip netns del "$ns" 2>/dev/null || true
+    done
+}

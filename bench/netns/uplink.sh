@@ -32,6 +32,12 @@ for t in ip tc iperf3 ping python3; do
     command -v "$t" >/dev/null || { echo "error: $t missing (apt install iproute2 iperf3 iputils-ping python3)" >&2; exit 2; }
 done
 case "$DURATION$REPS" in *[!0-9]*) echo "error: DURATION and REPS must be whole numbers" >&2; exit 2 ;; esac
+[[ $RATE =~ ^[0-9]+(\.[0-9]+)?([kmg]?bit|[kmg]?bps)$ ]] ||
+    { echo "error: RATE $RATE: expected a tc rate such as 50mbit or 800kbit" >&2; exit 2; }
+for cc in $CC; do
+    grep -qw -- "$cc" /proc/sys/net/ipv4/tcp_available_congestion_control ||
+        { echo "error: CC $cc: this kernel has $(cat /proc/sys/net/ipv4/tcp_available_congestion_control)" >&2; exit 2; }
+done
 [ "$DURATION" -ge 3 ] || { echo "error: DURATION must be at least 3 (the pings start after 1 s)" >&2; exit 2; }
 for t in $TRANSPORTS; do
     case "$t" in udp | tcp | ws) ;; *) echo "error: transport $t: expected udp, tcp or ws" >&2; exit 2 ;; esac
@@ -52,10 +58,7 @@ cleanup() {
     IN_CLEANUP=1
     stop_all WEFTS
     stop_all PIDS
-    for ns in "$A" "$B"; do
-        ip netns pids "$ns" 2>/dev/null | xargs -r kill 2>/dev/null || true
-        ip netns del "$ns" 2>/dev/null || true
-    done
+    remove_netns "$A" "$B"
     rm -rf "$WORK"
 }
 trap cleanup EXIT INT TERM
@@ -63,7 +66,7 @@ start_watchdog
 PIDS+=("$WATCHDOG_PID")
 
 nsx() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
-for ns in "$A" "$B"; do ip netns add "$ns"; nsx "$ns" ip link set lo up; done
+make_netns "$A" "$B"
 ip link add "$TAG-a" netns "$A" type veth peer name "$TAG-b" netns "$B"
 nsx "$A" ip addr add 198.51.100.1/24 dev "$TAG-a"; nsx "$A" ip link set "$TAG-a" up
 nsx "$B" ip addr add 198.51.100.2/24 dev "$TAG-b"; nsx "$B" ip link set "$TAG-b" up

@@ -16,6 +16,9 @@
 //!   asks for while sparse packets pass is owed to the next bulk one), and in each
 //!   batch written to the TUN sparse flows' packets go first ([`sparse_first`]).
 //!
+//! A stream connection's send queue uses [`Codel`] too, with its own target and
+//! interval ([`Codel::new`]; `weft_datapath::transport::links::LinkQueue`).
+//!
 //! Pure logic: the caller hands in the times and the packets.
 
 /// The wait in the receive queue CoDel tolerates (0.25 ms).
