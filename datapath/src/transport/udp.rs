@@ -120,7 +120,7 @@ pub fn enable_gro(sock: &UdpSocket) -> bool {
 }
 
 /// Sets an integer socket option; returns whether the kernel accepted it.
-pub(crate) fn set_int(fd: std::os::fd::RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> bool {
+fn set_int(fd: std::os::fd::RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> bool {
     // SAFETY: `value` is a valid c_int for the duration of the call; `fd` is the
     // caller's open socket.
     let r = unsafe {

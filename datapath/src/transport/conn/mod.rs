@@ -464,14 +464,13 @@ enum Dialled {
 /// waiting, so a backlog stands in the send queue, where CoDel sees and cuts it
 /// ([`LinkQueue`]), instead of in a send buffer that grows to 4 MiB (seconds on a slow
 /// uplink).
-pub const NOTSENT_LOWAT: i32 = 128 << 10;
+pub const NOTSENT_LOWAT: u32 = 128 << 10;
 
 /// No Nagle, and a short unsent queue ([`NOTSENT_LOWAT`]) on a stream connection's
 /// socket (either failing only costs latency).
 pub(super) fn short_send_buffer(stream: &TcpStream) {
-    use std::os::fd::AsRawFd;
     let _ = stream.set_nodelay(true);
-    crate::transport::udp::set_int(stream.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT, NOTSENT_LOWAT);
+    let _ = socket2::SockRef::from(stream).set_tcp_notsent_lowat(NOTSENT_LOWAT);
 }
 
 #[cfg(test)]
@@ -486,6 +485,16 @@ mod tests {
     use std::net::IpAddr;
     use tokio::io::{AsyncRead, AsyncWrite};
     use tokio_tungstenite::tungstenite::Message;
+
+    #[tokio::test]
+    async fn a_stream_socket_keeps_its_unsent_queue_short() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let s = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        short_send_buffer(&s);
+        let sock = socket2::SockRef::from(&s);
+        assert_eq!(sock.tcp_notsent_lowat().unwrap(), NOTSENT_LOWAT);
+        assert!(sock.tcp_nodelay().unwrap());
+    }
 
     #[test]
     fn fragments_reassemble_and_garbage_is_refused() {
