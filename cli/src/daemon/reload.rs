@@ -49,7 +49,7 @@ struct Live {
     accept_dns: bool,
     network_secret: crate::config::values::Secret,
     network_secret_next: Option<crate::config::values::Secret>,
-    policy: Option<crate::services::policy::Loaded>,
+    policy: Option<crate::config::policy::Loaded>,
 }
 
 /// Takes the new config apart field by field: the settings applied live, and the
@@ -214,7 +214,7 @@ impl Runtime {
 
     /// The access policy: a new one (or a changed file) is in force at once; flows it
     /// no longer allows are cut, the others stay.
-    fn reload_policy(&mut self, policy: Option<crate::services::policy::Loaded>, out: &mut Outcome) {
+    fn reload_policy(&mut self, policy: Option<crate::config::policy::Loaded>, out: &mut Outcome) {
         if let Some(v) = self.policy.loaded.as_ref().and_then(|l| l.signed) {
             if self.cfg.policy != policy {
                 out.done(format!("policy file noted; the policy the authority signed (version {v}) stays in force"));

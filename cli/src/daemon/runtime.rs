@@ -251,8 +251,11 @@ impl Runtime {
     /// Gives the userspace services the mesh's current names and networks.
     pub(super) fn refresh_userspace(&self) {
         let Some(u) = &self.userspace else { return };
-        let domain =
-            self.cfg.dns_domain.clone().unwrap_or_else(|| crate::services::dns::default_domain(&self.cfg.network_name));
+        let domain = self
+            .cfg
+            .dns_domain
+            .clone()
+            .unwrap_or_else(|| crate::config::domain::default_domain(&self.cfg.network_name));
         u.destinations().names.store(Arc::new(self.dns_zone(&domain)));
         u.destinations().nets.store(Arc::new(self.mesh_networks()));
     }
@@ -671,7 +674,7 @@ impl Runtime {
 
     /// A newer policy signed by the authority: in force at once, and kept.
     fn signed_policy(&mut self, bytes: &[u8]) {
-        let loaded = match crate::services::policy::Loaded::signed(bytes, &self.cfg.state_dir.join("policy")) {
+        let loaded = match crate::config::policy::Loaded::signed(bytes, &self.cfg.state_dir.join("policy")) {
             Ok(l) => l,
             Err(e) => return warn!("{e}: the policy in force stays"),
         };
@@ -690,7 +693,7 @@ impl Runtime {
     /// Checks a signed policy pushed by an admin (`weft policy push`) and offers it to
     /// the engine, which passes it to the mesh.
     pub(super) fn push_policy(&mut self, now: Instant, bytes: Vec<u8>) -> Result<String, String> {
-        let loaded = crate::services::policy::Loaded::signed(&bytes, &self.cfg.state_dir.join("policy"))?;
+        let loaded = crate::config::policy::Loaded::signed(&bytes, &self.cfg.state_dir.join("policy"))?;
         let (members, overlay) = (self.engine.members(), self.overlay_networks());
         loaded.policy.check_known_tests(&members, &overlay).map_err(|e| format!("refused: {e}"))?;
         let v = loaded.signed.unwrap_or(0);
@@ -701,7 +704,7 @@ impl Runtime {
     }
 
     /// Puts `loaded` in force (start and reload).
-    pub(super) fn apply_policy(&mut self, loaded: Option<crate::services::policy::Loaded>) -> Result<(), String> {
+    pub(super) fn apply_policy(&mut self, loaded: Option<crate::config::policy::Loaded>) -> Result<(), String> {
         let (members, overlay) = (self.engine.members(), self.overlay_networks());
         self.policy.apply(&self.shared.firewall, loaded, members, &overlay)
     }

@@ -20,12 +20,13 @@ use weft_peers::node::{Config, Node, Timers};
 use super::settings::{engine_proxied, exit_offer, resolve_ipv6};
 use super::{LINKS_QUEUE, state};
 use crate::config::NodeConfig;
+use crate::config::domain::default_domain;
 use crate::config::values::{Ipv4Net, Ipv6Overlay, UsageError};
 use crate::host::interfaces::local_networks;
 use crate::host::net::{configure_ipv6, enable_forwarding};
 use crate::notun::stack::Stack;
 use crate::notun::{Destinations, Userspace};
-use crate::services::dns::{Zone, default_domain};
+use crate::services::dns::Zone;
 use crate::services::exit;
 
 /// The scheduling priority (nice) Weft runs at: a packet that arrives wakes its

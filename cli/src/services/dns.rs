@@ -14,7 +14,7 @@ use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
 use tracing::{debug, warn};
 use weft_peers::NodeId;
 
-pub use crate::config::domain::{default_domain, label, parse_domain};
+use crate::config::domain::label;
 
 /// Seconds members' answers may be cached: a renamed or departed member is gone from
 /// resolvers' caches within this.
@@ -375,26 +375,6 @@ mod tests {
                 _ => None,
             })
             .collect()
-    }
-
-    #[test]
-    fn labels_are_sanitised() {
-        assert_eq!(label("Alpha.Example.COM"), "alpha-example-com");
-        assert_eq!(label("  my_box  2 "), "my-box-2");
-        assert_eq!(label("-x-"), "x");
-        assert_eq!(label("\u{e9}t\u{e9}"), "t");
-        assert_eq!(label(&"a".repeat(100)).len(), 63);
-        assert_eq!(label("!!!"), "");
-        assert_eq!(default_domain("Office LAN"), "office-lan.internal");
-        assert_eq!(default_domain("***"), "weft.internal");
-    }
-
-    #[test]
-    fn domains_are_checked() {
-        assert_eq!(parse_domain("Mesh.Example.").unwrap(), "mesh.example");
-        for bad in ["", ".", "a..b", "-a.b", "a-.b", "a b", "a_b.c", &"a".repeat(64)] {
-            assert!(parse_domain(bad).is_err(), "{bad:?} accepted");
-        }
     }
 
     #[test]

@@ -12,7 +12,7 @@ use weft_core::policy::{Member, proto};
 
 use crate::config::values::UsageError;
 
-pub use crate::config::policy::Loaded;
+use crate::config::policy::Loaded;
 
 /// The policy in force on a node and what it was compiled against.
 #[derive(Debug, Default)]

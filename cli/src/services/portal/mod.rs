@@ -57,7 +57,7 @@ const HANDSHAKE_RATE_LIMIT: u64 = 200;
 /// boringtun's own device.
 const TIMER_TICK: Duration = Duration::from_millis(250);
 
-pub use crate::config::portal::PortalConfig;
+use crate::config::portal::PortalConfig;
 
 /// Keepalive interval written into client configs: keeps the client's NAT mapping
 /// open so that members can reach it first.
