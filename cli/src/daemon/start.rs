@@ -84,7 +84,7 @@ pub(super) fn identity(cfg: &mut NodeConfig) -> Result<(StaticKey, Option<(Ipv6A
             .into());
         }
         // Weft's own sockets (all opened after this) keep to the underlay.
-        weft_datapath::transport::set_socket_mark(exit::TABLE);
+        weft_datapath::transport::set_socket_mark(crate::host::exit_route::TABLE);
     }
     let ipv6 = resolve_ipv6(cfg, id)?;
     if let Some(range) = cfg.dhcp {

@@ -11,7 +11,7 @@ use std::net::IpAddr;
 
 use tracing::info;
 
-pub use crate::host::exit_route::{TABLE, route_through, unroute};
+use crate::host::exit_route::{route_through, unroute};
 
 /// The nftables table of the exit on `dev`.
 pub fn nft_table(dev: &str) -> String {
