@@ -41,7 +41,7 @@ pub struct Zone {
 type Addrs = (Ipv4Addr, Option<Ipv6Addr>);
 
 impl Zone {
-    /// A zone for `domain` (already checked by [`parse_domain`]) holding `members`:
+    /// A zone for `domain` (already checked by [`parse_domain`](crate::config::domain::parse_domain)) holding `members`:
     /// (node id, host name, overlay address, IPv6 overlay address).
     pub fn new<'a>(
         domain: &str,
