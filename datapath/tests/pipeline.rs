@@ -276,8 +276,8 @@ fn relays_clamp_the_hop_limit_and_take_frames_only_from_neighbours() {
 /// in order for the links RX thread, whatever shares its batch.
 #[test]
 fn relayed_frames_pass_from_stream_to_stream_under_the_relay_rules() {
-    use tokio::sync::mpsc::{Receiver, channel};
     use weft_datapath::pipeline::StreamRelay;
+    use weft_datapath::transport::links::LinkQueue;
     use weft_datapath::transport::{Forward, Links, frame};
     let (a, b, c, d, e, f) = ([0xa; 8], [0xb; 8], [0xc; 8], [0xd; 8], [0xe; 8], [0xf; 8]);
     let from = Endpoint::new(Proto::Tcp, "192.0.2.1:40000".parse().unwrap());
@@ -291,8 +291,8 @@ fn relayed_frames_pass_from_stream_to_stream_under_the_relay_rules() {
     let stats = Arc::new(PipelineStats::default());
     let relay = StreamRelay::new(Arc::new(ArcSwap::from_pointee(routes)), stats.clone());
     let (links, _inbound) = Links::new(4);
-    let (tx_c, mut to_c) = channel(8);
-    let (tx_e, mut to_e) = channel(8);
+    let (tx_c, mut to_c) = LinkQueue::channel(links.clone());
+    let (tx_e, mut to_e) = LinkQueue::channel(links.clone());
     links.register(ws_c, tx_c);
     links.register(tcp_e, tx_e);
     let frame = |dst: [u8; 8], hops: u8| RelayHeader { hop_limit: hops, dst, src: a }.wrap(b"sealed inner datagram");
@@ -303,13 +303,7 @@ fn relayed_frames_pass_from_stream_to_stream_under_the_relay_rules() {
         }
         b
     };
-    let sent = |q: &mut Receiver<weft_datapath::transport::links::Queued>| -> Vec<Vec<u8>> {
-        let mut out = Vec::new();
-        while let Ok(q) = q.try_recv() {
-            out.push(q.batch);
-        }
-        out
-    };
+    let sent = |q: &mut LinkQueue| -> Vec<Vec<u8>> { std::iter::from_fn(|| q.try_recv()).collect() };
     let hop_limits =
         |b: &[u8]| -> Vec<u8> { frame::frames(b).map(|f| RelayHeader::parse(f.unwrap()).unwrap().hop_limit).collect() };
     // All for C, whose next hop is a WebSocket: the batch goes as it is.
@@ -481,6 +475,43 @@ fn a_super_packet_crosses_a_reliable_connection_as_one_record() {
         e.rx.process_big(&routes, &e.shared_b, &e.stats_b, from, &mut rec, 1, &mut again, None);
         assert!(again.0.is_empty());
     }
+}
+
+/// Packets to a connection are put in its send queue's lanes by their flow's rate: a
+/// download's records are bulk once it has moved 64 KiB; a ping or a game packet
+/// beside it is sparse (taken first); packets to UDP are not told apart.
+#[test]
+fn packets_to_a_connection_take_the_lane_of_their_flows_rate() {
+    use weft_datapath::transport::Lane;
+    let tcp = Endpoint::new(Proto::Tcp, "192.0.2.2:11010".parse().unwrap());
+    let mut e = ends_over(Cipher::Aes128Gcm, tcp, true);
+    e.a_to_b.set_peer_gso(true);
+    let lanes = |e: &Ends| e.tx.outgoing().1.iter().map(|o| o.lane).collect::<Vec<_>>();
+    // A download's super-packets: the first is sparse (the flow has just started),
+    // the next ones bulk.
+    let sp = super_packet(A, 1380, 40);
+    let got: Vec<Lane> = (0..3)
+        .map(|_| {
+            seal_super(&mut e, &sp).unwrap();
+            lanes(&e)[0]
+        })
+        .collect();
+    assert_eq!(got, [Lane::Sparse, Lane::Bulk, Lane::Bulk]);
+    // A batch read beside it: its segments (split, not as a record), a ping-sized
+    // UDP packet and a game packet of another flow: only the download's are bulk.
+    let mut seg = sp[10..10 + 40 + 1380].to_vec();
+    seg[2..4].copy_from_slice(&(40u16 + 1380).to_be_bytes());
+    let mut game = ipv4_packet(A, B, &[0x1e, 0x61, 0x23, 0x28, 0, 108, 0, 0]);
+    game.resize(128, 7);
+    let ping = ipv4_packet(A, B, &[0x30, 0x39, 0, 53, 0, 28, 0, 0, 1, 2, 3, 4]);
+    let drops = DropCounters::default();
+    assert_eq!(seal(&mut e, &[seg.clone(), ping, seg.clone(), game], &drops).len(), 4);
+    assert_eq!(lanes(&e), [Lane::Bulk, Lane::Sparse, Lane::Bulk, Lane::Sparse]);
+    // To UDP the batch leaves in one sendmmsg: no lanes.
+    let mut u = ends_over(Cipher::Aes128Gcm, "192.0.2.2:11010".parse::<SocketAddr>().unwrap().into(), false);
+    let ping = ipv4_packet(A, B, &[0x30, 0x39, 0, 53, 0, 28, 0, 0, 1, 2, 3, 4]);
+    assert_eq!(seal(&mut u, &[ping], &drops).len(), 1);
+    assert_eq!(lanes(&u), [Lane::Bulk]);
 }
 
 #[test]

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use arc_swap::ArcSwap;
 
 use super::PipelineStats;
-use crate::transport::{Endpoint, Forward, Links, frame};
+use crate::transport::{Endpoint, Forward, Lane, Links, frame};
 use weft_core::route::RouteSnapshot;
 use weft_core::stats::DropReason;
 use weft_core::wire::{MAX_HOPS, MessageType, RELAY_HEADER_LEN, RelayHeader};
@@ -95,7 +95,7 @@ impl StreamRelay {
 
     /// Queues `batch` (`frames` relayed frames) on the connection to `to`.
     pub(super) fn send(&self, links: &Links, to: Endpoint, batch: Vec<u8>, frames: usize) {
-        if matches!(links.send(to, batch), Ok(true)) {
+        if matches!(links.send(to, batch, Lane::Bulk), Ok(true)) {
             links.counters.relayed_batches.fetch_add(1, Relaxed);
         } else {
             self.stats.drops.add(DropReason::LinkSend, frames as u64);

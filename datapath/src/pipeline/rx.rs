@@ -15,7 +15,7 @@ use super::device::{DevOut, Device, TunWriter};
 use super::relay::{Hop, relay_or_local};
 use super::{ControlEvent, PipelineConfig, PipelineStats, Shared, Tally, now_ms};
 use crate::transport::udp::{self, MAX_BATCH, Outgoing, RecvMeta};
-use crate::transport::{Egress, Endpoint, Inbound, frame};
+use crate::transport::{Egress, Endpoint, Inbound, Lane, frame};
 use weft_core::crypto::TAG_LEN;
 use weft_core::queue::{Codel, FlowLoad, sparse_first};
 use weft_core::route::RouteSnapshot;
@@ -204,7 +204,9 @@ impl Rx {
             Got::Packet { session, .. } => session.stats.drops.add(DropReason::Malformed, 1),
             Got::Forward(to) if to.proto.is_stream() => {
                 if let Some(egress) = egress {
-                    egress.send(&[&*data], &[Outgoing { buf: 0, start: 0, len: data.len(), to }]).count(&stats.drops);
+                    egress
+                        .send(&[&*data], &[Outgoing { buf: 0, start: 0, len: data.len(), to, lane: Lane::Bulk }])
+                        .count(&stats.drops);
                 }
                 return Some(to);
             }
@@ -274,7 +276,7 @@ impl Rx {
                             continue;
                         }
                         Got::Forward(to) => {
-                            self.fwd.push(Outgoing { buf: 0, start, len: seg, to });
+                            self.fwd.push(Outgoing { buf: 0, start, len: seg, to, lane: Lane::Bulk });
                             continue;
                         }
                         Got::Nothing => continue,

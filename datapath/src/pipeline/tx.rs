@@ -13,9 +13,10 @@ use super::device::Device;
 use super::{ControlEvent, PipelineConfig, PipelineStats, QUIC_INNER_MAX, Shared, TX_HEADROOM, Tally, now_ms};
 use crate::gso;
 use crate::transport::udp::Outgoing;
-use crate::transport::{Egress, Endpoint, Proto, frame};
+use crate::transport::{Egress, Endpoint, Lane, Proto, frame};
 use weft_core::crypto::TAG_LEN;
 use weft_core::firewall::Firewall;
+use weft_core::queue::FlowLoad;
 use weft_core::route::{Lookup, RouteSnapshot};
 use weft_core::stats::{DropCounters, DropReason};
 use weft_core::wire::{FLAG_GSO, FLAG_ORDERED, RELAY_HEADER_LEN, ip_addrs};
@@ -35,6 +36,9 @@ pub struct Tx {
     pub(super) unrouted: Vec<(std::net::IpAddr, Vec<u8>)>,
     /// The access policy's connection table: what this node sends may be answered.
     pub(super) firewall: Option<std::sync::Arc<Firewall>>,
+    /// Each flow's rate, for packets to a connection: a sparse flow's take the lane
+    /// its queue empties first ([`Lane::Sparse`]).
+    pub(super) load: FlowLoad,
 }
 
 impl Tx {
@@ -51,6 +55,7 @@ impl Tx {
             sent_bytes: 0,
             unrouted: Vec::new(),
             firewall: None,
+            load: FlowLoad::default(),
         }
     }
 
@@ -196,6 +201,12 @@ impl Tx {
             return None;
         }
         let (_, segments) = gso::normalize(&mut self.original[TX_HEADROOM..TX_HEADROOM + len]).ok()?;
+        // The inner headers, for telling the flow's rate (sealing overwrites them).
+        let mut pkt_head = [0u8; 64];
+        let head = self.original.get(TX_HEADROOM + VIRTIO_NET_HDR_LEN..TX_HEADROOM + len).unwrap_or_default();
+        let kept = head.len().min(pkt_head.len());
+        pkt_head[..kept].copy_from_slice(&head[..kept]);
+        let pkt_head = &pkt_head[..kept];
         if segments > gso::MAX_SEGMENTS {
             return None;
         }
@@ -206,8 +217,9 @@ impl Tx {
             h.emit(head);
         }
         let start = RELAY_HEADER_LEN - relay_len;
+        let lane = lane(&mut self.load, pkt_head, len - VIRTIO_NET_HDR_LEN, now);
         self.out.clear();
-        self.out.push(Outgoing { buf: 0, start, len: relay_len + sealed, to: route.target });
+        self.out.push(Outgoing { buf: 0, start, len: relay_len + sealed, to: route.target, lane });
         let (packets, bytes) = (segments as u64, (len - VIRTIO_NET_HDR_LEN) as u64);
         s.stats.add_tx(packets, bytes);
         s.touch_tx(now);
@@ -258,6 +270,10 @@ impl Tx {
                 route.session.stats.drops.add(DropReason::KeyExpired, 1);
                 continue;
             }
+            let lane = match route.target.proto {
+                Proto::Udp => Lane::Bulk,
+                _ => lane(&mut self.load, &buf[TX_HEADROOM..TX_HEADROOM + len], len, now),
+            };
             let mut flags = 0;
             if route.target.proto == Proto::Quic {
                 // TCP connections over QUIC send segments that fit one datagram.
@@ -284,7 +300,7 @@ impl Tx {
             };
             tally.add(&route.session, len, false, now);
             self.sent_bytes += len as u64;
-            self.out.push(Outgoing { buf: i, start, len: RELAY_HEADER_LEN - start + sealed, to: route.target });
+            self.out.push(Outgoing { buf: i, start, len: RELAY_HEADER_LEN - start + sealed, to: route.target, lane });
         }
         tally.flush(false, now);
     }
@@ -304,6 +320,14 @@ impl Tx {
     pub fn outgoing(&self) -> (&[Vec<u8>], &[Outgoing]) {
         (&self.bufs, &self.out)
     }
+}
+
+/// The lane of a connection's send queue for inner packet `ip` (its headers at least;
+/// `len` bytes in all, more for a super-packet) at `now` (ms): a sparse flow's packets
+/// go first. Only packets to a connection are told apart: a UDP batch leaves in one
+/// `sendmmsg`, with no queue of this node's to wait in.
+fn lane(load: &mut FlowLoad, ip: &[u8], len: usize, now: u64) -> Lane {
+    if load.add(ip, len, now) { Lane::Bulk } else { Lane::Sparse }
 }
 
 /// Whether super-packets to `route` go over QUIC as records: only straight to a peer

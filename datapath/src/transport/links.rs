@@ -27,6 +27,9 @@ use super::{Endpoint, Proto, frame};
 
 /// Framed batches queued per connection before the sender drops.
 pub const LINK_QUEUE: usize = 512;
+/// Batches the sparse lane of a connection's send queue holds ([`Lane::Sparse`]):
+/// past this, sparse batches join the bulk lane (in order behind it, never lost).
+pub const LINK_SPARSE_QUEUE: usize = 64;
 /// The wait in a connection's send queue CoDel tolerates (5 ms) and the interval it
 /// must last before a drop (100 ms): RFC 8289's values for paths across the Internet.
 /// On a fast link the writer keeps the queue near empty and nothing is dropped; on a
@@ -163,7 +166,46 @@ struct Shard {
 #[derive(Clone)]
 struct Entry {
     id: u64,
-    tx: tmpsc::Sender<Queued>,
+    tx: LinkSender,
+}
+
+/// Which lane of a connection's send queue a batch waits in. The writer takes every
+/// sparse batch before the next bulk one: a ping, a keystroke, a game packet, DNS or a
+/// handshake never waits behind the downloads queued on the same connection (the
+/// sparse-flow priority of fq_codel, per connection). Flows are told apart by their
+/// rate ([`weft_core::queue::FlowLoad`]), so a flow's packets stay in one lane while
+/// its rate does; a flow that becomes bulk moves from the lane taken first to the
+/// other, and keeps its order.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Lane {
+    /// Bulk flows, and what nobody classified (relayed frames): CoDel keeps this lane
+    /// short.
+    #[default]
+    Bulk,
+    /// Sparse flows and the node's own control messages: taken first, never dropped.
+    Sparse,
+}
+
+/// The senders' end of a connection's send queue (see [`LinkQueue::channel`]).
+#[derive(Debug, Clone)]
+pub struct LinkSender {
+    bulk: tmpsc::Sender<Queued>,
+    sparse: tmpsc::Sender<Queued>,
+}
+
+impl LinkSender {
+    /// Queues `q` in `lane`: a sparse batch that finds its lane full joins the bulk
+    /// lane. Gives it back when the (bulk) lane is full or the connection is gone.
+    pub fn try_send(&self, q: Queued, lane: Lane) -> Result<(), tmpsc::error::TrySendError<Queued>> {
+        let q = match lane {
+            Lane::Sparse => match self.sparse.try_send(q) {
+                Err(tmpsc::error::TrySendError::Full(q)) => q,
+                other => return other,
+            },
+            Lane::Bulk => q,
+        };
+        self.bulk.try_send(q)
+    }
 }
 
 /// A framed batch in a connection's send queue, with the time it was queued.
@@ -182,51 +224,66 @@ impl Queued {
     }
 }
 
-/// The writer's end of a connection's send queue. Each batch it takes has waited
-/// some time; CoDel ([`Codel`], [`LINK_TARGET_NS`]) drops one now and then while that
-/// wait stays above its target, so the queue stands no longer than that whatever the
-/// link's speed (the kernel's own send buffer is kept short too: the connection's
-/// `TCP_NOTSENT_LOWAT`). Only batches of [`LINK_SMALL_BATCH`] or more are dropped;
-/// dropped batches are counted (`queue_dropped`) and their buffers go back to the
-/// pool; the last batch waiting is never dropped.
+/// The writer's end of a connection's send queue: two lanes ([`Lane`]), the sparse one
+/// taken first. Each bulk batch taken has waited some time; CoDel ([`Codel`],
+/// [`LINK_TARGET_NS`]) drops one now and then while that wait stays above its target,
+/// so the queue stands no longer than that whatever the link's speed (the kernel's own
+/// send buffer is kept short too: the connection's `TCP_NOTSENT_LOWAT`). Only bulk
+/// batches of [`LINK_SMALL_BATCH`] or more are dropped; dropped batches are counted
+/// (`queue_dropped`) and their buffers go back to the pool; the last batch waiting is
+/// never dropped.
 pub struct LinkQueue {
-    rx: tmpsc::Receiver<Queued>,
+    bulk: tmpsc::Receiver<Queued>,
+    sparse: tmpsc::Receiver<Queued>,
     codel: Codel,
     epoch: Instant,
     links: Arc<Links>,
 }
 
 impl LinkQueue {
-    /// The queue `rx` of a connection registered with `links`.
-    pub fn new(rx: tmpsc::Receiver<Queued>, links: Arc<Links>) -> Self {
-        Self { rx, codel: Codel::new(LINK_TARGET_NS, LINK_INTERVAL_NS), epoch: Instant::now(), links }
+    /// A connection's send queue (its bulk lane holds [`LINK_QUEUE`] batches, its
+    /// sparse lane [`LINK_SPARSE_QUEUE`]), for registering with `links`
+    /// ([`Links::register`]).
+    pub fn channel(links: Arc<Links>) -> (LinkSender, Self) {
+        let (bulk_tx, bulk) = tmpsc::channel(LINK_QUEUE);
+        let (sparse_tx, sparse) = tmpsc::channel(LINK_SPARSE_QUEUE);
+        let codel = Codel::new(LINK_TARGET_NS, LINK_INTERVAL_NS);
+        (LinkSender { bulk: bulk_tx, sparse: sparse_tx }, Self { bulk, sparse, codel, epoch: Instant::now(), links })
     }
 
-    /// The next batch to write (`None`: the connection was unregistered).
+    /// The next batch to write: a sparse one if any waits (`None`: the connection was
+    /// unregistered).
     pub async fn recv(&mut self) -> Option<Vec<u8>> {
         loop {
-            let q = self.rx.recv().await?;
+            let q = tokio::select! {
+                biased;
+                Some(q) = self.sparse.recv() => return Some(q.batch),
+                q = self.bulk.recv() => q?,
+            };
             if let Some(b) = self.keep(q) {
                 return Some(b);
             }
         }
     }
 
-    /// The next batch already waiting, if any.
+    /// The next batch already waiting, if any: a sparse one first.
     pub fn try_recv(&mut self) -> Option<Vec<u8>> {
+        if let Ok(q) = self.sparse.try_recv() {
+            return Some(q.batch);
+        }
         loop {
-            let q = self.rx.try_recv().ok()?;
+            let q = self.bulk.try_recv().ok()?;
             if let Some(b) = self.keep(q) {
                 return Some(b);
             }
         }
     }
 
-    /// `q`'s batch, unless CoDel drops it.
+    /// Bulk batch `q`, unless CoDel drops it.
     fn keep(&mut self, q: Queued) -> Option<Vec<u8>> {
         let now = Instant::now();
         // An empty queue has no standing wait to cut (RFC 8289: never below one packet).
-        let sojourn = if self.rx.is_empty() { 0 } else { now.saturating_duration_since(q.at).as_nanos() as u64 };
+        let sojourn = if self.bulk.is_empty() { 0 } else { now.saturating_duration_since(q.at).as_nanos() as u64 };
         let now_ns = now.saturating_duration_since(self.epoch).as_nanos() as u64 + 1;
         if self.codel.drop_packet(sojourn, now_ns, q.batch.len() >= LINK_SMALL_BATCH) {
             self.links.counters.queue_dropped.fetch_add(1, Relaxed);
@@ -289,7 +346,7 @@ impl Links {
     /// Registers a connection's send queue under `ep` (replacing an older one, whose
     /// queue then closes) and returns its registration id, which the connection
     /// passes to [`Links::deliver`].
-    pub fn register(&self, ep: Endpoint, tx: tmpsc::Sender<Queued>) -> u64 {
+    pub fn register(&self, ep: Endpoint, tx: LinkSender) -> u64 {
         let id = self.next_id.fetch_add(1, Relaxed);
         self.map.write().insert(ep, Entry { id, tx });
         id
@@ -351,14 +408,14 @@ impl Links {
         self.members.get().is_some_and(|f| f(ep))
     }
 
-    /// Queues a framed batch on the connection to `to`. Returns the batch back when
-    /// there is no such connection, and `Ok(false)` when its queue is full (dropped).
-    pub fn send(&self, to: Endpoint, batch: Vec<u8>) -> Result<bool, Vec<u8>> {
-        let tx = match self.map.read().get(&to) {
-            Some(e) => e.tx.clone(),
-            None => return Err(batch),
-        };
-        match tx.try_send(Queued::now(batch)) {
+    /// Queues a framed batch in `lane` of the connection to `to`. Returns the batch
+    /// back when there is no such connection, and `Ok(false)` when its queue is full
+    /// (dropped).
+    pub fn send(&self, to: Endpoint, batch: Vec<u8>, lane: Lane) -> Result<bool, Vec<u8>> {
+        // Queued under the read lock (a try_send never waits): no sender clone per batch.
+        let map = self.map.read();
+        let Some(e) = map.get(&to) else { return Err(batch) };
+        match e.tx.try_send(Queued::now(batch), lane) {
             Ok(()) => Ok(true),
             Err(tmpsc::error::TrySendError::Full(_)) => Ok(false),
             Err(tmpsc::error::TrySendError::Closed(q)) => Err(q.batch),
@@ -529,8 +586,9 @@ impl Egress {
         }
         self.udp_out.clear();
         let mut failed = 0;
-        // Consecutive frames to one connection travel as one batch.
-        let mut run: Option<(Endpoint, Vec<u8>, usize)> = None;
+        // Consecutive frames to one connection travel as one batch per lane: the
+        // sparse flows' frames of a mixed batch as one of their own, queued first.
+        let mut runs: [Option<(Endpoint, Vec<u8>, usize)>; 2] = [None, None];
         for o in out {
             if o.to.proto == Proto::Udp {
                 self.udp_out.push(*o);
@@ -540,7 +598,8 @@ impl Egress {
                 failed += 1;
                 continue;
             };
-            match &mut run {
+            let run = &mut runs[usize::from(o.lane == Lane::Sparse)];
+            match run {
                 Some((ep, batch, n)) if *ep == o.to => {
                     if frame::push(batch, data) {
                         *n += 1;
@@ -550,28 +609,31 @@ impl Egress {
                 }
                 _ => {
                     if let Some((ep, batch, n)) = run.take() {
-                        failed += self.flush(ep, batch, n);
+                        failed += self.flush(ep, batch, n, o.lane);
                     }
                     let mut batch = self.links.buffer();
                     batch.reserve(out.len() * (frame::PREFIX + data.len()));
                     if frame::push(&mut batch, data) {
-                        run = Some((o.to, batch, 1));
+                        *run = Some((o.to, batch, 1));
                     } else {
                         failed += 1;
                     }
                 }
             }
         }
-        if let Some((ep, batch, n)) = run {
-            failed += self.flush(ep, batch, n);
+        let [bulk, sparse] = runs;
+        for (run, lane) in [(sparse, Lane::Sparse), (bulk, Lane::Bulk)] {
+            if let Some((ep, batch, n)) = run {
+                failed += self.flush(ep, batch, n, lane);
+            }
         }
         let udp =
             if self.udp_out.is_empty() { 0 } else { udp::send_batch(&self.udp, bufs, &self.udp_out, &self.offload) };
         Unsent { udp, link: failed }
     }
 
-    fn flush(&self, to: Endpoint, batch: Vec<u8>, frames: usize) -> usize {
-        match self.links.send(to, batch) {
+    fn flush(&self, to: Endpoint, batch: Vec<u8>, frames: usize, lane: Lane) -> usize {
+        match self.links.send(to, batch, lane) {
             Ok(true) => 0,
             _ => frames,
         }
@@ -585,18 +647,17 @@ mod tests {
     #[test]
     fn a_send_queue_that_stands_past_its_target_is_cut_but_never_its_last_batch() {
         let (links, _rx) = Links::new(4);
-        let (tx, rx) = tmpsc::channel(64);
-        let mut q = LinkQueue::new(rx, links.clone());
+        let (tx, mut q) = LinkQueue::channel(links.clone());
         // Batches taken as fast as they come: nothing is dropped.
         for i in 0..20u8 {
-            tx.try_send(Queued::now(vec![i])).unwrap();
+            tx.try_send(Queued::now(vec![i]), Lane::Bulk).unwrap();
             assert_eq!(q.try_recv(), Some(vec![i]));
         }
         // A backlog that waited a second: CoDel waits one interval before its first drop.
         let old =
             || Queued { batch: vec![7; LINK_SMALL_BATCH], at: Instant::now() - std::time::Duration::from_secs(1) };
         for _ in 0..8 {
-            tx.try_send(old()).unwrap();
+            tx.try_send(old(), Lane::Bulk).unwrap();
         }
         for _ in 0..4 {
             assert_eq!(q.try_recv(), Some(vec![7; LINK_SMALL_BATCH]));
@@ -611,21 +672,21 @@ mod tests {
         assert!(dropped >= 1 && kept >= 1 && dropped + kept == 4, "dropped {dropped}, kept {kept}");
         // One old batch alone in the queue is never dropped.
         let before = dropped;
-        tx.try_send(old()).unwrap();
+        tx.try_send(old(), Lane::Bulk).unwrap();
         assert_eq!(q.try_recv(), Some(vec![7; LINK_SMALL_BATCH]));
         assert_eq!(links.counters.queue_dropped.load(Relaxed), before);
         // Still standing: small batches (a ping) pass, the drop they were owed falls on
         // the next large one.
         let small = || Queued { batch: vec![1; 100], at: Instant::now() - std::time::Duration::from_secs(1) };
-        tx.try_send(small()).unwrap();
-        tx.try_send(small()).unwrap();
+        tx.try_send(small(), Lane::Bulk).unwrap();
+        tx.try_send(small(), Lane::Bulk).unwrap();
         assert_eq!(q.try_recv(), Some(vec![1; 100]));
         std::thread::sleep(std::time::Duration::from_nanos(LINK_INTERVAL_NS + 10_000_000));
         for _ in 0..5 {
-            tx.try_send(small()).unwrap();
+            tx.try_send(small(), Lane::Bulk).unwrap();
         }
-        tx.try_send(old()).unwrap();
-        tx.try_send(old()).unwrap();
+        tx.try_send(old(), Lane::Bulk).unwrap();
+        tx.try_send(old(), Lane::Bulk).unwrap();
         for _ in 0..6 {
             assert_eq!(q.try_recv(), Some(vec![1; 100]), "a small batch is never dropped");
         }
@@ -642,27 +703,71 @@ mod tests {
         let mut eg = Egress::new(udp, links.clone(), Arc::new(Offload::new(false, false)));
         let tcp = Endpoint::new(Proto::Tcp, "192.0.2.1:11010".parse().unwrap());
         let ws = Endpoint::new(Proto::Ws, "192.0.2.2:11011".parse().unwrap());
-        let (tx, mut rx) = tmpsc::channel(2);
+        let (tx, mut rx) = LinkQueue::channel(links.clone());
         links.register(tcp, tx);
         let bufs = vec![vec![1u8; 100], vec![2u8; 200], vec![3u8; 50], vec![4u8; 60]];
         let to_udp = Endpoint::udp(peer.local_addr().unwrap());
-        let out = [
-            Outgoing { buf: 0, start: 0, len: 100, to: tcp },
-            Outgoing { buf: 1, start: 0, len: 200, to: tcp },
-            Outgoing { buf: 2, start: 0, len: 50, to: to_udp },
-            Outgoing { buf: 3, start: 0, len: 60, to: ws },
-        ];
+        let bulk = |buf, len, to| Outgoing { buf, start: 0, len, to, lane: Lane::Bulk };
+        let out = [bulk(0, 100, tcp), bulk(1, 200, tcp), bulk(2, 50, to_udp), bulk(3, 60, ws)];
         // The ws connection does not exist: its frame fails; the rest goes out.
         assert_eq!(eg.send(&bufs, &out), Unsent { udp: 0, link: 1 });
-        let batch = rx.try_recv().unwrap().batch;
+        let batch = rx.try_recv().unwrap();
         let frames: Vec<&[u8]> = frame::frames(&batch).collect::<Result<_, _>>().unwrap();
         assert_eq!(frames, [&bufs[0][..], &bufs[1][..]]);
         let mut got = [0u8; 100];
         assert_eq!(peer.recv(&mut got).unwrap(), 50);
         // A full queue drops whole batches, counted as failed frames.
-        assert_eq!(eg.send(&bufs, &out[..1]), Unsent::default());
-        assert_eq!(eg.send(&bufs, &out[..1]), Unsent::default());
+        for _ in 0..LINK_QUEUE {
+            assert_eq!(eg.send(&bufs, &out[..1]), Unsent::default());
+        }
         assert_eq!(eg.send(&bufs, &out[..2]), Unsent { udp: 0, link: 2 });
+    }
+
+    #[test]
+    fn sparse_frames_leave_a_connection_before_the_bulk_batches_queued_ahead_of_them() {
+        let (links, _rx) = Links::new(4);
+        let udp = Arc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
+        let mut eg = Egress::new(udp, links.clone(), Arc::new(Offload::new(false, false)));
+        let tcp = Endpoint::new(Proto::Tcp, "192.0.2.1:11010".parse().unwrap());
+        let (tx, mut q) = LinkQueue::channel(links.clone());
+        links.register(tcp, tx);
+        let bufs: Vec<Vec<u8>> = (0..6u8).map(|i| vec![i; 1400]).collect();
+        let o = |buf, lane| Outgoing { buf, start: 0, len: 1400, to: tcp, lane };
+        // A download queued three batches; then a batch that mixes its packets with a
+        // ping's (buffer 4) and a game packet's (buffer 5).
+        for _ in 0..3 {
+            assert_eq!(eg.send(&bufs, &[o(0, Lane::Bulk), o(1, Lane::Bulk)]), Unsent::default());
+        }
+        let mixed = [o(2, Lane::Bulk), o(4, Lane::Sparse), o(3, Lane::Bulk), o(5, Lane::Sparse)];
+        assert_eq!(eg.send(&bufs, &mixed), Unsent::default());
+        let frames = |b: &[u8]| -> Vec<u8> { frame::frames(b).map(|f| f.unwrap()[0]).collect() };
+        assert_eq!(frames(&q.try_recv().unwrap()), [4, 5], "the sparse frames first, as one batch, in order");
+        for _ in 0..3 {
+            assert_eq!(frames(&q.try_recv().unwrap()), [0, 1]);
+        }
+        assert_eq!(frames(&q.try_recv().unwrap()), [2, 3], "the bulk frames keep their order");
+        assert_eq!(q.try_recv(), None);
+        // A sparse lane that is full sends on through the bulk one: nothing is lost.
+        for _ in 0..LINK_SPARSE_QUEUE + 2 {
+            assert_eq!(links.send(tcp, vec![9], Lane::Sparse), Ok(true));
+        }
+        assert_eq!(std::iter::from_fn(|| q.try_recv()).count(), LINK_SPARSE_QUEUE + 2);
+    }
+
+    #[tokio::test]
+    async fn a_writer_waiting_for_batches_takes_a_sparse_one_first() {
+        let (links, _rx) = Links::new(4);
+        let (tx, mut q) = LinkQueue::channel(links.clone());
+        for i in 0..4u8 {
+            tx.try_send(Queued::now(vec![i; LINK_SMALL_BATCH]), Lane::Bulk).unwrap();
+        }
+        tx.try_send(Queued::now(vec![7]), Lane::Sparse).unwrap();
+        assert_eq!(q.recv().await, Some(vec![7]));
+        assert_eq!(q.recv().await, Some(vec![0; LINK_SMALL_BATCH]));
+        // Unregistered (the senders gone): what waits still goes out, then the end.
+        drop(tx);
+        assert_eq!(std::iter::from_fn(|| q.try_recv()).count(), 3);
+        assert_eq!(q.recv().await, None);
     }
 
     #[test]
@@ -672,7 +777,7 @@ mod tests {
         let ids: Vec<u64> = (0..6u16)
             .map(|i| {
                 let ep = Endpoint::new(Proto::Tcp, std::net::SocketAddr::from(([192, 0, 2, 1], 11010 + i)));
-                links.register(ep, tmpsc::channel(1).0)
+                links.register(ep, LinkQueue::channel(links.clone()).0)
             })
             .collect();
         let shards: Vec<usize> = ids.iter().map(|&id| links.shard(id)).collect();
@@ -698,7 +803,7 @@ mod tests {
     fn a_links_thread_takes_batches_up_to_its_byte_budget() {
         let (links, rx) = Links::sharded(1000, 1);
         let ep = Endpoint::new(Proto::Tcp, "192.0.2.9:11010".parse().unwrap());
-        let id = links.register(ep, tmpsc::channel(1).0);
+        let id = links.register(ep, LinkQueue::channel(links.clone()).0);
         let batch = || Inbound { from: ep, batch: Vec::with_capacity(INBOUND_BYTES / 4) };
         let sent = (0..8).filter(|_| links.try_deliver(id, batch()).is_ok()).count();
         assert_eq!(sent, 4, "a quarter of the budget each");
@@ -720,7 +825,7 @@ mod tests {
     async fn a_reader_waits_for_room_instead_of_dropping() {
         let (links, rx) = Links::sharded(1000, 1);
         let ep = Endpoint::new(Proto::Tcp, "192.0.2.9:11010".parse().unwrap());
-        let id = links.register(ep, tmpsc::channel(1).0);
+        let id = links.register(ep, LinkQueue::channel(links.clone()).0);
         let batch = move || Inbound { from: ep, batch: Vec::with_capacity(INBOUND_BYTES / 2) };
         assert!(links.deliver(id, batch()).await);
         assert!(links.deliver(id, batch()).await);
@@ -745,16 +850,16 @@ mod tests {
     fn registrations_replace_and_unregister_by_id() {
         let (links, rx) = Links::new(1);
         let ep = Endpoint::new(Proto::Quic, "192.0.2.1:11012".parse().unwrap());
-        let (a, _ra) = tmpsc::channel(1);
-        let (b, mut rb) = tmpsc::channel(1);
+        let (a, _ra) = LinkQueue::channel(links.clone());
+        let (b, mut rb) = LinkQueue::channel(links.clone());
         let first = links.register(ep, a);
         let second = links.register(ep, b);
         links.unregister(ep, first);
         assert!(links.contains(&ep), "an old id does not remove the new connection");
-        assert_eq!(links.send(ep, vec![0, 1, 9]), Ok(true));
-        assert_eq!(rb.try_recv().unwrap().batch, vec![0, 1, 9]);
+        assert_eq!(links.send(ep, vec![0, 1, 9], Lane::Bulk), Ok(true));
+        assert_eq!(rb.try_recv().unwrap(), vec![0, 1, 9]);
         links.unregister(ep, second);
-        assert_eq!(links.send(ep, vec![1]), Err(vec![1]));
+        assert_eq!(links.send(ep, vec![1], Lane::Bulk), Err(vec![1]));
         assert!(links.try_deliver(second, Inbound { from: ep, batch: vec![] }).is_ok());
         assert!(
             matches!(links.try_deliver(second, Inbound { from: ep, batch: vec![] }), Err(Some(_))),

@@ -44,5 +44,5 @@ pub fn limit_malloc_arenas() {
     }
 }
 
-pub use links::{Egress, Forward, Inbound, Links, Unsent};
+pub use links::{Egress, Forward, Inbound, Lane, Links, Unsent};
 pub use weft_core::endpoint::{Endpoint, Proto, canonical};

@@ -292,6 +292,9 @@ pub struct Outgoing {
     pub len: usize,
     /// Destination.
     pub to: Endpoint,
+    /// The lane of a connection's send queue it waits in (UDP: none, the batch goes
+    /// out in one `sendmmsg`).
+    pub lane: super::links::Lane,
 }
 
 /// Most datagrams the kernel accepts in one GSO send (UDP_MAX_SEGMENTS).
@@ -484,7 +487,9 @@ mod tests {
         let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
         let to = rx[0].local_addr().unwrap();
         let bufs: Vec<Vec<u8>> = (0..10u8).map(|i| vec![i; 100 + i as usize]).collect();
-        let out: Vec<Outgoing> = (0..10).map(|i| Outgoing { buf: i, start: 0, len: 100 + i, to: to.into() }).collect();
+        let out: Vec<Outgoing> = (0..10)
+            .map(|i| Outgoing { buf: i, start: 0, len: 100 + i, to: to.into(), lane: Default::default() })
+            .collect();
         assert_eq!(send_batch(&tx, &bufs, &out, &Offload::new(false, false)), 0);
         let slot = 2048;
         let mut slab = vec![0u8; slot * 16];
@@ -572,8 +577,9 @@ mod gso_tests {
         let to = rx[0].local_addr().unwrap();
         let mut bufs: Vec<Vec<u8>> = (0..41u8).map(|i| vec![i; 1200]).collect();
         bufs[40].truncate(300);
-        let out: Vec<Outgoing> =
-            (0..41).map(|i| Outgoing { buf: i, start: 0, len: bufs[i].len(), to: to.into() }).collect();
+        let out: Vec<Outgoing> = (0..41)
+            .map(|i| Outgoing { buf: i, start: 0, len: bufs[i].len(), to: to.into(), lane: Default::default() })
+            .collect();
         assert_eq!(send_batch(&tx[0], &bufs, &out, &off), 0);
         let slot = 65536;
         let mut slab = vec![0u8; slot * 8];
@@ -602,8 +608,9 @@ mod gso_tests {
         let (ta, tb) = (a[0].local_addr().unwrap(), b[0].local_addr().unwrap());
         let bufs: Vec<Vec<u8>> = (0..6u8).map(|i| vec![i; 500 + usize::from(i % 2) * 100]).collect();
         let to = [ta, ta, tb, tb, ta, tb];
-        let out: Vec<Outgoing> =
-            (0..6).map(|i| Outgoing { buf: i, start: 0, len: bufs[i].len(), to: to[i].into() }).collect();
+        let out: Vec<Outgoing> = (0..6)
+            .map(|i| Outgoing { buf: i, start: 0, len: bufs[i].len(), to: to[i].into(), lane: Default::default() })
+            .collect();
         assert_eq!(send_batch(&tx, &bufs, &out, &off), 0);
         for (sock, want) in [(&a[0], vec![0u8, 1, 4]), (&b[0], vec![2u8, 3, 5])] {
             let mut slab = vec![0u8; 2048 * 8];

@@ -42,7 +42,7 @@ use tracing::debug;
 
 use weft_core::admission::MacKeys;
 
-use super::links::{LINK_QUEUE, LinkCounters, LinkQueue, Links, Queued};
+use super::links::{Lane, LinkCounters, LinkQueue, Links, Queued};
 use super::{Endpoint, Proto, frame};
 
 mod fragment;
@@ -311,7 +311,8 @@ impl Connector {
         if !frame::push(&mut batch, frame_bytes) {
             return;
         }
-        match self.inner.links.send(to, batch) {
+        // Handshakes and keepalives do not wait behind a download.
+        match self.inner.links.send(to, batch, Lane::Sparse) {
             Ok(_) => return,
             Err(_) if to.proto == Proto::Udp || self.inner.accepted.lock().0.contains(&to) => return,
             Err(_) => {}
@@ -409,7 +410,7 @@ impl Connector {
     /// Registers a connection's queue; dialled connections first get the frames
     /// that waited for them.
     fn register(&self, ep: Endpoint, dialled: bool) -> (LinkQueue, u64) {
-        let (tx, rx) = mpsc::channel(LINK_QUEUE);
+        let (tx, queue) = LinkQueue::channel(self.inner.links.clone());
         if dialled {
             let waiting = self.inner.dialling.lock().remove(&ep).unwrap_or_default();
             let mut batch = Vec::new();
@@ -417,11 +418,11 @@ impl Connector {
                 frame::push(&mut batch, f);
             }
             if !batch.is_empty() {
-                let _ = tx.try_send(Queued::now(batch));
+                let _ = tx.try_send(Queued::now(batch), Lane::Sparse);
             }
         }
         let id = self.inner.links.register(ep, tx);
-        (LinkQueue::new(rx, self.inner.links.clone()), id)
+        (queue, id)
     }
 
     fn remember_accepted(&self, ep: Endpoint) {
