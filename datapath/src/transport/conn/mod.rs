@@ -93,6 +93,10 @@ const MAX_WS_MESSAGE: usize = 1 << 20;
 
 /// Most queued batches a WebSocket writer sends before it flushes.
 const WS_RUN: usize = 8;
+/// Bytes past which a WebSocket writer flushes its run: small batches still go out
+/// together, but a sparse batch never waits behind more than one record's worth fed
+/// ahead of it (what is fed cannot be overtaken).
+const WS_RUN_BYTES: usize = 64 << 10;
 
 /// Room of a stream connection's receive batch: two of the largest frames, so that
 /// behind the part of a frame still arriving there is always room for a whole one.
@@ -464,8 +468,10 @@ enum Dialled {
 /// (`TCP_NOTSENT_LOWAT`): beyond what is in flight, the kernel keeps only this much
 /// waiting, so a backlog stands in the send queue, where CoDel sees and cuts it
 /// ([`LinkQueue`]), instead of in a send buffer that grows to 4 MiB (seconds on a slow
-/// uplink).
-pub const NOTSENT_LOWAT: u32 = 128 << 10;
+/// uplink). What is unsent waits ahead of any sparse packet: 32 KiB is 5 ms at
+/// 50 Mbit/s (128 KiB kept a ping 28 ms behind a download there, 32 KiB 15 ms), and
+/// still a fast link's writer loses nothing measurable (bench/RESULTS.md §41).
+pub const NOTSENT_LOWAT: u32 = 32 << 10;
 
 /// No Nagle, and a short unsent queue ([`NOTSENT_LOWAT`]) on a stream connection's
 /// socket (either failing only costs latency).

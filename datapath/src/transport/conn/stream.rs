@@ -16,7 +16,9 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tracing::{debug, warn};
 
 use super::slots::{Proof, Slots};
-use super::{Connector, HANDSHAKE_TIMEOUT, IDLE_TIMEOUT, MAX_WS_MESSAGE, STALL_TIMEOUT, STREAM_RX, WS_RUN};
+use super::{
+    Connector, HANDSHAKE_TIMEOUT, IDLE_TIMEOUT, MAX_WS_MESSAGE, STALL_TIMEOUT, STREAM_RX, WS_RUN, WS_RUN_BYTES,
+};
 use super::{Endpoint, Proto, frame};
 use crate::transport::links::Inbound;
 
@@ -175,14 +177,15 @@ impl Connector {
         let (mut queue, id) = self.register(ep, !accepted);
         let writer = async {
             while let Some(batch) = queue.recv().await {
-                // Up to WS_RUN batches already queued behind this one go out with it:
-                // tungstenite gathers messages in its write buffer and writes once per
-                // 128 KiB, then one flush for the run.
-                let (mut next, mut fed) = (Some(batch), 0);
+                // Up to WS_RUN batches (WS_RUN_BYTES) already queued behind this one go
+                // out with it: tungstenite gathers messages in its write buffer and
+                // writes once per 128 KiB, then one flush for the run.
+                let (mut next, mut fed, mut bytes) = (Some(batch), 0, 0);
                 while let Some(b) = next.take() {
+                    bytes += b.len();
                     sink.feed(Message::Binary(self.inner.links.lend(b))).await.map_err(|e| e.to_string())?;
                     fed += 1;
-                    next = if fed < WS_RUN { queue.try_recv() } else { None };
+                    next = if fed < WS_RUN && bytes < WS_RUN_BYTES { queue.try_recv() } else { None };
                 }
                 sink.flush().await.map_err(|e| e.to_string())?;
             }
