@@ -201,15 +201,12 @@ impl Tx {
             return None;
         }
         let (_, segments) = gso::normalize(&mut self.original[TX_HEADROOM..TX_HEADROOM + len]).ok()?;
-        // The inner headers, for telling the flow's rate (sealing overwrites them).
-        let mut pkt_head = [0u8; 64];
-        let head = self.original.get(TX_HEADROOM + VIRTIO_NET_HDR_LEN..TX_HEADROOM + len).unwrap_or_default();
-        let kept = head.len().min(pkt_head.len());
-        pkt_head[..kept].copy_from_slice(&head[..kept]);
-        let pkt_head = &pkt_head[..kept];
         if segments > gso::MAX_SEGMENTS {
             return None;
         }
+        // Told from the inner headers in place, before sealing overwrites them.
+        let inner = self.original.get(TX_HEADROOM + VIRTIO_NET_HDR_LEN..TX_HEADROOM + len).unwrap_or_default();
+        let lane = lane_of(&mut self.load, inner, len - VIRTIO_NET_HDR_LEN, now);
         let sealed = s.seal_with_flags(&mut self.original[RELAY_HEADER_LEN..], len, FLAG_GSO)?;
         if let Some(h) = &route.relay
             && let Some(head) = self.original.first_chunk_mut::<RELAY_HEADER_LEN>()
@@ -217,7 +214,6 @@ impl Tx {
             h.emit(head);
         }
         let start = RELAY_HEADER_LEN - relay_len;
-        let lane = lane(&mut self.load, pkt_head, len - VIRTIO_NET_HDR_LEN, now);
         self.out.clear();
         self.out.push(Outgoing { buf: 0, start, len: relay_len + sealed, to: route.target, lane });
         let (packets, bytes) = (segments as u64, (len - VIRTIO_NET_HDR_LEN) as u64);
@@ -272,7 +268,7 @@ impl Tx {
             }
             let lane = match route.target.proto {
                 Proto::Udp => Lane::Bulk,
-                _ => lane(&mut self.load, &buf[TX_HEADROOM..TX_HEADROOM + len], len, now),
+                _ => lane_of(&mut self.load, &buf[TX_HEADROOM..TX_HEADROOM + len], len, now),
             };
             let mut flags = 0;
             if route.target.proto == Proto::Quic {
@@ -326,7 +322,7 @@ impl Tx {
 /// `len` bytes in all, more for a super-packet) at `now` (ms): a sparse flow's packets
 /// go first. Only packets to a connection are told apart: a UDP batch leaves in one
 /// `sendmmsg`, with no queue of this node's to wait in.
-fn lane(load: &mut FlowLoad, ip: &[u8], len: usize, now: u64) -> Lane {
+fn lane_of(load: &mut FlowLoad, ip: &[u8], len: usize, now: u64) -> Lane {
     if load.add(ip, len, now) { Lane::Bulk } else { Lane::Sparse }
 }
 
