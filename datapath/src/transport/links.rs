@@ -30,6 +30,11 @@ pub const LINK_QUEUE: usize = 512;
 /// Batches the sparse lane of a connection's send queue holds ([`Lane::Sparse`]):
 /// past this, sparse batches join the bulk lane (in order behind it, never lost).
 pub const LINK_SPARSE_QUEUE: usize = 64;
+/// Bytes of sparse batches the writer takes in a row while bulk batches wait; then one
+/// bulk batch goes (fq_codel's quantum, per lane). Many flows each under the bulk
+/// rate (a torrent's hundreds of peers) can add up to more than the link carries:
+/// first does not mean only, and a download is never starved by them.
+pub const LINK_SPARSE_QUANTUM: usize = 64 << 10;
 /// The wait in a connection's send queue CoDel tolerates (5 ms) and the interval it
 /// must last before a drop (100 ms): RFC 8289's values for paths across the Internet.
 /// On a fast link the writer keeps the queue near empty and nothing is dropped; on a
@@ -175,7 +180,10 @@ struct Entry {
 /// sparse-flow priority of fq_codel, per connection). Flows are told apart by their
 /// rate ([`weft_core::queue::FlowLoad`]), so a flow's packets stay in one lane while
 /// its rate does; a flow that becomes bulk moves from the lane taken first to the
-/// other, and keeps its order.
+/// other, and keeps its order. (A bulk flow idle for two of its windows turns sparse
+/// again; should its last batches still wait in the bulk lane then, its next packet
+/// may overtake them, as in fq_codel.) Sparse batches go first, not only:
+/// [`LINK_SPARSE_QUANTUM`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum Lane {
     /// Bulk flows, and what nobody classified (relayed frames): CoDel keeps this lane
@@ -235,6 +243,8 @@ impl Queued {
 pub struct LinkQueue {
     bulk: tmpsc::Receiver<Queued>,
     sparse: tmpsc::Receiver<Queued>,
+    /// Bytes of sparse batches taken since the last bulk one.
+    sparse_run: usize,
     codel: Codel,
     epoch: Instant,
     links: Arc<Links>,
@@ -248,16 +258,21 @@ impl LinkQueue {
         let (bulk_tx, bulk) = tmpsc::channel(LINK_QUEUE);
         let (sparse_tx, sparse) = tmpsc::channel(LINK_SPARSE_QUEUE);
         let codel = Codel::new(LINK_TARGET_NS, LINK_INTERVAL_NS);
-        (LinkSender { bulk: bulk_tx, sparse: sparse_tx }, Self { bulk, sparse, codel, epoch: Instant::now(), links })
+        let queue = Self { bulk, sparse, sparse_run: 0, codel, epoch: Instant::now(), links };
+        (LinkSender { bulk: bulk_tx, sparse: sparse_tx }, queue)
     }
 
-    /// The next batch to write: a sparse one if any waits (`None`: the connection was
-    /// unregistered).
+    /// The next batch to write: a sparse one if any waits, unless sparse ones have
+    /// taken [`LINK_SPARSE_QUANTUM`] in a row while a bulk one waits (`None`: the
+    /// connection was unregistered).
     pub async fn recv(&mut self) -> Option<Vec<u8>> {
         loop {
+            if let Some(b) = self.try_recv() {
+                return Some(b);
+            }
             let q = tokio::select! {
                 biased;
-                Some(q) = self.sparse.recv() => return Some(q.batch),
+                Some(q) = self.sparse.recv() => return Some(self.took_sparse(q)),
                 q = self.bulk.recv() => q?,
             };
             if let Some(b) = self.keep(q) {
@@ -266,10 +281,14 @@ impl LinkQueue {
         }
     }
 
-    /// The next batch already waiting, if any: a sparse one first.
+    /// The next batch already waiting, if any, in the order of [`LinkQueue::recv`].
     pub fn try_recv(&mut self) -> Option<Vec<u8>> {
-        if let Ok(q) = self.sparse.try_recv() {
-            return Some(q.batch);
+        if self.sparse_run < LINK_SPARSE_QUANTUM || self.bulk.is_empty() {
+            match self.sparse.try_recv() {
+                Ok(q) => return Some(self.took_sparse(q)),
+                // The sparse lane is empty: its run is over.
+                Err(_) => self.sparse_run = 0,
+            }
         }
         loop {
             let q = self.bulk.try_recv().ok()?;
@@ -279,8 +298,14 @@ impl LinkQueue {
         }
     }
 
-    /// Bulk batch `q`, unless CoDel drops it.
+    fn took_sparse(&mut self, q: Queued) -> Vec<u8> {
+        self.sparse_run += q.batch.len();
+        q.batch
+    }
+
+    /// Bulk batch `q`, unless CoDel drops it (the sparse lane's run starts again).
     fn keep(&mut self, q: Queued) -> Option<Vec<u8>> {
+        self.sparse_run = 0;
         let now = Instant::now();
         // An empty queue has no standing wait to cut (RFC 8289: never below one packet).
         let sojourn = if self.bulk.is_empty() { 0 } else { now.saturating_duration_since(q.at).as_nanos() as u64 };
@@ -752,6 +777,33 @@ mod tests {
             assert_eq!(links.send(tcp, vec![9], Lane::Sparse), Ok(true));
         }
         assert_eq!(std::iter::from_fn(|| q.try_recv()).count(), LINK_SPARSE_QUEUE + 2);
+    }
+
+    #[test]
+    fn sparse_batches_go_first_but_never_starve_the_bulk_lane() {
+        let (links, _rx) = Links::new(4);
+        let (tx, mut q) = LinkQueue::channel(links);
+        // Many flows each under the bulk rate keep the sparse lane full, a download
+        // waits in the bulk lane.
+        let sparse = 3000;
+        for _ in 0..LINK_SPARSE_QUEUE {
+            tx.try_send(Queued::now(vec![1; sparse]), Lane::Sparse).unwrap();
+        }
+        for _ in 0..3 {
+            tx.try_send(Queued::now(vec![2; LINK_SMALL_BATCH]), Lane::Bulk).unwrap();
+        }
+        let order: Vec<u8> = std::iter::from_fn(|| q.try_recv()).map(|b| b[0]).collect();
+        let per_quantum = LINK_SPARSE_QUANTUM.div_ceil(sparse);
+        assert_eq!(order.len(), LINK_SPARSE_QUEUE + 3);
+        assert!(order[..per_quantum].iter().all(|&b| b == 1), "sparse first: {order:?}");
+        assert_eq!(order[per_quantum], 2, "then one bulk batch after a quantum of sparse ones: {order:?}");
+        assert!(order[per_quantum + 1..2 * per_quantum + 1].iter().all(|&b| b == 1), "{order:?}");
+        assert_eq!(order[2 * per_quantum + 1], 2, "{order:?}");
+        // The sparse lane empty: its run is over, and a new sparse batch goes first again.
+        tx.try_send(Queued::now(vec![2; LINK_SMALL_BATCH]), Lane::Bulk).unwrap();
+        tx.try_send(Queued::now(vec![1; sparse]), Lane::Sparse).unwrap();
+        assert_eq!(q.try_recv().map(|b| b[0]), Some(1));
+        assert_eq!(q.try_recv().map(|b| b[0]), Some(2));
     }
 
     #[tokio::test]
