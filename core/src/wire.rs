@@ -36,6 +36,14 @@ pub const FLAG_GSO: u8 = 0x02;
 /// of it (the peer's TCP would see its segments reordered and retransmit). Receivers
 /// need not know it.
 pub const FLAG_ORDERED: u8 = 0x04;
+/// Data header flag: the packet belongs to a sparse inner flow (a ping, DNS, SSH, a
+/// game or a call: under [`crate::queue::BULK_BYTES`] per window) and is not a bare TCP
+/// ACK. A receiver with several UDP sockets steers it to another socket than the
+/// session's bulk packets, so it is read and opened by a thread that is not working
+/// through a download (`weft_datapath::transport::udp::steer_sparse`). Set on UDP
+/// only; authenticated like every flag, so a forger gains at most a wasted queue slot.
+/// Receivers need not know it.
+pub const FLAG_SPARSE: u8 = 0x08;
 /// Length of a reject message.
 pub const REJECT_LEN: usize = 8;
 /// Largest datagram Weft accepts or emits.

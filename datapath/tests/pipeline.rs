@@ -479,7 +479,7 @@ fn a_super_packet_crosses_a_reliable_connection_as_one_record() {
 
 /// Packets to a connection are put in its send queue's lanes by their flow's rate: a
 /// download's records are bulk once it has moved 64 KiB; a ping or a game packet
-/// beside it is sparse (taken first); packets to UDP are not told apart.
+/// beside it is sparse (taken first).
 #[test]
 fn packets_to_a_connection_take_the_lane_of_their_flows_rate() {
     use weft_datapath::transport::Lane;
@@ -507,11 +507,44 @@ fn packets_to_a_connection_take_the_lane_of_their_flows_rate() {
     let drops = DropCounters::default();
     assert_eq!(seal(&mut e, &[seg.clone(), ping, seg.clone(), game], &drops).len(), 4);
     assert_eq!(lanes(&e), [Lane::Bulk, Lane::Sparse, Lane::Bulk, Lane::Sparse]);
-    // To UDP the batch leaves in one sendmmsg: no lanes.
+}
+
+/// Over UDP a sparse flow's packets are flagged for the receiver to steer to another
+/// socket than the session's bulk ([`FLAG_SPARSE`], lane `Sparse` so that no GSO run
+/// mixes them): a ping and a game packet beside a download are, the download's
+/// segments past 64 KiB are not, and neither is a bare ACK (it answers a download).
+#[test]
+fn packets_of_sparse_flows_over_udp_are_flagged_for_steering() {
+    use weft_core::wire::{DataHeader, FLAG_SPARSE};
+    use weft_datapath::transport::Lane;
     let mut u = ends_over(Cipher::Aes128Gcm, "192.0.2.2:11010".parse::<SocketAddr>().unwrap().into(), false);
+    let sp = super_packet(A, 1380, 60);
+    let mut seg = sp[10..10 + 40 + 1380].to_vec();
+    seg[2..4].copy_from_slice(&(40u16 + 1380).to_be_bytes());
+    let mut ack = sp[10..10 + 40].to_vec();
+    ack[2..4].copy_from_slice(&40u16.to_be_bytes());
+    // Another flow's (its ports), with no data and no SYN, FIN or RST.
+    ack[20..24].copy_from_slice(&[0x1f, 0x90, 0x30, 0x39]);
+    let mut game = ipv4_packet(A, B, &[0x1e, 0x61, 0x23, 0x28, 0, 108, 0, 0]);
+    game.resize(128, 7);
     let ping = ipv4_packet(A, B, &[0x30, 0x39, 0, 53, 0, 28, 0, 0, 1, 2, 3, 4]);
-    assert_eq!(seal(&mut u, &[ping], &drops).len(), 1);
-    assert_eq!(lanes(&u), [Lane::Bulk]);
+    let drops = DropCounters::default();
+    let flagged =
+        |d: &[Vec<u8>]| d.iter().map(|d| DataHeader::parse(d).unwrap().flags & FLAG_SPARSE != 0).collect::<Vec<_>>();
+    // The download's first 46 segments (under 64 KiB) are a flow just started.
+    let first = seal(&mut u, &vec![seg.clone(); 46], &drops);
+    assert!(flagged(&first).iter().all(|f| *f));
+    let batch = [seg.clone(), ping, seg.clone(), game, ack.clone()];
+    let sealed = seal(&mut u, &batch, &drops);
+    assert_eq!(flagged(&sealed), [false, true, false, true, false]);
+    let lanes: Vec<Lane> = u.tx.outgoing().1.iter().map(|o| o.lane).collect();
+    assert_eq!(lanes, [Lane::Bulk, Lane::Sparse, Lane::Bulk, Lane::Sparse, Lane::Bulk]);
+    // Over a connection the flag is not set: its lanes are the send queue's.
+    let tcp = Endpoint::new(Proto::Tcp, "192.0.2.2:11010".parse().unwrap());
+    let mut t = ends_over(Cipher::Aes128Gcm, tcp, false);
+    let ping = ipv4_packet(A, B, &[0x30, 0x39, 0, 53, 0, 28, 0, 0, 1, 2, 3, 4]);
+    let sealed = seal(&mut t, &[ping], &drops);
+    assert_eq!(flagged(&sealed), [false]);
 }
 
 #[test]

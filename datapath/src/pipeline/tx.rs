@@ -19,7 +19,7 @@ use weft_core::firewall::Firewall;
 use weft_core::queue::FlowLoad;
 use weft_core::route::{Lookup, RouteSnapshot};
 use weft_core::stats::{DropCounters, DropReason};
-use weft_core::wire::{FLAG_GSO, FLAG_ORDERED, RELAY_HEADER_LEN, ip_addrs};
+use weft_core::wire::{FLAG_GSO, FLAG_ORDERED, FLAG_SPARSE, RELAY_HEADER_LEN, ip_addrs};
 
 /// TUN -> UDP.
 pub struct Tx {
@@ -266,11 +266,21 @@ impl Tx {
                 route.session.stats.drops.add(DropReason::KeyExpired, 1);
                 continue;
             }
-            let lane = match route.target.proto {
-                Proto::Udp => Lane::Bulk,
-                _ => lane_of(&mut self.load, &buf[TX_HEADROOM..TX_HEADROOM + len], len, now),
-            };
+            let ip = &buf[TX_HEADROOM..TX_HEADROOM + len];
+            let mut lane = lane_of(&mut self.load, ip, len, now);
             let mut flags = 0;
+            if route.target.proto == Proto::Udp {
+                // Over UDP the lane is where the receiver reads it: a sparse flow's
+                // packet is flagged and steered to a socket the session's bulk does not
+                // use. A bare ACK stays with the bulk: it answers a download, and the
+                // TUN on the other side steers the download to the queue its ACKs
+                // arrive on.
+                if lane == Lane::Sparse && !is_bare_ack(ip) {
+                    flags = FLAG_SPARSE;
+                } else {
+                    lane = Lane::Bulk;
+                }
+            }
             if route.target.proto == Proto::Quic {
                 // TCP connections over QUIC send segments that fit one datagram.
                 let max = QUIC_INNER_MAX - if route.relay.is_some() { RELAY_HEADER_LEN } else { 0 };
@@ -333,6 +343,12 @@ fn lane_of(load: &mut FlowLoad, ip: &[u8], len: usize, now: u64) -> Lane {
 pub(super) fn records_over_quic(route: &weft_core::route::Route) -> bool {
     let s = &route.session;
     route.target.proto == Proto::Quic && route.relay.is_none() && s.peer_gso() && s.peer_gso_quic()
+}
+
+/// Whether `ip` (exactly one packet) is a TCP segment that carries nothing but an
+/// acknowledgement (no data, no SYN, FIN or RST).
+fn is_bare_ack(ip: &[u8]) -> bool {
+    layer4(ip).is_some_and(|l| l.proto == 6) && !tcp_in_order(ip)
 }
 
 /// Whether `ip` (exactly one packet) is a TCP segment that must not overtake the

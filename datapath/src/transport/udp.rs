@@ -50,7 +50,89 @@ pub fn bind_reuseport(addr: SocketAddr, count: usize, read_timeout: Duration) ->
         enable_timestamps(&s);
         out.push(s);
     }
+    if out.len() > 1
+        && let Err(e) = steer_sparse(&out[0], out.len())
+    {
+        tracing::warn!(error = %e, "cannot steer sparse flows to their own UDP socket; they share the bulk one");
+    }
     Ok(out)
+}
+
+// Classic BPF opcodes (linux/filter.h: class | size | mode, or class | op | source).
+/// `ldb [k]`: BPF_LD (0x00) | BPF_B (0x10) | BPF_ABS (0x20).
+const BPF_LD_B_ABS: u16 = 0x30;
+/// `jeq #k`: BPF_JMP (0x05) | BPF_JEQ (0x10) | BPF_K (0x00).
+const BPF_JEQ_K: u16 = 0x15;
+/// `mod #k`: BPF_ALU (0x04) | BPF_MOD (0x90) | BPF_K.
+const BPF_ALU_MOD_K: u16 = 0x94;
+/// `and #k`: BPF_ALU | BPF_AND (0x50) | BPF_K.
+const BPF_ALU_AND_K: u16 = 0x54;
+/// `add #k`: BPF_ALU | BPF_ADD (0x00) | BPF_K.
+const BPF_ALU_ADD_K: u16 = 0x04;
+/// `tax`: BPF_MISC (0x07) | BPF_TAX (0x00).
+const BPF_TAX: u16 = 0x07;
+/// `txa`: BPF_MISC | BPF_TXA (0x80).
+const BPF_TXA: u16 = 0x87;
+/// `ret a`: BPF_RET (0x06) | BPF_A (0x10).
+const BPF_RET_A: u16 = 0x16;
+/// `ret #k`: BPF_RET | BPF_K.
+const BPF_RET_K: u16 = 0x06;
+
+/// The reuseport program of [`steer_sparse`] for `count` sockets.
+fn steering_program(count: usize) -> [libc::sock_filter; 15] {
+    use weft_core::wire::{FLAG_SPARSE, MessageType};
+    let op = |code, jt, jf, k| libc::sock_filter { code, jt, jf, k };
+    let n = u32::try_from(count).unwrap_or(u32::MAX);
+    [
+        // The program sees the UDP payload. Not a data message (a handshake, a relayed
+        // frame): on to the last instruction, the kernel's own hash.
+        op(BPF_LD_B_ABS, 0, 0, 0),
+        op(BPF_JEQ_K, 0, 12, MessageType::Data as u32),
+        // The session's socket: the low byte of the receiver's index (little-endian,
+        // chosen at random by this node) modulo the sockets, kept in X.
+        op(BPF_LD_B_ABS, 0, 0, 4),
+        op(BPF_ALU_MOD_K, 0, 0, n),
+        op(BPF_TAX, 0, 0, 0),
+        op(BPF_LD_B_ABS, 0, 0, 1),
+        op(BPF_ALU_AND_K, 0, 0, u32::from(FLAG_SPARSE)),
+        op(BPF_JEQ_K, 0, 2, 0),
+        // Bulk (or a sender that does not flag): the session's socket.
+        op(BPF_TXA, 0, 0, 0),
+        op(BPF_RET_A, 0, 0, 0),
+        // A sparse flow's packet: the next socket over.
+        op(BPF_TXA, 0, 0, 0),
+        op(BPF_ALU_ADD_K, 0, 0, 1),
+        op(BPF_ALU_MOD_K, 0, 0, n),
+        op(BPF_RET_A, 0, 0, 0),
+        // An index past the group: the kernel falls back to its hash.
+        op(BPF_RET_K, 0, 0, u32::MAX),
+    ]
+}
+
+/// Attaches to the reuseport group of `sock` (one of `count` sockets bound in order,
+/// pipeline `i` owning the `i`th) a classic BPF program that picks the socket of each
+/// datagram: a data message goes to socket `index % count` of its session, where
+/// `index` is the low byte of the receiver's session index, and one flagged
+/// [`weft_core::wire::FLAG_SPARSE`] to the socket after that. A download's packets
+/// and a ping's then never share a receive queue, nor (the TUN steers a flow's
+/// outgoing packets to the queue that last wrote its incoming ones) the thread that
+/// sends the answer: the ping's round trip skips the backlog a download keeps in both
+/// nodes' bulk threads. Anything else keeps the kernel's address hash.
+pub fn steer_sparse(sock: &UdpSocket, count: usize) -> io::Result<()> {
+    let mut prog = steering_program(count);
+    let fprog = libc::sock_fprog { len: prog.len() as libc::c_ushort, filter: prog.as_mut_ptr() };
+    // SAFETY: `fprog` points at `prog`, alive and unmoved for the whole call; the kernel
+    // copies the program.
+    let r = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_REUSEPORT_CBPF,
+            (&raw const fprog).cast(),
+            size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    };
+    if r == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
 }
 
 /// Whether the UDP offloads are in use; shared by the pipelines of a node. GSO can be
@@ -359,9 +441,11 @@ fn send_chunk<B: AsRef<[u8]>>(
         let (mut count, mut bytes) = (1, first.len);
         let mut j = i + 1;
         // A GSO run: same destination, same size; only the last datagram may be shorter.
+        // Same lane too: the receiver steers a run by its first datagram's flags
+        // ([`steer_sparse`]), so a sparse packet never rides at the end of a bulk run.
         while gso && j < out.len() && count < MAX_GSO_SEGMENTS && bytes + out[j].len <= MAX_GSO_BYTES {
             let o = out[j];
-            if o.to != first.to || o.len > first.len {
+            if o.to != first.to || o.len > first.len || o.lane != first.lane {
                 break;
             }
             let Some(d) = bufs.get(o.buf).and_then(|b| b.as_ref().get(o.start..o.start + o.len)) else { break };
@@ -480,6 +564,65 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use weft_core::wire::{DataHeader, FLAG_SPARSE};
+
+    /// Which of `socks` each datagram in `sent` (its first byte tells them apart)
+    /// arrived on.
+    fn arrivals(socks: &[UdpSocket], sent: usize) -> Vec<(u8, usize)> {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 64];
+        for (i, s) in socks.iter().enumerate() {
+            s.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+            while got.len() < sent {
+                let Ok(n) = s.recv(&mut buf) else { break };
+                got.push((buf[n - 1], i));
+            }
+        }
+        got.sort_unstable();
+        got
+    }
+
+    #[test]
+    fn a_sparse_flows_datagram_lands_on_another_socket_than_its_sessions_bulk() {
+        for count in [2usize, 3, 4] {
+            let rx = bind_reuseport("127.0.0.1:0".parse().unwrap(), count, Duration::from_millis(500)).unwrap();
+            let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+            let to = rx[0].local_addr().unwrap();
+            // Sessions whose index's low byte is 0..8, each sending a bulk and a
+            // sparse datagram; the last byte numbers the datagram.
+            let mut expect = Vec::new();
+            let mut tag = 0u8;
+            for low in 0..8u32 {
+                for flags in [0, FLAG_SPARSE] {
+                    let mut d = vec![0u8; 40];
+                    let head = d.first_chunk_mut().unwrap();
+                    DataHeader { flags, lane: 0, receiver_index: 0xabcd_ef00 | low, counter: 7 }.emit(head);
+                    d[39] = tag;
+                    tx.send_to(&d, to).unwrap();
+                    let session = low as usize % count;
+                    expect.push((tag, if flags == 0 { session } else { (session + 1) % count }));
+                    tag += 1;
+                }
+            }
+            assert_eq!(arrivals(&rx, expect.len()), expect, "{count} sockets");
+        }
+    }
+
+    #[test]
+    fn datagrams_other_than_data_keep_the_kernels_hash() {
+        // A handshake from one source: the kernel's hash of the addresses, one socket.
+        let rx = bind_reuseport("127.0.0.1:0".parse().unwrap(), 2, Duration::from_millis(500)).unwrap();
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        for tag in 0..6u8 {
+            let mut d = vec![1u8; 40];
+            d[4] = tag;
+            d[39] = tag;
+            tx.send_to(&d, rx[0].local_addr().unwrap()).unwrap();
+        }
+        let got = arrivals(&rx, 6);
+        assert_eq!(got.len(), 6);
+        assert!(got.iter().all(|g| g.1 == got[0].1), "{got:?}");
+    }
 
     #[test]
     fn batch_round_trip_on_loopback() {
@@ -597,6 +740,46 @@ mod gso_tests {
         }
         let want: Vec<(u8, usize)> = (0..41u8).map(|i| (i, if i == 40 { 300 } else { 1200 })).collect();
         assert_eq!(seen, want);
+    }
+
+    #[test]
+    fn a_sparse_datagram_never_rides_at_the_end_of_a_bulk_run() {
+        use crate::transport::Lane;
+        use weft_core::wire::{DataHeader, FLAG_SPARSE};
+        let rx = bind_reuseport("127.0.0.1:0".parse().unwrap(), 2, Duration::from_millis(200)).unwrap();
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let off = Offload::new(probe_gso(&tx), false);
+        assert!(off.gso(), "loopback takes UDP GSO");
+        let to = rx[0].local_addr().unwrap();
+        // Three bulk datagrams of one session (socket 0), then a shorter sparse one of
+        // the same session, which a run could take as its last datagram.
+        let bufs: Vec<Vec<u8>> = (0..4u8)
+            .map(|i| {
+                let mut d = vec![i; if i < 3 { 600 } else { 100 }];
+                let flags = if i < 3 { 0 } else { FLAG_SPARSE };
+                DataHeader { flags, lane: 0, receiver_index: 0x1000, counter: u64::from(i) }
+                    .emit(d.first_chunk_mut().unwrap());
+                d
+            })
+            .collect();
+        let out: Vec<Outgoing> = (0..4)
+            .map(|i| Outgoing {
+                buf: i,
+                start: 0,
+                len: bufs[i].len(),
+                to: to.into(),
+                lane: if i < 3 { Lane::Bulk } else { Lane::Sparse },
+            })
+            .collect();
+        assert_eq!(send_batch(&tx, &bufs, &out, &off), 0);
+        let mut buf = [0u8; 2048];
+        for (sock, want) in [(&rx[0], vec![0u8, 1, 2]), (&rx[1], vec![3u8])] {
+            let mut got = Vec::new();
+            while let Ok(n) = sock.recv(&mut buf) {
+                got.push(buf[n - 1]);
+            }
+            assert_eq!(got, want);
+        }
     }
 
     #[test]
