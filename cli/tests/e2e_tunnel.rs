@@ -339,6 +339,21 @@ fn pings_are_answered_while_a_bulk_transfer_runs() {
     });
     assert!(transfers >= 1);
     assert_eq!(times.len(), 60, "every ping beside the download is answered: {times:?}");
+    // Over UDP the pings reach B on another pipeline than the download (flagged sparse
+    // by A, steered by B's reuseport program): they never queue behind it.
+    let st = b.status();
+    let pipes: Vec<(u64, u64)> = st["pipelines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["links"] != true)
+        .map(|p| (p["rx_bytes"].as_u64().unwrap(), p["rx_packets"].as_u64().unwrap()))
+        .collect();
+    let bulk = (0..pipes.len()).max_by_key(|&i| pipes[i].0).unwrap();
+    assert!(
+        pipes.iter().enumerate().any(|(i, p)| i != bulk && p.1 >= 60),
+        "the pings arrived on the download's pipeline: {pipes:?}"
+    );
     let mut sorted = times;
     sorted.sort_by(f64::total_cmp);
     eprintln!(
