@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use tracing::debug;
@@ -201,132 +201,22 @@ fn pin(core: Option<usize>) {
 /// Sets the calling thread's scheduling priority (nice) to `nice` unless it is that
 /// high already; threads it starts afterwards inherit it. Raising it needs
 /// CAP_SYS_NICE.
-pub fn raise_priority(nice: libc::c_int) -> io::Result<()> {
-    if priority().is_ok_and(|current| current <= nice) {
-        return Ok(());
-    }
-    set_priority(nice)
-}
-
-/// A data thread's priority, following its load. A thread busy for most of the last
-/// window ([`BUSY_SHARE`]: it is moving a download) over UDP gives up half of the
-/// daemon's raised priority; one that mostly waits keeps it all. Over UDP the threads
-/// that carry sparse flows (a ping's, a game's) are not a download's: the receive
-/// steering and the TUN's flow steering keep them apart
-/// ([`crate::transport::udp::steer_sparse`]). They are then woken ahead of the busy
-/// ones, and the programs those flows belong to (nice 0) wait behind less, while a
-/// download's threads still run ahead of the programs feeding them. A thread whose
-/// batches went mostly to connections keeps its priority: there a ping's packets
-/// share its thread with the download's. Only where the daemon raised the priority
-/// (and so may raise it again).
-pub(super) struct Yield {
-    /// The priority the thread started with (the daemon's, [`raise_priority`]).
-    base: libc::c_int,
-    /// Whether the thread runs at half of it now.
-    demoted: bool,
-    /// Whether the thread may move its priority: it was raised, and the last change
-    /// was accepted.
-    adaptive: bool,
-    /// Start of the window and the thread's CPU time then.
-    since: Instant,
-    cpu_at: Duration,
-    /// Batches in the window, and those that went over UDP.
-    batches: u32,
-    steered: u32,
-}
-
-/// The window over which a data thread's load is measured.
-const YIELD_WINDOW: Duration = Duration::from_millis(10);
-/// Share of a window on the CPU above which a data thread counts as busy (a download's
-/// threads on two busy cores: 60–70 %), and below which it counts as idle again (the
-/// threads answering with ACKs: about 10 %). Between the two it keeps its state.
-const BUSY_SHARE: f64 = 0.4;
-const IDLE_SHARE: f64 = 0.2;
-
-impl Yield {
-    /// For the calling thread, at the priority it has now.
-    pub(super) fn new() -> Self {
-        let base = priority().unwrap_or(0);
-        let (since, cpu_at) = (Instant::now(), thread_cpu());
-        Self { base, demoted: false, adaptive: base < 0, since, cpu_at, batches: 0, steered: 0 }
-    }
-
-    /// Called once per batch, `udp` if it went over UDP: after each window, compares
-    /// the thread's CPU time with the time that passed and moves its priority if its
-    /// load crossed a threshold.
-    pub(super) fn tick(&mut self, udp: bool) {
-        if !self.adaptive {
-            return;
-        }
-        self.batches += 1;
-        self.steered += u32::from(udp);
-        let elapsed = self.since.elapsed();
-        if elapsed < YIELD_WINDOW {
-            return;
-        }
-        let cpu = thread_cpu();
-        let share = cpu.saturating_sub(self.cpu_at).as_secs_f64() / elapsed.as_secs_f64();
-        let over_udp = self.steered * 2 > self.batches;
-        (self.since, self.cpu_at, self.batches, self.steered) = (Instant::now(), cpu, 0, 0);
-        self.observe(share, over_udp);
-    }
-
-    /// One window's measurement: the thread was on the CPU for `share` of it, and its
-    /// batches went mostly over UDP or not.
-    fn observe(&mut self, share: f64, over_udp: bool) {
-        let busy = if !over_udp {
-            false
-        } else if share > BUSY_SHARE {
-            true
-        } else if share < IDLE_SHARE {
-            false
-        } else {
-            self.demoted
-        };
-        if busy != self.demoted {
-            match set_priority(if busy { self.base / 2 } else { self.base }) {
-                Ok(()) => self.demoted = busy,
-                Err(e) => {
-                    debug!(error = %e, "a data thread cannot move its priority; it keeps this one");
-                    self.adaptive = false;
-                }
-            }
-        }
-    }
-}
-
-/// The calling thread's nice value.
 #[allow(unsafe_code)]
-fn priority() -> io::Result<libc::c_int> {
-    // SAFETY: getpriority acts on the calling thread (`who` 0) and takes no pointers;
-    // errno is cleared first because -1 is a valid priority.
-    let nice = unsafe {
+pub fn raise_priority(nice: libc::c_int) -> io::Result<()> {
+    // SAFETY: getpriority/setpriority act on the calling thread (`who` 0) and take no
+    // pointers; errno is cleared first because -1 is a valid priority.
+    let current = unsafe {
         *libc::__errno_location() = 0;
         libc::getpriority(libc::PRIO_PROCESS, 0)
     };
-    match io::Error::last_os_error() {
-        e if e.raw_os_error() == Some(0) => Ok(nice),
-        e => Err(e),
+    if io::Error::last_os_error().raw_os_error() == Some(0) && current <= nice {
+        return Ok(());
     }
-}
-
-/// Sets the calling thread's nice value.
-#[allow(unsafe_code)]
-fn set_priority(nice: libc::c_int) -> io::Result<()> {
-    // SAFETY: setpriority acts on the calling thread (`who` 0) and takes no pointers.
+    // SAFETY: as above.
     if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) } != 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())
-}
-
-/// CPU time the calling thread has used.
-#[allow(unsafe_code)]
-fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid timespec for the kernel to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    Duration::new(u64::try_from(ts.tv_sec).unwrap_or(0), u32::try_from(ts.tv_nsec).unwrap_or(0))
 }
 
 /// The data path's clock: milliseconds since `epoch` ([`Shared::epoch`]), the times of
@@ -459,51 +349,5 @@ mod tests {
         c.demote(120);
         assert!(flow(&[0x45; 10]).is_none(), "short");
         assert!(flow(&tcp(1, 0)[VIRTIO_NET_HDR_LEN..]).is_none(), "no data");
-    }
-}
-
-#[cfg(test)]
-mod priority_tests {
-    use super::*;
-
-    #[test]
-    fn a_busy_data_thread_gives_up_half_its_priority_and_takes_it_back_when_idle() {
-        std::thread::spawn(|| {
-            raise_priority(-10).expect("the tests run as root (CAP_SYS_NICE)");
-            let mut y = Yield::new();
-            let nice = || priority().unwrap();
-            // Busy over UDP: half the raise; in between the thresholds: kept.
-            y.observe(0.9, true);
-            assert_eq!(nice(), -5);
-            y.observe(0.3, true);
-            assert_eq!(nice(), -5);
-            // Idle again: all of it.
-            y.observe(0.1, true);
-            assert_eq!(nice(), -10);
-            y.observe(0.3, true);
-            assert_eq!(nice(), -10);
-            // Busy with batches to connections, where a ping shares the thread: kept,
-            // and a demoted thread whose batches move to connections takes it back.
-            y.observe(1.0, false);
-            assert_eq!(nice(), -10);
-            y.observe(1.0, true);
-            assert_eq!(nice(), -5);
-            y.observe(1.0, false);
-            assert_eq!(nice(), -10);
-        })
-        .join()
-        .unwrap();
-    }
-
-    #[test]
-    fn a_thread_the_daemon_did_not_raise_keeps_its_priority() {
-        std::thread::spawn(|| {
-            set_priority(0).unwrap();
-            let mut y = Yield::new();
-            y.observe(1.0, true);
-            assert_eq!(priority().unwrap(), 0);
-        })
-        .join()
-        .unwrap();
     }
 }

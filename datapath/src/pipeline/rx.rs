@@ -69,9 +69,7 @@ impl Rx {
 
     pub(super) fn run(mut self, dev: &Device, mut egress: Egress, shared: &Shared, stats: &PipelineStats) {
         let mut writer = DevOut::new(dev, &shared.offload, self.vnet_hdr);
-        let mut prio = super::Yield::new();
         while !shared.stop.load(Relaxed) {
-            prio.tick(true);
             let n = match udp::recv_batch(egress.udp(), &mut self.slab, self.slot, &mut self.metas) {
                 Ok(n) => n,
                 Err(e)

@@ -120,14 +120,9 @@ impl Tx {
 
     pub(super) fn run_tun(mut self, tun: &SyncDevice, mut egress: Egress, shared: &Shared, stats: &PipelineStats) {
         self.firewall = Some(shared.firewall.clone());
-        let mut prio = super::Yield::new();
         loop {
             let n = match self.read(tun, &mut egress, shared, stats) {
-                Ok(0) => {
-                    // A super-packet went out whole, as a record on a connection.
-                    prio.tick(false);
-                    continue;
-                }
+                Ok(0) => continue,
                 Ok(n) => n,
                 Err(e) => {
                     stats.drops.add(DropReason::Tun, 1);
@@ -140,7 +135,6 @@ impl Tx {
                 }
             };
             self.send(n, &mut egress, shared, stats);
-            prio.tick(self.out.first().is_some_and(|o| o.to.proto == Proto::Udp));
         }
     }
 
