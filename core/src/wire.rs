@@ -41,8 +41,10 @@ pub const FLAG_ORDERED: u8 = 0x04;
 /// ACK. A receiver with several UDP sockets steers it to another socket than the
 /// session's bulk packets, so it is read and opened by a thread that is not working
 /// through a download (`weft_datapath::transport::udp::steer_sparse`). Set on UDP
-/// only; authenticated like every flag, so a forger gains at most a wasted queue slot.
-/// Receivers need not know it.
+/// only. The receiver's kernel steers on it before the tag is checked: whoever sends
+/// a datagram picks its socket with it, as with a source port, and gets nothing more
+/// (a flag set or cleared on the way fails the tag like any other). Receivers need not
+/// know it.
 pub const FLAG_SPARSE: u8 = 0x08;
 /// Length of a reject message.
 pub const REJECT_LEN: usize = 8;
@@ -107,7 +109,8 @@ pub enum WireError {
 pub struct DataHeader {
     /// Flag bits (`FLAG_*`), authenticated; unknown ones are ignored.
     pub flags: u8,
-    /// Lane for multi-socket paths; zero today.
+    /// Lane for multi-socket paths; zero today (the receive steering of sparse flows
+    /// uses [`FLAG_SPARSE`], set where the other flags are).
     pub lane: u16,
     /// The receiver's session index.
     pub receiver_index: u32,
