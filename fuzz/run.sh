@@ -47,8 +47,20 @@ if ! build_log=$(cargo +nightly fuzz build 2>&1); then
     exit 1
 fi
 
-# The sanitizer options `cargo fuzz run` gives the binaries it starts.
+# Runs target $1 with libFuzzer arguments $2...: the binary `cargo fuzz build` just made,
+# with the sanitizer options `cargo fuzz run` gives it (which would first check the
+# build again, seconds per target); `cargo fuzz run` when the binary is elsewhere.
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_odr_violation=0"
+bin_dir="${CARGO_TARGET_DIR:-target}/$(rustc +nightly -vV | sed -n 's/^host: //p')/release"
+fuzz() {
+    local t=$1
+    shift
+    if [ -x "$bin_dir/$t" ]; then
+        "$bin_dir/$t" "$@"
+    else
+        cargo +nightly fuzz run "$t" -- "$@"
+    fi
+}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 failed=0
@@ -58,12 +70,7 @@ for t in "${targets[@]}"; do
     mkdir -p "$work/$t" "corpus/$t" "artifacts/$t"
     log="$work/$t.log"
     start=$(date +%s)
-    # The binary `cargo fuzz build` made, run as `cargo fuzz run` would (which first
-    # checks the build again: seconds per target); `cargo fuzz run` when it is elsewhere.
-    bin="${CARGO_TARGET_DIR:-target}/$(rustc +nightly -vV | sed -n 's/^host: //p')/release/$t"
-    run=(cargo +nightly fuzz run "$t" "$work/$t" "corpus/$t" --)
-    [ -x "$bin" ] && run=("$bin" "$work/$t" "corpus/$t")
-    "${run[@]}" \
+    fuzz "$t" "$work/$t" "corpus/$t" \
         -max_total_time="$secs" -print_final_stats=1 -timeout=10 -rss_limit_mb=2048 \
         -artifact_prefix="artifacts/$t/" >"$log" 2>&1
     rc=$?
@@ -82,7 +89,7 @@ for t in "${targets[@]}"; do
         echo "---- $t failed (exit $rc); last lines of its log:" >&2
         tail -40 "$log" >&2
     elif [ "$merge" -eq 1 ]; then
-        cargo +nightly fuzz run "$t" "corpus/$t" "$work/$t" -- -merge=1 >"$work/$t.merge" 2>&1 \
+        fuzz "$t" -merge=1 "corpus/$t" "$work/$t" >"$work/$t.merge" 2>&1 \
             || { echo "merge into corpus/$t failed" >&2; failed=1; }
     fi
 done
