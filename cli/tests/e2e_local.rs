@@ -312,7 +312,7 @@ fn json_logs_are_one_object_per_line() {
 /// binary is opened before the mount, which hides it when the tree is under /tmp.
 fn up_in_private_tmp(prep: &str, ns: &Netns) -> Output {
     let script = format!(
-        "exec 3<\"$0\" && mount -t tmpfs none /tmp && mkdir /tmp/bin && cat <&3 >/tmp/bin/weft && chmod 755 /tmp/bin /tmp/bin/weft && \
+        "exec 3<\"$0\" && mount -t tmpfs none /tmp && mkdir /tmp/bin && cat <&3 >/tmp/bin/weft && exec 3<&- && chmod 755 /tmp/bin /tmp/bin/weft && \
          {prep} && exec timeout 5 setpriv --reuid 65534 --regid 65534 --clear-groups --inh-caps=-all \
          env -u XDG_RUNTIME_DIR -u HOME -u XDG_STATE_HOME -u WEFT_CONTROL /tmp/bin/weft up --no-tun \
          --network-name local --network-secret Zq3-vT8pL2-xWn7-Kd4r-Hm9s -i 10.126.126.1/24 \
