@@ -346,6 +346,10 @@ pub struct PipelineJson {
     /// GSO records received.
     #[serde(default)]
     pub rx_gso_records: u64,
+    /// Packets the receive thread sent itself: what the kernel answered at once to
+    /// the sparse packets it had just written (counted in `tx_packets` too).
+    #[serde(default)]
+    pub tx_answers: u64,
     /// Drops by reason that belong to no peer.
     pub drops: BTreeMap<String, u64>,
     /// A links RX thread (what connections receive), not a TUN/UDP pipeline.

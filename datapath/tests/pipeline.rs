@@ -509,6 +509,33 @@ fn packets_to_a_connection_take_the_lane_of_their_flows_rate() {
     assert_eq!(lanes(&e), [Lane::Bulk, Lane::Sparse, Lane::Bulk, Lane::Sparse]);
 }
 
+/// The RX thread reads its TUN queue for the kernel's answers only after a batch that
+/// wrote packets, all of sparse flows: a ping's, or a download's first 64 KiB; never
+/// after a batch with a bulk flow's packets (their ACKs are the TX thread's) or one
+/// that wrote nothing.
+#[test]
+fn rx_looks_for_answers_only_after_writing_sparse_flows_alone() {
+    let mut e = ends(Cipher::Aes128Gcm);
+    let drops = DropCounters::default();
+    let ping = ipv4_packet(A, B, &[0x30, 0x39, 0, 53, 0, 28, 0, 0, 1, 2, 3, 4]);
+    let dgrams = seal(&mut e, std::slice::from_ref(&ping), &drops);
+    assert_eq!(deliver(&mut e, &dgrams).len(), 1);
+    assert!(e.rx.wrote_sparse_only(), "a ping alone");
+    let mut seg = super_packet(A, 1380, 1)[10..10 + 40 + 1380].to_vec();
+    seg[2..4].copy_from_slice(&(40u16 + 1380).to_be_bytes());
+    let dgrams = seal(&mut e, &vec![seg.clone(); 46], &drops);
+    assert_eq!(deliver(&mut e, &dgrams).len(), 46);
+    assert!(e.rx.wrote_sparse_only(), "a download's first 46 segments (under 64 KiB): a flow just started");
+    let dgrams = seal(&mut e, &[seg.clone(), ping.clone(), seg], &drops);
+    assert_eq!(deliver(&mut e, &dgrams).len(), 3);
+    assert!(!e.rx.wrote_sparse_only(), "the download is bulk now, beside the ping");
+    assert!(deliver(&mut e, &[vec![4u8; 80]]).is_empty());
+    assert!(!e.rx.wrote_sparse_only(), "nothing written");
+    let dgrams = seal(&mut e, &[ping], &drops);
+    assert_eq!(deliver(&mut e, &dgrams).len(), 1);
+    assert!(e.rx.wrote_sparse_only(), "the ping again");
+}
+
 /// Over UDP a sparse flow's packets are flagged for the receiver to steer to another
 /// socket than the session's bulk ([`FLAG_SPARSE`], lane `Sparse` so that no GSO run
 /// mixes them): a ping and a game packet beside a download are, the download's

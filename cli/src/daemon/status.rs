@@ -137,6 +137,7 @@ impl Runtime {
                         rx_batches: l(&p.rx_batches),
                         tx_gso_records: l(&p.tx_gso_records),
                         rx_gso_records: l(&p.rx_gso_records),
+                        tx_answers: l(&p.tx_answers),
                         drops: counters(&p.drops),
                         links,
                     }

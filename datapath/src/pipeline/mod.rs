@@ -29,12 +29,14 @@ use weft_core::session::Session;
 use weft_core::stats::DropCounters;
 use weft_core::wire::{DATA_HEADER_LEN, RELAY_HEADER_LEN};
 
+mod answer;
 mod coalesce;
 mod device;
 mod relay;
 mod rx;
 mod tx;
 
+use answer::Answers;
 pub use device::{Deliver, Device, TunOut, TunWriter, UserOut, UserPort};
 pub use relay::StreamRelay;
 pub use rx::Rx;
@@ -126,6 +128,9 @@ pub struct PipelineStats {
     pub tx_gso_records: AtomicU64,
     /// GSO records received and delivered.
     pub rx_gso_records: AtomicU64,
+    /// Packets the RX thread read from its TUN queue and sent right after a write of
+    /// sparse flows' packets ([`answer`]); also in `tx_packets`.
+    pub tx_answers: AtomicU64,
     /// Drops that belong to no peer, by reason.
     pub drops: DropCounters,
 }
@@ -158,6 +163,7 @@ pub fn spawn(
 ) -> io::Result<[JoinHandle<()>; 2]> {
     let tx_egress = Egress::new(sock.clone(), links.clone(), shared.offload.clone());
     let rx_egress = Egress::new(sock, links, shared.offload.clone());
+    let answers = Answers::new(&tun, cfg, &shared);
     let (t2, sh2, st2) = (tun.clone(), shared.clone(), stats.clone());
     let tx = std::thread::Builder::new().name(format!("weft-tx-{id}")).spawn(move || {
         pin(cfg.pin);
@@ -165,7 +171,7 @@ pub fn spawn(
     })?;
     let rx = std::thread::Builder::new().name(format!("weft-rx-{id}")).spawn(move || {
         pin(cfg.pin);
-        Rx::new(cfg).run(&tun, rx_egress, &shared, &stats)
+        Rx::new(cfg).run(&tun, rx_egress, &shared, &stats, answers)
     })?;
     Ok([tx, rx])
 }
@@ -183,9 +189,10 @@ pub fn spawn_links_rx(
     stats: Arc<PipelineStats>,
 ) -> io::Result<JoinHandle<()>> {
     let cfg = PipelineConfig { udp_gro: false, ..cfg };
+    let answers = Answers::new(&tun, cfg, &shared);
     std::thread::Builder::new()
         .name(format!("weft-links-{id}"))
-        .spawn(move || Rx::new(cfg).run_links(id, &tun, &inbound, egress, &shared, &stats))
+        .spawn(move || Rx::new(cfg).run_links(id, &tun, &inbound, egress, &shared, &stats, answers))
 }
 
 fn pin(core: Option<usize>) {

@@ -10,6 +10,7 @@ use std::time::Duration;
 use tracing::{debug, warn};
 use tun_rs::{GROTable, VIRTIO_NET_HDR_LEN};
 
+use super::answer::Answers;
 use super::coalesce::{Coalescer, GRO_SLOT, HEAD_ROOM, RX_SLOTS, RX_SLOTS_GRO};
 use super::device::{DevOut, Device, TunWriter};
 use super::relay::{Hop, relay_or_local};
@@ -41,6 +42,9 @@ pub struct Rx {
     /// Whether each pending packet's flow is bulk (one per write buffer): sparse ones
     /// are written first.
     pub(super) pending_bulk: Vec<bool>,
+    /// Packets the last batch wrote to the device, and whether any was a bulk flow's.
+    pub(super) wrote: usize,
+    pub(super) wrote_bulk: bool,
 }
 
 impl Rx {
@@ -64,10 +68,21 @@ impl Rx {
             vnet_hdr: cfg.offload,
             codel: Codel::default(),
             load: FlowLoad::default(),
+            wrote: 0,
+            wrote_bulk: false,
         }
     }
 
-    pub(super) fn run(mut self, dev: &Device, mut egress: Egress, shared: &Shared, stats: &PipelineStats) {
+    /// The UDP receive loop. With `answers`, what the kernel answered to a batch of
+    /// sparse flows' packets while this thread wrote them is sent from here.
+    pub(super) fn run(
+        mut self,
+        dev: &Device,
+        mut egress: Egress,
+        shared: &Shared,
+        stats: &PipelineStats,
+        mut answers: Option<Answers>,
+    ) {
         let mut writer = DevOut::new(dev, &shared.offload, self.vnet_hdr);
         while !shared.stop.load(Relaxed) {
             let n = match udp::recv_batch(egress.udp(), &mut self.slab, self.slot, &mut self.metas) {
@@ -90,12 +105,39 @@ impl Rx {
             stats.rx_batches.fetch_add(1, Relaxed);
             self.process(&routes, shared, stats, n, now_ms(shared.epoch), &mut writer);
             self.forward(&mut egress, stats);
+            drop(routes);
+            self.answer(&mut answers, dev, &mut egress, shared, stats);
         }
+    }
+
+    /// After a batch that wrote only sparse flows' packets, sends what the kernel
+    /// answered to them ([`Answers`]); forgets `answers` where the kernel cannot.
+    fn answer(
+        &self,
+        answers: &mut Option<Answers>,
+        dev: &Device,
+        egress: &mut Egress,
+        shared: &Shared,
+        stats: &PipelineStats,
+    ) {
+        if let (Some(a), Device::Tun(q)) = (answers.as_mut(), dev)
+            && self.wrote_sparse_only()
+            && !a.take(q, egress, shared, stats)
+        {
+            *answers = None;
+        }
+    }
+
+    /// Whether the last batch wrote packets to the device, all of sparse flows.
+    pub fn wrote_sparse_only(&self) -> bool {
+        self.wrote > 0 && !self.wrote_bulk
     }
 
     /// The links RX loop: batches received by the connections, copied into the slab
     /// (one frame per slot) and processed like UDP datagrams. Frames larger than a
-    /// slot (GSO records) are handled where they lie, in order with the rest.
+    /// slot (GSO records) are handled where they lie, in order with the rest. With
+    /// `answers`, as in [`Rx::run`].
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn run_links(
         mut self,
         shard: usize,
@@ -104,6 +146,7 @@ impl Rx {
         mut egress: Egress,
         shared: &Shared,
         stats: &PipelineStats,
+        mut answers: Option<Answers>,
     ) {
         let mut writer = DevOut::new(dev, &shared.offload, self.vnet_hdr);
         while !shared.stop.load(Relaxed) {
@@ -156,6 +199,7 @@ impl Rx {
             }
             if n > 0 {
                 self.flush_links(n, shared, stats, &mut writer, &mut egress);
+                self.answer(&mut answers, dev, &mut egress, shared, stats);
             }
         }
     }
@@ -236,6 +280,7 @@ impl Rx {
         let mut tally = Tally::new();
         let (mut packets, mut bytes) = (0u64, 0u64);
         self.fwd.clear();
+        (self.wrote, self.wrote_bulk) = (0, false);
         // The kernel's receive times are on the realtime clock: read it once a batch.
         let now_ns = if self.metas[..n].iter().any(|m| m.arrived_ns != 0) { udp::realtime_ns() } else { 0 };
         for i in 0..n {
@@ -263,6 +308,7 @@ impl Rx {
                                 session.stats.drops.add(DropReason::Queue, 1);
                                 continue;
                             }
+                            (self.wrote, self.wrote_bulk) = (self.wrote + 1, true);
                             // In order: what is pending goes first.
                             if self.pending > 0 {
                                 self.write(stats, out);
@@ -288,6 +334,7 @@ impl Rx {
                     continue;
                 }
                 self.pending_bulk[self.pending] = bulk;
+                (self.wrote, self.wrote_bulk) = (self.wrote + 1, self.wrote_bulk || bulk);
                 let buf = &mut self.coal.bufs[self.pending];
                 buf.clear();
                 buf.resize(VIRTIO_NET_HDR_LEN, 0);

@@ -147,10 +147,23 @@ impl Tx {
         shared: &Shared,
         stats: &PipelineStats,
     ) -> io::Result<usize> {
+        self.read_with(|buf| tun.recv(buf), egress, shared, stats)
+    }
+
+    /// [`Tx::read`] with `read` taking one packet from the TUN into the buffer it is
+    /// given (a virtio header first with offload).
+    pub(super) fn read_with(
+        &mut self,
+        read: impl FnOnce(&mut [u8]) -> io::Result<usize>,
+        egress: &mut Egress,
+        shared: &Shared,
+        stats: &PipelineStats,
+    ) -> io::Result<usize> {
         if !self.reads_super_packets() {
-            return tun.recv_multiple(&mut self.original, &mut self.bufs, &mut self.sizes, TX_HEADROOM);
+            self.sizes[0] = read(&mut self.bufs[0][TX_HEADROOM..])?;
+            return Ok(1);
         }
-        let len = tun.recv(&mut self.original[TX_HEADROOM..])?;
+        let len = read(&mut self.original[TX_HEADROOM..])?;
         let routes = shared.routes.load();
         if let Some((packets, bytes)) = self.seal_super(&routes, len, now_ms(shared.epoch)) {
             // The record is in `original`: send it from buffer 0's place.

@@ -282,6 +282,11 @@ pub fn render(s: &StatusJson) -> prometheus::Result<String> {
         ("weft_pipeline_receive_gso_records_total", "GSO records the pipeline received and delivered.", |p| {
             p.rx_gso_records
         }),
+        (
+            "weft_pipeline_transmit_answers_total",
+            "Packets the receive thread sent right after writing: the kernel's answers to sparse packets.",
+            |p| p.tx_answers,
+        ),
     ] {
         f.counter(name, help, ["pipeline"], s.pipelines.iter().zip(&labels).map(|(p, l)| (l.clone(), get(p))))?;
     }
