@@ -45,9 +45,9 @@ fn transport_of(n: &Node, ip: &str) -> Option<String> {
         .and_then(|p| p["transport"].as_str().map(str::to_owned))
 }
 
-/// GSO records a node's pipelines sent (`tx_gso_records`) or received
-/// (`rx_gso_records`).
-fn gso(n: &Node, dir: &str) -> u64 {
+/// A counter summed over a node's pipelines: GSO records sent (`tx_gso_records`) or
+/// received (`rx_gso_records`), answers sent by receive threads (`tx_answers`).
+fn summed(n: &Node, dir: &str) -> u64 {
     n.status()["pipelines"].as_array().unwrap().iter().map(|p| p[dir].as_u64().unwrap_or(0)).sum()
 }
 
@@ -112,6 +112,14 @@ fn single_transport(proto: &str, port: u16) {
     });
     eprintln!("{proto}: session up in {t:?}");
     assert!(ping(&lan.hosts[0], IPS[1]) && ping(&lan.hosts[1], IPS[0]), "{proto}: ping");
+    // An echo reply leaves from the links thread that wrote the request, unless the
+    // TX thread, woken by the same reply, reads it first: of 20 pings each way, some.
+    for (from, to, ip) in [(0, 1, IPS[1]), (1, 0, IPS[0])] {
+        assert_eq!(ping_times(&lan.hosts[from], ip, 20).len(), 20, "{proto}: pings {from}->{to}");
+    }
+    for (n, name) in [(&a, "a"), (&b, "b")] {
+        assert!(summed(n, "tx_answers") > 0, "{proto}: {name} answered no ping from a receive thread");
+    }
     for (from, to, ip) in [(0, 1, IPS[1]), (1, 0, IPS[0])] {
         let (sent, got, took) = transfer(&lan.hosts[from], &lan.hosts[to], ip, 64 << 20);
         assert_eq!(sent, got, "{proto}: SHA-256 of the 64 MiB transfer differs");
@@ -122,7 +130,7 @@ fn single_transport(proto: &str, port: u16) {
     // are none.
     let offload = offload_on();
     for (n, name) in [(&a, "a"), (&b, "b")] {
-        let (tx, rx) = (gso(n, "tx_gso_records"), gso(n, "rx_gso_records"));
+        let (tx, rx) = (summed(n, "tx_gso_records"), summed(n, "rx_gso_records"));
         eprintln!("{proto}: {name} sent {tx} and received {rx} GSO records");
         if offload {
             assert!(tx > 0 && rx > 0, "{proto}: {name} sent {tx}, received {rx} GSO records");
@@ -165,9 +173,9 @@ fn gso_records_reach_a_member_without_tun_offload() {
         assert_eq!(sent, got, "SHA-256 of the 64 MiB transfer {from}->{to} differs");
     }
     if offload_on() {
-        assert!(gso(&a, "tx_gso_records") > 0 && gso(&b, "rx_gso_records") > 0);
+        assert!(summed(&a, "tx_gso_records") > 0 && summed(&b, "rx_gso_records") > 0);
     }
-    assert_eq!(gso(&b, "tx_gso_records"), 0, "no super-packets without TUN offload");
+    assert_eq!(summed(&b, "tx_gso_records"), 0, "no super-packets without TUN offload");
 }
 
 #[test]
@@ -488,8 +496,12 @@ fn relay_between_two_transports() {
     assert_eq!(sent, got, "C -> A through the relay");
     // Both links are streams: with TUN offload, super-packets crossed B whole, as GSO
     // records it forwarded without opening.
-    let (a_tx, c_rx, c_tx, a_rx) =
-        (gso(&a, "tx_gso_records"), gso(&c, "rx_gso_records"), gso(&c, "tx_gso_records"), gso(&a, "rx_gso_records"));
+    let (a_tx, c_rx, c_tx, a_rx) = (
+        summed(&a, "tx_gso_records"),
+        summed(&c, "rx_gso_records"),
+        summed(&c, "tx_gso_records"),
+        summed(&a, "rx_gso_records"),
+    );
     eprintln!("GSO records through B: A sent {a_tx}, C received {c_rx}; C sent {c_tx}, A received {a_rx}");
     if offload_on() {
         assert!(a_tx > 0 && c_rx > 0 && c_tx > 0 && a_rx > 0, "GSO records did not cross the relay");

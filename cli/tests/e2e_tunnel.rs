@@ -354,6 +354,11 @@ fn pings_are_answered_while_a_bulk_transfer_runs() {
         pipes.iter().enumerate().any(|(i, p)| i != bulk && p.1 >= 60),
         "the pings arrived on the download's pipeline: {pipes:?}"
     );
+    // The echo replies leave from the thread that wrote the requests, which finds them
+    // in its TUN queue as the write returns (the TX thread may take one first).
+    let answers: Vec<u64> =
+        st["pipelines"].as_array().unwrap().iter().map(|p| p["tx_answers"].as_u64().unwrap()).collect();
+    assert!(answers.iter().sum::<u64>() > 0, "no echo reply was sent by a receive thread: {answers:?}");
     let mut sorted = times;
     sorted.sort_by(f64::total_cmp);
     eprintln!(
