@@ -129,7 +129,8 @@ pub struct PipelineStats {
     /// GSO records received and delivered.
     pub rx_gso_records: AtomicU64,
     /// Packets the RX thread read from its TUN queue and sent right after a write of
-    /// sparse flows' packets ([`answer`]); also in `tx_packets`.
+    /// sparse flows' packets (what the kernel answered inside that write); also in
+    /// `tx_packets`.
     pub tx_answers: AtomicU64,
     /// Drops that belong to no peer, by reason.
     pub drops: DropCounters,
