@@ -36,12 +36,13 @@ impl Answers {
     }
 
     /// Sends what waits in TUN queue `q` (up to [`READS`] reads), counted in
-    /// [`PipelineStats::tx_answers`]. Returns false when this kernel cannot read a
+    /// [`PipelineStats::tx_answers`] (packets, or records for super-packets sent whole). Returns false when this kernel cannot read a
     /// TUN without waiting: the caller stops asking.
     pub(super) fn take(&mut self, q: &SyncDevice, egress: &mut Egress, shared: &Shared, stats: &PipelineStats) -> bool {
         let mut sent = 0;
         for _ in 0..READS {
             match self.tx.read_with(|buf| read_now(q, buf), egress, shared, stats) {
+                // A super-packet sealed whole as one record (to a connection): one.
                 Ok(0) => sent += 1,
                 Ok(n) => {
                     self.tx.send(n, egress, shared, stats);
