@@ -511,7 +511,8 @@ fn packets_to_a_connection_take_the_lane_of_their_flows_rate() {
 
 /// The RX thread reads its TUN queue for the kernel's answers only after a batch that
 /// wrote packets, all of sparse flows: a ping's, or a download's first 64 KiB; never
-/// after a batch with a bulk flow's packets (their ACKs are the TX thread's) or one
+/// after a batch with a bulk flow's packets (their ACKs are the TX thread's), one with
+/// a bare ACK (an upload's: the kernel answers it with the upload's next data) or one
 /// that wrote nothing.
 #[test]
 fn rx_looks_for_answers_only_after_writing_sparse_flows_alone() {
@@ -531,6 +532,12 @@ fn rx_looks_for_answers_only_after_writing_sparse_flows_alone() {
     assert!(!e.rx.wrote_sparse_only(), "the download is bulk now, beside the ping");
     assert!(deliver(&mut e, &[vec![4u8; 80]]).is_empty());
     assert!(!e.rx.wrote_sparse_only(), "nothing written");
+    let mut ack = super_packet(A, 1380, 1)[10..10 + 40].to_vec();
+    ack[2..4].copy_from_slice(&40u16.to_be_bytes());
+    ack[20..24].copy_from_slice(&[0x1f, 0x90, 0x30, 0x39]);
+    let dgrams = seal(&mut e, &[ack.clone(), ack], &drops);
+    assert_eq!(deliver(&mut e, &dgrams).len(), 2);
+    assert!(!e.rx.wrote_sparse_only(), "an upload's ACKs, a few bytes each");
     let dgrams = seal(&mut e, &[ping], &drops);
     assert_eq!(deliver(&mut e, &dgrams).len(), 1);
     assert!(e.rx.wrote_sparse_only(), "the ping again");

@@ -10,13 +10,13 @@
 use std::io::{self, IoSliceMut};
 use std::sync::atomic::Ordering::Relaxed;
 
-use rustix::io::{Errno, ReadWriteFlags, preadv2};
+use rustix::io::{ReadWriteFlags, preadv2};
 use tracing::debug;
 use tun_rs::SyncDevice;
 
-use super::{Device, PipelineConfig, PipelineStats, Shared, Tx};
+use super::tx::tcp_in_order;
+use super::{Device, PipelineConfig, PipelineStats, Shared, TX_HEADROOM, Tx};
 use crate::transport::Egress;
-use weft_core::stats::DropReason;
 
 /// Reads after one batch, at most: the answers to a few sparse packets, not a second TX.
 const READS: usize = 4;
@@ -32,30 +32,42 @@ impl Answers {
         let Device::Tun(_) = dev else { return None };
         let mut tx = Tx::new(cfg);
         tx.firewall = Some(shared.firewall.clone());
+        tx.answering = true;
         Some(Self { tx })
     }
 
-    /// Sends what waits in TUN queue `q` (up to [`READS`] reads), counted in
-    /// [`PipelineStats::tx_answers`] (packets, or records for super-packets sent whole). Returns false when this kernel cannot read a
-    /// TUN without waiting: the caller stops asking.
+    /// Sends what waits in TUN queue `q` (up to [`READS`] reads, and none after a
+    /// TCP segment that is not a bare ACK: data the kernel sent inside the write
+    /// belongs to a flow with more waiting, the TX thread's), counted in
+    /// [`PipelineStats::tx_answers`] (datagrams or records sent). Returns false when
+    /// the TUN cannot be read this way (before Linux 6.4 a TUN refuses `RWF_NOWAIT`):
+    /// the caller stops asking.
     pub(super) fn take(&mut self, q: &SyncDevice, egress: &mut Egress, shared: &Shared, stats: &PipelineStats) -> bool {
         let mut sent = 0;
+        let mut usable = true;
         for _ in 0..READS {
             match self.tx.read_with(|buf| read_now(q, buf), egress, shared, stats) {
-                // A super-packet sealed whole as one record (to a connection): one.
-                Ok(0) => sent += 1,
+                // A super-packet sealed whole as one record (to a connection).
+                Ok(0) => {
+                    sent += 1;
+                    break;
+                }
                 Ok(n) => {
+                    let (bufs, sizes) = self.tx.buffers();
+                    let stream = bufs[..n]
+                        .iter()
+                        .zip(&sizes[..n])
+                        .any(|(b, &len)| b.get(TX_HEADROOM..TX_HEADROOM + len).is_some_and(tcp_in_order));
                     self.tx.send(n, egress, shared, stats);
-                    sent += n;
+                    sent += self.tx.out.len();
+                    if stream {
+                        break;
+                    }
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.raw_os_error() == Some(Errno::OPNOTSUPP.raw_os_error()) => {
-                    debug!("the kernel cannot read a TUN queue without waiting: answers stay with the TX thread");
-                    return false;
-                }
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => break,
                 Err(e) => {
-                    debug!(error = %e, "TUN read for answers failed");
-                    stats.drops.add(DropReason::Tun, 1);
+                    debug!(error = %e, "the TUN queue cannot be read without waiting: answers stay with the TX thread");
+                    usable = false;
                     break;
                 }
             }
@@ -63,7 +75,7 @@ impl Answers {
         if sent > 0 {
             stats.tx_answers.fetch_add(sent as u64, Relaxed);
         }
-        true
+        usable
     }
 }
 

@@ -14,6 +14,7 @@ use super::answer::Answers;
 use super::coalesce::{Coalescer, GRO_SLOT, HEAD_ROOM, RX_SLOTS, RX_SLOTS_GRO};
 use super::device::{DevOut, Device, TunWriter};
 use super::relay::{Hop, relay_or_local};
+use super::tx::is_bare_ack;
 use super::{ControlEvent, PipelineConfig, PipelineStats, Shared, Tally, now_ms};
 use crate::transport::udp::{self, MAX_BATCH, Outgoing, RecvMeta};
 use crate::transport::{Egress, Endpoint, Inbound, Lane, frame};
@@ -106,14 +107,15 @@ impl Rx {
             self.process(&routes, shared, stats, n, now_ms(shared.epoch), &mut writer);
             self.forward(&mut egress, stats);
             drop(routes);
-            self.answer(&mut answers, dev, &mut egress, shared, stats);
+            let sparse = self.wrote_sparse_only();
+            Self::answer(sparse, &mut answers, dev, &mut egress, shared, stats);
         }
     }
 
-    /// After a batch that wrote only sparse flows' packets, sends what the kernel
-    /// answered to them ([`Answers`]); forgets `answers` where the kernel cannot.
+    /// After a batch that wrote only sparse flows' packets (`sparse`), sends what the
+    /// kernel answered to them ([`Answers`]); forgets `answers` where the TUN cannot.
     fn answer(
-        &self,
+        sparse: bool,
         answers: &mut Option<Answers>,
         dev: &Device,
         egress: &mut Egress,
@@ -121,14 +123,15 @@ impl Rx {
         stats: &PipelineStats,
     ) {
         if let (Some(a), Device::Tun(q)) = (answers.as_mut(), dev)
-            && self.wrote_sparse_only()
+            && sparse
             && !a.take(q, egress, shared, stats)
         {
             *answers = None;
         }
     }
 
-    /// Whether the last batch wrote packets to the device, all of sparse flows.
+    /// Whether the last batch wrote packets to the device, all of sparse flows and
+    /// none a bare ACK (bulk, records and ACKs count as bulk).
     pub fn wrote_sparse_only(&self) -> bool {
         self.wrote > 0 && !self.wrote_bulk
     }
@@ -158,6 +161,8 @@ impl Rx {
             // Fill the slots from this batch and whatever else is already waiting
             // (a bounded number of batches, so that `stop` is seen under load).
             let mut n = 0;
+            // Whether an earlier write of this round carried bulk: no answers then.
+            let mut bulk = false;
             let mut next = Some(first);
             let mut taken = 0;
             while let Some(mut b) = next.take() {
@@ -173,16 +178,19 @@ impl Rx {
                     if end - start > self.slot {
                         if n > 0 {
                             self.flush_links(n, shared, stats, &mut writer, &mut egress);
+                            bulk |= self.wrote_bulk;
                             n = 0;
                         }
                         let routes = shared.routes.load();
                         let now = now_ms(shared.epoch);
                         let big = &mut b.batch[start..end];
                         self.process_big(&routes, shared, stats, b.from, big, now, &mut writer, Some(&mut egress));
+                        bulk |= self.wrote_bulk;
                         continue;
                     }
                     if n == self.metas.len() {
                         self.flush_links(n, shared, stats, &mut writer, &mut egress);
+                        bulk |= self.wrote_bulk;
                         n = 0;
                     }
                     let len = end - start;
@@ -199,7 +207,8 @@ impl Rx {
             }
             if n > 0 {
                 self.flush_links(n, shared, stats, &mut writer, &mut egress);
-                self.answer(&mut answers, dev, &mut egress, shared, stats);
+                let sparse = !bulk && self.wrote_sparse_only();
+                Self::answer(sparse, &mut answers, dev, &mut egress, shared, stats);
             }
         }
     }
@@ -237,6 +246,7 @@ impl Rx {
     ) -> Option<Endpoint> {
         match classify(routes, shared, stats, from, data, now) {
             Got::Packet { session, at, len, gso: true } => {
+                (self.wrote, self.wrote_bulk) = (self.wrote + 1, true);
                 if let Some((packets, bytes)) =
                     deliver_super(out, &mut self.gro, &mut self.coal.bufs, &mut data[at..at + len], stats)
                 {
@@ -329,12 +339,15 @@ impl Rx {
                     };
                 let plain = &self.slab[at..at + len];
                 let bulk = self.load.add(plain, len, now);
+                // A bare ACK answers data this node sends: what the kernel sends
+                // inside its write is that flow's next data, the TX thread's.
+                let answers_ours = is_bare_ack(plain);
                 if self.codel.drop_packet(sojourn, now_ns, bulk) {
                     session.stats.drops.add(DropReason::Queue, 1);
                     continue;
                 }
                 self.pending_bulk[self.pending] = bulk;
-                (self.wrote, self.wrote_bulk) = (self.wrote + 1, self.wrote_bulk || bulk);
+                (self.wrote, self.wrote_bulk) = (self.wrote + 1, self.wrote_bulk || bulk || answers_ours);
                 let buf = &mut self.coal.bufs[self.pending];
                 buf.clear();
                 buf.resize(VIRTIO_NET_HDR_LEN, 0);

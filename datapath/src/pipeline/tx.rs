@@ -39,6 +39,10 @@ pub struct Tx {
     /// Each flow's rate, for packets to a connection: a sparse flow's take the lane
     /// its queue empties first ([`Lane::Sparse`]).
     pub(super) load: FlowLoad,
+    /// An RX thread's answers ([`super::answer`]): a TCP segment it read belongs to a
+    /// flow the TX thread may be sending too (the kernel sends data inside a write only
+    /// for a flow with data waiting), so it takes the bulk lane and is never flagged.
+    pub(super) answering: bool,
 }
 
 impl Tx {
@@ -56,6 +60,7 @@ impl Tx {
             unrouted: Vec::new(),
             firewall: None,
             load: FlowLoad::default(),
+            answering: false,
         }
     }
 
@@ -219,7 +224,8 @@ impl Tx {
         }
         // Told from the inner headers in place, before sealing overwrites them.
         let inner = self.original.get(TX_HEADROOM + VIRTIO_NET_HDR_LEN..TX_HEADROOM + len).unwrap_or_default();
-        let lane = lane_of(&mut self.load, inner, len - VIRTIO_NET_HDR_LEN, now);
+        let lane =
+            if self.answering { Lane::Bulk } else { lane_of(&mut self.load, inner, len - VIRTIO_NET_HDR_LEN, now) };
         let sealed = s.seal_with_flags(&mut self.original[RELAY_HEADER_LEN..], len, FLAG_GSO)?;
         if let Some(h) = &route.relay
             && let Some(head) = self.original.first_chunk_mut::<RELAY_HEADER_LEN>()
@@ -281,6 +287,9 @@ impl Tx {
             }
             let ip = &buf[TX_HEADROOM..TX_HEADROOM + len];
             let mut lane = lane_of(&mut self.load, ip, len, now);
+            if self.answering && tcp_in_order(ip) {
+                lane = Lane::Bulk;
+            }
             let mut flags = 0;
             if route.target.proto == Proto::Udp {
                 // Over UDP the lane is where the receiver reads it: a sparse flow's
@@ -360,7 +369,7 @@ pub(super) fn records_over_quic(route: &weft_core::route::Route) -> bool {
 
 /// Whether `ip` (exactly one packet) is a TCP segment that carries nothing but an
 /// acknowledgement (no data, no SYN, FIN or RST).
-fn is_bare_ack(ip: &[u8]) -> bool {
+pub(super) fn is_bare_ack(ip: &[u8]) -> bool {
     layer4(ip).is_some_and(|l| l.proto == 6) && !tcp_in_order(ip)
 }
 
