@@ -498,6 +498,15 @@ pub fn wait_until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) -
 }
 
 /// Whether a ping from `ns` to `addr` gets an answer (two tries, a second each).
+/// Whether this kernel's TUN reads without waiting when asked (`RWF_NOWAIT`, Linux
+/// 6.4 and later): only then do receive threads send the kernel's answers
+/// (`tx_answers`).
+pub fn tun_reads_without_waiting() -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut v = release.split(|c: char| !c.is_ascii_digit()).map(|n| n.parse::<u32>().unwrap_or(0));
+    (v.next().unwrap_or(0), v.next().unwrap_or(0)) >= (6, 4)
+}
+
 pub fn ping(ns: &Netns, addr: &str) -> bool {
     ns.exec_status(&["ping", "-c", "2", "-i", "0.3", "-W", "1", addr])
 }
