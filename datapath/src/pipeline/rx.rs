@@ -43,8 +43,8 @@ pub struct Rx {
     /// Whether each pending packet's flow is bulk (one per write buffer): sparse ones
     /// are written first.
     pub(super) pending_bulk: Vec<bool>,
-    /// Packets the last batch wrote to the device, and whether any was a bulk flow's.
-    pub(super) wrote: usize,
+    /// Whether the last batch wrote to the device, and whether a bulk flow's packet.
+    pub(super) wrote: bool,
     pub(super) wrote_bulk: bool,
 }
 
@@ -69,7 +69,7 @@ impl Rx {
             vnet_hdr: cfg.offload,
             codel: Codel::default(),
             load: FlowLoad::default(),
-            wrote: 0,
+            wrote: false,
             wrote_bulk: false,
         }
     }
@@ -133,7 +133,7 @@ impl Rx {
     /// Whether the last batch wrote packets to the device, all of sparse flows and
     /// none a bare ACK (bulk, records and ACKs count as bulk).
     pub fn wrote_sparse_only(&self) -> bool {
-        self.wrote > 0 && !self.wrote_bulk
+        self.wrote && !self.wrote_bulk
     }
 
     /// The links RX loop: batches received by the connections, copied into the slab
@@ -246,7 +246,7 @@ impl Rx {
     ) -> Option<Endpoint> {
         match classify(routes, shared, stats, from, data, now) {
             Got::Packet { session, at, len, gso: true } => {
-                (self.wrote, self.wrote_bulk) = (self.wrote + 1, true);
+                (self.wrote, self.wrote_bulk) = (true, true);
                 if let Some((packets, bytes)) =
                     deliver_super(out, &mut self.gro, &mut self.coal.bufs, &mut data[at..at + len], stats)
                 {
@@ -290,7 +290,7 @@ impl Rx {
         let mut tally = Tally::new();
         let (mut packets, mut bytes) = (0u64, 0u64);
         self.fwd.clear();
-        (self.wrote, self.wrote_bulk) = (0, false);
+        (self.wrote, self.wrote_bulk) = (false, false);
         // The kernel's receive times are on the realtime clock: read it once a batch.
         let now_ns = if self.metas[..n].iter().any(|m| m.arrived_ns != 0) { udp::realtime_ns() } else { 0 };
         for i in 0..n {
@@ -318,7 +318,7 @@ impl Rx {
                                 session.stats.drops.add(DropReason::Queue, 1);
                                 continue;
                             }
-                            (self.wrote, self.wrote_bulk) = (self.wrote + 1, true);
+                            (self.wrote, self.wrote_bulk) = (true, true);
                             // In order: what is pending goes first.
                             if self.pending > 0 {
                                 self.write(stats, out);
@@ -347,7 +347,7 @@ impl Rx {
                     continue;
                 }
                 self.pending_bulk[self.pending] = bulk;
-                (self.wrote, self.wrote_bulk) = (self.wrote + 1, self.wrote_bulk || bulk || answers_ours);
+                (self.wrote, self.wrote_bulk) = (true, self.wrote_bulk || bulk || answers_ours);
                 let buf = &mut self.coal.bufs[self.pending];
                 buf.clear();
                 buf.resize(VIRTIO_NET_HDR_LEN, 0);
