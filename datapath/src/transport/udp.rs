@@ -61,6 +61,14 @@ pub fn bind_reuseport(addr: SocketAddr, count: usize, read_timeout: Duration) ->
 // Classic BPF opcodes (linux/filter.h: class | size | mode, or class | op | source).
 /// `ldb [k]`: BPF_LD (0x00) | BPF_B (0x10) | BPF_ABS (0x20).
 const BPF_LD_B_ABS: u16 = 0x30;
+/// `ldb [x + k]`: BPF_LD | BPF_B | BPF_IND (0x40).
+const BPF_LD_B_IND: u16 = 0x50;
+/// `ldx #k`: BPF_LDX (0x01) | BPF_W (0x00) | BPF_IMM (0x00).
+const BPF_LDX_IMM: u16 = 0x01;
+/// `ld M[k]`: BPF_LD | BPF_W | BPF_MEM (0x60).
+const BPF_LD_MEM: u16 = 0x60;
+/// `st M[k]`: BPF_ST (0x02).
+const BPF_ST: u16 = 0x02;
 /// `jeq #k`: BPF_JMP (0x05) | BPF_JEQ (0x10) | BPF_K (0x00).
 const BPF_JEQ_K: u16 = 0x15;
 /// `mod #k`: BPF_ALU (0x04) | BPF_MOD (0x90) | BPF_K.
@@ -69,38 +77,41 @@ const BPF_ALU_MOD_K: u16 = 0x94;
 const BPF_ALU_AND_K: u16 = 0x54;
 /// `add #k`: BPF_ALU | BPF_ADD (0x00) | BPF_K.
 const BPF_ALU_ADD_K: u16 = 0x04;
-/// `tax`: BPF_MISC (0x07) | BPF_TAX (0x00).
-const BPF_TAX: u16 = 0x07;
-/// `txa`: BPF_MISC | BPF_TXA (0x80).
-const BPF_TXA: u16 = 0x87;
 /// `ret a`: BPF_RET (0x06) | BPF_A (0x10).
 const BPF_RET_A: u16 = 0x16;
 /// `ret #k`: BPF_RET | BPF_K.
 const BPF_RET_K: u16 = 0x06;
 
 /// The reuseport program of [`steer_sparse`] for `count` sockets.
-fn steering_program(count: usize) -> [libc::sock_filter; 15] {
-    use weft_core::wire::{FLAG_SPARSE, MessageType};
+fn steering_program(count: usize) -> [libc::sock_filter; 20] {
+    use weft_core::wire::{FLAG_SPARSE, MessageType, RELAY_HEADER_LEN};
     let op = |code, jt, jf, k| libc::sock_filter { code, jt, jf, k };
     let n = u32::try_from(count).unwrap_or(u32::MAX);
     [
-        // The program sees the UDP payload. Not a data message (a handshake, a relayed
-        // frame): on to the last instruction, the kernel's own hash.
+        // The program sees the UDP payload; X is where the data header starts: at 0
+        // for a data message, behind the relay header for a relayed one (the relay and
+        // the destination both steer on the sealed header inside, which no hop
+        // changes). Anything else (a handshake, relayed or not): the kernel's own hash.
+        op(BPF_LDX_IMM, 0, 0, 0),
         op(BPF_LD_B_ABS, 0, 0, 0),
+        op(BPF_JEQ_K, 4, 0, MessageType::Data as u32),
+        op(BPF_JEQ_K, 0, 15, MessageType::Relay as u32),
+        op(BPF_LDX_IMM, 0, 0, RELAY_HEADER_LEN as u32),
+        op(BPF_LD_B_IND, 0, 0, 0),
         op(BPF_JEQ_K, 0, 12, MessageType::Data as u32),
         // The session's socket: the low byte of the receiver's index (little-endian,
-        // chosen at random by this node) modulo the sockets, kept in X.
-        op(BPF_LD_B_ABS, 0, 0, 4),
+        // chosen at random by the receiver) modulo the sockets, kept in M[0].
+        op(BPF_LD_B_IND, 0, 0, 4),
         op(BPF_ALU_MOD_K, 0, 0, n),
-        op(BPF_TAX, 0, 0, 0),
-        op(BPF_LD_B_ABS, 0, 0, 1),
+        op(BPF_ST, 0, 0, 0),
+        op(BPF_LD_B_IND, 0, 0, 1),
         op(BPF_ALU_AND_K, 0, 0, u32::from(FLAG_SPARSE)),
         op(BPF_JEQ_K, 0, 2, 0),
         // Bulk (or a sender that does not flag): the session's socket.
-        op(BPF_TXA, 0, 0, 0),
+        op(BPF_LD_MEM, 0, 0, 0),
         op(BPF_RET_A, 0, 0, 0),
         // A sparse flow's packet: the next socket over.
-        op(BPF_TXA, 0, 0, 0),
+        op(BPF_LD_MEM, 0, 0, 0),
         op(BPF_ALU_ADD_K, 0, 0, 1),
         op(BPF_ALU_MOD_K, 0, 0, n),
         op(BPF_RET_A, 0, 0, 0),
@@ -113,11 +124,13 @@ fn steering_program(count: usize) -> [libc::sock_filter; 15] {
 /// pipeline `i` owning the `i`th) a classic BPF program that picks the socket of each
 /// datagram: a data message goes to socket `index % count` of its session, where
 /// `index` is the low byte of the receiver's session index, and one flagged
-/// [`weft_core::wire::FLAG_SPARSE`] to the socket after that. A download's packets
-/// and a ping's then never share a receive queue, nor (the TUN steers a flow's
-/// outgoing packets to the queue that last wrote its incoming ones) the thread that
-/// sends the answer: the ping's round trip skips the backlog a download keeps in both
-/// nodes' bulk threads. Anything else keeps the kernel's address hash.
+/// [`weft_core::wire::FLAG_SPARSE`] to the socket after that. A relayed data message
+/// is steered alike by the sealed data header behind its relay header, on the relays
+/// and on its destination. A download's packets and a ping's then never share a
+/// receive queue, nor (the TUN steers a flow's outgoing packets to the queue that last
+/// wrote its incoming ones) the thread that sends the answer, nor on a relay the
+/// thread that forwards them: the ping's round trip skips the backlog a download keeps
+/// in every node's bulk threads. Anything else keeps the kernel's address hash.
 pub fn steer_sparse(sock: &UdpSocket, count: usize) -> io::Result<()> {
     let mut prog = steering_program(count);
     let fprog = libc::sock_fprog { len: prog.len() as libc::c_ushort, filter: prog.as_mut_ptr() };
@@ -606,6 +619,46 @@ mod tests {
             }
             assert_eq!(arrivals(&rx, expect.len()), expect, "{count} sockets");
         }
+    }
+
+    #[test]
+    fn a_relayed_datagram_is_steered_by_the_data_header_inside() {
+        use weft_core::wire::RelayHeader;
+        let relay = RelayHeader { hop_limit: 7, dst: [0xee; 8], src: [0x11; 8] };
+        for count in [2usize, 3] {
+            let rx = bind_reuseport("127.0.0.1:0".parse().unwrap(), count, Duration::from_millis(500)).unwrap();
+            let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+            let to = rx[0].local_addr().unwrap();
+            // As above, behind a relay header: the relay header's own bytes (its
+            // destination's low byte is 0xee) do not choose the socket.
+            let mut expect = Vec::new();
+            let mut tag = 0u8;
+            for low in 0..6u32 {
+                for flags in [0, FLAG_SPARSE] {
+                    let mut d = vec![0u8; 40];
+                    let head = d.first_chunk_mut().unwrap();
+                    DataHeader { flags, lane: 0, receiver_index: 0x0102_0300 | low, counter: 9 }.emit(head);
+                    d[39] = tag;
+                    tx.send_to(&relay.wrap(&d), to).unwrap();
+                    let session = low as usize % count;
+                    expect.push((tag, if flags == 0 { session } else { (session + 1) % count }));
+                    tag += 1;
+                }
+            }
+            assert_eq!(arrivals(&rx, expect.len()), expect, "{count} sockets");
+        }
+        // A relayed handshake: the kernel's hash, one socket for one source.
+        let rx = bind_reuseport("127.0.0.1:0".parse().unwrap(), 2, Duration::from_millis(500)).unwrap();
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        for tag in 0..6u8 {
+            let mut inner = vec![1u8; 40];
+            inner[4] = tag;
+            inner[39] = tag;
+            tx.send_to(&relay.wrap(&inner), rx[0].local_addr().unwrap()).unwrap();
+        }
+        let got = arrivals(&rx, 6);
+        assert_eq!(got.len(), 6);
+        assert!(got.iter().all(|g| g.1 == got[0].1), "{got:?}");
     }
 
     #[test]
