@@ -350,6 +350,10 @@ pub struct PipelineJson {
     /// the sparse packets it had just written (counted in `tx_packets` too).
     #[serde(default)]
     pub tx_answers: u64,
+    /// Relayed frames for other nodes received and passed on (this node's work as a
+    /// relay).
+    #[serde(default)]
+    pub forwarded: u64,
     /// Drops by reason that belong to no peer.
     pub drops: BTreeMap<String, u64>,
     /// A links RX thread (what connections receive), not a TUN/UDP pipeline.

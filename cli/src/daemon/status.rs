@@ -138,6 +138,7 @@ impl Runtime {
                         tx_gso_records: l(&p.tx_gso_records),
                         rx_gso_records: l(&p.rx_gso_records),
                         tx_answers: l(&p.tx_answers),
+                        forwarded: l(&p.forwarded),
                         drops: counters(&p.drops),
                         links,
                     }

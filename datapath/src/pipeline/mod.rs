@@ -132,6 +132,9 @@ pub struct PipelineStats {
     /// sparse flows' packets (what the kernel answered inside that write); also in
     /// `tx_packets`.
     pub tx_answers: AtomicU64,
+    /// Relayed frames for other nodes that this pipeline received and passed on (the
+    /// work this node does as a relay).
+    pub forwarded: AtomicU64,
     /// Drops that belong to no peer, by reason.
     pub drops: DropCounters,
 }

@@ -258,6 +258,7 @@ impl Rx {
             Got::Packet { session, .. } => session.stats.drops.add(DropReason::Malformed, 1),
             Got::Forward(to) if to.proto.is_stream() => {
                 if let Some(egress) = egress {
+                    stats.forwarded.fetch_add(1, Relaxed);
                     egress
                         .send(&[&*data], &[Outgoing { buf: 0, start: 0, len: data.len(), to, lane: Lane::Bulk }])
                         .count(&stats.drops);
@@ -272,6 +273,7 @@ impl Rx {
 
     pub(super) fn forward(&mut self, egress: &mut Egress, stats: &PipelineStats) {
         if !self.fwd.is_empty() {
+            stats.forwarded.fetch_add(self.fwd.len() as u64, Relaxed);
             egress.send(&[&self.slab[..]], &self.fwd).count(&stats.drops);
         }
     }

@@ -287,6 +287,9 @@ pub fn render(s: &StatusJson) -> prometheus::Result<String> {
             "Packets the receive thread sent right after writing: the kernel's answers to sparse packets.",
             |p| p.tx_answers,
         ),
+        ("weft_pipeline_forwarded_total", "Relayed frames for other nodes the pipeline received and passed on.", |p| {
+            p.forwarded
+        }),
     ] {
         f.counter(name, help, ["pipeline"], s.pipelines.iter().zip(&labels).map(|(p, l)| (l.clone(), get(p))))?;
     }
