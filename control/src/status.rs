@@ -350,8 +350,8 @@ pub struct PipelineJson {
     /// the sparse packets it had just written (counted in `tx_packets` too).
     #[serde(default)]
     pub tx_answers: u64,
-    /// Relayed frames for other nodes received and passed on (this node's work as a
-    /// relay).
+    /// Relayed frames for other nodes taken to pass on (this node's work as a relay;
+    /// what could then not be sent is counted in `drops` too).
     #[serde(default)]
     pub forwarded: u64,
     /// Drops by reason that belong to no peer.

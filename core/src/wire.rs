@@ -40,10 +40,13 @@ pub const FLAG_ORDERED: u8 = 0x04;
 /// game or a call: under [`crate::queue::BULK_BYTES`] per window) and is not a bare TCP
 /// ACK. A receiver with several UDP sockets steers it to another socket than the
 /// session's bulk packets, so it is read and opened by a thread that is not working
-/// through a download (`weft_datapath::transport::udp::steer_sparse`). Set on UDP
-/// only. The receiver's kernel steers on it before the tag is checked: whoever sends
-/// a datagram picks its socket with it, as with a source port, and gets nothing more
-/// (a flag set or cleared on the way fails the tag like any other). Receivers need not
+/// through a download (`weft_datapath::transport::udp::steer_sparse`), relayed or
+/// not; a relay passes a relayed frame that carries it on in the sparse lane of the
+/// next connection (or outside any GSO run of bulk datagrams). Set on every transport.
+/// Kernels and relays act on it before (or without) checking the tag: whoever sends a
+/// datagram picks its socket and its lane with it, as with a source port, and gets
+/// nothing more (the sparse lanes are bounded, what overflows them joins the bulk; a
+/// flag set or cleared on the way fails the tag like any other). Receivers need not
 /// know it.
 pub const FLAG_SPARSE: u8 = 0x08;
 /// Length of a reject message.

@@ -16,7 +16,7 @@ use weft_core::handshake::{Psk, SessionKeys};
 use weft_core::route::RouteSnapshot;
 use weft_core::session::{Session, SessionParams};
 use weft_core::stats::{DropCounters, DropReason};
-use weft_core::wire::{DataHeader, FLAG_ORDERED, MAX_HOPS, RelayHeader};
+use weft_core::wire::{DataHeader, FLAG_GSO, FLAG_ORDERED, FLAG_SPARSE, MAX_HOPS, RelayHeader};
 use weft_datapath::gso;
 use weft_datapath::pipeline::{
     ControlEvent, ControlSink, PipelineConfig, PipelineStats, Rx, Shared, TX_HEADROOM, TunWriter, Tx,
@@ -341,6 +341,23 @@ fn relayed_frames_pass_from_stream_to_stream_under_the_relay_rules() {
     assert_eq!(relay.forward(&links, from, batch(&[frame(f, 5), frame(f, 5)])), None);
     assert_eq!(stats.drops.get(DropReason::LinkSend), 2);
     assert_eq!(links.counters.relayed_batches.load(std::sync::atomic::Ordering::Relaxed), 6, "batches queued");
+    assert_eq!(stats.forwarded.load(std::sync::atomic::Ordering::Relaxed), 3 + 3 + 3 + 2, "frames relayed");
+    // A sparse flow's frames (flagged by their sender in the sealed data header) go
+    // in the sparse lane of the next connection, in runs of their own: the writer
+    // takes them before the bulk runs queued ahead of them.
+    let data = |flags: u8, tag: u8| {
+        let mut d = vec![tag; 40];
+        DataHeader { flags, lane: 0, receiver_index: 7, counter: 1 }.emit(d.first_chunk_mut().unwrap());
+        RelayHeader { hop_limit: 5, dst: c, src: a }.wrap(&d)
+    };
+    let tags = |b: &[u8]| -> Vec<u8> { frame::frames(b).map(|f| *f.unwrap().last().unwrap()).collect() };
+    let mixed = [data(0, 1), data(FLAG_SPARSE, 2), data(0, 3), data(FLAG_GSO, 4), data(FLAG_SPARSE, 5)];
+    assert_eq!(relay.forward(&links, from, batch(&mixed)), None);
+    assert_eq!(sent(&mut to_c).iter().map(|b| tags(b)).collect::<Vec<_>>(), [vec![2], vec![5], vec![1], vec![3, 4]]);
+    // A batch of sparse frames alone goes whole, in the sparse lane.
+    assert_eq!(relay.forward(&links, from, batch(&[data(0, 6)])), None);
+    assert_eq!(relay.forward(&links, from, batch(&[data(FLAG_SPARSE, 7), data(FLAG_SPARSE, 8)])), None);
+    assert_eq!(sent(&mut to_c).iter().map(|b| tags(b)).collect::<Vec<_>>(), [vec![7, 8], vec![6]]);
 }
 
 #[test]
@@ -543,13 +560,13 @@ fn rx_looks_for_answers_only_after_writing_sparse_flows_alone() {
     assert!(e.rx.wrote_sparse_only(), "the ping again");
 }
 
-/// Over UDP a sparse flow's packets are flagged for the receiver to steer to another
-/// socket than the session's bulk ([`FLAG_SPARSE`], lane `Sparse` so that no GSO run
-/// mixes them): a ping and a game packet beside a download are, the download's
-/// segments past 64 KiB are not, and neither is a bare ACK (it answers a download).
+/// A sparse flow's packets are flagged ([`FLAG_SPARSE`]): over UDP for the receiver to
+/// steer to another socket than the session's bulk (lane `Sparse` so that no GSO run
+/// mixes them), on every transport for relays to keep them in the sparse lane: a ping
+/// and a game packet beside a download are, the download's segments past 64 KiB are
+/// not, and neither is a bare ACK (it answers a download).
 #[test]
 fn packets_of_sparse_flows_over_udp_are_flagged_for_steering() {
-    use weft_core::wire::{DataHeader, FLAG_SPARSE};
     use weft_datapath::transport::Lane;
     let mut u = ends_over(Cipher::Aes128Gcm, "192.0.2.2:11010".parse::<SocketAddr>().unwrap().into(), false);
     let sp = super_packet(A, 1380, 60);
@@ -573,12 +590,16 @@ fn packets_of_sparse_flows_over_udp_are_flagged_for_steering() {
     assert_eq!(flagged(&sealed), [false, true, false, true, false]);
     let lanes: Vec<Lane> = u.tx.outgoing().1.iter().map(|o| o.lane).collect();
     assert_eq!(lanes, [Lane::Bulk, Lane::Sparse, Lane::Bulk, Lane::Sparse, Lane::Bulk]);
-    // Over a connection the flag is not set: its lanes are the send queue's.
+    // Over a connection the flag is set alike (relays read it to pick the lane they
+    // pass a frame on in), and the lanes are the send queue's: a bare ACK keeps the
+    // sparse one of a flow just started.
     let tcp = Endpoint::new(Proto::Tcp, "192.0.2.2:11010".parse().unwrap());
     let mut t = ends_over(Cipher::Aes128Gcm, tcp, false);
     let ping = ipv4_packet(A, B, &[0x30, 0x39, 0, 53, 0, 28, 0, 0, 1, 2, 3, 4]);
-    let sealed = seal(&mut t, &[ping], &drops);
-    assert_eq!(flagged(&sealed), [false]);
+    let sealed = seal(&mut t, &[ping, ack], &drops);
+    assert_eq!(flagged(&sealed), [true, false]);
+    let lanes: Vec<Lane> = t.tx.outgoing().1.iter().map(|o| o.lane).collect();
+    assert_eq!(lanes, [Lane::Sparse, Lane::Sparse]);
 }
 
 #[test]
@@ -634,7 +655,7 @@ fn tcp_data_keeps_behind_the_records_on_a_quic_stream() {
     e.a_to_b.set_peer_gso(true);
     e.a_to_b.set_peer_gso_quic(true);
     let out = seal(&mut e, &packets, &drops);
-    assert_eq!(flags(&out), [FLAG_ORDERED, 0, 0]);
+    assert_eq!(flags(&out), [FLAG_ORDERED, 0, FLAG_SPARSE]);
     assert_eq!(out.iter().map(|d| on_quic_stream(d)).collect::<Vec<_>>(), [true, false, false]);
     // The flag is authenticated (set on the way, the ACK does not open), and the peer
     // opens the segment as any other.
@@ -674,7 +695,7 @@ fn tcp_data_keeps_behind_the_records_on_a_quic_stream() {
     for d in &out {
         assert!(!on_quic_stream(d), "a relayed frame on the stream");
         let inner = &d[weft_core::wire::RELAY_HEADER_LEN..];
-        assert_eq!(DataHeader::parse(inner).unwrap().flags, 0);
+        assert_eq!(DataHeader::parse(inner).unwrap().flags & FLAG_ORDERED, 0);
     }
 }
 
@@ -694,7 +715,7 @@ fn hostile_super_packets_are_dropped_and_counted() {
     assert!(e.tx.seal_super(&e.routes_a, bad.len(), 1).is_none());
     let mut forged = vec![0u8; 16 + bad.len() + 16];
     forged[16..16 + bad.len()].copy_from_slice(&bad);
-    let n = e.a_to_b.seal_with_flags(&mut forged, bad.len(), weft_core::wire::FLAG_GSO).unwrap();
+    let n = e.a_to_b.seal_with_flags(&mut forged, bad.len(), FLAG_GSO).unwrap();
     forged.truncate(n);
     let routes = e.shared_b.routes.load();
     let mut out = Collect(Vec::new());

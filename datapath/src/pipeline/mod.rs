@@ -132,8 +132,8 @@ pub struct PipelineStats {
     /// sparse flows' packets (what the kernel answered inside that write); also in
     /// `tx_packets`.
     pub tx_answers: AtomicU64,
-    /// Relayed frames for other nodes that this pipeline received and passed on (the
-    /// work this node does as a relay).
+    /// Relayed frames for other nodes that this pipeline took to pass on (the work
+    /// this node does as a relay; what could then not be sent is in `drops` too).
     pub forwarded: AtomicU64,
     /// Drops that belong to no peer, by reason.
     pub drops: DropCounters,

@@ -10,7 +10,7 @@ use super::PipelineStats;
 use crate::transport::{Endpoint, Forward, Lane, Links, frame};
 use weft_core::route::RouteSnapshot;
 use weft_core::stats::DropReason;
-use weft_core::wire::{MAX_HOPS, MessageType, RELAY_HEADER_LEN, RelayHeader};
+use weft_core::wire::{FLAG_SPARSE, MAX_HOPS, MessageType, RELAY_HEADER_LEN, RelayHeader};
 
 pub(super) enum Hop {
     /// For us: the inner datagram starts at this offset; relayed by this node.
@@ -93,9 +93,10 @@ impl StreamRelay {
         Self { routes, stats }
     }
 
-    /// Queues `batch` (`frames` relayed frames) on the connection to `to`.
-    pub(super) fn send(&self, links: &Links, to: Endpoint, batch: Vec<u8>, frames: usize) {
-        if matches!(links.send(to, batch, Lane::Bulk), Ok(true)) {
+    /// Queues `batch` (`frames` relayed frames) in `lane` of the connection to `to`.
+    pub(super) fn send(&self, links: &Links, to: Endpoint, batch: Vec<u8>, frames: usize, lane: Lane) {
+        self.stats.forwarded.fetch_add(frames as u64, Relaxed);
+        if matches!(links.send(to, batch, lane), Ok(true)) {
             links.counters.relayed_batches.fetch_add(1, Relaxed);
         } else {
             self.stats.drops.add(DropReason::LinkSend, frames as u64);
@@ -109,11 +110,12 @@ impl Forward for StreamRelay {
         if !routes.is_neighbour(&from) {
             return Some(batch);
         }
-        // Where each frame goes: all to one stream next hop, none, or some.
+        // Where each frame goes: all to one stream next hop in one lane, none, or some.
         let (mut one, mut relayed, mut all) = (None, 0usize, true);
         let mut at = 0;
         while let Some(Ok(r)) = frame::first(&batch[at..]) {
-            match stream_next_hop(&routes, &batch[at + r.start..at + r.end]) {
+            let data = &batch[at + r.start..at + r.end];
+            match stream_next_hop(&routes, data).map(|next| (next, relayed_lane(data))) {
                 Some(next) if one.is_none_or(|o| o == next) => {
                     one = Some(next);
                     relayed += 1;
@@ -129,18 +131,19 @@ impl Forward for StreamRelay {
         if relayed == 0 {
             return Some(batch);
         }
-        if let (true, true, Some(to)) = (all, at == batch.len(), one) {
+        if let (true, true, Some((to, lane))) = (all, at == batch.len(), one) {
             let mut at = 0;
             while let Some(Ok(r)) = frame::first(&batch[at..]) {
                 take_hop(&mut batch[at + r.start + 1]);
                 at += r.end;
             }
-            self.send(links, to, batch, relayed);
+            self.send(links, to, batch, relayed, lane);
             return None;
         }
-        // Mixed: relayed frames leave in runs per next hop; the rest moves up, in order.
+        // Mixed: relayed frames leave in runs per next hop and lane; the rest moves up,
+        // in order.
         let (mut keep, mut at) = (0, 0);
-        let mut run: Option<(Endpoint, Vec<u8>, usize)> = None;
+        let mut run: Option<((Endpoint, Lane), Vec<u8>, usize)> = None;
         while let Some(Ok(r)) = frame::first(&batch[at..]) {
             let (record, data) = (at..at + r.end, at + r.start..at + r.end);
             at += r.end;
@@ -149,18 +152,19 @@ impl Forward for StreamRelay {
                 keep += record.len();
                 continue;
             };
+            let next = (next, relayed_lane(&batch[data.clone()]));
             take_hop(&mut batch[data.start + 1]);
             if run.as_ref().is_some_and(|(to, _, _)| *to != next)
-                && let Some((to, b, n)) = run.take()
+                && let Some(((to, lane), b, n)) = run.take()
             {
-                self.send(links, to, b, n);
+                self.send(links, to, b, n, lane);
             }
             let (_, b, n) = run.get_or_insert_with(|| (next, links.buffer(), 0));
             frame::push(b, &batch[data]);
             *n += 1;
         }
-        if let Some((to, b, n)) = run {
-            self.send(links, to, b, n);
+        if let Some(((to, lane), b, n)) = run {
+            self.send(links, to, b, n, lane);
         }
         // What does not parse stays too, for the links RX thread to count.
         let tail = batch.len() - at;
@@ -171,6 +175,19 @@ impl Forward for StreamRelay {
             return None;
         }
         Some(batch)
+    }
+}
+
+/// The lane a relayed frame `data` (relay header first) goes on in: a sparse flow's
+/// packet, as its sender flagged it ([`FLAG_SPARSE`] in the sealed data header the
+/// relay header carries), waits in no bulk lane of the next connection, nor in a GSO
+/// run of bulk datagrams; everything else is bulk. Relays never open the frame: a
+/// sender picks its frame's lane on each relay with the flag, as it would its own.
+pub(super) fn relayed_lane(data: &[u8]) -> Lane {
+    let inner = data.get(RELAY_HEADER_LEN..).unwrap_or_default();
+    match inner {
+        [t, flags, ..] if *t == MessageType::Data as u8 && flags & FLAG_SPARSE != 0 => Lane::Sparse,
+        _ => Lane::Bulk,
     }
 }
 

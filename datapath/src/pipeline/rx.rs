@@ -13,11 +13,11 @@ use tun_rs::{GROTable, VIRTIO_NET_HDR_LEN};
 use super::answer::Answers;
 use super::coalesce::{Coalescer, GRO_SLOT, HEAD_ROOM, RX_SLOTS, RX_SLOTS_GRO};
 use super::device::{DevOut, Device, TunWriter};
-use super::relay::{Hop, relay_or_local};
+use super::relay::{Hop, relay_or_local, relayed_lane};
 use super::tx::is_bare_ack;
 use super::{ControlEvent, PipelineConfig, PipelineStats, Shared, Tally, now_ms};
 use crate::transport::udp::{self, MAX_BATCH, Outgoing, RecvMeta};
-use crate::transport::{Egress, Endpoint, Inbound, Lane, frame};
+use crate::transport::{Egress, Endpoint, Inbound, frame};
 use weft_core::crypto::TAG_LEN;
 use weft_core::queue::{Codel, FlowLoad, sparse_first};
 use weft_core::route::RouteSnapshot;
@@ -260,7 +260,10 @@ impl Rx {
                 if let Some(egress) = egress {
                     stats.forwarded.fetch_add(1, Relaxed);
                     egress
-                        .send(&[&*data], &[Outgoing { buf: 0, start: 0, len: data.len(), to, lane: Lane::Bulk }])
+                        .send(
+                            &[&*data],
+                            &[Outgoing { buf: 0, start: 0, len: data.len(), to, lane: relayed_lane(data) }],
+                        )
                         .count(&stats.drops);
                 }
                 return Some(to);
@@ -334,7 +337,8 @@ impl Rx {
                             continue;
                         }
                         Got::Forward(to) => {
-                            self.fwd.push(Outgoing { buf: 0, start, len: seg, to, lane: Lane::Bulk });
+                            let lane = relayed_lane(&self.slab[start..start + seg]);
+                            self.fwd.push(Outgoing { buf: 0, start, len: seg, to, lane });
                             continue;
                         }
                         Got::Nothing => continue,

@@ -290,18 +290,15 @@ impl Tx {
             if self.answering && tcp_in_order(ip) {
                 lane = Lane::Bulk;
             }
-            let mut flags = 0;
-            if route.target.proto == Proto::Udp {
-                // Over UDP the lane is where the receiver reads it: a sparse flow's
-                // packet is flagged and steered to a socket the session's bulk does not
-                // use. A bare ACK stays with the bulk: it answers a download, and the
-                // TUN on the other side steers the download to the queue its ACKs
-                // arrive on.
-                if lane == Lane::Sparse && !is_bare_ack(ip) {
-                    flags = FLAG_SPARSE;
-                } else {
-                    lane = Lane::Bulk;
-                }
+            // A sparse flow's packet is flagged, on every transport: relays read the
+            // flag to keep it ahead of the bulk they pass on, and over UDP the receiver
+            // steers it to a socket the session's bulk does not use. A bare ACK is not
+            // flagged: it answers a download, and the TUN on the other side steers the
+            // download to the queue its ACKs arrive on.
+            let mut flags = if lane == Lane::Sparse && !is_bare_ack(ip) { FLAG_SPARSE } else { 0 };
+            if route.target.proto == Proto::Udp && flags == 0 {
+                // Over UDP the lane is where the receiver reads it.
+                lane = Lane::Bulk;
             }
             if route.target.proto == Proto::Quic {
                 // TCP connections over QUIC send segments that fit one datagram.
