@@ -200,7 +200,8 @@ def report(args):
         f"{meta.get('kernel', '')}; `{meta.get('cmdline', '')}`; REPS={meta.get('reps')}, "
         f"bulk run {meta.get('duration')} s.",
         "",
-        "Round trips in ms (ping every 10 ms, B -> A; beside an iperf3 stream B -> A), "
+        f"Round trips in ms (ping every 10 ms, {meta.get('direction', 'B -> A')}; beside an iperf3 stream "
+        "the same way), "
         "medians over repetitions; game: 50 packets/s of 100 bytes over UDP beside the "
         "same bulk stream.",
         "",

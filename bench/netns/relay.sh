@@ -8,10 +8,16 @@
 #
 #   sudo bench/netns/relay.sh                      # REPS=3, DURATION=10, udp tcp ws
 #   sudo REPS=1 DURATION=3 TRANSPORTS="udp" bench/netns/relay.sh
+#   sudo LATENCY=1 bench/netns/relay.sh            # round trips instead (latency.sh's)
 #
 # Environment: DURATION (s per run, default 10), REPS (default 3), TRANSPORTS (default
 # "udp tcp ws"), WEFT (binary; default target/release/weft, built if missing), OUT
-# (default bench/results/relay), MAX_RUNTIME (s; the script stops itself).
+# (default bench/results/relay, or bench/results/relay-latency with LATENCY=1),
+# MAX_RUNTIME (s; the script stops itself). Throughput runs use --threads 1 on each
+# node, latency runs the default. LATENCY=1 measures, per row, what
+# latency.sh does: PINGS (default 500) pings 10 ms apart idle, then one iperf3 stream
+# for DURATION s with pings and the game flow beside it, all from A (to B over the bare
+# veth and Weft's direct hop, to C through B) — latency.md, latency.json, latency.svg.
 # Namespaces are made here with unique names and removed on every exit path; none has a
 # default route, so nothing leaves them.
 set -euo pipefail
@@ -21,9 +27,13 @@ ROOT=$(cd "$HERE/../.." && pwd)
 DURATION=${DURATION:-10}
 REPS=${REPS:-3}
 TRANSPORTS=${TRANSPORTS:-udp tcp ws}
-OUT=${OUT:-$ROOT/bench/results/relay}
+LATENCY=${LATENCY:-0}
+PINGS=${PINGS:-500}
+if [ "$LATENCY" = 1 ]; then OUT=${OUT:-$ROOT/bench/results/relay-latency}; else OUT=${OUT:-$ROOT/bench/results/relay}; fi
 NT=$(wc -w <<<"$TRANSPORTS")
-MAX_RUNTIME=${MAX_RUNTIME:-$((NT * (REPS * 2 * (DURATION + 5) + 60) + REPS * (DURATION + 5) + 120))}
+PER_RUN=$((DURATION + 5))
+[ "$LATENCY" = 1 ] && PER_RUN=$((DURATION + PINGS / 100 + 10))
+MAX_RUNTIME=${MAX_RUNTIME:-$((NT * (REPS * 2 * PER_RUN + 60) + REPS * PER_RUN + 120))}
 
 [ "$(id -u)" -eq 0 ] || { echo "error: run as root (network namespaces, TUN devices)" >&2; exit 2; }
 for t in ip iperf3 python3; do
@@ -69,9 +79,37 @@ nsx "$B" sysctl -qw net.ipv4.ip_forward=0
 for ns in "$B" "$C"; do nsx "$ns" iperf3 -s -D --pidfile "$WORK/iperf3-$ns.pid" >/dev/null; done
 sleep 0.5
 for ns in "$B" "$C"; do PIDS+=("$(cat "$WORK/iperf3-$ns.pid")"); done
+LATENCY_PY=$HERE/latency.py
+if [ "$LATENCY" = 1 ]; then
+    # The game flow's echo (latency.sh's), on both targets.
+    for ns in "$B" "$C"; do
+        nsx "$ns" python3 "$LATENCY_PY" echo 9000 >"$WORK/echo-$ns.log" 2>&1 &
+        PIDS+=("$!")
+    done
+fi
 
 RUNS="$WORK/runs.jsonl"
 : >"$RUNS"
+LAT_N=0
+# One latency row (LATENCY=1): as latency.sh's measure_latency, from A.
+lat_run() { # row ns target rep
+    local row=$1 ns=$2 dst=$3 rep=$4 base bulk game rc=0
+    LAT_N=$((LAT_N + 1)); base="$WORK/lat-$LAT_N"
+    nsx "$ns" ping -i 0.01 -W 1 -c "$PINGS" "$dst" >"$base.idle" 2>&1 || true
+    nsx "$ns" iperf3 -c "$dst" -J -t "$DURATION" --connect-timeout 5000 >"$base.iperf" 2>"$base.iperf.err" &
+    bulk=$!
+    sleep 1
+    nsx "$ns" python3 "$LATENCY_PY" game "$dst" 9000 "$((DURATION - 2))" "$base.game" &
+    game=$!
+    nsx "$ns" ping -i 0.01 -W 1 -c "$(((DURATION - 2) * 100))" "$dst" >"$base.loaded" 2>&1 || true
+    wait "$game" 2>/dev/null || true
+    wait "$bulk" 2>/dev/null || rc=$?
+    local tool=${row%% *} mode=${row#* }
+    python3 "$LATENCY_PY" record --rep "$rep" --tool "$tool" --mode "$mode" --idle "$base.idle" \
+        --loaded "$base.loaded" --game "$base.game" --iperf "$base.iperf" \
+        --note "$([ "$rc" = 0 ] || echo "iperf3 exited $rc")" >>"$RUNS"
+    tail -n1 "$RUNS" | python3 "$LATENCY_PY" line >&2 || true
+}
 # The relay's resident memory while it relays, sampled every 0.5 s (VmHWM would report
 # the 46 MiB Argon2id derivation of the key at start, freed at once).
 RELAY_PID=""
@@ -118,7 +156,10 @@ EOF
     tail -1 "$RUNS" >&2
 }
 
-NET=(--network-name bench --network-secret "relay bench secret" --threads 1)
+# Throughput per core: one pipeline per node. Latency as users run it: the default
+# (a pipeline per core, sparse flows steered to their own).
+NET=(--network-name bench --network-secret "relay bench secret")
+[ "$LATENCY" = 1 ] || NET+=(--threads 1)
 start_weft() { # ns name args...
     local ns=$1 name=$2; shift 2
     # Not through nsx: $! must be weft itself (ip netns exec execs it), not a subshell,
@@ -137,7 +178,9 @@ for p in (d['peers'] if isinstance(d, dict) else d):
 }
 RSS="$WORK/rss.txt"
 : >"$RSS"
-for rep in $(seq "$REPS"); do run "veth A->B" "$A" 192.0.2.2; done
+for rep in $(seq "$REPS"); do
+    if [ "$LATENCY" = 1 ]; then lat_run "direct veth A->B" "$A" 192.0.2.2 "$rep"; else run "veth A->B" "$A" 192.0.2.2; fi
+done
 for t in $TRANSPORTS; do
     case "$t" in udp|tcp) port=11010 ;; ws) port=11011 ;; esac
     start_weft "$B" b -i 10.126.126.2/24 -l "$t://0.0.0.0:$port"
@@ -163,8 +206,13 @@ for t in $TRANSPORTS; do
     WATCH=$!
     PIDS+=("$WATCH")
     for rep in $(seq "$REPS"); do
-        run "weft $t A->B direct" "$A" 10.126.126.2
-        run "weft $t A->C via B" "$A" 10.126.126.3
+        if [ "$LATENCY" = 1 ]; then
+            lat_run "weft $t A->B direct" "$A" 10.126.126.2 "$rep"
+            lat_run "weft $t A->C via B" "$A" 10.126.126.3 "$rep"
+        else
+            run "weft $t A->B direct" "$A" 10.126.126.2
+            run "weft $t A->C via B" "$A" 10.126.126.3
+        fi
     done
     kill "$WATCH" 2>/dev/null || true
     wait "$WATCH" 2>/dev/null || true
@@ -175,6 +223,21 @@ for t in $TRANSPORTS; do
 done
 
 mkdir -p "$OUT"
+if [ "$LATENCY" = 1 ]; then
+    {
+        echo "date=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+        echo "cmdline=LATENCY=1 REPS=$REPS DURATION=$DURATION PINGS=$PINGS TRANSPORTS=\"$TRANSPORTS\" bench/netns/relay.sh"
+        echo "nproc=$(nproc)"
+        echo "kernel=$(uname -srm)"
+        echo "cpu=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)"
+        echo "reps=$REPS"; echo "duration=$DURATION"
+        echo "direction=A -> B (direct) and A -> C (relayed by B)"
+        echo "version.weft=$("$WEFT" --version 2>/dev/null | head -n1)"
+    } >"$WORK/meta.txt"
+    python3 "$LATENCY_PY" report --runs "$RUNS" --meta "$WORK/meta.txt" --out "$OUT"
+    cat "$OUT/latency.md"
+    exit 0
+fi
 python3 - "$RUNS" "$OUT" "$DURATION" "$REPS" "$RSS" "$TRANSPORTS" <<'EOF'
 import json, os, platform, statistics, sys, time
 runs_path, out, duration, reps, rss_path, transports = sys.argv[1:7]
