@@ -16,7 +16,7 @@ use weft_core::handshake::{Psk, SessionKeys};
 use weft_core::route::RouteSnapshot;
 use weft_core::session::{Session, SessionParams};
 use weft_core::stats::{DropCounters, DropReason};
-use weft_core::wire::{DataHeader, FLAG_GSO, FLAG_ORDERED, FLAG_SPARSE, MAX_HOPS, RelayHeader};
+use weft_core::wire::{DataHeader, FLAG_GSO, FLAG_ORDERED, FLAG_SPARSE, MAX_HOPS, RELAY_HEADER_LEN, RelayHeader};
 use weft_datapath::gso;
 use weft_datapath::pipeline::{
     ControlEvent, ControlSink, PipelineConfig, PipelineStats, Rx, Shared, TX_HEADROOM, TunWriter, Tx,
@@ -272,7 +272,7 @@ fn relays_clamp_the_hop_limit_and_take_frames_only_from_neighbours() {
 /// Relayed frames from a neighbour's connection for a next hop over a stream
 /// connection are forwarded by the reader itself (`StreamRelay`) under the relay rules
 /// (hop limit clamped and decremented): a batch of nothing else in its own buffer,
-/// from a mixed batch in runs per next hop. Every other frame comes back untouched and
+/// from a mixed batch in one batch per next hop and lane. Every other frame comes back untouched and
 /// in order for the links RX thread, whatever shares its batch.
 #[test]
 fn relayed_frames_pass_from_stream_to_stream_under_the_relay_rules() {
@@ -332,32 +332,46 @@ fn relayed_frames_pass_from_stream_to_stream_under_the_relay_rules() {
     assert_eq!(rest, batch(&[frame(b, 5), frame(d, 5), plain, frame(c, 0)]));
     assert_eq!(sent(&mut to_c).iter().map(|b| hop_limits(b)).collect::<Vec<_>>(), [vec![4, 6]]);
     assert_eq!(sent(&mut to_e).iter().map(|b| hop_limits(b)).collect::<Vec<_>>(), [vec![2]]);
-    // Two next hops and nothing else: both taken, nothing left.
+    // Two next hops and nothing else: both taken, nothing left, one batch per hop.
     assert_eq!(relay.forward(&links, from, batch(&[frame(e, 9), frame(c, 9), frame(e, 9)])), None);
     assert_eq!(sent(&mut to_c).iter().map(|b| hop_limits(b)).collect::<Vec<_>>(), [vec![8]]);
-    assert_eq!(sent(&mut to_e).iter().map(|b| hop_limits(b)).collect::<Vec<_>>(), [vec![8], vec![8]]);
+    assert_eq!(sent(&mut to_e).iter().map(|b| hop_limits(b)).collect::<Vec<_>>(), [vec![8, 8]]);
     assert!(stats.drops.nonzero().is_empty(), "the relay counts nothing it gave back");
     // A stream next hop without a connection: taken, and counted as unsendable.
     assert_eq!(relay.forward(&links, from, batch(&[frame(f, 5), frame(f, 5)])), None);
     assert_eq!(stats.drops.get(DropReason::LinkSend), 2);
-    assert_eq!(links.counters.relayed_batches.load(std::sync::atomic::Ordering::Relaxed), 6, "batches queued");
+    assert_eq!(links.counters.relayed_batches.load(std::sync::atomic::Ordering::Relaxed), 5, "batches queued");
     assert_eq!(stats.forwarded.load(std::sync::atomic::Ordering::Relaxed), 3 + 3 + 3 + 2, "frames relayed");
-    // A sparse flow's frames (flagged by their sender in the sealed data header) go
-    // in the sparse lane of the next connection, in runs of their own: the writer
-    // takes them before the bulk runs queued ahead of them.
-    let data = |flags: u8, tag: u8| {
-        let mut d = vec![tag; 40];
+    // A sparse flow's small frames (flagged by their sender in the sealed data header)
+    // go in the sparse lane of the next connection, in a batch of their own: the
+    // writer takes it before the bulk batch queued ahead of it. Flagged but a GSO
+    // record, or over RELAY_SPARSE_MAX: bulk, as everything unflagged.
+    let data = |flags: u8, tag: u8, len: usize| {
+        let mut d = vec![tag; len];
         DataHeader { flags, lane: 0, receiver_index: 7, counter: 1 }.emit(d.first_chunk_mut().unwrap());
         RelayHeader { hop_limit: 5, dst: c, src: a }.wrap(&d)
     };
+    let big = weft_datapath::pipeline::RELAY_SPARSE_MAX - RELAY_HEADER_LEN + 1;
     let tags = |b: &[u8]| -> Vec<u8> { frame::frames(b).map(|f| *f.unwrap().last().unwrap()).collect() };
-    let mixed = [data(0, 1), data(FLAG_SPARSE, 2), data(0, 3), data(FLAG_GSO, 4), data(FLAG_SPARSE, 5)];
+    let mixed = [
+        data(0, 1, 40),
+        data(FLAG_SPARSE, 2, 40),
+        data(0, 3, 40),
+        data(FLAG_GSO | FLAG_SPARSE, 4, 40),
+        data(FLAG_SPARSE, 5, big - 1),
+        data(FLAG_SPARSE, 6, big),
+        frame(e, 5),
+    ];
     assert_eq!(relay.forward(&links, from, batch(&mixed)), None);
-    assert_eq!(sent(&mut to_c).iter().map(|b| tags(b)).collect::<Vec<_>>(), [vec![2], vec![5], vec![1], vec![3, 4]]);
+    let got = sent(&mut to_c);
+    assert_eq!(got.iter().map(|b| tags(b)).collect::<Vec<_>>(), [vec![2, 5], vec![1, 3, 4, 6]]);
+    assert!(got.iter().all(|b| hop_limits(b).iter().all(|h| *h == 4)), "each frame took one hop");
+    assert_eq!(sent(&mut to_e).iter().map(|b| hop_limits(b)).collect::<Vec<_>>(), [vec![4]]);
+    assert_eq!(stats.forwarded.load(std::sync::atomic::Ordering::Relaxed), 11 + 7);
     // A batch of sparse frames alone goes whole, in the sparse lane.
-    assert_eq!(relay.forward(&links, from, batch(&[data(0, 6)])), None);
-    assert_eq!(relay.forward(&links, from, batch(&[data(FLAG_SPARSE, 7), data(FLAG_SPARSE, 8)])), None);
-    assert_eq!(sent(&mut to_c).iter().map(|b| tags(b)).collect::<Vec<_>>(), [vec![7, 8], vec![6]]);
+    assert_eq!(relay.forward(&links, from, batch(&[data(0, 7, 40)])), None);
+    assert_eq!(relay.forward(&links, from, batch(&[data(FLAG_SPARSE, 8, 40), data(FLAG_SPARSE, 9, 40)])), None);
+    assert_eq!(sent(&mut to_c).iter().map(|b| tags(b)).collect::<Vec<_>>(), [vec![8, 9], vec![7]]);
 }
 
 #[test]
@@ -566,7 +580,7 @@ fn rx_looks_for_answers_only_after_writing_sparse_flows_alone() {
 /// and a game packet beside a download are, the download's segments past 64 KiB are
 /// not, and neither is a bare ACK (it answers a download).
 #[test]
-fn packets_of_sparse_flows_over_udp_are_flagged_for_steering() {
+fn packets_of_sparse_flows_are_flagged_for_steering_and_relays() {
     use weft_datapath::transport::Lane;
     let mut u = ends_over(Cipher::Aes128Gcm, "192.0.2.2:11010".parse::<SocketAddr>().unwrap().into(), false);
     let sp = super_packet(A, 1380, 60);
@@ -694,7 +708,7 @@ fn tcp_data_keeps_behind_the_records_on_a_quic_stream() {
     assert_eq!(out.len(), 3);
     for d in &out {
         assert!(!on_quic_stream(d), "a relayed frame on the stream");
-        let inner = &d[weft_core::wire::RELAY_HEADER_LEN..];
+        let inner = &d[RELAY_HEADER_LEN..];
         assert_eq!(DataHeader::parse(inner).unwrap().flags & FLAG_ORDERED, 0);
     }
 }

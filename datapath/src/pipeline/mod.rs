@@ -38,7 +38,7 @@ mod tx;
 
 use answer::Answers;
 pub use device::{Deliver, Device, TunOut, TunWriter, UserOut, UserPort};
-pub use relay::StreamRelay;
+pub use relay::{RELAY_SPARSE_MAX, StreamRelay};
 pub use rx::Rx;
 pub use tx::Tx;
 

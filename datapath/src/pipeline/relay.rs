@@ -10,7 +10,7 @@ use super::PipelineStats;
 use crate::transport::{Endpoint, Forward, Lane, Links, frame};
 use weft_core::route::RouteSnapshot;
 use weft_core::stats::DropReason;
-use weft_core::wire::{FLAG_SPARSE, MAX_HOPS, MessageType, RELAY_HEADER_LEN, RelayHeader};
+use weft_core::wire::{FLAG_GSO, FLAG_SPARSE, MAX_HOPS, MessageType, RELAY_HEADER_LEN, RelayHeader};
 
 pub(super) enum Hop {
     /// For us: the inner datagram starts at this offset; relayed by this node.
@@ -76,11 +76,13 @@ pub(super) fn relay_rule(routes: &RouteSnapshot, data: &[u8]) -> Result<RelayTo,
 /// [`Links`]): every relayed frame whose next hop is a stream connection goes to that
 /// connection's queue from the reader, without a trip through a links RX thread and
 /// back (those two thread hand-offs per batch were most of a WebSocket relay's cost,
-/// bench/RESULTS.md §22). A batch of nothing else (the common case on a relay) goes in
-/// the same buffer; in a mixed batch the relayed frames are copied out, in runs per
-/// next hop, and the rest stays, in order, for the links RX thread. The rules are
-/// `relay_or_local`'s, frame by frame, so a frame takes the same way whatever else
-/// shares its batch: a flow is never reordered by it.
+/// bench/RESULTS.md §22). A batch of nothing else for one next hop and lane (the
+/// common case on a relay) goes in the same buffer; in a mixed batch the relayed
+/// frames are copied out, in one batch per next hop and lane (`relayed_lane`), and
+/// the rest stays, in order, for the links RX thread. The rules are `relay_or_local`'s,
+/// frame by frame, so a frame takes the same way whatever else shares its batch: a
+/// flow is never reordered by it (but for one whose frames change lane, as on the
+/// sender's own connection).
 pub struct StreamRelay {
     pub(super) routes: Arc<ArcSwap<RouteSnapshot>>,
     pub(super) stats: Arc<PipelineStats>,
@@ -140,10 +142,10 @@ impl Forward for StreamRelay {
             self.send(links, to, batch, relayed, lane);
             return None;
         }
-        // Mixed: relayed frames leave in runs per next hop and lane; the rest moves up,
-        // in order.
+        // Mixed: relayed frames leave in one batch per next hop and lane, each in the
+        // order it came; the rest moves up, in order.
         let (mut keep, mut at) = (0, 0);
-        let mut run: Option<((Endpoint, Lane), Vec<u8>, usize)> = None;
+        let mut runs: Vec<((Endpoint, Lane), Vec<u8>, usize)> = Vec::new();
         while let Some(Ok(r)) = frame::first(&batch[at..]) {
             let (record, data) = (at..at + r.end, at + r.start..at + r.end);
             at += r.end;
@@ -154,16 +156,18 @@ impl Forward for StreamRelay {
             };
             let next = (next, relayed_lane(&batch[data.clone()]));
             take_hop(&mut batch[data.start + 1]);
-            if run.as_ref().is_some_and(|(to, _, _)| *to != next)
-                && let Some(((to, lane), b, n)) = run.take()
-            {
-                self.send(links, to, b, n, lane);
-            }
-            let (_, b, n) = run.get_or_insert_with(|| (next, links.buffer(), 0));
+            let i = match runs.iter().position(|(to, _, _)| *to == next) {
+                Some(i) => i,
+                None => {
+                    runs.push((next, links.buffer(), 0));
+                    runs.len() - 1
+                }
+            };
+            let (_, b, n) = &mut runs[i];
             frame::push(b, &batch[data]);
             *n += 1;
         }
-        if let Some(((to, lane), b, n)) = run {
+        for ((to, lane), b, n) in runs {
             self.send(links, to, b, n, lane);
         }
         // What does not parse stays too, for the links RX thread to count.
@@ -178,15 +182,27 @@ impl Forward for StreamRelay {
     }
 }
 
-/// The lane a relayed frame `data` (relay header first) goes on in: a sparse flow's
-/// packet, as its sender flagged it ([`FLAG_SPARSE`] in the sealed data header the
-/// relay header carries), waits in no bulk lane of the next connection, nor in a GSO
-/// run of bulk datagrams; everything else is bulk. Relays never open the frame: a
-/// sender picks its frame's lane on each relay with the flag, as it would its own.
+/// Largest relayed frame a relay passes on in the sparse lane: a ping, a keystroke, a
+/// game packet or a DNS query fits; a member that flags its bulk gains nothing on
+/// relays with full-size packets (the sparse lane is never CoDel's to drop).
+pub const RELAY_SPARSE_MAX: usize = 1024;
+
+/// The lane a relayed frame `data` (relay header first) goes on in: a small packet of
+/// a sparse flow, as its sender flagged it ([`FLAG_SPARSE`] in the sealed data header
+/// the relay header carries; never a GSO record, never over [`RELAY_SPARSE_MAX`]),
+/// waits in no bulk lane of the next connection, nor in a GSO run of bulk datagrams;
+/// everything else is bulk. Relays never open the frame: a sender picks its small
+/// frames' lane on each relay with the flag, as it would its own.
 pub(super) fn relayed_lane(data: &[u8]) -> Lane {
     let inner = data.get(RELAY_HEADER_LEN..).unwrap_or_default();
     match inner {
-        [t, flags, ..] if *t == MessageType::Data as u8 && flags & FLAG_SPARSE != 0 => Lane::Sparse,
+        [t, flags, ..]
+            if *t == MessageType::Data as u8
+                && flags & (FLAG_SPARSE | FLAG_GSO) == FLAG_SPARSE
+                && data.len() <= RELAY_SPARSE_MAX =>
+        {
+            Lane::Sparse
+        }
         _ => Lane::Bulk,
     }
 }

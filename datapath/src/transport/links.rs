@@ -186,8 +186,8 @@ struct Entry {
 /// [`LINK_SPARSE_QUANTUM`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum Lane {
-    /// Bulk flows, and what nobody classified (relayed frames): CoDel keeps this lane
-    /// short.
+    /// Bulk flows, and what nobody classified (relayed frames but the small ones their
+    /// senders flag sparse): CoDel keeps this lane short.
     #[default]
     Bulk,
     /// Sparse flows and the node's own control messages: taken first, never dropped.

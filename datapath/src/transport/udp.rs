@@ -61,10 +61,12 @@ pub fn bind_reuseport(addr: SocketAddr, count: usize, read_timeout: Duration) ->
 // Classic BPF opcodes (linux/filter.h: class | size | mode, or class | op | source).
 /// `ldb [k]`: BPF_LD (0x00) | BPF_B (0x10) | BPF_ABS (0x20).
 const BPF_LD_B_ABS: u16 = 0x30;
-/// `ldb [x + k]`: BPF_LD | BPF_B | BPF_IND (0x40).
-const BPF_LD_B_IND: u16 = 0x50;
-/// `ldx #k`: BPF_LDX (0x01) | BPF_W (0x00) | BPF_IMM (0x00).
-const BPF_LDX_IMM: u16 = 0x01;
+/// `ja +k`: BPF_JMP | BPF_JA (0x00).
+const BPF_JA: u16 = 0x05;
+/// `xor x`: BPF_ALU | BPF_XOR (0xa0) | BPF_X (0x08).
+const BPF_ALU_XOR_X: u16 = 0xac;
+/// `tax`: BPF_MISC (0x07) | BPF_TAX (0x00).
+const BPF_TAX: u16 = 0x07;
 /// `ld M[k]`: BPF_LD | BPF_W | BPF_MEM (0x60).
 const BPF_LD_MEM: u16 = 0x60;
 /// `st M[k]`: BPF_ST (0x02).
@@ -83,31 +85,42 @@ const BPF_RET_A: u16 = 0x16;
 const BPF_RET_K: u16 = 0x06;
 
 /// The reuseport program of [`steer_sparse`] for `count` sockets.
-fn steering_program(count: usize) -> [libc::sock_filter; 20] {
+fn steering_program(count: usize) -> [libc::sock_filter; 26] {
     use weft_core::wire::{FLAG_SPARSE, MessageType, RELAY_HEADER_LEN};
     let op = |code, jt, jf, k| libc::sock_filter { code, jt, jf, k };
     let n = u32::try_from(count).unwrap_or(u32::MAX);
+    let relay = RELAY_HEADER_LEN as u32;
     [
-        // The program sees the UDP payload; X is where the data header starts: at 0
-        // for a data message, behind the relay header for a relayed one (the relay and
-        // the destination both steer on the sealed header inside, which no hop
-        // changes). Anything else (a handshake, relayed or not): the kernel's own hash.
-        op(BPF_LDX_IMM, 0, 0, 0),
+        // The program sees the UDP payload; M[0] gets the key of the datagram's socket.
         op(BPF_LD_B_ABS, 0, 0, 0),
-        op(BPF_JEQ_K, 4, 0, MessageType::Data as u32),
-        op(BPF_JEQ_K, 0, 15, MessageType::Relay as u32),
-        op(BPF_LDX_IMM, 0, 0, RELAY_HEADER_LEN as u32),
-        op(BPF_LD_B_IND, 0, 0, 0),
-        op(BPF_JEQ_K, 0, 12, MessageType::Data as u32),
-        // The session's socket: the low byte of the receiver's index (little-endian,
-        // chosen at random by the receiver) modulo the sockets, kept in M[0].
-        op(BPF_LD_B_IND, 0, 0, 4),
+        op(BPF_JEQ_K, 0, 5, MessageType::Data as u32),
+        // A data message: the session's key is the low byte of the receiver's index
+        // (little-endian, chosen at random by the receiver).
+        op(BPF_LD_B_ABS, 0, 0, 4),
         op(BPF_ALU_MOD_K, 0, 0, n),
         op(BPF_ST, 0, 0, 0),
-        op(BPF_LD_B_IND, 0, 0, 1),
+        op(BPF_LD_B_ABS, 0, 0, 1),
+        op(BPF_JA, 0, 0, 10),
+        // A relayed data message: the key is the first bytes of the relay header's
+        // destination and source node ids together (xor), the same both ways, so a
+        // relay reads a relayed flow's packets and its answers on one socket, and a
+        // relayed download's data and ACKs on one other; the flags are the sealed
+        // header's behind the relay header (no hop changes either). Anything else (a
+        // handshake, relayed or not): the kernel's own hash.
+        op(BPF_JEQ_K, 0, 17, MessageType::Relay as u32),
+        op(BPF_LD_B_ABS, 0, 0, relay),
+        op(BPF_JEQ_K, 0, 15, MessageType::Data as u32),
+        op(BPF_LD_B_ABS, 0, 0, 4),
+        op(BPF_TAX, 0, 0, 0),
+        op(BPF_LD_B_ABS, 0, 0, 12),
+        op(BPF_ALU_XOR_X, 0, 0, 0),
+        op(BPF_ALU_MOD_K, 0, 0, n),
+        op(BPF_ST, 0, 0, 0),
+        op(BPF_LD_B_ABS, 0, 0, relay + 1),
+        // The flags in A.
         op(BPF_ALU_AND_K, 0, 0, u32::from(FLAG_SPARSE)),
         op(BPF_JEQ_K, 0, 2, 0),
-        // Bulk (or a sender that does not flag): the session's socket.
+        // Bulk (or a sender that does not flag): the key's socket.
         op(BPF_LD_MEM, 0, 0, 0),
         op(BPF_RET_A, 0, 0, 0),
         // A sparse flow's packet: the next socket over.
@@ -125,8 +138,9 @@ fn steering_program(count: usize) -> [libc::sock_filter; 20] {
 /// datagram: a data message goes to socket `index % count` of its session, where
 /// `index` is the low byte of the receiver's session index, and one flagged
 /// [`weft_core::wire::FLAG_SPARSE`] to the socket after that. A relayed data message
-/// is steered alike by the sealed data header behind its relay header, on the relays
-/// and on its destination. A download's packets and a ping's then never share a
+/// is steered alike on the relays and on its destination, by a key the same both ways
+/// (its relay header's two node ids) and the flag of the sealed header behind it. A
+/// datagram too short for what the program reads goes to the first socket. A download's packets and a ping's then never share a
 /// receive queue, nor (the TUN steers a flow's outgoing packets to the queue that last
 /// wrote its incoming ones) the thread that sends the answer, nor on a relay the
 /// thread that forwards them: the ping's round trip skips the backlog a download keeps
@@ -622,27 +636,30 @@ mod tests {
     }
 
     #[test]
-    fn a_relayed_datagram_is_steered_by_the_data_header_inside() {
+    fn a_relayed_datagram_is_steered_by_its_node_ids_the_same_both_ways() {
         use weft_core::wire::RelayHeader;
-        let relay = RelayHeader { hop_limit: 7, dst: [0xee; 8], src: [0x11; 8] };
         for count in [2usize, 3] {
             let rx = bind_reuseport("127.0.0.1:0".parse().unwrap(), count, Duration::from_millis(500)).unwrap();
             let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
             let to = rx[0].local_addr().unwrap();
-            // As above, behind a relay header: the relay header's own bytes (its
-            // destination's low byte is 0xee) do not choose the socket.
+            // Pairs of nodes, each way, bulk and sparse: the key is the first bytes of
+            // the two node ids together (xor), whatever the receiver's index inside.
             let mut expect = Vec::new();
             let mut tag = 0u8;
-            for low in 0..6u32 {
-                for flags in [0, FLAG_SPARSE] {
-                    let mut d = vec![0u8; 40];
-                    let head = d.first_chunk_mut().unwrap();
-                    DataHeader { flags, lane: 0, receiver_index: 0x0102_0300 | low, counter: 9 }.emit(head);
-                    d[39] = tag;
-                    tx.send_to(&relay.wrap(&d), to).unwrap();
-                    let session = low as usize % count;
-                    expect.push((tag, if flags == 0 { session } else { (session + 1) % count }));
-                    tag += 1;
+            for (x, y) in [(0x10u8, 0x20u8), (0x11, 0x20), (0x37, 0x52), (0xff, 0x01)] {
+                for (dst, src) in [(x, y), (y, x)] {
+                    for flags in [0, FLAG_SPARSE] {
+                        let mut d = vec![0u8; 40];
+                        let index = 0x0102_0300 | u32::from(tag);
+                        DataHeader { flags, lane: 0, receiver_index: index, counter: 9 }
+                            .emit(d.first_chunk_mut().unwrap());
+                        d[39] = tag;
+                        let relay = RelayHeader { hop_limit: 7, dst: [dst; 8], src: [src; 8] };
+                        tx.send_to(&relay.wrap(&d), to).unwrap();
+                        let key = usize::from(x ^ y) % count;
+                        expect.push((tag, if flags == 0 { key } else { (key + 1) % count }));
+                        tag += 1;
+                    }
                 }
             }
             assert_eq!(arrivals(&rx, expect.len()), expect, "{count} sockets");
@@ -654,6 +671,7 @@ mod tests {
             let mut inner = vec![1u8; 40];
             inner[4] = tag;
             inner[39] = tag;
+            let relay = RelayHeader { hop_limit: 7, dst: [tag; 8], src: [0x11; 8] };
             tx.send_to(&relay.wrap(&inner), rx[0].local_addr().unwrap()).unwrap();
         }
         let got = arrivals(&rx, 6);
