@@ -41,8 +41,9 @@ pub const FLAG_ORDERED: u8 = 0x04;
 /// ACK. A receiver with several UDP sockets steers it to another socket than the
 /// session's bulk packets, so it is read and opened by a thread that is not working
 /// through a download (`weft_datapath::transport::udp::steer_sparse`), relayed or
-/// not; a relay passes a relayed frame that carries it on in the sparse lane of the
-/// next connection (or outside any GSO run of bulk datagrams). Set on every transport.
+/// not; a relay passes a relayed frame of up to 1 KiB that carries it on in the sparse
+/// lane of the next connection (or outside any GSO run of bulk datagrams). Set on every
+/// transport.
 /// Kernels and relays act on it before (or without) checking the tag: whoever sends a
 /// datagram picks its socket and its lane with it, as with a source port, and gets
 /// nothing more (the sparse lanes are bounded, what overflows them joins the bulk; a
