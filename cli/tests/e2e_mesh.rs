@@ -13,10 +13,22 @@ use netns::{Netns, Node, TempDir, ip, link, ping, ping_times, require_root, tran
 const NET: [&str; 4] = ["--network-name", "mesh", "--network-secret", "mesh secret"];
 
 fn args<'a>(overlay: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    args_threads(overlay, "1", extra)
+}
+
+fn args_threads<'a>(overlay: &'a str, threads: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     let mut v = NET.to_vec();
-    v.extend(["-i", overlay, "--threads", "1"]);
+    v.extend(["-i", overlay, "--threads", threads]);
     v.extend(extra);
     v
+}
+
+/// A -- B -- C: A and C share no link and no route; only B can relay between them.
+fn chain() -> (Netns, Netns, Netns) {
+    let (a, b, c) = (Netns::new(), Netns::new(), Netns::new());
+    link(&a, "eth0", "192.0.2.1/24", &b, "eth0", "192.0.2.2/24");
+    link(&b, "eth1", "198.51.100.2/24", &c, "eth0", "198.51.100.3/24");
+    (a, b, c)
 }
 
 fn peer_path(n: &Node, overlay: &str) -> String {
@@ -31,9 +43,7 @@ fn via_host(n: &Node, overlay: &str) -> Option<String> {
 fn chain_relays_sealed_traffic_it_cannot_read() {
     require_root();
     let dir = TempDir::new();
-    let (a, b, c) = (Netns::new(), Netns::new(), Netns::new());
-    link(&a, "eth0", "192.0.2.1/24", &b, "eth0", "192.0.2.2/24");
-    link(&b, "eth1", "198.51.100.2/24", &c, "eth0", "198.51.100.3/24");
+    let (a, b, c) = chain();
     let nb = Node::start(&b, &dir.0, "b", &args("10.126.126.2/24", &[]));
     let na = Node::start(&a, &dir.0, "a", &args("10.126.126.1/24", &["-p", "udp://192.0.2.2:11010"]));
     let nc = Node::start(&c, &dir.0, "c", &args("10.126.126.3/24", &["-p", "udp://198.51.100.2:11010"]));
@@ -239,18 +249,10 @@ fn nodes_behind_nat_punch_through_to_a_direct_path() {
 fn a_relayed_ping_skips_a_relayed_download() {
     require_root();
     let dir = TempDir::new();
-    let (a, b, c) = (Netns::new(), Netns::new(), Netns::new());
-    link(&a, "eth0", "192.0.2.1/24", &b, "eth0", "192.0.2.2/24");
-    link(&b, "eth1", "198.51.100.2/24", &c, "eth0", "198.51.100.3/24");
-    let two = |overlay, extra: &[&'static str]| {
-        let mut v = NET.to_vec();
-        v.extend(["-i", overlay, "--threads", "2"]);
-        v.extend(extra);
-        v
-    };
-    let nb = Node::start(&b, &dir.0, "b", &two("10.126.126.2/24", &[]));
-    let _na = Node::start(&a, &dir.0, "a", &two("10.126.126.1/24", &["-p", "udp://192.0.2.2:11010"]));
-    let nc = Node::start(&c, &dir.0, "c", &two("10.126.126.3/24", &["-p", "udp://198.51.100.2:11010"]));
+    let (a, b, c) = chain();
+    let nb = Node::start(&b, &dir.0, "b", &args_threads("10.126.126.2/24", "2", &[]));
+    let _na = Node::start(&a, &dir.0, "a", &args_threads("10.126.126.1/24", "2", &["-p", "udp://192.0.2.2:11010"]));
+    let nc = Node::start(&c, &dir.0, "c", &args_threads("10.126.126.3/24", "2", &["-p", "udp://198.51.100.2:11010"]));
     wait_until(Duration::from_secs(15), "A reaches C through B", || ping(&a, "10.126.126.3"));
     let stop = std::sync::atomic::AtomicBool::new(false);
     let (times, transfers) = std::thread::scope(|s| {

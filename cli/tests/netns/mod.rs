@@ -497,7 +497,6 @@ pub fn wait_until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) -
     panic!("timed out after {limit:?} waiting for {what}");
 }
 
-/// Whether a ping from `ns` to `addr` gets an answer (two tries, a second each).
 /// Whether this kernel's TUN reads without waiting when asked (`RWF_NOWAIT`, Linux
 /// 6.4 and later): only then do receive threads send the kernel's answers
 /// (`tx_answers`).
@@ -507,6 +506,7 @@ pub fn tun_reads_without_waiting() -> bool {
     (v.next().unwrap_or(0), v.next().unwrap_or(0)) >= (6, 4)
 }
 
+/// Whether a ping from `ns` to `addr` gets an answer (two tries, a second each).
 pub fn ping(ns: &Netns, addr: &str) -> bool {
     ns.exec_status(&["ping", "-c", "2", "-i", "0.3", "-W", "1", addr])
 }
