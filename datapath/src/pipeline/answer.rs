@@ -14,8 +14,7 @@ use rustix::io::{ReadWriteFlags, preadv2};
 use tracing::debug;
 use tun_rs::SyncDevice;
 
-use super::tx::tcp_in_order;
-use super::{Device, PipelineConfig, PipelineStats, Shared, TX_HEADROOM, Tx};
+use super::{Device, PipelineConfig, PipelineStats, Shared, Tx};
 use crate::transport::Egress;
 
 /// Reads after one batch, at most: the answers to a few sparse packets, not a second TX.
@@ -53,14 +52,10 @@ impl Answers {
                     break;
                 }
                 Ok(n) => {
-                    let (bufs, sizes) = self.tx.buffers();
-                    let stream = bufs[..n]
-                        .iter()
-                        .zip(&sizes[..n])
-                        .any(|(b, &len)| b.get(TX_HEADROOM..TX_HEADROOM + len).is_some_and(tcp_in_order));
+                    self.tx.answered_tcp_data = false;
                     self.tx.send(n, egress, shared, stats);
                     sent += self.tx.out.len();
-                    if stream {
+                    if self.tx.answered_tcp_data {
                         break;
                     }
                 }

@@ -43,6 +43,8 @@ pub struct Tx {
     /// flow the TX thread may be sending too (the kernel sends data inside a write only
     /// for a flow with data waiting), so it takes the bulk lane and is never flagged.
     pub(super) answering: bool,
+    /// Set when an answering `Tx` sealed such a TCP segment (the caller clears it).
+    pub(super) answered_tcp_data: bool,
 }
 
 impl Tx {
@@ -61,6 +63,7 @@ impl Tx {
             firewall: None,
             load: FlowLoad::default(),
             answering: false,
+            answered_tcp_data: false,
         }
     }
 
@@ -289,6 +292,7 @@ impl Tx {
             let mut lane = lane_of(&mut self.load, ip, len, now);
             if self.answering && tcp_in_order(ip) {
                 lane = Lane::Bulk;
+                self.answered_tcp_data = true;
             }
             // A sparse flow's packet is flagged, on every transport: relays read the
             // flag to keep it ahead of the bulk they pass on, and over UDP the receiver
