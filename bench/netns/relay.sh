@@ -29,6 +29,7 @@ REPS=${REPS:-3}
 TRANSPORTS=${TRANSPORTS:-udp tcp ws}
 LATENCY=${LATENCY:-0}
 PINGS=${PINGS:-500}
+case "$DURATION$REPS$PINGS" in *[!0-9]*) echo "error: DURATION, REPS and PINGS must be whole numbers" >&2; exit 2 ;; esac
 if [ "$LATENCY" = 1 ]; then OUT=${OUT:-$ROOT/bench/results/relay-latency}; else OUT=${OUT:-$ROOT/bench/results/relay}; fi
 NT=$(wc -w <<<"$TRANSPORTS")
 PER_RUN=$((DURATION + 5))
@@ -39,6 +40,9 @@ MAX_RUNTIME=${MAX_RUNTIME:-$((NT * (REPS * 2 * PER_RUN + 60) + REPS * PER_RUN + 
 for t in ip iperf3 python3; do
     command -v "$t" >/dev/null || { echo "error: $t missing (apt install iproute2 iperf3 python3)" >&2; exit 2; }
 done
+if [ "$LATENCY" = 1 ] && { [ "$DURATION" -lt 3 ] || [ "$PINGS" -lt 1 ]; }; then
+    echo "error: LATENCY=1 needs DURATION >= 3 (pings start a second in and stop a second early) and PINGS >= 1" >&2; exit 2
+fi
 for t in $TRANSPORTS; do
     case "$t" in udp|tcp|ws) ;; *) echo "error: transport $t: expected udp, tcp or ws" >&2; exit 2 ;; esac
 done
