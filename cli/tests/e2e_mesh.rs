@@ -305,6 +305,39 @@ fn a_relayed_ping_skips_a_relayed_download() {
 }
 
 #[test]
+fn a_member_that_dropped_a_relayed_session_renews_it_when_data_arrives_on_it() {
+    require_root();
+    let dir = TempDir::new();
+    let (a, b, c) = chain();
+    let _nb = Node::start(&b, &dir.0, "b", &args("10.126.126.2/24", &[]));
+    let na = Node::start(&a, &dir.0, "a", &args("10.126.126.1/24", &["-p", "udp://192.0.2.2:11010"]));
+    let nc = Node::start(&c, &dir.0, "c", &args("10.126.126.3/24", &["-p", "udp://198.51.100.2:11010"]));
+    wait_until(Duration::from_secs(15), "A reaches C through B", || ping(&a, "10.126.126.3"));
+    // Everything relayed to C is lost (relay frames start with message type 6; C's
+    // link with B carries none): C's pings to A go unanswered, and C declares A dead
+    // and drops the session, while A, which sent no data since, keeps it.
+    for rule in [
+        "add table ip weftlose",
+        "add chain ip weftlose input { type filter hook input priority 0; }",
+        "add rule ip weftlose input udp dport 11010 @th,64,8 6 drop",
+    ] {
+        assert!(c.cmd("nft").arg(rule).status().unwrap().success(), "nft {rule}");
+    }
+    assert!(!c.exec_status(&["ping", "-c", "2", "-i", "0.5", "-W", "1", "10.126.126.1"]));
+    wait_until(Duration::from_secs(20), "C declares A dead", || !nc.peer_established("10.126.126.1"));
+    assert!(na.peer_established("10.126.126.3"), "A dropped the session too: {}", na.status());
+    assert!(c.cmd("nft").arg("delete table ip weftlose").status().unwrap().success());
+
+    // A sends on the session C dropped: C renews it at once, rather than dropping
+    // A's data until A's own timer notices that nothing comes back.
+    let times = ping_times(&a, "10.126.126.3", 40);
+    eprintln!("after C dropped the session: {} of 40 pings 50 ms apart answered", times.len());
+    assert!(times.len() >= 30, "A's pings were lost on the session C dropped: {} of 40 answered", times.len());
+    assert!(nc.status()["stale_renewed"].as_u64().unwrap() >= 1, "{}", nc.status());
+    assert!(!na.log_text().contains("not responding"), "A waited for its timer:\n{}", na.log_text());
+}
+
+#[test]
 fn dead_relay_is_routed_around() {
     require_root();
     let dir = TempDir::new();

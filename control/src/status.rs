@@ -149,6 +149,10 @@ pub struct StatusJson {
     /// Handshakes that made a session (either side) since start.
     #[serde(default)]
     pub handshakes_completed: u64,
+    /// Handshakes this node started because a member sent data on a session it had
+    /// dropped (declared dead, or retired) since start.
+    #[serde(default)]
+    pub stale_renewed: u64,
     /// Handshakes that failed since start, by kind (bad_response, rejected, refused,
     /// address_taken, no_response, not_confirmed, unreachable, no_path).
     #[serde(default)]

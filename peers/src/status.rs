@@ -169,6 +169,9 @@ pub struct NodeStatus {
     pub queued_dropped: u64,
     /// Handshakes that made a session, either side, since start.
     pub handshakes_completed: u64,
+    /// Handshakes this node started because a member sent data on a session it had
+    /// dropped (declared dead, or retired), since start.
+    pub stale_renewed: u64,
     /// Handshakes that failed since start, by kind: bad_response, rejected, refused,
     /// address_taken, no_response, not_confirmed, unreachable, no_path.
     pub handshake_failures: std::collections::BTreeMap<FailureKind, u64>,

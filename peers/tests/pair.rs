@@ -103,6 +103,8 @@ struct Sim {
     blocked: HashSet<(usize, usize, Proto)>,
     /// Drop every handshake datagram (rekeys fail, sessions keep running).
     no_handshakes: bool,
+    /// Relay frames from the first node to the second are lost (at any hop).
+    lost_relayed: Option<(usize, usize)>,
     log: Vec<Sent>,
     boots: u64,
     tag: u64,
@@ -140,6 +142,7 @@ impl Sim {
             extra: Vec::new(),
             blocked: HashSet::new(),
             no_handshakes: false,
+            lost_relayed: None,
             log: Vec::new(),
             boots: 0,
             tag: 0,
@@ -250,6 +253,12 @@ impl Sim {
         }
     }
 
+    /// A relay frame from node `i` to node `j`.
+    fn is_relayed(&self, bytes: &[u8], i: usize, j: usize) -> bool {
+        weft_core::wire::RelayHeader::parse(bytes)
+            .is_ok_and(|h| h.src == self.id(i).to_bytes() && h.dst == self.id(j).to_bytes())
+    }
+
     fn index_of(&self, a: Endpoint) -> Option<usize> {
         let over_extra = self.extra.contains(&a.proto);
         self.slots.iter().position(|s| s.host.addr == a || (over_extra && s.host.addr.addr.ip() == a.addr.ip()))
@@ -270,6 +279,7 @@ impl Sim {
                     && !self.cut.contains(&(from.min(j), from.max(j)))
                     && !self.blocked.contains(&(from.min(j), from.max(j), w.to.proto))
                     && !(self.no_handshakes && is_handshake(&w.bytes))
+                    && self.lost_relayed.is_none_or(|(i, j)| !self.is_relayed(&w.bytes, i, j))
             });
             // Over a connection the receiver sees the sender's end of it.
             let seen_from = match w.to.proto {
@@ -956,6 +966,51 @@ fn the_answer_to_a_first_packet_reaches_the_new_session_through_a_stale_snapshot
     sim.slots[C].host.routes = stale;
     assert_eq!(sim.send_data(C, A), Ok(84), "the answer was lost");
     assert_eq!(sim.state(C, A), Some(PeerState::Established));
+}
+
+#[test]
+fn a_member_that_dropped_a_session_renews_it_when_data_arrives_on_it() {
+    // C sends A data through B, and everything A sends back is lost for a while: C
+    // declares A dead and drops the session, while A, which sent no data, keeps it.
+    // When A then sends on it, C does not drop A's data for A's own timer to notice
+    // (6 s without an answer): it starts a new handshake, and A's next packet arrives.
+    let mut sim = a_and_c_through_b();
+    let routes = |s: &Sim| (0..3).all(|i| s.node(i).status(s.now).routes.len() == 2);
+    assert!(sim.run_until(Duration::from_secs(5), routes).is_some());
+    assert_eq!(sim.send_data(A, C), Ok(84));
+    assert_eq!(sim.send_data(C, A), Ok(84));
+    sim.lost_relayed = Some((A, C));
+    assert_eq!(sim.send_data(C, A), Ok(84));
+    let c_dropped = sim.run_until(Duration::from_secs(10), |s| s.state(C, A) != Some(PeerState::Established));
+    assert!(c_dropped.is_some(), "C kept a session A never answered on: {:?}", sim.peer_status(C, A));
+    assert!(sim.established(A, C), "A dropped the session too: {:?}", sim.peer_status(A, C));
+    sim.lost_relayed = None;
+    assert_eq!(sim.node(C).status(sim.now).stale_renewed, 0);
+
+    // A's first packet finds no session at C; C renews it at once.
+    assert_eq!(sim.send_data(A, C), Err("not delivered"));
+    assert_eq!(sim.node(C).status(sim.now).stale_renewed, 1);
+    assert!(
+        sim.established(A, C) && sim.established(C, A),
+        "{:?} / {:?}",
+        sim.peer_status(A, C),
+        sim.peer_status(C, A)
+    );
+    assert_eq!(sim.send_data(A, C), Ok(84));
+    assert_eq!(sim.send_data(C, A), Ok(84));
+    assert!(!sim.reasons(A).iter().any(|r| r.contains("not responding")), "{:?}", sim.reasons(A));
+
+    // Data for an index C does not hold while it has a session with the sender (a
+    // straggler of a replaced session, or a forgery) starts nothing.
+    let mut stale = seal(&sim.route(A, C).expect("A routes C"), &[0; 20]);
+    stale[4..8].copy_from_slice(&0x0bad_0bad_u32.to_le_bytes());
+    let b = sim.slots[B].host.addr;
+    let frame = weft_core::wire::RelayHeader { hop_limit: 3, dst: sim.id(C).to_bytes(), src: sim.id(A).to_bytes() }
+        .wrap(&stale);
+    assert_eq!(sim.inject_data(C, b, &frame), Err("unknown_session"));
+    sim.run(Duration::from_secs(2));
+    assert_eq!(sim.inject_data(C, b, &frame), Err("unknown_session"));
+    assert_eq!(sim.node(C).status(sim.now).stale_renewed, 1);
 }
 
 #[test]

@@ -248,6 +248,7 @@ impl Runtime {
                 }
             }),
             handshakes_completed: st.handshakes_completed,
+            stale_renewed: st.stale_renewed,
             handshake_failures: st.handshake_failures.clone(),
             control_traffic: self.control_traffic.clone(),
             connections_by_transport: self.connector.links().by_transport().into_iter().collect(),

@@ -13,6 +13,7 @@
 use std::io;
 use std::net::UdpSocket;
 use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
@@ -88,6 +89,43 @@ pub enum ControlEvent {
         /// The IP packet.
         packet: Vec<u8>,
     },
+    /// Data arrived for a session index this node does not hold (reported at most
+    /// once a second per sender, see [`StaleReports`]): the sender still uses a
+    /// session this node dropped, and the control plane may start a new one.
+    StaleSession {
+        /// Sender (the last relay when `via` is set).
+        from: Endpoint,
+        /// The node that sent it through relays, if it was relayed.
+        via: Option<[u8; 8]>,
+    },
+}
+
+/// How many senders [`StaleReports`] tells apart (a hash of the sender picks a slot).
+const STALE_SLOTS: usize = 64;
+
+/// Limits [`ControlEvent::StaleSession`] to one a second per sender: a slot per
+/// sender hash holds when it was last reported (pipeline milliseconds). Two senders
+/// in one slot share the limit; forged data costs the control plane at most one
+/// event a second per slot.
+#[derive(Debug)]
+pub struct StaleReports([AtomicU64; STALE_SLOTS]);
+
+impl Default for StaleReports {
+    fn default() -> Self {
+        Self(std::array::from_fn(|_| AtomicU64::new(0)))
+    }
+}
+
+impl StaleReports {
+    /// Whether data for an unknown session from `from` (through `via`) at `now_ms`
+    /// is to be reported; claims the sender's slot when it is.
+    pub fn should_report(&self, now_ms: u64, from: &Endpoint, via: Option<[u8; 8]>) -> bool {
+        let key = via.map_or_else(|| from.key(), u64::from_le_bytes);
+        let slot = &self.0[(key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 58) as usize % STALE_SLOTS];
+        let last = slot.load(Relaxed);
+        (last == 0 || now_ms.saturating_sub(last) >= 1000)
+            && slot.compare_exchange(last, now_ms, Relaxed, Relaxed).is_ok()
+    }
 }
 
 /// What all pipelines of a node share.
@@ -107,6 +145,8 @@ pub struct Shared {
     pub offload: Arc<Offload>,
     /// The access policy and its connection table (none in force: everything passes).
     pub firewall: Arc<weft_core::firewall::Firewall>,
+    /// The limit on [`ControlEvent::StaleSession`] reports.
+    pub stale: Arc<StaleReports>,
 }
 
 /// Counters of one pipeline, written once per batch by its own threads.

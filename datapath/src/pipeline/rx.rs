@@ -496,6 +496,13 @@ pub(super) fn open<'r>(
     };
     let Some(session) = routes.session_by_index(hdr.receiver_index) else {
         stats.drops.add(DropReason::UnknownSession, 1);
+        // The sender may still use a session this node dropped: tell the control
+        // plane (once a second per sender), which may start a new one.
+        if shared.stale.should_report(now, &from, via)
+            && !shared.control.try_push(ControlEvent::StaleSession { from, via })
+        {
+            stats.drops.add(DropReason::ControlQueueFull, 1);
+        }
         return None;
     };
     if session.is_expired(now) {

@@ -225,6 +225,8 @@ pub(crate) struct Report {
     queued_dropped: u64,
     /// Handshakes that made a session (either side).
     handshakes_completed: u64,
+    /// Handshakes started because a member sent data on a session we had dropped.
+    stale_renewed: u64,
     /// Handshakes that failed, by kind.
     handshake_failures: BTreeMap<FailureKind, u64>,
 }
@@ -356,6 +358,7 @@ impl Node {
             Input::Discovered { endpoint } => self.handle_discovered(now, endpoint),
             Input::LinkDown { endpoint, error } => self.handle_link_down(now, endpoint, error),
             Input::Unrouted { dst, packet } => self.handle_unrouted(now, dst, packet),
+            Input::StaleSession { from, via } => self.handle_stale_session(now, from, via),
         }
         self.finish_step(now);
     }
@@ -433,6 +436,7 @@ impl Node {
             refused: self.refused_claims(),
             queued_dropped: self.report.queued_dropped,
             handshakes_completed: self.report.handshakes_completed,
+            stale_renewed: self.report.stale_renewed,
             handshake_failures: self.report.handshake_failures.clone(),
             exit_offers: self.exit_offers(),
             exit: self.exit_status(),

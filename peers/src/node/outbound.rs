@@ -92,6 +92,39 @@ impl Node {
         d.backoff.max(self.cfg.timers.initial_backoff)
     }
 
+    /// Data arrived for a session index we do not hold, from `from` (through `via`):
+    /// the member that sent it still uses a session we dropped — we declared it dead
+    /// while it heard from us, or retired it — and would send into nothing until its
+    /// own timer gives up. A new handshake moves it to a new session at once. Only for
+    /// a member we know and have no session with, no handshake in flight, past the
+    /// backoff, and not revoked: forged data (the pipelines report a sender at most
+    /// once a second) makes us start at most the handshakes the backoff allows.
+    pub(super) fn handle_stale_session(&mut self, now: Instant, from: Endpoint, via: Option<NodeId>) {
+        let key = match via {
+            Some(id) => self.peers.key_of(&id),
+            None => {
+                let mut sent_it = self.peers.iter().filter(|(_, p)| p.path.endpoint() == Some(from)).map(|(k, _)| *k);
+                match (sent_it.next(), sent_it.next()) {
+                    (Some(k), None) => Some(k),
+                    _ => None,
+                }
+            }
+        };
+        let Some(key) = key else { return };
+        let Some(p) = self.peers.get(&key) else { return };
+        if !p.sessions.is_empty()
+            || p.driver.in_flight.is_some()
+            || p.driver.next_attempt.is_some_and(|t| now < t)
+            || self.trust.revocations.contains(&key.0)
+        {
+            return;
+        }
+        info!(peer = %p.id, "data on a session we dropped: starting a new one");
+        self.report.stale_renewed += 1;
+        self.handshake_with(now, key);
+        self.touch(key);
+    }
+
     /// Starts a handshake with a known peer along its best destination: IK, or XX
     /// after two failures (the peer may have a new key).
     pub(super) fn handshake_with(&mut self, now: Instant, key: PeerKey) {

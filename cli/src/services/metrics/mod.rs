@@ -199,6 +199,11 @@ pub fn render(s: &StatusJson) -> prometheus::Result<String> {
         "Handshakes that made a session (as initiator or responder).",
         s.handshakes_completed,
     )?;
+    f.one_counter(
+        "weft_stale_sessions_renewed_total",
+        "Handshakes started because a member sent data on a session this node had dropped.",
+        s.stale_renewed,
+    )?;
     f.counter(
         "weft_handshake_failures_total",
         "Handshakes that failed, by kind (bad_response, rejected, refused, address_taken, no_response, not_confirmed, unreachable, no_path).",
