@@ -341,6 +341,25 @@ mod tests {
     }
 
     #[test]
+    fn stale_sessions_are_reported_once_a_second_per_sender() {
+        use crate::pipeline::StaleReports;
+        use crate::transport::Endpoint;
+        let r = StaleReports::default();
+        let relay = Endpoint::udp("192.0.2.2:11010".parse().unwrap());
+        let (a, c) = (Some([1u8; 8]), Some([3u8; 8]));
+        assert!(r.should_report(5, &relay, a));
+        assert!(!r.should_report(5, &relay, a), "twice in one millisecond");
+        assert!(!r.should_report(1004, &relay, a), "within the second");
+        // Another sender through the same relay has a slot of its own (these two do
+        // not share one), and a direct sender is told by its address.
+        assert!(r.should_report(6, &relay, c));
+        assert!(r.should_report(7, &relay, None));
+        assert!(!r.should_report(8, &relay, None));
+        assert!(r.should_report(1005, &relay, a), "a second later");
+        assert!(!r.should_report(1500, &relay, a));
+    }
+
+    #[test]
     fn tcp_in_order_is_told_from_bare_acks_other_protocols_and_cut_packets() {
         let v4 = |data: usize| tcp(1, data)[VIRTIO_NET_HDR_LEN..].to_vec();
         assert!(tcp_in_order(&v4(1)));
