@@ -47,8 +47,9 @@ pub enum DropReason {
     Tun,
     /// A UDP send failed.
     UdpSend,
-    /// A control-plane datagram found the socket's send buffer full: the control loop
-    /// never waits for the data plane's socket, it drops and counts.
+    /// A control-plane datagram found the socket's send buffer full, or a control
+    /// frame its connection's send queue full: the control loop never waits for the
+    /// data plane, it drops and counts.
     ControlSendBlocked,
     /// Data for a session index we do not hold (stale or forged).
     UnknownSession,

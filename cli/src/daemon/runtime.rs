@@ -543,7 +543,11 @@ impl Runtime {
                         }
                     }
                 }
-                Action::Send { to, bytes } => self.connector.send(to, &bytes),
+                Action::Send { to, bytes } => {
+                    if !self.connector.send(to, &bytes) {
+                        self.drops.add(DropReason::ControlSendBlocked, 1);
+                    }
+                }
                 Action::SaveNames(names) => self.state_writer.save(names),
                 Action::SaveRevocations(list) => self.state_writer.save_revocations(list),
                 Action::SaveIssued(list) => self.state_writer.save_issued(list),

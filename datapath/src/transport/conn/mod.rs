@@ -310,27 +310,32 @@ impl Connector {
     /// Sends one frame (a handshake or control message) to `to`: on its connection,
     /// or once the connection this starts dialling is up. Frames for a connection
     /// someone else opened to us, after it closed, are dropped: only they can redial.
-    pub fn send(&self, to: Endpoint, frame_bytes: &[u8]) {
+    /// Returns false when a full queue (the connection's, or the dial's) dropped the
+    /// frame: the caller counts it.
+    pub fn send(&self, to: Endpoint, frame_bytes: &[u8]) -> bool {
         let mut batch = Vec::with_capacity(frame::PREFIX + frame_bytes.len());
         if !frame::push(&mut batch, frame_bytes) {
-            return;
+            debug!(%to, len = frame_bytes.len(), "control frame too long to frame");
+            return true;
         }
         // Handshakes and keepalives do not wait behind a download.
         match self.inner.links.send(to, batch, Lane::Sparse) {
-            Ok(_) => return,
-            Err(_) if to.proto == Proto::Udp || self.inner.accepted.lock().0.contains(&to) => return,
+            Ok(queued) => return queued,
+            Err(_) if to.proto == Proto::Udp || self.inner.accepted.lock().0.contains(&to) => return true,
             Err(_) => {}
         }
         let mut dialling = self.inner.dialling.lock();
         if let Some(q) = dialling.get_mut(&to) {
-            if q.len() < DIAL_QUEUE {
-                q.push(frame_bytes.to_vec());
+            if q.len() >= DIAL_QUEUE {
+                return false;
             }
-            return;
+            q.push(frame_bytes.to_vec());
+            return true;
         }
         dialling.insert(to, vec![frame_bytes.to_vec()]);
         drop(dialling);
         tokio::spawn(self.clone().dial(to));
+        true
     }
 
     /// Runs an inbound handshake under [`HANDSHAKE_TIMEOUT`], counting failures.
@@ -687,6 +692,24 @@ mod tests {
             assert!(ended.is_ok(), "pings kept a connection without a frame open");
             assert!(start.elapsed() < HANDSHAKE_TIMEOUT + Duration::from_secs(2));
             assert_eq!(l.conn.counters().timeouts.load(Relaxed), 1);
+        }
+
+        /// A control frame that finds its connection's send queue full is dropped and
+        /// said to be (the runtime counts `control_send_blocked`), not lost silently.
+        #[tokio::test]
+        async fn a_control_frame_dropped_for_a_full_queue_is_reported() {
+            use crate::transport::links::{LINK_QUEUE, LINK_SPARSE_QUEUE, LinkQueue};
+            let (links, _inbound) = Links::new(8);
+            let (down_tx, _down) = mpsc::channel(8);
+            let conn = Connector::new(links.clone(), down_tx, None, 4, 1500, macs()).expect("connector");
+            let to = Endpoint::new(Proto::Tcp, "192.0.2.7:11010".parse().expect("addr"));
+            // A connection whose writer takes nothing.
+            let (tx, _queue) = LinkQueue::channel(links.clone());
+            links.register(to, tx);
+            for i in 0..LINK_SPARSE_QUEUE + LINK_QUEUE {
+                assert!(conn.send(to, &[1, 2, 3]), "frame {i} had room");
+            }
+            assert!(!conn.send(to, &[1, 2, 3]));
         }
 
         /// A QUIC connection to `addr` from a connector of our own (kept alive by the
