@@ -9,7 +9,7 @@
 #   sudo RATE=20mbit CC=cubic TRANSPORTS=tcp bench/netns/uplink.sh
 #
 # Environment: RATE (tc rate, default 50mbit), CC (inner TCP congestion controls,
-# default "cubic bbr"), TRANSPORTS (default "udp tcp ws"), DURATION (s of load per
+# default "cubic bbr"), TRANSPORTS (default "udp tcp ws"; also wss, quic), DURATION (s of load per
 # row, default 8), REPS (default 1), WEFT (binary; default target/release/weft, built
 # if missing), OUT (default bench/results/uplink), MAX_RUNTIME (s; stops itself).
 # Namespaces are made here with unique names and removed on every exit path; none has
@@ -40,7 +40,7 @@ for cc in $CC; do
 done
 [ "$DURATION" -ge 3 ] || { echo "error: DURATION must be at least 3 (the pings start after 1 s)" >&2; exit 2; }
 for t in $TRANSPORTS; do
-    case "$t" in udp | tcp | ws) ;; *) echo "error: transport $t: expected udp, tcp or ws" >&2; exit 2 ;; esac
+    case "$t" in udp | tcp | ws | wss | quic) ;; *) echo "error: transport $t: expected udp, tcp, ws, wss or quic" >&2; exit 2 ;; esac
 done
 if [ -z "${WEFT:-}" ]; then
     WEFT=$ROOT/target/release/weft
@@ -106,7 +106,7 @@ NET=(--network-name bench --network-secret "uplink bench secret" --threads 1)
 for rep in $(seq "$REPS"); do
     for cc in $CC; do run "bare link" "$cc" 198.51.100.1; done
     for t in $TRANSPORTS; do
-        case "$t" in udp | tcp) port=11010 ;; ws) port=11011 ;; esac
+        case "$t" in udp | tcp) port=11010 ;; ws) port=11011 ;; wss | quic) port=11012 ;; esac
         ip netns exec "$A" "$WEFT" up "${NET[@]}" -i 10.126.126.1/24 -l "$t://0.0.0.0:$port" \
             --state-dir "$WORK/a-state" --control "$WORK/a.sock" >>"$WORK/a.log" 2>&1 &
         WEFTS+=("$!")

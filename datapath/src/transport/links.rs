@@ -281,6 +281,14 @@ impl LinkQueue {
         }
     }
 
+    /// The next sparse batch (`None`: the lane closed), for a writer that cannot take
+    /// a bulk one now — its QUIC stream waits for the peer's flow-control credit — so
+    /// that sparse flows do not wait with it.
+    pub async fn recv_sparse(&mut self) -> Option<Vec<u8>> {
+        let q = self.sparse.recv().await?;
+        Some(self.took_sparse(q))
+    }
+
     /// The next batch already waiting, if any, in the order of [`LinkQueue::recv`].
     pub fn try_recv(&mut self) -> Option<Vec<u8>> {
         if self.sparse_run < LINK_SPARSE_QUANTUM || self.bulk.is_empty() {

@@ -839,6 +839,51 @@ mod tests {
             drain.join().expect("drain thread");
         }
 
+        /// A peer that reads none of the record stream holds the writer's stream write
+        /// (quinn waits for flow-control credit, as beside a download whose receiver
+        /// is behind); a sparse frame queued meanwhile still leaves, as a datagram.
+        #[tokio::test]
+        async fn quic_sparse_frames_leave_while_the_stream_waits_for_credit() {
+            use crate::transport::links::Lane;
+            use weft_core::wire::{DATA_HEADER_LEN, DataHeader, FLAG_GSO, FLAG_SPARSE};
+            let (links, _inbound) = Links::new(64);
+            let (down_tx, _down) = mpsc::channel(64);
+            let server = Connector::new(links.clone(), down_tx, Some(tls()), 16, 1500, macs()).expect("connector");
+            let addr =
+                server.listen(Endpoint::new(Proto::Quic, "127.0.0.1:0".parse().expect("addr"))).await.expect("listen");
+            let (conn, client) = quic_client(addr).await;
+            let port = client.quic_endpoint().expect("client endpoint").local_addr().expect("local").port();
+            let ep = Endpoint::new(Proto::Quic, SocketAddr::from(([127, 0, 0, 1], port)));
+            let mut w = conn.open_uni().await.expect("stream");
+            w.write_all(&member_frame()).await.expect("a member's first frame");
+            let until = StdInstant::now() + Duration::from_secs(5);
+            while !links.contains(&ep) && StdInstant::now() < until {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert!(links.contains(&ep), "the server registered no link for {ep}");
+
+            let frame_with = |flags: u8, len: usize| {
+                let mut f = vec![0u8; DATA_HEADER_LEN + len];
+                let h = DataHeader { flags, lane: 0, receiver_index: 7, counter: 1 };
+                h.emit((&mut f[..DATA_HEADER_LEN]).try_into().expect("header"));
+                f
+            };
+            // 2.4 MB of GSO records: more than the peer's 1 MiB window.
+            let mut bulk = Vec::new();
+            for _ in 0..40 {
+                assert!(frame::push(&mut bulk, &frame_with(FLAG_GSO, 60_000)));
+            }
+            assert_eq!(links.send(ep, bulk, Lane::Bulk), Ok(true));
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let ping = frame_with(FLAG_SPARSE, 84);
+            let mut sparse = Vec::new();
+            assert!(frame::push(&mut sparse, &ping));
+            assert_eq!(links.send(ep, sparse, Lane::Sparse), Ok(true));
+            let got = tokio::time::timeout(Duration::from_secs(5), conn.read_datagram()).await;
+            let d = got.expect("the sparse frame waited for the stream's credit").expect("datagram");
+            assert!(d.ends_with(&ping), "{} bytes", d.len());
+        }
+
         #[tokio::test]
         async fn quic_silent_connection_closes_at_the_first_frame_deadline() {
             let l = listener(Proto::Quic, 16).await;

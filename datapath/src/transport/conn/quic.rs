@@ -116,7 +116,9 @@ impl Connector {
 
     /// Sends what the pipelines queue for this connection: frames as datagrams
     /// (fragmented when they do not fit), GSO records and the TCP segments kept behind
-    /// them on one stream.
+    /// them on one stream. While a stream write waits (for the peer's flow-control
+    /// credit, or quinn's send buffer), the sparse lane's frames still leave as
+    /// datagrams ([`Connector::beside_stream_write`]).
     async fn quic_writer(
         &self,
         conn: &quinn::Connection,
@@ -136,39 +138,82 @@ impl Connector {
                     stream = Some(conn.open_uni().await.map_err(|e| e.to_string())?);
                 }
                 if let Some(s) = &mut stream {
-                    s.write_chunk(self.inner.links.lend(batch)).await.map_err(|e| e.to_string())?;
+                    let write = async { s.write_chunk(self.inner.links.lend(batch)).await.map_err(|e| e.to_string()) };
+                    self.beside_stream_write(conn, &mut queue, write, &mut records, &mut next_id).await?;
                 }
-                continue;
+            } else {
+                self.send_datagrams(conn, batch, &mut records, &mut next_id)?;
             }
-            let max = conn.max_datagram_size().ok_or("peer does not accept QUIC datagrams")?;
-            for f in frame::frames(&batch).flatten() {
-                if on_quic_stream(f) {
-                    frame::push(&mut records, f);
-                    continue;
+            // Stream frames copied above or taken from the sparse lane meanwhile,
+            // in the order they came.
+            while !records.is_empty() {
+                if stream.is_none() {
+                    stream = Some(conn.open_uni().await.map_err(|e| e.to_string())?);
                 }
-                let parts = fragment(f, max, next_id);
-                if parts.len() > 1 {
-                    self.inner.links.counters.quic_fragmented.fetch_add(1, Relaxed);
-                }
-                for d in parts {
-                    // A full send buffer drops the oldest datagrams: loss, as on UDP.
-                    conn.send_datagram(d).map_err(|e| e.to_string())?;
-                }
-                next_id = next_id.wrapping_add(1);
+                let Some(s) = &mut stream else { break };
+                let chunk = std::mem::take(&mut records);
+                let write = async { s.write_all(&chunk).await.map_err(|e| e.to_string()) };
+                self.beside_stream_write(conn, &mut queue, write, &mut records, &mut next_id).await?;
             }
-            self.inner.links.recycle(batch);
-            if records.is_empty() {
-                continue;
-            }
-            if stream.is_none() {
-                stream = Some(conn.open_uni().await.map_err(|e| e.to_string())?);
-            }
-            if let Some(s) = &mut stream {
-                s.write_all(&records).await.map_err(|e| e.to_string())?;
-            }
-            records.clear();
         }
         Ok(())
+    }
+
+    /// Sends `batch`'s frames as datagrams (fragmented when they do not fit) and
+    /// appends those that go on the stream to `records`; the batch's buffer goes
+    /// back to the pool.
+    fn send_datagrams(
+        &self,
+        conn: &quinn::Connection,
+        batch: Vec<u8>,
+        records: &mut Vec<u8>,
+        next_id: &mut u16,
+    ) -> Result<(), String> {
+        let max = conn.max_datagram_size().ok_or("peer does not accept QUIC datagrams")?;
+        for f in frame::frames(&batch).flatten() {
+            if on_quic_stream(f) {
+                frame::push(records, f);
+                continue;
+            }
+            let parts = fragment(f, max, *next_id);
+            if parts.len() > 1 {
+                self.inner.links.counters.quic_fragmented.fetch_add(1, Relaxed);
+            }
+            for d in parts {
+                // A full send buffer drops the oldest datagrams: loss, as on UDP.
+                conn.send_datagram(d).map_err(|e| e.to_string())?;
+            }
+            *next_id = next_id.wrapping_add(1);
+        }
+        self.inner.links.recycle(batch);
+        Ok(())
+    }
+
+    /// Awaits `write`, a write to the connection's stream — which waits while the
+    /// peer's flow-control window or quinn's send buffer is full, as it is most of
+    /// the time beside a download — and meanwhile sends the sparse lane's batches as
+    /// datagrams: a ping does not wait for a download's credit. Stream frames among
+    /// them go to `records`, to be written after `write`, in order.
+    async fn beside_stream_write(
+        &self,
+        conn: &quinn::Connection,
+        queue: &mut crate::transport::links::LinkQueue,
+        write: impl Future<Output = Result<(), String>>,
+        records: &mut Vec<u8>,
+        next_id: &mut u16,
+    ) -> Result<(), String> {
+        tokio::pin!(write);
+        let mut sparse_open = true;
+        loop {
+            tokio::select! {
+                biased;
+                r = &mut write => return r,
+                b = queue.recv_sparse(), if sparse_open => match b {
+                    Some(batch) => self.send_datagrams(conn, batch, records, next_id)?,
+                    None => sparse_open = false,
+                },
+            }
+        }
     }
 
     /// Reads the peer's datagrams, reassembles frames and hands them to the links RX
