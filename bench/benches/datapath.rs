@@ -232,7 +232,6 @@ fn pipeline(c: &mut Criterion) {
                         stop: Arc::new(AtomicBool::new(false)),
                         offload: Arc::new(Offload::new(false, false)),
                         firewall: Default::default(),
-                        stale: Default::default(),
                     };
                     let (slab, slot, metas) = rx.slab();
                     for (i, d) in dgrams.iter().enumerate() {

@@ -130,7 +130,6 @@ impl Host {
             stop: Arc::new(AtomicBool::new(false)),
             offload: Arc::new(Offload::new(false, false)),
             firewall: Default::default(),
-            stale: Default::default(),
         };
         Self {
             addr,
@@ -228,9 +227,7 @@ impl Host {
                 ControlEvent::Direct { local_index, from } => node.handle(now, Input::Direct { local_index, from }),
                 ControlEvent::Confirmed { local_index } => node.handle(now, Input::Confirmed { local_index }),
                 ControlEvent::Unrouted { dst, packet } => node.handle(now, Input::Unrouted { dst, packet: &packet }),
-                ControlEvent::StaleSession { from, via } => {
-                    node.handle(now, Input::StaleSession { from, via: via.map(NodeId::from_bytes) })
-                }
+                ControlEvent::StaleSession { local_index } => node.handle(now, Input::StaleSession { local_index }),
             }
             self.drain(out);
         }

@@ -87,6 +87,10 @@ struct Tables {
     demand_subnets: Vec<(Net, Arc<Demand>)>,
     /// What this node takes packets for from the tunnel.
     serves: Served,
+    /// Sessions this node declared dead, by local index: they carry no data, but
+    /// their keys still tell a member that keeps sending on one (it then gets a new
+    /// session) from anyone else.
+    dropped: FxHashMap<u32, Arc<Session>>,
 }
 
 /// The destinations a node accepts from the tunnel: its own overlay addresses, the
@@ -244,6 +248,12 @@ impl RouteSnapshot {
         Self { tables: self.tables.clone(), held: held.into_iter().map(|s| (s.local_index, s)).collect() }
     }
 
+    /// Sets the sessions this node declared dead ([`RouteSnapshot::dropped_by_index`]).
+    pub fn with_dropped(mut self, dropped: impl IntoIterator<Item = Arc<Session>>) -> Self {
+        Arc::make_mut(&mut self.tables).dropped = dropped.into_iter().map(|s| (s.local_index, s)).collect();
+        self
+    }
+
     /// Sets what this node takes from the tunnel ([`Serves`]; a snapshot from
     /// [`RouteSnapshot::with_relays`] serves nothing until this is called).
     pub fn with_serves(mut self, serves: Serves) -> Self {
@@ -336,6 +346,12 @@ impl RouteSnapshot {
     /// The session that carries packets to `dst`.
     pub fn session_for(&self, dst: IpAddr) -> Option<&Arc<Session>> {
         self.tables.by_dst.get(&dst).map(|r| &r.session)
+    }
+
+    /// The session with local index `index` that this node declared dead, if any
+    /// ([`RouteSnapshot::with_dropped`]).
+    pub fn dropped_by_index(&self, index: u32) -> Option<&Arc<Session>> {
+        self.tables.dropped.get(&index)
     }
 
     /// The session whose local index is `index` (an established or a held one).

@@ -68,6 +68,8 @@ pub struct Session {
     roam_reported_ms: AtomicU64,
     /// [`Endpoint::key`] of the source of the last report.
     roam_from: AtomicU64,
+    /// When data on this session, after it was declared dead, was last reported.
+    stale_reported_ms: AtomicU64,
     /// Pipeline-clock time (ms) from which the keys are refused; `u64::MAX` until the
     /// control plane sets it.
     expires_ms: AtomicU64,
@@ -96,6 +98,7 @@ impl Session {
             last_tx_ms: AtomicU64::new(0),
             last_direct_rx_ms: AtomicU64::new(0),
             roam_reported_ms: AtomicU64::new(0),
+            stale_reported_ms: AtomicU64::new(0),
             roam_from: AtomicU64::new(0),
             expires_ms: AtomicU64::new(u64::MAX),
             peer_gso: AtomicBool::new(false),
@@ -247,6 +250,14 @@ impl Session {
             && self.roam_reported_ms.compare_exchange(last, now_ms, Relaxed, Relaxed).is_ok()
     }
 
+    /// Whether authenticated data on this session, which its node declared dead, is
+    /// to be reported at `now_ms`: once a second.
+    pub fn should_report_stale(&self, now_ms: u64) -> bool {
+        let last = self.stale_reported_ms.load(Relaxed);
+        (last == 0 || now_ms.saturating_sub(last) >= 1000)
+            && self.stale_reported_ms.compare_exchange(last, now_ms, Relaxed, Relaxed).is_ok()
+    }
+
     /// Packets sealed so far (the next counter).
     pub fn sent_packets(&self) -> u64 {
         self.tx_counter.load(Relaxed)
@@ -275,6 +286,16 @@ mod tests {
             })
         };
         (mk(10, 20, k1, k2, [10, 0, 0, 2]), mk(20, 10, k2, k1, [10, 0, 0, 1]))
+    }
+
+    #[test]
+    fn data_on_a_dropped_session_is_reported_once_a_second() {
+        let (a, _) = pair(Cipher::Aes128Gcm);
+        assert!(a.should_report_stale(5));
+        assert!(!a.should_report_stale(5));
+        assert!(!a.should_report_stale(1004));
+        assert!(a.should_report_stale(1005));
+        assert!(!a.should_report_stale(1500));
     }
 
     #[test]

@@ -95,7 +95,6 @@ fn ends_over(cipher: Cipher, ep: Endpoint, offload: bool) -> Ends {
         stop: Arc::new(AtomicBool::new(false)),
         offload: Arc::new(Offload::new(false, false)),
         firewall: Default::default(),
-        stale: Default::default(),
     };
     let cfg = PipelineConfig { mtu: 1420, offload: false, udp_gro: false, pin: None };
     Ends {

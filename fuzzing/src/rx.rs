@@ -157,7 +157,6 @@ impl<'p> World<'p> {
             stop: Arc::new(AtomicBool::new(false)),
             offload: Arc::new(Offload::new(false, false)),
             firewall: Default::default(),
-            stale: Default::default(),
         };
         Self {
             tx,

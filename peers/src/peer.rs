@@ -217,6 +217,11 @@ pub(crate) struct Peer {
     pub(crate) punch_answer_next: Option<Instant>,
     /// Newest first.
     pub(crate) sessions: Vec<SessionEntry>,
+    /// The session we last declared dead, kept (receive side only, until its keys
+    /// expire, a new one is made or [`crate::node::IDLE_RETIRE`] passes) so that data
+    /// the peer still sends on it proves the peer never noticed: we then start a new
+    /// session at once.
+    pub(crate) dropped: Option<SessionEntry>,
     pub(crate) driver: Driver,
     pub(crate) last_handshake: Option<Instant>,
     pub(crate) error: Option<String>,
@@ -251,6 +256,7 @@ impl Peer {
             punch: Driver::default(),
             punch_answer_next: None,
             sessions: Vec::new(),
+            dropped: None,
             driver: Driver::default(),
             last_handshake: None,
             error: None,

@@ -472,6 +472,7 @@ impl Node {
             .with_subnets(subnets)
             .with_demand(demand, demand_subnets)
             .with_serves(self.serves())
+            .with_dropped(self.peers.values().filter_map(|p| p.dropped.as_ref().map(|s| s.session.clone())))
             .with_held(self.held_sessions())
     }
 

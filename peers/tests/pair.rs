@@ -987,7 +987,24 @@ fn a_member_that_dropped_a_session_renews_it_when_data_arrives_on_it() {
     sim.lost_relayed = None;
     assert_eq!(sim.node(C).status(sim.now).stale_renewed, 0);
 
-    // A's first packet finds no session at C; C renews it at once.
+    // Data for the dropped session's index that its keys do not open (anyone may
+    // send that: the index travels in clear) starts nothing: no handshake, no state.
+    let old = sim.route(A, C).expect("A routes C");
+    let b = sim.slots[B].host.addr;
+    let relayed = |s: &Sim, bytes: &[u8]| {
+        weft_core::wire::RelayHeader { hop_limit: 3, dst: s.id(C).to_bytes(), src: s.id(A).to_bytes() }.wrap(bytes)
+    };
+    let mut forged = seal(&old, &[0; 20]);
+    let last = forged.len() - 1;
+    forged[last] ^= 1;
+    let mark = sim.log.len();
+    assert_eq!(sim.inject_data(C, b, &relayed(&sim, &forged)), Err("unknown_session"));
+    assert_eq!(sim.node(C).status(sim.now).stale_renewed, 0);
+    let from_c = sim.log[mark..].iter().filter(|x| x.from == C && is_handshake_relayed(&x.bytes)).count();
+    assert_eq!(from_c, 0, "a forgery made C start a handshake");
+
+    // A's first packet finds the session dropped at C, and its keys prove it is A's:
+    // C renews the session at once.
     assert_eq!(sim.send_data(A, C), Err("not delivered"));
     assert_eq!(sim.node(C).status(sim.now).stale_renewed, 1);
     assert!(
@@ -1000,16 +1017,10 @@ fn a_member_that_dropped_a_session_renews_it_when_data_arrives_on_it() {
     assert_eq!(sim.send_data(C, A), Ok(84));
     assert!(!sim.reasons(A).iter().any(|r| r.contains("not responding")), "{:?}", sim.reasons(A));
 
-    // Data for an index C does not hold while it has a session with the sender (a
-    // straggler of a replaced session, or a forgery) starts nothing.
-    let mut stale = seal(&sim.route(A, C).expect("A routes C"), &[0; 20]);
-    stale[4..8].copy_from_slice(&0x0bad_0bad_u32.to_le_bytes());
-    let b = sim.slots[B].host.addr;
-    let frame = weft_core::wire::RelayHeader { hop_limit: 3, dst: sim.id(C).to_bytes(), src: sim.id(A).to_bytes() }
-        .wrap(&stale);
-    assert_eq!(sim.inject_data(C, b, &frame), Err("unknown_session"));
+    // The old session is gone at C now: more data on it (a straggler) starts nothing.
+    let straggler = relayed(&sim, &seal(&old, &[0; 20]));
     sim.run(Duration::from_secs(2));
-    assert_eq!(sim.inject_data(C, b, &frame), Err("unknown_session"));
+    assert_eq!(sim.inject_data(C, b, &straggler), Err("unknown_session"));
     assert_eq!(sim.node(C).status(sim.now).stale_renewed, 1);
 }
 

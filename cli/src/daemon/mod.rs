@@ -92,7 +92,6 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
         stop: Arc::new(AtomicBool::new(false)),
         offload: Arc::new(Offload::new(udp.gso, udp.gro)),
         firewall,
-        stale: Default::default(),
     };
     let data = start::pipelines(&cfg, devices.queues, devices.tun_offload, &udp, &shared)?;
     // The PSK derived above (Argon2id, once): the handshake, its MACs and the LAN

@@ -353,9 +353,7 @@ impl Runtime {
             }
             ControlEvent::Direct { local_index, from } => self.engine.handle(now, Input::Direct { local_index, from }),
             ControlEvent::Unrouted { dst, packet } => self.engine.handle(now, Input::Unrouted { dst, packet: &packet }),
-            ControlEvent::StaleSession { from, via } => {
-                self.engine.handle(now, Input::StaleSession { from, via: via.map(NodeId::from_bytes) })
-            }
+            ControlEvent::StaleSession { local_index } => self.engine.handle(now, Input::StaleSession { local_index }),
         }
     }
 

@@ -13,7 +13,6 @@
 use std::io;
 use std::net::UdpSocket;
 use std::sync::Arc;
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
@@ -89,43 +88,13 @@ pub enum ControlEvent {
         /// The IP packet.
         packet: Vec<u8>,
     },
-    /// Data arrived for a session index this node does not hold (reported at most
-    /// once a second per sender, see [`StaleReports`]): the sender still uses a
-    /// session this node dropped, and the control plane may start a new one.
+    /// Data authenticated by a session this node declared dead
+    /// ([`RouteSnapshot::dropped_by_index`]; reported at most once a second per
+    /// session): its peer still uses it, and the control plane may start a new one.
     StaleSession {
-        /// Sender (the last relay when `via` is set).
-        from: Endpoint,
-        /// The node that sent it through relays, if it was relayed.
-        via: Option<[u8; 8]>,
+        /// The dropped session's local index.
+        local_index: u32,
     },
-}
-
-/// How many senders [`StaleReports`] tells apart (a hash of the sender picks a slot).
-const STALE_SLOTS: usize = 64;
-
-/// Limits [`ControlEvent::StaleSession`] to one a second per sender: a slot per
-/// sender hash holds when it was last reported (pipeline milliseconds). Two senders
-/// in one slot share the limit; forged data costs the control plane at most one
-/// event a second per slot.
-#[derive(Debug)]
-pub struct StaleReports([AtomicU64; STALE_SLOTS]);
-
-impl Default for StaleReports {
-    fn default() -> Self {
-        Self(std::array::from_fn(|_| AtomicU64::new(0)))
-    }
-}
-
-impl StaleReports {
-    /// Whether data for an unknown session from `from` (through `via`) at `now_ms`
-    /// is to be reported; claims the sender's slot when it is.
-    pub fn should_report(&self, now_ms: u64, from: &Endpoint, via: Option<[u8; 8]>) -> bool {
-        let key = via.map_or_else(|| from.key(), u64::from_le_bytes);
-        let slot = &self.0[(key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 58) as usize % STALE_SLOTS];
-        let last = slot.load(Relaxed);
-        (last == 0 || now_ms.saturating_sub(last) >= 1000)
-            && slot.compare_exchange(last, now_ms, Relaxed, Relaxed).is_ok()
-    }
 }
 
 /// What all pipelines of a node share.
@@ -145,8 +114,6 @@ pub struct Shared {
     pub offload: Arc<Offload>,
     /// The access policy and its connection table (none in force: everything passes).
     pub firewall: Arc<weft_core::firewall::Firewall>,
-    /// The limit on [`ControlEvent::StaleSession`] reports.
-    pub stale: Arc<StaleReports>,
 }
 
 /// Counters of one pipeline, written once per batch by its own threads.
@@ -338,25 +305,6 @@ mod tests {
         ip[20..22].copy_from_slice(&port.to_be_bytes());
         ip[32] = 5 << 4;
         b
-    }
-
-    #[test]
-    fn stale_sessions_are_reported_once_a_second_per_sender() {
-        use crate::pipeline::StaleReports;
-        use crate::transport::Endpoint;
-        let r = StaleReports::default();
-        let relay = Endpoint::udp("192.0.2.2:11010".parse().unwrap());
-        let (a, c) = (Some([1u8; 8]), Some([3u8; 8]));
-        assert!(r.should_report(5, &relay, a));
-        assert!(!r.should_report(5, &relay, a), "twice in one millisecond");
-        assert!(!r.should_report(1004, &relay, a), "within the second");
-        // Another sender through the same relay has a slot of its own (these two do
-        // not share one), and a direct sender is told by its address.
-        assert!(r.should_report(6, &relay, c));
-        assert!(r.should_report(7, &relay, None));
-        assert!(!r.should_report(8, &relay, None));
-        assert!(r.should_report(1005, &relay, a), "a second later");
-        assert!(!r.should_report(1500, &relay, a));
     }
 
     #[test]

@@ -496,10 +496,14 @@ pub(super) fn open<'r>(
     };
     let Some(session) = routes.session_by_index(hdr.receiver_index) else {
         stats.drops.add(DropReason::UnknownSession, 1);
-        // The sender may still use a session this node dropped: tell the control
-        // plane (once a second per sender), which may start a new one.
-        if shared.stale.should_report(now, &from, via)
-            && !shared.control.try_push(ControlEvent::StaleSession { from, via })
+        // A session this node declared dead, whose peer proves with its keys that it
+        // still sends on it: the control plane (told once a second) may start a new
+        // one. Anything else for an unknown index changes nothing.
+        if let Some(dropped) = routes.dropped_by_index(hdr.receiver_index)
+            && !dropped.is_expired(now)
+            && dropped.open(&hdr, data).is_ok()
+            && dropped.should_report_stale(now)
+            && !shared.control.try_push(ControlEvent::StaleSession { local_index: dropped.local_index })
         {
             stats.drops.add(DropReason::ControlQueueFull, 1);
         }

@@ -150,15 +150,12 @@ pub enum Input<'a> {
         /// The IP packet.
         packet: &'a [u8],
     },
-    /// Data arrived for a session index we do not hold: its sender still uses a
-    /// session we dropped (we declared it dead, or retired it). The engine starts a
-    /// new handshake with that member, so that it moves to a new session at once
-    /// instead of sending into nothing until its own timer gives up.
+    /// Data authenticated by a session we declared dead: its peer still uses it. The
+    /// engine starts a new handshake with that member, so that it moves to a new
+    /// session at once instead of sending into nothing until its own timer gives up.
     StaleSession {
-        /// Sender (the last relay when `via` is set).
-        from: Endpoint,
-        /// The node that sent it through relays, if it was relayed.
-        via: Option<NodeId>,
+        /// The dropped session's local index.
+        local_index: u32,
     },
 }
 

@@ -42,6 +42,13 @@ impl Node {
             self.published.routes_dirty = true;
         }
         let kept = peer.anchor() != Anchor::None;
+        if let Some(d) = &peer.dropped
+            && (d.session.is_expired(now_ms)
+                || peer.down_since.is_none_or(|t| now.saturating_duration_since(t) >= IDLE_RETIRE))
+        {
+            peer.dropped = None;
+            self.published.routes_dirty = true;
+        }
         let Some(tx) = peer.tx().cloned() else {
             if peer.sessions.is_empty() && peer.path.is_direct() && !kept {
                 peer.path.lose_direct();
@@ -62,6 +69,7 @@ impl Node {
             let msg = format!("peer not responding: nothing received for {} s", silent / 1000);
             warn!(peer = %peer.id, "{msg}");
             peer.error = Some(msg);
+            peer.dropped = peer.tx().cloned();
             peer.sessions.clear();
             peer.down_since = Some(now);
             peer.driver = Driver::default();

@@ -358,7 +358,7 @@ impl Node {
             Input::Discovered { endpoint } => self.handle_discovered(now, endpoint),
             Input::LinkDown { endpoint, error } => self.handle_link_down(now, endpoint, error),
             Input::Unrouted { dst, packet } => self.handle_unrouted(now, dst, packet),
-            Input::StaleSession { from, via } => self.handle_stale_session(now, from, via),
+            Input::StaleSession { local_index } => self.handle_stale_session(now, local_index),
         }
         self.finish_step(now);
     }
@@ -554,6 +554,7 @@ impl Node {
     pub(crate) fn close_sessions(&mut self, now: Instant, key: PeerKey, why: &str) {
         let Some(p) = self.peers.get_mut(&key) else { return };
         p.sessions.clear();
+        p.dropped = None;
         p.path = PeerPath::Relayed { last: None };
         p.down_since = Some(now);
         p.error = Some(why.to_owned());

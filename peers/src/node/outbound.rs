@@ -92,26 +92,15 @@ impl Node {
         d.backoff.max(self.cfg.timers.initial_backoff)
     }
 
-    /// Data arrived for a session index we do not hold, from `from` (through `via`):
-    /// the member that sent it still uses a session we dropped — we declared it dead
-    /// while it heard from us, or retired it — and would send into nothing until its
-    /// own timer gives up. A new handshake moves it to a new session at once. Only for
-    /// a member we know and have no session with, no handshake in flight, past the
-    /// backoff, and not revoked: forged data (the pipelines report a sender at most
-    /// once a second) makes us start at most the handshakes the backoff allows.
-    pub(super) fn handle_stale_session(&mut self, now: Instant, from: Endpoint, via: Option<NodeId>) {
-        let key = match via {
-            Some(id) => self.peers.key_of(&id),
-            None => {
-                let mut sent_it = self.peers.iter().filter(|(_, p)| p.path.endpoint() == Some(from)).map(|(k, _)| *k);
-                match (sent_it.next(), sent_it.next()) {
-                    (Some(k), None) => Some(k),
-                    _ => None,
-                }
-            }
-        };
-        let Some(key) = key else { return };
-        let Some(p) = self.peers.get(&key) else { return };
+    /// Data authenticated by the session we declared dead with a peer
+    /// ([`Peer::dropped`]): the peer never noticed, and would send into nothing until
+    /// its own timer gives up. A new handshake moves it to a new session at once. Only
+    /// while we hold no other session with it, none is in flight, the backoff allows
+    /// and it is not revoked; only the peer itself holds the keys that make the
+    /// pipelines report this, at most once a second.
+    pub(super) fn handle_stale_session(&mut self, now: Instant, local_index: u32) {
+        let dropped = |p: &Peer| p.dropped.as_ref().is_some_and(|s| s.session.local_index == local_index);
+        let Some((&key, p)) = self.peers.iter().find(|(_, p)| dropped(p)) else { return };
         if !p.sessions.is_empty()
             || p.driver.in_flight.is_some()
             || p.driver.next_attempt.is_some_and(|t| now < t)
@@ -119,7 +108,7 @@ impl Node {
         {
             return;
         }
-        info!(peer = %p.id, "data on a session we dropped: starting a new one");
+        info!(peer = %p.id, "data on a session we declared dead: starting a new one");
         self.report.stale_renewed += 1;
         self.handshake_with(now, key);
         self.touch(key);

@@ -165,6 +165,7 @@ impl Node {
         self.report.handshakes_completed += 1;
         peer.sessions.insert(0, entry);
         peer.sessions.truncate(MAX_SESSIONS);
+        peer.dropped = None;
         peer.last_handshake = Some(now);
         peer.error = None;
         peer.down_since = None;
