@@ -846,12 +846,9 @@ mod tests {
         async fn quic_sparse_frames_leave_while_the_stream_waits_for_credit() {
             use crate::transport::links::Lane;
             use weft_core::wire::{DATA_HEADER_LEN, DataHeader, FLAG_GSO, FLAG_SPARSE};
-            let (links, _inbound) = Links::new(64);
-            let (down_tx, _down) = mpsc::channel(64);
-            let server = Connector::new(links.clone(), down_tx, Some(tls()), 16, 1500, macs()).expect("connector");
-            let addr =
-                server.listen(Endpoint::new(Proto::Quic, "127.0.0.1:0".parse().expect("addr"))).await.expect("listen");
-            let (conn, client) = quic_client(addr).await;
+            let l = listener(Proto::Quic, 16).await;
+            let links = l.conn.links().clone();
+            let (conn, client) = quic_client(l.addr).await;
             let port = client.quic_endpoint().expect("client endpoint").local_addr().expect("local").port();
             let ep = Endpoint::new(Proto::Quic, SocketAddr::from(([127, 0, 0, 1], port)));
             let mut w = conn.open_uni().await.expect("stream");

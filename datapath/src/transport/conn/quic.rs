@@ -127,6 +127,8 @@ impl Connector {
         let mut next_id: u16 = 0;
         let mut stream: Option<quinn::SendStream> = None;
         let mut records = Vec::new();
+        // What a stream write is writing while `records` gathers what comes next.
+        let mut writing = Vec::new();
         while let Some(batch) = queue.recv().await {
             // A large batch of stream frames alone goes as it is, lent rather than
             // copied: quinn keeps it until the peer acknowledges it, then it returns
@@ -151,9 +153,10 @@ impl Connector {
                     stream = Some(conn.open_uni().await.map_err(|e| e.to_string())?);
                 }
                 let Some(s) = &mut stream else { break };
-                let chunk = std::mem::take(&mut records);
-                let write = async { s.write_all(&chunk).await.map_err(|e| e.to_string()) };
+                std::mem::swap(&mut records, &mut writing);
+                let write = async { s.write_all(&writing).await.map_err(|e| e.to_string()) };
                 self.beside_stream_write(conn, &mut queue, write, &mut records, &mut next_id).await?;
+                writing.clear();
             }
         }
         Ok(())
