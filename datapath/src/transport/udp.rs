@@ -297,7 +297,10 @@ pub fn recv_batch(sock: &UdpSocket, slab: &mut [u8], slot: usize, metas: &mut [R
     let mut names: [MaybeUninit<libc::sockaddr_storage>; MAX_BATCH] = [const { MaybeUninit::uninit() }; MAX_BATCH];
     let mut hdrs: [MaybeUninit<libc::mmsghdr>; MAX_BATCH] = [const { MaybeUninit::uninit() }; MAX_BATCH];
     // u64 elements keep the control buffers aligned for cmsghdr.
-    let mut cmsgs = [[0u64; RECV_CMSG / 8]; MAX_BATCH];
+    // Only the first n are handed to the kernel (and zeroed): a receive thread offers
+    // four slots with GRO, and zeroing all MAX_BATCH (12 KiB) was a cost of every idle
+    // packet (bench/RESULTS.md §50).
+    let mut cmsgs: [MaybeUninit<[u64; RECV_CMSG / 8]>; MAX_BATCH] = [const { MaybeUninit::uninit() }; MAX_BATCH];
     let base = slab.as_mut_ptr();
     for i in 0..n {
         // SAFETY: i * slot + slot <= slab.len() because n <= slab.len() / slot, so the
@@ -310,7 +313,7 @@ pub fn recv_batch(sock: &UdpSocket, slab: &mut [u8], slot: usize, metas: &mut [R
         h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
         h.msg_hdr.msg_iov = iovs[i].as_mut_ptr();
         h.msg_hdr.msg_iovlen = 1;
-        h.msg_hdr.msg_control = cmsgs[i].as_mut_ptr().cast();
+        h.msg_hdr.msg_control = cmsgs[i].write([0; RECV_CMSG / 8]).as_mut_ptr().cast();
         h.msg_hdr.msg_controllen = RECV_CMSG;
         hdrs[i].write(h);
     }
@@ -449,9 +452,11 @@ fn send_chunk<B: AsRef<[u8]>>(
     let mut addrs: [MaybeUninit<SockAddr>; MAX_BATCH] = [const { MaybeUninit::uninit() }; MAX_BATCH];
     let mut iovs: [MaybeUninit<libc::iovec>; MAX_BATCH] = [const { MaybeUninit::uninit() }; MAX_BATCH];
     let mut hdrs: [MaybeUninit<libc::mmsghdr>; MAX_BATCH] = [const { MaybeUninit::uninit() }; MAX_BATCH];
-    let mut cmsgs = [[0u64; 4]; MAX_BATCH];
+    // Written only for the messages that use them (a GSO run's segment size; the
+    // first nmsg spans): a send of one datagram touches none of the 6 KiB.
+    let mut cmsgs: [MaybeUninit<[u64; 4]>; MAX_BATCH] = [const { MaybeUninit::uninit() }; MAX_BATCH];
     // First datagram index and datagram count of each message.
-    let mut spans = [(0usize, 0usize); MAX_BATCH];
+    let mut spans: [MaybeUninit<(usize, usize)>; MAX_BATCH] = [const { MaybeUninit::uninit() }; MAX_BATCH];
     let (mut nmsg, mut niov) = (0, 0);
     let mut i = 0;
     while i < out.len() {
@@ -493,10 +498,10 @@ fn send_chunk<B: AsRef<[u8]>>(
         h.msg_hdr.msg_iov = unsafe { iovs.as_mut_ptr().add(iov_start) }.cast();
         h.msg_hdr.msg_iovlen = count;
         if count > 1 {
-            set_gso_segment(&mut h, &mut cmsgs[nmsg], first.len as u16);
+            set_gso_segment(&mut h, cmsgs[nmsg].write([0; 4]), first.len as u16);
         }
         hdrs[nmsg].write(h);
-        spans[nmsg] = (i, count);
+        spans[nmsg].write((i, count));
         nmsg += 1;
         i = j.max(i + 1);
     }
@@ -517,7 +522,8 @@ fn send_chunk<B: AsRef<[u8]>>(
         if e.kind() == io::ErrorKind::Interrupted {
             continue;
         }
-        let (first, count) = spans[done];
+        // SAFETY: done < nmsg, and the first nmsg spans were written above.
+        let (first, count) = unsafe { spans[done].assume_init() };
         if count > 1 && matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL)) {
             result = Err((first, e));
             break;
