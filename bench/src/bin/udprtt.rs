@@ -57,8 +57,8 @@ enum Role {
         /// The echo.
         #[arg(long)]
         to: SocketAddr,
-        #[arg(long, default_value_t = 500)]
-        count: usize,
+        #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..))]
+        count: u32,
         #[arg(long, default_value_t = 10)]
         interval_ms: u64,
         /// Weft's socket without UDP GRO.
@@ -83,6 +83,8 @@ const READ_TIMEOUT: Duration = Duration::from_millis(200);
 struct End {
     mode: Mode,
     sock: UdpSocket,
+    /// The connected socket's peer, read once (not a `getpeername` per receive).
+    peer: Option<SocketAddr>,
     slab: Vec<u8>,
     metas: Vec<RecvMeta>,
     offload: Offload,
@@ -91,10 +93,12 @@ struct End {
 impl End {
     fn new(mode: Mode, sock: UdpSocket, gro: bool) -> Self {
         let gro = mode == Mode::Weft && gro && udp::enable_gro(&sock);
+        let peer = sock.peer_addr().ok();
         // The receive thread's slots with GRO, as the tunnel's (four of 64 KiB).
         Self {
             mode,
             sock,
+            peer,
             slab: vec![0u8; 4 * 65_536],
             metas: vec![RecvMeta::default(); 4],
             offload: Offload::new(false, gro),
@@ -106,7 +110,7 @@ impl End {
         let r = match self.mode {
             Mode::Plain => self.sock.recv_from(&mut self.slab),
             Mode::Connected => {
-                let peer = self.sock.peer_addr()?;
+                let peer = self.peer.context("connected socket without a peer")?;
                 self.sock.recv(&mut self.slab).map(|n| (n, peer))
             }
             Mode::Weft => udp::recv_batch(&self.sock, &mut self.slab, 65_536, &mut self.metas)
@@ -178,7 +182,7 @@ fn echo(mode: Mode, listen: SocketAddr, peer: SocketAddr, seconds: u64, sockets:
     Ok(())
 }
 
-fn ping(mode: Mode, bind: SocketAddr, to: SocketAddr, count: usize, interval: Duration, gro: bool) -> Result<()> {
+fn ping(mode: Mode, bind: SocketAddr, to: SocketAddr, count: u32, interval: Duration, gro: bool) -> Result<()> {
     let sock = match mode {
         Mode::Plain => plain_socket(bind)?,
         Mode::Connected => {
@@ -192,7 +196,7 @@ fn ping(mode: Mode, bind: SocketAddr, to: SocketAddr, count: usize, interval: Du
             .context("no socket")?,
     };
     let mut end = End::new(mode, sock, gro);
-    let mut rtts = Vec::with_capacity(count);
+    let mut rtts = Vec::with_capacity(count as usize);
     let mut lost = 0;
     for seq in 0..count {
         thread::sleep(interval);
@@ -201,12 +205,12 @@ fn ping(mode: Mode, bind: SocketAddr, to: SocketAddr, count: usize, interval: Du
         end.slab[..SIZE].fill(0);
         end.slab[0] = MessageType::Data as u8;
         end.slab[1] = FLAG_SPARSE;
-        end.slab[8..16].copy_from_slice(&(seq as u64).to_le_bytes());
+        end.slab[8..16].copy_from_slice(&u64::from(seq).to_le_bytes());
         let sent = Instant::now();
         end.send(SIZE, to)?;
         loop {
             match end.recv()? {
-                Some((n, _)) if n == SIZE && end.slab[8..16] == (seq as u64).to_le_bytes() => {
+                Some((n, _)) if n == SIZE && end.slab[8..16] == u64::from(seq).to_le_bytes() => {
                     rtts.push(sent.elapsed());
                     break;
                 }
@@ -223,11 +227,7 @@ fn ping(mode: Mode, bind: SocketAddr, to: SocketAddr, count: usize, interval: Du
     }
     rtts.sort();
     let q = |p: f64| rtts[((rtts.len() as f64 * p) as usize).min(rtts.len() - 1)].as_secs_f64() * 1e6;
-    let name = match mode {
-        Mode::Plain => "plain",
-        Mode::Connected => "connected",
-        Mode::Weft => "weft",
-    };
+    let name = mode.to_possible_value().map(|v| v.get_name().to_owned()).unwrap_or_default();
     println!("{name} p50 {:.1} p90 {:.1} p99 {:.1} us n {} lost {lost}", q(0.5), q(0.9), q(0.99), rtts.len());
     Ok(())
 }
