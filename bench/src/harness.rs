@@ -195,7 +195,7 @@ impl Host {
                 Action::SetAddress { old, new, prefix } => self.addresses.push((old, new, prefix)),
                 Action::SaveNames(names) => self.names = Some(names),
                 Action::SaveRevocations(list) => self.revocations = list,
-                Action::SaveIssued(_) | Action::PolicyChanged(_) => {}
+                Action::SaveIssued(_) | Action::PolicyChanged(_) | Action::PolicyRefused(_) => {}
                 Action::Send { to, bytes } => {
                     self.ctl_datagrams += 1;
                     self.ctl_bytes += bytes.len() as u64;

@@ -250,7 +250,17 @@ fn a_signed_policy_handed_to_one_member_reaches_every_member_and_uses_certificat
 
     let pol = dir.0.join("signed.toml");
     write(&pol, "[[allow]]\nfrom = [\"group:admins\"]\nto = [\"*\"]\nproto = \"icmp\"\n");
-    let signed = weft(&["authority", "sign-policy", "--key", &key, pol.to_str().unwrap(), "--policy-version", "7"]);
+    let signed = weft(&[
+        "authority",
+        "sign-policy",
+        "--key",
+        &key,
+        "--network-name",
+        "policy",
+        pol.to_str().unwrap(),
+        "--policy-version",
+        "7",
+    ]);
     assert!(signed.starts_with("weft-policy:"), "{signed}");
     let pushed = std::time::Instant::now();
     let said = weft(&["policy", "push", &signed, "--control", adm.control.to_str().unwrap()]);
@@ -282,7 +292,17 @@ fn a_signed_policy_handed_to_one_member_reaches_every_member_and_uses_certificat
     // member's groups: closed, not open.
     wait_until(Duration::from_secs(15), "the returning member lets the admins in", || ping(&lan.hosts[1], IPS[2]));
     // An older version is not taken.
-    let old = weft(&["authority", "sign-policy", "--key", &key, pol.to_str().unwrap(), "--policy-version", "6"]);
+    let old = weft(&[
+        "authority",
+        "sign-policy",
+        "--key",
+        &key,
+        "--network-name",
+        "policy",
+        pol.to_str().unwrap(),
+        "--policy-version",
+        "6",
+    ]);
     let said = weft(&["policy", "push", &old, "--control", srv.control.to_str().unwrap()]);
     assert!(said.contains("not newer"), "{said}");
 }

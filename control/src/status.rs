@@ -444,6 +444,10 @@ pub struct PolicyJson {
     pub table_full: u64,
     /// New flows each rule admitted, in rule order.
     pub hits: Vec<u64>,
+    /// Why the policy the authority signed for this network cannot be applied here:
+    /// the node denies every flow but its own until one that can arrives.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
 }
 
 /// Which network secret a peer's session uses.

@@ -3,10 +3,19 @@
 //! A [`Policy`] is parsed from TOML (`weft policy check FILE`, config `policy =
 //! FILE`): named groups, `[[allow]]` rules from sources to destinations by protocol
 //! and ports, and `[[test]]`s that must hold. Default deny once a policy exists.
-//! Selectors name members by host name or node id, CIDRs (proxied subnets and portal
-//! clients included), `group:NAME` (the file's groups, then the groups of members'
-//! certificates), `*` (anyone), and on the destination side `internet` (anything
-//! outside the overlay, reached through an exit).
+//! Selectors name members by host name or by key (`id:HEX`: the node key's 64 hex
+//! digits as `weft id` prints them, a prefix of at least 16 of them, or the 16-digit
+//! node id `weft peers` shows; a bare 64-digit key works too), CIDRs (proxied subnets
+//! and portal clients included), `group:NAME` (the file's groups, then the groups of
+//! members' certificates), `*` (anyone), and on the destination side `internet`
+//! (anything outside the overlay, reached through an exit).
+//!
+//! Names are claims a member makes of itself, so a name selector matches only the
+//! member the name is bound to ([`Member::name`]: the caller fills it from a
+//! certificate or the node's first-holder bindings, and leaves it empty for a member
+//! that merely claims a name another holds). A member as a destination is its own
+//! addresses and the subnets it proxies, never an exit's default route: only
+//! `internet` reaches through an exit.
 //!
 //! [`Policy::compile`] resolves the selectors against what the node knows of the
 //! members ([`Member`]) into a [`Compiled`] matcher: each rule's source and
@@ -43,7 +52,7 @@ pub enum PolicyError {
     #[error("{0}")]
     Syntax(String),
     /// A selector that is none of the forms.
-    #[error("{0}: {1:?} is not a host name, node id, CIDR, group:NAME, * or internet")]
+    #[error("{0}: {1:?} is not a host name, id:HEX (16 to 64 hex digits), CIDR, group:NAME, * or internet")]
     Selector(String, String),
     /// A group that is not defined and not a certificate group anybody could have.
     #[error("{0}: group {1:?} refers to itself")]
@@ -107,8 +116,10 @@ pub enum Selector {
     Cidr(IpAddr, u8),
     /// A group (`group:NAME`).
     Group(String),
-    /// A member, by host name or node id (64 hex digits).
+    /// A member, by the host name bound to it.
     Member(String),
+    /// A member, by key: 16 to 64 lower-case hex digits (`id:HEX`, or a bare 64).
+    Id(String),
 }
 
 impl fmt::Display for Selector {
@@ -119,6 +130,7 @@ impl fmt::Display for Selector {
             Self::Cidr(a, p) => write!(f, "{a}/{p}"),
             Self::Group(g) => write!(f, "group:{g}"),
             Self::Member(m) => f.write_str(m),
+            Self::Id(h) => write!(f, "id:{h}"),
         }
     }
 }
@@ -135,10 +147,35 @@ fn parse_selector(s: &str, place: &str) -> Result<Selector, PolicyError> {
     if let Some(g) = s.strip_prefix("group:") {
         return if valid_name(g) { Ok(Selector::Group(g.to_owned())) } else { Err(bad()) };
     }
+    if let Some(h) = s.strip_prefix("id:") {
+        let hex = (16..=64).contains(&h.len()) && h.chars().all(|c| c.is_ascii_hexdigit());
+        return if hex { Ok(Selector::Id(h.to_ascii_lowercase())) } else { Err(bad()) };
+    }
     if let Some((a, p)) = parse_cidr(s) {
         return Ok(Selector::Cidr(a, p));
     }
+    // A whole node key, as `weft id` prints it: never a host name.
+    if s.len() == 64 && s.chars().all(|c| c.is_ascii_hexdigit()) {
+        return Ok(Selector::Id(s.to_ascii_lowercase()));
+    }
     if valid_name(s) { Ok(Selector::Member(s.to_owned())) } else { Err(bad()) }
+}
+
+/// The members selector `id:h` names: the one whose key is `h` or starts with it, or
+/// whose 16-digit node id is `h`. A prefix two members share names nobody.
+fn by_id<'m>(members: &'m [Member], h: &str) -> Option<&'m Member> {
+    let mut found = members.iter().filter(|m| {
+        m.key.len() == 64 && m.key.get(..h.len()).is_some_and(|k| k.eq_ignore_ascii_case(h))
+            || (h.len() == 16 && m.node_id.eq_ignore_ascii_case(h))
+    });
+    let first = found.next()?;
+    found.all(|m| m.key == first.key).then_some(first)
+}
+
+/// The member bound to host name `name` (names are case-insensitive; an empty name
+/// is no binding).
+fn by_name<'m>(members: &'m [Member], name: &str) -> Option<&'m Member> {
+    members.iter().find(|m| !m.name.is_empty() && m.name.eq_ignore_ascii_case(name))
 }
 
 fn valid_name(s: &str) -> bool {
@@ -272,15 +309,20 @@ pub struct Policy {
 /// What a node knows of one member when it compiles a policy.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Member {
-    /// Its node id (64 hex digits).
+    /// Its node id (16 hex digits, as `weft peers` shows it).
     pub node_id: String,
-    /// Its host name.
+    /// Its node key (64 hex digits, as `weft id` prints it).
+    pub key: String,
+    /// The host name bound to it: its certificate's, or without an authority the
+    /// name it claimed first among members this node saw. Empty when it claims a
+    /// name another member holds: name selectors then never match it.
     pub name: String,
     /// Its overlay addresses.
     pub addrs: Vec<IpAddr>,
     /// The groups of its certificate.
     pub groups: Vec<String>,
-    /// Subnets it proxies (`group:` and member selectors include them as destinations).
+    /// Subnets it proxies and this node accepts from it (`group:` and member selectors
+    /// include them as destinations; a default route never counts).
     pub subnets: Vec<(IpAddr, u8)>,
 }
 
@@ -401,18 +443,17 @@ impl Policy {
                             out.extend(member_ranges(m, dest));
                         }
                     }
-                    Selector::Member(name) => {
-                        let found: Vec<&Member> = members
-                            .iter()
-                            .filter(|m| m.name == name || m.node_id.eq_ignore_ascii_case(&name))
-                            .collect();
-                        for m in &found {
-                            out.extend(member_ranges(m, dest));
+                    Selector::Member(name) => match by_name(members, &name) {
+                        Some(m) => out.extend(member_ranges(m, dest)),
+                        None => {
+                            if let Some(a) = self.hosts.get(&name) {
+                                out.push(Range::of(*a, if a.is_ipv4() { 32 } else { 128 }));
+                            }
                         }
-                        if found.is_empty()
-                            && let Some(a) = self.hosts.get(&name)
-                        {
-                            out.push(Range::of(*a, if a.is_ipv4() { 32 } else { 128 }));
+                    },
+                    Selector::Id(h) => {
+                        if let Some(m) = by_id(members, &h) {
+                            out.extend(member_ranges(m, dest));
                         }
                     }
                 }
@@ -447,15 +488,34 @@ impl Policy {
         let (mut passed, mut skipped) = (0, 0);
         for (i, t) in self.tests.iter().enumerate() {
             let place = i + 1;
-            let (Some(from), Some(to)) = (self.addr_of(&t.from, members), self.addr_of(&t.to, members)) else {
+            // Offline (`weft policy check`), an end without an address is taken by its
+            // name: the rules that name it (or its groups, or `*`) decide.
+            let end = |who: &str| match self.addr_of(who, members) {
+                Some(a) => Some(End::Addr(a)),
+                None if strict && members.is_empty() => match parse_selector(who, "") {
+                    Ok(Selector::Member(n)) => Some(End::Name(Selector::Member(n))),
+                    Ok(Selector::Id(h)) => Some(End::Name(Selector::Id(h))),
+                    _ => None,
+                },
+                None => None,
+            };
+            let (Some(from), Some(to)) = (end(&t.from), end(&t.to)) else {
                 if !strict {
                     skipped += 1;
                     continue;
                 }
-                let who = if self.addr_of(&t.from, members).is_none() { &t.from } else { &t.to };
+                let who = if end(&t.from).is_none() { &t.from } else { &t.to };
                 return Err(PolicyError::TestFailed(place, format!("{who:?} is no member, address or [hosts] name")));
             };
-            let got = c.allows(from, to, t.proto, t.port);
+            let got = match (&from, &to) {
+                (End::Addr(s), End::Addr(d)) => c.allows(*s, *d, t.proto, t.port),
+                _ => self.rules.iter().position(|r| {
+                    r.proto.covers(t.proto)
+                        && r.port_ok(t.port, t.proto)
+                        && self.covers(&r.from, &from, members, overlay, false)
+                        && self.covers(&r.to, &to, members, overlay, true)
+                }),
+            };
             if got.is_some() != t.allow {
                 let what = match got {
                     Some(r) => format!("allowed by rule {}", r + 1),
@@ -477,23 +537,51 @@ impl Policy {
         Ok((passed, skipped))
     }
 
+    /// Whether selectors `sel` cover one end of a test.
+    fn covers(&self, sel: &[Selector], end: &End, members: &[Member], overlay: &[(IpAddr, u8)], dest: bool) -> bool {
+        match end {
+            End::Addr(a) => {
+                let (v6, k) = key(*a);
+                self.ranges(sel, members, overlay, dest).iter().any(|r| r.v6 == v6 && r.lo <= k && k <= r.hi)
+            }
+            End::Name(n) => sel.iter().any(|s| self.names(s, n)),
+        }
+    }
+
+    /// Whether selector `s` names member selector `n` (offline: `*`, the same name or
+    /// id, or a file group holding it).
+    fn names(&self, s: &Selector, n: &Selector) -> bool {
+        match (s, n) {
+            (Selector::Any, _) => true,
+            (Selector::Member(a), Selector::Member(b)) => a.eq_ignore_ascii_case(b),
+            (Selector::Id(a), Selector::Id(b)) => a == b,
+            (Selector::Group(g), _) => self
+                .expand_group(g, &mut Vec::new())
+                .unwrap_or_default()
+                .iter()
+                .any(|e| !matches!(e, Selector::Group(_)) && self.names(e, n)),
+            _ => false,
+        }
+    }
+
     /// The address a test names: a member's, a `[hosts]` entry's, or a literal.
     pub fn addr_of(&self, name: &str, members: &[Member]) -> Option<IpAddr> {
         if let Ok(a) = name.parse::<IpAddr>() {
             return Some(a);
         }
-        members
-            .iter()
-            .find(|m| m.name == name || m.node_id.eq_ignore_ascii_case(name))
-            .and_then(|m| m.addrs.first().copied())
-            .or_else(|| self.hosts.get(name).copied())
+        let member = match parse_selector(name, "") {
+            Ok(Selector::Id(h)) => by_id(members, &h),
+            _ => by_name(members, name),
+        };
+        member.and_then(|m| m.addrs.first().copied()).or_else(|| self.hosts.get(name).copied())
     }
 }
 
 fn member_ranges(m: &Member, dest: bool) -> Vec<Range> {
     let mut v: Vec<Range> = m.addrs.iter().map(|&a| Range::of(a, if a.is_ipv4() { 32 } else { 128 })).collect();
     if dest {
-        v.extend(m.subnets.iter().map(|&(a, p)| Range::of(a, p)));
+        // An exit's default route is not the member: only `internet` reaches there.
+        v.extend(m.subnets.iter().filter(|&&(_, p)| p != 0).map(|&(a, p)| Range::of(a, p)));
     }
     v
 }
@@ -553,6 +641,12 @@ fn split_port(s: &str) -> (&str, Option<&str>) {
         return (a, Some(p));
     }
     (s, None)
+}
+
+/// One end of a `[[test]]`: an address, or offline a member known by name or id only.
+enum End {
+    Addr(IpAddr),
+    Name(Selector),
 }
 
 /// An inclusive address range of one family (IPv4 as the low 32 bits).
@@ -692,12 +786,8 @@ pub fn unresolved(policy: &Policy, members: &[Member]) -> Vec<String> {
     let all = policy.rules.iter().flat_map(|r| r.from.iter().chain(&r.to)).chain(policy.groups.values().flatten());
     for s in all {
         let name = match s {
-            Selector::Member(n)
-                if !members.iter().any(|m| m.name == *n || m.node_id.eq_ignore_ascii_case(n))
-                    && !policy.hosts.contains_key(n) =>
-            {
-                n.clone()
-            }
+            Selector::Member(n) if by_name(members, n).is_none() && !policy.hosts.contains_key(n) => n.clone(),
+            Selector::Id(h) if by_id(members, h).is_none() => format!("id:{h}"),
             Selector::Group(g) if !policy.groups.contains_key(g) && !known_groups.contains(g.as_str()) => {
                 format!("group:{g}")
             }
@@ -712,20 +802,26 @@ pub fn unresolved(policy: &Policy, members: &[Member]) -> Vec<String> {
 
 /// Prefix of a signed policy's text form.
 pub const SIGNED_POLICY_PREFIX: &str = "weft-policy:";
-const POLICY_DOMAIN: &[u8] = b"weft policy 1\0";
-const POLICY_FORMAT: u8 = 1;
+const POLICY_DOMAIN_1: &[u8] = b"weft policy 1\0";
+const POLICY_DOMAIN: &[u8] = b"weft policy 2\0";
+const POLICY_FORMAT: u8 = 2;
 /// Longest policy text a signed policy carries.
 pub const MAX_POLICY_TEXT: usize = 60_000;
 
-/// A policy the network's authority signed, with a version: the mesh carries it to
-/// every member and the newest valid version wins.
+/// A policy the network's authority signed for one network, with a version: the mesh
+/// carries it to every member and the newest valid version wins.
 ///
-/// Format 1: `u8 1, [32] authority, u64 version (BE), u32 length (BE) + the policy's
-/// TOML text, [64] Ed25519 signature over "weft policy 1\0" ‖ everything before it`.
+/// Format 2: `u8 2, [32] authority, u8 length + the network's name, u64 version (BE),
+/// u32 length (BE) + the policy's TOML text, [64] Ed25519 signature over "weft policy
+/// 2\0" ‖ everything before it`. Format 1 (no network name, "weft policy 1\0") is
+/// still read, so a node keeps the policy it held before an upgrade; members take it
+/// from nobody else ([`SignedPolicy::network`] is `None`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SignedPolicy {
     /// The authority that signed it.
     pub authority: crate::cert::AuthorityId,
+    /// The network it was signed for (`None`: format 1, bound to none).
+    pub network: Option<String>,
     /// Its version: a newer one replaces it.
     pub version: u64,
     /// The policy file's text.
@@ -734,21 +830,40 @@ pub struct SignedPolicy {
 }
 
 impl SignedPolicy {
-    /// Signs `text` (which must parse) as version `version`.
-    pub fn sign(key: &crate::cert::AuthorityKey, version: u64, text: &str) -> Result<Self, String> {
+    /// Signs `text` (which must parse) for network `network` as version `version`.
+    pub fn sign(key: &crate::cert::AuthorityKey, network: &str, version: u64, text: &str) -> Result<Self, String> {
         Policy::parse(text).map_err(|e| e.to_string())?;
         if text.len() > MAX_POLICY_TEXT {
             return Err(format!("the policy is over {MAX_POLICY_TEXT} bytes"));
         }
-        let mut p = Self { authority: key.id(), version, text: text.to_owned(), signature: [0; 64] };
+        if network.is_empty() || network.len() > crate::cert::MAX_NAME {
+            return Err(format!("a network name of 1 to {} bytes", crate::cert::MAX_NAME));
+        }
+        let mut p = Self {
+            authority: key.id(),
+            network: Some(network.to_owned()),
+            version,
+            text: text.to_owned(),
+            signature: [0; 64],
+        };
         p.signature = key.sign(POLICY_DOMAIN, &p.body());
         Ok(p)
     }
 
     fn body(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(45 + self.text.len());
-        b.push(POLICY_FORMAT);
-        b.extend_from_slice(&self.authority.0);
+        let mut b = Vec::with_capacity(46 + self.text.len());
+        match &self.network {
+            Some(n) => {
+                b.push(POLICY_FORMAT);
+                b.extend_from_slice(&self.authority.0);
+                b.push(n.len() as u8);
+                b.extend_from_slice(n.as_bytes());
+            }
+            None => {
+                b.push(1);
+                b.extend_from_slice(&self.authority.0);
+            }
+        }
         b.extend_from_slice(&self.version.to_be_bytes());
         b.extend_from_slice(&(self.text.len() as u32).to_be_bytes());
         b.extend_from_slice(self.text.as_bytes());
@@ -767,8 +882,12 @@ impl SignedPolicy {
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, crate::cert::CertError> {
         use crate::cert::{CertError, Reader};
         let mut r = Reader(bytes);
-        crate::cert::check_format(r.u8()?, POLICY_FORMAT)?;
+        let format = r.u8()?;
+        if format != 1 {
+            crate::cert::check_format(format, POLICY_FORMAT)?;
+        }
         let authority = crate::cert::AuthorityId(r.key()?);
+        let network = if format == 1 { None } else { Some(r.str("network name")?) };
         let version = r.u64()?;
         let n = r.take(4)?;
         let n = u32::from_be_bytes([n[0], n[1], n[2], n[3]]) as usize;
@@ -777,7 +896,7 @@ impl SignedPolicy {
         }
         let text = String::from_utf8(r.take(n)?.to_vec()).map_err(|_| CertError::Field("policy text"))?;
         let signature = r.signature()?;
-        Ok(Self { authority, version, text, signature })
+        Ok(Self { authority, network, version, text, signature })
     }
 
     /// The one-line text form, `weft-policy:<base64url>`.
@@ -793,8 +912,17 @@ impl SignedPolicy {
 
     /// Whether one of `trusted` signed it.
     pub fn verify(&self, trusted: &[crate::cert::AuthorityId]) -> bool {
-        trusted.contains(&self.authority)
-            && crate::cert::verify(&self.authority, POLICY_DOMAIN, &self.body(), &self.signature)
+        let domain = if self.network.is_some() { POLICY_DOMAIN } else { POLICY_DOMAIN_1 };
+        trusted.contains(&self.authority) && crate::cert::verify(&self.authority, domain, &self.body(), &self.signature)
+    }
+
+    /// Why it is not for network `network`, if it is not (format 1 names none).
+    pub fn network_refusal(&self, network: &str) -> Option<String> {
+        match &self.network {
+            Some(n) if n == network => None,
+            Some(n) => Some(format!("it was signed for network {n:?}, not {network:?}")),
+            None => Some("it names no network (signed by an older release: sign it again)".into()),
+        }
     }
 }
 
@@ -805,19 +933,28 @@ mod tests {
     #[test]
     fn a_signed_policy_round_trips_and_verifies_only_unchanged_under_its_authority() {
         let k = crate::cert::AuthorityKey::from_seed([4; 32]);
-        let p = SignedPolicy::sign(&k, 7, EXAMPLE).unwrap();
+        let p = SignedPolicy::sign(&k, "office", 7, EXAMPLE).unwrap();
         let back = SignedPolicy::from_text(&p.to_text()).unwrap();
         assert_eq!(back, p);
         assert!(back.verify(&[k.id()]));
+        assert_eq!(back.network_refusal("office"), None);
+        assert!(back.network_refusal("lab").unwrap().contains("\"lab\""));
         assert!(!back.verify(&[crate::cert::AuthorityKey::from_seed([5; 32]).id()]));
         let mut bytes = p.to_bytes();
         bytes[40] ^= 1; // the version
         assert!(!SignedPolicy::from_bytes(&bytes).unwrap().verify(&[k.id()]));
+        // The network name is signed: another name does not verify.
+        let mut other = p.clone();
+        other.network = Some("lab".into());
+        assert!(!SignedPolicy::from_bytes(&other.to_bytes()).unwrap().verify(&[k.id()]));
         let b = p.to_bytes();
         for n in 0..b.len() {
             assert!(SignedPolicy::from_bytes(&b[..n]).is_err(), "cut at {n}");
         }
-        assert!(SignedPolicy::sign(&k, 1, "[[allow]]\nfrom=[\"a b\"]\nto=[]\n").is_err(), "text that does not parse");
+        assert!(
+            SignedPolicy::sign(&k, "office", 1, "[[allow]]\nfrom=[\"a b\"]\nto=[]\n").is_err(),
+            "text that does not parse"
+        );
     }
 
     const EXAMPLE: &str = r#"
@@ -850,7 +987,8 @@ allow = false
 
     fn m(name: &str, ip: [u8; 4], groups: &[&str]) -> Member {
         Member {
-            node_id: format!("{:064x}", ip[3]),
+            node_id: format!("{:02x}", ip[3]).repeat(8),
+            key: format!("{:02x}", ip[3]).repeat(32),
             name: name.into(),
             addrs: vec![IpAddr::V4(ip.into())],
             groups: groups.iter().map(|g| (*g).to_owned()).collect(),
@@ -939,6 +1077,81 @@ allow = false
             unresolved(&Policy::parse("[[allow]]\nfrom=[\"carol\"]\nto=[\"group:x\"]\n").unwrap(), &mm),
             ["carol", "group:x"]
         );
+    }
+
+    #[test]
+    fn ids_name_keys_and_names_match_only_their_bound_member() {
+        let mut mm = members();
+        // A later member copies alice's name: the node left its name empty.
+        mm.push(Member { name: String::new(), ..m("alice", [10, 126, 126, 66], &[]) });
+        let alice_key = mm[0].key.clone();
+        let (alice, copy, db) = (ip("10.126.126.50"), ip("10.126.126.66"), ip("10.126.126.20"));
+        for sel in [
+            "alice".to_owned(),
+            format!("id:{alice_key}"),
+            alice_key.clone(),
+            format!("id:{}", &alice_key[..16]),
+            format!("id:{}", mm[0].node_id),
+        ] {
+            let text = format!("[[allow]]\nfrom=[\"{sel}\"]\nto=[\"db\"]\n");
+            let c = Policy::parse(&text).unwrap().compile(&mm, &[]);
+            assert_eq!(c.allows(alice, db, proto::TCP, 22), Some(0), "{sel}");
+            assert_eq!(c.allows(copy, db, proto::TCP, 22), None, "{sel}: the copy gets nothing");
+        }
+        // A host name that looks like an id is a name, and an id selector never
+        // matches a host name.
+        let mut named = mm.clone();
+        named[1].name = mm[0].key.clone();
+        let text = format!("[[allow]]\nfrom=[\"{alice_key}\"]\nto=[\"*\"]\n");
+        let c = Policy::parse(&text).unwrap().compile(&named, &[]);
+        assert_eq!(c.allows(db, alice, proto::TCP, 22), None, "db named itself after alice's key");
+        // A prefix two keys share names nobody.
+        let mut twins = members();
+        twins[1].key = format!("{}ff", &twins[0].key[..62]);
+        let text = format!("[[allow]]\nfrom=[\"id:{}\"]\nto=[\"*\"]\n", &twins[0].key[..20]);
+        let p = Policy::parse(&text).unwrap();
+        assert_eq!(p.compile(&twins, &[]).allows(alice, db, proto::TCP, 22), None);
+        assert_eq!(unresolved(&p, &twins), [format!("id:{}", &twins[0].key[..20])]);
+        for bad in ["id:abc", "id:xyz0123456789abcdef", "id:"] {
+            let text = format!("[[allow]]\nfrom=[\"{bad}\"]\nto=[\"*\"]\n");
+            assert!(Policy::parse(&text).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_member_as_a_destination_is_never_its_exits_default_route() {
+        let mut mm = members();
+        mm[1].subnets = vec![(ip("0.0.0.0"), 0), (ip("::"), 0), (ip("192.168.50.0"), 24)];
+        let c = Policy::parse("[[allow]]\nfrom=[\"*\"]\nto=[\"db\"]\n").unwrap().compile(&mm, &[]);
+        let alice = ip("10.126.126.50");
+        assert_eq!(c.allows(alice, ip("10.126.126.20"), proto::TCP, 22), Some(0));
+        assert_eq!(c.allows(alice, ip("192.168.50.9"), proto::TCP, 22), Some(0), "its subnet");
+        assert_eq!(c.allows(alice, ip("10.126.126.21"), proto::TCP, 22), None, "another member");
+        assert_eq!(c.allows(alice, ip("1.1.1.1"), proto::TCP, 443), None, "the internet");
+        assert_eq!(c.allows(alice, ip("2001:db8::1"), proto::TCP, 443), None);
+    }
+
+    #[test]
+    fn offline_tests_go_by_name_without_hosts() {
+        let p = Policy::parse(EXAMPLE).unwrap();
+        assert!(p.hosts.is_empty());
+        assert_eq!(p.check_tests(&[], &[]), Ok(2));
+        let wrong = format!("{EXAMPLE}\n[[test]]\nfrom = \"web\"\nto = \"db:22\"\nallow = true\n");
+        let e = Policy::parse(&wrong).unwrap().check_tests(&[], &[]).unwrap_err();
+        assert!(e.to_string().contains("denied"), "{e}");
+    }
+
+    #[test]
+    fn a_policy_signed_by_an_older_release_is_read_and_names_no_network() {
+        let k = crate::cert::AuthorityKey::from_seed([4; 32]);
+        let mut p = SignedPolicy::sign(&k, "office", 3, EXAMPLE).unwrap();
+        p.network = None;
+        p.signature = k.sign(POLICY_DOMAIN_1, &p.body());
+        let back = SignedPolicy::from_bytes(&p.to_bytes()).unwrap();
+        assert_eq!(back.network, None);
+        assert_eq!(back.to_bytes()[0], 1);
+        assert!(back.verify(&[k.id()]));
+        assert!(back.network_refusal("office").unwrap().contains("no network"));
     }
 
     /// The compiled matcher against a scan of the rules, on random packets.

@@ -197,13 +197,20 @@ pub fn policy(data: &[u8]) {
     let ip = |s: &str| s.parse::<IpAddr>().unwrap();
     let members = [
         Member {
-            node_id: "ab".repeat(32),
+            node_id: "ab".repeat(8),
+            key: "ab".repeat(32),
             name: "db".into(),
             addrs: vec![ip("10.126.0.5"), ip("fd00::5")],
             groups: vec!["servers".into()],
             subnets: vec![(ip("192.168.1.0"), 24)],
         },
-        Member { node_id: "cd".repeat(32), name: "alice".into(), addrs: vec![ip("10.126.0.6")], ..Member::default() },
+        Member {
+            node_id: "cd".repeat(8),
+            key: "cd".repeat(32),
+            name: "alice".into(),
+            addrs: vec![ip("10.126.0.6")],
+            ..Member::default()
+        },
     ];
     let overlay = [(ip("10.126.0.0"), 16), (ip("fd00::"), 64)];
     let c = p.compile(&members, &overlay);

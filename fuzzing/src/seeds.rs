@@ -148,7 +148,7 @@ pub fn seeds() -> Vec<Seed> {
                   [[allow]]\nfrom = [\"*\"]\nto = [\"web\"]\nproto = \"icmp\"\n\
                   [[test]]\nfrom = \"alice\"\nto = \"db:22\"\nallow = true\n";
     s.push(("policy", "seed-policy".into(), policy.as_bytes().to_vec()));
-    let signed = weft_core::policy::SignedPolicy::sign(&authority, 7, policy).unwrap().to_bytes();
+    let signed = weft_core::policy::SignedPolicy::sign(&authority, "office", 7, policy).unwrap().to_bytes();
     s.push(("policy", "seed-signed-policy".into(), signed.clone()));
     // Control message 9: a piece of a signed policy (version, part, parts, bytes).
     let part = [&[9u8][..], &7u64.to_le_bytes(), &0u16.to_le_bytes(), &1u16.to_le_bytes(), &signed[..200]].concat();

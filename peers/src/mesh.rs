@@ -689,14 +689,25 @@ impl Node {
         let node = rec.node();
         // The first member this node saw with a name keeps it (a later one with the
         // same name is suffixed in Magic DNS and never takes the exit's traffic).
-        if self.cfg.names.bind(&rec.hostname, node) {
-            self.actions.push_back(crate::node::Action::SaveNames(self.cfg.names.clone()));
-        }
+        let mut changed = self.cfg.names.bind(&rec.hostname, node);
         let fresh: Vec<&(std::net::IpAddr, u8)> =
             rec.proxied.iter().filter(|s| !before.contains(s) && s.1 != 0).collect();
         let unrecorded = if fresh.is_empty() { Vec::new() } else { self.unrecorded_addresses() };
+        // Without an authority the first member seen with a prefix holds it, while it
+        // announces it; a subnet this node refuses is bound to nobody.
+        if self.cfg.authorities.is_empty() && node != self.id {
+            changed |= self.cfg.names.release_subnets(node, &rec.proxied);
+            for (a, p) in &fresh {
+                if self.subnet_refusal(*a, *p, &unrecorded).is_none() {
+                    changed |= self.cfg.names.bind_subnet(*a, *p, node);
+                }
+            }
+        }
+        if changed {
+            self.actions.push_back(crate::node::Action::SaveNames(self.cfg.names.clone()));
+        }
         for (a, p) in fresh {
-            if let Some(why) = self.subnet_refusal(*a, *p, &unrecorded) {
+            if let Some(why) = self.proxied_refusal(node, *a, *p, &unrecorded) {
                 warn!(peer = %node, host = %rec.hostname, subnet = %format!("{a}/{p}"), "refused proxied subnet: {why}");
             }
         }

@@ -4,8 +4,14 @@
 //! be ground in seconds, so "the lowest id wins" would hand a copied name to whoever
 //! grinds one. The runtime keeps the bindings (and the exit pin) in the state
 //! directory ([`crate::Action::SaveNames`]), so they survive restarts.
+//!
+//! Proxied subnets are bound the same way in a network without an authority: the
+//! first member seen announcing a prefix holds it, and a later member's prefix that
+//! overlaps it (narrower or wider) is refused, until the holder's own record stops
+//! announcing it. With an authority, certificates say who may proxy what.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 
 use crate::identity::NodeId;
 
@@ -20,6 +26,8 @@ pub struct Names {
     by_name: BTreeMap<String, NodeId>,
     /// `--use-exit-node`'s value and the member it first matched.
     exit_pin: Option<(String, NodeId)>,
+    /// Proxied prefix (masked) → the member seen announcing it first.
+    subnets: BTreeMap<(IpAddr, u8), NodeId>,
 }
 
 impl Names {
@@ -31,7 +39,53 @@ impl Names {
                 by_name.entry(name.to_ascii_lowercase()).or_insert(id);
             }
         }
-        Self { by_name, exit_pin }
+        Self { by_name, exit_pin, subnets: BTreeMap::new() }
+    }
+
+    /// These subnet bindings too (read back from the state directory).
+    #[must_use]
+    pub fn with_subnets(mut self, bindings: impl IntoIterator<Item = ((IpAddr, u8), NodeId)>) -> Self {
+        for ((a, p), id) in bindings {
+            self.bind_subnet(a, p, id);
+        }
+        self
+    }
+
+    /// Every subnet binding, by prefix.
+    pub fn subnet_bindings(&self) -> impl Iterator<Item = ((IpAddr, u8), NodeId)> + '_ {
+        self.subnets.iter().map(|(k, id)| (*k, *id))
+    }
+
+    /// A bound prefix overlapping `a/p` that a member other than `id` holds.
+    pub fn subnet_holder(&self, a: IpAddr, p: u8, id: NodeId) -> Option<((IpAddr, u8), NodeId)> {
+        self.subnets
+            .iter()
+            .find(|(k, holder)| **holder != id && weft_core::route::overlaps_ip(a, p, k.0, k.1))
+            .map(|(k, id)| (*k, *id))
+    }
+
+    /// Binds `a/p` to `id` unless a prefix overlapping it is another member's (a /0,
+    /// an exit's offer, is never bound); true when it was new.
+    pub(crate) fn bind_subnet(&mut self, a: IpAddr, p: u8, id: NodeId) -> bool {
+        let key = (weft_core::route::network_ip(a, p), p);
+        if p == 0 || self.subnets.len() >= MAX_NAMES || self.subnets.contains_key(&key) {
+            return false;
+        }
+        if self.subnet_holder(a, p, id).is_some() {
+            return false;
+        }
+        self.subnets.insert(key, id);
+        true
+    }
+
+    /// Releases the prefixes `id` holds that it no longer announces (`now`, from its
+    /// own current record); true when any was released.
+    pub(crate) fn release_subnets(&mut self, id: NodeId, now: &[(IpAddr, u8)]) -> bool {
+        let before = self.subnets.len();
+        self.subnets.retain(|&(b, q), holder| {
+            *holder != id || now.iter().any(|&(a, p)| p == q && weft_core::route::network_ip(a, p) == b)
+        });
+        self.subnets.len() != before
     }
 
     /// The member `name` (any case) is bound to.
@@ -99,6 +153,31 @@ mod tests {
         n.pin_exit("gw", id(4));
         assert_eq!(n.exit_pin("gw"), Some(id(4)));
         assert_eq!(n.exit_pin("other"), None);
+    }
+
+    #[test]
+    fn the_first_holder_keeps_a_prefix_against_narrower_and_wider_ones() {
+        let net = |s: &str| -> (IpAddr, u8) {
+            let (a, p) = s.split_once('/').unwrap();
+            (a.parse().unwrap(), p.parse().unwrap())
+        };
+        let mut n = Names::default();
+        let (a, p) = net("192.168.50.0/24");
+        assert!(n.bind_subnet(a, p, id(1)));
+        for other in ["192.168.50.0/25", "192.168.50.128/25", "192.168.0.0/16", "192.168.50.0/24"] {
+            let (b, q) = net(other);
+            assert!(!n.bind_subnet(b, q, id(2)), "{other}");
+            assert_eq!(n.subnet_holder(b, q, id(2)), Some(((a, p), id(1))), "{other}");
+            assert_eq!(n.subnet_holder(b, q, id(1)), None, "the holder's own");
+        }
+        let (b, q) = net("192.168.51.0/24");
+        assert!(n.bind_subnet(b, q, id(2)), "beside it");
+        assert!(!n.bind_subnet("0.0.0.0".parse().unwrap(), 0, id(3)), "an exit's offer");
+        // The holder stops announcing it: the prefix is free again.
+        assert!(n.release_subnets(id(1), &[]));
+        assert!(n.bind_subnet(a, 25, id(2)));
+        let back = Names::default().with_subnets(n.subnet_bindings());
+        assert_eq!(back.subnet_bindings().collect::<Vec<_>>(), n.subnet_bindings().collect::<Vec<_>>());
     }
 
     #[test]

@@ -648,9 +648,35 @@ impl Node {
             .flat_map(|r| r.proxied.iter().map(move |(a, p)| (r, *a, *p)))
             .filter(|(r, a, p)| {
                 crate::authority::grants(&self.cfg.authorities, r, *a, *p)
-                    && if *p == 0 { exit == Some(r.node()) } else { self.subnet_refusal(*a, *p, &unrecorded).is_none() }
+                    && if *p == 0 {
+                        exit == Some(r.node())
+                    } else {
+                        self.proxied_refusal(r.node(), *a, *p, &unrecorded).is_none()
+                    }
             })
             .collect()
+    }
+
+    /// Why this node refuses member `id`'s claim to proxy `a/p` (not a /0), if it
+    /// does: [`Node::subnet_refusal`], or without an authority a prefix overlapping
+    /// it that another member announced first ([`crate::Names`]).
+    pub(crate) fn proxied_refusal(
+        &self,
+        id: NodeId,
+        a: IpAddr,
+        p: u8,
+        unrecorded: &[(IpAddr, NodeId)],
+    ) -> Option<String> {
+        if let Some(why) = self.subnet_refusal(a, p, unrecorded) {
+            return Some(why);
+        }
+        if self.cfg.authorities.is_empty()
+            && let Some(((b, q), holder)) = self.cfg.names.subnet_holder(a, p, id)
+        {
+            let who = if holder == self.id { "this node".to_owned() } else { format!("member {holder}") };
+            return Some(format!("overlaps {b}/{q}, which {who} proxied first"));
+        }
+        None
     }
 
     /// The exit in use: the member `--use-exit-node` was pinned to (the one it first
@@ -885,7 +911,7 @@ impl Node {
                 if *p == 0 {
                     continue;
                 }
-                if let Some(why) = self.subnet_refusal(*a, *p, &unrecorded) {
+                if let Some(why) = self.proxied_refusal(r.node(), *a, *p, &unrecorded) {
                     v.push(format!("member {} ({:?}) proxies {a}/{p}: refused, {why}", r.node(), r.hostname));
                 }
             }

@@ -214,10 +214,11 @@ pub(crate) fn sign_policy(a: &crate::config::args::AuthoritySignPolicyArgs) -> R
     let (passed, skipped) =
         policy.check_known_tests(&[], &[]).map_err(|e| UsageError(format!("policy file {}: {e}", a.file.display())))?;
     let version = a.policy_version.unwrap_or_else(now_unix);
-    let signed = weft_core::policy::SignedPolicy::sign(&key, version, &text)
+    let signed = weft_core::policy::SignedPolicy::sign(&key, &a.network_name, version, &text)
         .map_err(|e| UsageError(format!("cannot sign {}: {e}", a.file.display())))?;
     eprintln!(
-        "policy version {version}: {} rule(s), {passed} test(s) passed{}",
+        "policy version {version} for network {:?}: {} rule(s), {passed} test(s) passed{}",
+        a.network_name,
         policy.rules.len(),
         if skipped > 0 {
             format!(", {skipped} left to the members (they name hosts the file does not)")

@@ -480,6 +480,10 @@ pub struct AuthoritySignPolicyArgs {
     /// The policy file (TOML).
     #[arg(value_name = "POLICY")]
     pub file: PathBuf,
+    /// The network it is for (members of another network the same authority serves
+    /// refuse it).
+    #[arg(long, value_name = "NAME")]
+    pub network_name: String,
     /// Its version (default: the current time in seconds, so a later signature is
     /// newer); members keep the newest.
     #[arg(long = "policy-version", value_name = "N")]

@@ -550,6 +550,10 @@ impl Runtime {
                 Action::SaveRevocations(list) => self.state_writer.save_revocations(list),
                 Action::SaveIssued(list) => self.state_writer.save_issued(list),
                 Action::PolicyChanged(bytes) => self.signed_policy(&bytes),
+                Action::PolicyRefused(why) => {
+                    warn!("{why}: every flow but this node's own is denied");
+                    self.policy.fail_closed(&self.shared.firewall, why);
+                }
             }
         }
     }
@@ -670,7 +674,7 @@ impl Runtime {
 
     /// Recompiles the access policy when the members changed.
     fn refresh_policy(&mut self) {
-        if self.policy.loaded.is_none() {
+        if self.policy.loaded.is_none() || self.policy.refused.is_some() {
             return;
         }
         let (members, overlay) = (self.engine.members(), self.overlay_networks());
@@ -681,7 +685,10 @@ impl Runtime {
     fn signed_policy(&mut self, bytes: &[u8]) {
         let loaded = match crate::config::policy::Loaded::signed(bytes, &self.cfg.state_dir.join("policy")) {
             Ok(l) => l,
-            Err(e) => return warn!("{e}: the policy in force stays"),
+            Err(e) => {
+                warn!("{e}: every flow but this node's own is denied");
+                return self.policy.fail_closed(&self.shared.firewall, e);
+            }
         };
         let (version, rules) = (loaded.signed.unwrap_or(0), loaded.policy.rules.len());
         match self.apply_policy(Some(loaded)) {
@@ -691,7 +698,10 @@ impl Runtime {
                     self.state_writer.save_policy(p.to_text());
                 }
             }
-            Err(e) => warn!("{e}: the policy in force stays"),
+            Err(e) => {
+                warn!("{e}: every flow but this node's own is denied");
+                self.policy.fail_closed(&self.shared.firewall, e);
+            }
         }
     }
 

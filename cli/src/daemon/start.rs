@@ -359,9 +359,10 @@ pub(super) fn engine(
     if !cfg.authorities.is_empty() {
         let now = std::time::Instant::now();
         // The signed policy kept from before: in force from the start (the runtime
-        // applies it when it reads the engine's first actions).
+        // applies it when it reads the engine's first actions), also after an
+        // authority rollover until a trusted one arrives.
         if let Some(bytes) = state::load_policy(&cfg.state_dir)?
-            && let Err(e) = node.offer_policy(now, bytes)
+            && let Err(e) = node.keep_policy(now, bytes)
         {
             warn!("the signed policy kept in the state directory is not used: {e}");
         }

@@ -248,6 +248,10 @@ struct NamesFile {
     names: std::collections::BTreeMap<String, String>,
     /// `--use-exit-node`'s value and the node id it was pinned to.
     exit_pin: Option<(String, String)>,
+    /// Proxied prefix (`ADDR/LEN`) → the node id seen announcing it first (a network
+    /// without an authority). Absent before 0.3: older releases ignore it.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    subnets: std::collections::BTreeMap<String, String>,
 }
 
 /// Reads the name bindings and exit pin kept in `dir` (none before the first save).
@@ -278,7 +282,15 @@ pub fn load_names(dir: &Path) -> Result<weft_peers::Names> {
         Some((w, i)) => Some((w.clone(), id(i)?)),
         None => None,
     };
-    Ok(weft_peers::Names::new(names, pin))
+    let mut subnets = Vec::new();
+    for (net, i) in &f.subnets {
+        let parsed = net.split_once('/').and_then(|(a, p)| Some((a.parse().ok()?, p.parse().ok()?)));
+        let Some(prefix) = parsed else {
+            bail!("corrupt name bindings {}: {net:?} is not a prefix {fix}", path.display());
+        };
+        subnets.push((prefix, id(i)?));
+    }
+    Ok(weft_peers::Names::new(names, pin).with_subnets(subnets))
 }
 
 /// Keeps the name bindings and exit pin in `dir` (written whole, then renamed over the
@@ -288,6 +300,7 @@ pub fn save_names(dir: &Path, names: &weft_peers::Names) -> Result<()> {
         version: NAMES_VERSION,
         names: names.bindings().map(|(n, id)| (n.to_owned(), id.to_string())).collect(),
         exit_pin: names.exit_pin_entry().map(|(w, id)| (w.to_owned(), id.to_string())),
+        subnets: names.subnet_bindings().map(|((a, p), id)| (format!("{a}/{p}"), id.to_string())).collect(),
     };
     let text = serde_json::to_string_pretty(&f).context("cannot encode name bindings")?;
     let tmp = dir.join(format!("{NAMES_FILE}.tmp"));

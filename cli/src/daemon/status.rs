@@ -260,13 +260,18 @@ impl Runtime {
 impl Runtime {
     /// The access policy in force, for status.
     fn policy_json(&self) -> Option<weft_control::PolicyJson> {
-        let l = self.policy.loaded.as_ref()?;
         let fw = &self.shared.firewall;
+        let (source, version, rules) = match (&self.policy.loaded, &self.policy.refused) {
+            (_, Some(_)) => ("signed by the authority, not applicable here".to_owned(), "refused".to_owned(), 0),
+            (Some(l), None) => (l.source(), l.version.clone(), l.policy.rules.len()),
+            (None, None) => return None,
+        };
         let hits = fw.active().map(|a| a.hits.iter().map(|h| h.load(Ordering::Relaxed)).collect()).unwrap_or_default();
         Some(weft_control::PolicyJson {
-            source: l.source(),
-            version: l.version.clone(),
-            rules: l.policy.rules.len(),
+            source,
+            version,
+            rules,
+            refused: self.policy.refused.clone(),
             tests_passed: self.policy.tests.0,
             tests_skipped: self.policy.tests.1,
             flows: fw.flows(),

@@ -23,6 +23,9 @@ pub struct Enforced {
     pub members: Vec<Member>,
     /// Its tests when it was put in force: passed, skipped.
     pub tests: (usize, usize),
+    /// Why the policy the authority signed for this network could not be applied
+    /// here: the node then denies every flow but its own (fails closed).
+    pub refused: Option<String>,
 }
 
 impl Enforced {
@@ -46,9 +49,19 @@ impl Enforced {
                 self.tests = tests;
             }
         }
+        self.refused = None;
         self.loaded = loaded;
         self.members = members;
         Ok(())
+    }
+
+    /// A policy signed for this network that cannot be applied here: deny every flow
+    /// but this node's own (and their answers) until one that can arrives.
+    pub fn fail_closed(&mut self, fw: &Firewall, why: String) {
+        fw.set(Some(Arc::new(Active::new(weft_core::policy::Compiled::default()))));
+        self.loaded = None;
+        self.tests = (0, 0);
+        self.refused = Some(why);
     }
 
     /// Recompiles when the members changed (a new member, a moved address, new
@@ -77,6 +90,9 @@ impl Enforced {
 
     /// Which rule decides a flow from `from` to `to` (`NAME:PORT`) of `proto`.
     pub fn explain(&self, from: &str, to: &str, proto_name: &str, overlay: &[(IpAddr, u8)]) -> Result<String, String> {
+        if let Some(why) = &self.refused {
+            return Ok(format!("denied: {why}; every flow but this node's own is denied"));
+        }
         let Some(l) = &self.loaded else {
             return Ok("no access policy: every member reaches everything".into());
         };

@@ -237,4 +237,8 @@ pub enum Action {
     /// [`weft_core::policy::SignedPolicy`], signature checked): put it in force and
     /// keep it in the state directory.
     PolicyChanged(Vec<u8>),
+    /// A signed access policy for this network arrived that cannot be applied here
+    /// (its text does not parse on this release, or one of its tests fails): deny
+    /// every flow but the node's own until one that can arrives, and say why.
+    PolicyRefused(String),
 }

@@ -47,7 +47,7 @@ mod trust;
 pub(crate) use api::Dest;
 pub use api::{Action, Config, Input, PeerRef, Timers};
 
-pub(crate) use trust::Trust;
+pub(crate) use trust::{HeldPolicy, Trust};
 
 pub(crate) use drive::{keepalive, ms_since};
 use refusal::{reason_of, reject_why};
@@ -280,6 +280,14 @@ impl Node {
         let id = NodeId::from_public(&cfg.handshake.local.public);
         // Our own name is ours first, on this node.
         let own_name = cfg.names.bind(&cfg.handshake.hello.hostname, id);
+        // And the subnets we proxy, in a network without an authority.
+        let mut own_subnets = false;
+        if cfg.authorities.is_empty() {
+            own_subnets = cfg.names.release_subnets(id, &cfg.proxied);
+            for &(a, p) in &cfg.proxied {
+                own_subnets |= cfg.names.bind_subnet(a, p, id);
+            }
+        }
         let macs = Arc::new(MacKeys::new(&cfg.handshake.psk));
         // The hello says which secret this node accepts ([`Node::set_secrets`] adds the next one).
         cfg.handshake.hello.secrets = vec![cfg.handshake.psk.fingerprint()];
@@ -314,7 +322,7 @@ impl Node {
             gate: Gate::new(macs, secret),
             last_now: None,
         };
-        if own_name {
+        if own_name || own_subnets {
             node.actions.push_back(Action::SaveNames(node.cfg.names.clone()));
         }
         node

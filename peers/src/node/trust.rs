@@ -12,8 +12,22 @@ pub(crate) struct Trust {
     /// `network-secret-next`: the PSK of the secret accepted beside the current one
     /// (`cfg.handshake.psk`) while the network secret rotates.
     pub(crate) secret_next: Option<weft_core::handshake::Psk>,
-    /// The newest signed access policy this node holds (version, encoded).
-    pub(crate) policy: Option<(u64, Vec<u8>)>,
+    /// The newest signed access policy this node holds: applied here.
+    pub(crate) policy: Option<HeldPolicy>,
+    /// The newest signed policy that could not be applied here (version, why): the
+    /// node fails closed, and takes no version up to it again.
+    pub(crate) policy_refused: Option<(u64, String)>,
+}
+
+/// A signed access policy this node applied.
+pub(crate) struct HeldPolicy {
+    /// Its version.
+    pub(crate) version: u64,
+    /// Encoded.
+    pub(crate) bytes: Vec<u8>,
+    /// Kept from the state directory though no trusted authority signed it (an
+    /// authority rollover): in force until any trusted one arrives, never passed on.
+    pub(crate) untrusted: bool,
 }
 
 impl Node {
