@@ -5,7 +5,8 @@
 //! and ports, and `[[test]]`s that must hold. Default deny once a policy exists.
 //! Selectors name members by host name or by key (`id:HEX`: the node key's 64 hex
 //! digits as `weft id` prints them, a prefix of at least 16 of them, or the 16-digit
-//! node id `weft peers` shows; a bare 64-digit key works too), CIDRs (proxied subnets
+//! node id `weft peers` shows; a bare 64-digit key or 16-digit id works too, and a
+//! host name of that shape is never matched by name), CIDRs (proxied subnets
 //! and portal clients included), `group:NAME` (the file's groups, then the groups of
 //! members' certificates), `*` (anyone), and on the destination side `internet`
 //! (anything outside the overlay, reached through an exit).
@@ -118,7 +119,7 @@ pub enum Selector {
     Group(String),
     /// A member, by the host name bound to it.
     Member(String),
-    /// A member, by key: 16 to 64 lower-case hex digits (`id:HEX`, or a bare 64).
+    /// A member, by key: 16 to 64 lower-case hex digits (`id:HEX`, or a bare 16 or 64).
     Id(String),
 }
 
@@ -154,8 +155,9 @@ fn parse_selector(s: &str, place: &str) -> Result<Selector, PolicyError> {
     if let Some((a, p)) = parse_cidr(s) {
         return Ok(Selector::Cidr(a, p));
     }
-    // A whole node key, as `weft id` prints it: never a host name.
-    if s.len() == 64 && s.chars().all(|c| c.is_ascii_hexdigit()) {
+    // A whole node key as `weft id` prints it, or a node id as `weft peers` shows
+    // it: never a host name (a member naming itself so matches nothing).
+    if (s.len() == 64 || s.len() == 16) && s.chars().all(|c| c.is_ascii_hexdigit()) {
         return Ok(Selector::Id(s.to_ascii_lowercase()));
     }
     if valid_name(s) { Ok(Selector::Member(s.to_owned())) } else { Err(bad()) }
