@@ -194,7 +194,7 @@ impl Host {
                 Action::InstallRoutes(subnets) => self.installed = subnets,
                 Action::SetAddress { old, new, prefix } => self.addresses.push((old, new, prefix)),
                 Action::SaveNames(names) => self.names = Some(names),
-                Action::SaveRevocations(list) => self.revocations = list,
+                Action::SaveRevocations(list) => self.revocations.extend(list),
                 Action::SaveIssued(_) | Action::PolicyChanged(_) | Action::PolicyRefused(_) => {}
                 Action::Send { to, bytes } => {
                     self.ctl_datagrams += 1;

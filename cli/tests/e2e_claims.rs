@@ -300,3 +300,91 @@ fn signed_policies_are_bound_to_their_network_applied_or_closed_and_outlive_a_ro
     assert!(ping(&lan.hosts[1], AUTH[0]), "the admin pings srv");
     drop(adm);
 }
+
+/// Peak resident memory of process `pid`, in KiB.
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn revocations_outlive_an_authority_rollover_and_65536_load_in_bounded_memory() {
+    require_root();
+    let lan = Lan::new(2);
+    let dir = TempDir::new();
+    let key_a = dir.0.join("a.key").to_str().unwrap().to_owned();
+    let key_b = dir.0.join("b.key").to_str().unwrap().to_owned();
+    let auth_a = weft(&["authority", "init", "--out", &key_a]);
+    let auth_b = weft(&["authority", "init", "--out", &key_b]);
+    let names = ["gw", "x"];
+    let ips = ["10.126.142.1", "10.126.142.2"];
+    let ids: Vec<String> = names
+        .iter()
+        .map(|n| weft(&["id", "--state-dir", dir.0.join(format!("{n}-state")).to_str().unwrap()]))
+        .collect();
+    // Both members are certified by B; gw trusts A and B while A rolls over to B.
+    let cert = |i: usize| {
+        let ip = format!("{}/24", ips[i]);
+        weft(&["authority", "sign", "--key", &key_b, "--node-id", &ids[i], "--name", names[i], "--ipv4", &ip])
+    };
+    let gw_cert = cert(0);
+    let x_cert = cert(1);
+    let net = ["--network-name", "roll", "--network-secret", "roll secret", "--threads", "1"];
+    let gw_args = |authorities: &[&str]| -> Vec<String> {
+        let mut a: Vec<String> = net.iter().map(|s| s.to_string()).collect();
+        for au in authorities {
+            a.extend(["--authority".into(), (*au).to_owned()]);
+        }
+        a.extend(["--certificate".into(), gw_cert.clone(), "--listen".into(), "udp://0.0.0.0:11010".into()]);
+        a
+    };
+    let start = |i: usize, a: &[String]| {
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        Node::start(&lan.hosts[i], &dir.0, names[i], &a)
+    };
+    let mut gw = start(0, &gw_args(&[&auth_a, &auth_b]));
+    let first = format!("udp://{}:11010", lan.addrs[0]);
+    let mut x_args: Vec<String> = net.iter().map(|s| s.to_string()).collect();
+    x_args.extend(["--authority".into(), auth_b.clone(), "--certificate".into(), x_cert, "-p".into(), first]);
+    let _x = start(1, &x_args);
+    wait_until(Duration::from_secs(20), "x joins", || gw.peer_established(ips[1]));
+
+    // A revokes x's key; then gw trusts B alone: the revocation stays.
+    let revocation = weft(&["authority", "revoke", "--key", &key_a, &ids[1]]);
+    weft(&["revoke", "add", &revocation, "--control", gw.control.to_str().unwrap()]);
+    wait_until(Duration::from_secs(5), "x is cut off", || !gw.peer_established(ips[1]));
+    wait_until(Duration::from_secs(5), "gw keeps the revocation", || {
+        std::fs::read_to_string(gw.state.join("revocations")).is_ok_and(|t| t.contains(revocation.trim()))
+    });
+    gw.stop();
+    gw = start(0, &gw_args(&[&auth_b]));
+    assert_eq!(gw.status()["revocations"].as_array().map(Vec::len), Some(1), "the revocation was dropped at start");
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(!gw.peer_established(ips[1]), "a key A revoked is back after the rollover to B");
+    assert!(!ping(&lan.hosts[1], ips[0]), "x reaches gw");
+    let kept = std::fs::read_to_string(gw.state.join("revocations")).unwrap();
+    assert!(kept.contains(revocation.trim()), "the state file lost it: {kept}");
+
+    // 65,536 kept revocations: gw starts, holds them all, in bounded memory.
+    gw.stop();
+    let a = weft_core::cert::AuthorityKey::from_seed([7; 32]);
+    let mut text = kept.clone();
+    for i in 0..65_535u32 {
+        let mut node = [0u8; 32];
+        node[..4].copy_from_slice(&i.to_be_bytes());
+        node[31] = 1;
+        text.push_str(&weft_core::cert::Revocation::issue(&a, node, 1_000).to_text());
+        text.push('\n');
+    }
+    write(&gw.state.join("revocations"), &text);
+    let started = std::time::Instant::now();
+    gw = start(0, &gw_args(&[&auth_b]));
+    let took = started.elapsed();
+    let count = gw.status()["revocations"].as_array().map_or(0, Vec::len);
+    let peak = peak_rss_kib(gw.pid());
+    eprintln!("65,536 kept revocations: control socket up after {took:?}, peak RSS {peak} KiB");
+    assert_eq!(count, 65_536);
+    assert!(peak < 256 * 1024, "peak RSS {peak} KiB with 65,536 revocations");
+    assert!(!gw.peer_established(ips[1]));
+}

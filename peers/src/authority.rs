@@ -45,6 +45,21 @@ impl Revocations {
         Ok(true)
     }
 
+    /// Takes `r` kept in the state directory (it was checked when it arrived): kept
+    /// whatever the authorities trusted now, so an authority rollover revokes
+    /// nothing back in. `Ok(true)` when it is new.
+    pub(crate) fn add_kept(&mut self, r: Revocation) -> Result<bool, String> {
+        if self.keys.contains(&r.node) {
+            return Ok(false);
+        }
+        if self.list.len() >= MAX_REVOCATIONS {
+            return Err(format!("this node already keeps {MAX_REVOCATIONS} revocations"));
+        }
+        self.keys.insert(r.node);
+        self.list.push(r);
+        Ok(true)
+    }
+
     /// Whether node key `key` is revoked.
     pub(crate) fn contains(&self, key: &[u8; 32]) -> bool {
         self.keys.contains(key)

@@ -366,11 +366,10 @@ pub(super) fn engine(
         {
             warn!("the signed policy kept in the state directory is not used: {e}");
         }
-        for r in kept {
-            let node_id = NodeId::from_public(&r.node);
-            if let Err(e) = node.revoke(now, r) {
-                warn!(node = %node_id, "a kept revocation is not used: {e}");
-            }
+        let count = kept.len();
+        let taken = node.keep_revocations(now, kept);
+        if count > 0 {
+            info!(revocations = taken, "revocations kept in the state directory: refused from the first handshake");
         }
     }
     Ok(node)

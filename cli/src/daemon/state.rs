@@ -333,7 +333,7 @@ impl StateWriter {
                 for job in std::iter::once(job).chain(rx.try_iter()) {
                     match job {
                         Job::Names(n) => names = Some(n),
-                        Job::Revocations(r) => revocations = Some(r),
+                        Job::Revocations(r) => revocations.get_or_insert_with(Vec::new).extend(r),
                         Job::Issued(l) => issued = Some(l),
                         Job::Policy(p) => policy = Some(p),
                     }
@@ -349,7 +349,7 @@ impl StateWriter {
                     warn!("cannot keep the name bindings: {e:#}");
                 }
                 if let Some(r) = revocations
-                    && let Err(e) = save_revocations(&dir, &r)
+                    && let Err(e) = append_revocations(&dir, &r)
                 {
                     warn!("cannot keep the revocations: {e:#}");
                 }
@@ -368,7 +368,7 @@ impl StateWriter {
         let _ = self.tx.send(Job::Names(names));
     }
 
-    /// Queues the revocations to be written (a newer list queued meanwhile wins).
+    /// Queues new revocations to be added to the file (in order).
     pub fn save_revocations(&self, list: Vec<Revocation>) {
         let _ = self.tx.send(Job::Revocations(list));
     }
@@ -434,6 +434,40 @@ pub fn load_issued(dir: &Path) -> Result<Vec<weft_peers::Issued>> {
 const REVOCATIONS_FILE: &str = "revocations";
 const REVOCATIONS_HEADER: &str = "weft-revocations 1";
 
+/// Adds `new` to the revocations kept in `dir`: appended, one line each, in one
+/// write; the file (with its header) is made whole first when there is none. A crash
+/// mid-write leaves at most a cut last line, which [`load_revocations`] skips.
+pub fn append_revocations(dir: &Path, new: &[Revocation]) -> Result<()> {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let path = dir.join(REVOCATIONS_FILE);
+    if !path.exists() {
+        return save_revocations(dir, new);
+    }
+    let mut text = String::with_capacity(new.len() * 200);
+    for r in new {
+        text.push_str(&r.to_text());
+        text.push('\n');
+    }
+    let mut f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot open {} to append", path.display()))?;
+    // A line a crash cut short would glue onto this one: cut it off first (a line is
+    // far shorter than the tail read).
+    let len = f.metadata().with_context(|| format!("cannot read {}", path.display()))?.len();
+    let tail_len = len.min(4096);
+    let mut tail = vec![0u8; tail_len as usize];
+    f.seek(SeekFrom::Start(len - tail_len)).and_then(|_| f.read_exact(&mut tail))?;
+    let mut end = len;
+    if tail.last().is_some_and(|&b| b != b'\n') {
+        end = tail.iter().rposition(|&b| b == b'\n').map_or(len - tail_len, |i| len - tail_len + i as u64 + 1);
+        f.set_len(end).with_context(|| format!("cannot cut {}", path.display()))?;
+    }
+    f.seek(SeekFrom::Start(end))?;
+    f.write_all(text.as_bytes()).with_context(|| format!("cannot append to {}", path.display()))
+}
+
 /// Writes every revocation to `dir` (whole, then renamed over the old file).
 pub fn save_revocations(dir: &Path, list: &[Revocation]) -> Result<()> {
     let mut text = format!("{REVOCATIONS_HEADER}\n");
@@ -492,17 +526,24 @@ fn read_kept(path: &Path, header: &str) -> Result<Option<String>> {
 }
 
 /// The revocations kept in `dir` (none when there is no file). A newer format, or a
-/// line that is not a revocation, is an error naming the file and the line.
+/// line that is not a revocation, is an error naming the file and the line — except
+/// a last line without its newline (an append a crash cut), which is skipped.
 pub fn load_revocations(dir: &Path) -> Result<Vec<Revocation>> {
     let path = dir.join(REVOCATIONS_FILE);
     let Some(text) = read_kept(&path, REVOCATIONS_HEADER)? else { return Ok(Vec::new()) };
-    let lines = text.lines().enumerate().skip(1);
-    lines
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| {
-            Revocation::from_text(l).with_context(|| format!("{} line {}: not a revocation", path.display(), i + 1))
-        })
-        .collect()
+    let cut = !text.ends_with('\n');
+    let count = text.lines().count();
+    let mut out = Vec::new();
+    for (i, l) in text.lines().enumerate().skip(1).filter(|(_, l)| !l.trim().is_empty()) {
+        match Revocation::from_text(l) {
+            Ok(r) => out.push(r),
+            Err(_) if cut && i + 1 == count => {
+                warn!("{} line {}: cut short (by a crash while it was written): skipped", path.display(), i + 1)
+            }
+            Err(e) => return Err(e).with_context(|| format!("{} line {}: not a revocation", path.display(), i + 1)),
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -618,6 +659,43 @@ mod tests {
         fs::write(dir.join(REVOCATIONS_FILE), "something else\n").unwrap();
         assert!(format!("{:#}", load_revocations(&dir).unwrap_err()).contains("does not begin"));
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn revocations_are_appended_and_a_line_a_crash_cut_is_skipped() {
+        let dir = std::env::temp_dir().join(format!("weft-revocations-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let a = weft_core::cert::AuthorityKey::from_seed([1; 32]);
+        let b = weft_core::cert::AuthorityKey::from_seed([2; 32]);
+        let r = |k: &weft_core::cert::AuthorityKey, n: u8| Revocation::issue(k, [n; 32], 100);
+        append_revocations(&dir, &[r(&a, 1)]).unwrap();
+        append_revocations(&dir, &[r(&b, 2), r(&a, 3)]).unwrap();
+        assert_eq!(load_revocations(&dir).unwrap(), [r(&a, 1), r(&b, 2), r(&a, 3)], "any authority's, in order");
+        // A crash cut the last append: the cut line is skipped, the next append starts
+        // on a line of its own.
+        let path = dir.join(REVOCATIONS_FILE);
+        let mut text = fs::read_to_string(&path).unwrap();
+        text.push_str(&r(&a, 4).to_text()[..40]);
+        fs::write(&path, &text).unwrap();
+        assert_eq!(load_revocations(&dir).unwrap().len(), 3);
+        append_revocations(&dir, &[r(&a, 5)]).unwrap();
+        assert_eq!(load_revocations(&dir).unwrap(), [r(&a, 1), r(&b, 2), r(&a, 3), r(&a, 5)]);
+        let mode = fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn subnet_bindings_survive_a_restart() {
+        let dir = std::env::temp_dir().join(format!("weft-subnets-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let id: weft_peers::NodeId = "66687aadf862bd77".parse().unwrap();
+        let names = weft_peers::Names::default().with_subnets([(("192.168.50.0".parse().unwrap(), 24), id)]);
+        save_names(&dir, &names).unwrap();
+        assert_eq!(load_names(&dir).unwrap(), names);
+        let _ = fs::remove_dir_all(&dir);
     }
 
     #[test]

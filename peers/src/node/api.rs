@@ -228,7 +228,9 @@ pub enum Action {
     },
     /// Keep these name bindings and exit pin in the state directory (they changed).
     SaveNames(crate::names::Names),
-    /// Keep the revocations (all of them) in the state directory.
+    /// Add these new revocations to those kept in the state directory (appended:
+    /// the file is never rewritten, so none is lost across an authority rollover
+    /// and a flood of them costs no copy of the whole list each).
     SaveRevocations(Vec<weft_core::cert::Revocation>),
     /// Keep the ledger of certificates this issuer issued (all of it) in the state
     /// directory.

@@ -43,10 +43,30 @@ impl Node {
         Ok(new)
     }
 
+    /// The revocations kept in the state directory, at start: every one is kept,
+    /// whatever authorities this node trusts now (an authority rollover must not
+    /// readmit a revoked key), in one step, with nothing queued per revocation (the
+    /// file holds them already). Returns how many were taken.
+    pub fn keep_revocations(&mut self, now: Instant, kept: Vec<weft_core::cert::Revocation>) -> usize {
+        let mut taken = 0;
+        for r in kept {
+            match self.trust.revocations.add_kept(r) {
+                Ok(new) => taken += usize::from(new),
+                Err(e) => {
+                    warn!("kept revocations beyond the first {taken}: {e}");
+                    break;
+                }
+            }
+        }
+        self.published.routes_dirty = true;
+        self.finish_step(now);
+        taken
+    }
+
     /// [`Node::revoke`] within a step (a revocation a member passed on).
     pub(crate) fn take_revocation(&mut self, now: Instant, r: weft_core::cert::Revocation) -> Result<bool, String> {
         let key = PeerKey(r.node);
-        if !self.trust.revocations.add(r, &self.cfg.authorities)? {
+        if !self.trust.revocations.add(r.clone(), &self.cfg.authorities)? {
             return Ok(false);
         }
         warn!(node = %key.id(), "member revoked by the network's authority: its sessions close, it is refused from now on");
@@ -64,7 +84,7 @@ impl Node {
         for k in up {
             self.send_revocations(now, k);
         }
-        self.actions.push_back(Action::SaveRevocations(self.trust.revocations.list().to_vec()));
+        self.actions.push_back(Action::SaveRevocations(vec![r]));
         self.published.routes_dirty = true;
         Ok(true)
     }
