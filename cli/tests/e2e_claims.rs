@@ -369,7 +369,7 @@ fn revocations_outlive_an_authority_rollover_and_65536_load_in_bounded_memory() 
     // 65,536 kept revocations: gw starts, holds them all, in bounded memory.
     gw.stop();
     let a = weft_core::cert::AuthorityKey::from_seed([7; 32]);
-    let mut text = kept.clone();
+    let mut text = kept;
     for i in 0..65_535u32 {
         let mut node = [0u8; 32];
         node[..4].copy_from_slice(&i.to_be_bytes());
