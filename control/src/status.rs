@@ -111,6 +111,14 @@ pub struct StatusJson {
     /// altered by a member).
     #[serde(default)]
     pub rejected_records: u64,
+    /// Control messages dropped because their member sent more than its rate (2,000 a
+    /// second after a burst of 8,000).
+    #[serde(default)]
+    pub control_limited: u64,
+    /// Sessions closed because their member's signed messages (records, revocations,
+    /// policies) kept failing their signature check.
+    #[serde(default)]
+    pub signature_cutoffs: u64,
     /// Topology records dropped by the table's limits: `over_budget` (a link brought
     /// more than its budget), `table_full` (a new node's record found the table full
     /// of reachable nodes'), `evicted` (an unreachable node's record dropped to make

@@ -385,6 +385,9 @@ impl crate::node::Node {
             peer.policy_parts = None;
             if let Err(e) = self.take_policy(now, whole, false) {
                 tracing::debug!(peer = %from.id(), "signed policy from a member refused: {e}");
+                if e.starts_with("not signed") {
+                    self.signature_failed(now, from);
+                }
             }
         }
     }

@@ -282,6 +282,10 @@ pub(crate) struct Mesh {
     summary: Option<(u32, u64)>,
     /// Topology records dropped because their signature was not their origin's.
     pub(crate) rejected_records: u64,
+    /// Control messages dropped: over their member's [`CONTROL_RATE`].
+    pub(crate) control_limited: u64,
+    /// Sessions closed because their member's signatures kept failing.
+    pub(crate) signature_cutoffs: u64,
     /// Topology records dropped because their link had spent its record budget.
     pub(crate) records_over_budget: u64,
     /// Records dropped in a network with an authority: no valid certificate, a revoked
@@ -302,6 +306,8 @@ impl Mesh {
             expire_at: None,
             summary: None,
             rejected_records: 0,
+            control_limited: 0,
+            signature_cutoffs: 0,
             records_over_budget: 0,
             records_uncertified: 0,
         }
@@ -489,9 +495,53 @@ impl Mesh {
     }
 }
 
+/// Control messages a member may send us a second (after a burst of
+/// [`CONTROL_BURST`]); more are dropped and counted. Far above what a mesh needs (a
+/// new link's digest sync, paced revocations), far below what would keep the
+/// control loop from its timers and handshakes.
+pub(crate) const CONTROL_RATE: f64 = 2_000.0;
+/// The burst of [`CONTROL_RATE`].
+pub(crate) const CONTROL_BURST: f64 = 8_000.0;
+/// A member whose signed messages (records, revocations, policies) fail their
+/// signature check this many times within [`SIGNATURE_WINDOW`] has its sessions
+/// closed: each check costs an Ed25519 verify, and an honest member forwards only
+/// what it verified.
+pub(crate) const SIGNATURE_FAILURES: u32 = 16;
+/// The window of [`SIGNATURE_FAILURES`].
+pub(crate) const SIGNATURE_WINDOW: Duration = Duration::from_secs(60);
+/// Revocations sent to one member at a time, at most once a second: below
+/// [`CONTROL_RATE`], so a member catching up on a long list loses none.
+pub(crate) const REVOCATIONS_PER_SECOND: usize = 1_000;
+
 impl Node {
+    /// Counts a signature that failed in something member `key` sent; past
+    /// [`SIGNATURE_FAILURES`] in [`SIGNATURE_WINDOW`] its sessions are closed.
+    pub(crate) fn signature_failed(&mut self, now: Instant, key: PeerKey) {
+        let Some(p) = self.peers.get_mut(&key) else { return };
+        let (n, since) = &mut p.bad_signatures;
+        if since.is_none_or(|t| now.saturating_duration_since(t) > SIGNATURE_WINDOW) {
+            *n = 0;
+            *since = Some(now);
+        }
+        *n += 1;
+        if *n >= SIGNATURE_FAILURES {
+            p.bad_signatures = (0, None);
+            self.mesh.signature_cutoffs += 1;
+            warn!(peer = %key.id(), "a member's signed messages keep failing their signature check: its sessions close");
+            self.close_sessions(now, key, "its signed messages kept failing their signature check");
+        }
+    }
+
     pub(crate) fn handle_message(&mut self, now: Instant, local_index: u32, bytes: &[u8]) {
         let Some(key) = self.key_of_session(local_index) else { return };
+        let now_ms = crate::node::ms_since(self.cfg.epoch, now);
+        if let Some(p) = self.peers.get_mut(&key) {
+            let bucket = p.control_budget.get_or_insert_with(|| Bucket::full(CONTROL_BURST, now_ms));
+            if !bucket.take(CONTROL_RATE, CONTROL_BURST, now_ms) {
+                self.mesh.control_limited += 1;
+                return;
+            }
+        }
         let Some(msg) = Msg::parse(bytes) else {
             debug!(local_index, "malformed control message");
             return;
@@ -517,8 +567,12 @@ impl Node {
             Msg::Punch(eps) => self.handle_punch(now, key, &eps),
             Msg::Leaving => self.peer_left(now, key),
             Msg::Revocation(r) => {
+                let checked = !self.cfg.authorities.is_empty() && !self.trust.revocations.contains(&r.node);
                 if let Err(e) = self.take_revocation(now, *r) {
                     debug!(peer = %key.id(), "revocation from a member refused: {e}");
+                    if checked {
+                        self.signature_failed(now, key);
+                    }
                 }
             }
             Msg::PolicyPart { version, part, parts, bytes } => self.policy_part(now, key, version, part, parts, bytes),
@@ -628,6 +682,7 @@ impl Node {
             Received::Forged => {
                 // A member altered or forged someone's record: dropped, never forwarded.
                 warn!(from = %from_key.id(), origin = %node, seq = rec.seq, "dropped a topology record whose signature is not its origin's");
+                self.signature_failed(now, from_key);
                 return;
             }
             Received::Stored(before) => before,

@@ -237,12 +237,22 @@ pub(crate) struct Peer {
     /// Topology records this link may still bring us: records of origins we do not
     /// know, and updates of those we do ([`crate::mesh::RECORD_BUDGET`]).
     pub(crate) record_budget: Option<(Bucket, Bucket)>,
+    /// Control messages this member may still send us ([`crate::mesh::CONTROL_RATE`]).
+    pub(crate) control_budget: Option<Bucket>,
+    /// Signed things from it that failed their signature check lately: how many,
+    /// since when ([`crate::mesh::SIGNATURE_FAILURES`]).
+    pub(crate) bad_signatures: (u32, Option<Instant>),
+    /// When it was last sent a batch of revocations (they are paced).
+    pub(crate) revocations_at: Option<Instant>,
 }
 
 impl Peer {
     pub(crate) fn new(key: PeerKey, hello: Hello, now: Instant, stats: Arc<PeerStats>) -> Self {
         Self {
             key,
+            control_budget: None,
+            bad_signatures: (0, None),
+            revocations_at: None,
             revocations_sent: 0,
             id: key.id(),
             hello,

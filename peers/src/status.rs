@@ -159,6 +159,12 @@ pub struct NodeStatus {
     /// Topology records dropped because they were not signed by their origin
     /// (forged or altered by a member).
     pub rejected_records: u64,
+    /// Control messages dropped because their member sent more than
+    /// [`crate::mesh::CONTROL_RATE`] a second.
+    pub control_limited: u64,
+    /// Sessions closed because their member's signed messages kept failing their
+    /// signature check ([`crate::mesh::SIGNATURE_FAILURES`]).
+    pub signature_cutoffs: u64,
     /// Topology records dropped or pushed out by the table's limits.
     pub records_dropped: RecordsDropped,
     /// Claims of other members we refuse, each with the reason (an overlay address

@@ -1984,3 +1984,40 @@ fn a_stopping_member_says_goodbye_and_is_taken_back_at_once() {
     assert!(back.is_some(), "B did not rejoin: {:?}", sim.peer_status(A, B));
     eprintln!("rejoined after {back:?}");
 }
+
+/// A member floods a node with control messages: past its budget they are dropped
+/// and counted, the node's sessions with everyone else carry on; a member whose
+/// signed messages keep failing their signature check has its sessions closed.
+#[test]
+fn a_control_flood_is_rate_limited_and_forged_signatures_cut_the_member_off() {
+    let mut sim = three_members();
+    // 20,000 pings at once from B: at most a burst's worth is answered.
+    let ping = [2u8, 1, 0, 0, 0, 0, 0, 0, 0];
+    for _ in 0..20_000 {
+        sim.send_control(B, A, &ping);
+    }
+    let limited = sim.node(A).status(sim.now).control_limited;
+    assert!(limited >= 11_000, "only {limited} of 20,000 control messages were dropped");
+    sim.run(Duration::from_secs(2));
+    assert!(sim.established(A, B) && sim.established(A, C), "the flood broke a session");
+    assert!(sim.send_data(A, C).is_ok() && sim.send_data(C, A).is_ok());
+    // A second later B's budget has refilled by its rate: it is heard again.
+    let before = sim.node(A).status(sim.now).control_limited;
+    sim.send_control(B, A, &ping);
+    assert_eq!(sim.node(A).status(sim.now).control_limited, before);
+
+    // Forged records from B: each costs A a signature check; past the limit A closes
+    // its sessions with B (and B may come back with a new handshake).
+    let genuine = sim.record(B, C).expect("B holds C's record");
+    assert_eq!(sim.node(A).status(sim.now).signature_cutoffs, 0);
+    for n in 0..16 {
+        let mut f = genuine.clone();
+        f.seq += 1 + n;
+        f.proxied = vec![(Ipv4Addr::new(192, 168, 77, 0).into(), 24)];
+        sim.send_record(B, A, &f);
+    }
+    let st = sim.node(A).status(sim.now);
+    assert_eq!(st.signature_cutoffs, 1, "{st:?}");
+    assert!(!sim.established(A, B), "A kept its session with a member whose signatures fail");
+    assert!(sim.established(A, C));
+}

@@ -380,10 +380,13 @@ impl Runtime {
         loop {
             // The engine's next deadline; with none, it waits for an input.
             let deadline = self.engine.poll_timeout().unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+            // Every source gets its turn (tokio picks among the ready branches at
+            // random): a flood of authenticated events from a member (each of its
+            // control messages is one) must not starve the timers — keepalives,
+            // rekeys, handshake retries — nor admin requests and handshakes, as a
+            // flood of handshakes must not starve the rest. A member's control
+            // messages are also rate-limited in the engine.
             tokio::select! {
-                // Authenticated events first and handshakes last: a flood of handshakes must
-                // not delay anything else.
-                biased;
                 ev = events.recv() => {
                     let Some(ev) = ev else { break };
                     self.handle_event(ev);
@@ -422,8 +425,8 @@ impl Runtime {
                 }
                 _ = tokio::signal::ctrl_c() => { info!("interrupted; shutting down"); break }
                 _ = sigterm.recv() => { info!("terminated; shutting down"); break }
-                // Last: handshake datagrams (even replayed ones pass mac1) must never keep
-                // the timers, requests or signals above from being served.
+                // Handshake datagrams (even replayed ones pass mac1) are one source
+                // among the others, never ahead of them.
                 ev = handshakes.recv() => {
                     let Some(ev) = ev else { break };
                     if sink.overloaded.swap(false, Ordering::Relaxed) {

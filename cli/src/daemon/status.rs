@@ -165,6 +165,8 @@ impl Runtime {
                 })
                 .collect(),
             rejected_records: st.rejected_records,
+            control_limited: st.control_limited,
+            signature_cutoffs: st.signature_cutoffs,
             records_dropped: [
                 ("over_budget", st.records_dropped.over_budget),
                 ("table_full", st.records_dropped.table_full),

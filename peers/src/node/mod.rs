@@ -432,6 +432,8 @@ impl Node {
             dials,
             inbound_failures: self.report.inbound_failures.iter().cloned().collect(),
             rejected_records: self.mesh.rejected_records,
+            control_limited: self.mesh.control_limited,
+            signature_cutoffs: self.mesh.signature_cutoffs,
             records_dropped: {
                 let (table_full, evicted) = self.mesh.topology.full_counts();
                 crate::status::RecordsDropped {

@@ -157,7 +157,16 @@ impl Node {
         if p.revocations_sent >= total || !p.is_up() || p.hello.protocol().caps & caps::REVOCATIONS == 0 {
             return;
         }
+        // Paced below the member's control budget: a long list goes a batch a second
+        // (each message the member sends us brings the next batch).
+        if p.revocations_at.is_some_and(|t| now.saturating_duration_since(t) < Duration::from_secs(1)) {
+            return;
+        }
         let from = p.revocations_sent;
+        let total = total.min(from + crate::mesh::REVOCATIONS_PER_SECOND);
+        if let Some(p) = self.peers.get_mut(&key) {
+            p.revocations_at = Some(now);
+        }
         for i in from..total {
             let msg = crate::mesh::Msg::Revocation(Box::new(self.trust.revocations.list()[i].clone()));
             self.send_msg(&key, &msg, now);
