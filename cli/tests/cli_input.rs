@@ -153,3 +153,25 @@ fn missing_tun_device_is_a_clear_error() {
 fn run_ok(c: &mut Command) {
     assert!(c.status().expect("run").success(), "{c:?}");
 }
+
+/// `weft policy check` runs the README's example, which has no `[hosts]`: its tests
+/// go by name; a test that fails by name and a bad `id:` selector are named.
+#[test]
+fn policy_check_runs_tests_by_name_and_names_bad_selectors() {
+    let dir = TempDir::new();
+    let example = "[groups]\nadmins = [\"alice\", \"10.126.126.0/28\"]\nservers = [\"db\", \"web\"]\n\n\
+                   [[allow]]\nfrom = [\"group:admins\"]\nto = [\"group:servers\"]\nproto = \"tcp\"\nports = [\"22\", \"8000-8099\"]\n\n\
+                   [[allow]]\nfrom = [\"*\"]\nto = [\"web\"]\nproto = \"tcp\"\nports = [\"443\"]\n\n\
+                   [[test]]\nfrom = \"alice\"\nto = \"db:22\"\nallow = true\n\n\
+                   [[test]]\nfrom = \"web\"\nto = \"db:5432\"\nallow = false\n";
+    let path = dir.0.join("policy.toml");
+    std::fs::write(&path, example).unwrap();
+    let out = weft(&["policy", "check", path.to_str().unwrap()]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{said}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(said.contains("2 rule(s), 2 test(s) passed"), "{said}");
+    std::fs::write(&path, format!("{example}\n[[test]]\nfrom = \"web\"\nto = \"db:22\"\nallow = true\n")).unwrap();
+    assert_fails(&weft(&["policy", "check", path.to_str().unwrap()]), 2, "test 3 fails: web -> db:22 is denied");
+    std::fs::write(&path, "[[allow]]\nfrom = [\"id:12ab\"]\nto = [\"*\"]\n").unwrap();
+    assert_fails(&weft(&["policy", "check", path.to_str().unwrap()]), 2, "\"id:12ab\" is not");
+}
