@@ -307,7 +307,9 @@ impl CertBody {
             None => {}
         }
         b.push(
-            (u8::from(self.exit) * FLAG_EXIT) | (u8::from(self.portal) * FLAG_PORTAL) | (u8::from(self.issuer) * FLAG_ISSUER),
+            (u8::from(self.exit) * FLAG_EXIT)
+                | (u8::from(self.portal) * FLAG_PORTAL)
+                | (u8::from(self.issuer) * FLAG_ISSUER),
         );
         put_str(&mut b, &self.network, "network name")?;
         put_str(&mut b, &self.name, "host name")?;
@@ -440,7 +442,8 @@ impl Certificate {
         let not_after = r.u64()?;
         let issued = if format == CERT_FORMAT_1 { None } else { Some(r.u64()?) };
         let flags = r.u8()?;
-        let known = if format == CERT_FORMAT_1 { FLAG_EXIT | FLAG_PORTAL } else { FLAG_EXIT | FLAG_PORTAL | FLAG_ISSUER };
+        let known =
+            if format == CERT_FORMAT_1 { FLAG_EXIT | FLAG_PORTAL } else { FLAG_EXIT | FLAG_PORTAL | FLAG_ISSUER };
         if flags & !known != 0 {
             return Err(CertError::Field("flags"));
         }
@@ -771,7 +774,7 @@ mod tests {
         // The issuer flag does not exist in format 1: not signed, not read.
         old.issuer = true;
         assert!(old.sign(&key).is_err());
-        let mut flagged = bytes.clone();
+        let mut flagged = bytes;
         flagged[1 + 32 + 32 + 16] |= 4;
         assert_eq!(Certificate::from_bytes(&flagged), Err(CertError::Field("flags")));
         // Format 2 carries both, signed.
