@@ -158,7 +158,7 @@ mod tests {
 
     #[test]
     fn a_name_or_address_moves_to_another_key_only_after_a_revocation_and_with_replace() {
-        let dir = std::env::temp_dir().join(format!("weft-ledger-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("weft-authority-ledger-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let key = dir.join("auth.key");
