@@ -10,6 +10,8 @@ pub(crate) struct Trust {
     pub(crate) revocations: crate::authority::Revocations,
     /// The newest certificate seen for each member key: older ones are refused.
     pub(crate) newest: crate::authority::Newest,
+    /// `newest` changed this step: saved once at its end, however many changed.
+    pub(crate) newest_dirty: bool,
     /// `--authority-key`: this member issues certificates to machines with an invite.
     pub(crate) issuer: Option<crate::issuer::Issuer>,
     /// `network-secret-next`: the PSK of the secret accepted beside the current one
@@ -132,8 +134,9 @@ impl Node {
 
     /// Member certificate `bytes` (from a hello or a record that passed
     /// [`crate::authority::refusal`] or [`crate::authority::record_refusal`]): when it
-    /// is the newest seen for its key, it is kept ([`Action::SaveCertificates`]) and
-    /// the sessions made with an older certificate of that key close (the member
+    /// is the newest seen for its key, it is kept ([`Action::SaveCertificates`],
+    /// at the end of the step) and the sessions made with an older certificate of
+    /// that key close (the member
     /// handshakes again with its newest, or is refused).
     pub(crate) fn note_certificate(&mut self, now: Instant, bytes: Option<&[u8]>) {
         if self.cfg.authorities.is_empty() {
@@ -145,7 +148,7 @@ impl Node {
         }
         let key = PeerKey(cert.body().node);
         debug!(node = %key.id(), issued = cert.issued(), "the newest certificate of a member: kept");
-        self.actions.push_back(Action::SaveCertificates(self.trust.newest.encoded()));
+        self.trust.newest_dirty = true;
         let stale = self.peers.get(&key).is_some_and(|p| {
             !p.sessions.is_empty()
                 && p.hello
