@@ -657,6 +657,37 @@ mod tests {
         assert!(format!("{:#}", load_revocations(&dir).unwrap_err()).contains("\"9\", newer"));
         fs::write(dir.join(REVOCATIONS_FILE), "something else\n").unwrap();
         assert!(format!("{:#}", load_revocations(&dir).unwrap_err()).contains("does not begin"));
+        // The newest certificates seen: kept and read back (both formats), a bad line named.
+        assert!(load_certificates(&dir).unwrap().is_empty(), "no file: none kept");
+        let auth = weft_core::cert::AuthorityKey::from_seed([4; 32]);
+        let cert = |issued| {
+            weft_core::cert::CertBody {
+                authority: auth.id(),
+                node: [5; 32],
+                network: String::new(),
+                name: "n".into(),
+                ipv4: ([10, 0, 0, 5].into(), 24),
+                ipv6: None,
+                groups: vec![],
+                subnets: vec![],
+                exit: false,
+                portal: false,
+                not_before: 1,
+                not_after: 2,
+                issued,
+                issuer: false,
+            }
+            .sign(&auth)
+            .unwrap()
+            .to_bytes()
+        };
+        let kept = vec![cert(Some(1)), cert(None)];
+        save_certificates(&dir, &kept).unwrap();
+        assert_eq!(load_certificates(&dir).unwrap(), kept);
+        let mode = fs::metadata(dir.join(CERTIFICATES_FILE)).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        fs::write(dir.join(CERTIFICATES_FILE), "weft-newest-certificates 1\nweft-cert:AA\n").unwrap();
+        assert!(format!("{:#}", load_certificates(&dir).unwrap_err()).contains("line 2: not a certificate"));
         fs::remove_dir_all(&dir).unwrap();
     }
 
