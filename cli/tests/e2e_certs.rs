@@ -121,6 +121,57 @@ fn a_member_cannot_come_back_with_an_older_certificate_also_after_the_other_rest
     });
 }
 
+#[test]
+fn a_member_that_was_offline_while_another_was_re_certified_refuses_its_older_certificate() {
+    let (lan, dir, key, authority) = network(3);
+    let listen = |i: usize| format!("udp://{}:11010", lan.addrs[i]);
+    let cert_a = certify(&dir, &key, "n0", IPS[0], &[]);
+    let cert_c = certify(&dir, &key, "n2", IPS[2], &[]);
+    let v1 = certify(&dir, &key, "n1", IPS[1], &["--groups", "dev"]);
+    std::thread::sleep(Duration::from_millis(1100));
+    let v2 = certify(&dir, &key, "n1", IPS[1], &[]);
+    let member = |i: usize, cert: &str, peer: Option<usize>| {
+        let mut owned: Vec<String> = ["--authority", &authority, "--certificate", cert, "--listen", &listen(i)]
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        if let Some(p) = peer {
+            owned.extend(["--peer".to_owned(), listen(p)]);
+        }
+        let refs: Vec<&str> = owned.iter().map(String::as_str).collect();
+        Node::start(&lan.hosts[i], &dir.0, &format!("n{i}"), &args(&refs))
+    };
+    let a = member(0, &cert_a, None);
+    let mut c = member(2, &cert_c, Some(0));
+    let b = member(1, &v1, Some(0));
+    wait_until(Duration::from_secs(20), "the three members mesh", || {
+        a.peer_established(IPS[1]) && a.peer_established(IPS[2]) && c.routes_to(IPS[1])
+    });
+    // C is offline while B is re-certified and comes back with its newest
+    // certificate, which only A sees.
+    c.stop();
+    drop(b);
+    let b = member(1, &v2, Some(0));
+    wait_until(Duration::from_secs(20), "A and B (newest certificate) are up", || a.peer_established(IPS[1]));
+    // C comes back: it learns B's newest certificate from the mesh (B's record,
+    // which carries it).
+    c.restart();
+    wait_until(Duration::from_secs(20), "C is back and reaches B", || {
+        c.peer_established(IPS[0]) && c.routes_to(IPS[1])
+    });
+    wait_until(Duration::from_secs(10), "C keeps B's newest certificate", || {
+        std::fs::read_to_string(c.state.join("newest-certificates")).is_ok_and(|t| t.contains(&v2))
+    });
+    // B with its older certificate, dialling only C: C refuses it by name.
+    drop(b);
+    let _b = member(1, &v1, Some(2));
+    wait_until(Duration::from_secs(20), "C refuses B's older certificate", || {
+        c.status()["refused_handshakes"].to_string().contains("older certificate")
+    });
+    assert!(!c.peer_established(IPS[1]), "C admitted the older certificate: {}", c.status()["peers"]);
+    assert!(!ping(&lan.hosts[1], IPS[2]), "B reached C with its older certificate");
+}
+
 /// `weft up --join TOKEN` for node `name` in `ns`: whether it got a certificate and
 /// started (then stopped here), and its standard error.
 fn join_once(ns: &netns::Netns, dir: &TempDir, name: &str, token: &str) -> (bool, String) {
