@@ -3,8 +3,9 @@
 //! out an address or host name that a certificate it saw grants another key (a
 //! joiner grinding keys lands on an offline member's address otherwise), re-issues
 //! for a known (invite, key) only while the invite is valid, and issues only when its
-//! own certificate marks it an issuer.
-#![allow(unreachable_pub, clippy::unwrap_used)]
+//! own certificate marks it an issuer. The clock is the test's: an epoch taken once,
+//! then instants past it (the engine never reads one).
+#![allow(unreachable_pub, clippy::unwrap_used, clippy::disallowed_methods)]
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
