@@ -36,6 +36,8 @@ fn member(rng: &mut ChaCha8Rng, auth: Option<&AuthorityKey>, last: u8) -> Params
             portal: false,
             not_before: NOW - 60,
             not_after: NOW + 86_400,
+            issued: Some(NOW - 60),
+            issuer: false,
         }
         .sign(a)
         .unwrap()

@@ -195,7 +195,10 @@ impl Host {
                 Action::SetAddress { old, new, prefix } => self.addresses.push((old, new, prefix)),
                 Action::SaveNames(names) => self.names = Some(names),
                 Action::SaveRevocations(list) => self.revocations.extend(list),
-                Action::SaveIssued(_) | Action::PolicyChanged(_) | Action::PolicyRefused(_) => {}
+                Action::SaveIssued(_)
+                | Action::SaveCertificates(_)
+                | Action::PolicyChanged(_)
+                | Action::PolicyRefused(_) => {}
                 Action::Send { to, bytes } => {
                     self.ctl_datagrams += 1;
                     self.ctl_bytes += bytes.len() as u64;
@@ -449,6 +452,8 @@ pub fn certificate(authority: &weft_core::cert::AuthorityKey, params: &Params, n
         portal: false,
         not_before: 1_800_000_000 - 86_400,
         not_after: 1_800_000_000 + 365 * 86_400,
+        issued: Some(1_800_000_000 - 86_400),
+        issuer: false,
     }
     .sign(authority)
     .expect("a certificate within the format's limits")

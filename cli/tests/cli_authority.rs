@@ -130,3 +130,44 @@ fn an_admin_issues_reads_and_revokes_a_certificate() {
     refused(&["cert", "show", "/nonexistent"], "neither a certificate");
     refused(&["authority", "revoke", "--key", key, "abc"], "invalid node id");
 }
+
+#[test]
+fn a_host_name_or_address_stays_with_its_key_until_that_key_is_revoked_and_replace_is_given() {
+    let dir = TempDir::new();
+    let key = dir.0.join("auth.key");
+    let key = key.to_str().unwrap();
+    ok(&["authority", "init", "--out", key]);
+    let id = |name: &str| ok(&["id", "--state-dir", dir.0.join(name).to_str().unwrap()]);
+    let (alice, mallory) = (id("alice"), id("mallory"));
+    let sign = |node: &str, name: &str, ipv4: &str, extra: &[&str]| {
+        let mut a = vec!["authority", "sign", "--key", key, "--node-id", node, "--name", name, "--ipv4", ipv4];
+        a.extend_from_slice(extra);
+        a.into_iter().map(str::to_owned).collect::<Vec<_>>()
+    };
+    let run_ok = |v: Vec<String>| ok(&v.iter().map(String::as_str).collect::<Vec<_>>());
+    let run_refused = |v: Vec<String>, names: &str| refused(&v.iter().map(String::as_str).collect::<Vec<_>>(), names);
+
+    let first = run_ok(sign(&alice, "alice", "10.126.0.5/24", &["--groups", "dev", "--issuer"]));
+    let shown: serde_json::Value = serde_json::from_str(&ok(&["cert", "show", "--json", &first])).unwrap();
+    assert_eq!(shown["issuer"], true);
+    assert!(shown["issued"].as_u64().unwrap() >= shown["not_before"].as_u64().unwrap(), "{shown}");
+    assert!(ok(&["cert", "show", &first]).contains("may issue"), "cert show names the issuer mark");
+    let ledger = std::fs::read_to_string(format!("{key}.ledger")).unwrap();
+    assert!(ledger.contains(&alice) && ledger.contains("\"alice\""), "{ledger}");
+    // The same key re-certified (fewer groups, another address): fine.
+    run_ok(sign(&alice, "alice", "10.126.0.6/24", &[]));
+    // Another key asking for its name (in any case) or one of its addresses: refused.
+    run_refused(sign(&mallory, "Alice", "10.126.0.9/24", &[]), "host name \"alice\" was signed for node");
+    run_refused(sign(&mallory, "mallory", "10.126.0.5/24", &[]), "address 10.126.0.5 was signed for node");
+    // --replace only once the old key is revoked.
+    run_refused(sign(&mallory, "alice", "10.126.0.9/24", &["--replace"]), "revoke it first");
+    let revocation = ok(&["authority", "revoke", "--key", key, &alice]);
+    assert!(revocation.starts_with("weft-revocation:"));
+    assert!(std::fs::read_to_string(format!("{key}.ledger")).unwrap().contains("revoked"));
+    run_refused(sign(&mallory, "alice", "10.126.0.9/24", &[]), "--replace");
+    let moved = run_ok(sign(&mallory, "alice", "10.126.0.5/24", &["--replace"]));
+    assert!(ok(&["cert", "show", &moved]).contains(&mallory));
+    // The help says how a name moves.
+    let help = ok(&["authority", "sign", "--help"]);
+    assert!(help.contains("--replace") && help.contains("revoke"), "{help}");
+}

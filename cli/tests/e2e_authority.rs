@@ -25,23 +25,17 @@ fn weft(args: &[&str]) -> String {
 
 /// A certificate for the node whose state directory is `dir/NAME-state`.
 fn certify(dir: &TempDir, key: &str, name: &str, ip: &str, expires: &str) -> String {
+    certify_with(dir, key, name, ip, expires, &[])
+}
+
+/// [`certify`] with more flags of `weft authority sign` (`--issuer`).
+fn certify_with(dir: &TempDir, key: &str, name: &str, ip: &str, expires: &str, extra: &[&str]) -> String {
     let id = weft(&["id", "--state-dir", dir.0.join(format!("{name}-state")).to_str().unwrap()]);
-    weft(&[
-        "authority",
-        "sign",
-        "--key",
-        key,
-        "--node-id",
-        &id,
-        "--name",
-        name,
-        "--ipv4",
-        &format!("{ip}/24"),
-        "--network-name",
-        "e2e-authority",
-        "--expires",
-        expires,
-    ])
+    let ip = format!("{ip}/24");
+    let mut a = vec!["authority", "sign", "--key", key, "--node-id", &id, "--name", name, "--ipv4", &ip];
+    a.extend(["--network-name", "e2e-authority", "--expires", expires]);
+    a.extend_from_slice(extra);
+    weft(&a)
 }
 
 fn args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
@@ -225,9 +219,10 @@ fn join_once(lan: &Lan, dir: &TempDir, name: &str, token: &str) -> (bool, String
 fn a_new_machine_joins_with_an_invite_alone_and_spent_revoked_or_expired_invites_are_refused() {
     let (lan, dir, key, authority) = network();
     let key = key.as_str();
-    let (cert_a, cert_b) = (certify(&dir, key, "n0", IPS[0], "1d"), certify(&dir, key, "n1", IPS[1], "1d"));
+    let cert_a = certify_with(&dir, key, "n0", IPS[0], "1d", &["--issuer"]);
+    let cert_b = certify(&dir, key, "n1", IPS[1], "1d");
     let listen = |i: usize| format!("udp://{}:11010", lan.addrs[i]);
-    // A issues; B is a member without the key.
+    // A issues (its certificate marks it an issuer); B is a member without the key.
     let a = Node::start(
         &lan.hosts[0],
         &dir.0,

@@ -10,11 +10,12 @@
 //! them; deciding what a node may do with a checked certificate is the control
 //! plane's business (`weft-peers`).
 //!
-//! Certificate, format 1 (every integer big-endian):
+//! Certificate, format 2 (every integer big-endian):
 //!
 //! ```text
-//!   u8  format (1)          [32] authority public key   [32] node static key
-//!   u64 not_before (unix s) u64  not_after (unix s)     u8   flags (1 exit, 2 portal)
+//!   u8  format (2)          [32] authority public key   [32] node static key
+//!   u64 not_before (unix s) u64  not_after (unix s)     u64  issued (unix s)
+//!   u8  flags (1 exit, 2 portal, 4 issuer)
 //!   u8 len + network name (empty: any network of this authority)
 //!   u8 len + host name      [4] IPv4 + u8 prefix
 //!   u8 has_ipv6 (0|1) [+ [16] IPv6 + u8 prefix]
@@ -22,6 +23,13 @@
 //!   u8 n + n × (u8 family 4|6 + [4|16] address + u8 prefix)     proxied subnets
 //!   [64] Ed25519 signature over "weft certificate 1\0" ‖ everything before it
 //! ```
+//!
+//! Format 1 (releases up to 0.3) is the same without `issued` and without the issuer
+//! flag; it is still read, as issued at its `not_before`, and written back as it came
+//! (a node whose certificate is of format 1 presents format 1, which every release
+//! reads). The issue time orders an authority's certificates for one key: a node
+//! refuses one older than the newest it has seen, so a member re-certified with
+//! fewer rights cannot restart with its older certificate.
 //!
 //! Revocation, format 1: `u8 1, [32] authority, [32] node static key, u64 issued
 //! (unix s), [64] signature over "weft revocation 1\0" ‖ everything before it`.
@@ -32,8 +40,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 
-/// The certificate format this build writes and reads.
-pub const CERT_FORMAT: u8 = 1;
+/// The certificate format this build writes (it reads this one and format 1).
+pub const CERT_FORMAT: u8 = 2;
+/// The first certificate format: no issue time, no issuer flag.
+const CERT_FORMAT_1: u8 = 1;
 /// The revocation format this build writes and reads.
 pub const REVOCATION_FORMAT: u8 = 1;
 /// Text prefix of an authority's public key.
@@ -47,6 +57,7 @@ const CERT_DOMAIN: &[u8] = b"weft certificate 1\0";
 const REVOCATION_DOMAIN: &[u8] = b"weft revocation 1\0";
 const FLAG_EXIT: u8 = 1;
 const FLAG_PORTAL: u8 = 2;
+const FLAG_ISSUER: u8 = 4;
 
 /// Most groups a certificate carries.
 pub const MAX_GROUPS: usize = 32;
@@ -252,6 +263,13 @@ pub struct CertBody {
     pub not_before: u64,
     /// End of validity, unix seconds.
     pub not_after: u64,
+    /// When the authority signed it, unix seconds; `None`: a certificate of format 1,
+    /// which has no issue time (it counts as issued at `not_before`).
+    pub issued: Option<u64>,
+    /// Whether the member may issue certificates to machines with an invite (holds
+    /// the authority key): joiners hand their invite only to a member marked so.
+    /// Format 2 only.
+    pub issuer: bool,
 }
 
 /// A signed certificate.
@@ -277,13 +295,22 @@ impl CertBody {
     }
 
     fn encode(&self) -> Result<Vec<u8>, CertError> {
-        let mut b = Vec::with_capacity(160);
-        b.push(CERT_FORMAT);
+        let mut b = Vec::with_capacity(168);
+        b.push(if self.issued.is_some() { CERT_FORMAT } else { CERT_FORMAT_1 });
         b.extend_from_slice(&self.authority.0);
         b.extend_from_slice(&self.node);
         b.extend_from_slice(&self.not_before.to_be_bytes());
         b.extend_from_slice(&self.not_after.to_be_bytes());
-        b.push((u8::from(self.exit) * FLAG_EXIT) | (u8::from(self.portal) * FLAG_PORTAL));
+        match self.issued {
+            Some(t) => b.extend_from_slice(&t.to_be_bytes()),
+            None if self.issuer => return Err(CertError::Field("issuer mark (format 2 only: give an issue time)")),
+            None => {}
+        }
+        b.push(
+            (u8::from(self.exit) * FLAG_EXIT)
+                | (u8::from(self.portal) * FLAG_PORTAL)
+                | (u8::from(self.issuer) * FLAG_ISSUER),
+        );
         put_str(&mut b, &self.network, "network name")?;
         put_str(&mut b, &self.name, "host name")?;
         if self.ipv4.1 > 32 {
@@ -406,13 +433,18 @@ impl Certificate {
         }
         let mut r = Reader(bytes);
         let format = r.u8()?;
-        check_format(format, CERT_FORMAT)?;
+        if format != CERT_FORMAT_1 {
+            check_format(format, CERT_FORMAT)?;
+        }
         let authority = AuthorityId(r.key()?);
         let node = r.key()?;
         let not_before = r.u64()?;
         let not_after = r.u64()?;
+        let issued = if format == CERT_FORMAT_1 { None } else { Some(r.u64()?) };
         let flags = r.u8()?;
-        if flags & !(FLAG_EXIT | FLAG_PORTAL) != 0 {
+        let known =
+            if format == CERT_FORMAT_1 { FLAG_EXIT | FLAG_PORTAL } else { FLAG_EXIT | FLAG_PORTAL | FLAG_ISSUER };
+        if flags & !known != 0 {
             return Err(CertError::Field("flags"));
         }
         let network = r.str("network name")?;
@@ -476,8 +508,16 @@ impl Certificate {
             portal: flags & FLAG_PORTAL != 0,
             not_before,
             not_after,
+            issued,
+            issuer: flags & FLAG_ISSUER != 0,
         };
         Ok(Self { body, signature })
+    }
+
+    /// When the authority issued it, unix seconds (a format-1 certificate: its
+    /// `not_before`). Of two certificates for one key, the later issued wins.
+    pub fn issued(&self) -> u64 {
+        self.body.issued.unwrap_or(self.body.not_before)
     }
 
     /// The one-line text form, `weft-cert:<base64url>`.
@@ -620,6 +660,8 @@ mod tests {
             portal: false,
             not_before: 1_800_000_000,
             not_after: 1_800_000_000 + 90 * 86_400,
+            issued: Some(1_800_000_007),
+            issuer: false,
         }
     }
 
@@ -629,11 +671,12 @@ mod tests {
         let cert = body(&key).sign(&key).unwrap();
         let bytes = cert.to_bytes();
         // The fields in order, then the (deterministic) Ed25519 signature.
-        let mut want = vec![1u8];
+        let mut want = vec![2u8];
         want.extend_from_slice(&key.id().0);
         want.extend_from_slice(&[9; 32]);
         want.extend_from_slice(&1_800_000_000u64.to_be_bytes());
         want.extend_from_slice(&1_807_776_000u64.to_be_bytes());
+        want.extend_from_slice(&1_800_000_007u64.to_be_bytes());
         want.push(1); // exit
         want.extend_from_slice(b"\x06office\x08build-01");
         want.extend_from_slice(&[10, 126, 0, 5, 24]);
@@ -669,7 +712,7 @@ mod tests {
         assert_eq!(cert.check(&trusted, "office", &[9; 32], 1_807_776_000), Err(CertRefusal::Expired));
         // Any change to a signed field breaks the signature.
         let mut bytes = cert.to_bytes();
-        let name_at = 1 + 32 + 32 + 8 + 8 + 1 + 7 + 1;
+        let name_at = 1 + 32 + 32 + 8 + 8 + 8 + 1 + 7 + 1;
         bytes[name_at] ^= 1;
         let forged = Certificate::from_bytes(&bytes).unwrap();
         assert_eq!(forged.check(&trusted, "office", &[9; 32], now), Err(CertRefusal::BadSignature));
@@ -693,8 +736,8 @@ mod tests {
         long.push(0);
         assert_eq!(Certificate::from_bytes(&long), Err(CertError::Trailing(1)));
         let mut newer = bytes;
-        newer[0] = 2;
-        assert_eq!(Certificate::from_bytes(&newer), Err(CertError::Newer(2, 1)));
+        newer[0] = 3;
+        assert_eq!(Certificate::from_bytes(&newer), Err(CertError::Newer(3, 2)));
         newer[0] = 0;
         assert_eq!(Certificate::from_bytes(&newer), Err(CertError::Format(0)));
         assert_eq!(Certificate::from_text("weft-revocation:AA"), Err(CertError::Prefix(CERT_PREFIX)));
@@ -711,6 +754,45 @@ mod tests {
         let mut b = body(&key);
         b.ipv4.1 = 33;
         assert!(b.sign(&key).is_err());
+    }
+
+    #[test]
+    fn format_1_certificates_are_still_read_as_issued_at_not_before_and_kept_as_they_came() {
+        let key = authority();
+        let mut old = body(&key);
+        old.issued = None;
+        let cert = old.clone().sign(&key).unwrap();
+        let bytes = cert.to_bytes();
+        // Format 1: no issue time, the flags right after not_after.
+        assert_eq!(bytes[0], 1);
+        assert_eq!(bytes[1 + 32 + 32 + 16], 1, "the exit flag follows not_after");
+        let back = Certificate::from_bytes(&bytes).unwrap();
+        assert_eq!(back.body().issued, None);
+        assert_eq!(back.issued(), 1_800_000_000, "a format-1 certificate counts as issued at not_before");
+        assert_eq!(back.to_bytes(), bytes, "presented again in the format it was signed in");
+        assert_eq!(back.check(&[key.id()], "office", &[9; 32], 1_800_000_100), Ok(()));
+        // The issuer flag does not exist in format 1: not signed, not read.
+        old.issuer = true;
+        assert!(old.sign(&key).is_err());
+        let mut flagged = bytes;
+        flagged[1 + 32 + 32 + 16] |= 4;
+        assert_eq!(Certificate::from_bytes(&flagged), Err(CertError::Field("flags")));
+        // Format 2 carries both, signed.
+        let mut new = body(&key);
+        new.issuer = true;
+        let new = new.sign(&key).unwrap();
+        let back = Certificate::from_bytes(&new.to_bytes()).unwrap();
+        assert!(back.body().issuer);
+        assert_eq!(back.issued(), 1_800_000_007);
+        let mut unmarked = new.to_bytes();
+        unmarked[1 + 32 + 32 + 24] &= !4;
+        let unmarked = Certificate::from_bytes(&unmarked).unwrap();
+        assert!(!unmarked.body().issuer);
+        assert_eq!(unmarked.check(&[key.id()], "office", &[9; 32], 1_800_000_100), Err(CertRefusal::BadSignature));
+        let mut later = new.to_bytes();
+        later[1 + 32 + 32 + 16 + 7] ^= 1;
+        let later = Certificate::from_bytes(&later).unwrap();
+        assert_eq!(later.check(&[key.id()], "office", &[9; 32], 1_800_000_100), Err(CertRefusal::BadSignature));
     }
 
     #[test]

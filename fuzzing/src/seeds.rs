@@ -127,7 +127,10 @@ pub fn seeds() -> Vec<Seed> {
         portal: true,
         not_before: 1_800_000_000,
         not_after: 1_900_000_000,
+        issued: Some(1_800_000_000),
+        issuer: true,
     };
+    // Format 1: no issue time, no issuer mark.
     let bare = weft_core::cert::CertBody {
         network: String::new(),
         ipv6: None,
@@ -135,6 +138,8 @@ pub fn seeds() -> Vec<Seed> {
         subnets: Vec::new(),
         exit: false,
         portal: false,
+        issued: None,
+        issuer: false,
         ..full.clone()
     };
     for (name, body) in [("seed-cert", full), ("seed-cert-bare", bare)] {

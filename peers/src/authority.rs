@@ -4,7 +4,7 @@
 //! grant. In a network without an authority, a hello that carries a certificate is
 //! refused too: the peer belongs to an authority network this node is not set up for.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use weft_control::FailureKind;
 use weft_core::cert::{AuthorityId, Certificate, Revocation};
@@ -71,11 +71,60 @@ impl Revocations {
     }
 }
 
+/// The newest certificate this node has seen for each member key (checked against a
+/// trusted authority when it was taken): a certificate issued before it is refused,
+/// in a hello and in a record, so a member re-certified with fewer rights cannot come
+/// back with an older certificate. Kept in the state directory
+/// ([`crate::Action::SaveCertificates`]).
+#[derive(Debug, Default)]
+pub(crate) struct Newest {
+    by_key: HashMap<[u8; 32], Certificate>,
+}
+
+/// Member keys whose newest certificate a node keeps, at most (each at most 512
+/// bytes; only certificates its authority signed are kept).
+pub(crate) const MAX_NEWEST: usize = 65_536;
+
+impl Newest {
+    /// Takes `cert` (signed by a trusted authority, checked by the caller) when it
+    /// was issued after the one held for its key: returns whether it was.
+    pub(crate) fn note(&mut self, cert: &Certificate) -> bool {
+        let key = cert.body().node;
+        match self.by_key.get(&key) {
+            Some(held) if held.issued() >= cert.issued() => false,
+            None if self.by_key.len() >= MAX_NEWEST => false,
+            _ => {
+                self.by_key.insert(key, cert.clone());
+                true
+            }
+        }
+    }
+
+    /// The issue time of the newest certificate held for `key`, when `cert` (for
+    /// that key) was issued before it.
+    pub(crate) fn older(&self, cert: &Certificate) -> Option<u64> {
+        let held = self.by_key.get(&cert.body().node)?.issued();
+        (cert.issued() < held).then_some(held)
+    }
+
+    /// Every certificate held, in no order.
+    pub(crate) fn certs(&self) -> impl Iterator<Item = &Certificate> {
+        self.by_key.values()
+    }
+
+    /// Every certificate held, encoded (what the state directory keeps).
+    pub(crate) fn encoded(&self) -> Vec<Vec<u8>> {
+        self.by_key.values().map(Certificate::to_bytes).collect()
+    }
+}
+
 /// Why `hello` (from the node whose handshake proved `key`) is refused in `network`
 /// trusting `authorities` at `unix` seconds, with the failure kind; `None` admits.
+/// A certificate issued before the newest seen for the key (`newest`) is refused.
 pub(crate) fn refusal(
     authorities: &[AuthorityId],
     revoked: &Revocations,
+    newest: &Newest,
     network: &str,
     key: &PeerKey,
     hello: &Hello,
@@ -111,6 +160,15 @@ pub(crate) fn refusal(
     if let Err(r) = cert.check(authorities, network, &key.0, unix) {
         return Some((format!("presents a certificate that is refused: {r}"), FailureKind::CertificateRefused));
     }
+    if let Some(held) = newest.older(&cert) {
+        return Some((
+            format!(
+                "presents an older certificate (issued at {}) than the newest its authority issued it (issued at {held}): refused, restart it with its newest certificate",
+                cert.issued()
+            ),
+            FailureKind::CertificateRefused,
+        ));
+    }
     let b = cert.body();
     let beyond =
         |what: String| Some((format!("{what}, which its certificate does not grant"), FailureKind::BeyondCertificate));
@@ -132,12 +190,13 @@ pub(crate) fn refusal(
 }
 
 /// Why topology record `rec` is not taken in a network trusting `authorities` (at
-/// `unix` seconds): its origin is revoked, or its certificate is missing, refused, or
-/// does not grant the record's address or name. `None` takes it (and always without
-/// an authority).
+/// `unix` seconds): its origin is revoked, or its certificate is missing, refused,
+/// older than the newest seen for its origin (`newest`), or does not grant the
+/// record's address or name. `None` takes it (and always without an authority).
 pub(crate) fn record_refusal(
     authorities: &[AuthorityId],
     revoked: &Revocations,
+    newest: &Newest,
     network: &str,
     rec: &crate::topology::Record,
     unix: u64,
@@ -155,6 +214,12 @@ pub(crate) fn record_refusal(
     };
     if let Err(r) = cert.check(authorities, network, &rec.key, unix) {
         return Some(format!("its certificate is refused: {r}"));
+    }
+    if let Some(held) = newest.older(&cert) {
+        return Some(format!(
+            "its certificate is older (issued at {}) than the newest seen for its origin (issued at {held})",
+            cert.issued()
+        ));
     }
     let b = cert.body();
     let v6_ok = rec.overlay6.is_none_or(|a| b.ipv6.is_some_and(|(g, _)| g == a));
@@ -199,7 +264,7 @@ impl crate::node::Node {
         let hex = |k: &[u8; 32]| k.iter().map(|b| format!("{b:02x}")).collect::<String>();
         let hello = &self.cfg.handshake.hello;
         let own = self.cfg.handshake.local.public;
-        let mut claims: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+        let mut claims: HashMap<String, usize> = HashMap::new();
         *claims.entry(hello.hostname.to_ascii_lowercase()).or_default() += 1;
         for r in self.mesh.topology.records().filter(|r| r.key != own) {
             *claims.entry(r.hostname.to_ascii_lowercase()).or_default() += 1;
@@ -456,6 +521,8 @@ mod tests {
             portal: false,
             not_before: 1_000,
             not_after: 2_000,
+            issued: Some(1_000),
+            issuer: false,
         }
         .sign(key)
         .unwrap()
@@ -468,7 +535,8 @@ mod tests {
         let trusted = [auth.id()];
         let key = PeerKey([9; 32]);
         let none = Revocations::default();
-        let kind = |h: &Hello, t: &[AuthorityId], unix| refusal(t, &none, "office", &key, h, unix).map(|r| r.1);
+        let fresh = Newest::default();
+        let kind = |h: &Hello, t: &[AuthorityId], unix| refusal(t, &none, &fresh, "office", &key, h, unix).map(|r| r.1);
         let good = hello(Some(cert(&auth, key.0)));
         assert_eq!(kind(&good, &trusted, 1_500), None);
         assert_eq!(kind(&hello(None), &[], 1_500), None, "no authority, no certificate: as before");
@@ -497,9 +565,66 @@ mod tests {
         assert_eq!(revoked.add(r.clone(), &trusted), Ok(true));
         assert_eq!(revoked.add(r, &trusted), Ok(false), "known already");
         let good = hello(Some(cert(&auth, key.0)));
-        let got = refusal(&trusted, &revoked, "office", &key, &good, 1_500).unwrap();
+        let got = refusal(&trusted, &revoked, &fresh, "office", &key, &good, 1_500).unwrap();
         assert_eq!(got.1, FailureKind::CertificateRefused);
         assert!(got.0.contains("revoked"), "{}", got.0);
+    }
+
+    #[test]
+    fn a_certificate_issued_before_the_newest_seen_for_its_key_is_refused_in_hellos_and_records() {
+        let auth = AuthorityKey::from_seed([1; 32]);
+        let trusted = [auth.id()];
+        let key = PeerKey([9; 32]);
+        let none = Revocations::default();
+        let signed = |issued: Option<u64>, groups: &[&str]| {
+            let mut b = Certificate::from_bytes(&cert(&auth, key.0)).unwrap().body().clone();
+            b.issued = issued;
+            b.groups = groups.iter().map(|g| (*g).to_owned()).collect();
+            b.sign(&auth).unwrap()
+        };
+        // v1 (format 1, counts as issued at not_before 1_000) with group dev; v2 later
+        // with none.
+        let (v1, v2) = (signed(None, &["dev"]), signed(Some(1_100), &[]));
+        let mut newest = Newest::default();
+        let check = |n: &Newest, c: &Certificate| {
+            refusal(&trusted, &none, n, "office", &key, &hello(Some(c.to_bytes())), 1_500)
+        };
+        assert_eq!(check(&newest, &v1), None, "nothing newer seen yet");
+        assert!(newest.note(&v1));
+        assert!(newest.note(&v2), "issued later: the newest now");
+        assert!(!newest.note(&v1), "an older one never replaces it");
+        assert!(!newest.note(&v2), "nor the same one");
+        assert_eq!(check(&newest, &v2), None);
+        let (why, kind) = check(&newest, &v1).unwrap();
+        assert_eq!(kind, FailureKind::CertificateRefused);
+        assert!(why.contains("older certificate") && why.contains("1100"), "{why}");
+        assert_eq!(newest.encoded(), vec![v2.to_bytes()]);
+        // The same in a record.
+        let origin = weft_core::handshake::StaticKey::from_seed([4; 32]);
+        let rec_cert = |issued| {
+            let mut b = v1.body().clone();
+            b.node = origin.public;
+            b.issued = Some(issued);
+            b.sign(&auth).unwrap()
+        };
+        let rec = |c: &Certificate| crate::topology::Record {
+            key: origin.public,
+            signer: origin.signing_public,
+            seq: 1,
+            hostname: "build-01".into(),
+            overlay: Ipv4Addr::new(10, 1, 0, 5),
+            overlay6: None,
+            endpoints: vec![],
+            neighbours: vec![],
+            proxied: vec![],
+            dynamic: false,
+            cert: Some(c.to_bytes()),
+            sig: [0; 64],
+        };
+        assert!(newest.note(&rec_cert(1_200)));
+        assert_eq!(record_refusal(&trusted, &none, &newest, "office", &rec(&rec_cert(1_200)), 1_500), None);
+        let why = record_refusal(&trusted, &none, &newest, "office", &rec(&rec_cert(1_150)), 1_500).unwrap();
+        assert!(why.contains("older"), "{why}");
     }
 
     #[test]
@@ -521,6 +646,8 @@ mod tests {
             portal: false,
             not_before: 1_000,
             not_after: 2_000,
+            issued: Some(1_000),
+            issuer: false,
         }
         .sign(&auth)
         .unwrap()
@@ -540,16 +667,17 @@ mod tests {
             sig: [0; 64],
         };
         let none = Revocations::default();
-        let refusal = |r: &Record, t: &[AuthorityId]| record_refusal(t, &none, "office", r, 1_500);
+        let fresh = Newest::default();
+        let refusal = |r: &Record, t: &[AuthorityId]| record_refusal(t, &none, &fresh, "office", r, 1_500);
         assert_eq!(refusal(&rec, &trusted), None);
         assert_eq!(refusal(&Record { cert: None, ..rec.clone() }, &[]), None, "no authority: as before");
         assert!(refusal(&Record { cert: None, ..rec.clone() }, &trusted).is_some());
         assert!(refusal(&Record { overlay: Ipv4Addr::new(10, 1, 0, 8), ..rec.clone() }, &trusted).is_some());
         assert!(refusal(&Record { hostname: "gateway".into(), ..rec.clone() }, &trusted).is_some());
-        assert!(record_refusal(&trusted, &none, "office", &rec, 2_000).is_some(), "expired");
+        assert!(record_refusal(&trusted, &none, &fresh, "office", &rec, 2_000).is_some(), "expired");
         let mut revoked = Revocations::default();
         revoked.add(Revocation::issue(&auth, origin.public, 1_200), &trusted).unwrap();
-        assert!(record_refusal(&trusted, &revoked, "office", &rec, 1_500).is_some());
+        assert!(record_refusal(&trusted, &revoked, &fresh, "office", &rec, 1_500).is_some());
         // Grants: inside the certified subnet yes, beyond it or an exit no.
         let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
         assert!(grants(&trusted, &rec, ip("192.168.50.0"), 24));

@@ -3,14 +3,16 @@
 //! ([`weft_core::handshake::Hello::join`]).
 //!
 //! The new machine proved the network secret (the init's MAC and PSK) and its node
-//! key (the init's `ss`); the invite says what it may have. The issuer checks the
-//! invite (signed by a trusted authority, for this network, not expired, not revoked,
-//! not used up), picks an address no member holds and a host name no other member
-//! uses, signs a certificate and answers the init with it, or with the reason it
-//! will not. No session is made: the new machine starts again as a member with its
-//! certificate. Each issue is kept in a ledger (in the state directory,
-//! [`Action::SaveIssued`]): a machine asking again (its answer was lost) gets the
-//! same address and name without using the invite again.
+//! key (the init's `ss`); the invite says what it may have. The issuer (whose own
+//! certificate carries the issuer mark) checks the invite (signed by a trusted
+//! authority, for this network, not expired, not revoked, not used up), picks an
+//! address and a host name that neither its ledger nor any certificate it has seen
+//! gives another key (nor a member it sees holds), signs a certificate and answers
+//! the init with it, or with the reason it will not. No session is made: the new
+//! machine starts again as a member with its certificate. Each issue is kept in a
+//! ledger (in the state directory, [`Action::SaveIssued`]): a machine asking again
+//! (its answer was lost) gets the same address and name without using the invite
+//! again, but only while the invite is valid (not expired, not revoked).
 
 use std::collections::HashSet;
 use std::net::{Ipv4Addr, Ipv6Addr};
@@ -103,6 +105,24 @@ impl Node {
         if self.trust.revocations.contains(&key.0) {
             return Err("this node key was revoked".into());
         }
+        // Also a machine asking again: the invite renews nothing once it expired.
+        if unix >= b.expires {
+            return Err(format!("the invite expired {} s ago", unix - b.expires));
+        }
+        let marked = self
+            .cfg
+            .handshake
+            .hello
+            .cert
+            .as_deref()
+            .and_then(|c| Certificate::from_bytes(c).ok())
+            .is_some_and(|c| c.body().issuer);
+        if !marked {
+            return Err(
+                "this member's certificate does not mark it an issuer (the authority signs that with `weft authority sign --issuer`)"
+                    .into(),
+            );
+        }
         let again = self
             .trust
             .issuer
@@ -112,9 +132,6 @@ impl Node {
         let (ipv4, name) = match again.clone() {
             Some(e) => e,
             None => {
-                if unix >= b.expires {
-                    return Err(format!("the invite expired {} s ago", unix - b.expires));
-                }
                 let used =
                     self.trust.issuer.as_ref().map_or(0, |i| i.ledger.iter().filter(|e| e.invite == b.id).count());
                 if b.uses != 0 && used >= b.uses as usize {
@@ -149,12 +166,15 @@ impl Node {
             // A minute back: a new machine whose clock is a little behind takes it too.
             not_before: unix.saturating_sub(60),
             not_after: unix.saturating_add(u64::from(b.lifetime)),
+            issued: Some(unix),
+            issuer: false,
         };
         let cert = body.sign(&issuer.key).map_err(|e| format!("cannot sign a certificate: {e}"))?;
         if again.is_none() {
             issuer.ledger.push(Issued { invite: b.id, node: key.0, ipv4, name: name.clone(), at: unix });
             self.actions.push_back(Action::SaveIssued(issuer.ledger.clone()));
         }
+        self.note_certificate(now, Some(&cert.to_bytes()));
         info!(node = %key.id(), %name, addr = %ipv4, invite = %NodeId::from_public(&b.id), "issued a member certificate for an invite");
         Ok(cert)
     }
@@ -175,6 +195,9 @@ impl Node {
         if let Some(i) = &self.trust.issuer {
             taken.extend(i.ledger.iter().filter(|e| e.node != key.0).map(|e| e.ipv4));
         }
+        // And every address a certificate seen grants another key, its holder online
+        // or not (a joiner grinding keys never lands on an offline member's address).
+        taken.extend(self.trust.newest.certs().filter(|c| c.body().node != key.0).map(|c| c.body().ipv4.0));
         let size = 1u64 << (32 - prefix);
         let net = u32::from(mine.ipv4) & (u32::MAX << (32 - prefix));
         let id = key.id().to_bytes();
@@ -210,6 +233,7 @@ impl Node {
         if let Some(i) = &self.trust.issuer {
             taken.extend(i.ledger.iter().filter(|e| e.node != key.0).map(|e| e.name.as_str()));
         }
+        taken.extend(self.trust.newest.certs().filter(|c| c.body().node != key.0).map(|c| c.body().name.as_str()));
         if !taken.contains(base.as_str()) {
             return base;
         }

@@ -687,6 +687,11 @@ impl Node {
             }
             Received::Stored(before) => before,
         };
+        // A member that was offline learns a re-certified member's newest certificate
+        // from its record (and refuses the older one from then on).
+        if node != self.id {
+            self.note_certificate(now, rec.cert.as_deref());
+        }
         self.learn_member(now, &rec, &before);
         // Flood on to every other link.
         let (from_id, key) = (from_key.id(), PeerKey(rec.key));
@@ -713,8 +718,14 @@ impl Node {
         let newer = self.mesh.topology.get(&node).is_none_or(|kept| kept.seq < rec.seq);
         if node != self.id
             && newer
-            && let Some(why) =
-                crate::authority::record_refusal(&self.cfg.authorities, &self.trust.revocations, network, rec, unix)
+            && let Some(why) = crate::authority::record_refusal(
+                &self.cfg.authorities,
+                &self.trust.revocations,
+                &self.trust.newest,
+                network,
+                rec,
+                unix,
+            )
         {
             // Not a member by the authority's word: never stored, never forwarded.
             debug!(from = %from_key.id(), origin = %node, "dropped a topology record: {why}");

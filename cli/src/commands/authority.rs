@@ -9,6 +9,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use weft_core::cert::{AuthorityKey, CertBody, Prefix, Revocation};
 
+use crate::commands::ledger::{Ask, Entry, Ledger};
 use crate::config::args::{AuthorityInviteArgs, AuthorityRevokeArgs, AuthoritySignArgs, CertShowArgs};
 use crate::config::membership::read_cert;
 use crate::config::values::PeerUri;
@@ -117,8 +118,25 @@ pub(crate) fn sign(a: &AuthoritySignArgs) -> Result<()> {
         portal: a.portal,
         not_before: now,
         not_after: now.saturating_add(parse_duration(&a.expires)?),
+        issued: Some(now),
+        issuer: a.issuer,
     };
+    // One key per host name and address: the ledger beside the key file says who
+    // holds each.
+    let mut ledger = Ledger::load(&a.key)?;
+    let ask = Ask { node: &node, name: &a.name, ipv4: ipv4.addr, ipv6: ipv6.map(|(a, _)| a) };
+    if let Some(why) = ledger.refusal(&ask, a.replace) {
+        return Err(UsageError(format!("refusing to sign: {why}")).into());
+    }
     let cert = body.sign(&key).map_err(|e| UsageError(format!("cannot issue this certificate: {e}")))?;
+    ledger.append(Entry::Signed {
+        node: hex(&node),
+        name: a.name.clone(),
+        ipv4: ipv4.addr,
+        ipv6: ipv6.map(|(a, _)| a),
+        issued: now,
+    })?;
+    eprintln!("{} is now bound to this node key in {}", a.name, ledger.path().display());
     println!("{}", cert.to_text());
     Ok(())
 }
@@ -151,7 +169,15 @@ pub(crate) fn revoke(a: &AuthorityRevokeArgs) -> Result<()> {
         (Some(id), None) => parse_node_id(id)?,
         (None, None) => return Err(UsageError("name the NODE-ID to revoke, or --invite".into()).into()),
     };
-    println!("{}", Revocation::issue(&key, subject, now_unix()).to_text());
+    let revocation = Revocation::issue(&key, subject, now_unix());
+    // A node key's revocation frees its names and addresses for `sign --replace`.
+    if a.invite.is_none() {
+        let mut ledger = Ledger::load(&a.key)?;
+        if !ledger.is_revoked(&subject) {
+            ledger.append(Entry::Revoked { node: hex(&subject), at: revocation.issued })?;
+        }
+    }
+    println!("{}", revocation.to_text());
     Ok(())
 }
 
@@ -283,6 +309,8 @@ pub(crate) fn show(a: &CertShowArgs) -> Result<()> {
             "portal": b.portal,
             "not_before": b.not_before,
             "not_after": b.not_after,
+            "issued": cert.issued(),
+            "issuer": b.issuer,
             "authority": b.authority.to_string(),
             "state": state.to_lowercase().replace(' ', "_"),
         });
@@ -303,6 +331,12 @@ pub(crate) fn show(a: &CertShowArgs) -> Result<()> {
         println!("  exit node   {}", if b.exit { "may offer" } else { "no" });
         println!("  wg portal   {}", if b.portal { "may run" } else { "no" });
         println!("  valid       {} to {}", utc(b.not_before), utc(b.not_after));
+        println!(
+            "  issued      {}{}",
+            utc(cert.issued()),
+            if b.issued.is_none() { " (format 1: its start of validity)" } else { "" }
+        );
+        println!("  issuer      {}", if b.issuer { "may issue to machines with an invite" } else { "no" });
         println!("  authority   {}", b.authority);
     }
     if !signed {

@@ -13,6 +13,7 @@ use crate::config::{NodeConfig, secret};
 use crate::{daemon, meta};
 
 pub(crate) mod authority;
+pub(crate) mod ledger;
 pub(crate) mod show;
 
 /// Runs `command`.

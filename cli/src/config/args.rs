@@ -457,7 +457,12 @@ pub enum AuthorityCommand {
     /// member is started with (`--authority`).
     Init(AuthorityInitArgs),
     /// Issue a member certificate: binds a node id to a host name, overlay addresses,
-    /// groups and what it may offer, for a validity period. Prints it (one line).
+    /// groups and what it may offer, for a validity period, stamped with the time it
+    /// is issued (members refuse a key's older certificates once they saw a newer
+    /// one). Prints it (one line). A host name or address already signed for another
+    /// key is refused (the ledger KEY.ledger beside the key file records each); to
+    /// move one to a new key, revoke the old key (`weft authority revoke`) and sign
+    /// with --replace.
     Sign(Box<AuthoritySignArgs>),
     /// Revoke a node id (or an invite, `--invite`): prints a signed revocation (one
     /// line) for `weft revoke add`, which the mesh carries to every member.
@@ -558,12 +563,22 @@ pub struct AuthoritySignArgs {
     /// The member may run a WireGuard portal.
     #[arg(long)]
     pub portal: bool,
+    /// The member issues certificates to machines with an invite (it runs with
+    /// --authority-key): new machines hand their invite only to a member marked so.
+    #[arg(long)]
+    pub issuer: bool,
     /// How long it is valid from now: a number and s, m, h, d or w (e.g. 90d).
     #[arg(long, value_name = "DURATION", default_value = "365d")]
     pub expires: String,
     /// The network it is valid in (default: any network that trusts this authority).
     #[arg(long, value_name = "NAME")]
     pub network_name: Option<String>,
+    /// Give this key a host name or address the authority signed for another key
+    /// before. Allowed only once that key is revoked (`weft authority revoke`, which
+    /// the ledger records). Without it, a name or address signed for another key is
+    /// refused: the ledger beside the key file (KEY.ledger) binds each to one key.
+    #[arg(long)]
+    pub replace: bool,
 }
 
 /// Arguments of `weft authority revoke`.

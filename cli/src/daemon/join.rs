@@ -3,8 +3,9 @@
 //!
 //! The token ([`weft_core::invite::Token`]) gives the network name, secret, entry
 //! points and the signed invite. For each UDP entry point in turn: an XX handshake
-//! learns the member's key and whether it issues (its hello's
-//! [`caps::ISSUER`] and certificate, checked against the invite's authority); then
+//! learns the member's key and whether it issues (its hello's [`caps::ISSUER`] and
+//! its certificate, checked against the invite's authority and marked issuer by it:
+//! the invite goes to no member on its own word); then
 //! an IK init to that key carries the invite, and the answer carries the certificate
 //! or the issuer's reason for refusing one. No session is made. The certificate is
 //! kept in the state directory (`certificate`), so a restart with the same token
@@ -148,18 +149,28 @@ fn ask(params: &mut Params, macs: &MacKeys, token: &Token, to: SocketAddr) -> Re
     params.hello.join = None;
     let (done, _) = exchange(&sock, macs, params, None).context("no member answered (is the entry point up?)")?;
     let issuer = done.hello.protocol().caps & caps::ISSUER != 0;
-    let member = done
+    let cert = done
         .hello
         .cert
         .as_deref()
         .and_then(|c| Certificate::from_bytes(c).ok())
-        .is_some_and(|c| c.check(&[authority], &params.network_name, &done.remote_static, unix()).is_ok());
+        .filter(|c| c.check(&[authority], &params.network_name, &done.remote_static, unix()).is_ok());
+    let member = cert.is_some();
+    let marked = cert.is_some_and(|c| c.body().issuer);
     if !member {
         bail!("it shows no certificate of the invite's authority: not a member of this network");
     }
     if !issuer {
         bail!(
             "member {:?} does not issue certificates: list a member started with --authority-key among the invite's entry points",
+            done.hello.hostname
+        );
+    }
+    // Its own word (the capability) is not enough: the authority must have marked it
+    // an issuer, or the invite is not handed over.
+    if !marked {
+        bail!(
+            "member {:?} says it issues certificates but its certificate does not mark it an issuer: the invite is not handed to it",
             done.hello.hostname
         );
     }

@@ -552,6 +552,7 @@ impl Runtime {
                 Action::SaveNames(names) => self.state_writer.save(names),
                 Action::SaveRevocations(list) => self.state_writer.save_revocations(list),
                 Action::SaveIssued(list) => self.state_writer.save_issued(list),
+                Action::SaveCertificates(list) => self.state_writer.save_certificates(list),
                 Action::PolicyChanged(bytes) => self.signed_policy(&bytes),
                 Action::PolicyRefused(why) => {
                     warn!("{why}: every flow but this node's own is denied");

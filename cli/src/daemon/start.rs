@@ -348,7 +348,14 @@ pub(super) fn engine(
             .into());
         }
         let ledger = state::load_issued(&cfg.state_dir)?;
-        info!(issued = ledger.len(), "this member issues certificates to machines with an invite");
+        if cfg.certificate.as_ref().is_some_and(|c| c.body().issuer) {
+            info!(issued = ledger.len(), "this member issues certificates to machines with an invite");
+        } else {
+            warn!(
+                "--authority-key is given but this node's certificate does not mark it an issuer: machines with an invite \
+                 will not hand it theirs, and it refuses to issue (sign its certificate with `weft authority sign --issuer`)"
+            );
+        }
         node.set_issuer(key, ledger);
     }
     // The revocations this node kept: refused from the first handshake on.
@@ -370,6 +377,16 @@ pub(super) fn engine(
         let taken = node.keep_revocations(now, kept);
         if count > 0 {
             info!(revocations = taken, "revocations kept in the state directory: refused from the first handshake");
+        }
+        // The newest certificate seen for each member: an older one stays refused.
+        let certs = state::load_certificates(&cfg.state_dir)?;
+        let seen = certs.len();
+        let taken = node.remember_certificates(certs);
+        if taken < seen {
+            warn!(
+                kept = seen,
+                taken, "some kept certificates are not used: not signed by an authority this node trusts"
+            );
         }
     }
     Ok(node)

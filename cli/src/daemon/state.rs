@@ -314,6 +314,7 @@ enum Job {
     Revocations(Vec<Revocation>),
     Issued(Vec<weft_peers::Issued>),
     Policy(String),
+    Certificates(Vec<Vec<u8>>),
 }
 
 /// The thread that writes the name bindings, the exit pin, the revocations, the
@@ -330,13 +331,20 @@ impl StateWriter {
         std::thread::Builder::new().name("weft-state".into()).spawn(move || {
             while let Ok(job) = rx.recv() {
                 let (mut names, mut revocations, mut issued, mut policy) = (None, None, None, None);
+                let mut certificates = None;
                 for job in std::iter::once(job).chain(rx.try_iter()) {
                     match job {
                         Job::Names(n) => names = Some(n),
                         Job::Revocations(r) => revocations.get_or_insert_with(Vec::new).extend(r),
                         Job::Issued(l) => issued = Some(l),
                         Job::Policy(p) => policy = Some(p),
+                        Job::Certificates(c) => certificates = Some(c),
                     }
+                }
+                if let Some(c) = certificates
+                    && let Err(e) = save_certificates(&dir, &c)
+                {
+                    warn!("cannot keep the newest certificates of the members: {e:#}");
                 }
                 if let Some(l) = issued
                     && let Err(e) = save_issued(&dir, &l)
@@ -376,6 +384,12 @@ impl StateWriter {
     /// Queues the issuer's ledger to be written (a newer one queued meanwhile wins).
     pub fn save_issued(&self, list: Vec<weft_peers::Issued>) {
         let _ = self.tx.send(Job::Issued(list));
+    }
+
+    /// Queues the newest certificate of each member (encoded) to be written (a newer
+    /// list queued meanwhile wins).
+    pub fn save_certificates(&self, list: Vec<Vec<u8>>) {
+        let _ = self.tx.send(Job::Certificates(list));
     }
 
     /// Queues a signed policy (its text form) to be written (a newer one queued
@@ -426,6 +440,45 @@ pub fn load_issued(dir: &Path) -> Result<Vec<weft_peers::Issued>> {
                 _ => None,
             };
             parsed.with_context(|| format!("{} line {}: not a ledger entry", path.display(), i + 1))
+        })
+        .collect()
+}
+
+/// The newest certificate this node has seen for each member: a header naming the
+/// format, then one certificate per line (`weft-cert:...`). A member's older
+/// certificate stays refused after a restart.
+const CERTIFICATES_FILE: &str = "newest-certificates";
+const CERTIFICATES_HEADER: &str = "weft-newest-certificates 1";
+
+/// Writes the newest certificates (encoded) to `dir` (whole, then renamed over the
+/// old file).
+pub fn save_certificates(dir: &Path, list: &[Vec<u8>]) -> Result<()> {
+    let mut text = format!("{CERTIFICATES_HEADER}\n");
+    for bytes in list {
+        let cert = weft_core::cert::Certificate::from_bytes(bytes).context("a certificate the engine kept")?;
+        text.push_str(&cert.to_text());
+        text.push('\n');
+    }
+    let tmp = dir.join(format!("{CERTIFICATES_FILE}.tmp"));
+    write_private(&tmp, text.as_bytes())?;
+    let path = dir.join(CERTIFICATES_FILE);
+    fs::rename(&tmp, &path).with_context(|| format!("cannot replace {}", path.display()))
+}
+
+/// The newest certificates kept in `dir`, encoded (none when there is no file). A
+/// newer format, or a line that is not a certificate, is an error naming the file and
+/// the line.
+pub fn load_certificates(dir: &Path) -> Result<Vec<Vec<u8>>> {
+    let path = dir.join(CERTIFICATES_FILE);
+    let Some(text) = read_kept(&path, CERTIFICATES_HEADER)? else { return Ok(Vec::new()) };
+    text.lines()
+        .enumerate()
+        .skip(1)
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            weft_core::cert::Certificate::from_text(l)
+                .map(|c| c.to_bytes())
+                .with_context(|| format!("{} line {}: not a certificate", path.display(), i + 1))
         })
         .collect()
 }
@@ -658,6 +711,37 @@ mod tests {
         assert!(format!("{:#}", load_revocations(&dir).unwrap_err()).contains("\"9\", newer"));
         fs::write(dir.join(REVOCATIONS_FILE), "something else\n").unwrap();
         assert!(format!("{:#}", load_revocations(&dir).unwrap_err()).contains("does not begin"));
+        // The newest certificates seen: kept and read back (both formats), a bad line named.
+        assert!(load_certificates(&dir).unwrap().is_empty(), "no file: none kept");
+        let auth = weft_core::cert::AuthorityKey::from_seed([4; 32]);
+        let cert = |issued| {
+            weft_core::cert::CertBody {
+                authority: auth.id(),
+                node: [5; 32],
+                network: String::new(),
+                name: "n".into(),
+                ipv4: ([10, 0, 0, 5].into(), 24),
+                ipv6: None,
+                groups: vec![],
+                subnets: vec![],
+                exit: false,
+                portal: false,
+                not_before: 1,
+                not_after: 2,
+                issued,
+                issuer: false,
+            }
+            .sign(&auth)
+            .unwrap()
+            .to_bytes()
+        };
+        let kept = vec![cert(Some(1)), cert(None)];
+        save_certificates(&dir, &kept).unwrap();
+        assert_eq!(load_certificates(&dir).unwrap(), kept);
+        let mode = fs::metadata(dir.join(CERTIFICATES_FILE)).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        fs::write(dir.join(CERTIFICATES_FILE), "weft-newest-certificates 1\nweft-cert:AA\n").unwrap();
+        assert!(format!("{:#}", load_certificates(&dir).unwrap_err()).contains("line 2: not a certificate"));
         fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -235,6 +235,9 @@ pub enum Action {
     /// Keep the ledger of certificates this issuer issued (all of it) in the state
     /// directory.
     SaveIssued(Vec<crate::issuer::Issued>),
+    /// Keep the newest certificate seen for each member (all of them, encoded) in the
+    /// state directory: an older one stays refused after a restart.
+    SaveCertificates(Vec<Vec<u8>>),
     /// A newer access policy signed by the authority arrived (encoded
     /// [`weft_core::policy::SignedPolicy`], signature checked): put it in force and
     /// keep it in the state directory.

@@ -611,6 +611,10 @@ impl Node {
 
     pub(crate) fn finish_step(&mut self, now: Instant) {
         self.last_now = Some(now);
+        // Member certificates newer than those kept: written once per step.
+        if std::mem::take(&mut self.trust.newest_dirty) {
+            self.actions.push_back(Action::SaveCertificates(self.trust.newest.encoded()));
+        }
         // Clear in-flight markers whose handshake is gone (confirmed, failed or expired).
         let busy = |i: u32| self.pending.init.contains_key(&i) || self.pending.held.contains_key(&i);
         for d in self.dials.slots.values_mut() {

@@ -186,6 +186,9 @@ impl Node {
             p.revocations_sent = 0;
             p.policy_sent = 0;
         }
+        // The certificate it was admitted with may be the newest seen for its key.
+        let cert = self.peers.get(&key).and_then(|p| p.hello.cert.clone());
+        self.note_certificate(now, cert.as_deref());
         self.send_revocations(now, key);
         self.send_policy(now, key);
         self.touch(key);

@@ -66,6 +66,7 @@ impl Node {
         if let Some((why, kind)) = crate::authority::refusal(
             &self.cfg.authorities,
             &self.trust.revocations,
+            &self.trust.newest,
             &self.cfg.handshake.network_name,
             key,
             hello,

@@ -1,4 +1,5 @@
-//! The network secret (and the next one while it rotates) and the authority's revocations.
+//! The network secret (and the next one while it rotates), the authority's
+//! revocations and the newest certificate seen per member.
 
 use super::*;
 
@@ -7,6 +8,10 @@ use super::*;
 pub(crate) struct Trust {
     /// Members the network's authority revoked.
     pub(crate) revocations: crate::authority::Revocations,
+    /// The newest certificate seen for each member key: older ones are refused.
+    pub(crate) newest: crate::authority::Newest,
+    /// `newest` changed this step: saved once at its end, however many changed.
+    pub(crate) newest_dirty: bool,
     /// `--authority-key`: this member issues certificates to machines with an invite.
     pub(crate) issuer: Option<crate::issuer::Issuer>,
     /// `network-secret-next`: the PSK of the secret accepted beside the current one
@@ -141,6 +146,58 @@ impl Node {
             Which::Current
         } else {
             Which::Next
+        }
+    }
+
+    /// Takes certificates kept from before (the state directory): each signed by a
+    /// trusted authority becomes the newest known for its key unless a later one is
+    /// known. Returns how many were taken.
+    pub fn remember_certificates(&mut self, list: Vec<Vec<u8>>) -> usize {
+        let mut taken = 0;
+        for bytes in list {
+            let Ok(cert) = weft_core::cert::Certificate::from_bytes(&bytes) else { continue };
+            if self.cfg.authorities.contains(&cert.body().authority)
+                && cert.signed_by_its_authority()
+                && self.trust.newest.note(&cert)
+            {
+                taken += 1;
+            }
+        }
+        taken
+    }
+
+    /// Member certificate `bytes` (from a hello or a record that passed
+    /// [`crate::authority::refusal`] or [`crate::authority::record_refusal`]): when it
+    /// is the newest seen for its key, it is kept ([`Action::SaveCertificates`],
+    /// at the end of the step) and the sessions made with an older certificate of
+    /// that key close (the member
+    /// handshakes again with its newest, or is refused).
+    pub(crate) fn note_certificate(&mut self, now: Instant, bytes: Option<&[u8]>) {
+        if self.cfg.authorities.is_empty() {
+            return;
+        }
+        let Some(cert) = bytes.and_then(|b| weft_core::cert::Certificate::from_bytes(b).ok()) else { return };
+        if !self.trust.newest.note(&cert) {
+            return;
+        }
+        let key = PeerKey(cert.body().node);
+        debug!(node = %key.id(), issued = cert.issued(), "the newest certificate of a member: kept");
+        self.trust.newest_dirty = true;
+        let stale = self.peers.get(&key).is_some_and(|p| {
+            !p.sessions.is_empty()
+                && p.hello
+                    .cert
+                    .as_deref()
+                    .and_then(|c| weft_core::cert::Certificate::from_bytes(c).ok())
+                    .is_some_and(|c| self.trust.newest.older(&c).is_some())
+        });
+        if stale {
+            warn!(node = %key.id(), "a member's certificate was replaced by a newer one its authority issued: its sessions close");
+            self.close_sessions(
+                now,
+                key,
+                "its authority issued it a newer certificate than the one its session was made with",
+            );
         }
     }
 
