@@ -16,7 +16,11 @@ use weft_core::handshake::Stamp;
 use weft_core::wire::HandshakeHeader;
 
 use crate::identity::{NodeId, PeerKey};
-use crate::node::{MAX_HELD, MAX_PENDING_RESP};
+
+/// XX responders waiting for their finish message, at most.
+pub const MAX_PENDING_RESP: usize = 1024;
+/// Finished handshakes waiting for the peer's proof of the PSK, at most.
+pub const MAX_HELD: usize = 1024;
 
 /// Inits a second (after mac1) above which the node is under load and answers inits
 /// without a valid mac2 with a cookie instead of a Diffie-Hellman.

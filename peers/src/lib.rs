@@ -13,6 +13,7 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod address;
 mod authority;
 mod deadline;
 mod gate;
@@ -22,13 +23,13 @@ mod mesh;
 pub mod names;
 pub mod node;
 mod peer;
-mod routing;
 pub mod status;
+mod timing;
 pub mod topology;
 
+pub use address::{DEFAULT_ROUTE, DEFAULT_ROUTE6, default_ipv6, derived_from};
 pub use identity::{NodeId, PeerKey};
 pub use issuer::Issued;
 pub use mesh::{pick_address, reencode_message};
 pub use names::Names;
 pub use node::{Action, Config, Input, Node, PeerRef, Timers};
-pub use routing::{DEFAULT_ROUTE, DEFAULT_ROUTE6, default_ipv6, derived_from};

@@ -11,11 +11,11 @@ use weft_core::session::Session;
 use weft_core::stats::PeerStats;
 
 use crate::identity::{NodeId, PeerKey};
-use crate::node::Timers;
+use crate::timing::Timers;
 
-/// Handshake retry state: what is in flight and when to try next.
+/// Handshake retry backoff: what is in flight and when to try next.
 #[derive(Debug, Default, Clone)]
-pub(crate) struct Driver {
+pub(crate) struct Backoff {
     /// Local index of the handshake we are waiting on.
     pub(crate) in_flight: Option<u32>,
     /// Do not start another handshake before this.
@@ -28,7 +28,7 @@ pub(crate) struct Driver {
     pub(crate) error: Option<String>,
 }
 
-impl Driver {
+impl Backoff {
     pub(crate) fn failed(&mut self, now: Instant, t: &Timers, jitter: u32) {
         self.failures += 1;
         self.back_off(now, t.initial_backoff, t.max_backoff, jitter);
@@ -65,7 +65,7 @@ pub(crate) struct Direct {
     /// When packets last arrived on `endpoint` itself (rather than on another path).
     pub(crate) seen: Option<Instant>,
     /// Probes of better transports than this path's.
-    pub(crate) upgrade: Driver,
+    pub(crate) upgrade: Backoff,
     /// Next probe of every candidate while the path is stale.
     pub(crate) failover_next: Option<Instant>,
 }
@@ -108,7 +108,7 @@ impl PeerPath {
             endpoint,
             since: now,
             seen: Some(now),
-            upgrade: Driver::default(),
+            upgrade: Backoff::default(),
             failover_next: None,
         });
     }
@@ -212,17 +212,17 @@ pub(crate) struct Peer {
     /// Latency and loss probes.
     pub(crate) probe: Probe,
     /// Hole punching towards a relayed peer.
-    pub(crate) punch: Driver,
+    pub(crate) punch: Backoff,
     /// The peer's punch requests are not answered again before this (rate limit).
     pub(crate) punch_answer_next: Option<Instant>,
     /// Newest first.
     pub(crate) sessions: Vec<SessionEntry>,
     /// The session we last declared dead, kept (receive side only, until its keys
-    /// expire, a new one is made or [`crate::node::IDLE_RETIRE`] passes) so that data
+    /// expire, a new one is made or [`crate::timing::IDLE_RETIRE`] passes) so that data
     /// the peer still sends on it proves the peer never noticed: we then start a new
     /// session at once.
     pub(crate) dropped: Option<SessionEntry>,
-    pub(crate) driver: Driver,
+    pub(crate) backoff: Backoff,
     pub(crate) last_handshake: Option<Instant>,
     pub(crate) error: Option<String>,
     pub(crate) first_seen: Instant,
@@ -263,11 +263,11 @@ impl Peer {
             queued: VecDeque::new(),
             wanted_until: None,
             probe: Probe::default(),
-            punch: Driver::default(),
+            punch: Backoff::default(),
             punch_answer_next: None,
             sessions: Vec::new(),
             dropped: None,
-            driver: Driver::default(),
+            backoff: Backoff::default(),
             last_handshake: None,
             error: None,
             first_seen: now,
@@ -306,7 +306,7 @@ impl Peer {
     }
 
     /// Whether the direct path is stale: nothing arrived on its own endpoint for
-    /// [`Timers::stale_after`](crate::node::Timers::stale_after).
+    /// [`Timers::stale_after`](crate::timing::Timers::stale_after).
     pub(crate) fn path_stale(&self, now: Instant, t: &Timers) -> bool {
         self.path.direct().is_none_or(|d| d.seen.is_none_or(|seen| t.is_stale(now.saturating_duration_since(seen))))
     }
@@ -411,13 +411,13 @@ pub(crate) struct SessionTimers {
 impl SessionTimers {
     /// The plan of `p`'s current session `tx` at `now`.
     pub(crate) fn of(t: &Timers, epoch: Instant, p: &Peer, tx: &SessionEntry, now: Instant) -> Self {
-        use crate::node::{ACTIVE_WINDOW, IDLE_RETIRE, ms_since};
+        use crate::timing::{ACTIVE_WINDOW, IDLE_RETIRE, ms_since};
         // A pipeline timestamp (ms since epoch, +1) as an instant.
         let at_ms = |ms: u64| epoch + Duration::from_millis(ms.saturating_sub(1));
         let kept = p.anchor != Anchor::None;
         let created_ms = ms_since(epoch, tx.created);
-        let rekey = (p.driver.in_flight.is_none() && (kept || p.activity.active(now, 3 * ACTIVE_WINDOW)))
-            .then(|| (tx.created + t.rekey_due(tx.initiator)).max(p.driver.next_attempt.unwrap_or(now)));
+        let rekey = (p.backoff.in_flight.is_none() && (kept || p.activity.active(now, 3 * ACTIVE_WINDOW)))
+            .then(|| (tx.created + t.rekey_due(tx.initiator)).max(p.backoff.next_attempt.unwrap_or(now)));
         let last_tx = tx.session.last_tx_ms().max(created_ms);
         let answer_data = p.activity.last_data_rx.is_some_and(|r| ms_since(epoch, r) > last_tx);
         let keepalive = (kept || answer_data).then(|| at_ms(last_tx) + t.keepalive);

@@ -160,10 +160,10 @@ pub struct NodeStatus {
     /// (forged or altered by a member).
     pub rejected_records: u64,
     /// Control messages dropped because their member sent more than
-    /// [`crate::mesh::CONTROL_RATE`] a second.
+    /// 2,000 a second (after a burst of 8,000).
     pub control_limited: u64,
     /// Sessions closed because their member's signed messages kept failing their
-    /// signature check ([`crate::mesh::SIGNATURE_FAILURES`]).
+    /// signature check (16 times within a minute).
     pub signature_cutoffs: u64,
     /// Topology records dropped or pushed out by the table's limits.
     pub records_dropped: RecordsDropped,

@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use weft_core::wire::{FLAG_SPARSE, MessageType};
-use weft_datapath::transport::udp::{self, Offload, Outgoing, RecvMeta};
+use weft_datapath::transport::Outgoing;
+use weft_datapath::transport::udp::{self, Offload, RecvMeta};
 use weft_datapath::transport::{Endpoint, Lane};
 
 #[derive(Parser)]

@@ -12,7 +12,7 @@ use super::coalesce::layer4;
 use super::device::Device;
 use super::{ControlEvent, PipelineConfig, PipelineStats, QUIC_INNER_MAX, Shared, TX_HEADROOM, Tally, now_ms};
 use crate::gso;
-use crate::transport::udp::Outgoing;
+use crate::transport::Outgoing;
 use crate::transport::{Egress, Endpoint, Lane, Proto, frame};
 use weft_core::crypto::TAG_LEN;
 use weft_core::firewall::Firewall;

@@ -1,6 +1,7 @@
 //! The data plane's side of the connection transports: a registry of live
-//! connections by [`Endpoint`], each with a bounded queue of framed batches, the
-//! [`Egress`] that the pipelines send through, and the [`Inbound`] queues that carry
+//! connections by [`Endpoint`], each with a bounded queue of framed batches in two
+//! lanes ([`super::Lane`]) that the pipelines' [`super::Egress`] fills, and the
+//! [`Inbound`] queues that carry
 //! received batches to the links RX threads: each connection is given one of them
 //! when it registers (in turn), so its frames are opened in order by one thread and
 //! many connections are opened by all of them.
@@ -11,7 +12,6 @@
 //! ([`Links::deliver`]): a stream's flow control, or quinn's datagram buffer, takes
 //! up the slack instead of the tunnel losing what the connection already carried.
 
-use std::net::UdpSocket;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::mpsc;
@@ -22,8 +22,7 @@ use rustc_hash::FxHashMap;
 use tokio::sync::mpsc as tmpsc;
 use weft_core::queue::Codel;
 
-use super::udp::{self, Offload, Outgoing};
-use super::{Endpoint, Proto, frame};
+use super::{Endpoint, Lane, frame};
 
 /// Framed batches queued per connection before the sender drops.
 pub const LINK_QUEUE: usize = 512;
@@ -172,26 +171,6 @@ struct Shard {
 struct Entry {
     id: u64,
     tx: LinkSender,
-}
-
-/// Which lane of a connection's send queue a batch waits in. The writer takes every
-/// sparse batch before the next bulk one: a ping, a keystroke, a game packet, DNS or a
-/// handshake never waits behind the downloads queued on the same connection (the
-/// sparse-flow priority of fq_codel, per connection). Flows are told apart by their
-/// rate ([`weft_core::queue::FlowLoad`]), so a flow's packets stay in one lane while
-/// its rate does; a flow that becomes bulk moves from the lane taken first to the
-/// other, and keeps its order. (A bulk flow idle for two of its windows turns sparse
-/// again; should its last batches still wait in the bulk lane then, its next packet
-/// may overtake them, as in fq_codel.) Sparse batches go first, not only:
-/// [`LINK_SPARSE_QUANTUM`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub enum Lane {
-    /// Bulk flows, and what nobody classified (relayed frames but the small ones their
-    /// senders flag sparse): CoDel keeps this lane short.
-    #[default]
-    Bulk,
-    /// Sparse flows and the node's own control messages: taken first, never dropped.
-    Sparse,
 }
 
 /// The senders' end of a connection's send queue (see [`LinkQueue::channel`]).
@@ -566,116 +545,10 @@ impl Links {
     }
 }
 
-/// Frames an [`Egress::send`] could not send, by where they were going.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Unsent {
-    /// UDP datagrams the kernel refused.
-    pub udp: usize,
-    /// Frames for connections that are down or whose queue is full.
-    pub link: usize,
-}
-
-impl Unsent {
-    /// Counts the failures into `drops`.
-    pub fn count(self, drops: &weft_core::stats::DropCounters) {
-        if self.udp > 0 {
-            drops.add(weft_core::stats::DropReason::UdpSend, self.udp as u64);
-        }
-        if self.link > 0 {
-            drops.add(weft_core::stats::DropReason::LinkSend, self.link as u64);
-        }
-    }
-}
-
-/// Where a pipeline thread sends sealed frames: UDP datagrams through its socket
-/// (GSO where possible), everything else as one framed batch per connection and run.
-pub struct Egress {
-    udp: Arc<UdpSocket>,
-    links: Arc<Links>,
-    offload: Arc<Offload>,
-    udp_out: Vec<Outgoing>,
-}
-
-impl Egress {
-    /// An egress over a pipeline's UDP socket and the node's connections.
-    pub fn new(udp: Arc<UdpSocket>, links: Arc<Links>, offload: Arc<Offload>) -> Self {
-        Self { udp, links, offload, udp_out: Vec::with_capacity(udp::MAX_BATCH) }
-    }
-
-    /// The UDP socket (for receiving on the same one).
-    pub fn udp(&self) -> &UdpSocket {
-        &self.udp
-    }
-
-    /// The node's connections.
-    pub fn links(&self) -> &Links {
-        &self.links
-    }
-
-    /// Sends every frame in `out`; returns how many could not be sent.
-    pub fn send<B: AsRef<[u8]>>(&mut self, bufs: &[B], out: &[Outgoing]) -> Unsent {
-        if out.iter().all(|o| o.to.proto == Proto::Udp) {
-            return Unsent { udp: udp::send_batch(&self.udp, bufs, out, &self.offload), link: 0 };
-        }
-        self.udp_out.clear();
-        let mut failed = 0;
-        // Consecutive frames to one connection travel as one batch per lane: the
-        // sparse flows' frames of a mixed batch as one of their own, queued first.
-        let mut runs: [Option<(Endpoint, Vec<u8>, usize)>; 2] = [None, None];
-        for o in out {
-            if o.to.proto == Proto::Udp {
-                self.udp_out.push(*o);
-                continue;
-            }
-            let Some(data) = bufs.get(o.buf).and_then(|b| b.as_ref().get(o.start..o.start + o.len)) else {
-                failed += 1;
-                continue;
-            };
-            let run = &mut runs[usize::from(o.lane == Lane::Sparse)];
-            match run {
-                Some((ep, batch, n)) if *ep == o.to => {
-                    if frame::push(batch, data) {
-                        *n += 1;
-                    } else {
-                        failed += 1;
-                    }
-                }
-                _ => {
-                    if let Some((ep, batch, n)) = run.take() {
-                        failed += self.flush(ep, batch, n, o.lane);
-                    }
-                    let mut batch = self.links.buffer();
-                    batch.reserve(out.len() * (frame::PREFIX + data.len()));
-                    if frame::push(&mut batch, data) {
-                        *run = Some((o.to, batch, 1));
-                    } else {
-                        failed += 1;
-                    }
-                }
-            }
-        }
-        let [bulk, sparse] = runs;
-        for (run, lane) in [(sparse, Lane::Sparse), (bulk, Lane::Bulk)] {
-            if let Some((ep, batch, n)) = run {
-                failed += self.flush(ep, batch, n, lane);
-            }
-        }
-        let udp =
-            if self.udp_out.is_empty() { 0 } else { udp::send_batch(&self.udp, bufs, &self.udp_out, &self.offload) };
-        Unsent { udp, link: failed }
-    }
-
-    fn flush(&self, to: Endpoint, batch: Vec<u8>, frames: usize, lane: Lane) -> usize {
-        match self.links.send(to, batch, lane) {
-            Ok(true) => 0,
-            _ => frames,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::transport::Proto;
 
     #[test]
     fn a_send_queue_that_stands_past_its_target_is_cut_but_never_its_last_batch() {
@@ -726,65 +599,6 @@ mod tests {
         assert_eq!(q.try_recv(), Some(vec![7; LINK_SMALL_BATCH]), "the last batch waiting is kept");
         assert_eq!(q.try_recv(), None);
         assert_eq!(links.counters.queue_dropped.load(Relaxed), before + 1, "the owed drop fell on a large batch");
-    }
-
-    #[test]
-    fn egress_batches_frames_per_connection_and_counts_the_unsendable() {
-        let (links, _rx) = Links::new(4);
-        let udp = Arc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
-        let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let mut eg = Egress::new(udp, links.clone(), Arc::new(Offload::new(false, false)));
-        let tcp = Endpoint::new(Proto::Tcp, "192.0.2.1:11010".parse().unwrap());
-        let ws = Endpoint::new(Proto::Ws, "192.0.2.2:11011".parse().unwrap());
-        let (tx, mut rx) = LinkQueue::channel(links.clone());
-        links.register(tcp, tx);
-        let bufs = vec![vec![1u8; 100], vec![2u8; 200], vec![3u8; 50], vec![4u8; 60]];
-        let to_udp = Endpoint::udp(peer.local_addr().unwrap());
-        let bulk = |buf, len, to| Outgoing { buf, start: 0, len, to, lane: Lane::Bulk };
-        let out = [bulk(0, 100, tcp), bulk(1, 200, tcp), bulk(2, 50, to_udp), bulk(3, 60, ws)];
-        // The ws connection does not exist: its frame fails; the rest goes out.
-        assert_eq!(eg.send(&bufs, &out), Unsent { udp: 0, link: 1 });
-        let batch = rx.try_recv().unwrap();
-        let frames: Vec<&[u8]> = frame::frames(&batch).collect::<Result<_, _>>().unwrap();
-        assert_eq!(frames, [&bufs[0][..], &bufs[1][..]]);
-        let mut got = [0u8; 100];
-        assert_eq!(peer.recv(&mut got).unwrap(), 50);
-        // A full queue drops whole batches, counted as failed frames.
-        for _ in 0..LINK_QUEUE {
-            assert_eq!(eg.send(&bufs, &out[..1]), Unsent::default());
-        }
-        assert_eq!(eg.send(&bufs, &out[..2]), Unsent { udp: 0, link: 2 });
-    }
-
-    #[test]
-    fn sparse_frames_leave_a_connection_before_the_bulk_batches_queued_ahead_of_them() {
-        let (links, _rx) = Links::new(4);
-        let udp = Arc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
-        let mut eg = Egress::new(udp, links.clone(), Arc::new(Offload::new(false, false)));
-        let tcp = Endpoint::new(Proto::Tcp, "192.0.2.1:11010".parse().unwrap());
-        let (tx, mut q) = LinkQueue::channel(links.clone());
-        links.register(tcp, tx);
-        let bufs: Vec<Vec<u8>> = (0..6u8).map(|i| vec![i; 1400]).collect();
-        let o = |buf, lane| Outgoing { buf, start: 0, len: 1400, to: tcp, lane };
-        // A download queued three batches; then a batch that mixes its packets with a
-        // ping's (buffer 4) and a game packet's (buffer 5).
-        for _ in 0..3 {
-            assert_eq!(eg.send(&bufs, &[o(0, Lane::Bulk), o(1, Lane::Bulk)]), Unsent::default());
-        }
-        let mixed = [o(2, Lane::Bulk), o(4, Lane::Sparse), o(3, Lane::Bulk), o(5, Lane::Sparse)];
-        assert_eq!(eg.send(&bufs, &mixed), Unsent::default());
-        let frames = |b: &[u8]| -> Vec<u8> { frame::frames(b).map(|f| f.unwrap()[0]).collect() };
-        assert_eq!(frames(&q.try_recv().unwrap()), [4, 5], "the sparse frames first, as one batch, in order");
-        for _ in 0..3 {
-            assert_eq!(frames(&q.try_recv().unwrap()), [0, 1]);
-        }
-        assert_eq!(frames(&q.try_recv().unwrap()), [2, 3], "the bulk frames keep their order");
-        assert_eq!(q.try_recv(), None);
-        // A sparse lane that is full sends on through the bulk one: nothing is lost.
-        for _ in 0..LINK_SPARSE_QUEUE + 2 {
-            assert_eq!(links.send(tcp, vec![9], Lane::Sparse), Ok(true));
-        }
-        assert_eq!(std::iter::from_fn(|| q.try_recv()).count(), LINK_SPARSE_QUEUE + 2);
     }
 
     #[test]

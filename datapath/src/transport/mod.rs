@@ -7,6 +7,7 @@
 //! or a connection's queue is decided here, once per batch.
 
 pub mod conn;
+pub mod egress;
 pub mod frame;
 pub mod links;
 pub mod udp;
@@ -44,5 +45,42 @@ pub fn limit_malloc_arenas() {
     }
 }
 
-pub use links::{Egress, Forward, Inbound, Lane, Links, Unsent};
+pub use egress::{Egress, Unsent};
+pub use links::{Forward, Inbound, Links};
 pub use weft_core::endpoint::{Endpoint, Proto, canonical};
+
+/// Which lane of a connection's send queue a batch waits in. The writer takes every
+/// sparse batch before the next bulk one: a ping, a keystroke, a game packet, DNS or a
+/// handshake never waits behind the downloads queued on the same connection (the
+/// sparse-flow priority of fq_codel, per connection). Flows are told apart by their
+/// rate ([`weft_core::queue::FlowLoad`]), so a flow's packets stay in one lane while
+/// its rate does; a flow that becomes bulk moves from the lane taken first to the
+/// other, and keeps its order. (A bulk flow idle for two of its windows turns sparse
+/// again; should its last batches still wait in the bulk lane then, its next packet
+/// may overtake them, as in fq_codel.) Sparse batches go first, not only:
+/// [`links::LINK_SPARSE_QUANTUM`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Lane {
+    /// Bulk flows, and what nobody classified (relayed frames but the small ones their
+    /// senders flag sparse): CoDel keeps this lane short.
+    #[default]
+    Bulk,
+    /// Sparse flows and the node's own control messages: taken first, never dropped.
+    Sparse,
+}
+
+/// One datagram to send: `len` bytes at offset `start` of buffer `buf` of the batch.
+#[derive(Debug, Clone, Copy)]
+pub struct Outgoing {
+    /// Index into the buffer array.
+    pub buf: usize,
+    /// Offset of the datagram in that buffer.
+    pub start: usize,
+    /// Bytes to send.
+    pub len: usize,
+    /// Destination.
+    pub to: Endpoint,
+    /// The lane of a connection's send queue it waits in (UDP: none, the batch goes
+    /// out in one `sendmmsg`).
+    pub lane: Lane,
+}

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
-use super::Endpoint;
+use super::{Endpoint, Outgoing};
 
 /// Largest number of datagrams moved by one system call.
 pub const MAX_BATCH: usize = 128;
@@ -391,22 +391,6 @@ pub fn realtime_ns() -> u64 {
     // SAFETY: `t` is a valid timespec to write.
     unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &raw mut t) };
     (t.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(t.tv_nsec as u64)
-}
-
-/// One datagram to send: `len` bytes at offset `start` of buffer `buf` of the batch.
-#[derive(Debug, Clone, Copy)]
-pub struct Outgoing {
-    /// Index into the buffer array.
-    pub buf: usize,
-    /// Offset of the datagram in that buffer.
-    pub start: usize,
-    /// Bytes to send.
-    pub len: usize,
-    /// Destination.
-    pub to: Endpoint,
-    /// The lane of a connection's send queue it waits in (UDP: none, the batch goes
-    /// out in one `sendmmsg`).
-    pub lane: super::links::Lane,
 }
 
 /// Most datagrams the kernel accepts in one GSO send (UDP_MAX_SEGMENTS).

@@ -1,57 +1,17 @@
 //! What the engine is given and what it asks for: its timing and static inputs, the
 //! inputs the runtime feeds it and the actions it hands back.
 
-use super::*;
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-/// Timing of the session engine.
-#[derive(Debug, Clone, Copy)]
-pub struct Timers {
-    /// Start a new handshake when the session is this old.
-    pub rekey_after: Duration,
-    /// Send a keepalive when nothing was sent for this long.
-    pub keepalive: Duration,
-    /// Declare a peer dead when nothing was received for this long.
-    pub dead_after: Duration,
-    /// First handshake retry delay; doubles up to `max_backoff`.
-    pub initial_backoff: Duration,
-    /// Largest handshake retry delay.
-    pub max_backoff: Duration,
-    /// How long a peer that we did not dial is retried after it went silent.
-    pub learned_retry: Duration,
-}
+use weft_core::endpoint::Endpoint;
+use weft_core::handshake::Params;
+use weft_core::route::RouteSnapshot;
+use weft_core::wire::{MAX_HOPS, RelayHeader};
 
-impl Timers {
-    /// When a session's keys are renewed: the initiator at `rekey_after`, the
-    /// responder a quarter later (so that both ends do not start one at once).
-    pub fn rekey_due(&self, initiator: bool) -> Duration {
-        if initiator { self.rekey_after } else { self.rekey_after + self.rekey_after / 4 }
-    }
-
-    /// How long a direct path may stay quiet before other paths are tried: two missed
-    /// keepalives and a little.
-    pub fn stale_after(&self) -> Duration {
-        2 * self.keepalive + Duration::from_millis(500)
-    }
-
-    /// Whether a path on which nothing arrived for `quiet` is stale: the one test
-    /// every caller uses ([`Timers::stale_after`] or more).
-    pub fn is_stale(&self, quiet: Duration) -> bool {
-        quiet >= self.stale_after()
-    }
-}
-
-impl Default for Timers {
-    fn default() -> Self {
-        Self {
-            rekey_after: Duration::from_secs(120),
-            keepalive: Duration::from_secs(2),
-            dead_after: Duration::from_secs(6),
-            initial_backoff: Duration::from_secs(1),
-            max_backoff: Duration::from_secs(8),
-            learned_retry: Duration::from_secs(60),
-        }
-    }
-}
+use crate::identity::NodeId;
+use crate::timing::Timers;
 
 /// Static inputs of a node.
 #[derive(Debug, Clone)]
@@ -162,7 +122,7 @@ pub enum Input<'a> {
 /// A peer named by an administrator: a dialled endpoint or a member's node id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PeerRef {
-    /// An endpoint given to `--peer` or [`Node::add_peer`].
+    /// An endpoint given to `--peer` or [`crate::Node::add_peer`].
     Endpoint(Endpoint),
     /// A member of the mesh.
     Node(NodeId),

@@ -1,6 +1,13 @@
 //! Endpoints this node dials (`--peer`, discovery) and when each is tried again.
 
-use super::*;
+use std::time::Instant;
+
+use tracing::{debug, info};
+use weft_core::endpoint::Endpoint;
+
+use super::api::Dest;
+use super::{DISCOVERED_ATTEMPTS, DISCOVERED_EXPIRY, Dial, MAX_DISCOVERED, Node, Target};
+use crate::peer::{Anchor, Backoff};
 
 impl Node {
     pub(super) fn push_dial(&mut self, dial: Dial) {
@@ -15,8 +22,8 @@ impl Node {
             if d.discovered {
                 d.announced = Some(now);
                 // A dormant discovered endpoint announced itself again: try it again.
-                if d.driver.failures >= DISCOVERED_ATTEMPTS {
-                    d.driver = Driver::default();
+                if d.backoff.failures >= DISCOVERED_ATTEMPTS {
+                    d.backoff = Backoff::default();
                 }
             }
             return;
@@ -29,7 +36,13 @@ impl Node {
             return;
         }
         info!(%endpoint, "member found on the LAN");
-        self.push_dial(Dial { endpoint, key: None, driver: Driver::default(), discovered: true, announced: Some(now) });
+        self.push_dial(Dial {
+            endpoint,
+            key: None,
+            backoff: Backoff::default(),
+            discovered: true,
+            announced: Some(now),
+        });
     }
 
     pub(super) fn drive_dials(&mut self, now: Instant) {
@@ -53,8 +66,8 @@ impl Node {
                 }
                 continue;
             }
-            let dormant = d.discovered && d.driver.failures >= DISCOVERED_ATTEMPTS;
-            if dormant || d.driver.in_flight.is_some() || now < d.driver.next_attempt.unwrap_or(now) {
+            let dormant = d.discovered && d.backoff.failures >= DISCOVERED_ATTEMPTS;
+            if dormant || d.backoff.in_flight.is_some() || now < d.backoff.next_attempt.unwrap_or(now) {
                 continue;
             }
             let to = Dest::direct(d.endpoint);
@@ -70,9 +83,9 @@ impl Node {
             .filter(|d| d.key.is_none_or(|k| !self.peers.contains_key(&k)))
             .filter_map(|d| {
                 let expiry = d.announced.filter(|_| d.discovered).map(|a| a + DISCOVERED_EXPIRY);
-                let dormant = d.discovered && d.driver.failures >= DISCOVERED_ATTEMPTS;
-                let retry =
-                    (!dormant && d.driver.in_flight.is_none()).then(|| d.driver.next_attempt.unwrap_or(self.cfg.epoch));
+                let dormant = d.discovered && d.backoff.failures >= DISCOVERED_ATTEMPTS;
+                let retry = (!dormant && d.backoff.in_flight.is_none())
+                    .then(|| d.backoff.next_attempt.unwrap_or(self.cfg.epoch));
                 [expiry, retry].into_iter().flatten().min()
             })
             .min()

@@ -1,6 +1,20 @@
 //! Handshake messages that arrive: admission, the responder's side of IK and XX, rejects, cookie replies and confirmations.
 
-use super::*;
+use std::time::Instant;
+
+use tracing::{debug, warn};
+use weft_control::FailureKind;
+use weft_core::admission::{HANDSHAKE_MACS_LEN, MacKeys, Which};
+use weft_core::endpoint::Endpoint;
+use weft_core::handshake::{Read, Responder};
+use weft_core::wire::{HANDSHAKE_HEADER_LEN, HandshakeHeader, MessageType, Pattern, RejectReason, RejectRepr};
+
+use super::api::Dest;
+use super::refusal::{reason_of, reject_why};
+use super::{CONFIRM_TIMEOUT, Finished, MAX_PENDING_RESP, Node, PendingResp, Wake};
+use crate::gate::{Tables, Verdict};
+use crate::identity::{NodeId, PeerKey};
+use crate::timing::ms_since;
 
 impl Node {
     pub(super) fn handle_datagram(&mut self, now: Instant, from: Endpoint, via: Option<NodeId>, bytes: &[u8]) {

@@ -14,75 +14,60 @@ use std::time::{Duration, Instant};
 use weft_core::endpoint::Endpoint;
 
 use rand::RngCore;
-use tracing::{debug, info, warn};
+use tracing::info;
 use weft_control::FailureKind;
-use weft_core::admission::{HANDSHAKE_MACS_LEN, MacKeys, Which};
-use weft_core::handshake::{Completed, HandshakeError, Hello, Initiator, Params, Read, Responder, caps};
+use weft_core::admission::{MacKeys, Which};
+use weft_core::handshake::{Completed, Hello, Initiator, Responder, caps};
 use weft_core::route::RouteSnapshot;
-use weft_core::session::{Session, SessionParams};
-use weft_core::wire::{
-    DATA_HEADER_LEN, HANDSHAKE_HEADER_LEN, HandshakeHeader, MAX_HOPS, MessageType, Pattern, RejectReason, RejectRepr,
-    RelayHeader,
-};
+use weft_core::wire::RejectReason;
 
 use crate::deadline::Deadlines;
+use crate::gate::Gate;
 pub use crate::gate::{AdmissionStats, LOAD_INITS_PER_SEC, RELAY_BURST, RELAY_RATE, SOURCE_BURST, SOURCE_RATE};
-use crate::gate::{Gate, Tables, Verdict};
+pub use crate::gate::{MAX_HELD, MAX_PENDING_RESP};
 use crate::identity::{NodeId, PeerKey};
 use crate::mesh::Mesh;
-use crate::peer::{Anchor, Driver, Peer, PeerPath, PeerTable, SessionEntry, SessionTimers};
-use crate::status::{DialStatus, InboundFailure, NodeStatus, PathStatus, PeerState, PeerStatus};
-use crate::topology::{Record, Topology};
+use crate::peer::{Anchor, Backoff, PeerPath, PeerTable, SessionEntry};
+use crate::status::InboundFailure;
+use crate::topology::Topology;
 
 mod api;
+mod claims;
 mod dials;
-mod drive;
+mod exit;
 mod inbound;
+mod issuer;
+mod messages;
 mod outbound;
+mod paths;
+mod policy;
 mod promote;
 mod queue;
 mod refusal;
+mod routes;
+mod status;
+mod timers;
 mod trust;
 
+pub(crate) use crate::timing::{
+    ACTIVE_WINDOW, CONFIRM_TIMEOUT, HELD_TIMEOUT, PING_EVERY, RETIRE_IDLE, WANTED_FOR, ms_since,
+};
+pub use crate::timing::{IDLE_RETIRE, REKEY_AFTER_PACKETS, Timers};
 pub(crate) use api::Dest;
-pub use api::{Action, Config, Input, PeerRef, Timers};
+pub use api::{Action, Config, Input, PeerRef};
 
 pub(crate) use trust::{HeldPolicy, Trust};
 
-pub(crate) use drive::{keepalive, ms_since};
-use refusal::{reason_of, reject_why};
+pub(crate) use timers::keepalive;
 
-/// Rekey once a session has sent this many packets (about 47 GB at 1420 bytes), well
-/// inside AES-GCM's usage limit.
-pub const REKEY_AFTER_PACKETS: u64 = 1 << 25;
-/// A session with a member that is not a link is retired after this long without data
-/// either way (no keepalives keep it in between).
-pub const IDLE_RETIRE: Duration = Duration::from_secs(120);
-/// Data within this window makes a session active: it is probed for latency and loss,
-/// and hole punching is tried while it is relayed.
-pub(crate) const ACTIVE_WINDOW: Duration = Duration::from_secs(10);
-/// Links and active sessions are probed for latency and loss this often.
-const PING_EVERY: Duration = Duration::from_secs(5);
 /// Packets queued for one member while its session is made, at most.
 pub const MAX_QUEUED_PER_PEER: usize = 16;
 /// Packets queued for all members while their sessions are made, at most.
 pub const MAX_QUEUED: usize = 1024;
-/// A packet for a member keeps its handshake retried this long.
-const WANTED_FOR: Duration = Duration::from_secs(10);
 /// Sessions kept per peer (current plus the ones in-flight packets may still use).
 const MAX_SESSIONS: usize = 3;
-/// An XX responder waiting for the finish message gives up after this.
-const CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
-/// A finished handshake whose peer never proves the PSK is dropped after this.
-const HELD_TIMEOUT: Duration = Duration::from_secs(5);
-/// An older session is retired once it has been idle this long.
-const RETIRE_IDLE: Duration = Duration::from_secs(10);
 /// Failed inbound handshakes remembered for status.
 const MAX_INBOUND_FAILURES: usize = 32;
-/// XX responders waiting for their finish message, at most.
-pub const MAX_PENDING_RESP: usize = 1024;
-/// Finished handshakes waiting for the peer's proof of the PSK, at most.
-pub const MAX_HELD: usize = 1024;
 
 /// Why a handshake's claims are refused: the reason shown, its kind, and what the
 /// reject tells the other end (in words its release reads).
@@ -161,7 +146,7 @@ pub(crate) struct Held {
 pub(crate) struct Dial {
     pub(crate) endpoint: Endpoint,
     pub(crate) key: Option<PeerKey>,
-    driver: Driver,
+    backoff: Backoff,
     /// Found by a LAN beacon rather than configured: not retried forever.
     discovered: bool,
     /// When a beacon last announced it (discovered dials only).
@@ -299,7 +284,7 @@ impl Node {
             .map(|&endpoint| Dial {
                 endpoint,
                 key: None,
-                driver: Driver::default(),
+                backoff: Backoff::default(),
                 discovered: false,
                 announced: None,
             })
@@ -344,11 +329,6 @@ impl Node {
     /// the next second as under load, so inits without a cookie cost no DH.
     pub fn note_overload(&mut self, now: Instant) {
         self.gate.note_overload(now);
-    }
-
-    /// What admission control did so far.
-    pub fn admission(&self, now: Instant) -> AdmissionStats {
-        self.gate.stats(now, self.tables())
     }
 
     /// This node's id.
@@ -407,50 +387,6 @@ impl Node {
     /// Marks a peer whose timers may have changed (recomputed at the end of the step).
     pub(crate) fn touch(&mut self, key: PeerKey) {
         self.touched.insert(key);
-    }
-
-    /// A summary for status output.
-    pub fn status(&self, now: Instant) -> NodeStatus {
-        let mut peers: Vec<PeerStatus> = self
-            .peers
-            .values()
-            .map(|p| p.status(now, self.path_status(p), self.mesh.paths.contains_key(&p.id)))
-            .collect();
-        peers.sort_by_key(|p| p.overlay);
-        let dials = self
-            .dials
-            .slots
-            .values()
-            .filter(|d| d.key.is_none_or(|k| !self.peers.contains_key(&k)))
-            .map(|d| DialStatus { endpoint: d.endpoint, error: d.driver.error.clone(), attempts: d.driver.failures })
-            .collect();
-        NodeStatus {
-            node_id: self.id,
-            routes: self.route_status(),
-            conflicts: self.conflicts(),
-            peers,
-            dials,
-            inbound_failures: self.report.inbound_failures.iter().cloned().collect(),
-            rejected_records: self.mesh.rejected_records,
-            control_limited: self.mesh.control_limited,
-            signature_cutoffs: self.mesh.signature_cutoffs,
-            records_dropped: {
-                let (table_full, evicted) = self.mesh.topology.full_counts();
-                crate::status::RecordsDropped {
-                    over_budget: self.mesh.records_over_budget,
-                    table_full,
-                    evicted,
-                    uncertified: self.mesh.records_uncertified,
-                }
-            },
-            refused: self.refused_claims(),
-            queued_dropped: self.report.queued_dropped,
-            handshakes_completed: self.report.handshakes_completed,
-            stale_renewed: self.report.stale_renewed,
-            handshake_failures: self.report.handshake_failures.clone(),
-            exit_offers: self.exit_offers(),
-            exit: self.exit_status(),
-        }
     }
 
     /// Replaces the networks this node is directly connected to (the runtime reads its
@@ -521,9 +457,15 @@ impl Node {
             // Found on the LAN before: from now on it is configured (retried forever).
             d.discovered = false;
             d.announced = None;
-            d.driver = Driver::default();
+            d.backoff = Backoff::default();
         } else {
-            self.push_dial(Dial { endpoint, key: None, driver: Driver::default(), discovered: false, announced: None });
+            self.push_dial(Dial {
+                endpoint,
+                key: None,
+                backoff: Backoff::default(),
+                discovered: false,
+                announced: None,
+            });
         }
         info!(%endpoint, "peer added");
         self.drive_dials(now);
@@ -560,7 +502,7 @@ impl Node {
     }
 
     /// Closes every session with a peer and says why in its status: no path, no
-    /// anchor, a fresh handshake driver (its next handshake starts at once).
+    /// anchor, a fresh handshake backoff (its next handshake starts at once).
     pub(crate) fn close_sessions(&mut self, now: Instant, key: PeerKey, why: &str) {
         let Some(p) = self.peers.get_mut(&key) else { return };
         p.sessions.clear();
@@ -568,7 +510,7 @@ impl Node {
         p.path = PeerPath::Relayed { last: None };
         p.down_since = Some(now);
         p.error = Some(why.to_owned());
-        p.driver = Driver::default();
+        p.backoff = Backoff::default();
         self.peers.set_anchor(&key, Anchor::None);
         self.published.routes_dirty = true;
         self.mesh.record_changed(now);
@@ -618,8 +560,8 @@ impl Node {
         // Clear in-flight markers whose handshake is gone (confirmed, failed or expired).
         let busy = |i: u32| self.pending.init.contains_key(&i) || self.pending.held.contains_key(&i);
         for d in self.dials.slots.values_mut() {
-            if d.driver.in_flight.is_some_and(|i| !busy(i)) {
-                d.driver.in_flight = None;
+            if d.backoff.in_flight.is_some_and(|i| !busy(i)) {
+                d.backoff.in_flight = None;
             }
         }
         // Peers whose handshake ended this step were touched by it.
@@ -627,12 +569,12 @@ impl Node {
             .touched
             .iter()
             .filter_map(|k| self.peers.get(k))
-            .filter(|p| p.driver.in_flight.is_some_and(|i| !busy(i)))
+            .filter(|p| p.backoff.in_flight.is_some_and(|i| !busy(i)))
             .map(|p| p.key)
             .collect();
         for k in done {
             if let Some(p) = self.peers.get_mut(&k) {
-                p.driver.in_flight = None;
+                p.backoff.in_flight = None;
             }
             self.touch(k);
         }

@@ -1,6 +1,21 @@
 //! Handshakes this node starts: target choice, the initiator's messages, indices, and the expiry of those not answered.
 
-use super::*;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::RngCore;
+use tracing::{debug, info, warn};
+use weft_control::FailureKind;
+use weft_core::admission::Which;
+use weft_core::endpoint::Endpoint;
+use weft_core::handshake::{Initiator, Params};
+use weft_core::session::Session;
+use weft_core::wire::{HandshakeHeader, MessageType, RejectRepr};
+
+use super::api::Dest;
+use super::{CONFIRM_TIMEOUT, HELD_TIMEOUT, Node, PendingInit, Target, Wake};
+use crate::identity::PeerKey;
+use crate::peer::Peer;
 
 impl Node {
     pub(super) fn expire_pending(&mut self, now: Instant) {
@@ -81,11 +96,11 @@ impl Node {
     pub(super) fn handshake_timeout(&self, target: Target) -> Duration {
         let d = match target {
             Target::Dial(i) => match self.dials.slots.get(&i) {
-                Some(d) => &d.driver,
+                Some(d) => &d.backoff,
                 None => return self.cfg.timers.initial_backoff,
             },
             Target::Peer(k) => match self.peers.get(&k) {
-                Some(p) => &p.driver,
+                Some(p) => &p.backoff,
                 None => return self.cfg.timers.initial_backoff,
             },
         };
@@ -102,8 +117,8 @@ impl Node {
         let dropped = |p: &Peer| p.dropped.as_ref().is_some_and(|s| s.session.local_index == local_index);
         let Some((&key, p)) = self.peers.iter().find(|(_, p)| dropped(p)) else { return };
         if !p.sessions.is_empty()
-            || p.driver.in_flight.is_some()
-            || p.driver.next_attempt.is_some_and(|t| now < t)
+            || p.backoff.in_flight.is_some()
+            || p.backoff.next_attempt.is_some_and(|t| now < t)
             || self.trust.revocations.contains(&key.0)
         {
             return;
@@ -118,7 +133,7 @@ impl Node {
     /// after two failures (the peer may have a new key).
     pub(super) fn handshake_with(&mut self, now: Instant, key: PeerKey) {
         let Some(p) = self.peers.get(&key) else { return };
-        let use_ik = p.driver.failures < 2;
+        let use_ik = p.backoff.failures < 2;
         match self.handshake_dest(&key) {
             Some(to) => self.start_handshake(now, Target::Peer(key), to, use_ik.then_some(key)),
             // Nowhere to send it (no path right now): try again after the backoff.
@@ -169,17 +184,17 @@ impl Node {
         if let Target::Peer(k) = target {
             self.touch(k);
         }
-        let driver = match target {
+        let backoff = match target {
             Target::Dial(i) => match self.dials.slots.get_mut(&i) {
-                Some(d) => &mut d.driver,
+                Some(d) => &mut d.backoff,
                 None => return,
             },
             Target::Peer(k) => match self.peers.get_mut(&k) {
-                Some(p) => &mut p.driver,
+                Some(p) => &mut p.backoff,
                 None => return,
             },
         };
-        if let Some(old) = driver.in_flight.replace(local) {
+        if let Some(old) = backoff.in_flight.replace(local) {
             self.pending.init.remove(&old);
         }
         debug!(to = %to.to, relayed = to.relay.is_some(), ?pattern, local, "handshake started");

@@ -1,6 +1,20 @@
 //! A finished handshake becomes a session: the claim checks, the peer table entry, the route.
 
-use super::*;
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tracing::{info, warn};
+use weft_control::FailureKind;
+use weft_core::endpoint::Endpoint;
+use weft_core::session::{Session, SessionParams};
+
+use super::api::Dest;
+use super::timers::keepalive;
+use super::{Finished, HELD_TIMEOUT, Held, MAX_HELD, MAX_SESSIONS, Node, Target, Wake};
+use crate::identity::{NodeId, PeerKey};
+use crate::peer::{Anchor, Peer, PeerPath, SessionEntry};
+use crate::timing::ms_since;
 
 impl Node {
     /// A handshake finished. The session is held until the peer has proven it knows
@@ -132,7 +146,7 @@ impl Node {
             && let Some(d) = self.dials.slots.get_mut(&i)
         {
             d.key = Some(key);
-            d.driver.succeeded();
+            d.backoff.succeeded();
         }
         dialled |= self.dials.slots.values().any(|d| d.key == Some(key));
         let stats = entry.session.stats.clone();
@@ -169,7 +183,7 @@ impl Node {
         peer.last_handshake = Some(now);
         peer.error = None;
         peer.down_since = None;
-        peer.driver.succeeded();
+        peer.backoff.succeeded();
         // A new session counts as traffic: it is not retired before it had a chance.
         peer.activity.touch(now);
         let link = peer.is_link(now);

@@ -1,6 +1,12 @@
 //! Packets for members without a session yet: queued, flushed when one is up, dropped past the bound.
 
-use super::*;
+use std::net::IpAddr;
+use std::time::Instant;
+
+use tracing::debug;
+
+use super::{MAX_QUEUED, MAX_QUEUED_PER_PEER, Node, WANTED_FOR};
+use crate::identity::{NodeId, PeerKey};
 
 impl Node {
     /// A packet for a member without a session: hold it (a few per member) and start
@@ -31,7 +37,7 @@ impl Node {
             self.report.queued_dropped += 1;
         }
         let Some(p) = self.peers.get(&key) else { return };
-        if p.driver.in_flight.is_none() && p.driver.next_attempt.is_none_or(|t| now >= t) {
+        if p.backoff.in_flight.is_none() && p.backoff.next_attempt.is_none_or(|t| now >= t) {
             debug!(peer = %p.id, %dst, "traffic for an idle member: starting a session");
             self.handshake_with(now, key);
         }

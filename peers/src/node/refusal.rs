@@ -1,6 +1,21 @@
 //! Refusals: handshakes refused, claims beyond what a member may take, and how each is counted and told.
 
-use super::*;
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Instant;
+
+use rand::RngCore;
+use tracing::{debug, warn};
+use weft_control::FailureKind;
+use weft_core::endpoint::Endpoint;
+use weft_core::handshake::{HandshakeError, Hello};
+use weft_core::wire::{RejectReason, RejectRepr};
+
+use super::api::Dest;
+use super::{MAX_INBOUND_FAILURES, Node, Refusal, Target};
+use crate::identity::{NodeId, PeerKey};
+use crate::peer::Peer;
+use crate::status::InboundFailure;
+use crate::topology::Record;
 
 impl Node {
     pub(super) fn refuse_inbound(&mut self, now: Instant, back: Dest, sender_index: u32, e: &HandshakeError) {
@@ -169,16 +184,16 @@ impl Node {
         let jitter = self.rng.next_u32();
         match target {
             Target::Dial(i) => {
-                let Some(d) = self.dials.slots.get_mut(&i).map(|d| &mut d.driver) else { return };
+                let Some(d) = self.dials.slots.get_mut(&i).map(|d| &mut d.backoff) else { return };
                 d.in_flight = None;
                 d.error = Some(msg);
                 d.failed(now, &t, jitter);
             }
             Target::Peer(k) => {
                 if let Some(p) = self.peers.get_mut(&k) {
-                    p.driver.in_flight = None;
+                    p.backoff.in_flight = None;
                     p.error = Some(msg);
-                    p.driver.failed(now, &t, jitter);
+                    p.backoff.failed(now, &t, jitter);
                     if p.wanted_until.is_none_or(|w| now >= w) {
                         self.drop_queued(k);
                     }

@@ -1,7 +1,16 @@
 //! The network secret (and the next one while it rotates), the authority's
 //! revocations and the newest certificate seen per member.
 
-use super::*;
+use std::time::{Duration, Instant};
+
+use tracing::{debug, warn};
+use weft_core::admission::Which;
+use weft_core::cert::Certificate;
+use weft_core::handshake::{Params, caps};
+
+use super::api::Action;
+use super::{Node, Target};
+use crate::identity::PeerKey;
 
 /// What the network's authority and secrets have handed this node.
 #[derive(Default)]
@@ -130,13 +139,13 @@ impl Node {
         let Some(next) = &self.trust.secret_next else { return Which::Current };
         let (hello, failures) = match target {
             Target::Peer(k) => match self.peers.get(&k) {
-                Some(p) => (Some(&p.hello), p.driver.failures),
+                Some(p) => (Some(&p.hello), p.backoff.failures),
                 None => (None, 0),
             },
             Target::Dial(i) => {
                 let d = self.dials.slots.get(&i);
                 let known = d.and_then(|d| d.key).and_then(|k| self.peers.get(&k));
-                (known.map(|p| &p.hello), d.map_or(0, |d| d.driver.failures))
+                (known.map(|p| &p.hello), d.map_or(0, |d| d.backoff.failures))
             }
         };
         let says = hello.map(|h| h.secrets.as_slice()).unwrap_or_default();
@@ -155,7 +164,7 @@ impl Node {
     pub fn remember_certificates(&mut self, list: Vec<Vec<u8>>) -> usize {
         let mut taken = 0;
         for bytes in list {
-            let Ok(cert) = weft_core::cert::Certificate::from_bytes(&bytes) else { continue };
+            let Ok(cert) = Certificate::from_bytes(&bytes) else { continue };
             if self.cfg.authorities.contains(&cert.body().authority)
                 && cert.signed_by_its_authority()
                 && self.trust.newest.note(&cert)
@@ -176,7 +185,7 @@ impl Node {
         if self.cfg.authorities.is_empty() {
             return;
         }
-        let Some(cert) = bytes.and_then(|b| weft_core::cert::Certificate::from_bytes(b).ok()) else { return };
+        let Some(cert) = bytes.and_then(|b| Certificate::from_bytes(b).ok()) else { return };
         if !self.trust.newest.note(&cert) {
             return;
         }
@@ -188,7 +197,7 @@ impl Node {
                 && p.hello
                     .cert
                     .as_deref()
-                    .and_then(|c| weft_core::cert::Certificate::from_bytes(c).ok())
+                    .and_then(|c| Certificate::from_bytes(c).ok())
                     .is_some_and(|c| self.trust.newest.older(&c).is_some())
         });
         if stale {
@@ -231,5 +240,43 @@ impl Node {
         if let Some(p) = self.peers.get_mut(&key) {
             p.revocations_sent = total;
         }
+    }
+}
+
+impl Node {
+    /// Closes the sessions of every member whose certificate has expired by `now`, and
+    /// forgets the records of those (a certificate is checked at each handshake and
+    /// record; this ends what is already up). Returns how many members it cut off.
+    pub fn expire_members(&mut self, now: Instant) -> usize {
+        if self.cfg.authorities.is_empty() {
+            return 0;
+        }
+        let unix = (self.cfg.wall + now.saturating_duration_since(self.cfg.epoch)).as_secs();
+        let expired = |cert: Option<&[u8]>| {
+            cert.and_then(|c| Certificate::from_bytes(c).ok()).is_some_and(|c| c.body().not_after <= unix)
+        };
+        let peers: Vec<PeerKey> = self
+            .peers
+            .values()
+            .filter(|p| !p.sessions.is_empty() && expired(p.hello.cert.as_deref()))
+            .map(|p| p.key)
+            .collect();
+        let records: Vec<crate::NodeId> =
+            self.mesh.topology.records().filter(|r| expired(r.cert.as_deref())).map(|r| r.node()).collect();
+        for &k in &peers {
+            tracing::warn!(node = %k.id(), "a member's certificate expired: its sessions close");
+            self.close_sessions(now, k, "its member certificate expired");
+        }
+        for id in &records {
+            self.mesh.topology.remove(id);
+        }
+        if !records.is_empty() {
+            self.mesh.paths_changed(now);
+        }
+        if !peers.is_empty() || !records.is_empty() {
+            self.published.routes_dirty = true;
+            self.finish_step(now);
+        }
+        peers.len().max(records.len())
     }
 }

@@ -42,7 +42,8 @@ use tracing::debug;
 
 use weft_core::admission::MacKeys;
 
-use super::links::{Lane, LinkCounters, LinkQueue, Links, Queued};
+use super::Lane;
+use super::links::{LinkCounters, LinkQueue, Links, Queued};
 use super::{Endpoint, Proto, frame};
 
 mod fragment;
@@ -844,7 +845,7 @@ mod tests {
         /// is behind); a sparse frame queued meanwhile still leaves, as a datagram.
         #[tokio::test]
         async fn quic_sparse_frames_leave_while_the_stream_waits_for_credit() {
-            use crate::transport::links::Lane;
+            use crate::transport::Lane;
             use weft_core::wire::{DATA_HEADER_LEN, DataHeader, FLAG_GSO, FLAG_SPARSE};
             let l = listener(Proto::Quic, 16).await;
             let links = l.conn.links().clone();

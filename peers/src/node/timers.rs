@@ -1,6 +1,17 @@
 //! Each peer's timers: what is due now (rekey, keepalive, retire, forget) and when to wake, read from one plan.
 
-use super::*;
+use std::time::{Duration, Instant};
+
+use rand::RngCore;
+use tracing::{debug, info, warn};
+use weft_core::session::Session;
+use weft_core::wire::DATA_HEADER_LEN;
+
+use super::{ACTIVE_WINDOW, CONFIRM_TIMEOUT, IDLE_RETIRE, Node, PING_EVERY, REKEY_AFTER_PACKETS, RETIRE_IDLE};
+use crate::identity::PeerKey;
+use crate::peer::{Anchor, Backoff, Peer, SessionTimers};
+use crate::status::{PathStatus, PeerState, PeerStatus};
+use crate::timing::ms_since;
 
 impl Node {
     /// Whether we want a session with this peer although none is up: we dial it, it
@@ -53,7 +64,7 @@ impl Node {
             if peer.sessions.is_empty() && peer.path.is_direct() && !kept {
                 peer.path.lose_direct();
             }
-            let (in_flight, due) = (peer.driver.in_flight.is_some(), now >= peer.driver.next_attempt.unwrap_or(now));
+            let (in_flight, due) = (peer.backoff.in_flight.is_some(), now >= peer.backoff.next_attempt.unwrap_or(now));
             if !in_flight && due && self.peers.get(&key).is_some_and(|p| self.wants_session(p, now)) {
                 self.handshake_with(now, key);
             } else if !in_flight && self.forgettable(&key, now) {
@@ -72,7 +83,7 @@ impl Node {
             peer.dropped = peer.tx().cloned();
             peer.sessions.clear();
             peer.down_since = Some(now);
-            peer.driver = Driver::default();
+            peer.backoff = Backoff::default();
             peer.activity.unanswered_since = None;
             if !kept {
                 peer.path.lose_direct();
@@ -98,7 +109,7 @@ impl Node {
         let rekey = SessionTimers::due(plan.rekey, now)
             || (plan.rekey.is_some()
                 && tx.session.sent_packets() >= REKEY_AFTER_PACKETS
-                && now >= peer.driver.next_attempt.unwrap_or(now));
+                && now >= peer.backoff.next_attempt.unwrap_or(now));
         let send_keepalive = SessionTimers::due(plan.keepalive, now);
         let probe = SessionTimers::due(plan.probe, now);
         let punch = !kept && !peer.path.is_direct() && active && peer.punch.next_attempt.is_none_or(|n| now >= n);
@@ -153,8 +164,8 @@ impl Node {
         };
         let Some(tx) = p.tx() else {
             let retire_unconfirmed = p.sessions.iter().map(|s| s.created + CONFIRM_TIMEOUT).min();
-            let retry = (p.driver.in_flight.is_none() && self.wants_session(p, now))
-                .then(|| p.driver.next_attempt.unwrap_or(now));
+            let retry = (p.backoff.in_flight.is_none() && self.wants_session(p, now))
+                .then(|| p.backoff.next_attempt.unwrap_or(now));
             // Forgetting a link that went silent is checked now and then (a member known
             // only from its record goes with the record: Mesh::expire).
             let forget = ((p.sessions.is_empty() && p.anchor() != Anchor::None) || p.down_since.is_some())
@@ -216,11 +227,6 @@ pub(super) fn retire_sessions(peer: &mut Peer, now: Instant, epoch: Instant) -> 
     peer.sessions.len() != before
 }
 
-/// Milliseconds from `epoch` to `now` on the pipeline clock (0 means "never").
-pub(crate) fn ms_since(epoch: Instant, now: Instant) -> u64 {
-    now.saturating_duration_since(epoch).as_millis() as u64 + 1
-}
-
 /// Seals an empty data packet on `session`.
 pub(crate) fn keepalive(session: &Session, now: Instant, epoch: Instant) -> Vec<u8> {
     let mut buf = vec![0u8; DATA_HEADER_LEN + 16];
@@ -234,7 +240,7 @@ impl Peer {
     pub(super) fn status(&self, now: Instant, path: PathStatus, reachable: bool) -> PeerStatus {
         let state = if self.is_up() {
             PeerState::Established
-        } else if self.driver.in_flight.is_some() || !self.sessions.is_empty() {
+        } else if self.backoff.in_flight.is_some() || !self.sessions.is_empty() {
             PeerState::Connecting
         } else if self.error.is_some() && (self.anchor() != Anchor::None || self.wanted_until.is_some_and(|w| now < w))
         {

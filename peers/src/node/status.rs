@@ -1,0 +1,58 @@
+//! What status shows of the engine: the node, its peers and dials, admission counters.
+
+use std::time::Instant;
+
+use super::Node;
+use crate::gate::AdmissionStats;
+use crate::status::{DialStatus, NodeStatus, PeerStatus};
+
+impl Node {
+    /// What admission control did so far.
+    pub fn admission(&self, now: Instant) -> AdmissionStats {
+        self.gate.stats(now, self.tables())
+    }
+
+    /// A summary for status output.
+    pub fn status(&self, now: Instant) -> NodeStatus {
+        let mut peers: Vec<PeerStatus> = self
+            .peers
+            .values()
+            .map(|p| p.status(now, self.path_status(p), self.mesh.paths.contains_key(&p.id)))
+            .collect();
+        peers.sort_by_key(|p| p.overlay);
+        let dials = self
+            .dials
+            .slots
+            .values()
+            .filter(|d| d.key.is_none_or(|k| !self.peers.contains_key(&k)))
+            .map(|d| DialStatus { endpoint: d.endpoint, error: d.backoff.error.clone(), attempts: d.backoff.failures })
+            .collect();
+        NodeStatus {
+            node_id: self.id,
+            routes: self.route_status(),
+            conflicts: self.conflicts(),
+            peers,
+            dials,
+            inbound_failures: self.report.inbound_failures.iter().cloned().collect(),
+            rejected_records: self.mesh.rejected_records,
+            control_limited: self.mesh.control_limited,
+            signature_cutoffs: self.mesh.signature_cutoffs,
+            records_dropped: {
+                let (table_full, evicted) = self.mesh.topology.full_counts();
+                crate::status::RecordsDropped {
+                    over_budget: self.mesh.records_over_budget,
+                    table_full,
+                    evicted,
+                    uncertified: self.mesh.records_uncertified,
+                }
+            },
+            refused: self.refused_claims(),
+            queued_dropped: self.report.queued_dropped,
+            handshakes_completed: self.report.handshakes_completed,
+            stale_renewed: self.report.stale_renewed,
+            handshake_failures: self.report.handshake_failures.clone(),
+            exit_offers: self.exit_offers(),
+            exit: self.exit_status(),
+        }
+    }
+}
