@@ -13,7 +13,7 @@ use tracing::{debug, info, warn};
 use weft_control::Reply;
 use weft_core::stats::{DropCounters, DropReason};
 use weft_datapath::pipeline::{ControlEvent, ControlSink, PipelineStats, Shared};
-use weft_datapath::transport::conn::{Connector, LinkDown};
+use weft_datapath::transport::conn::{ConnectionDown, Connector};
 use weft_datapath::transport::udp::{self};
 use weft_datapath::transport::{Endpoint, Proto};
 use weft_peers::NodeId;
@@ -362,7 +362,7 @@ impl Runtime {
         mut events: mpsc::Receiver<ControlEvent>,
         mut handshakes: mpsc::Receiver<ControlEvent>,
         sink: Arc<QueueSink>,
-        mut link_down: mpsc::Receiver<LinkDown>,
+        mut connection_down: mpsc::Receiver<ConnectionDown>,
         metrics: Option<std::net::TcpListener>,
     ) -> Result<()> {
         let (req_tx, mut requests) = mpsc::channel::<(Ask, oneshot::Sender<Reply>)>(16);
@@ -392,9 +392,9 @@ impl Runtime {
                     self.handle_event(ev);
                 }
                 () = tokio::time::sleep_until(deadline.into()) => self.engine.handle_timeout(Instant::now()),
-                down = link_down.recv() => {
+                down = connection_down.recv() => {
                     if let Some(d) = down {
-                        self.engine.handle(Instant::now(), Input::LinkDown { endpoint: d.endpoint, error: &d.error });
+                        self.engine.handle(Instant::now(), Input::ConnectionDown { endpoint: d.endpoint, error: &d.error });
                     }
                 }
                 req = requests.recv() => {

@@ -95,7 +95,7 @@ pub enum Input<'a> {
     },
     /// A connection (TCP, WebSocket, QUIC) to `endpoint` closed, or could not be
     /// opened.
-    LinkDown {
+    ConnectionDown {
         /// The connection's endpoint.
         endpoint: Endpoint,
         /// Why, for status (e.g. "connection refused").

@@ -344,7 +344,7 @@ impl Node {
             Input::Message { local_index, bytes } => self.handle_message(now, local_index, bytes),
             Input::Direct { local_index, from } => self.handle_direct(now, local_index, from),
             Input::Discovered { endpoint } => self.handle_discovered(now, endpoint),
-            Input::LinkDown { endpoint, error } => self.handle_link_down(now, endpoint, error),
+            Input::ConnectionDown { endpoint, error } => self.handle_connection_down(now, endpoint, error),
             Input::Unrouted { dst, packet } => self.handle_unrouted(now, dst, packet),
             Input::StaleSession { local_index } => self.handle_stale_session(now, local_index),
         }

@@ -163,7 +163,7 @@ impl Node {
     /// A connection (TCP, WebSocket, QUIC) closed or could not be opened: peers whose
     /// path it was look for another at once, and a handshake waiting on it fails now
     /// with the reason instead of timing out.
-    pub(crate) fn handle_link_down(&mut self, now: Instant, endpoint: Endpoint, error: &str) {
+    pub(crate) fn handle_connection_down(&mut self, now: Instant, endpoint: Endpoint, error: &str) {
         let mut hit = Vec::new();
         for p in self.peers.values_mut() {
             if let PeerPath::Direct(d) = &mut p.path

@@ -152,7 +152,7 @@ pub struct TlsIdentity {
 
 /// A connection's end, reported to the control plane.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LinkDown {
+pub struct ConnectionDown {
     /// The connection.
     pub endpoint: Endpoint,
     /// Why it ended or never started.
@@ -167,7 +167,7 @@ pub struct Connector {
 
 struct Inner {
     links: Arc<Links>,
-    down: mpsc::Sender<LinkDown>,
+    down: mpsc::Sender<ConnectionDown>,
     client_tls: Arc<rustls::ClientConfig>,
     server_tls: Option<Arc<rustls::ServerConfig>>,
     quic_client: quinn::ClientConfig,
@@ -196,7 +196,7 @@ impl Connector {
     /// a message MACed with `macs` (the network's).
     pub fn new(
         links: Arc<Links>,
-        down: mpsc::Sender<LinkDown>,
+        down: mpsc::Sender<ConnectionDown>,
         tls: Option<TlsIdentity>,
         max_connections: usize,
         mtu: usize,
@@ -459,7 +459,7 @@ impl Connector {
             return;
         }
         // A full queue only delays the failover to the next tick's stale check.
-        let _ = self.inner.down.try_send(LinkDown { endpoint: ep, error });
+        let _ = self.inner.down.try_send(ConnectionDown { endpoint: ep, error });
     }
 }
 
@@ -549,7 +549,7 @@ mod tests {
             addr: SocketAddr,
             // Kept so that deliveries and link-down reports have somewhere to go.
             _inbound: std::sync::mpsc::Receiver<Inbound>,
-            _down: mpsc::Receiver<LinkDown>,
+            _down: mpsc::Receiver<ConnectionDown>,
         }
 
         fn tls() -> TlsIdentity {
