@@ -1,5 +1,6 @@
 //! What packaging relies on: `--version` with the commit, `weft completions`, the
-//! hidden `weft man`, and the shipped default config refusing to start a node.
+//! hidden `weft man`, and the shipped default config refusing to start a node; and
+//! docs/reference/cli.md being what `weft man --markdown` renders.
 #![allow(clippy::unwrap_used)]
 
 use std::path::Path;
@@ -70,6 +71,27 @@ fn man_pages_render() {
     assert_eq!(bad.status.code(), Some(2), "hidden commands have no page");
     let help = stdout_of(&["--help"]);
     assert!(!help.lines().any(|l| l.trim_start().starts_with("man ")), "`weft man` is hidden: {help}");
+}
+
+/// docs/reference/cli.md is generated from clap; a changed flag or help text must
+/// regenerate it: `WEFT_BLESS=1 cargo test -p weft --test cli_meta` writes it.
+#[test]
+fn cli_reference_is_current() {
+    let page = stdout_of(&["man", "--markdown"]);
+    assert!(page.contains("## `weft up`") && page.contains("`--network-name <NAME>`"), "{page}");
+    let version = stdout_of(&["--version"]);
+    assert!(!page.contains(version.trim().trim_start_matches("weft ")), "no version or commit in the page");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/reference/cli.md");
+    if std::env::var_os("WEFT_BLESS").is_some() {
+        std::fs::write(&path, &page).unwrap();
+        return;
+    }
+    let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        on_disk == page,
+        "docs/reference/cli.md is stale (it differs from `weft man --markdown`); regenerate it with \
+         `WEFT_BLESS=1 cargo test -p weft --test cli_meta` and commit it"
+    );
 }
 
 #[test]

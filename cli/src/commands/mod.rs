@@ -70,6 +70,7 @@ pub(crate) fn run(command: Command) -> Result<()> {
         }
         Command::Version(a) => meta::version(a.json),
         Command::Completions(a) => meta::completions(a.shell),
+        Command::Man(a) if a.markdown => meta::markdown(),
         Command::Man(a) => meta::man(a.command.as_deref()),
     }
 }

@@ -712,8 +712,12 @@ pub struct CompletionsArgs {
 #[derive(Debug, Args)]
 pub struct ManArgs {
     /// Print the page of this subcommand (weft-COMMAND(1)) instead of weft(1).
-    #[arg(value_name = "COMMAND")]
+    #[arg(value_name = "COMMAND", conflicts_with = "markdown")]
     pub command: Option<String>,
+    /// Print the whole command-line reference as Markdown instead
+    /// (docs/reference/cli.md).
+    #[arg(long)]
+    pub markdown: bool,
 }
 
 #[cfg(test)]
