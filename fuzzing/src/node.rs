@@ -321,7 +321,9 @@ impl World {
                 self.a.handle(now, Input::Direct { local_index: self.index(i), from: endpoint(*from) });
             }
             Step::Discovered(from) => self.a.handle(now, Input::Discovered { endpoint: endpoint(*from) }),
-            Step::LinkDown(from) => self.a.handle(now, Input::ConnectionDown { endpoint: endpoint(*from), error: "fuzz" }),
+            Step::LinkDown(from) => {
+                self.a.handle(now, Input::ConnectionDown { endpoint: endpoint(*from), error: "fuzz" })
+            }
             Step::Tick(ms) => {
                 self.now += Duration::from_millis(u64::from(*ms));
                 self.a.handle_timeout(self.now);
