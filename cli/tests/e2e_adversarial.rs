@@ -295,6 +295,14 @@ impl Rogue {
         r
     }
 
+    /// Seals control message `msg` (what only a member's own code sends) and sends it.
+    fn send_control(&self, msg: &[u8]) {
+        let mut b = vec![0u8; 16 + msg.len() + 16];
+        b[16..16 + msg.len()].copy_from_slice(msg);
+        let n = self.session.seal_with_flags(&mut b, msg.len(), weft_core::wire::FLAG_CONTROL).unwrap();
+        let _ = self.sock.send_to(&b[..n], self.target);
+    }
+
     /// Seals `ip` (an IP packet, or nothing for a keepalive) and sends it.
     fn send(&self, ip: &[u8]) {
         let mut b = vec![0u8; 16 + ip.len() + 16];
@@ -470,4 +478,52 @@ fn a_member_joins_while_a_captured_init_is_replayed_below_every_rate() {
     // No init was dropped for want of room (a member's own would have been among them).
     assert_eq!(st["admission"]["evicted"], 0, "{}", st["admission"]);
     assert_eq!(st["peers"].as_array().unwrap().len(), 1, "the replayed init became a peer: {st}");
+}
+
+/// A member floods a node with control messages (pings, each one answered) for six
+/// seconds: the node drops what is over the member's budget (counted) instead of
+/// answering them all (about 630,000 answers before the budget), keeps serving its
+/// other members' data, and a new member's handshake completes meanwhile.
+#[test]
+fn a_control_flood_from_a_member_starves_neither_handshakes_nor_other_members() {
+    require_root();
+    let (lan, dir) = (Lan::new(4), TempDir::new());
+    let r = Node::start(&lan.hosts[0], &dir.0, "r", &node_args("10.126.126.1/24", &[]));
+    let peer = format!("udp://{}:11010", lan.addrs[0]);
+    let _b = Node::start(&lan.hosts[1], &dir.0, "b", &node_args("10.126.126.2/24", &["-p", &peer]));
+    wait_until(Duration::from_secs(10), "B joins", || r.peer_established("10.126.126.2"));
+    let target: SocketAddrV4 = format!("{}:11010", lan.addrs[0]).parse().unwrap();
+    let rogue = lan.hosts[2]
+        .within(|| Rogue::join(UdpSocket::bind("0.0.0.0:0").unwrap(), target, Ipv4Addr::new(10, 126, 126, 7)));
+    wait_until(Duration::from_secs(5), "R holds the rogue's session", || r.peer_established("10.126.126.7"));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flood = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let (mut sent, until) = (0u64, Instant::now() + Duration::from_secs(6));
+            while Instant::now() < until && !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let mut ping = [2u8, 0, 0, 0, 0, 0, 0, 0, 0];
+                ping[1..].copy_from_slice(&sent.to_le_bytes());
+                rogue.send_control(&ping);
+                sent += 1;
+            }
+            sent
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    // A new member joins while the flood runs, and B's data keeps flowing.
+    let c = Node::start(&lan.hosts[3], &dir.0, "c", &node_args("10.126.126.3/24", &["-p", &peer]));
+    let joined = wait_until(Duration::from_secs(10), "C joins during the flood", || r.peer_established("10.126.126.3"));
+    assert!(ping(&lan.hosts[1], "10.126.126.1"), "B's pings to R are lost during the flood");
+    let sent = flood.join().unwrap();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let st = r.status();
+    let limited = st["control_limited"].as_u64().unwrap_or(0);
+    eprintln!("flood: {sent} control messages in 6 s; R dropped {limited} over budget; C joined after {joined:?}");
+    assert!(limited > 0, "no control message was dropped over the member's budget: {st}");
+    // Each ping taken is answered: what R sent is bounded by the budget (a burst of
+    // 8,000, then 2,000 a second), not by what the member sent.
+    let answered = st["control_traffic"]["sent_packets"].as_u64().unwrap_or(0);
+    assert!(answered < 40_000, "R answered {answered} of {sent} control messages from one member");
+    assert!(c.peer_established("10.126.126.1"));
 }
