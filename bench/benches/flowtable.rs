@@ -1,17 +1,19 @@
 //! The connection table's per-packet work, before and after issue 51 in one run: the
 //! hand-written map `core/src/firewall.rs` had (16 `parking_lot::Mutex<HashMap>`
-//! shards picked from the remote address and the ports) against the `DashMap` it has
-//! now (64 shards), both keyed by the same flow with std's SipHash (`RandomState`:
-//! the ports are the sender's to choose), 10,000 flows tracked. Per packet of a tracked
-//! flow: find its entry and refresh it (another flow each packet: the bulk case skips
-//! the table, see the `policy` bench); the first packet of a new flow: a lookup that
-//! misses, then the insert (taken out again, so the table keeps its size).
+//! shards picked from the remote address and the ports), the same with its shard
+//! picked by a keyed hash (what it would need: a sender chose its shard, and each shard
+//! had its own bound), and the `DashMap` it has now (64 shards; 16 for comparison), all
+//! keyed by the same flow with std's SipHash (`RandomState`: the ports are the sender's
+//! to choose), 10,000 flows tracked. Per packet of a tracked flow: find its entry and
+//! refresh it (another flow each packet: the bulk case skips the table, see the
+//! `policy` bench); the first packet of a new flow: a lookup that misses, then the
+//! insert (taken out again, so the table keeps its size). bench/RESULTS.md §51.
 //!
 //! `cargo bench -p weft-bench --bench flowtable`
 #![allow(clippy::unwrap_used, unreachable_pub)]
 
 use std::collections::HashMap;
-use std::hash::RandomState;
+use std::hash::{BuildHasher, RandomState};
 use std::net::{IpAddr, Ipv4Addr};
 
 use criterion::{Criterion, black_box, criterion_group, criterion_main};
@@ -40,15 +42,20 @@ struct Entry {
 const OLD_SHARDS: usize = 16;
 const MAX_FLOWS: usize = 65_536;
 
-/// The hand-written table as it was.
-struct Sharded(Vec<Mutex<HashMap<Flow, Entry>>>);
+/// The hand-written table as it was; `keyed`: its shard picked by a keyed hash of the
+/// flow instead (what it would need so that a sender cannot aim all its flows at one
+/// shard, whose bound was 1/16 of the table's).
+struct Sharded(Vec<Mutex<HashMap<Flow, Entry>>>, Option<RandomState>);
 
 impl Sharded {
-    fn new() -> Self {
-        Self((0..OLD_SHARDS).map(|_| Mutex::new(HashMap::new())).collect())
+    fn new(keyed: bool) -> Self {
+        Self((0..OLD_SHARDS).map(|_| Mutex::new(HashMap::new())).collect(), keyed.then(RandomState::new))
     }
 
     fn shard(&self, f: &Flow) -> &Mutex<HashMap<Flow, Entry>> {
+        if let Some(h) = &self.1 {
+            return &self.0[(h.hash_one(f) as usize) % OLD_SHARDS];
+        }
         let k = match f.remote {
             IpAddr::V4(a) => u32::from(a) as usize,
             IpAddr::V6(a) => (u128::from(a) as usize) ^ ((u128::from(a) >> 64) as usize),
@@ -88,8 +95,8 @@ impl Sharded {
 struct Dash(DashMap<Flow, Entry, RandomState>, std::sync::atomic::AtomicUsize);
 
 impl Dash {
-    fn new() -> Self {
-        Self(DashMap::with_hasher_and_shard_amount(RandomState::new(), 64), Default::default())
+    fn new(shards: usize) -> Self {
+        Self(DashMap::with_hasher_and_shard_amount(RandomState::new(), shards), Default::default())
     }
 
     fn refresh(&self, f: &Flow, now: u64) -> bool {
@@ -132,45 +139,41 @@ fn flow(i: u32) -> Flow {
 
 fn bench(c: &mut Criterion) {
     let entry = Entry { expires: 60_000, rule: None, flags: [false; 3] };
-    let old = Sharded::new();
-    let new = Dash::new();
+    let old = Sharded::new(false);
+    let keyed = Sharded::new(true);
+    let new = Dash::new(64);
+    let new16 = Dash::new(16);
     for i in 0..10_000 {
-        assert!(old.insert(flow(i), entry, 0) && new.insert(flow(i), entry, 0));
+        assert!(old.insert(flow(i), entry, 0) && keyed.insert(flow(i), entry, 0));
+        assert!(new.insert(flow(i), entry, 0) && new16.insert(flow(i), entry, 0));
     }
     let tracked: Vec<Flow> = (0..64u32).map(|i| flow(i * 150)).collect();
     let mut g = c.benchmark_group("flowtable");
     let mut i = 0;
-    g.bench_function("tracked flow refreshed, another each packet: hand-written shards", |b| {
-        b.iter(|| {
-            i = (i + 1) % tracked.len();
-            old.refresh(black_box(&tracked[i]), 1)
-        })
-    });
-    g.bench_function("tracked flow refreshed, another each packet: dashmap", |b| {
-        b.iter(|| {
-            i = (i + 1) % tracked.len();
-            new.refresh(black_box(&tracked[i]), 1)
-        })
-    });
     let mut n = 0u32;
-    g.bench_function("new flow (a miss, then insert and remove): hand-written shards", |b| {
-        b.iter(|| {
-            n = n.wrapping_add(1);
-            let f = flow(20_000 + n % 1_000_000);
-            assert!(!old.refresh(black_box(&f), 1));
-            old.insert(f, entry, 1);
-            old.remove(&f);
-        })
-    });
-    g.bench_function("new flow (a miss, then insert and remove): dashmap", |b| {
-        b.iter(|| {
-            n = n.wrapping_add(1);
-            let f = flow(20_000 + n % 1_000_000);
-            assert!(!new.refresh(black_box(&f), 1));
-            new.insert(f, entry, 1);
-            new.remove(&f);
-        })
-    });
+    macro_rules! both {
+        ($name:literal, $t:expr) => {
+            g.bench_function(concat!("tracked flow refreshed, another each packet: ", $name), |b| {
+                b.iter(|| {
+                    i = (i + 1) % tracked.len();
+                    $t.refresh(black_box(&tracked[i]), 1)
+                })
+            });
+            g.bench_function(concat!("new flow (a miss, then insert and remove): ", $name), |b| {
+                b.iter(|| {
+                    n = n.wrapping_add(1);
+                    let f = flow(20_000 + n % 1_000_000);
+                    assert!(!$t.refresh(black_box(&f), 1));
+                    $t.insert(f, entry, 1);
+                    $t.remove(&f);
+                })
+            });
+        };
+    }
+    both!("hand-written shards", old);
+    both!("hand-written shards, keyed", keyed);
+    both!("dashmap", new);
+    both!("dashmap, 16 shards", new16);
     g.finish();
 }
 
