@@ -566,6 +566,29 @@ mod tests {
     }
 
     #[test]
+    fn threads_that_race_neither_overshoot_a_share_nor_deadlock() {
+        let fw = firewall(PORT_FOR_ALL);
+        std::thread::scope(|s| {
+            for t in 0..4u16 {
+                let fw = &fw;
+                s.spawn(move || {
+                    for p in t * 3000 + 1..=(t + 1) * 3000 {
+                        let _ = fw.inbound(&tcp([10, 0, 1, 1], ME, p, 5201, 0x02), 0);
+                        fw.outbound(&tcp(ME, [10, 0, 1, 1], 5201, p, 0x12), 0);
+                        if p % 500 == 0 {
+                            fw.expire(0);
+                            let _ = fw.flows();
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(fw.flows_from(IpAddr::from([10, 0, 1, 1])), PER_SOURCE);
+        assert_eq!(fw.source_full.load(Relaxed), (12_000 - PER_SOURCE) as u64);
+        assert_eq!(fw.flows(), 12_000, "this node's answers to the rest are its own flows");
+    }
+
+    #[test]
     fn a_full_table_evicts_the_oldest_unestablished_flow_others_started_and_never_an_established_one() {
         let fw = firewall(PORT_FOR_ALL);
         // 15 members with established connections and one flooding SYNs fill the table.

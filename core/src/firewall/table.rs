@@ -179,29 +179,33 @@ impl Table {
     /// place or, failing that, room up to `MAX_FLOWS + OWN_EXTRA`.
     pub(super) fn insert(&self, flow: Flow, e: Entry, now: u64) -> Result<(), Full> {
         let source = e.source(&flow);
-        if let Some(s) = source
-            && self.sources.get(&s).is_some_and(|n| *n as usize >= PER_SOURCE)
-        {
-            return Err(Full::Source);
+        // The source's share is taken at once (one lookup, and never overshot by threads
+        // that race), and given back if the table has no room.
+        if let Some(s) = source {
+            let mut n = self.sources.entry(s).or_default();
+            if *n as usize >= PER_SOURCE {
+                return Err(Full::Source);
+            }
+            *n += 1;
         }
         if self.len.load(Relaxed) >= MAX_FLOWS
             && !self.evict_one(now)
             && (source.is_some() || self.len.load(Relaxed) >= MAX_FLOWS + OWN_EXTRA)
         {
+            self.release(&flow, &e);
             return Err(Full::Table);
         }
         match self.flows.entry(flow) {
             Slot::Occupied(mut o) => {
                 let old = *o.get();
                 o.insert(e);
-                self.count(&flow, &old, -1);
+                self.release(&flow, &old);
             }
             Slot::Vacant(v) => {
                 v.insert(e);
                 self.len.fetch_add(1, Relaxed);
             }
         }
-        self.count(&flow, &e, 1);
         if e.evictable() {
             let mut young = self.young.lock();
             young.push_back(flow);
@@ -212,19 +216,15 @@ impl Table {
         Ok(())
     }
 
-    /// Adds `by` to the count of `e`'s source.
-    fn count(&self, f: &Flow, e: &Entry, by: i32) {
+    /// Gives back the place `e` (of flow `f`) took in its source's share.
+    fn release(&self, f: &Flow, e: &Entry) {
         let Some(s) = e.source(f) else { return };
-        if by > 0 {
-            *self.sources.entry(s).or_default() += by.unsigned_abs();
-        } else {
-            let gone = self.sources.get_mut(&s).is_some_and(|mut n| {
-                *n = n.saturating_sub(by.unsigned_abs());
-                *n == 0
-            });
-            if gone {
-                self.sources.remove_if(&s, |_, n| *n == 0);
-            }
+        let gone = self.sources.get_mut(&s).is_some_and(|mut n| {
+            *n = n.saturating_sub(1);
+            *n == 0
+        });
+        if gone {
+            self.sources.remove_if(&s, |_, n| *n == 0);
         }
     }
 
@@ -235,7 +235,7 @@ impl Table {
             let Some(f) = self.young.lock().pop_front() else { return false };
             if let Some((f, e)) = self.flows.remove_if(&f, |_, e| e.evictable() || e.expires <= now) {
                 self.len.fetch_sub(1, Relaxed);
-                self.count(&f, &e, -1);
+                self.release(&f, &e);
                 return true;
             }
         }
@@ -248,7 +248,7 @@ impl Table {
             let kept = keep(f, e);
             if !kept {
                 self.len.fetch_sub(1, Relaxed);
-                self.count(f, e, -1);
+                self.release(f, e);
             }
             kept
         });
