@@ -674,6 +674,27 @@ mod tests {
     }
 
     #[test]
+    fn ipv6_extension_headers_are_walked_to_the_transport_header() {
+        // Hop-by-hop options, then destination options, then TCP 40000 -> 22 (a SYN).
+        let mut p = vec![0x60, 0, 0, 0, 0, 0, 0, 64];
+        p.extend_from_slice(&[0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]);
+        p.extend_from_slice(&[0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+        p.extend_from_slice(&[60, 0, 1, 4, 0, 0, 0, 0]);
+        p.extend_from_slice(&[proto::TCP, 0, 1, 4, 0, 0, 0, 0]);
+        p.extend_from_slice(&tcp(ADMIN, ME, 40000, 22, 0x02)[20..]);
+        let pkt = Packet::parse(&p).unwrap();
+        assert_eq!((pkt.proto, pkt.sport, pkt.dport, pkt.syn), (proto::TCP, 40000, 22, true));
+        assert_eq!(pkt.fragment, Fragment::Whole);
+        // A chain of nine: not judged.
+        let mut long = p[..40].to_vec();
+        long[6] = 60;
+        for _ in 0..9 {
+            long.extend_from_slice(&[60, 0, 1, 4, 0, 0, 0, 0]);
+        }
+        assert_eq!(Packet::parse(&long), None);
+    }
+
+    #[test]
     fn packets_the_table_cannot_judge_are_denied_and_the_node_s_own_still_pass() {
         // The admin may send anything to this node: still, what cannot be judged is denied.
         let fw = firewall("[[allow]]\nfrom=[\"10.0.0.2\", \"2001:db8::2\"]\nto=[\"10.0.0.1\", \"2001:db8::1\"]\n");
