@@ -9,8 +9,9 @@
 //! takes them). ICMP errors about a tracked flow pass. A packet the table cannot judge
 //! is denied ([`Packet::parse`]: an empty ICMP message, an ICMP error quoting garbage,
 //! a tiny TCP header); a later fragment passes only behind a first fragment that
-//! passed (the last [`FRAGMENT_SLOTS`] datagrams, for [`FRAGMENT_MS`]; one that
-//! arrives before its first is lost). What this node sends always passes.
+//! passed, for [`FRAGMENT_MS`] (each datagram takes one of [`FRAGMENT_SLOTS`] slots
+//! by a keyed hash: a fragment that arrives before its first, or after another
+//! datagram took its slot, is lost). What this node sends always passes.
 //!
 //! Entries expire by protocol and state: a flow is established once answered (TCP:
 //! once its starter sends a packet without SYN after the answer), and until then lives
@@ -45,7 +46,8 @@ use crate::stats::DropReason;
 /// flow's packets take no lock, and its entry is refreshed this often. Far below
 /// every timeout, so a trusted entry cannot expire meanwhile.
 const TRUST_MS: u64 = 1_000;
-/// Datagrams whose first fragment passed, remembered so that their later fragments do.
+/// Slots for the datagrams whose first fragment passed, so that their later fragments do
+/// (one per datagram, picked by a keyed hash; a later datagram may take it).
 pub const FRAGMENT_SLOTS: usize = 1024;
 /// How long a datagram's later fragments may follow its first (Linux's `ipfrag_time`).
 pub const FRAGMENT_MS: u64 = 30_000;
