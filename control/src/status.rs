@@ -448,8 +448,12 @@ pub struct PolicyJson {
     pub flows: usize,
     /// Packets dropped: no rule allows them and they answer no flow of ours.
     pub denied: u64,
-    /// New flows dropped because the connection table was full.
+    /// New flows dropped because the connection table was full of established flows.
     pub table_full: u64,
+    /// New flows dropped because their source address had started its share of the
+    /// connection table already (a sixteenth).
+    #[serde(default)]
+    pub source_full: u64,
     /// New flows each rule admitted, in rule order.
     pub hits: Vec<u64>,
     /// Why the policy the authority signed for this network cannot be applied here:

@@ -6,33 +6,51 @@
 //! table, or when the policy allows it, which starts a flow. A packet this node sends
 //! starts or refreshes a flow too, so the answers to what it sends pass whatever the
 //! policy says of the other direction (the other end's own policy decides whether it
-//! takes them). ICMP errors about a tracked flow pass. Entries expire by protocol
-//! (TCP 12 min, 10 s after a FIN or RST; UDP 3 min; others 1 min); the table holds
-//! at most [`MAX_FLOWS`] (a new flow beyond that is dropped, counted). A new policy
+//! takes them). ICMP errors about a tracked flow pass. A packet the table cannot judge
+//! is denied ([`Packet::parse`]: an empty ICMP message, an ICMP error quoting garbage,
+//! a tiny TCP header); a later fragment passes only behind a first fragment that
+//! passed, for [`FRAGMENT_MS`] (each datagram takes one of [`FRAGMENT_SLOTS`] slots
+//! by a keyed hash: a fragment that arrives before its first, or after another
+//! datagram took its slot, is lost). What this node sends always passes.
+//!
+//! Entries expire by protocol and state: a flow is established once answered (TCP:
+//! once its starter sends a packet without SYN after the answer), and until then lives
+//! [`UNESTABLISHED_MS`] (30 s); established TCP 12 min, 10 s after a FIN or RST; UDP
+//! 3 min; others 1 min. The table is bounded against members that would fill it: one
+//! source address starts at most [`PER_SOURCE`] flows (a sixteenth of the table), a
+//! full table ([`MAX_FLOWS`]) evicts the oldest unestablished flow others started to
+//! make room, and this node's own flows are never refused for room (past
+//! [`MAX_FLOWS`] they take up to [`OWN_EXTRA`] more), so their answers always pass.
+//! What is refused for room is counted ([`DropReason::FlowLimit`]). A new policy
 //! re-checks the flows the old one admitted: those it no longer allows are cut.
 //! No policy: everything passes and nothing is tracked (one atomic load).
 
+mod packet;
+mod table;
+
 use std::cell::Cell;
-use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::hash::{BuildHasher, RandomState};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
 
 use parking_lot::{Mutex, RwLock};
 
+pub use self::packet::{Fragment, Packet};
+pub use self::table::{CLOSING_MS, MAX_FLOWS, OTHER_MS, OWN_EXTRA, PER_SOURCE, TCP_MS, UDP_MS, UNESTABLISHED_MS};
+use self::table::{Entry, Flow, Full, Table};
 use crate::policy::{Compiled, proto};
+use crate::stats::DropReason;
 
-/// Most flows tracked.
-pub const MAX_FLOWS: usize = 65_536;
-const SHARDS: usize = 16;
-const TCP_MS: u64 = 12 * 60_000;
-const CLOSING_MS: u64 = 10_000;
-const UDP_MS: u64 = 3 * 60_000;
-const OTHER_MS: u64 = 60_000;
 /// How long a thread trusts the last flow it saw pass without the table: a bulk
 /// flow's packets take no lock, and its entry is refreshed this often. Far below
 /// every timeout, so a trusted entry cannot expire meanwhile.
 const TRUST_MS: u64 = 1_000;
+/// Slots for the datagrams whose first fragment passed, so that their later fragments do
+/// (one per datagram, picked by a keyed hash; a later datagram may take it).
+pub const FRAGMENT_SLOTS: usize = 1024;
+/// How long a datagram's later fragments may follow its first (Linux's `ipfrag_time`).
+pub const FRAGMENT_MS: u64 = 30_000;
 
 /// Tells firewalls apart in [`LAST`] (tests make many on one thread).
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -79,124 +97,6 @@ fn fast_key(p: &[u8], kind: Kind) -> Option<u128> {
     Some(u128::from_ne_bytes(k))
 }
 
-/// A flow, from this node's side.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct Flow {
-    local: IpAddr,
-    remote: IpAddr,
-    proto: u8,
-    local_port: u16,
-    remote_port: u16,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Entry {
-    expires: u64,
-    /// The rule that admitted it, or `None`: this node started it.
-    rule: Option<u32>,
-    /// Admitted from the local end to the remote one ([`Firewall::forward`]: a packet
-    /// a portal client sent), not from the remote end ([`Firewall::inbound`]).
-    sent: bool,
-    /// A new policy no longer allows it: it stays (until it expires) only so that
-    /// what this node still sends on it does not start it again.
-    cut: bool,
-}
-
-/// What one packet says about its flow.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Packet {
-    /// Source address.
-    pub src: IpAddr,
-    /// Destination address.
-    pub dst: IpAddr,
-    /// IP protocol (the transport header's, after IPv6 extension headers are not
-    /// followed: anything else is its own protocol number).
-    pub proto: u8,
-    /// Source port (an ICMP echo request: its identifier).
-    pub sport: u16,
-    /// Destination port (an ICMP echo reply: its identifier).
-    pub dport: u16,
-    /// A TCP FIN or RST: the flow is closing.
-    pub closing: bool,
-    /// An ICMP error: the flow it is about, as that packet's own [`Packet`] (sent by
-    /// the receiver of the error).
-    pub about: Option<(IpAddr, IpAddr, u8, u16, u16)>,
-}
-
-impl Packet {
-    /// Reads an IPv4 or IPv6 packet's addresses, protocol and ports (`None`: not IP).
-    pub fn parse(p: &[u8]) -> Option<Self> {
-        let (src, dst, proto, l4) = ip_header(p)?;
-        let mut pkt = Self { src, dst, proto, sport: 0, dport: 0, closing: false, about: None };
-        match proto {
-            proto::TCP | proto::UDP => {
-                if let Some(h) = l4.get(..4) {
-                    pkt.sport = u16::from_be_bytes([h[0], h[1]]);
-                    pkt.dport = u16::from_be_bytes([h[2], h[3]]);
-                }
-                if proto == proto::TCP {
-                    pkt.closing = l4.get(13).is_some_and(|f| f & 0x05 != 0);
-                }
-            }
-            proto::ICMP | proto::ICMPV6 => {
-                let t = *l4.first()?;
-                let request = matches!((proto, t), (proto::ICMP, 8) | (proto::ICMPV6, 128));
-                let reply = matches!((proto, t), (proto::ICMP, 0) | (proto::ICMPV6, 129));
-                let error = matches!((proto, t), (proto::ICMP, 3 | 4 | 5 | 11 | 12) | (proto::ICMPV6, 1..=4));
-                // The identifier on the asker's side: a reply matches the request's flow,
-                // a request from the other side does not.
-                if let Some(id) = l4.get(4..6).filter(|_| request || reply) {
-                    let id = u16::from_be_bytes([id[0], id[1]]);
-                    (pkt.sport, pkt.dport) = if request { (id, 0) } else { (0, id) };
-                }
-                if error && let Some(inner) = l4.get(8..) {
-                    let (s, d, pr, l) = ip_header(inner)?;
-                    let ports = l
-                        .get(..4)
-                        .map_or((0, 0), |h| (u16::from_be_bytes([h[0], h[1]]), u16::from_be_bytes([h[2], h[3]])));
-                    let ports = if pr == proto::TCP || pr == proto::UDP { ports } else { (0, 0) };
-                    pkt.about = Some((s, d, pr, ports.0, ports.1));
-                }
-            }
-            _ => {}
-        }
-        Some(pkt)
-    }
-}
-
-/// Source, destination, protocol and the bytes after the IP header.
-fn ip_header(p: &[u8]) -> Option<(IpAddr, IpAddr, u8, &[u8])> {
-    match p.first()? >> 4 {
-        4 => {
-            let ihl = usize::from(p.first()? & 0x0f) * 4;
-            if ihl < 20 || p.len() < ihl {
-                return None;
-            }
-            let src = Ipv4Addr::new(p[12], p[13], p[14], p[15]);
-            let dst = Ipv4Addr::new(p[16], p[17], p[18], p[19]);
-            // A later fragment has no transport header: ports stay 0.
-            let later = u16::from_be_bytes([p[6], p[7]]) & 0x1fff != 0;
-            Some((src.into(), dst.into(), p[9], if later { &[] } else { &p[ihl..] }))
-        }
-        6 => {
-            let h = p.get(..40)?;
-            let src: [u8; 16] = h[8..24].try_into().ok()?;
-            let dst: [u8; 16] = h[24..40].try_into().ok()?;
-            Some((Ipv6Addr::from(src).into(), Ipv6Addr::from(dst).into(), h[6], &p[40..]))
-        }
-        _ => None,
-    }
-}
-
-fn timeout(proto: u8, closing: bool) -> u64 {
-    match proto {
-        proto::TCP if closing => CLOSING_MS,
-        proto::TCP => TCP_MS,
-        proto::UDP => UDP_MS,
-        _ => OTHER_MS,
-    }
-}
-
 /// A policy in force, with its counters.
 #[derive(Debug)]
 pub struct Active {
@@ -221,6 +121,40 @@ impl Active {
     }
 }
 
+/// A datagram: its source, destination and identification.
+type Datagram = (IpAddr, IpAddr, u32);
+
+/// The datagrams whose first fragment passed, one per slot (a later one takes its slot).
+#[derive(Debug)]
+struct Fragments {
+    hasher: RandomState,
+    slots: Mutex<Vec<(Datagram, u64)>>,
+}
+
+impl Default for Fragments {
+    fn default() -> Self {
+        let none = ((IpAddr::from([0u8; 4]), IpAddr::from([0u8; 4]), 0), 0);
+        Self { hasher: RandomState::new(), slots: Mutex::new(vec![none; FRAGMENT_SLOTS]) }
+    }
+}
+
+impl Fragments {
+    fn slot(&self, d: &Datagram) -> usize {
+        (self.hasher.hash_one(d) % FRAGMENT_SLOTS as u64) as usize
+    }
+
+    fn note(&self, d: Datagram, now: u64) {
+        let i = self.slot(&d);
+        self.slots.lock()[i] = (d, now + FRAGMENT_MS);
+    }
+
+    fn known(&self, d: Datagram, now: u64) -> bool {
+        let i = self.slot(&d);
+        let (seen, expires) = self.slots.lock()[i];
+        seen == d && expires > now
+    }
+}
+
 /// The connection table and the policy in force, shared by every pipeline.
 #[derive(Debug)]
 pub struct Firewall {
@@ -230,11 +164,15 @@ pub struct Firewall {
     /// Bumped by every [`Firewall::set`]: what a thread trusted before is checked again.
     generation: AtomicU64,
     policy: RwLock<Option<Arc<Active>>>,
-    shards: Vec<Mutex<HashMap<Flow, Entry>>>,
-    /// Packets dropped: no rule allows them and they answer no flow.
+    table: Table,
+    fragments: Fragments,
+    /// Packets dropped: no rule allows them and they answer no flow, or the table
+    /// cannot judge them.
     pub denied: AtomicU64,
-    /// New flows dropped because the table was full.
+    /// New flows dropped because the table was full of established flows.
     pub table_full: AtomicU64,
+    /// New flows dropped because their source had started [`PER_SOURCE`] flows.
+    pub source_full: AtomicU64,
 }
 
 impl Default for Firewall {
@@ -244,43 +182,39 @@ impl Default for Firewall {
             id: NEXT_ID.fetch_add(1, Relaxed),
             generation: AtomicU64::new(0),
             policy: RwLock::new(None),
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            table: Table::default(),
+            fragments: Fragments::default(),
             denied: AtomicU64::new(0),
             table_full: AtomicU64::new(0),
+            source_full: AtomicU64::new(0),
         }
     }
 }
 
 impl Firewall {
-    fn shard(&self, f: &Flow) -> &Mutex<HashMap<Flow, Entry>> {
-        // The remote address and its port spread flows well enough.
-        let k = match f.remote {
-            IpAddr::V4(a) => u32::from(a) as usize,
-            IpAddr::V6(a) => (u128::from(a) as usize) ^ ((u128::from(a) >> 64) as usize),
-        };
-        &self.shards[(k ^ usize::from(f.remote_port) ^ usize::from(f.local_port)) % SHARDS]
-    }
-
     /// Puts `policy` in force (`None`: none, everything passes). Flows the old policy
     /// admitted that the new one does not are cut; flows this node started stay.
     pub fn set(&self, policy: Option<Arc<Active>>) {
         let on = policy.is_some();
         *self.policy.write() = policy.clone();
-        for s in &self.shards {
-            let mut t = s.lock();
-            match &policy {
-                None => t.clear(),
-                Some(p) => {
-                    for (f, e) in t.iter_mut().filter(|(_, e)| e.rule.is_some() && !e.cut) {
-                        let allowed = if e.sent {
-                            p.compiled.allows(f.local, f.remote, f.proto, f.remote_port)
-                        } else {
-                            p.compiled.allows(f.remote, f.local, f.proto, f.local_port)
-                        };
-                        match allowed {
-                            Some(r) => e.rule = Some(r as u32),
-                            None => e.cut = true,
-                        }
+        match &policy {
+            None => {
+                self.table.retain(|_, _| false);
+            }
+            Some(p) => {
+                for mut r in self.table.flows.iter_mut() {
+                    let (f, e) = r.pair_mut();
+                    if e.rule.is_none() || e.cut {
+                        continue;
+                    }
+                    let allowed = if e.sent {
+                        p.compiled.allows(f.local, f.remote, f.proto, f.remote_port)
+                    } else {
+                        p.compiled.allows(f.remote, f.local, f.proto, f.local_port)
+                    };
+                    match allowed {
+                        Some(r) => e.rule = Some(r as u32),
+                        None => e.cut = true,
                     }
                 }
             }
@@ -312,70 +246,114 @@ impl Firewall {
     }
 
     /// Whether a received packet (`packet`, an IP packet) may be delivered at `now`
-    /// (milliseconds). Counts what it drops.
-    pub fn inbound(&self, packet: &[u8], now: u64) -> bool {
+    /// (milliseconds): `Err` says why not ([`DropReason::Policy`], or
+    /// [`DropReason::FlowLimit`] for a new flow the table has no room for). Counts
+    /// what it drops.
+    pub fn inbound(&self, packet: &[u8], now: u64) -> Result<(), DropReason> {
         self.admit(packet, now, false)
     }
 
     /// Whether `packet` passes: `sent` says it goes from the local end of its flow
     /// ([`Firewall::forward`]), not to it ([`Firewall::inbound`]).
-    fn admit(&self, packet: &[u8], now: u64, sent: bool) -> bool {
+    fn admit(&self, packet: &[u8], now: u64, sent: bool) -> Result<(), DropReason> {
         if !self.on.load(Relaxed) {
-            return true;
+            return Ok(());
         }
         let kind = if sent { Kind::Forward } else { Kind::Inbound };
         let key = fast_key(packet, kind);
         let generation = self.generation.load(Acquire);
         if self.trusted(generation, key, now) {
-            return true;
+            return Ok(());
         }
-        let Some(p) = Packet::parse(packet) else { return true };
+        let Some(p) = Packet::parse(packet) else { return Err(self.deny()) };
+        match p.fragment {
+            Fragment::Later { id, offset } => {
+                // RFC 1858: a TCP fragment at offset 8 would rewrite the flags the first one showed.
+                return if (p.proto != proto::TCP || offset > 1) && self.fragments.known((p.src, p.dst, id), now) {
+                    Ok(())
+                } else {
+                    Err(self.deny())
+                };
+            }
+            Fragment::First(id) => {
+                // Judged like a whole packet; if it passes, its later fragments will.
+                self.flow_packet(&p, key, generation, now, sent)?;
+                self.fragments.note((p.src, p.dst, id), now);
+            }
+            Fragment::Whole => self.flow_packet(&p, key, generation, now, sent)?,
+        }
+        Ok(())
+    }
+
+    /// Judges a packet that carries its transport header: a tracked flow's, an ICMP
+    /// error about one, or the policy's to decide (which starts a flow).
+    fn flow_packet(
+        &self,
+        p: &Packet,
+        key: Option<u128>,
+        generation: u64,
+        now: u64,
+        sent: bool,
+    ) -> Result<(), DropReason> {
         // The flow from the local end's side: the destination is local when received.
         let flow = |(a, pa), (b, pb), proto| {
             let (local, remote, local_port, remote_port) = if sent { (a, b, pa, pb) } else { (b, a, pb, pa) };
             Flow { local, remote, proto, local_port, remote_port }
         };
         let this = flow((p.src, p.sport), (p.dst, p.dport), p.proto);
-        {
-            let mut t = self.shard(&this).lock();
-            if let Some(e) = t.get_mut(&this)
-                && e.expires > now
-                && !e.cut
-            {
-                e.expires = now + timeout(p.proto, p.closing);
-                drop(t);
-                self.trust(generation, key, now);
-                return true;
+        let tracked = match self.table.flows.get_mut(&this) {
+            Some(mut e) if e.live(now) => {
+                e.seen(p, sent, now);
+                Some(e.trustworthy(p.proto))
             }
+            _ => None,
+        };
+        if let Some(trust) = tracked {
+            if trust {
+                self.trust(generation, key, now);
+            }
+            return Ok(());
         }
         // An ICMP error about a tracked flow: it quotes a packet that went the other way.
         if let Some((s, d, pr, sp, dp)) = p.about {
             let about = flow((d, dp), (s, sp), pr);
-            if self.shard(&about).lock().get(&about).is_some_and(|e| e.expires > now && !e.cut) {
-                return true;
+            if self.table.flows.get(&about).is_some_and(|e| e.live(now)) {
+                return Ok(());
             }
         }
-        let Some(active) = self.active() else { return true };
-        match active.compiled.allows(p.src, p.dst, p.proto, p.dport) {
-            Some(rule) => {
+        let Some(active) = self.active() else { return Ok(()) };
+        let Some(rule) = active.compiled.allows(p.src, p.dst, p.proto, p.dport) else {
+            return Err(self.deny());
+        };
+        let e = Entry::new(p, Some(rule as u32), sent, now);
+        match self.table.insert(this, e, now) {
+            Ok(()) => {
                 if let Some(h) = active.hits.get(rule) {
                     h.fetch_add(1, Relaxed);
                 }
-                let e = Entry { expires: now + timeout(p.proto, p.closing), rule: Some(rule as u32), cut: false, sent };
-                let tracked = self.track(this, e, now);
-                if tracked {
+                if e.trustworthy(p.proto) {
                     self.trust(generation, key, now);
                 }
-                tracked
+                Ok(())
             }
-            None => {
-                self.denied.fetch_add(1, Relaxed);
-                false
+            Err(Full::Source) => {
+                self.source_full.fetch_add(1, Relaxed);
+                Err(DropReason::FlowLimit)
+            }
+            Err(Full::Table) => {
+                self.table_full.fetch_add(1, Relaxed);
+                Err(DropReason::FlowLimit)
             }
         }
     }
 
-    /// Notes a packet this node sends (an IP packet): its answers may come back.
+    fn deny(&self) -> DropReason {
+        self.denied.fetch_add(1, Relaxed);
+        DropReason::Policy
+    }
+
+    /// Notes a packet this node sends (an IP packet): its answers may come back. The
+    /// node's own flows always find room ([`OWN_EXTRA`]).
     pub fn outbound(&self, packet: &[u8], now: u64) {
         if !self.on.load(Relaxed) {
             return;
@@ -386,22 +364,31 @@ impl Firewall {
             return;
         }
         let Some(p) = Packet::parse(packet) else { return };
-        let flow = Flow { local: p.src, remote: p.dst, proto: p.proto, local_port: p.sport, remote_port: p.dport };
-        let expires = now + timeout(p.proto, p.closing);
-        {
-            let mut t = self.shard(&flow).lock();
-            if let Some(e) = t.get_mut(&flow) {
-                // A cut flow is not started again by what this node still sends on it.
-                if !e.cut {
-                    e.expires = expires;
-                    drop(t);
-                    self.trust(generation, key, now);
-                }
-                return;
-            }
+        if matches!(p.fragment, Fragment::Later { .. }) {
+            return;
         }
-        if self.track(flow, Entry { expires, rule: None, cut: false, sent: false }, now) {
-            self.trust(generation, key, now);
+        let flow = Flow { local: p.src, remote: p.dst, proto: p.proto, local_port: p.sport, remote_port: p.dport };
+        let known = self.table.flows.get_mut(&flow).map(|mut e| {
+            // A cut flow is not started again by what this node still sends on it.
+            (!e.cut).then(|| {
+                e.seen(&p, true, now);
+                e.trustworthy(p.proto)
+            })
+        });
+        match known {
+            Some(Some(true)) => self.trust(generation, key, now),
+            Some(_) => {}
+            None => {
+                let e = Entry::new(&p, None, false, now);
+                match self.table.insert(flow, e, now) {
+                    Ok(()) if e.trustworthy(p.proto) => self.trust(generation, key, now),
+                    Ok(()) => {}
+                    // Past OWN_EXTRA: its answers go to the policy.
+                    Err(_) => {
+                        self.table_full.fetch_add(1, Relaxed);
+                    }
+                }
+            }
         }
     }
 
@@ -410,39 +397,24 @@ impl Firewall {
     /// node is that device's boundary: the packet passes when it belongs to a tracked
     /// flow (either way) or the policy allows its source to reach its destination,
     /// which starts a flow whose answers [`Firewall::inbound`] then passes. Counts what
-    /// it drops.
-    pub fn forward(&self, packet: &[u8], now: u64) -> bool {
+    /// it drops, like [`Firewall::inbound`].
+    pub fn forward(&self, packet: &[u8], now: u64) -> Result<(), DropReason> {
         self.admit(packet, now, true)
-    }
-
-    fn track(&self, flow: Flow, e: Entry, now: u64) -> bool {
-        let mut t = self.shard(&flow).lock();
-        if t.len() >= MAX_FLOWS / SHARDS {
-            t.retain(|_, x| x.expires > now);
-            if t.len() >= MAX_FLOWS / SHARDS {
-                self.table_full.fetch_add(1, Relaxed);
-                return false;
-            }
-        }
-        t.insert(flow, e);
-        true
     }
 
     /// Forgets the flows expired at `now`; returns how many are tracked.
     pub fn expire(&self, now: u64) -> usize {
-        self.shards
-            .iter()
-            .map(|s| {
-                let mut t = s.lock();
-                t.retain(|_, e| e.expires > now);
-                t.len()
-            })
-            .sum()
+        self.table.retain(|_, e| e.expires > now)
     }
 
     /// Flows tracked (expired ones included until [`Firewall::expire`]; cut ones not).
     pub fn flows(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().values().filter(|e| !e.cut).count()).sum()
+        self.table.flows.iter().filter(|r| !r.value().cut).count()
+    }
+
+    /// Flows tracked that `source` started (counted against [`PER_SOURCE`]).
+    pub fn flows_from(&self, source: IpAddr) -> usize {
+        self.table.started_by(source)
     }
 }
 
@@ -487,62 +459,314 @@ mod tests {
     #[test]
     fn allowed_flows_pass_their_replies_and_nothing_else() {
         let fw = firewall(SSH_FROM_ADMIN);
-        assert!(fw.inbound(&tcp(ADMIN, ME, 40000, 22, 0x02), 0), "the admin's SYN to 22");
-        assert!(fw.inbound(&tcp(ADMIN, ME, 40000, 22, 0x10), 5), "and the rest of the flow");
+        assert!(fw.inbound(&tcp(ADMIN, ME, 40000, 22, 0x02), 0).is_ok(), "the admin's SYN to 22");
+        assert!(fw.inbound(&tcp(ADMIN, ME, 40000, 22, 0x10), 5).is_ok(), "and the rest of the flow");
         fw.outbound(&tcp(ME, ADMIN, 22, 40000, 0x12), 1);
-        assert!(!fw.inbound(&tcp(ADMIN, ME, 40000, 23, 0x02), 0), "another port");
-        assert!(!fw.inbound(&tcp(OTHER, ME, 40000, 22, 0x02), 0), "another source");
+        assert!(fw.inbound(&tcp(ADMIN, ME, 40000, 23, 0x02), 0).is_err(), "another port");
+        assert!(fw.inbound(&tcp(OTHER, ME, 40000, 22, 0x02), 0).is_err(), "another source");
         assert_eq!(fw.denied.load(Relaxed), 2);
         assert_eq!(fw.active().unwrap().hits[0].load(Relaxed), 1);
         // What this node starts gets its answers, though no rule allows them inbound.
         fw.outbound(&tcp(ME, OTHER, 50000, 443, 0x02), 10);
-        assert!(fw.inbound(&tcp(OTHER, ME, 443, 50000, 0x12), 11));
-        assert!(!fw.inbound(&tcp(OTHER, ME, 443, 50001, 0x12), 11), "not the same flow");
+        assert!(fw.inbound(&tcp(OTHER, ME, 443, 50000, 0x12), 11).is_ok());
+        assert!(fw.inbound(&tcp(OTHER, ME, 443, 50001, 0x12), 11).is_err(), "not the same flow");
         // ICMP: an echo we sent gets its reply; an error about our flow passes.
         fw.outbound(&icmp(ME, OTHER, 8, &[]), 20);
-        assert!(fw.inbound(&icmp(OTHER, ME, 0, &[]), 21));
+        assert!(fw.inbound(&icmp(OTHER, ME, 0, &[]), 21).is_ok());
         let quoted = tcp(ME, OTHER, 50000, 443, 0x10);
-        assert!(fw.inbound(&icmp([10, 0, 0, 9], ME, 3, &quoted[..28]), 22), "unreachable about our flow");
+        assert!(fw.inbound(&icmp([10, 0, 0, 9], ME, 3, &quoted[..28]), 22).is_ok(), "unreachable about our flow");
         let stranger = tcp(ME, OTHER, 50002, 443, 0x10);
-        assert!(!fw.inbound(&icmp([10, 0, 0, 9], ME, 3, &stranger[..28]), 22));
-        assert!(!fw.inbound(&icmp(OTHER, ME, 8, &[]), 23), "unsolicited echo");
+        assert!(fw.inbound(&icmp([10, 0, 0, 9], ME, 3, &stranger[..28]), 22).is_err());
+        assert!(fw.inbound(&icmp(OTHER, ME, 8, &[]), 23).is_err(), "unsolicited echo");
     }
 
     #[test]
-    fn flows_expire_by_protocol_and_closing_shortens_them() {
+    fn flows_expire_by_protocol_and_state_and_closing_shortens_them() {
         let fw = firewall(SSH_FROM_ADMIN);
-        assert!(fw.inbound(&tcp(ADMIN, ME, 40000, 22, 0x02), 0));
+        // A SYN nobody answers, from either side, is forgotten after 30 s.
+        assert!(fw.inbound(&tcp(ADMIN, ME, 40000, 22, 0x02), 0).is_ok());
         fw.outbound(&tcp(ME, OTHER, 50000, 443, 0x02), 0);
-        assert_eq!(fw.expire(TCP_MS - 1), 2);
-        assert_eq!(fw.expire(TCP_MS), 0, "idle TCP flows end after 12 min");
-        fw.outbound(&tcp(ME, OTHER, 50000, 443, 0x02), 0);
-        fw.outbound(&tcp(ME, OTHER, 50000, 443, 0x01), 1);
-        assert_eq!(fw.expire(1 + CLOSING_MS), 0, "10 s after a FIN");
-        // The bound: new flows past it are refused and counted, the table never grows past it.
-        let any = firewall("[[allow]]\nfrom=[\"*\"]\nto=[\"*\"]\n");
-        let mut admitted = 0;
-        for i in 0..(MAX_FLOWS as u32 + 5000) {
-            let src = (0x0a00_0000u32 + 2 + i).to_be_bytes();
-            admitted += usize::from(any.inbound(&tcp(src, ME, 1000, 22, 0x02), 5));
+        assert_eq!(fw.expire(UNESTABLISHED_MS - 1), 2);
+        assert_eq!(fw.expire(UNESTABLISHED_MS), 0, "unestablished flows end after 30 s");
+        // A SYN answered but never acknowledged is not established either.
+        let t = 100_000;
+        assert!(fw.inbound(&tcp(ADMIN, ME, 40000, 22, 0x02), t).is_ok());
+        fw.outbound(&tcp(ME, ADMIN, 22, 40000, 0x12), t + 1);
+        assert!(fw.inbound(&tcp(ADMIN, ME, 40000, 22, 0x02), t + 2).is_ok(), "a SYN again");
+        assert_eq!(fw.expire(t + 2 + UNESTABLISHED_MS - 1), 1);
+        assert_eq!(fw.expire(t + 2 + UNESTABLISHED_MS), 0);
+        // A handshake completed by the admin (inbound) and by this node (outbound), each
+        // packet sent at once by the same thread (nothing trusted before it is established).
+        let t = 200_000;
+        assert!(fw.inbound(&tcp(ADMIN, ME, 40000, 22, 0x02), t).is_ok());
+        fw.outbound(&tcp(ME, ADMIN, 22, 40000, 0x12), t + 1);
+        assert!(fw.inbound(&tcp(ADMIN, ME, 40000, 22, 0x10), t + 2).is_ok());
+        fw.outbound(&tcp(ME, OTHER, 50000, 443, 0x02), t);
+        assert!(fw.inbound(&tcp(OTHER, ME, 443, 50000, 0x12), t + 1).is_ok());
+        fw.outbound(&tcp(ME, OTHER, 50000, 443, 0x10), t + 2);
+        assert_eq!(fw.expire(t + 2 + TCP_MS - 1), 2, "established TCP flows live 12 min");
+        assert_eq!(fw.expire(t + 2 + TCP_MS), 0);
+        let t = t + 2 * TCP_MS;
+        fw.outbound(&tcp(ME, OTHER, 50000, 443, 0x02), t);
+        fw.outbound(&tcp(ME, OTHER, 50000, 443, 0x01), t + 1);
+        assert_eq!(fw.expire(t + 1 + CLOSING_MS), 0, "10 s after a FIN");
+        // UDP: established by its first answer.
+        let t = t + 100_000;
+        let mut query = tcp(ME, OTHER, 5353, 53, 0);
+        query[9] = proto::UDP;
+        let mut answer = tcp(OTHER, ME, 53, 5353, 0);
+        answer[9] = proto::UDP;
+        fw.outbound(&query, t);
+        assert_eq!(fw.expire(t + UNESTABLISHED_MS), 0, "an unanswered query");
+        let t = t + 100_000;
+        fw.outbound(&query, t);
+        assert!(fw.inbound(&answer, t + 1).is_ok());
+        assert_eq!(fw.expire(t + 1 + UDP_MS - 1), 1);
+        assert_eq!(fw.expire(t + 1 + UDP_MS), 0);
+    }
+
+    /// Everyone may reach this node's TCP 5201 (the e2e test's policy).
+    const PORT_FOR_ALL: &str = "[[allow]]\nfrom=[\"*\"]\nto=[\"10.0.0.1\"]\nproto=\"tcp\"\nports=[\"5201\"]\n";
+
+    /// Member `i` (10.0.1.i) sends SYNs from `ports` to this node's 5201 at `now`;
+    /// returns how many passed.
+    fn syns(fw: &Firewall, i: u8, ports: std::ops::Range<u16>, now: u64) -> usize {
+        ports.filter(|p| fw.inbound(&tcp([10, 0, 1, i], ME, *p, 5201, 0x02), now).is_ok()).count()
+    }
+
+    /// Member `i` opens flows from `ports` to this node's 5201 at `now`, each with a
+    /// whole handshake.
+    fn connections(fw: &Firewall, i: u8, ports: std::ops::Range<u16>, now: u64) {
+        for p in ports {
+            assert!(fw.inbound(&tcp([10, 0, 1, i], ME, p, 5201, 0x02), now).is_ok());
+            fw.outbound(&tcp(ME, [10, 0, 1, i], 5201, p, 0x12), now);
+            assert!(fw.inbound(&tcp([10, 0, 1, i], ME, p, 5201, 0x10), now).is_ok());
         }
-        assert!(any.flows() <= MAX_FLOWS && admitted <= MAX_FLOWS, "{} flows", any.flows());
-        assert!(any.table_full.load(Relaxed) >= 5000);
+    }
+
+    const SHARE: u16 = PER_SOURCE as u16;
+
+    #[test]
+    fn one_source_starts_at_most_its_share_of_the_table() {
+        let fw = firewall(PORT_FOR_ALL);
+        // Two members flood SYNs from every source port: each gets its share, no more.
+        for i in [1, 2] {
+            assert_eq!(syns(&fw, i, 1..40_001, 0), PER_SOURCE, "member {i}");
+            assert_eq!(fw.flows_from(IpAddr::from([10, 0, 1, i])), PER_SOURCE);
+        }
+        assert_eq!(fw.source_full.load(Relaxed), 2 * (40_000 - PER_SOURCE) as u64);
+        assert_eq!(fw.inbound(&tcp([10, 0, 1, 1], ME, 50_000, 5201, 0x02), 0), Err(DropReason::FlowLimit));
+        // A third still connects, and this node's own flows get their answers.
+        assert!(fw.inbound(&tcp(OTHER, ME, 40000, 5201, 0x02), 1).is_ok(), "a third member");
+        fw.outbound(&tcp(ME, OTHER, 50000, 443, 0x02), 1);
+        assert!(fw.inbound(&tcp(OTHER, ME, 443, 50000, 0x12), 2).is_ok(), "an answer to this node");
+        assert_eq!(fw.table_full.load(Relaxed), 0);
+        // The flood's flows end in 30 s, and the flooder's count with them.
+        assert_eq!(fw.expire(UNESTABLISHED_MS), 2);
+        assert_eq!(fw.flows_from(IpAddr::from([10, 0, 1, 1])), 0);
+        assert_eq!(syns(&fw, 1, 1..10, UNESTABLISHED_MS + 1), 9);
+    }
+
+    #[test]
+    fn threads_that_race_neither_overshoot_a_share_nor_deadlock() {
+        let fw = firewall(PORT_FOR_ALL);
+        std::thread::scope(|s| {
+            for t in 0..4u16 {
+                let fw = &fw;
+                s.spawn(move || {
+                    for p in t * 3000 + 1..=(t + 1) * 3000 {
+                        let _ = fw.inbound(&tcp([10, 0, 1, 1], ME, p, 5201, 0x02), 0);
+                        fw.outbound(&tcp(ME, [10, 0, 1, 1], 5201, p, 0x12), 0);
+                        if p % 500 == 0 {
+                            fw.expire(0);
+                            let _ = fw.flows();
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(fw.flows_from(IpAddr::from([10, 0, 1, 1])), PER_SOURCE);
+        assert_eq!(fw.source_full.load(Relaxed), (12_000 - PER_SOURCE) as u64);
+        assert_eq!(fw.flows(), 12_000, "this node's answers to the rest are its own flows");
+    }
+
+    #[test]
+    fn a_full_table_evicts_the_oldest_unestablished_flow_others_started_and_never_an_established_one() {
+        let fw = firewall(PORT_FOR_ALL);
+        // 15 members with established connections and one flooding SYNs fill the table.
+        for i in 1..=15 {
+            connections(&fw, i, 1..SHARE + 1, 0);
+        }
+        assert_eq!(syns(&fw, 16, 1..SHARE + 1, 1), PER_SOURCE);
+        assert_eq!(fw.flows(), MAX_FLOWS);
+        // A new member's SYN takes the place of the flooder's oldest SYN.
+        assert!(fw.inbound(&tcp(OTHER, ME, 40000, 5201, 0x02), 2).is_ok());
+        assert_eq!(fw.flows(), MAX_FLOWS);
+        assert_eq!(fw.flows_from(IpAddr::from([10, 0, 1, 16])), PER_SOURCE - 1);
+        for i in 1..=15 {
+            assert_eq!(fw.flows_from(IpAddr::from([10, 0, 1, i])), PER_SOURCE, "member {i} keeps its connections");
+        }
+        // Oldest first: the flooder's first port went (a packet of it is a new flow for
+        // the rule again), its second is still tracked.
+        let hits = || fw.active().unwrap().hits[0].load(Relaxed);
+        let before = hits();
+        assert!(fw.inbound(&tcp([10, 0, 1, 16], ME, 2, 5201, 0x10), 3).is_ok());
+        assert_eq!(hits(), before, "port 2 is still tracked");
+        assert!(fw.inbound(&tcp([10, 0, 1, 16], ME, 1, 5201, 0x10), 3).is_ok());
+        assert_eq!(hits(), before + 1, "port 1 was evicted");
+        // Once every flow is established, a new flow from others is refused and counted.
+        let fw = firewall(PORT_FOR_ALL);
+        for i in 1..=16 {
+            connections(&fw, i, 1..SHARE + 1, 0);
+        }
+        assert_eq!(fw.inbound(&tcp(OTHER, ME, 40000, 5201, 0x02), 1), Err(DropReason::FlowLimit));
+        assert_eq!(fw.table_full.load(Relaxed), 1);
+    }
+
+    #[test]
+    fn the_node_s_own_flows_and_their_answers_pass_however_full_the_table_is() {
+        // Full of SYNs: this node's flow takes the place of one.
+        let fw = firewall(PORT_FOR_ALL);
+        for i in 1..=16 {
+            assert_eq!(syns(&fw, i, 1..SHARE + 1, 0), PER_SOURCE);
+        }
+        fw.outbound(&tcp(ME, OTHER, 50000, 443, 0x02), 1);
+        assert!(fw.inbound(&tcp(OTHER, ME, 443, 50000, 0x12), 2).is_ok(), "the answer to this node's SYN");
+        assert_eq!(fw.flows(), MAX_FLOWS);
+        // Full of established connections: this node's flows go past the bound.
+        let fw = firewall(PORT_FOR_ALL);
+        for i in 1..=16 {
+            connections(&fw, i, 1..SHARE + 1, 0);
+        }
+        for port in 50_000..50_100 {
+            fw.outbound(&tcp(ME, OTHER, port, 443, 0x02), 1);
+            assert!(fw.inbound(&tcp(OTHER, ME, 443, port, 0x12), 2).is_ok(), "the answer to port {port}");
+        }
+        assert_eq!(fw.flows(), MAX_FLOWS + 100);
+        assert_eq!(fw.table_full.load(Relaxed), 0);
+        // Pings and their replies too.
+        fw.outbound(&icmp(ME, OTHER, 8, &[]), 3);
+        assert!(fw.inbound(&icmp(OTHER, ME, 0, &[]), 4).is_ok());
+    }
+
+    /// An IPv4 packet of `proto` from the admin to this node with `payload`, its
+    /// fragment word (flags and offset) and identification set.
+    fn fragment(proto: u8, id: u16, word: u16, payload: &[u8]) -> Vec<u8> {
+        let mut p = vec![0x45, 0, 0, 0];
+        p.extend_from_slice(&id.to_be_bytes());
+        p.extend_from_slice(&word.to_be_bytes());
+        p.extend_from_slice(&[64, proto, 0, 0]);
+        p.extend_from_slice(&ADMIN);
+        p.extend_from_slice(&ME);
+        p.extend_from_slice(payload);
+        p
+    }
+
+    /// An IPv6 UDP packet from 2001:db8::2 to 2001:db8::1 behind a fragment header
+    /// (`offset` in 8-byte units, more to come or not).
+    fn fragment6(id: u32, offset: u16, more: bool, payload: &[u8]) -> Vec<u8> {
+        let mut p = vec![0x60, 0, 0, 0, 0, 0, 44, 64];
+        p.extend_from_slice(&[0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]);
+        p.extend_from_slice(&[0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+        p.extend_from_slice(&[proto::UDP, 0]);
+        p.extend_from_slice(&((offset << 3) | u16::from(more)).to_be_bytes());
+        p.extend_from_slice(&id.to_be_bytes());
+        p.extend_from_slice(payload);
+        p
+    }
+
+    #[test]
+    fn ipv6_extension_headers_are_walked_to_the_transport_header() {
+        // Hop-by-hop options, then destination options, then TCP 40000 -> 22 (a SYN).
+        let mut p = vec![0x60, 0, 0, 0, 0, 0, 0, 64];
+        p.extend_from_slice(&[0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]);
+        p.extend_from_slice(&[0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+        p.extend_from_slice(&[60, 0, 1, 4, 0, 0, 0, 0]);
+        p.extend_from_slice(&[proto::TCP, 0, 1, 4, 0, 0, 0, 0]);
+        p.extend_from_slice(&tcp(ADMIN, ME, 40000, 22, 0x02)[20..]);
+        let pkt = Packet::parse(&p).unwrap();
+        assert_eq!((pkt.proto, pkt.sport, pkt.dport, pkt.syn), (proto::TCP, 40000, 22, true));
+        assert_eq!(pkt.fragment, Fragment::Whole);
+        // A chain of nine: not judged.
+        let mut long = p[..40].to_vec();
+        long[6] = 60;
+        for _ in 0..9 {
+            long.extend_from_slice(&[60, 0, 1, 4, 0, 0, 0, 0]);
+        }
+        assert_eq!(Packet::parse(&long), None);
+    }
+
+    #[test]
+    fn packets_the_table_cannot_judge_are_denied_and_the_node_s_own_still_pass() {
+        // The admin may send anything to this node: still, what cannot be judged is denied.
+        let fw = firewall("[[allow]]\nfrom=[\"10.0.0.2\", \"2001:db8::2\"]\nto=[\"10.0.0.1\", \"2001:db8::1\"]\n");
+        let udp = [0x13, 0x88, 0x00, 0x35, 0, 16, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8];
+        let garbage_quote = {
+            let mut q = vec![0xff; 28];
+            q[0] = 0x35; // "IPv3"
+            q
+        };
+        let short_quote = &tcp(ME, ADMIN, 50000, 443, 0x10)[..22];
+        let unjudged: [(&str, Vec<u8>); 8] = [
+            ("an empty ICMP message", fragment(proto::ICMP, 0, 0, &[])),
+            ("an ICMP header cut short", fragment(proto::ICMP, 0, 0, &[8, 0, 0, 0])),
+            (
+                "an ICMP error quoting garbage",
+                fragment(proto::ICMP, 0, 0, &[[3, 3, 0, 0, 0, 0, 0, 0].as_slice(), &garbage_quote].concat()),
+            ),
+            (
+                "an ICMP error quoting a cut TCP header",
+                fragment(proto::ICMP, 0, 0, &[[3, 3, 0, 0, 0, 0, 0, 0].as_slice(), short_quote].concat()),
+            ),
+            ("a TCP header of 8 bytes", fragment(proto::TCP, 0, 0, &tcp(ADMIN, ME, 40000, 22, 0x02)[20..28])),
+            ("a UDP header cut short", fragment(proto::UDP, 0, 0, &udp[..6])),
+            ("a later fragment of an unknown datagram", fragment(proto::UDP, 7, 185, &udp)),
+            ("a later IPv6 fragment of an unknown datagram", fragment6(7, 185, false, &udp)),
+        ];
+        for (what, p) in &unjudged {
+            assert_eq!(fw.inbound(p, 0), Err(DropReason::Policy), "{what}");
+            // Forwarded for a portal client, the same.
+            assert_eq!(fw.forward(p, 0), Err(DropReason::Policy), "{what}, forwarded");
+        }
+        assert_eq!(fw.denied.load(Relaxed), 2 * unjudged.len() as u64);
+        assert_eq!(fw.flows(), 0);
+        // A datagram whose first fragment passed: its later fragments do, for 30 s.
+        assert!(fw.inbound(&fragment(proto::UDP, 9, 0x2000, &udp), 0).is_ok(), "the first fragment");
+        assert!(fw.inbound(&fragment(proto::UDP, 9, 0x2000 | 2, &udp), 1).is_ok());
+        assert!(fw.inbound(&fragment(proto::UDP, 9, 4, &udp), 2).is_ok(), "the last");
+        assert!(fw.inbound(&fragment(proto::UDP, 9, 4, &udp), FRAGMENT_MS).is_err(), "too late");
+        assert!(fw.inbound(&fragment6(9, 0, true, &udp), 0).is_ok(), "an IPv6 first fragment");
+        assert!(fw.inbound(&fragment6(9, 2, false, &udp), 1).is_ok(), "and the last");
+        // RFC 1858: a TCP fragment at offset 8 (over the first one's flags) is denied.
+        let syn = tcp(ADMIN, ME, 40000, 22, 0x02);
+        assert!(fw.inbound(&fragment(proto::TCP, 11, 0x2000, &syn[20..]), 0).is_ok());
+        assert!(fw.inbound(&fragment(proto::TCP, 11, 1, &[0; 12]), 0).is_err());
+        assert!(fw.inbound(&fragment(proto::TCP, 11, 3, &[0; 12]), 0).is_ok());
+        // This node's own traffic: what it sends is only noted (never refused), and the
+        // answers to its flows pass.
+        let mut own = unjudged.iter().map(|(_, p)| p.clone()).collect::<Vec<_>>();
+        for p in &mut own {
+            p[12..20].copy_from_slice(&[ME, ADMIN].concat());
+            fw.outbound(p, 3);
+        }
+        fw.outbound(&icmp(ME, OTHER, 8, &[]), 3);
+        assert!(fw.inbound(&icmp(OTHER, ME, 0, &[]), 4).is_ok(), "the reply to this node's ping");
     }
 
     #[test]
     fn a_new_policy_cuts_the_flows_it_no_longer_allows_and_keeps_the_rest() {
         let fw = firewall(&format!("{SSH_FROM_ADMIN}[[allow]]\nfrom=[\"10.0.0.3\"]\nto=[\"*\"]\n"));
-        assert!(fw.inbound(&tcp(ADMIN, ME, 40000, 22, 0x02), 0));
-        assert!(fw.inbound(&tcp(OTHER, ME, 40001, 80, 0x02), 0));
+        assert!(fw.inbound(&tcp(ADMIN, ME, 40000, 22, 0x02), 0).is_ok());
+        assert!(fw.inbound(&tcp(OTHER, ME, 40001, 80, 0x02), 0).is_ok());
         fw.outbound(&tcp(ME, OTHER, 50000, 443, 0x02), 0);
         fw.set(Some(Arc::new(Active::new(Policy::parse(SSH_FROM_ADMIN).unwrap().compile(&[], &[])))));
-        assert!(fw.inbound(&tcp(ADMIN, ME, 40000, 22, 0x10), 1), "still allowed: kept");
+        assert!(fw.inbound(&tcp(ADMIN, ME, 40000, 22, 0x10), 1).is_ok(), "still allowed: kept");
         // What this node still sends on the cut flow does not start it again.
         fw.outbound(&tcp(ME, OTHER, 80, 40001, 0x10), 1);
-        assert!(!fw.inbound(&tcp(OTHER, ME, 40001, 80, 0x10), 1), "no longer allowed: cut");
-        assert!(fw.inbound(&tcp(OTHER, ME, 443, 50000, 0x10), 1), "ours: kept");
+        assert!(fw.inbound(&tcp(OTHER, ME, 40001, 80, 0x10), 1).is_err(), "no longer allowed: cut");
+        assert!(fw.inbound(&tcp(OTHER, ME, 443, 50000, 0x10), 1).is_ok(), "ours: kept");
         fw.set(None);
-        assert!(fw.inbound(&tcp(OTHER, ME, 1, 2, 0), 2), "no policy: everything passes");
+        assert!(fw.inbound(&tcp(OTHER, ME, 1, 2, 0), 2).is_ok(), "no policy: everything passes");
         assert_eq!(fw.flows(), 0, "and nothing is tracked");
     }
 
@@ -551,52 +775,54 @@ mod tests {
         // 10.0.0.2 is a client behind this node (a device with no policy of its own).
         let client = ADMIN;
         let fw = firewall(SSH_FROM_ADMIN);
-        assert!(fw.forward(&tcp(client, ME, 40000, 22, 0x02), 0), "the client's SYN to 22");
-        assert!(fw.inbound(&tcp(ME, client, 22, 40000, 0x12), 1), "the answer reaches the client");
-        assert!(fw.forward(&tcp(client, ME, 40000, 22, 0x10), 2));
-        assert!(!fw.forward(&tcp(client, ME, 40000, 23, 0x02), 2), "another port");
-        assert!(!fw.forward(&tcp(client, OTHER, 40000, 22, 0x02), 2), "another destination");
-        assert!(!fw.inbound(&tcp(OTHER, client, 22, 40001, 0x02), 2), "nobody may reach the client");
+        assert!(fw.forward(&tcp(client, ME, 40000, 22, 0x02), 0).is_ok(), "the client's SYN to 22");
+        assert!(fw.inbound(&tcp(ME, client, 22, 40000, 0x12), 1).is_ok(), "the answer reaches the client");
+        assert!(fw.forward(&tcp(client, ME, 40000, 22, 0x10), 2).is_ok());
+        assert!(fw.forward(&tcp(client, ME, 40000, 23, 0x02), 2).is_err(), "another port");
+        assert!(fw.forward(&tcp(client, OTHER, 40000, 22, 0x02), 2).is_err(), "another destination");
+        assert!(fw.inbound(&tcp(OTHER, client, 22, 40001, 0x02), 2).is_err(), "nobody may reach the client");
         assert_eq!(fw.denied.load(Relaxed), 3);
         // A flow that reached the client (allowed there) gets its answers, ICMP errors too.
         let to_client = "[[allow]]\nfrom=[\"10.0.0.3\"]\nto=[\"10.0.0.2\"]\nproto=\"udp\"\n";
         let fw = firewall(to_client);
         let mut quoted = tcp(OTHER, client, 5000, 53, 0);
         quoted[9] = proto::UDP;
-        assert!(fw.inbound(&quoted, 0));
-        assert!(fw.forward(&icmp(client, OTHER, 3, &quoted[..28]), 1), "port unreachable about it");
+        assert!(fw.inbound(&quoted, 0).is_ok());
+        assert!(fw.forward(&icmp(client, OTHER, 3, &quoted[..28]), 1).is_ok(), "port unreachable about it");
         let mut other = quoted.clone();
         other[23] = 54;
-        assert!(!fw.forward(&icmp(client, OTHER, 3, &other[..28]), 1), "about a flow never seen");
+        assert!(fw.forward(&icmp(client, OTHER, 3, &other[..28]), 1).is_err(), "about a flow never seen");
         // A new policy cuts what the client started and no longer may: judged the way it went.
         let fw = firewall(&format!("{SSH_FROM_ADMIN}[[allow]]\nfrom=[\"10.0.0.2\"]\nto=[\"10.0.0.3\"]\n"));
-        assert!(fw.forward(&tcp(client, ME, 40000, 22, 0x02), 0));
-        assert!(fw.forward(&tcp(client, OTHER, 40001, 80, 0x02), 0));
+        assert!(fw.forward(&tcp(client, ME, 40000, 22, 0x02), 0).is_ok());
+        assert!(fw.forward(&tcp(client, OTHER, 40001, 80, 0x02), 0).is_ok());
         fw.set(Some(Arc::new(Active::new(Policy::parse(SSH_FROM_ADMIN).unwrap().compile(&[], &[])))));
-        assert!(fw.inbound(&tcp(ME, client, 22, 40000, 0x10), 1), "still allowed: kept");
-        assert!(!fw.inbound(&tcp(OTHER, client, 80, 40001, 0x10), 1), "no longer allowed: cut");
-        assert!(!fw.forward(&tcp(client, OTHER, 40001, 80, 0x10), 1));
+        assert!(fw.inbound(&tcp(ME, client, 22, 40000, 0x10), 1).is_ok(), "still allowed: kept");
+        assert!(fw.inbound(&tcp(OTHER, client, 80, 40001, 0x10), 1).is_err(), "no longer allowed: cut");
+        assert!(fw.forward(&tcp(client, OTHER, 40001, 80, 0x10), 1).is_err());
     }
 
     #[test]
     fn a_flow_a_thread_trusts_is_still_cut_at_once_and_kept_alive_while_it_runs() {
         let fw = firewall(&format!("{SSH_FROM_ADMIN}[[allow]]\nfrom=[\"10.0.0.3\"]\nto=[\"*\"]\n"));
         let pkt = tcp(OTHER, ME, 40001, 80, 0x10);
-        assert!(fw.inbound(&pkt, 0));
-        assert!(fw.inbound(&pkt, 1), "trusted: no table");
+        assert!(fw.inbound(&pkt, 0).is_ok());
+        assert!(fw.inbound(&pkt, 1).is_ok(), "trusted: no table");
         fw.set(Some(Arc::new(Active::new(Policy::parse(SSH_FROM_ADMIN).unwrap().compile(&[], &[])))));
-        assert!(!fw.inbound(&pkt, 2), "a new policy is checked by the next packet, trusted or not");
+        assert!(fw.inbound(&pkt, 2).is_err(), "a new policy is checked by the next packet, trusted or not");
         // A flow that keeps going keeps its entry, though most packets skip the table.
+        assert!(fw.inbound(&tcp(ADMIN, ME, 40000, 22, 0x02), 2).is_ok());
+        fw.outbound(&tcp(ME, ADMIN, 22, 40000, 0x12), 2);
         let ssh = tcp(ADMIN, ME, 40000, 22, 0x10);
         let mut now = 0;
         while now < 2 * TCP_MS {
-            assert!(fw.inbound(&ssh, now));
+            assert!(fw.inbound(&ssh, now).is_ok());
             now += 250;
         }
         assert_eq!(fw.expire(now), 1, "the running flow is still tracked");
         // Another firewall on the same thread trusts nothing of this one's.
-        assert!(fw.inbound(&ssh, now + 1));
+        assert!(fw.inbound(&ssh, now + 1).is_ok());
         let fresh = firewall("[[allow]]\nfrom=[\"10.0.0.9\"]\nto=[\"*\"]\n");
-        assert!(!fresh.inbound(&ssh, now + 2), "not trusted through another firewall");
+        assert!(fresh.inbound(&ssh, now + 2).is_err(), "not trusted through another firewall");
     }
 }

@@ -39,6 +39,10 @@ pub enum DropReason {
     /// The inner destination is none of ours to deliver: not our overlay address, a
     /// subnet we proxy or (on an exit) the internet ([`crate::route::Serves`]).
     ForbiddenDestination,
+    /// A new flow the access policy allows found no room in the connection table: its
+    /// source address had started its share already
+    /// ([`crate::firewall::PER_SOURCE`]), or the table was full of established flows.
+    FlowLimit,
     /// Counter already seen, or too old for the replay window.
     Replay,
     /// The inner source address is not one the sending peer owns.
@@ -63,7 +67,7 @@ pub enum DropReason {
 
 impl DropReason {
     /// All reasons, in counter order.
-    pub const ALL: [Self; 20] = [
+    pub const ALL: [Self; 21] = [
         Self::AuthFailed,
         Self::ControlQueueFull,
         Self::HandshakeMac,
@@ -84,6 +88,7 @@ impl DropReason {
         Self::UnknownSession,
         Self::Policy,
         Self::Queue,
+        Self::FlowLimit,
     ];
 
     /// The snake_case name used in status output.
@@ -109,6 +114,7 @@ impl DropReason {
             Self::UnknownSession => "unknown_session",
             Self::Policy => "policy",
             Self::Queue => "queue",
+            Self::FlowLimit => "flow_limit",
         }
     }
 

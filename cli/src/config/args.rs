@@ -254,8 +254,15 @@ pub struct UpArgs {
     #[arg(long, env = "WEFT_PIN", value_parser = clap::builder::FalseyValueParser::new())]
     pub pin: bool,
     /// Advertise a subnet behind this node to the mesh and forward for it; repeatable.
+    /// What members send into it leaves with this node's own address as its source
+    /// (nftables table weft-snat-DEV), so the subnet's hosts need no route back.
     #[arg(long = "proxy-network", value_name = "CIDR")]
     pub proxy_network: Vec<String>,
+    /// Keep members' overlay addresses as the source of what they send into the
+    /// --proxy-network subnets (the subnet's router must then route the overlay back
+    /// to this node).
+    #[arg(long)]
+    pub no_snat_subnet_routes: bool,
     /// Find members on the same link by multicast beacons (they carry only a hash of
     /// the network name); no --peer needed.
     #[arg(long)]

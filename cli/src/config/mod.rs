@@ -95,6 +95,7 @@ pub struct FileConfig {
     no_ipv6: Option<bool>,
     #[serde(default)]
     proxy_network: Vec<String>,
+    no_snat_subnet_routes: Option<bool>,
     wg_portal: Option<String>,
     wg_portal_net: Option<String>,
     wg_portal_endpoint: Option<String>,
@@ -206,6 +207,9 @@ pub struct NodeConfig {
     pub accept_wide_subnets: bool,
     /// Subnets this node proxies for the mesh, either family.
     pub proxy_networks: Vec<IpNet>,
+    /// Translate members' sources into the proxied subnets to this node's own address
+    /// (not with `--no-snat-subnet-routes`).
+    pub snat_subnet_routes: bool,
     /// Multicast LAN discovery.
     pub lan_discovery: bool,
     /// `--dhcp`: the range to pick the overlay address from (`ipv4` is then replaced
@@ -329,6 +333,7 @@ impl NodeConfig {
             lan_discovery: args.lan_discovery || file.lan_discovery.unwrap_or(false),
             dhcp,
             proxy_networks,
+            snat_subnet_routes: !(args.no_snat_subnet_routes || file.no_snat_subnet_routes.unwrap_or(false)),
             rekey_after: rekey_after(args)?,
             wg_portal,
             log_level: file.log_level.take(),

@@ -75,7 +75,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
     let tls = start::tls(&cfg)?;
     // Undoes the exit rules when `run` returns, whichever way (a failure further on
     // included); only a SIGKILL leaves them, for the next start to replace.
-    let _exit = start::host(&mut cfg, ipv6)?;
+    let _host_rules = start::host(&mut cfg, ipv6)?;
     let metrics = cfg.metrics.map(start::bind_metrics).transpose()?;
     let epoch = Instant::now();
     let firewall: Arc<weft_core::firewall::Firewall> = Default::default();

@@ -97,6 +97,7 @@ fn split(old: &NodeConfig, new: NodeConfig) -> (Live, Vec<&'static str>) {
         exit_allow_lan,
         use_exit,
         exit_fallback,
+        snat_subnet_routes,
         rekey_after,
         no_tun,
         socks5,
@@ -131,6 +132,7 @@ fn split(old: &NodeConfig, new: NodeConfig) -> (Live, Vec<&'static str>) {
         ("exit-allow-lan", old.exit_allow_lan != exit_allow_lan),
         ("use-exit-node", old.use_exit != use_exit),
         ("exit-fallback", old.exit_fallback != exit_fallback),
+        ("no-snat-subnet-routes", old.snat_subnet_routes != snat_subnet_routes),
         ("rekey-after", old.rekey_after != rekey_after),
         ("no-tun", old.no_tun != no_tun),
         ("socks5", old.socks5 != socks5),
@@ -317,6 +319,12 @@ impl Runtime {
             && let Err(e) = crate::services::exit::offer(&self.cfg.dev_name, &o)
         {
             out.failed(format!("exit rules for the new subnets: {e}"));
+        }
+        let snat = super::start::snat_subnets(&self.cfg);
+        if snat.is_empty() {
+            crate::services::snat::withdraw(&self.cfg.dev_name);
+        } else if let Err(e) = crate::services::snat::apply(&self.cfg.dev_name, &snat) {
+            out.failed(format!("source translation for the new subnets: {e}"));
         }
         self.update_portal();
     }

@@ -188,11 +188,19 @@ pub(super) fn udp(cfg: &NodeConfig, tun_offload: bool) -> Result<Udp> {
     Ok(Udp { socks: socks.into_iter().map(Arc::new).collect(), bound, gso, gro, gro_per_socket })
 }
 
+/// The rules a node put in the host's nftables, removed when dropped.
+pub(super) struct HostRules {
+    _exit: exit::Guard,
+    _snat: Option<crate::services::snat::Guard>,
+}
+
 /// What the host must do for this node to forward: the portal network becomes a
 /// proxied subnet, forwarding is switched on for proxied subnets and exits (an exit
-/// that cannot forward is refused), and the exit rules are set up. The guard undoes
-/// the rules when dropped. A no-TUN node has no kernel state to set up.
-pub(super) fn host(cfg: &mut NodeConfig, ipv6: Option<(Ipv6Addr, u8)>) -> Result<Option<exit::Guard>> {
+/// that cannot forward is refused), and the exit rules and the subnet routes' source
+/// translation are set up. The guard undoes the rules when dropped. A no-TUN node has
+/// no kernel state to set up.
+pub(super) fn host(cfg: &mut NodeConfig, ipv6: Option<(Ipv6Addr, u8)>) -> Result<Option<HostRules>> {
+    let snat = snat_subnets(cfg);
     // The kernel forwards between the two TUN devices.
     if let Some(p) = &cfg.wg_portal {
         cfg.proxy_networks.push(p.net.into());
@@ -216,7 +224,26 @@ pub(super) fn host(cfg: &mut NodeConfig, ipv6: Option<(Ipv6Addr, u8)>) -> Result
         ipv6.is_some(),
     )
     .map_err(anyhow::Error::msg)?;
-    Ok(Some(guard))
+    let snat = if snat.is_empty() {
+        // A run with other settings may have left its table.
+        crate::services::snat::withdraw(&cfg.dev_name);
+        None
+    } else {
+        Some(crate::services::snat::Guard::set_up(&cfg.dev_name, &snat).map_err(anyhow::Error::msg)?)
+    };
+    Ok(Some(HostRules { _exit: guard, _snat: snat }))
+}
+
+/// The subnets whose members' sources this node translates to its own address: the
+/// proxied ones (not the portal's network, which is this node's own TUN), unless
+/// `--no-snat-subnet-routes`, a no-TUN node, or an exit (which masquerades
+/// everything members send out already).
+pub(super) fn snat_subnets(cfg: &NodeConfig) -> Vec<(IpAddr, u8)> {
+    if !cfg.snat_subnet_routes || cfg.no_tun || cfg.exit_node {
+        return Vec::new();
+    }
+    let portal = cfg.wg_portal.as_ref().map(|p| crate::config::values::IpNet::from(p.net));
+    cfg.proxy_networks.iter().filter(|n| Some(**n) != portal).map(|n| n.pair()).collect()
 }
 
 /// Binds the `/metrics` listener (at start and on reload alike), warning when it

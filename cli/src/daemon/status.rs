@@ -279,6 +279,7 @@ impl Runtime {
             flows: fw.flows(),
             denied: fw.denied.load(Ordering::Relaxed),
             table_full: fw.table_full.load(Ordering::Relaxed),
+            source_full: fw.source_full.load(Ordering::Relaxed),
             hits,
         })
     }

@@ -162,7 +162,7 @@ fn withdraw(dev: &str) {
     }
 }
 
-fn nft_stdin(script: &str) -> Result<(), String> {
+pub(crate) fn nft_stdin(script: &str) -> Result<(), String> {
     use std::io::Write;
     let mut child = std::process::Command::new("nft")
         .args(["-f", "-"])

@@ -1,4 +1,5 @@
 //! What a node offers beside the tunnel, one module each: the exit node ([`exit`]),
+//! the source translation of subnet routes ([`snat`]),
 //! the WireGuard portal ([`portal`]), Magic DNS ([`dns`]), LAN discovery
 //! ([`discovery`]), the Prometheus endpoint ([`metrics`]) and the access policy
 //! ([`policy`]).
@@ -9,3 +10,4 @@ pub mod exit;
 pub mod metrics;
 pub mod policy;
 pub mod portal;
+pub mod snat;

@@ -556,11 +556,11 @@ pub(super) fn open<'r>(
             if !routes.delivers_to(dst) {
                 session.stats.drops.add(DropReason::ForbiddenDestination, 1);
                 None
-            } else if shared.firewall.inbound(&data[ip..DATA_HEADER_LEN + len], now) {
-                Some((session, len, gso))
-            } else {
-                session.stats.drops.add(DropReason::Policy, 1);
+            } else if let Err(reason) = shared.firewall.inbound(&data[ip..DATA_HEADER_LEN + len], now) {
+                session.stats.drops.add(reason, 1);
                 None
+            } else {
+                Some((session, len, gso))
             }
         }
         Some(_) => {

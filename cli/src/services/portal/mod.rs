@@ -587,7 +587,7 @@ impl Inner {
                     Drops::bump(&self.drops.spoofed_source);
                 } else if !matches!(dst, Some(IpAddr::V4(d)) if self.allowed(d)) {
                     Drops::bump(&self.drops.forbidden_destination);
-                } else if !self.firewall.forward(p, self.now()) {
+                } else if self.firewall.forward(p, self.now()).is_err() {
                     Drops::bump(&self.drops.policy);
                 } else if self.tun.send(p).is_err() {
                     Drops::bump(&self.drops.io_error);
@@ -645,7 +645,7 @@ impl Inner {
             };
             // From the mesh (checked already on arrival: a tracked flow), this node or
             // another client: the client's boundary is here.
-            if !self.firewall.inbound(packet, self.now()) {
+            if self.firewall.inbound(packet, self.now()).is_err() {
                 Drops::bump(&self.drops.policy);
                 continue;
             }
