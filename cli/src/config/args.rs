@@ -180,7 +180,7 @@ pub struct UpArgs {
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
     /// Connections each tcp/ws/wss/quic listener accepts at most (default 256); one
-    /// source address (IPv6: one /64) gets at most a quarter of them, 8 at most.
+    /// source address (IPv6: one /48) gets at most a quarter of them, 8 at most.
     #[arg(long, value_name = "N")]
     pub max_connections: Option<usize>,
     /// Peer to dial and keep connected; repeatable.
@@ -307,7 +307,7 @@ pub struct UpArgs {
     /// Send this host's default route through the member NAME (host name) or ID (node
     /// id, or its first 6+ hex digits), which runs --exit-node. Weft's own traffic stays
     /// on the underlay (firewall mark and routing table 30566, as wg-quick does); IPv6
-    /// to the internet is blocked meanwhile (the overlay carries IPv4 only).
+    /// goes through the exit too (::/0), or is blocked without an IPv6 overlay.
     #[arg(long, value_name = "NAME|ID")]
     pub use_exit_node: Option<String>,
     /// While the exit node is unreachable, let traffic out by this host's own default
