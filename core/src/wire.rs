@@ -1,10 +1,14 @@
-//! The wire format: fixed 16-byte headers in front of every datagram.
+//! The wire format: a fixed header in front of every datagram (16 bytes for data, 12 for
+//! a handshake message, 8 for a reject before its mac1, 20 for a relay frame).
 //!
 //! ```text
 //! data        | type=4 | flags | lane u16 | receiver_index u32 | counter u64 | ciphertext | tag 16 |
 //! handshake   | type=1..3 | pattern | 0u16 | sender_index u32 | receiver_index u32 | noise message |
-//! reject      | type=5 | reason | detail | 0 | receiver_index u32 |
+//! reject      | type=5 | reason | 0u16 | receiver_index u32 |
+//! relay       | type=6 | hop_limit | 0u16 | dst node id 8 | src node id 8 | inner datagram |
 //! ```
+//!
+//! docs/reference/wire.md describes these and the messages inside sessions.
 //!
 //! All integers are little-endian. Each header is a small `Copy` value: `parse` reads
 //! it from the front of a datagram (handshakes also return the message that follows),
