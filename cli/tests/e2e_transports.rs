@@ -114,7 +114,7 @@ fn single_transport(proto: &str, port: u16) {
     });
     eprintln!("{proto}: session up in {t:?}");
     assert!(ping(&lan.hosts[0], IPS[1]) && ping(&lan.hosts[1], IPS[0]), "{proto}: ping");
-    // An echo reply leaves from the links thread that wrote the request, unless the
+    // An echo reply leaves from the connection thread that wrote the request, unless the
     // TX thread, woken by the same reply, reads it first: of 20 pings each way, some.
     for (from, to, ip) in [(0, 1, IPS[1]), (1, 0, IPS[0])] {
         assert_eq!(ping_times(&lan.hosts[from], ip, 20).len(), 20, "{proto}: pings {from}->{to}");
@@ -514,7 +514,7 @@ fn relay_between_two_transports() {
         assert!(a_tx > 0 && c_rx > 0 && c_tx > 0 && a_rx > 0, "GSO records did not cross the relay");
     }
     // B's readers handed whole batches of relayed frames from one connection to the
-    // other themselves, without a links RX thread.
+    // other themselves, without a connection RX thread.
     let relayed = counter(&b.status(), "relayed_batches");
     eprintln!("batches B relayed whole from reader to writer: {relayed}");
     assert!(relayed > 0, "no batch relayed whole: {}", b.status()["transport_counters"]);
@@ -538,7 +538,7 @@ fn dialled_over_websocket_upgrades_to_udp() {
 }
 
 /// A hub with two pipelines and two members, each on a TCP connection (no UDP
-/// anywhere): each connection's frames are opened by a links thread of its own, and
+/// anywhere): each connection's frames are opened by a connection thread of its own, and
 /// 32 MiB from each member arrive intact.
 #[test]
 fn two_connections_are_opened_on_two_threads() {

@@ -17,7 +17,7 @@
 //!   batch written to the TUN sparse flows' packets go first ([`sparse_first`]).
 //!
 //! A stream connection's send queue uses [`Codel`] too, with its own target and
-//! interval ([`Codel::new`]; `weft_datapath::transport::links::LinkQueue`).
+//! interval ([`Codel::new`]; `weft_datapath::transport::connections::ConnQueue`).
 //!
 //! Pure logic: the caller hands in the times and the packets.
 

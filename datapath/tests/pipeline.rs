@@ -273,12 +273,12 @@ fn relays_clamp_the_hop_limit_and_take_frames_only_from_neighbours() {
 /// connection are forwarded by the reader itself (`StreamRelay`) under the relay rules
 /// (hop limit clamped and decremented): a batch of nothing else in its own buffer,
 /// from a mixed batch in one batch per next hop and lane. Every other frame comes back untouched and
-/// in order for the links RX thread, whatever shares its batch.
+/// in order for the connection RX thread, whatever shares its batch.
 #[test]
 fn relayed_frames_pass_from_stream_to_stream_under_the_relay_rules() {
     use weft_datapath::pipeline::StreamRelay;
-    use weft_datapath::transport::links::LinkQueue;
-    use weft_datapath::transport::{Forward, Links, frame};
+    use weft_datapath::transport::connections::ConnQueue;
+    use weft_datapath::transport::{Connections, Forward, frame};
     let (a, b, c, d, e, f) = ([0xa; 8], [0xb; 8], [0xc; 8], [0xd; 8], [0xe; 8], [0xf; 8]);
     let from = Endpoint::new(Proto::Tcp, "192.0.2.1:40000".parse().unwrap());
     let stranger = Endpoint::new(Proto::Tcp, "203.0.113.5:40000".parse().unwrap());
@@ -290,11 +290,11 @@ fn relayed_frames_pass_from_stream_to_stream_under_the_relay_rules() {
     let routes = RouteSnapshot::with_relays(b, [], [], hops, [from]);
     let stats = Arc::new(PipelineStats::default());
     let relay = StreamRelay::new(Arc::new(ArcSwap::from_pointee(routes)), stats.clone());
-    let (links, _inbound) = Links::new(4);
-    let (tx_c, mut to_c) = LinkQueue::channel(links.clone());
-    let (tx_e, mut to_e) = LinkQueue::channel(links.clone());
-    links.register(ws_c, tx_c);
-    links.register(tcp_e, tx_e);
+    let (conns, _inbound) = Connections::new(4);
+    let (tx_c, mut to_c) = ConnQueue::channel(conns.clone());
+    let (tx_e, mut to_e) = ConnQueue::channel(conns.clone());
+    conns.register(ws_c, tx_c);
+    conns.register(tcp_e, tx_e);
     let frame = |dst: [u8; 8], hops: u8| RelayHeader { hop_limit: hops, dst, src: a }.wrap(b"sealed inner datagram");
     let batch = |frames: &[Vec<u8>]| {
         let mut b = Vec::new();
@@ -303,11 +303,11 @@ fn relayed_frames_pass_from_stream_to_stream_under_the_relay_rules() {
         }
         b
     };
-    let sent = |q: &mut LinkQueue| -> Vec<Vec<u8>> { std::iter::from_fn(|| q.try_recv()).collect() };
+    let sent = |q: &mut ConnQueue| -> Vec<Vec<u8>> { std::iter::from_fn(|| q.try_recv()).collect() };
     let hop_limits =
         |b: &[u8]| -> Vec<u8> { frame::frames(b).map(|f| RelayHeader::parse(f.unwrap()).unwrap().hop_limit).collect() };
     // All for C, whose next hop is a WebSocket: the batch goes as it is.
-    assert_eq!(relay.forward(&links, from, batch(&[frame(c, 5), frame(c, MAX_HOPS + 1), frame(c, 255)])), None);
+    assert_eq!(relay.forward(&conns, from, batch(&[frame(c, 5), frame(c, MAX_HOPS + 1), frame(c, 255)])), None);
     let got = sent(&mut to_c);
     assert_eq!(got.len(), 1);
     assert_eq!(hop_limits(&got[0]), [4, MAX_HOPS - 1, MAX_HOPS - 1]);
@@ -322,25 +322,25 @@ fn relayed_frames_pass_from_stream_to_stream_under_the_relay_rules() {
         ("empty", from, vec![]),
     ] {
         let bt = batch(&frames);
-        assert_eq!(relay.forward(&links, src, bt.clone()), Some(bt), "{what}");
+        assert_eq!(relay.forward(&conns, src, bt.clone()), Some(bt), "{what}");
     }
     assert!(sent(&mut to_c).is_empty() && sent(&mut to_e).is_empty());
     // Mixed: the relayed frames leave in runs per next hop, in order; the rest stays,
     // in order, untouched.
     let mixed = [frame(c, 5), frame(b, 5), frame(c, 7), frame(e, 3), frame(d, 5), plain.clone(), frame(c, 0)];
-    let rest = relay.forward(&links, from, batch(&mixed)).expect("frames left for the links RX thread");
+    let rest = relay.forward(&conns, from, batch(&mixed)).expect("frames left for the connection RX thread");
     assert_eq!(rest, batch(&[frame(b, 5), frame(d, 5), plain, frame(c, 0)]));
     assert_eq!(sent(&mut to_c).iter().map(|b| hop_limits(b)).collect::<Vec<_>>(), [vec![4, 6]]);
     assert_eq!(sent(&mut to_e).iter().map(|b| hop_limits(b)).collect::<Vec<_>>(), [vec![2]]);
     // Two next hops and nothing else: both taken, nothing left, one batch per hop.
-    assert_eq!(relay.forward(&links, from, batch(&[frame(e, 9), frame(c, 9), frame(e, 9)])), None);
+    assert_eq!(relay.forward(&conns, from, batch(&[frame(e, 9), frame(c, 9), frame(e, 9)])), None);
     assert_eq!(sent(&mut to_c).iter().map(|b| hop_limits(b)).collect::<Vec<_>>(), [vec![8]]);
     assert_eq!(sent(&mut to_e).iter().map(|b| hop_limits(b)).collect::<Vec<_>>(), [vec![8, 8]]);
     assert!(stats.drops.nonzero().is_empty(), "the relay counts nothing it gave back");
     // A stream next hop without a connection: taken, and counted as unsendable.
-    assert_eq!(relay.forward(&links, from, batch(&[frame(f, 5), frame(f, 5)])), None);
+    assert_eq!(relay.forward(&conns, from, batch(&[frame(f, 5), frame(f, 5)])), None);
     assert_eq!(stats.drops.get(DropReason::LinkSend), 2);
-    assert_eq!(links.counters.relayed_batches.load(std::sync::atomic::Ordering::Relaxed), 5, "batches queued");
+    assert_eq!(conns.counters.relayed_batches.load(std::sync::atomic::Ordering::Relaxed), 5, "batches queued");
     assert_eq!(stats.forwarded.load(std::sync::atomic::Ordering::Relaxed), 3 + 3 + 3 + 2, "frames relayed");
     // A sparse flow's small frames (flagged by their sender in the sealed data header)
     // go in the sparse lane of the next connection, in a batch of their own: the
@@ -362,15 +362,15 @@ fn relayed_frames_pass_from_stream_to_stream_under_the_relay_rules() {
         data(FLAG_SPARSE, 6, big),
         frame(e, 5),
     ];
-    assert_eq!(relay.forward(&links, from, batch(&mixed)), None);
+    assert_eq!(relay.forward(&conns, from, batch(&mixed)), None);
     let got = sent(&mut to_c);
     assert_eq!(got.iter().map(|b| tags(b)).collect::<Vec<_>>(), [vec![2, 5], vec![1, 3, 4, 6]]);
     assert!(got.iter().all(|b| hop_limits(b).iter().all(|h| *h == 4)), "each frame took one hop");
     assert_eq!(sent(&mut to_e).iter().map(|b| hop_limits(b)).collect::<Vec<_>>(), [vec![4]]);
     assert_eq!(stats.forwarded.load(std::sync::atomic::Ordering::Relaxed), 11 + 7);
     // A batch of sparse frames alone goes whole, in the sparse lane.
-    assert_eq!(relay.forward(&links, from, batch(&[data(0, 7, 40)])), None);
-    assert_eq!(relay.forward(&links, from, batch(&[data(FLAG_SPARSE, 8, 40), data(FLAG_SPARSE, 9, 40)])), None);
+    assert_eq!(relay.forward(&conns, from, batch(&[data(0, 7, 40)])), None);
+    assert_eq!(relay.forward(&conns, from, batch(&[data(FLAG_SPARSE, 8, 40), data(FLAG_SPARSE, 9, 40)])), None);
     assert_eq!(sent(&mut to_c).iter().map(|b| tags(b)).collect::<Vec<_>>(), [vec![8, 9], vec![7]]);
 }
 
@@ -490,7 +490,7 @@ fn a_super_packet_crosses_a_reliable_connection_as_one_record() {
         if cipher.encrypts() {
             assert!(!rec.windows(64).any(|w| w == &sp[200..264]), "plaintext leaked");
         }
-        // B's links RX gets it larger than a slot: opened where it lies and, with no
+        // B's connection RX gets it larger than a slot: opened where it lies and, with no
         // offload on B's TUN, split into the segments the kernel would have sent.
         let routes = e.shared_b.routes.load();
         let mut out = Collect(Vec::new());

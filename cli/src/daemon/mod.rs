@@ -42,8 +42,8 @@ const CONTROL_QUEUE: usize = 1024;
 /// Depth of the queue of handshake datagrams (mac1 already checked). Separate, so
 /// that a flood of handshakes never costs an authenticated event its place.
 const HANDSHAKE_QUEUE: usize = 256;
-/// Received batches waiting for the links RX thread.
-const LINKS_QUEUE: usize = 256;
+/// Received batches waiting for the connection RX thread.
+const CONNS_QUEUE: usize = 256;
 
 /// What a live reload needs: the command line `weft up` started with (its flags win
 /// over the file again), and whether a flag or RUST_LOG set the log level (then the

@@ -12,13 +12,13 @@ use weft_core::crypto::Cipher;
 use weft_core::handshake::{Hello, Params, Protocol, Psk, StaticKey, caps};
 use weft_datapath::pipeline::{self, Device, PipelineConfig, PipelineStats, Shared};
 use weft_datapath::transport::udp;
-use weft_datapath::transport::{Egress, Endpoint, Links, Proto};
+use weft_datapath::transport::{Connections, Egress, Endpoint, Proto};
 use weft_datapath::tun::{Tun, TunConfig};
 use weft_peers::NodeId;
 use weft_peers::node::{Config, Node, Timers};
 
 use super::settings::{engine_proxied, exit_offer, resolve_ipv6};
-use super::{LINKS_QUEUE, state};
+use super::{CONNS_QUEUE, state};
 use crate::config::NodeConfig;
 use crate::config::domain::default_domain;
 use crate::config::values::{Ipv4Net, Ipv6Overlay, UsageError};
@@ -274,13 +274,13 @@ pub(super) fn warn_if_exposed(addr: SocketAddr, what: &str, can: &str) {
 pub(super) struct Pipelines {
     /// One per TUN/UDP pipeline.
     pub(super) stats: Vec<Arc<PipelineStats>>,
-    /// One per links RX thread.
+    /// One per connection RX thread.
     pub(super) links_stats: Vec<Arc<PipelineStats>>,
     /// The connections' side of the data path.
-    pub(super) links: Arc<Links>,
+    pub(super) links: Arc<Connections>,
 }
 
-/// Starts one pipeline per device queue (TUN ⇄ UDP) and one links RX thread per queue
+/// Starts one pipeline per device queue (TUN ⇄ UDP) and one connection RX thread per queue
 /// (what the connections receive, each connection's frames by one of them, in order).
 pub(super) fn pipelines(
     cfg: &NodeConfig,
@@ -290,7 +290,7 @@ pub(super) fn pipelines(
     shared: &Shared,
 ) -> Result<Pipelines> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let (links, inbound) = Links::sharded(LINKS_QUEUE, cfg.threads);
+    let (links, inbound) = Connections::sharded(CONNS_QUEUE, cfg.threads);
     let mut stats = Vec::with_capacity(cfg.threads);
     for (i, ((q, s), gro)) in
         queues.iter().zip(udp.socks.iter().cloned()).zip(udp.gro_per_socket.iter().copied()).enumerate()
@@ -307,11 +307,11 @@ pub(super) fn pipelines(
         let pcfg = PipelineConfig { mtu: cfg.mtu, offload: tun_offload, udp_gro: false, pin: None };
         let egress = Egress::new(udp.socks[0].clone(), links.clone(), shared.offload.clone());
         let st = Arc::new(PipelineStats::default());
-        pipeline::spawn_links_rx(i, q, inbound, egress, pcfg, shared.clone(), st.clone())
-            .context("cannot start the links threads")?;
+        pipeline::spawn_connections_rx(i, q, inbound, egress, pcfg, shared.clone(), st.clone())
+            .context("cannot start the connection threads")?;
         links_stats.push(st);
     }
-    // Relayed frames bound for a stream connection skip the links threads.
+    // Relayed frames bound for a stream connection skip the connection threads.
     if let Some(st) = links_stats.first() {
         links.set_forward(Box::new(pipeline::StreamRelay::new(shared.routes.clone(), st.clone())));
     }

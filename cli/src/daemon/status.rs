@@ -106,7 +106,7 @@ impl Runtime {
             overlay6: self.ipv6.map(|(a, p)| format!("{a}/{p}")),
             cipher: self.cfg.cipher.to_string(),
             listeners: self.listeners.iter().map(ToString::to_string).collect(),
-            connections: self.connector.links().len(),
+            connections: self.connector.conns().len(),
             transport_counters: self
                 .connector
                 .counters()
@@ -253,7 +253,7 @@ impl Runtime {
             stale_renewed: st.stale_renewed,
             handshake_failures: st.handshake_failures.clone(),
             control_traffic: self.control_traffic.clone(),
-            connections_by_transport: self.connector.links().by_transport().into_iter().collect(),
+            connections_by_transport: self.connector.conns().by_transport().into_iter().collect(),
             userspace: self.userspace.as_ref().map(crate::notun::Userspace::json),
         }
     }

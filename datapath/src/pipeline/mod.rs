@@ -22,7 +22,7 @@ use arc_swap::ArcSwap;
 use tracing::debug;
 
 use crate::transport::udp::Offload;
-use crate::transport::{Egress, Endpoint, Inbound, Links};
+use crate::transport::{Connections, Egress, Endpoint, Inbound};
 use weft_core::admission::MacKeys;
 use weft_core::route::RouteSnapshot;
 use weft_core::session::Session;
@@ -161,19 +161,19 @@ pub struct PipelineConfig {
 
 /// Starts the TX and RX thread of pipeline `id`: TUN queue `tun`, UDP socket `sock`
 /// (the caller may keep it to move the pipeline to another port with
-/// [`crate::transport::udp::replace`]), and the node's connections `links` for paths
+/// [`crate::transport::udp::replace`]), and the node's connections `conns` for paths
 /// over other transports.
 pub fn spawn(
     id: usize,
     tun: Arc<Device>,
     sock: Arc<UdpSocket>,
-    links: Arc<Links>,
+    conns: Arc<Connections>,
     cfg: PipelineConfig,
     shared: Shared,
     stats: Arc<PipelineStats>,
 ) -> io::Result<[JoinHandle<()>; 2]> {
-    let tx_egress = Egress::new(sock.clone(), links.clone(), shared.offload.clone());
-    let rx_egress = Egress::new(sock, links, shared.offload.clone());
+    let tx_egress = Egress::new(sock.clone(), conns.clone(), shared.offload.clone());
+    let rx_egress = Egress::new(sock, conns, shared.offload.clone());
     let answers = Answers::new(&tun, cfg, &shared);
     let (t2, sh2, st2) = (tun.clone(), shared.clone(), stats.clone());
     let tx = std::thread::Builder::new().name(format!("weft-tx-{id}")).spawn(move || {
@@ -187,10 +187,10 @@ pub fn spawn(
     Ok([tx, rx])
 }
 
-/// Starts links RX thread `id`, which opens what the connections (TCP, WebSocket,
-/// QUIC) given to it receive (see [`Links::sharded`]) and writes it to the TUN queue
+/// Starts connection RX thread `id`, which opens what the connections (TCP, WebSocket,
+/// QUIC) given to it receive (see [`Connections::sharded`]) and writes it to the TUN queue
 /// `tun`; relayed frames leave through `egress`.
-pub fn spawn_links_rx(
+pub fn spawn_connections_rx(
     id: usize,
     tun: Arc<Device>,
     inbound: mpsc::Receiver<Inbound>,
@@ -202,8 +202,8 @@ pub fn spawn_links_rx(
     let cfg = PipelineConfig { udp_gro: false, ..cfg };
     let answers = Answers::new(&tun, cfg, &shared);
     std::thread::Builder::new()
-        .name(format!("weft-links-{id}"))
-        .spawn(move || Rx::new(cfg).run_links(id, &tun, &inbound, egress, &shared, &stats, answers))
+        .name(format!("weft-conns-{id}"))
+        .spawn(move || Rx::new(cfg).run_connections(id, &tun, &inbound, egress, &shared, &stats, answers))
 }
 
 fn pin(core: Option<usize>) {

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use arc_swap::ArcSwap;
 
 use super::PipelineStats;
-use crate::transport::{Endpoint, Forward, Lane, Links, frame};
+use crate::transport::{Connections, Endpoint, Forward, Lane, frame};
 use weft_core::route::RouteSnapshot;
 use weft_core::stats::DropReason;
 use weft_core::wire::{FLAG_GSO, FLAG_SPARSE, MAX_HOPS, MessageType, RELAY_HEADER_LEN, RelayHeader};
@@ -55,7 +55,7 @@ pub(super) enum RelayTo {
 }
 
 /// The relay rules for `data`, a `RELAY` frame from a direct neighbour (both checked
-/// by the caller); reads, never changes. Shared by the links RX path
+/// by the caller); reads, never changes. Shared by the connection RX path
 /// ([`relay_or_local`]) and the readers' [`StreamRelay`].
 pub(super) fn relay_rule(routes: &RouteSnapshot, data: &[u8]) -> Result<RelayTo, DropReason> {
     let h = RelayHeader::parse(data).map_err(|_| DropReason::Malformed)?;
@@ -73,13 +73,13 @@ pub(super) fn relay_rule(routes: &RouteSnapshot, data: &[u8]) -> Result<RelayTo,
 }
 
 /// Relays frames from the connections' readers ([`Forward`], set on the node's
-/// [`Links`]): every relayed frame whose next hop is a stream connection goes to that
-/// connection's queue from the reader, without a trip through a links RX thread and
+/// [`Connections`]): every relayed frame whose next hop is a stream connection goes to that
+/// connection's queue from the reader, without a trip through a connection RX thread and
 /// back (those two thread hand-offs per batch were most of a WebSocket relay's cost,
 /// bench/RESULTS.md §22). A batch of nothing else for one next hop and lane (the
 /// common case on a relay) goes in the same buffer; in a mixed batch the relayed
 /// frames are copied out, in one batch per next hop and lane (`relayed_lane`), and
-/// the rest stays, in order, for the links RX thread. The rules are `relay_or_local`'s,
+/// the rest stays, in order, for the connection RX thread. The rules are `relay_or_local`'s,
 /// frame by frame, so a frame takes the same way whatever else shares its batch: a
 /// flow is never reordered by it (but for one whose frames change lane, as on the
 /// sender's own connection).
@@ -96,10 +96,10 @@ impl StreamRelay {
     }
 
     /// Queues `batch` (`frames` relayed frames) in `lane` of the connection to `to`.
-    pub(super) fn send(&self, links: &Links, to: Endpoint, batch: Vec<u8>, frames: usize, lane: Lane) {
+    pub(super) fn send(&self, conns: &Connections, to: Endpoint, batch: Vec<u8>, frames: usize, lane: Lane) {
         self.stats.forwarded.fetch_add(frames as u64, Relaxed);
-        if matches!(links.send(to, batch, lane), Ok(true)) {
-            links.counters.relayed_batches.fetch_add(1, Relaxed);
+        if matches!(conns.send(to, batch, lane), Ok(true)) {
+            conns.counters.relayed_batches.fetch_add(1, Relaxed);
         } else {
             self.stats.drops.add(DropReason::LinkSend, frames as u64);
         }
@@ -107,7 +107,7 @@ impl StreamRelay {
 }
 
 impl Forward for StreamRelay {
-    fn forward(&self, links: &Links, from: Endpoint, mut batch: Vec<u8>) -> Option<Vec<u8>> {
+    fn forward(&self, conns: &Connections, from: Endpoint, mut batch: Vec<u8>) -> Option<Vec<u8>> {
         let routes = self.routes.load();
         if !routes.is_neighbour(&from) {
             return Some(batch);
@@ -139,7 +139,7 @@ impl Forward for StreamRelay {
                 take_hop(&mut batch[at + r.start + 1]);
                 at += r.end;
             }
-            self.send(links, to, batch, relayed, lane);
+            self.send(conns, to, batch, relayed, lane);
             return None;
         }
         // Mixed: relayed frames leave in one batch per next hop and lane, each in the
@@ -159,7 +159,7 @@ impl Forward for StreamRelay {
             let i = match runs.iter().position(|(to, _, _)| *to == next) {
                 Some(i) => i,
                 None => {
-                    runs.push((next, links.buffer(), 0));
+                    runs.push((next, conns.buffer(), 0));
                     runs.len() - 1
                 }
             };
@@ -168,14 +168,14 @@ impl Forward for StreamRelay {
             *n += 1;
         }
         for ((to, lane), b, n) in runs {
-            self.send(links, to, b, n, lane);
+            self.send(conns, to, b, n, lane);
         }
-        // What does not parse stays too, for the links RX thread to count.
+        // What does not parse stays too, for the connection RX thread to count.
         let tail = batch.len() - at;
         batch.copy_within(at.., keep);
         batch.truncate(keep + tail);
         if batch.is_empty() {
-            links.recycle(batch);
+            conns.recycle(batch);
             return None;
         }
         Some(batch)

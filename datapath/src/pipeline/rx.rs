@@ -137,12 +137,12 @@ impl Rx {
         self.wrote && !self.wrote_bulk
     }
 
-    /// The links RX loop: batches received by the connections, copied into the slab
+    /// The connection RX loop: batches received by the connections, copied into the slab
     /// (one frame per slot) and processed like UDP datagrams. Frames larger than a
     /// slot (GSO records) are handled where they lie, in order with the rest. With
     /// `answers`, as in [`Rx::run`].
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn run_links(
+    pub(super) fn run_connections(
         mut self,
         shard: usize,
         dev: &Device,
@@ -178,7 +178,7 @@ impl Rx {
                     at = end;
                     if end - start > self.slot {
                         if n > 0 {
-                            self.flush_links(n, shared, stats, &mut writer, &mut egress);
+                            self.flush_connections(n, shared, stats, &mut writer, &mut egress);
                             bulk |= self.wrote_bulk;
                             n = 0;
                         }
@@ -190,7 +190,7 @@ impl Rx {
                         continue;
                     }
                     if n == self.metas.len() {
-                        self.flush_links(n, shared, stats, &mut writer, &mut egress);
+                        self.flush_connections(n, shared, stats, &mut writer, &mut egress);
                         bulk |= self.wrote_bulk;
                         n = 0;
                     }
@@ -201,20 +201,20 @@ impl Rx {
                     n += 1;
                 }
                 // The slots hold copies; big frames are done with: the buffer can go.
-                egress.links().done(shard, b.batch);
+                egress.conns().done(shard, b.batch);
                 if n < self.metas.len() && taken < LINKS_BATCHES_PER_ROUND {
                     next = inbound.try_recv().ok();
                 }
             }
             if n > 0 {
-                self.flush_links(n, shared, stats, &mut writer, &mut egress);
+                self.flush_connections(n, shared, stats, &mut writer, &mut egress);
                 let sparse = !bulk && self.wrote_sparse_only();
                 Self::answer(sparse, &mut answers, dev, &mut egress, shared, stats);
             }
         }
     }
 
-    pub(super) fn flush_links(
+    pub(super) fn flush_connections(
         &mut self,
         n: usize,
         shared: &Shared,
@@ -403,7 +403,7 @@ impl Rx {
     }
 }
 
-/// Batches the links RX takes from its queue before it looks at `stop` again.
+/// Batches the connection RX takes from its queue before it looks at `stop` again.
 pub(super) const LINKS_BATCHES_PER_ROUND: usize = 64;
 
 /// What became of one received message.

@@ -1,12 +1,12 @@
 //! Where a batch of sealed frames leaves: the pipelines hand an [`Egress`] their
 //! datagrams, each an [`Outgoing`] naming its endpoint and lane; UDP ones go out in one
 //! `sendmmsg` on the pipeline's socket, the others as one framed batch per connection
-//! and lane through the registry of [`Links`].
+//! and lane through the registry of [`Connections`].
 
 use std::net::UdpSocket;
 use std::sync::Arc;
 
-use super::links::Links;
+use super::connections::Connections;
 use super::udp::{self, Offload};
 use super::{Endpoint, Lane, Outgoing, Proto, frame};
 
@@ -35,15 +35,15 @@ impl Unsent {
 /// (GSO where possible), everything else as one framed batch per connection and run.
 pub struct Egress {
     udp: Arc<UdpSocket>,
-    links: Arc<Links>,
+    conns: Arc<Connections>,
     offload: Arc<Offload>,
     udp_out: Vec<Outgoing>,
 }
 
 impl Egress {
     /// An egress over a pipeline's UDP socket and the node's connections.
-    pub fn new(udp: Arc<UdpSocket>, links: Arc<Links>, offload: Arc<Offload>) -> Self {
-        Self { udp, links, offload, udp_out: Vec::with_capacity(udp::MAX_BATCH) }
+    pub fn new(udp: Arc<UdpSocket>, conns: Arc<Connections>, offload: Arc<Offload>) -> Self {
+        Self { udp, conns, offload, udp_out: Vec::with_capacity(udp::MAX_BATCH) }
     }
 
     /// The UDP socket (for receiving on the same one).
@@ -52,8 +52,8 @@ impl Egress {
     }
 
     /// The node's connections.
-    pub fn links(&self) -> &Links {
-        &self.links
+    pub fn conns(&self) -> &Connections {
+        &self.conns
     }
 
     /// Sends every frame in `out`; returns how many could not be sent.
@@ -88,7 +88,7 @@ impl Egress {
                     if let Some((ep, batch, n)) = run.take() {
                         failed += self.flush(ep, batch, n, o.lane);
                     }
-                    let mut batch = self.links.buffer();
+                    let mut batch = self.conns.buffer();
                     batch.reserve(out.len() * (frame::PREFIX + data.len()));
                     if frame::push(&mut batch, data) {
                         *run = Some((o.to, batch, 1));
@@ -110,7 +110,7 @@ impl Egress {
     }
 
     fn flush(&self, to: Endpoint, batch: Vec<u8>, frames: usize, lane: Lane) -> usize {
-        match self.links.send(to, batch, lane) {
+        match self.conns.send(to, batch, lane) {
             Ok(true) => 0,
             _ => frames,
         }
@@ -120,18 +120,18 @@ impl Egress {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::links::{LINK_QUEUE, LINK_SPARSE_QUEUE, LinkQueue};
+    use crate::transport::connections::{CONN_QUEUE, CONN_SPARSE_QUEUE, ConnQueue};
 
     #[test]
     fn egress_batches_frames_per_connection_and_counts_the_unsendable() {
-        let (links, _rx) = Links::new(4);
+        let (conns, _rx) = Connections::new(4);
         let udp = Arc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
         let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let mut eg = Egress::new(udp, links.clone(), Arc::new(Offload::new(false, false)));
+        let mut eg = Egress::new(udp, conns.clone(), Arc::new(Offload::new(false, false)));
         let tcp = Endpoint::new(Proto::Tcp, "192.0.2.1:11010".parse().unwrap());
         let ws = Endpoint::new(Proto::Ws, "192.0.2.2:11011".parse().unwrap());
-        let (tx, mut rx) = LinkQueue::channel(links.clone());
-        links.register(tcp, tx);
+        let (tx, mut rx) = ConnQueue::channel(conns.clone());
+        conns.register(tcp, tx);
         let bufs = vec![vec![1u8; 100], vec![2u8; 200], vec![3u8; 50], vec![4u8; 60]];
         let to_udp = Endpoint::udp(peer.local_addr().unwrap());
         let bulk = |buf, len, to| Outgoing { buf, start: 0, len, to, lane: Lane::Bulk };
@@ -144,7 +144,7 @@ mod tests {
         let mut got = [0u8; 100];
         assert_eq!(peer.recv(&mut got).unwrap(), 50);
         // A full queue drops whole batches, counted as failed frames.
-        for _ in 0..LINK_QUEUE {
+        for _ in 0..CONN_QUEUE {
             assert_eq!(eg.send(&bufs, &out[..1]), Unsent::default());
         }
         assert_eq!(eg.send(&bufs, &out[..2]), Unsent { udp: 0, link: 2 });
@@ -152,12 +152,12 @@ mod tests {
 
     #[test]
     fn sparse_frames_leave_a_connection_before_the_bulk_batches_queued_ahead_of_them() {
-        let (links, _rx) = Links::new(4);
+        let (conns, _rx) = Connections::new(4);
         let udp = Arc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
-        let mut eg = Egress::new(udp, links.clone(), Arc::new(Offload::new(false, false)));
+        let mut eg = Egress::new(udp, conns.clone(), Arc::new(Offload::new(false, false)));
         let tcp = Endpoint::new(Proto::Tcp, "192.0.2.1:11010".parse().unwrap());
-        let (tx, mut q) = LinkQueue::channel(links.clone());
-        links.register(tcp, tx);
+        let (tx, mut q) = ConnQueue::channel(conns.clone());
+        conns.register(tcp, tx);
         let bufs: Vec<Vec<u8>> = (0..6u8).map(|i| vec![i; 1400]).collect();
         let o = |buf, lane| Outgoing { buf, start: 0, len: 1400, to: tcp, lane };
         // A download queued three batches; then a batch that mixes its packets with a
@@ -175,9 +175,9 @@ mod tests {
         assert_eq!(frames(&q.try_recv().unwrap()), [2, 3], "the bulk frames keep their order");
         assert_eq!(q.try_recv(), None);
         // A sparse lane that is full sends on through the bulk one: nothing is lost.
-        for _ in 0..LINK_SPARSE_QUEUE + 2 {
-            assert_eq!(links.send(tcp, vec![9], Lane::Sparse), Ok(true));
+        for _ in 0..CONN_SPARSE_QUEUE + 2 {
+            assert_eq!(conns.send(tcp, vec![9], Lane::Sparse), Ok(true));
         }
-        assert_eq!(std::iter::from_fn(|| q.try_recv()).count(), LINK_SPARSE_QUEUE + 2);
+        assert_eq!(std::iter::from_fn(|| q.try_recv()).count(), CONN_SPARSE_QUEUE + 2);
     }
 }

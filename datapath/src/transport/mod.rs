@@ -1,15 +1,15 @@
 //! Transports that carry sealed frames between nodes: UDP (batched, GSO/GRO) on the
 //! pipelines' own sockets, and the stream and QUIC transports (TCP, WebSocket over
-//! plain TCP or TLS, QUIC datagrams) as connections managed by [`links`].
+//! plain TCP or TLS, QUIC datagrams) as connections managed by [`connections`].
 //!
 //! Everything above this module names a path by an [`Endpoint`] (transport plus
 //! address) and hands frames to an [`Egress`]; whether they leave through `sendmmsg`
 //! or a connection's queue is decided here, once per batch.
 
 pub mod conn;
+pub mod connections;
 pub mod egress;
 pub mod frame;
-pub mod links;
 pub mod udp;
 
 /// Firewall mark put on every socket Weft opens on the underlay (0: none). With an
@@ -45,8 +45,8 @@ pub fn limit_malloc_arenas() {
     }
 }
 
+pub use connections::{Connections, Forward, Inbound};
 pub use egress::{Egress, Unsent};
-pub use links::{Forward, Inbound, Links};
 pub use weft_core::endpoint::{Endpoint, Proto, canonical};
 
 /// Which lane of a connection's send queue a batch waits in. The writer takes every
@@ -58,7 +58,7 @@ pub use weft_core::endpoint::{Endpoint, Proto, canonical};
 /// other, and keeps its order. (A bulk flow idle for two of its windows turns sparse
 /// again; should its last batches still wait in the bulk lane then, its next packet
 /// may overtake them, as in fq_codel.) Sparse batches go first, not only:
-/// [`links::LINK_SPARSE_QUANTUM`].
+/// [`connections::CONN_SPARSE_QUANTUM`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum Lane {
     /// Bulk flows, and what nobody classified (relayed frames but the small ones their

@@ -1,10 +1,10 @@
 //! The connection transports: TCP, WebSocket (plain and TLS) and QUIC, as listeners
 //! and dialled connections on the node's tokio runtime.
 //!
-//! Each live connection is registered in [`Links`] under its [`Endpoint`] with a
+//! Each live connection is registered in [`Connections`] under its [`Endpoint`] with a
 //! bounded queue of framed batches; a writer task drains the queue (one `write_all`,
 //! one WebSocket message, or a run of QUIC datagrams per batch) and a reader task
-//! hands what arrives to the links RX thread. Frames are sealed end to end by the
+//! hands what arrives to the connection RX thread. Frames are sealed end to end by the
 //! sessions above, so TLS here only disguises the traffic as HTTPS: certificates are
 //! not checked (a self-signed one is fine), the Noise handshake authenticates peers.
 //!
@@ -24,7 +24,7 @@
 //! key) within [`PROOF_TIMEOUT`] of its accept, and until it does it holds one of the
 //! few places of the listener's pool of unproven connections ([`unproven_limit`], at
 //! most [`UNPROVEN_PER_SOURCE`] per source). Every refusal and close is counted in
-//! [`LinkCounters`].
+//! [`ConnCounters`].
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
@@ -43,7 +43,7 @@ use tracing::debug;
 use weft_core::admission::MacKeys;
 
 use super::Lane;
-use super::links::{LinkCounters, LinkQueue, Links, Queued};
+use super::connections::{ConnCounters, ConnQueue, Connections, Queued};
 use super::{Endpoint, Proto, frame};
 
 mod fragment;
@@ -107,7 +107,7 @@ const STREAM_RX: usize = 2 * (frame::PREFIX + frame::MAX_FRAME);
 /// copied (a GSO record is larger).
 const LEND_MIN: usize = 16 * 1024;
 
-/// Bytes of received QUIC frames handed to the links RX thread at once.
+/// Bytes of received QUIC frames handed to the connection RX thread at once.
 const QUIC_BATCH: usize = 64 * 1024;
 
 /// Flow-control windows of a QUIC connection (what the peer may send before we have
@@ -166,7 +166,7 @@ pub struct Connector {
 }
 
 struct Inner {
-    links: Arc<Links>,
+    conns: Arc<Connections>,
     down: mpsc::Sender<ConnectionDown>,
     client_tls: Arc<rustls::ClientConfig>,
     server_tls: Option<Arc<rustls::ServerConfig>>,
@@ -190,12 +190,12 @@ struct Inner {
 }
 
 impl Connector {
-    /// A connector whose connections register in `links` and report their end on
+    /// A connector whose connections register in `conns` and report their end on
     /// `down`. `tls` is needed for `wss://` and `quic://` listeners; `mtu` is the
     /// largest frame the pipelines produce; accepted connections prove themselves with
     /// a message MACed with `macs` (the network's).
     pub fn new(
-        links: Arc<Links>,
+        conns: Arc<Connections>,
         down: mpsc::Sender<ConnectionDown>,
         tls: Option<TlsIdentity>,
         max_connections: usize,
@@ -230,7 +230,7 @@ impl Connector {
         client_tls.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(Self {
             inner: Arc::new(Inner {
-                links,
+                conns,
                 down,
                 client_tls: Arc::new(client_tls),
                 server_tls: server_tls.map(Arc::new),
@@ -248,13 +248,13 @@ impl Connector {
     }
 
     /// The connection registry.
-    pub fn links(&self) -> &Arc<Links> {
-        &self.inner.links
+    pub fn conns(&self) -> &Arc<Connections> {
+        &self.inner.conns
     }
 
     /// Counters.
-    pub fn counters(&self) -> &LinkCounters {
-        &self.inner.links.counters
+    pub fn counters(&self) -> &ConnCounters {
+        &self.inner.conns.counters
     }
 
     /// Remembers the request path to use when dialling a `ws://` or `wss://` endpoint.
@@ -320,7 +320,7 @@ impl Connector {
             return true;
         }
         // Handshakes and keepalives do not wait behind a download.
-        match self.inner.links.send(to, batch, Lane::Sparse) {
+        match self.inner.conns.send(to, batch, Lane::Sparse) {
             Ok(queued) => return queued,
             Err(_) if to.proto == Proto::Udp || self.inner.accepted.lock().0.contains(&to) => return true,
             Err(_) => {}
@@ -347,7 +347,7 @@ impl Connector {
             Err(_) => Err("handshake timed out".into()),
         };
         if r.is_err() {
-            self.inner.links.counters.handshake_failures.fetch_add(1, Relaxed);
+            self.inner.conns.counters.handshake_failures.fetch_add(1, Relaxed);
         }
         r
     }
@@ -359,7 +359,7 @@ impl Connector {
         };
         let r = match r {
             Ok(conn) => {
-                self.inner.links.counters.dialled.fetch_add(1, Relaxed);
+                self.inner.conns.counters.dialled.fetch_add(1, Relaxed);
                 debug!(%to, "connected");
                 match conn {
                     Dialled::Tcp(s) => self.run_stream(s, to, Proof::dialled()).await,
@@ -369,7 +369,7 @@ impl Connector {
                 }
             }
             Err(e) => {
-                self.inner.links.counters.dial_failures.fetch_add(1, Relaxed);
+                self.inner.conns.counters.dial_failures.fetch_add(1, Relaxed);
                 Err(e)
             }
         };
@@ -419,8 +419,8 @@ impl Connector {
 
     /// Registers a connection's queue; dialled connections first get the frames
     /// that waited for them.
-    fn register(&self, ep: Endpoint, dialled: bool) -> (LinkQueue, u64) {
-        let (tx, queue) = LinkQueue::channel(self.inner.links.clone());
+    fn register(&self, ep: Endpoint, dialled: bool) -> (ConnQueue, u64) {
+        let (tx, queue) = ConnQueue::channel(self.inner.conns.clone());
         if dialled {
             let waiting = self.inner.dialling.lock().remove(&ep).unwrap_or_default();
             let mut batch = Vec::new();
@@ -431,7 +431,7 @@ impl Connector {
                 let _ = tx.try_send(Queued::now(batch), Lane::Sparse);
             }
         }
-        let id = self.inner.links.register(ep, tx);
+        let id = self.inner.conns.register(ep, tx);
         (queue, id)
     }
 
@@ -455,7 +455,7 @@ impl Connector {
         debug!(%ep, %error, "connection ended");
         // A connection replaced by a newer one to the same endpoint (both ends dialled
         // at once) is no news: the path still works.
-        if self.inner.links.contains(&ep) {
+        if self.inner.conns.contains(&ep) {
             return;
         }
         // A full queue only delays the failover to the next tick's stale check.
@@ -473,7 +473,7 @@ enum Dialled {
 /// Unsent bytes a stream connection's socket may hold before it stops taking more
 /// (`TCP_NOTSENT_LOWAT`): beyond what is in flight, the kernel keeps only this much
 /// waiting, so a backlog stands in the send queue, where CoDel sees and cuts it
-/// ([`LinkQueue`]), instead of in a send buffer that grows to 4 MiB (seconds on a slow
+/// ([`ConnQueue`]), instead of in a send buffer that grows to 4 MiB (seconds on a slow
 /// uplink). What is unsent waits ahead of any sparse packet: 32 KiB is 5 ms at
 /// 50 Mbit/s (128 KiB kept a ping 28 ms behind a download there, 32 KiB 15 ms), and
 /// still a fast link's writer loses nothing measurable (bench/RESULTS.md §41).
@@ -578,9 +578,9 @@ mod tests {
         }
 
         async fn listener(proto: Proto, max: usize) -> Listener {
-            let (links, inbound) = Links::new(64);
+            let (conns, inbound) = Connections::new(64);
             let (down_tx, down) = mpsc::channel(64);
-            let conn = Connector::new(links, down_tx, Some(tls()), max, 1500, macs()).expect("connector");
+            let conn = Connector::new(conns, down_tx, Some(tls()), max, 1500, macs()).expect("connector");
             let addr = conn.listen(Endpoint::new(proto, "127.0.0.1:0".parse().expect("addr"))).await.expect("listen");
             Listener { conn, addr, _inbound: inbound, _down: down }
         }
@@ -699,15 +699,15 @@ mod tests {
         /// said to be (the runtime counts `control_send_blocked`), not lost silently.
         #[tokio::test]
         async fn a_control_frame_dropped_for_a_full_queue_is_reported() {
-            use crate::transport::links::{LINK_QUEUE, LINK_SPARSE_QUEUE, LinkQueue};
-            let (links, _inbound) = Links::new(8);
+            use crate::transport::connections::{CONN_QUEUE, CONN_SPARSE_QUEUE, ConnQueue};
+            let (conns, _inbound) = Connections::new(8);
             let (down_tx, _down) = mpsc::channel(8);
-            let conn = Connector::new(links.clone(), down_tx, None, 4, 1500, macs()).expect("connector");
+            let conn = Connector::new(conns.clone(), down_tx, None, 4, 1500, macs()).expect("connector");
             let to = Endpoint::new(Proto::Tcp, "192.0.2.7:11010".parse().expect("addr"));
             // A connection whose writer takes nothing.
-            let (tx, _queue) = LinkQueue::channel(links.clone());
-            links.register(to, tx);
-            for i in 0..LINK_SPARSE_QUEUE + LINK_QUEUE {
+            let (tx, _queue) = ConnQueue::channel(conns.clone());
+            conns.register(to, tx);
+            for i in 0..CONN_SPARSE_QUEUE + CONN_QUEUE {
                 assert!(conn.send(to, &[1, 2, 3]), "frame {i} had room");
             }
             assert!(!conn.send(to, &[1, 2, 3]));
@@ -716,9 +716,9 @@ mod tests {
         /// A QUIC connection to `addr` from a connector of our own (kept alive by the
         /// returned one), with nothing sent yet.
         async fn quic_client(addr: SocketAddr) -> (quinn::Connection, Connector) {
-            let (links, _inbound) = Links::new(8);
+            let (conns, _inbound) = Connections::new(8);
             let (down_tx, _down) = mpsc::channel(8);
-            let client = Connector::new(links, down_tx, None, 4, 1500, macs()).expect("client");
+            let client = Connector::new(conns, down_tx, None, 4, 1500, macs()).expect("client");
             let endpoint = client.quic_endpoint().expect("client endpoint");
             let conn = endpoint.connect(addr, "weft").expect("connect").await.expect("QUIC handshake");
             (conn, client)
@@ -800,12 +800,12 @@ mod tests {
         /// build sends about three at a time.
         #[tokio::test]
         async fn quic_bulk_data_leaves_in_sends_of_more_than_ten_packets() {
-            let (links, inbound) = Links::new(64);
+            let (conns, inbound) = Connections::new(64);
             let (down_tx, _down) = mpsc::channel(64);
-            let server = Connector::new(links.clone(), down_tx, Some(tls()), 16, 1500, macs()).expect("connector");
+            let server = Connector::new(conns.clone(), down_tx, Some(tls()), 16, 1500, macs()).expect("connector");
             let addr =
                 server.listen(Endpoint::new(Proto::Quic, "127.0.0.1:0".parse().expect("addr"))).await.expect("listen");
-            // The links RX thread's part: take each batch and give its room back, until
+            // The connection RX thread's part: take each batch and give its room back, until
             // the test is over.
             let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
             let drain = {
@@ -813,7 +813,7 @@ mod tests {
                 std::thread::spawn(move || {
                     while !stop.load(Relaxed) {
                         if let Ok(i) = inbound.recv_timeout(Duration::from_millis(50)) {
-                            links.done(0, i.batch);
+                            conns.done(0, i.batch);
                         }
                     }
                 })
@@ -848,17 +848,17 @@ mod tests {
             use crate::transport::Lane;
             use weft_core::wire::{DATA_HEADER_LEN, DataHeader, FLAG_GSO, FLAG_SPARSE};
             let l = listener(Proto::Quic, 16).await;
-            let links = l.conn.links().clone();
+            let conns = l.conn.conns().clone();
             let (conn, client) = quic_client(l.addr).await;
             let port = client.quic_endpoint().expect("client endpoint").local_addr().expect("local").port();
             let ep = Endpoint::new(Proto::Quic, SocketAddr::from(([127, 0, 0, 1], port)));
             let mut w = conn.open_uni().await.expect("stream");
             w.write_all(&member_frame()).await.expect("a member's first frame");
             let until = StdInstant::now() + Duration::from_secs(5);
-            while !links.contains(&ep) && StdInstant::now() < until {
+            while !conns.contains(&ep) && StdInstant::now() < until {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
-            assert!(links.contains(&ep), "the server registered no link for {ep}");
+            assert!(conns.contains(&ep), "the server registered no link for {ep}");
 
             let frame_with = |flags: u8, len: usize| {
                 let mut f = vec![0u8; DATA_HEADER_LEN + len];
@@ -871,12 +871,12 @@ mod tests {
             for _ in 0..40 {
                 assert!(frame::push(&mut bulk, &frame_with(FLAG_GSO, 60_000)));
             }
-            assert_eq!(links.send(ep, bulk, Lane::Bulk), Ok(true));
+            assert_eq!(conns.send(ep, bulk, Lane::Bulk), Ok(true));
             tokio::time::sleep(Duration::from_millis(300)).await;
             let ping = frame_with(FLAG_SPARSE, 84);
             let mut sparse = Vec::new();
             assert!(frame::push(&mut sparse, &ping));
-            assert_eq!(links.send(ep, sparse, Lane::Sparse), Ok(true));
+            assert_eq!(conns.send(ep, sparse, Lane::Sparse), Ok(true));
             let got = tokio::time::timeout(Duration::from_secs(5), conn.read_datagram()).await;
             let d = got.expect("the sparse frame waited for the stream's credit").expect("datagram");
             assert!(d.ends_with(&ping), "{} bytes", d.len());

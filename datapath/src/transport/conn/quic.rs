@@ -18,7 +18,7 @@ use super::{
     QUIC_WINDOW_MAX, QUIC_WINDOW_MIN, QUIC_WINDOW_RATE, STALL_TIMEOUT,
 };
 use super::{Endpoint, Proto, frame};
-use crate::transport::links::Inbound;
+use crate::transport::connections::Inbound;
 
 impl Connector {
     pub(super) fn quic_server(&self) -> Result<quinn::ServerConfig, ConnError> {
@@ -53,7 +53,7 @@ impl Connector {
             let (permit, place) = match slots.take(incoming.remote_address().ip()) {
                 Ok(p) => p,
                 Err(refused) => {
-                    refused.count(&self.inner.links.counters);
+                    refused.count(&self.inner.conns.counters);
                     incoming.refuse();
                     continue;
                 }
@@ -66,7 +66,7 @@ impl Connector {
                 let ep = Endpoint::new(Proto::Quic, crate::transport::canonical(incoming.remote_address()));
                 let r = match me.handshake(async { incoming.accept()?.await }).await {
                     Ok(conn) => {
-                        me.inner.links.counters.accepted.fetch_add(1, Relaxed);
+                        me.inner.conns.counters.accepted.fetch_add(1, Relaxed);
                         me.run_quic(conn, ep, proof).await
                     }
                     Err(e) => Err(format!("QUIC: {e}")),
@@ -94,7 +94,7 @@ impl Connector {
             let mut windows = QUIC_WINDOW_MIN;
             while conn.close_reason().is_none() {
                 tokio::time::sleep(QUIC_TUNE_EVERY).await;
-                windows = tune_quic_windows(&conn, windows, self.inner.links.is_member(&ep));
+                windows = tune_quic_windows(&conn, windows, self.inner.conns.is_member(&ep));
             }
             Ok(())
         };
@@ -104,12 +104,12 @@ impl Connector {
             r = self.quic_stream_reader(&conn, ep, id, &proof, &seen) => r,
             r = tuner => r,
             why = proof.expired() => {
-                self.inner.links.counters.unproven_closed.fetch_add(1, Relaxed);
+                self.inner.conns.counters.unproven_closed.fetch_add(1, Relaxed);
                 conn.close(3u32.into(), b"unproven");
                 Err(why)
             }
         };
-        self.inner.links.unregister(ep, id);
+        self.inner.conns.unregister(ep, id);
         conn.close(0u32.into(), b"");
         r
     }
@@ -122,7 +122,7 @@ impl Connector {
     async fn quic_writer(
         &self,
         conn: &quinn::Connection,
-        mut queue: crate::transport::links::LinkQueue,
+        mut queue: crate::transport::connections::ConnQueue,
     ) -> Result<(), String> {
         let mut next_id: u16 = 0;
         let mut stream: Option<quinn::SendStream> = None;
@@ -140,7 +140,7 @@ impl Connector {
                     stream = Some(conn.open_uni().await.map_err(|e| e.to_string())?);
                 }
                 if let Some(s) = &mut stream {
-                    let write = async { s.write_chunk(self.inner.links.lend(batch)).await.map_err(|e| e.to_string()) };
+                    let write = async { s.write_chunk(self.inner.conns.lend(batch)).await.map_err(|e| e.to_string()) };
                     self.beside_stream_write(conn, &mut queue, write, &mut records, &mut next_id).await?;
                 }
             } else {
@@ -180,7 +180,7 @@ impl Connector {
             }
             let parts = fragment(f, max, *next_id);
             if parts.len() > 1 {
-                self.inner.links.counters.quic_fragmented.fetch_add(1, Relaxed);
+                self.inner.conns.counters.quic_fragmented.fetch_add(1, Relaxed);
             }
             for d in parts {
                 // A full send buffer drops the oldest datagrams: loss, as on UDP.
@@ -188,7 +188,7 @@ impl Connector {
             }
             *next_id = next_id.wrapping_add(1);
         }
-        self.inner.links.recycle(batch);
+        self.inner.conns.recycle(batch);
         Ok(())
     }
 
@@ -200,7 +200,7 @@ impl Connector {
     async fn beside_stream_write(
         &self,
         conn: &quinn::Connection,
-        queue: &mut crate::transport::links::LinkQueue,
+        queue: &mut crate::transport::connections::ConnQueue,
         write: impl Future<Output = Result<(), String>>,
         records: &mut Vec<u8>,
         next_id: &mut u16,
@@ -219,7 +219,7 @@ impl Connector {
         }
     }
 
-    /// Reads the peer's datagrams, reassembles frames and hands them to the links RX
+    /// Reads the peer's datagrams, reassembles frames and hands them to the connection RX
     /// thread in batches; closes the connection when it stays silent.
     async fn quic_reader(
         &self,
@@ -230,7 +230,7 @@ impl Connector {
         seen: &StreamSeen,
     ) -> Result<(), String> {
         let accepted = proof.is_accepted();
-        let counters = &self.inner.links.counters;
+        let counters = &self.inner.conns.counters;
         let mut reasm = Reassembly::default();
         // Like streams: an accepted connection's first whole frame within
         // HANDSHAKE_TIMEOUT, then a whole frame at least every IDLE_TIMEOUT. QUIC's
@@ -239,7 +239,7 @@ impl Connector {
         let mut deadline = Instant::now() + if first { HANDSHAKE_TIMEOUT } else { IDLE_TIMEOUT };
         loop {
             // One wakeup takes every datagram already there, up to a batch, so the
-            // links RX thread gets batches rather than single frames.
+            // connection RX thread gets batches rather than single frames.
             let Ok(d) = timeout_at(deadline, conn.read_datagram()).await else {
                 let seen_ms = seen.ms.load(Relaxed);
                 let last = seen.base + Duration::from_millis(seen_ms.saturating_sub(1));
@@ -256,7 +256,7 @@ impl Connector {
                     format!("nothing received for {} s", IDLE_TIMEOUT.as_secs())
                 });
             };
-            let mut batch = self.inner.links.buffer();
+            let mut batch = self.inner.conns.buffer();
             let mut next = Some(d);
             while let Some(d) = next.take() {
                 let d = d.map_err(|e| e.to_string())?;
@@ -276,13 +276,13 @@ impl Connector {
                 }
             }
             if batch.is_empty() {
-                self.inner.links.recycle(batch);
+                self.inner.conns.recycle(batch);
             } else {
                 first = false;
                 deadline = Instant::now() + IDLE_TIMEOUT;
                 proof.check(&batch);
-                if !self.inner.links.deliver(id, Inbound { from: ep, batch }).await {
-                    return Err("the links RX thread stopped".into());
+                if !self.inner.conns.deliver(id, Inbound { from: ep, batch }).await {
+                    return Err("the connection RX thread stopped".into());
                 }
             }
         }
@@ -290,7 +290,7 @@ impl Connector {
 
     /// The peer's stream of GSO records and the TCP segments kept behind them (at most
     /// one stream open at a time), read like a TCP connection: whole frames go to the
-    /// links RX in batches.
+    /// connection RX in batches.
     async fn quic_stream_reader(
         &self,
         conn: &quinn::Connection,
@@ -299,7 +299,7 @@ impl Connector {
         proof: &Proof,
         seen: &StreamSeen,
     ) -> Result<(), String> {
-        let counters = &self.inner.links.counters;
+        let counters = &self.inner.conns.counters;
         // Taken when the peer opens a stream, not for every connection.
         let mut batch = Vec::new();
         loop {

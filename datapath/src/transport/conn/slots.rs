@@ -16,8 +16,8 @@ use tokio::time::Instant;
 use weft_core::admission::MacKeys;
 
 use super::{PER_SOURCE_MAX, PROOF_TIMEOUT};
+use crate::transport::connections::ConnCounters;
 use crate::transport::frame;
-use crate::transport::links::LinkCounters;
 
 /// Unproven connections one source may hold at once.
 pub const UNPROVEN_PER_SOURCE: usize = 2;
@@ -66,7 +66,7 @@ pub(super) enum Refused {
 }
 
 impl Refused {
-    pub(super) fn count(self, c: &LinkCounters) {
+    pub(super) fn count(self, c: &ConnCounters) {
         match self {
             Self::Full => c.refused_full.fetch_add(1, Relaxed),
             Self::Source => c.refused_source.fetch_add(1, Relaxed),

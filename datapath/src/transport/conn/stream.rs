@@ -20,12 +20,12 @@ use super::{
     Connector, HANDSHAKE_TIMEOUT, IDLE_TIMEOUT, MAX_WS_MESSAGE, STALL_TIMEOUT, STREAM_RX, WS_RUN, WS_RUN_BYTES,
 };
 use super::{Endpoint, Proto, frame};
-use crate::transport::links::Inbound;
+use crate::transport::connections::Inbound;
 
 impl Connector {
     pub(super) async fn accept_tcp(self, proto: Proto, listener: TcpListener) {
         let slots = Slots::new(self.inner.max_connections);
-        let counters = &self.inner.links.counters;
+        let counters = &self.inner.conns.counters;
         loop {
             let (stream, from) = match listener.accept().await {
                 // An IPv4 client of a dual-stack listener is the IPv4 address it is.
@@ -104,11 +104,11 @@ impl Connector {
         let writer = async {
             while let Some(batch) = queue.recv().await {
                 w.write_all(&batch).await.map_err(|e| e.to_string())?;
-                self.inner.links.recycle(batch);
+                self.inner.conns.recycle(batch);
             }
             Ok::<(), String>(())
         };
-        let counters = &self.inner.links.counters;
+        let counters = &self.inner.conns.counters;
         let reader = async {
             let mut batch = self.stream_batch();
             let mut first = accepted;
@@ -161,7 +161,7 @@ impl Connector {
                 Err(why)
             }
         };
-        self.inner.links.unregister(ep, id);
+        self.inner.conns.unregister(ep, id);
         r
     }
 
@@ -183,7 +183,7 @@ impl Connector {
                 let (mut next, mut fed, mut bytes) = (Some(batch), 0, 0);
                 while let Some(b) = next.take() {
                     bytes += b.len();
-                    sink.feed(Message::Binary(self.inner.links.lend(b))).await.map_err(|e| e.to_string())?;
+                    sink.feed(Message::Binary(self.inner.conns.lend(b))).await.map_err(|e| e.to_string())?;
                     fed += 1;
                     next = if fed < WS_RUN && bytes < WS_RUN_BYTES { queue.try_recv() } else { None };
                 }
@@ -191,7 +191,7 @@ impl Connector {
             }
             Ok::<(), String>(())
         };
-        let counters = &self.inner.links.counters;
+        let counters = &self.inner.conns.counters;
         let reader = async {
             let mut first = accepted;
             // Only binary messages move the deadline: pings and pongs never do.
@@ -222,10 +222,10 @@ impl Connector {
                         first = false;
                         deadline = Instant::now() + IDLE_TIMEOUT;
                         proof.check(&b);
-                        let mut batch = self.inner.links.buffer();
+                        let mut batch = self.inner.conns.buffer();
                         batch.extend_from_slice(&b);
-                        if !self.inner.links.deliver(id, Inbound { from: ep, batch }).await {
-                            return Err("the links RX thread stopped".into());
+                        if !self.inner.conns.deliver(id, Inbound { from: ep, batch }).await {
+                            return Err("the connection RX thread stopped".into());
                         }
                     }
                     Message::Ping(_) | Message::Pong(_) => {}
@@ -245,20 +245,20 @@ impl Connector {
                 Err(why)
             }
         };
-        self.inner.links.unregister(ep, id);
+        self.inner.conns.unregister(ep, id);
         r
     }
 
     /// A pooled batch buffer with room for [`STREAM_RX`] bytes, into which a stream
     /// reader reads (no zeroing: `read_buf` fills the spare capacity).
     pub(super) fn stream_batch(&self) -> Vec<u8> {
-        let mut batch = self.inner.links.buffer();
+        let mut batch = self.inner.conns.buffer();
         batch.reserve_exact(STREAM_RX);
         batch
     }
 
     /// Hands the `used` bytes of whole frames at the start of `batch`, read from a
-    /// stream of connection `id`, to the links RX (waiting for room) in that buffer:
+    /// stream of connection `id`, to the connection RX (waiting for room) in that buffer:
     /// only what follows them (a frame still arriving, at most one) is copied, into a
     /// fresh batch that takes its place.
     pub(super) async fn deliver_frames(
@@ -272,8 +272,8 @@ impl Connector {
         next.extend_from_slice(&batch[used..]);
         batch.truncate(used);
         let whole = std::mem::replace(batch, next);
-        if !self.inner.links.deliver(id, Inbound { from: ep, batch: whole }).await {
-            return Err("the links RX thread stopped".into());
+        if !self.inner.conns.deliver(id, Inbound { from: ep, batch: whole }).await {
+            return Err("the connection RX thread stopped".into());
         }
         Ok(())
     }

@@ -2,14 +2,14 @@
 //! connections by [`Endpoint`], each with a bounded queue of framed batches in two
 //! lanes ([`super::Lane`]) that the pipelines' [`super::Egress`] fills, and the
 //! [`Inbound`] queues that carry
-//! received batches to the links RX threads: each connection is given one of them
+//! received batches to the connection RX threads: each connection is given one of them
 //! when it registers (in turn), so its frames are opened in order by one thread and
 //! many connections are opened by all of them.
 //!
 //! Nothing here blocks a pipeline: a full send queue drops the batch and counts it,
 //! like a full socket buffer would drop a datagram, and the inner TCP backs off as it
 //! would on loss. On the receiving side a connection's reader waits for room
-//! ([`Links::deliver`]): a stream's flow control, or quinn's datagram buffer, takes
+//! ([`Connections::deliver`]): a stream's flow control, or quinn's datagram buffer, takes
 //! up the slack instead of the tunnel losing what the connection already carried.
 
 use std::sync::Arc;
@@ -25,19 +25,19 @@ use weft_core::queue::Codel;
 use super::{Endpoint, Lane, frame};
 
 /// Framed batches queued per connection before the sender drops.
-pub const LINK_QUEUE: usize = 512;
+pub const CONN_QUEUE: usize = 512;
 /// Batches the sparse lane of a connection's send queue holds ([`Lane::Sparse`]):
 /// past this, sparse batches join the bulk lane (in order behind it, never lost).
-pub const LINK_SPARSE_QUEUE: usize = 64;
+pub const CONN_SPARSE_QUEUE: usize = 64;
 /// Bytes of sparse batches the writer takes in a row while bulk batches wait; then one
 /// bulk batch goes (fq_codel's quantum, per lane). Many flows each under the bulk
 /// rate (a torrent's hundreds of peers) can add up to more than the link carries:
 /// first does not mean only, and a download is never starved by them.
-pub const LINK_SPARSE_QUANTUM: usize = 64 << 10;
+pub const CONN_SPARSE_QUANTUM: usize = 64 << 10;
 /// The wait in a connection's send queue CoDel tolerates (5 ms) and the interval it
 /// must last before a drop (100 ms): RFC 8289's values for paths across the Internet.
 /// On a fast link the writer keeps the queue near empty and nothing is dropped; on a
-/// slow uplink what would stand here (up to [`LINK_QUEUE`] batches of 64 KiB, tens of
+/// slow uplink what would stand here (up to [`CONN_QUEUE`] batches of 64 KiB, tens of
 /// seconds at 10 Mbit/s) is cut to about the target, and the inner TCP senders slow
 /// down instead of burying every other flow's packets behind theirs.
 pub const LINK_TARGET_NS: u64 = 5_000_000;
@@ -47,33 +47,33 @@ pub const LINK_INTERVAL_NS: u64 = 100_000_000;
 /// small frames) is never what CoDel drops: a drop asked for while such batches pass
 /// falls on the next larger one, as the receive path spares sparse flows.
 pub const LINK_SMALL_BATCH: usize = 1024;
-/// Batch buffers kept for reuse (see [`Links::buffer`]): enough for the batches in
+/// Batch buffers kept for reuse (see [`Connections::buffer`]): enough for the batches in
 /// flight of a few busy connections; each may hold up to 128 KiB, so at most 2 MiB.
 const POOL: usize = 16;
 /// Buffers larger than this are not kept.
 const POOL_MAX_CAPACITY: usize = 2 * (frame::PREFIX + frame::MAX_FRAME);
-/// Bytes of received batches (their buffers' capacity) waiting for one links RX
+/// Bytes of received batches (their buffers' capacity) waiting for one connection RX
 /// thread: past this a connection's reader waits. Counting batches alone let 256 of
 /// up to 128 KiB each wait (32 MiB) while the thread was behind; a few batches are
 /// enough to keep it busy.
 pub const INBOUND_BYTES: usize = 512 << 10;
 
 /// Forwards relayed frames a connection received from the reader itself, without
-/// opening them (see [`Links::set_forward`]; the pipeline's `StreamRelay`).
+/// opening them (see [`Connections::set_forward`]; the pipeline's `StreamRelay`).
 pub trait Forward: Send + Sync {
     /// Queues the frames of `batch` (whole frames received from `from`) that go on to
     /// a next hop over a stream connection there, and gives back the batch with the
     /// rest in order (`None`: nothing left).
-    fn forward(&self, links: &Links, from: Endpoint, batch: Vec<u8>) -> Option<Vec<u8>>;
+    fn forward(&self, conns: &Connections, from: Endpoint, batch: Vec<u8>) -> Option<Vec<u8>>;
 }
 
-/// Says whether an endpoint is a member's current path (see [`Links::set_members`]).
+/// Says whether an endpoint is a member's current path (see [`Connections::set_members`]).
 pub type Members = Box<dyn Fn(&Endpoint) -> bool + Send + Sync>;
 
-/// A batch buffer lent out by [`Links::lend`]: back to the pool on drop.
+/// A batch buffer lent out by [`Connections::lend`]: back to the pool on drop.
 struct Lent {
     buf: Vec<u8>,
-    links: Arc<Links>,
+    conns: Arc<Connections>,
 }
 
 impl AsRef<[u8]> for Lent {
@@ -84,7 +84,7 @@ impl AsRef<[u8]> for Lent {
 
 impl Drop for Lent {
     fn drop(&mut self) {
-        self.links.recycle(std::mem::take(&mut self.buf));
+        self.conns.recycle(std::mem::take(&mut self.buf));
     }
 }
 
@@ -99,7 +99,7 @@ pub struct Inbound {
 
 /// Counters of the connection transports, for status.
 #[derive(Debug, Default)]
-pub struct LinkCounters {
+pub struct ConnCounters {
     /// Connections accepted by a listener.
     pub accepted: AtomicU64,
     /// Connections we opened.
@@ -124,19 +124,19 @@ pub struct LinkCounters {
     /// Connections closed for missing a deadline: no first frame in time, a frame
     /// not complete in time, or idle.
     pub timeouts: AtomicU64,
-    /// Received batches that found their links RX thread behind (their reader waited
+    /// Received batches that found their connection RX thread behind (their reader waited
     /// for room).
     pub rx_queue_full: AtomicU64,
     /// Frames sent over QUIC as more than one datagram (too large for one).
     pub quic_fragmented: AtomicU64,
     /// Batches of relayed frames a reader handed to the next hop's connection itself
-    /// (see [`Links::set_forward`]), never through a links RX thread.
+    /// (see [`Connections::set_forward`]), never through a connection RX thread.
     pub relayed_batches: AtomicU64,
-    /// Batches CoDel dropped from a connection's send queue (see [`LinkQueue`]).
+    /// Batches CoDel dropped from a connection's send queue (see [`ConnQueue`]).
     pub queue_dropped: AtomicU64,
 }
 
-impl LinkCounters {
+impl ConnCounters {
     /// Name and value of each counter.
     pub fn snapshot(&self) -> [(&'static str, u64); 14] {
         let l = |a: &AtomicU64| a.load(Relaxed);
@@ -159,7 +159,7 @@ impl LinkCounters {
     }
 }
 
-/// One links RX thread's queue and the bytes waiting in it.
+/// One connection RX thread's queue and the bytes waiting in it.
 struct Shard {
     tx: mpsc::SyncSender<Inbound>,
     bytes: AtomicUsize,
@@ -170,17 +170,17 @@ struct Shard {
 #[derive(Clone)]
 struct Entry {
     id: u64,
-    tx: LinkSender,
+    tx: ConnSender,
 }
 
-/// The senders' end of a connection's send queue (see [`LinkQueue::channel`]).
+/// The senders' end of a connection's send queue (see [`ConnQueue::channel`]).
 #[derive(Debug, Clone)]
-pub struct LinkSender {
+pub struct ConnSender {
     bulk: tmpsc::Sender<Queued>,
     sparse: tmpsc::Sender<Queued>,
 }
 
-impl LinkSender {
+impl ConnSender {
     /// Queues `q` in `lane`: a sparse batch that finds its lane full joins the bulk
     /// lane. Gives it back when the (bulk) lane is full or the connection is gone.
     pub fn try_send(&self, q: Queued, lane: Lane) -> Result<(), tmpsc::error::TrySendError<Queued>> {
@@ -219,30 +219,30 @@ impl Queued {
 /// batches of [`LINK_SMALL_BATCH`] or more are dropped; dropped batches are counted
 /// (`queue_dropped`) and their buffers go back to the pool; the last batch waiting is
 /// never dropped.
-pub struct LinkQueue {
+pub struct ConnQueue {
     bulk: tmpsc::Receiver<Queued>,
     sparse: tmpsc::Receiver<Queued>,
     /// Bytes of sparse batches taken since the last bulk one.
     sparse_run: usize,
     codel: Codel,
     epoch: Instant,
-    links: Arc<Links>,
+    conns: Arc<Connections>,
 }
 
-impl LinkQueue {
-    /// A connection's send queue (its bulk lane holds [`LINK_QUEUE`] batches, its
-    /// sparse lane [`LINK_SPARSE_QUEUE`]), for registering with `links`
-    /// ([`Links::register`]).
-    pub fn channel(links: Arc<Links>) -> (LinkSender, Self) {
-        let (bulk_tx, bulk) = tmpsc::channel(LINK_QUEUE);
-        let (sparse_tx, sparse) = tmpsc::channel(LINK_SPARSE_QUEUE);
+impl ConnQueue {
+    /// A connection's send queue (its bulk lane holds [`CONN_QUEUE`] batches, its
+    /// sparse lane [`CONN_SPARSE_QUEUE`]), for registering with `conns`
+    /// ([`Connections::register`]).
+    pub fn channel(conns: Arc<Connections>) -> (ConnSender, Self) {
+        let (bulk_tx, bulk) = tmpsc::channel(CONN_QUEUE);
+        let (sparse_tx, sparse) = tmpsc::channel(CONN_SPARSE_QUEUE);
         let codel = Codel::new(LINK_TARGET_NS, LINK_INTERVAL_NS);
-        let queue = Self { bulk, sparse, sparse_run: 0, codel, epoch: Instant::now(), links };
-        (LinkSender { bulk: bulk_tx, sparse: sparse_tx }, queue)
+        let queue = Self { bulk, sparse, sparse_run: 0, codel, epoch: Instant::now(), conns };
+        (ConnSender { bulk: bulk_tx, sparse: sparse_tx }, queue)
     }
 
     /// The next batch to write: a sparse one if any waits, unless sparse ones have
-    /// taken [`LINK_SPARSE_QUANTUM`] in a row while a bulk one waits (`None`: the
+    /// taken [`CONN_SPARSE_QUANTUM`] in a row while a bulk one waits (`None`: the
     /// connection was unregistered).
     pub async fn recv(&mut self) -> Option<Vec<u8>> {
         loop {
@@ -268,9 +268,9 @@ impl LinkQueue {
         Some(self.took_sparse(q))
     }
 
-    /// The next batch already waiting, if any, in the order of [`LinkQueue::recv`].
+    /// The next batch already waiting, if any, in the order of [`ConnQueue::recv`].
     pub fn try_recv(&mut self) -> Option<Vec<u8>> {
-        if self.sparse_run < LINK_SPARSE_QUANTUM || self.bulk.is_empty() {
+        if self.sparse_run < CONN_SPARSE_QUANTUM || self.bulk.is_empty() {
             match self.sparse.try_recv() {
                 Ok(q) => return Some(self.took_sparse(q)),
                 // The sparse lane is empty: its run is over.
@@ -298,8 +298,8 @@ impl LinkQueue {
         let sojourn = if self.bulk.is_empty() { 0 } else { now.saturating_duration_since(q.at).as_nanos() as u64 };
         let now_ns = now.saturating_duration_since(self.epoch).as_nanos() as u64 + 1;
         if self.codel.drop_packet(sojourn, now_ns, q.batch.len() >= LINK_SMALL_BATCH) {
-            self.links.counters.queue_dropped.fetch_add(1, Relaxed);
-            self.links.recycle(q.batch);
+            self.conns.counters.queue_dropped.fetch_add(1, Relaxed);
+            self.conns.recycle(q.batch);
             return None;
         }
         Some(q.batch)
@@ -307,33 +307,33 @@ impl LinkQueue {
 }
 
 /// Live connections by endpoint.
-pub struct Links {
+pub struct Connections {
     map: RwLock<FxHashMap<Endpoint, Entry>>,
-    /// One queue per links RX thread; a connection's registration id picks one.
+    /// One queue per connection RX thread; a connection's registration id picks one.
     inbound: Vec<Shard>,
-    /// Emptied batch buffers on their way back to be filled again (from the links RX
+    /// Emptied batch buffers on their way back to be filled again (from the connection RX
     /// to the readers, from the connection writers to the pipelines): a fresh
     /// 64–128 KiB allocation per batch is an mmap and its page faults.
     pool: parking_lot::Mutex<Vec<Vec<u8>>>,
     next_id: AtomicU64,
     /// Takes the relayed frames bound for a stream connection out of received batches
-    /// before they reach a links RX thread, once set.
+    /// before they reach a connection RX thread, once set.
     forward: std::sync::OnceLock<Box<dyn Forward>>,
     /// Whether an endpoint is a member's current path (it proved the secret), once set.
     members: std::sync::OnceLock<Members>,
     /// Counters.
-    pub counters: LinkCounters,
+    pub counters: ConnCounters,
 }
 
-impl Links {
+impl Connections {
     /// A registry whose received batches go to the returned receiver (at most
-    /// `depth` waiting): one links RX thread.
+    /// `depth` waiting): one connection RX thread.
     pub fn new(depth: usize) -> (Arc<Self>, mpsc::Receiver<Inbound>) {
-        let (links, mut rx) = Self::sharded(depth, 1);
-        (links, rx.remove(0))
+        let (conns, mut rx) = Self::sharded(depth, 1);
+        (conns, rx.remove(0))
     }
 
-    /// A registry with `shards` receivers (at least one), one per links RX thread,
+    /// A registry with `shards` receivers (at least one), one per connection RX thread,
     /// each with at most `depth` batches waiting. Connections are spread over them in
     /// the order they register.
     pub fn sharded(depth: usize, shards: usize) -> (Arc<Self>, Vec<mpsc::Receiver<Inbound>>) {
@@ -343,22 +343,22 @@ impl Links {
                 (Shard { tx, bytes: AtomicUsize::new(0), room: tokio::sync::Notify::new() }, rx)
             })
             .unzip();
-        let links = Self {
+        let conns = Self {
             map: RwLock::new(FxHashMap::default()),
             inbound,
             pool: parking_lot::Mutex::new(Vec::new()),
             next_id: AtomicU64::new(1),
             forward: std::sync::OnceLock::new(),
             members: std::sync::OnceLock::new(),
-            counters: LinkCounters::default(),
+            counters: ConnCounters::default(),
         };
-        (Arc::new(links), rx)
+        (Arc::new(conns), rx)
     }
 
     /// Registers a connection's send queue under `ep` (replacing an older one, whose
     /// queue then closes) and returns its registration id, which the connection
-    /// passes to [`Links::deliver`].
-    pub fn register(&self, ep: Endpoint, tx: LinkSender) -> u64 {
+    /// passes to [`Connections::deliver`].
+    pub fn register(&self, ep: Endpoint, tx: ConnSender) -> u64 {
         let id = self.next_id.fetch_add(1, Relaxed);
         self.map.write().insert(ep, Entry { id, tx });
         id
@@ -402,9 +402,9 @@ impl Links {
     }
 
     /// Lets `f` relay frames from the connections' readers before their batches are
-    /// queued for a links RX thread (the first call wins). A relay then hands a batch
+    /// queued for a connection RX thread (the first call wins). A relay then hands a batch
     /// from one stream connection to the next in the same buffer: the two thread
-    /// hand-offs through a links RX thread were most of a WebSocket relay's cost.
+    /// hand-offs through a connection RX thread were most of a WebSocket relay's cost.
     pub fn set_forward(&self, f: Box<dyn Forward>) {
         let _ = self.forward.set(f);
     }
@@ -415,7 +415,7 @@ impl Links {
         let _ = self.members.set(f);
     }
 
-    /// Whether `ep` is a member's current path: false until [`Links::set_members`].
+    /// Whether `ep` is a member's current path: false until [`Connections::set_members`].
     pub fn is_member(&self, ep: &Endpoint) -> bool {
         self.members.get().is_some_and(|f| f(ep))
     }
@@ -434,18 +434,18 @@ impl Links {
         }
     }
 
-    /// An empty buffer for a received batch (one handed back by [`Links::recycle`]
+    /// An empty buffer for a received batch (one handed back by [`Connections::recycle`]
     /// when there is one).
     pub fn buffer(&self) -> Vec<u8> {
         self.pool.lock().pop().unwrap_or_default()
     }
 
-    /// Which links RX thread opens what connection `id` receives.
+    /// Which connection RX thread opens what connection `id` receives.
     pub fn shard(&self, id: u64) -> usize {
         (id % self.inbound.len() as u64) as usize
     }
 
-    /// Takes back a batch links RX thread `shard` took from its queue and is done with
+    /// Takes back a batch connection RX thread `shard` took from its queue and is done with
     /// (its buffer unchanged in size).
     pub fn done(&self, shard: usize, batch: Vec<u8>) {
         if let Some(s) = self.inbound.get(shard) {
@@ -455,7 +455,7 @@ impl Links {
         self.recycle(batch);
     }
 
-    /// Bytes waiting for links RX thread `shard`.
+    /// Bytes waiting for connection RX thread `shard`.
     #[cfg(test)]
     fn waiting(&self, shard: usize) -> usize {
         self.inbound.get(shard).map_or(0, |s| s.bytes.load(Relaxed))
@@ -467,7 +467,7 @@ impl Links {
     /// forwarding to a WebSocket, and every batch paid a fresh allocation and its page
     /// faults.
     pub fn lend(self: &Arc<Self>, buf: Vec<u8>) -> bytes::Bytes {
-        bytes::Bytes::from_owner(Lent { buf, links: self.clone() })
+        bytes::Bytes::from_owner(Lent { buf, conns: self.clone() })
     }
 
     /// Takes back a batch buffer nobody needs any more.
@@ -484,7 +484,7 @@ impl Links {
 
     /// Hands frames received by connection `id` (its registration) on: relayed frames
     /// the [`Forward`] set takes go straight to their next hop; the rest to the
-    /// connection's links RX thread, which hands each batch back with [`Links::done`]. While that thread is
+    /// connection's connection RX thread, which hands each batch back with [`Connections::done`]. While that thread is
     /// behind ([`INBOUND_BYTES`] waiting, one batch always may, or as many batches as
     /// the queue holds) it waits for room (counted once) rather than dropping: the
     /// connection's own flow control (TCP, WebSocket, QUIC's record stream) or
@@ -552,8 +552,8 @@ mod tests {
 
     #[test]
     fn a_send_queue_that_stands_past_its_target_is_cut_but_never_its_last_batch() {
-        let (links, _rx) = Links::new(4);
-        let (tx, mut q) = LinkQueue::channel(links.clone());
+        let (conns, _rx) = Connections::new(4);
+        let (tx, mut q) = ConnQueue::channel(conns.clone());
         // Batches taken as fast as they come: nothing is dropped.
         for i in 0..20u8 {
             tx.try_send(Queued::now(vec![i]), Lane::Bulk).unwrap();
@@ -568,19 +568,19 @@ mod tests {
         for _ in 0..4 {
             assert_eq!(q.try_recv(), Some(vec![7; LINK_SMALL_BATCH]));
         }
-        assert_eq!(links.counters.queue_dropped.load(Relaxed), 0);
+        assert_eq!(conns.counters.queue_dropped.load(Relaxed), 0);
         std::thread::sleep(std::time::Duration::from_nanos(LINK_INTERVAL_NS + 10_000_000));
         let mut kept = 0;
         while q.try_recv().is_some() {
             kept += 1;
         }
-        let dropped = links.counters.queue_dropped.load(Relaxed);
+        let dropped = conns.counters.queue_dropped.load(Relaxed);
         assert!(dropped >= 1 && kept >= 1 && dropped + kept == 4, "dropped {dropped}, kept {kept}");
         // One old batch alone in the queue is never dropped.
         let before = dropped;
         tx.try_send(old(), Lane::Bulk).unwrap();
         assert_eq!(q.try_recv(), Some(vec![7; LINK_SMALL_BATCH]));
-        assert_eq!(links.counters.queue_dropped.load(Relaxed), before);
+        assert_eq!(conns.counters.queue_dropped.load(Relaxed), before);
         // Still standing: small batches (a ping) pass, the drop they were owed falls on
         // the next large one.
         let small = || Queued { batch: vec![1; 100], at: Instant::now() - std::time::Duration::from_secs(1) };
@@ -598,25 +598,25 @@ mod tests {
         }
         assert_eq!(q.try_recv(), Some(vec![7; LINK_SMALL_BATCH]), "the last batch waiting is kept");
         assert_eq!(q.try_recv(), None);
-        assert_eq!(links.counters.queue_dropped.load(Relaxed), before + 1, "the owed drop fell on a large batch");
+        assert_eq!(conns.counters.queue_dropped.load(Relaxed), before + 1, "the owed drop fell on a large batch");
     }
 
     #[test]
     fn sparse_batches_go_first_but_never_starve_the_bulk_lane() {
-        let (links, _rx) = Links::new(4);
-        let (tx, mut q) = LinkQueue::channel(links);
+        let (conns, _rx) = Connections::new(4);
+        let (tx, mut q) = ConnQueue::channel(conns);
         // Many flows each under the bulk rate keep the sparse lane full, a download
         // waits in the bulk lane.
         let sparse = 3000;
-        for _ in 0..LINK_SPARSE_QUEUE {
+        for _ in 0..CONN_SPARSE_QUEUE {
             tx.try_send(Queued::now(vec![1; sparse]), Lane::Sparse).unwrap();
         }
         for _ in 0..3 {
             tx.try_send(Queued::now(vec![2; LINK_SMALL_BATCH]), Lane::Bulk).unwrap();
         }
         let order: Vec<u8> = std::iter::from_fn(|| q.try_recv()).map(|b| b[0]).collect();
-        let per_quantum = LINK_SPARSE_QUANTUM.div_ceil(sparse);
-        assert_eq!(order.len(), LINK_SPARSE_QUEUE + 3);
+        let per_quantum = CONN_SPARSE_QUANTUM.div_ceil(sparse);
+        assert_eq!(order.len(), CONN_SPARSE_QUEUE + 3);
         assert!(order[..per_quantum].iter().all(|&b| b == 1), "sparse first: {order:?}");
         assert_eq!(order[per_quantum], 2, "then one bulk batch after a quantum of sparse ones: {order:?}");
         assert!(order[per_quantum + 1..2 * per_quantum + 1].iter().all(|&b| b == 1), "{order:?}");
@@ -630,8 +630,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_writer_waiting_for_batches_takes_a_sparse_one_first() {
-        let (links, _rx) = Links::new(4);
-        let (tx, mut q) = LinkQueue::channel(links.clone());
+        let (conns, _rx) = Connections::new(4);
+        let (tx, mut q) = ConnQueue::channel(conns.clone());
         for i in 0..4u8 {
             tx.try_send(Queued::now(vec![i; LINK_SMALL_BATCH]), Lane::Bulk).unwrap();
         }
@@ -646,22 +646,22 @@ mod tests {
 
     #[test]
     fn connections_are_spread_over_the_links_threads_in_turn() {
-        let (links, rx) = Links::sharded(4, 3);
+        let (conns, rx) = Connections::sharded(4, 3);
         assert_eq!(rx.len(), 3);
         let ids: Vec<u64> = (0..6u16)
             .map(|i| {
                 let ep = Endpoint::new(Proto::Tcp, std::net::SocketAddr::from(([192, 0, 2, 1], 11010 + i)));
-                links.register(ep, LinkQueue::channel(links.clone()).0)
+                conns.register(ep, ConnQueue::channel(conns.clone()).0)
             })
             .collect();
-        let shards: Vec<usize> = ids.iter().map(|&id| links.shard(id)).collect();
+        let shards: Vec<usize> = ids.iter().map(|&id| conns.shard(id)).collect();
         for s in 0..3 {
             assert_eq!(shards.iter().filter(|&&x| x == s).count(), 2, "{shards:?}");
         }
         // A connection's batches all reach its thread's queue, in order.
         let ep = Endpoint::new(Proto::Tcp, "192.0.2.9:11010".parse().unwrap());
         for b in 0..3u8 {
-            assert!(links.try_deliver(ids[4], Inbound { from: ep, batch: vec![b] }).is_ok());
+            assert!(conns.try_deliver(ids[4], Inbound { from: ep, batch: vec![b] }).is_ok());
         }
         let got: Vec<Vec<u8>> = rx[shards[4]].try_iter().map(|i| i.batch).collect();
         assert_eq!(got, [vec![0], vec![1], vec![2]]);
@@ -670,100 +670,100 @@ mod tests {
                 assert!(r.try_recv().is_err(), "thread {s} got another connection's batch");
             }
         }
-        assert_eq!(Links::sharded(1, 0).1.len(), 1, "at least one thread");
+        assert_eq!(Connections::sharded(1, 0).1.len(), 1, "at least one thread");
     }
 
     #[test]
     fn a_links_thread_takes_batches_up_to_its_byte_budget() {
-        let (links, rx) = Links::sharded(1000, 1);
+        let (conns, rx) = Connections::sharded(1000, 1);
         let ep = Endpoint::new(Proto::Tcp, "192.0.2.9:11010".parse().unwrap());
-        let id = links.register(ep, LinkQueue::channel(links.clone()).0);
+        let id = conns.register(ep, ConnQueue::channel(conns.clone()).0);
         let batch = || Inbound { from: ep, batch: Vec::with_capacity(INBOUND_BYTES / 4) };
-        let sent = (0..8).filter(|_| links.try_deliver(id, batch()).is_ok()).count();
+        let sent = (0..8).filter(|_| conns.try_deliver(id, batch()).is_ok()).count();
         assert_eq!(sent, 4, "a quarter of the budget each");
         // The thread takes one and hands it back: room for one more.
         let b = rx[0].recv().unwrap();
-        links.done(0, b.batch);
-        assert!(links.waiting(0) <= 3 * INBOUND_BYTES / 4 + 64);
-        assert!(links.try_deliver(id, batch()).is_ok());
-        assert!(matches!(links.try_deliver(id, batch()), Err(Some(_))));
+        conns.done(0, b.batch);
+        assert!(conns.waiting(0) <= 3 * INBOUND_BYTES / 4 + 64);
+        assert!(conns.try_deliver(id, batch()).is_ok());
+        assert!(matches!(conns.try_deliver(id, batch()), Err(Some(_))));
         // Drained, a batch larger than the whole budget still goes.
         for b in rx[0].try_iter() {
-            links.done(0, b.batch);
+            conns.done(0, b.batch);
         }
-        assert_eq!(links.waiting(0), 0);
-        assert!(links.try_deliver(id, Inbound { from: ep, batch: Vec::with_capacity(2 * INBOUND_BYTES) }).is_ok());
+        assert_eq!(conns.waiting(0), 0);
+        assert!(conns.try_deliver(id, Inbound { from: ep, batch: Vec::with_capacity(2 * INBOUND_BYTES) }).is_ok());
     }
 
     #[tokio::test]
     async fn a_reader_waits_for_room_instead_of_dropping() {
-        let (links, rx) = Links::sharded(1000, 1);
+        let (conns, rx) = Connections::sharded(1000, 1);
         let ep = Endpoint::new(Proto::Tcp, "192.0.2.9:11010".parse().unwrap());
-        let id = links.register(ep, LinkQueue::channel(links.clone()).0);
+        let id = conns.register(ep, ConnQueue::channel(conns.clone()).0);
         let batch = move || Inbound { from: ep, batch: Vec::with_capacity(INBOUND_BYTES / 2) };
-        assert!(links.deliver(id, batch()).await);
-        assert!(links.deliver(id, batch()).await);
+        assert!(conns.deliver(id, batch()).await);
+        assert!(conns.deliver(id, batch()).await);
         let waiting = {
-            let links = links.clone();
-            tokio::spawn(async move { links.deliver(id, batch()).await })
+            let conns = conns.clone();
+            tokio::spawn(async move { conns.deliver(id, batch()).await })
         };
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         assert!(!waiting.is_finished(), "the budget is full: it waits");
         let b = rx[0].recv().unwrap();
-        links.done(0, b.batch);
+        conns.done(0, b.batch);
         assert!(waiting.await.unwrap(), "room again: delivered");
-        assert_eq!(links.counters.rx_queue_full.load(Relaxed), 1, "one batch waited");
+        assert_eq!(conns.counters.rx_queue_full.load(Relaxed), 1, "one batch waited");
         for b in rx[0].try_iter() {
-            links.done(0, b.batch);
+            conns.done(0, b.batch);
         }
         drop(rx);
-        assert!(!links.deliver(id, batch()).await, "the thread is gone");
+        assert!(!conns.deliver(id, batch()).await, "the thread is gone");
     }
 
     #[test]
     fn registrations_replace_and_unregister_by_id() {
-        let (links, rx) = Links::new(1);
+        let (conns, rx) = Connections::new(1);
         let ep = Endpoint::new(Proto::Quic, "192.0.2.1:11012".parse().unwrap());
-        let (a, _ra) = LinkQueue::channel(links.clone());
-        let (b, mut rb) = LinkQueue::channel(links.clone());
-        let first = links.register(ep, a);
-        let second = links.register(ep, b);
-        links.unregister(ep, first);
-        assert!(links.contains(&ep), "an old id does not remove the new connection");
-        assert_eq!(links.send(ep, vec![0, 1, 9], Lane::Bulk), Ok(true));
+        let (a, _ra) = ConnQueue::channel(conns.clone());
+        let (b, mut rb) = ConnQueue::channel(conns.clone());
+        let first = conns.register(ep, a);
+        let second = conns.register(ep, b);
+        conns.unregister(ep, first);
+        assert!(conns.contains(&ep), "an old id does not remove the new connection");
+        assert_eq!(conns.send(ep, vec![0, 1, 9], Lane::Bulk), Ok(true));
         assert_eq!(rb.try_recv().unwrap(), vec![0, 1, 9]);
-        links.unregister(ep, second);
-        assert_eq!(links.send(ep, vec![1], Lane::Bulk), Err(vec![1]));
-        assert!(links.try_deliver(second, Inbound { from: ep, batch: vec![] }).is_ok());
+        conns.unregister(ep, second);
+        assert_eq!(conns.send(ep, vec![1], Lane::Bulk), Err(vec![1]));
+        assert!(conns.try_deliver(second, Inbound { from: ep, batch: vec![] }).is_ok());
         assert!(
-            matches!(links.try_deliver(second, Inbound { from: ep, batch: vec![] }), Err(Some(_))),
+            matches!(conns.try_deliver(second, Inbound { from: ep, batch: vec![] }), Err(Some(_))),
             "queue of one is full"
         );
         drop(rx);
         // Batch buffers come back empty, with their room.
-        let mut b = links.buffer();
+        let mut b = conns.buffer();
         b.extend_from_slice(&[1; 1000]);
         let cap = b.capacity();
-        links.recycle(b);
-        let again = links.buffer();
+        conns.recycle(b);
+        let again = conns.buffer();
         assert!(again.is_empty() && again.capacity() == cap);
-        links.recycle(Vec::with_capacity(POOL_MAX_CAPACITY + 1));
-        assert_eq!(links.buffer().capacity(), 0, "an oversized buffer is not kept");
+        conns.recycle(Vec::with_capacity(POOL_MAX_CAPACITY + 1));
+        assert_eq!(conns.buffer().capacity(), 0, "an oversized buffer is not kept");
     }
 
     #[test]
     fn a_lent_buffer_returns_to_the_pool_when_its_last_bytes_goes() {
-        let (links, _rx) = Links::new(1);
-        let mut b = links.buffer();
+        let (conns, _rx) = Connections::new(1);
+        let mut b = conns.buffer();
         b.extend_from_slice(&[7; 3000]);
         let cap = b.capacity();
-        let lent = links.lend(b);
+        let lent = conns.lend(b);
         let view = lent.slice(10..20);
         drop(lent);
-        assert_eq!(links.buffer().capacity(), 0, "still lent: a slice of it lives");
+        assert_eq!(conns.buffer().capacity(), 0, "still lent: a slice of it lives");
         assert_eq!(&view[..], &[7; 10]);
         drop(view);
-        let again = links.buffer();
+        let again = conns.buffer();
         assert!(again.is_empty() && again.capacity() == cap, "back, emptied, with its room");
     }
 }
