@@ -57,11 +57,23 @@ impl Names {
     }
 
     /// A bound prefix overlapping `a/p` that a member other than `id` holds.
+    /// Looked up, not scanned (a route rebuild asks this for every announced subnet):
+    /// the prefixes holding `a/p` are one per shorter length, and those inside it are
+    /// one range of the book (its keys are masked and order by address first).
     pub fn subnet_holder(&self, a: IpAddr, p: u8, id: NodeId) -> Option<((IpAddr, u8), NodeId)> {
-        self.subnets
-            .iter()
-            .find(|(k, holder)| **holder != id && weft_core::route::overlaps_ip(a, p, k.0, k.1))
-            .map(|(k, id)| (*k, *id))
+        let other = |k: (IpAddr, u8)| self.subnets.get(&k).filter(|h| **h != id).map(|h| (k, *h));
+        let wider = (1..=p).find_map(|q| other((weft_core::route::network_ip(a, q), q)));
+        wider.or_else(|| {
+            let lo = weft_core::route::network_ip(a, p);
+            let hi = match lo {
+                IpAddr::V4(v) => IpAddr::V4((u32::from(v) | u32::MAX.checked_shr(u32::from(p)).unwrap_or(0)).into()),
+                IpAddr::V6(v) => IpAddr::V6((u128::from(v) | u128::MAX.checked_shr(u32::from(p)).unwrap_or(0)).into()),
+            };
+            self.subnets
+                .range((lo, 0)..=(hi, u8::MAX))
+                .find(|(k, holder)| k.1 > p && **holder != id)
+                .map(|(k, h)| (*k, *h))
+        })
     }
 
     /// Binds `a/p` to `id` unless a prefix overlapping it is another member's (a /0,
@@ -172,6 +184,10 @@ mod tests {
         }
         let (b, q) = net("192.168.51.0/24");
         assert!(n.bind_subnet(b, q, id(2)), "beside it");
+        assert!(n.bind_subnet("fd00:50::".parse().unwrap(), 64, id(4)), "another family");
+        assert_eq!(n.subnet_holder("192.168.51.128".parse().unwrap(), 25, id(1)), Some(((b, q), id(2))));
+        assert_eq!(n.subnet_holder("192.168.52.0".parse().unwrap(), 24, id(1)), None, "not overlapping");
+        assert_eq!(n.subnet_holder("fd00:50::".parse().unwrap(), 48, id(1)).map(|x| x.1), Some(id(4)));
         assert!(!n.bind_subnet("0.0.0.0".parse().unwrap(), 0, id(3)), "an exit's offer");
         // The holder stops announcing it: the prefix is free again.
         assert!(n.release_subnets(id(1), &[]));
