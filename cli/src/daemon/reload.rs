@@ -322,7 +322,10 @@ impl Runtime {
         }
         let snat = super::start::snat_subnets(&self.cfg);
         if snat.is_empty() {
-            crate::services::snat::withdraw(&self.cfg.dev_name);
+            // A no-TUN node has no kernel state (and may run without root or nft).
+            if !self.cfg.no_tun {
+                crate::services::snat::withdraw(&self.cfg.dev_name);
+            }
         } else if let Err(e) = crate::services::snat::apply(&self.cfg.dev_name, &snat) {
             out.failed(format!("source translation for the new subnets: {e}"));
         }
