@@ -12,16 +12,10 @@ mod netns;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use netns::{Lan, Node, TempDir, ping, require_root, wait_until, weft_bin};
+use netns::{Lan, Node, TempDir, ping, require_root, wait_until, weft, weft_bin};
 
 const NET: [&str; 4] = ["--network-name", "e2e-authority", "--network-secret", "correct horse battery"];
 const IPS: [&str; 3] = ["10.126.130.1", "10.126.130.2", "10.126.130.3"];
-
-fn weft(args: &[&str]) -> String {
-    let out = Command::new(weft_bin()).args(args).output().unwrap();
-    assert!(out.status.success(), "weft {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).unwrap().trim().to_owned()
-}
 
 /// A certificate for the node whose state directory is `dir/NAME-state`.
 fn certify(dir: &TempDir, key: &str, name: &str, ip: &str, expires: &str) -> String {

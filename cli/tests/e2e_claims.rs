@@ -10,28 +10,9 @@
 
 mod netns;
 
-use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
-use netns::{Lan, Node, TempDir, ping, require_root, wait_until, weft_bin};
-
-fn write(path: &Path, text: &str) {
-    std::fs::write(path, text).unwrap();
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
-}
-
-fn weft(args: &[&str]) -> String {
-    let out = Command::new(weft_bin()).args(args).output().unwrap();
-    assert!(out.status.success(), "weft {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).unwrap().trim().to_owned()
-}
-
-fn weft_out(args: &[&str]) -> (bool, String) {
-    let out = Command::new(weft_bin()).args(args).output().unwrap();
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
-}
+use netns::{Lan, Node, TempDir, ping, require_root, wait_until, weft, weft_out, write_private};
 
 const OPEN: [&str; 4] = ["10.126.140.1", "10.126.140.2", "10.126.140.3", "10.126.140.4"];
 
@@ -66,7 +47,7 @@ fn names_ids_exits_and_subnets_are_held_by_keys_not_claims() {
     // The server's policy names alice by host name (ping), by her key (tcp 22) and by
     // her node id (tcp 23); anyone may reach the server, an exit, on tcp 80.
     let pol = dir.0.join("srv-policy.toml");
-    write(
+    write_private(
         &pol,
         &format!(
             "[[allow]]\nfrom = [\"alice\"]\nto = [\"srv\"]\nproto = \"icmp\"\n\n\
@@ -209,7 +190,7 @@ fn signed_policies_are_bound_to_their_network_applied_or_closed_and_outlive_a_ro
 
     // The same authority's policy for another network is refused, and goes nowhere.
     let pol = dir.0.join("p.toml");
-    write(&pol, "[[allow]]\nfrom = [\"group:admins\"]\nto = [\"*\"]\nproto = \"icmp\"\n");
+    write_private(&pol, "[[allow]]\nfrom = [\"group:admins\"]\nto = [\"*\"]\nproto = \"icmp\"\n");
     let sign = |network: &str, version: &str| {
         weft(&[
             "authority",
@@ -234,7 +215,7 @@ fn signed_policies_are_bound_to_their_network_applied_or_closed_and_outlive_a_ro
     // arrived while it was down): oth denies every flow but its own, and passes the
     // policy to nobody.
     let bad = dir.0.join("bad.toml");
-    write(
+    write_private(
         &bad,
         "[[allow]]\nfrom = [\"group:admins\"]\nto = [\"*\"]\nproto = \"icmp\"\n\n\
          [[test]]\nfrom = \"10.126.141.99\"\nto = \"oth:22\"\nallow = true\n",
@@ -251,7 +232,7 @@ fn signed_policies_are_bound_to_their_network_applied_or_closed_and_outlive_a_ro
         "5",
     ]);
     oth.stop();
-    write(&oth.state.join("policy"), &format!("weft-policy 1\n{bad_signed}\n"));
+    write_private(&oth.state.join("policy"), &format!("weft-policy 1\n{bad_signed}\n"));
     oth.restart();
     wait_until(Duration::from_secs(20), "oth is back", || srv.peer_established(AUTH[2]));
     let st = oth.status();
@@ -377,7 +358,7 @@ fn revocations_outlive_an_authority_rollover_and_65536_load_in_bounded_memory() 
         text.push_str(&weft_core::cert::Revocation::issue(&a, node, 1_000).to_text());
         text.push('\n');
     }
-    write(&gw.state.join("revocations"), &text);
+    write_private(&gw.state.join("revocations"), &text);
     let started = std::time::Instant::now();
     gw = start(0, &gw_args(&[&auth_b]));
     let took = started.elapsed();

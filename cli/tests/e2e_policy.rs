@@ -6,12 +6,10 @@
 
 mod netns;
 
-use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::Duration;
 
-use netns::{Lan, Netns, Node, TempDir, ping, require_root, wait_until, weft_bin};
+use netns::{Lan, Netns, Node, TempDir, ping, require_root, wait_until, weft, weft_out, write_private};
 
 const IPS: [&str; 5] = ["10.126.132.1", "10.126.132.2", "10.126.132.3", "10.126.132.4", "10.126.132.5"];
 const NAMES: [&str; 5] = ["srv", "adm", "oth", "db", "web"];
@@ -50,11 +48,6 @@ allow = false
     )
 }
 
-fn write(path: &Path, text: &str) {
-    std::fs::write(path, text).unwrap();
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
-}
-
 /// Whether a TCP connection from `ns` to `addr:port` opens within 3 s.
 fn connects_to(ns: &Netns, addr: &str, port: u16) -> bool {
     ns.cmd("timeout").args(["3", "bash", "-c", &format!("exec 3<>/dev/tcp/{addr}/{port}")]).status().unwrap().success()
@@ -77,11 +70,6 @@ fn iperf_servers(ns: &Netns, addr: &str) -> Vec<Kill> {
     servers
 }
 
-fn weft_out(args: &[&str]) -> (bool, String) {
-    let out = Command::new(weft_bin()).args(args).output().unwrap();
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
-}
-
 struct Kill(Child);
 impl Drop for Kill {
     fn drop(&mut self) {
@@ -96,12 +84,12 @@ fn a_policy_lets_in_what_it_allows_and_the_answers_to_what_the_node_sends() {
     let lan = Lan::new(3);
     let dir = TempDir::new();
     let pol = dir.0.join("policy.toml");
-    write(&pol, &policy(""));
+    write_private(&pol, &policy(""));
     let (ok, said) = weft_out(&["policy", "check", pol.to_str().unwrap()]);
     assert!(ok && said.contains("2 rule(s), 2 test(s) passed"), "{said}");
     // A policy whose test fails is refused, by the check and at start.
     let bad = dir.0.join("bad.toml");
-    write(&bad, &policy("[[allow]]\nfrom = [\"oth\"]\nto = [\"*\"]\n"));
+    write_private(&bad, &policy("[[allow]]\nfrom = [\"oth\"]\nto = [\"*\"]\n"));
     let (ok, said) = weft_out(&["policy", "check", bad.to_str().unwrap()]);
     assert!(!ok && said.contains("test 2 fails: oth -> srv:5201 is allowed by rule 3"), "{said}");
 
@@ -111,7 +99,7 @@ fn a_policy_lets_in_what_it_allows_and_the_answers_to_what_the_node_sends() {
         IPS[0],
         pol.display()
     );
-    write(&cfg, &base);
+    write_private(&cfg, &base);
     let srv = Node::start(&lan.hosts[0], &dir.0, "srv", &["--config", cfg.to_str().unwrap()]);
     let first = format!("udp://{}:11010", lan.addrs[0]);
     let others: Vec<Node> = (1..3)
@@ -169,7 +157,7 @@ fn a_policy_lets_in_what_it_allows_and_the_answers_to_what_the_node_sends() {
     };
     let run = stream("4");
     std::thread::sleep(Duration::from_secs(1));
-    write(&pol, &policy("[[allow]]\nfrom = [\"oth\"]\nto = [\"srv\"]\nproto = \"icmp\"\n"));
+    write_private(&pol, &policy("[[allow]]\nfrom = [\"oth\"]\nto = [\"srv\"]\nproto = \"icmp\"\n"));
     let (ok, said) = weft_out(&["reload", "--control", &control]);
     assert!(ok && said.contains("access policy"), "{said}");
     let out = run.wait_with_output().unwrap();
@@ -187,7 +175,7 @@ fn a_policy_lets_in_what_it_allows_and_the_answers_to_what_the_node_sends() {
         "[[test]]\nfrom = \"adm\"\nto   = \"srv:5201\"\nallow = true",
         "[[test]]\nfrom = \"adm\"\nto   = \"srv:5201\"\nallow = false",
     );
-    write(&pol, &text);
+    write_private(&pol, &text);
     let denied_before = srv.status()["policy"]["denied"].as_u64().unwrap();
     let (ok, said) = weft_out(&["reload", "--control", &control]);
     assert!(ok, "{said}");
@@ -201,12 +189,6 @@ fn a_policy_lets_in_what_it_allows_and_the_answers_to_what_the_node_sends() {
     assert!(!connects(&lan.hosts[1], 5201), "a new connection is refused too");
     drop(servers);
     drop(others);
-}
-
-fn weft(args: &[&str]) -> String {
-    let out = Command::new(weft_bin()).args(args).output().unwrap();
-    assert!(out.status.success(), "weft {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).unwrap().trim().to_owned()
 }
 
 /// A network with an authority, five members: a policy the authority signs, handed to
@@ -249,7 +231,7 @@ fn a_signed_policy_handed_to_one_member_reaches_every_member_and_uses_certificat
     oth.stop();
 
     let pol = dir.0.join("signed.toml");
-    write(&pol, "[[allow]]\nfrom = [\"group:admins\"]\nto = [\"*\"]\nproto = \"icmp\"\n");
+    write_private(&pol, "[[allow]]\nfrom = [\"group:admins\"]\nto = [\"*\"]\nproto = \"icmp\"\n");
     let signed = weft(&[
         "authority",
         "sign-policy",
@@ -319,7 +301,7 @@ fn a_contractor_reaches_one_port_of_one_host_on_a_proxied_subnet() {
     netns::link(&p, "lan", "172.16.5.1/24", &h, "eth0", "172.16.5.2/24");
     h.exec_ok(&["ip", "route", "add", "default", "via", "172.16.5.1"]);
     let pol = dir.0.join("router.toml");
-    write(
+    write_private(
         &pol,
         "[[allow]]\nfrom = [\"contractor\"]\nto = [\"172.16.5.2\"]\nproto = \"tcp\"\nports = [\"5201\"]\n\n\
          [[test]]\nfrom = \"contractor\"\nto = \"172.16.5.2:5201\"\nallow = true\n\

@@ -579,3 +579,27 @@ pub fn transfer(from: &Netns, to: &Netns, to_ip: &str, len: usize) -> (Vec<u8>, 
         (sent.0, got, sent.1.elapsed())
     })
 }
+
+/// Runs `weft ARGS` (not a node) and returns its standard output, trimmed; panics with
+/// its standard error when it fails.
+#[allow(dead_code)]
+pub fn weft(args: &[&str]) -> String {
+    let out = Command::new(weft_bin()).args(args).output().unwrap();
+    assert!(out.status.success(), "weft {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+/// Runs `weft ARGS`: whether it succeeded, and its standard output and error together.
+#[allow(dead_code)]
+pub fn weft_out(args: &[&str]) -> (bool, String) {
+    let out = Command::new(weft_bin()).args(args).output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
+}
+
+/// Writes a file only its owner reads (weft refuses secrets in open files).
+#[allow(dead_code)]
+pub fn write_private(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+}
