@@ -34,6 +34,8 @@ impl Node {
     /// for `dead_after`, and it is retired after [`IDLE_RETIRE`] without data. Probes
     /// run on links and active sessions; hole punching only for active ones.
     pub(super) fn drive_peer(&mut self, now: Instant, key: PeerKey) {
+        // The next batch of revocations it lacks, when one is due (paced).
+        self.send_revocations(now, key);
         let t = self.cfg.timers;
         let epoch = self.cfg.epoch;
         let now_ms = ms_since(epoch, now);
@@ -194,6 +196,14 @@ impl Node {
             v.push(now + t.keepalive);
         }
         v.extend(self.direct_deadline(p, now));
+        // A member catching up on a long list of revocations gets the next batch a
+        // second after the last, whether or not it says anything meanwhile.
+        if p.revocations_sent < self.trust.revocations.list().len()
+            && p.is_up()
+            && p.hello.protocol().caps & weft_core::handshake::caps::REVOCATIONS != 0
+        {
+            v.push(p.revocations_at.map_or(now, |t| t + Duration::from_secs(1)));
+        }
         v.into_iter().min()
     }
 }
