@@ -224,7 +224,7 @@ impl Node {
             return;
         }
         // Paced below the member's control budget: a long list goes a batch a second
-        // (each message the member sends us brings the next batch).
+        // (its timer, `peer_deadline`, and each message it sends us bring the next).
         if p.revocations_at.is_some_and(|t| now.saturating_duration_since(t) < Duration::from_secs(1)) {
             return;
         }
