@@ -65,6 +65,7 @@ fn record(i: usize, via: weft_peers::NodeId, rng: &mut ChaCha8Rng) -> Record {
         proxied,
         dynamic: false,
         cert: None,
+        priority: weft_peers::topology::DEFAULT_PRIORITY,
     };
     r.sign(&key, NET);
     r

@@ -406,6 +406,7 @@ pub fn config(handshake: Params, dial: Vec<Endpoint>, epoch: Instant, timers: Ti
         endpoints: vec![endpoint],
         latency_first: false,
         proxied: Vec::new(),
+        router_priority: weft_peers::topology::DEFAULT_PRIORITY,
         dynamic: None,
         accept_wide_subnets: false,
         exit_allow_lan: false,

@@ -154,6 +154,18 @@ pub struct StatusJson {
     /// Members that offer themselves as exit nodes.
     #[serde(default)]
     pub exit_offers: Vec<ExitOfferJson>,
+    /// Subnets other members proxy, each with its routers in order of preference.
+    #[serde(default)]
+    pub subnets: Vec<SubnetJson>,
+    /// Moves to another router or exit because the one in use was lost.
+    #[serde(default)]
+    pub failovers: u64,
+    /// Moves back to a preferred router or exit that returned.
+    #[serde(default)]
+    pub failbacks: u64,
+    /// Why this node withdrew the subnets it proxies (`--proxy-health` fails).
+    #[serde(default)]
+    pub withdrawn: Option<String>,
     /// Handshakes that made a session (either side) since start.
     #[serde(default)]
     pub handshakes_completed: u64,
@@ -296,6 +308,33 @@ pub struct ExitJson {
     /// The member it matches instead, when the pinned one does not.
     #[serde(default)]
     pub changed_to: Option<ExitOfferJson>,
+    /// With several exits (a list or `auto`): those it may use, preferred first.
+    #[serde(default)]
+    pub candidates: Vec<ExitOfferJson>,
+}
+
+/// A subnet other members proxy, with its routers.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SubnetJson {
+    /// The subnet (CIDR).
+    pub subnet: String,
+    /// Its routers, preferred first.
+    pub routers: Vec<RouterJson>,
+}
+
+/// One router of a subnet.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RouterJson {
+    /// Its node id.
+    pub node_id: String,
+    /// Its host name.
+    pub hostname: String,
+    /// Its `--router-priority` (higher is preferred).
+    pub priority: u8,
+    /// primary (traffic goes to it), standby or down.
+    pub state: String,
+    /// Why.
+    pub why: String,
 }
 
 /// A member offering itself as an exit node.

@@ -76,6 +76,7 @@ fn config(local: StaticKey, ipv4: Ipv4Addr, dial: Vec<Endpoint>, me: Endpoint, e
         endpoints: vec![me],
         latency_first: false,
         proxied: Vec::new(),
+        router_priority: weft_peers::topology::DEFAULT_PRIORITY,
         dynamic: None,
         accept_wide_subnets: false,
         exit_allow_lan: false,
@@ -263,6 +264,7 @@ impl World {
             proxied: p.proxied.iter().take(8).map(|&(a, len)| (a.into(), len % 33)).collect(),
             dynamic: p.dynamic,
             cert: None,
+            priority: weft_peers::topology::DEFAULT_PRIORITY,
             sig: [0; 64],
         };
         // Records of the three real keys are signed by their origin (the fourth key

@@ -45,6 +45,7 @@ fn record() -> Record {
         ],
         dynamic: true,
         cert: None,
+        priority: weft_peers::topology::DEFAULT_PRIORITY,
         signer: [0; 32],
         sig: [0; 64],
     })

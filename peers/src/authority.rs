@@ -370,6 +370,7 @@ mod tests {
             proxied: vec![],
             dynamic: false,
             cert: Some(c.to_bytes()),
+            priority: crate::topology::DEFAULT_PRIORITY,
             sig: [0; 64],
         };
         assert!(newest.note(&rec_cert(1_200)));
@@ -415,6 +416,7 @@ mod tests {
             proxied: vec![],
             dynamic: false,
             cert: Some(cert),
+            priority: crate::topology::DEFAULT_PRIORITY,
             sig: [0; 64],
         };
         let none = Revocations::default();

@@ -244,6 +244,8 @@ pub(crate) struct Peer {
     pub(crate) bad_signatures: (u32, Option<Instant>),
     /// When it was last sent a batch of revocations (they are paced).
     pub(crate) revocations_at: Option<Instant>,
+    /// Since when it is pinged as a router or exit in use (`crate::node::routers`).
+    pub(crate) watch_since: Option<Instant>,
 }
 
 impl Peer {
@@ -253,6 +255,7 @@ impl Peer {
             control_budget: None,
             bad_signatures: (0, None),
             revocations_at: None,
+            watch_since: None,
             revocations_sent: 0,
             id: key.id(),
             hello,
@@ -427,7 +430,7 @@ impl SessionTimers {
             p.activity.unanswered_since.map(|s| s + t.dead_after)
         };
         let retire = (!kept).then(|| p.activity.last_data.map_or(now, |d| d + IDLE_RETIRE));
-        let active = kept || p.activity.active(now, ACTIVE_WINDOW);
+        let active = kept || p.activity.active(now, ACTIVE_WINDOW) || p.watch_since.is_some();
         let probe = active.then(|| p.probe.next.unwrap_or(now));
         let summary = p.is_link(now).then(|| p.summary_next.unwrap_or(now));
         Self { rekey, keepalive, dead, retire, probe, summary }

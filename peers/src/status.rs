@@ -185,6 +185,15 @@ pub struct NodeStatus {
     pub exit_offers: Vec<(NodeId, String)>,
     /// The exit node this node was told to use, and what became of it.
     pub exit: Option<ExitStatus>,
+    /// Subnets other members proxy, each with its routers (primary, standing by,
+    /// down, and why).
+    pub subnets: Vec<SubnetStatus>,
+    /// Moves to another router or exit because the one in use was lost, and moves
+    /// back to a preferred one that returned.
+    pub failovers: (u64, u64),
+    /// Why this node withdrew the subnets it proxies (its `--proxy-health` check
+    /// fails), if it did.
+    pub withdrawn: Option<String>,
 }
 
 /// The exit node in use (`--use-exit-node`).
@@ -203,6 +212,48 @@ pub struct ExitStatus {
     /// Another member it matches while the pinned one does not: the exit stays off
     /// (fails closed) until `weft exit accept`.
     pub changed_to: Option<(NodeId, String)>,
+    /// With several exits (a list or `auto`): the exits it may use, in order of
+    /// preference.
+    pub candidates: Vec<(NodeId, String)>,
+    /// Moves to the next router or exit because the one in use was lost.
+    pub failovers: u64,
+}
+
+/// What one router of a subnet is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouterState {
+    /// The subnet's traffic goes to it.
+    Primary,
+    /// Reachable, used when those before it are lost.
+    Standby,
+    /// Lost (no session, stopped answering, unreachable).
+    Down,
+}
+
+/// One router of a subnet, as this node sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouterStatus {
+    /// The member.
+    pub node: NodeId,
+    /// Its host name.
+    pub hostname: String,
+    /// Its `--router-priority` (higher is preferred).
+    pub priority: u8,
+    /// Primary, standing by, or down.
+    pub state: RouterState,
+    /// Why.
+    pub why: String,
+    /// Whether this node pings it as a router in use.
+    pub watched: bool,
+}
+
+/// A subnet other members proxy, with its routers in order of preference.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubnetStatus {
+    /// The subnet.
+    pub prefix: (IpAddr, u8),
+    /// Its routers, preferred first.
+    pub routers: Vec<RouterStatus>,
 }
 
 /// What the topology table's limits did with records (a member minting keys meets

@@ -40,6 +40,15 @@ const RECORD_VERSION: u8 = 4;
 /// nodes that have one: in networks without an authority records stay version 4,
 /// which 0.2.0 reads).
 const RECORD_VERSION_CERT: u8 = 5;
+/// A record with extensions: version 5's layout with the certificate's length always
+/// present (0: none), then a block of tagged extensions (`tag`, `len`, bytes; unknown
+/// tags are skipped). Written only when an extension differs from its default, so
+/// records of nodes that use none stay readable by older releases.
+const RECORD_VERSION_EXT: u8 = 6;
+/// Extension tag: the router priority ([`Record::priority`], one byte).
+const EXT_PRIORITY: u8 = 1;
+/// The router priority of a record that does not say one.
+pub const DEFAULT_PRIORITY: u8 = 100;
 /// Domain separation of record signatures.
 const SIGN_CONTEXT: &[u8] = b"weft/v1/record\0";
 
@@ -83,6 +92,10 @@ pub struct Record {
     /// The origin's member certificate (encoded), in a network with an authority:
     /// what its record may claim.
     pub cert: Option<Vec<u8>>,
+    /// Its preference as a router of its proxied subnets (`--router-priority`):
+    /// among members proxying one subnet the highest is primary, then the lowest node
+    /// id. [`DEFAULT_PRIORITY`] unless set.
+    pub priority: u8,
     /// The origin's Ed25519 signature of [`Record::signed_message`].
     pub sig: [u8; 64],
 }
@@ -130,7 +143,16 @@ impl Record {
 
     fn emit_body(&self, out: &mut Vec<u8>) {
         let cert = self.cert.as_deref().filter(|c| c.len() <= weft_core::handshake::MAX_HELLO_CERT);
-        out.push(if cert.is_some() { RECORD_VERSION_CERT } else { RECORD_VERSION });
+        let mut ext = Vec::new();
+        if self.priority != DEFAULT_PRIORITY {
+            ext.extend_from_slice(&[EXT_PRIORITY, 1, self.priority]);
+        }
+        let version = match (ext.is_empty(), cert.is_some()) {
+            (false, _) => RECORD_VERSION_EXT,
+            (true, true) => RECORD_VERSION_CERT,
+            (true, false) => RECORD_VERSION,
+        };
+        out.push(version);
         out.extend_from_slice(&self.key);
         out.extend_from_slice(&self.signer);
         out.extend_from_slice(&self.seq.to_le_bytes());
@@ -181,6 +203,12 @@ impl Record {
         if let Some(c) = cert {
             out.extend_from_slice(&(c.len() as u16).to_le_bytes());
             out.extend_from_slice(c);
+        } else if version == RECORD_VERSION_EXT {
+            out.extend_from_slice(&0u16.to_le_bytes());
+        }
+        if version == RECORD_VERSION_EXT {
+            out.push(ext.len() as u8);
+            out.extend_from_slice(&ext);
         }
     }
 
@@ -188,7 +216,7 @@ impl Record {
     pub fn parse(b: &[u8]) -> Result<Self, BadRecord> {
         let mut r = Reader(b);
         let version = r.u8()?;
-        if version != RECORD_VERSION && version != RECORD_VERSION_CERT {
+        if !matches!(version, RECORD_VERSION | RECORD_VERSION_CERT | RECORD_VERSION_EXT) {
             return Err(BadRecord);
         }
         let key: [u8; 32] = r.take(32)?.try_into().map_err(|_| BadRecord)?;
@@ -245,20 +273,51 @@ impl Record {
                 Ok((a, prefix))
             })
             .collect::<Result<_, _>>()?;
-        let cert = if version == RECORD_VERSION_CERT {
+        let cert = if version != RECORD_VERSION {
             let n = usize::from(u16::from_le_bytes(r.take(2)?.try_into().map_err(|_| BadRecord)?));
             if n > weft_core::handshake::MAX_HELLO_CERT {
                 return Err(BadRecord);
             }
-            Some(r.take(n)?.to_vec())
+            // Version 6 says "no certificate" with a length of 0.
+            (version == RECORD_VERSION_CERT || n > 0).then(|| r.take(n).map(<[u8]>::to_vec)).transpose()?
         } else {
             None
         };
+        let mut priority = DEFAULT_PRIORITY;
+        if version == RECORD_VERSION_EXT {
+            let n = usize::from(r.u8()?);
+            let mut ext = Reader(r.take(n)?);
+            while !ext.0.is_empty() {
+                let tag = ext.u8()?;
+                let n = usize::from(ext.u8()?);
+                let body = ext.take(n)?;
+                match (tag, body) {
+                    (EXT_PRIORITY, [p]) => priority = *p,
+                    (EXT_PRIORITY, _) => return Err(BadRecord),
+                    // A later release's extension: skipped, still signed.
+                    _ => {}
+                }
+            }
+        }
         let sig: [u8; 64] = r.take(64)?.try_into().map_err(|_| BadRecord)?;
         if !r.0.is_empty() {
             return Err(BadRecord);
         }
-        Ok(Self { key, signer, seq, hostname, overlay, overlay6, endpoints, neighbours, proxied, dynamic, cert, sig })
+        Ok(Self {
+            key,
+            signer,
+            seq,
+            hostname,
+            overlay,
+            overlay6,
+            endpoints,
+            neighbours,
+            proxied,
+            dynamic,
+            cert,
+            priority,
+            sig,
+        })
     }
 }
 
@@ -600,6 +659,7 @@ mod tests {
             ],
             dynamic: i.is_multiple_of(2),
             cert: (i == 3).then(|| vec![i; 40]),
+            priority: DEFAULT_PRIORITY,
         };
         r.sign(&static_key(i), "net");
         r
@@ -625,6 +685,47 @@ mod tests {
         }
         b.push(0);
         assert!(Record::parse(&b).is_err(), "trailing bytes");
+    }
+
+    #[test]
+    fn a_router_priority_travels_in_an_extension_only_when_set() {
+        // Default: the version-4 layout older releases read.
+        let mut b = Vec::new();
+        rec(2, 7, &[]).emit(&mut b);
+        assert_eq!(b[0], RECORD_VERSION);
+        // Set, with and without a certificate: version 6, signed, read back.
+        for i in [4, 3] {
+            let mut r = rec(i, 7, &[(1, 5)]);
+            r.priority = 7;
+            r.sign(&static_key(i), "net");
+            let mut b = Vec::new();
+            r.emit(&mut b);
+            assert_eq!(b[0], RECORD_VERSION_EXT);
+            let back = Record::parse(&b).unwrap();
+            assert_eq!((back.priority, &back.cert), (7, &r.cert));
+            assert!(back.verify("net"));
+            for cut in 0..b.len() {
+                assert!(Record::parse(&b[..cut]).is_err(), "cut at {cut}");
+            }
+            let mut forged = back.clone();
+            forged.priority = 200;
+            assert!(!forged.verify("net"), "the priority is signed");
+        }
+        // An unknown extension is skipped; a priority of the wrong length is refused.
+        let mut r = rec(4, 7, &[]);
+        r.priority = 9;
+        let mut b = Vec::new();
+        r.emit_body(&mut b);
+        let ext_at = b.len() - 4;
+        assert_eq!(&b[ext_at..], &[3, EXT_PRIORITY, 1, 9]);
+        let mut unknown = b[..ext_at].to_vec();
+        unknown.extend_from_slice(&[7, 77, 2, 1, 2, EXT_PRIORITY, 1, 9]);
+        unknown.extend_from_slice(&[0; 64]);
+        assert_eq!(Record::parse(&unknown).unwrap().priority, 9);
+        let mut wrong = b[..ext_at].to_vec();
+        wrong.extend_from_slice(&[4, EXT_PRIORITY, 2, 9, 9]);
+        wrong.extend_from_slice(&[0; 64]);
+        assert!(Record::parse(&wrong).is_err());
     }
 
     #[test]

@@ -1907,6 +1907,7 @@ fn minted_record(i: usize, via: NodeId, rng: &mut ChaCha8Rng) -> Record {
         proxied: vec![(std::net::IpAddr::V4(Ipv4Addr::from(0x1400_0000 + 256 * i as u32)), 24)],
         dynamic: false,
         cert: None,
+        priority: weft_peers::topology::DEFAULT_PRIORITY,
     };
     r.sign(&key, NET);
     r

@@ -68,6 +68,14 @@ pub(crate) fn status(s: &StatusJson) -> String {
                 e.pinned.as_deref().map(printable).unwrap_or_default()
             );
         }
+        if !e.candidates.is_empty() {
+            let names: Vec<String> = e.candidates.iter().map(|c| printable(&c.hostname).into_owned()).collect();
+            let _ =
+                writeln!(o, "          exits in order of preference: {} ({} failovers)", names.join(", "), s.failovers);
+        }
+    }
+    if let Some(w) = &s.withdrawn {
+        let _ = writeln!(o, "subnets   withdrawn from the mesh: {}", printable(w));
     }
     if let Some(u) = &s.userspace {
         if let Some(a) = &u.socks5 {
@@ -261,6 +269,27 @@ pub(crate) fn routes(s: &StatusJson) -> String {
         o.push_str("no routes\n");
     } else {
         table(&mut o, ["DESTINATION", "IPV6", "HOST", "NEXT HOP", "HOPS", "LATENCY", "PROXIED"], &rows);
+    }
+    // Subnets with their routers: which is primary and why.
+    let rows: Vec<[String; 5]> = s
+        .subnets
+        .iter()
+        .flat_map(|n| {
+            n.routers.iter().enumerate().map(|(i, r)| {
+                [
+                    if i == 0 { n.subnet.clone() } else { String::new() },
+                    r.hostname.clone(),
+                    r.priority.to_string(),
+                    r.state.clone(),
+                    r.why.clone(),
+                ]
+            })
+        })
+        .collect();
+    if !rows.is_empty() {
+        o.push('\n');
+        table(&mut o, ["SUBNET", "ROUTER", "PRIORITY", "STATE", "WHY"], &rows);
+        let _ = writeln!(o, "failovers {}, back to a preferred router {}", s.failovers, s.failbacks);
     }
     o
 }

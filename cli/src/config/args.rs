@@ -263,6 +263,19 @@ pub struct UpArgs {
     /// to this node).
     #[arg(long)]
     pub no_snat_subnet_routes: bool,
+    /// This node's preference as a router of its --proxy-network subnets when other
+    /// members proxy the same subnet (a network with an authority whose certificates
+    /// grant it to several): every member sends the subnet's traffic to the reachable
+    /// router with the highest priority (then the lowest node id), and moves to the
+    /// next within 2 s of losing it. 0-255, default 100.
+    #[arg(long, value_name = "N")]
+    pub router_priority: Option<u8>,
+    /// Check this target on the --proxy-network side every second: ADDR pings it
+    /// (ICMP), ADDR:PORT or tcp://ADDR:PORT opens a TCP connection. After 3 failures
+    /// in a row the subnets are withdrawn from the mesh (members move to another
+    /// router) until 2 checks in a row pass.
+    #[arg(long, value_name = "ADDR|ADDR:PORT")]
+    pub proxy_health: Option<String>,
     /// Find members on the same link by multicast beacons (they carry only a hash of
     /// the network name); no --peer needed.
     #[arg(long)]
@@ -307,8 +320,11 @@ pub struct UpArgs {
     /// Send this host's default route through the member NAME (host name) or ID (node
     /// id, or its first 6+ hex digits), which runs --exit-node. Weft's own traffic stays
     /// on the underlay (firewall mark and routing table 30566, as wg-quick does); IPv6
-    /// goes through the exit too (::/0), or is blocked without an IPv6 overlay.
-    #[arg(long, value_name = "NAME|ID")]
+    /// goes through the exit too (::/0), or is blocked without an IPv6 overlay. Several,
+    /// comma-separated (NAME,NAME,...), are used in that order of preference, and
+    /// `auto` uses the nearest member offering an exit this node may use: when the exit
+    /// in use is lost, traffic moves to the next within 2 s.
+    #[arg(long, value_name = "NAME|ID[,...]|auto")]
     pub use_exit_node: Option<String>,
     /// While the exit node is unreachable, let traffic out by this host's own default
     /// route instead of dropping it (without this, it fails closed).

@@ -11,8 +11,8 @@ use weft_datapath::transport::{Endpoint, Proto};
 use crate::config::args::UpArgs;
 pub use crate::config::values::UsageError;
 use crate::config::values::{
-    Expose, Forward, IpNet, Ipv4Net, Ipv6Overlay, OffloadWanted, PeerUri, Secret, check_private, parse_expose,
-    parse_forward, parse_ipv6, proxy_networks, usage,
+    Expose, Forward, HealthTarget, IpNet, Ipv4Net, Ipv6Overlay, OffloadWanted, PeerUri, Secret, check_private,
+    parse_expose, parse_forward, parse_ipv6, proxy_networks, usage,
 };
 
 pub mod args;
@@ -96,6 +96,8 @@ pub struct FileConfig {
     #[serde(default)]
     proxy_network: Vec<String>,
     no_snat_subnet_routes: Option<bool>,
+    router_priority: Option<u8>,
+    proxy_health: Option<String>,
     wg_portal: Option<String>,
     wg_portal_net: Option<String>,
     wg_portal_endpoint: Option<String>,
@@ -210,6 +212,10 @@ pub struct NodeConfig {
     /// Translate members' sources into the proxied subnets to this node's own address
     /// (not with `--no-snat-subnet-routes`).
     pub snat_subnet_routes: bool,
+    /// `--router-priority`: preference among routers of one subnet (higher wins).
+    pub router_priority: u8,
+    /// `--proxy-health`: what is checked before the subnets are announced.
+    pub proxy_health: Option<HealthTarget>,
     /// Multicast LAN discovery.
     pub lan_discovery: bool,
     /// `--dhcp`: the range to pick the overlay address from (`ipv4` is then replaced
@@ -278,6 +284,7 @@ impl NodeConfig {
         }
         let admin_group = admin_group(args, file)?;
         let (proxy_networks, wg_portal) = subnets_and_portal(args, file, ipv4, ipv6, &listeners)?;
+        let (router_priority, proxy_health) = router(args, file, &proxy_networks)?;
         let (exit_node, use_exit, exit_allow_lan, exit_fallback) = exit(args, file, &hostname)?;
         if let Some(c) = &certificate {
             membership::offers_within_certificate(c.body(), &proxy_networks, exit_node, wg_portal.is_some())?;
@@ -334,6 +341,8 @@ impl NodeConfig {
             dhcp,
             proxy_networks,
             snat_subnet_routes: !(args.no_snat_subnet_routes || file.no_snat_subnet_routes.unwrap_or(false)),
+            router_priority,
+            proxy_health,
             rekey_after: rekey_after(args)?,
             wg_portal,
             log_level: file.log_level.take(),
@@ -576,8 +585,15 @@ fn exit(
         if e.trim().is_empty() || e.chars().any(|c| c.is_control() || c.is_whitespace()) {
             return usage(format!("invalid --use-exit-node {e:?}: give a member's host name or node id"));
         }
-        if e.eq_ignore_ascii_case(hostname) {
-            return usage(format!("--use-exit-node {e:?} names this node (its host name); name another member"));
+        let names: Vec<&str> = e.split(',').collect();
+        if names.iter().any(|n| n.is_empty()) {
+            return usage(format!("invalid --use-exit-node {e:?}: an empty name in the list"));
+        }
+        if names.len() > 1 && names.iter().any(|n| n.eq_ignore_ascii_case("auto")) {
+            return usage(format!("invalid --use-exit-node {e:?}: `auto` stands alone, not in a list"));
+        }
+        if let Some(n) = names.iter().find(|n| n.eq_ignore_ascii_case(hostname)) {
+            return usage(format!("--use-exit-node {n:?} names this node (its host name); name another member"));
         }
     }
     let exit_allow_lan = args.exit_allow_lan || file.exit_allow_lan.unwrap_or(false);
@@ -589,6 +605,26 @@ fn exit(
         return usage("--exit-fallback needs --use-exit-node".to_owned());
     }
     Ok((exit_node, use_exit, exit_allow_lan, exit_fallback))
+}
+
+/// `--router-priority` and `--proxy-health`: both only for a node proxying subnets.
+fn router(
+    args: &UpArgs,
+    file: &mut FileConfig,
+    proxy_networks: &[IpNet],
+) -> Result<(u8, Option<HealthTarget>), UsageError> {
+    let priority = args.router_priority.or(file.router_priority);
+    let health = args.proxy_health.clone().or_else(|| file.proxy_health.take());
+    if proxy_networks.is_empty() {
+        if priority.is_some() {
+            return usage("--router-priority (router-priority) needs --proxy-network".to_owned());
+        }
+        if health.is_some() {
+            return usage("--proxy-health (proxy-health) needs --proxy-network".to_owned());
+        }
+    }
+    let health = health.as_deref().map(HealthTarget::parse).transpose()?;
+    Ok((priority.unwrap_or(weft_peers::topology::DEFAULT_PRIORITY), health))
 }
 
 /// The Magic DNS domain (`None`: off).

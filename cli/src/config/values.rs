@@ -140,6 +140,59 @@ impl fmt::Display for IpNet {
     }
 }
 
+/// What `--proxy-health` checks on the proxied subnet's side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HealthTarget {
+    /// An ICMP echo to this address (`ADDR` or `icmp://ADDR`).
+    Icmp(IpAddr),
+    /// A TCP connection to this address and port (`ADDR:PORT` or `tcp://ADDR:PORT`).
+    Tcp(SocketAddr),
+}
+
+impl HealthTarget {
+    /// `ADDR`, `icmp://ADDR`, `ADDR:PORT`, `[V6]:PORT` or `tcp://ADDR:PORT`.
+    pub fn parse(s: &str) -> Result<Self, UsageError> {
+        let bad = |why: &str| {
+            UsageError(format!(
+                "invalid --proxy-health {s:?}: {why} (give ADDR for a ping, ADDR:PORT or tcp://ADDR:PORT for a TCP \
+                 connection)"
+            ))
+        };
+        if let Some(a) = s.strip_prefix("icmp://") {
+            return a.parse().map(Self::Icmp).map_err(|_| bad("not an IP address"));
+        }
+        if let Some(a) = s.strip_prefix("tcp://") {
+            let sa: SocketAddr = a.parse().map_err(|_| bad("not ADDR:PORT"))?;
+            return if sa.port() == 0 { Err(bad("port 0")) } else { Ok(Self::Tcp(sa)) };
+        }
+        if let Ok(a) = s.parse::<IpAddr>() {
+            return Ok(Self::Icmp(a));
+        }
+        match s.parse::<SocketAddr>() {
+            Ok(sa) if sa.port() != 0 => Ok(Self::Tcp(sa)),
+            Ok(_) => Err(bad("port 0")),
+            Err(_) => Err(bad("not an address")),
+        }
+    }
+
+    /// The address checked.
+    pub fn ip(self) -> IpAddr {
+        match self {
+            Self::Icmp(a) => a,
+            Self::Tcp(sa) => sa.ip(),
+        }
+    }
+}
+
+impl fmt::Display for HealthTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Icmp(a) => write!(f, "icmp://{a}"),
+            Self::Tcp(sa) => write!(f, "tcp://{sa}"),
+        }
+    }
+}
+
 /// The node's IPv6 overlay address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ipv6Overlay {

@@ -377,6 +377,14 @@ impl Runtime {
         // Interfaces come and go: members' subnets are checked against the networks
         // this host is connected to now.
         let mut nets_timer = tokio::time::interval(Duration::from_secs(10));
+        // `--proxy-health`: the subnets are withdrawn while the check fails.
+        let mut health = match self.cfg.proxy_health {
+            Some(t) => {
+                info!(target = %t, "health check of the proxied subnets on");
+                Some(crate::services::health::spawn(t)?)
+            }
+            None => None,
+        };
         loop {
             // The engine's next deadline; with none, it waits for an input.
             let deadline = self.engine.poll_timeout().unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
@@ -418,6 +426,18 @@ impl Runtime {
                     }
                 }
                 _ = nets_timer.tick() => self.every_ten_seconds(),
+                changed = async {
+                    match &mut health {
+                        Some(h) => h.changed().await.map(|()| h.borrow_and_update().clone()),
+                        None => std::future::pending().await,
+                    }
+                } => match changed {
+                    Ok(why) => self.engine.set_withdrawn(Instant::now(), why),
+                    Err(_) => {
+                        warn!("the health check stopped: proxied subnets stay as they are");
+                        health = None;
+                    }
+                },
                 _ = dns_timer.tick() => {
                     self.refresh_policy();
                     self.refresh_userspace();

@@ -356,6 +356,7 @@ pub(super) fn engine(
         endpoints: Vec::new(),
         latency_first: cfg.latency_first,
         proxied: engine_proxied(&cfg.proxy_networks, cfg.exit_node, ipv6.is_some()),
+        router_priority: cfg.router_priority,
         dynamic: cfg.dhcp.map(|r| (r.addr, r.prefix)),
         accept_wide_subnets: cfg.accept_wide_subnets,
         exit_allow_lan: cfg.exit_allow_lan,

@@ -232,7 +232,38 @@ impl Runtime {
                     .changed_to
                     .as_ref()
                     .map(|(id, h)| weft_control::ExitOfferJson { node_id: id.to_string(), hostname: h.clone() }),
+                candidates: e
+                    .candidates
+                    .iter()
+                    .map(|(id, h)| weft_control::ExitOfferJson { node_id: id.to_string(), hostname: h.clone() })
+                    .collect(),
             }),
+            subnets: st
+                .subnets
+                .iter()
+                .map(|s| weft_control::SubnetJson {
+                    subnet: format!("{}/{}", s.prefix.0, s.prefix.1),
+                    routers: s
+                        .routers
+                        .iter()
+                        .map(|r| weft_control::RouterJson {
+                            node_id: r.node.to_string(),
+                            hostname: r.hostname.clone(),
+                            priority: r.priority,
+                            state: match r.state {
+                                weft_peers::status::RouterState::Primary => "primary",
+                                weft_peers::status::RouterState::Standby => "standby",
+                                weft_peers::status::RouterState::Down => "down",
+                            }
+                            .to_owned(),
+                            why: r.why.clone(),
+                        })
+                        .collect(),
+                })
+                .collect(),
+            failovers: st.failovers.0,
+            failbacks: st.failovers.1,
+            withdrawn: st.withdrawn.clone(),
             exit_offers: st
                 .exit_offers
                 .iter()

@@ -1,5 +1,5 @@
 //! What a node offers beside the tunnel, one module each: the exit node ([`exit`]),
-//! the source translation of subnet routes ([`snat`]),
+//! the source translation of subnet routes ([`snat`]) and their health check ([`health`]),
 //! the WireGuard portal ([`portal`]), Magic DNS ([`dns`]), LAN discovery
 //! ([`discovery`]), the Prometheus endpoint ([`metrics`]) and the access policy
 //! ([`policy`]).
@@ -7,6 +7,7 @@
 pub mod discovery;
 pub mod dns;
 pub mod exit;
+pub mod health;
 pub mod metrics;
 pub mod policy;
 pub mod portal;

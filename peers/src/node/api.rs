@@ -37,10 +37,15 @@ pub struct Config {
     pub latency_first: bool,
     /// Subnets behind this node that it forwards for the mesh.
     pub proxied: Vec<(IpAddr, u8)>,
+    /// `--router-priority`: its preference as a router of those subnets among members
+    /// proxying the same one (higher wins; [`crate::topology::DEFAULT_PRIORITY`]).
+    pub router_priority: u8,
     /// `--dhcp`: the range the overlay address was picked from; it moves on a conflict.
     pub dynamic: Option<(Ipv4Addr, u8)>,
     /// `--use-exit-node`: the member (host name or node id) whose 0.0.0.0/0 we route;
     /// every other member's /0 is ignored (an offer, never a route we did not ask for).
+    /// Several, comma-separated, in order of preference, or `auto` (the nearest
+    /// member offering an exit): the exit moves to the next when one is lost.
     pub use_exit: Option<String>,
     /// `--accept-wide-subnets`: route subnets other members proxy even when shorter
     /// than /8 (never a /0).

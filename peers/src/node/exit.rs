@@ -11,6 +11,17 @@ use crate::identity::NodeId;
 use crate::node::Node;
 use crate::topology::Record;
 
+/// The names `--use-exit-node` lists, in its order of preference (comma-separated).
+pub(crate) fn exit_list(wanted: &str) -> Vec<&str> {
+    wanted.split(',').map(str::trim).filter(|w| !w.is_empty()).collect()
+}
+
+/// Whether `--use-exit-node` names several exits or says `auto`: the exit then moves
+/// between them ([`crate::node::routers`]) instead of being pinned to one member.
+pub(crate) fn several_exits(wanted: &str) -> bool {
+    wanted.eq_ignore_ascii_case("auto") || exit_list(wanted).len() > 1
+}
+
 /// Whether a member's record offers it as an exit node.
 pub(crate) fn offers_exit(r: &Record) -> bool {
     r.proxied.contains(&DEFAULT_ROUTE)
@@ -23,10 +34,22 @@ impl Node {
     /// exit: that fails closed until `weft exit accept` ([`Node::accept_exit`]).
     pub(crate) fn exit_node(&self) -> Option<&Record> {
         let wanted = self.cfg.use_exit.as_deref()?;
+        let grants = |r: &Record| crate::authority::grants(&self.cfg.authorities, r, Ipv4Addr::UNSPECIFIED.into(), 0);
+        if several_exits(wanted) {
+            let id = self.routers.exit?;
+            return self.mesh.topology.get(&id).filter(|r| offers_exit(r) && grants(r));
+        }
         let chosen = self.cfg.names.exit_pin(wanted).or_else(|| self.exit_choice())?;
-        self.named_exit().find(|r| r.node() == chosen).filter(|r| {
-            offers_exit(r) && crate::authority::grants(&self.cfg.authorities, r, Ipv4Addr::UNSPECIFIED.into(), 0)
-        })
+        self.named_exit().find(|r| r.node() == chosen).filter(|r| offers_exit(r) && grants(r))
+    }
+
+    /// The member one name of `--use-exit-node`'s list stands for: the member the
+    /// name is bound to ([`crate::Names::holder`]), else the lowest node id among
+    /// those it matches (a host name, or the first digits of a node id).
+    pub(crate) fn exit_choice_for(&self, name: &str) -> Option<NodeId> {
+        let bound = self.cfg.names.holder(name);
+        let named: Vec<NodeId> = self.records_named(name).map(Record::node).collect();
+        named.iter().copied().find(|id| Some(*id) == bound).or_else(|| named.iter().copied().min())
     }
 
     /// The member `--use-exit-node` would pin now: among those it names, the one its
@@ -53,7 +76,7 @@ impl Node {
     /// Pins `--use-exit-node` to the member it first matches, and says once when
     /// another member matches instead.
     pub(crate) fn pin_exit(&mut self) {
-        let Some(wanted) = self.cfg.use_exit.clone() else { return };
+        let Some(wanted) = self.cfg.use_exit.clone().filter(|w| !several_exits(w)) else { return };
         let Some(pinned) = self.cfg.names.exit_pin(&wanted) else {
             let Some(id) = self.exit_choice() else { return };
             info!(exit = %wanted, node = %id, "--use-exit-node pinned to the member it first matched");
@@ -79,6 +102,11 @@ impl Node {
     /// `weft exit accept`: pins `--use-exit-node` to the member it matches now.
     pub fn accept_exit(&mut self, now: Instant) -> Result<String, String> {
         let wanted = self.cfg.use_exit.clone().ok_or("this node uses no exit (--use-exit-node)")?;
+        if several_exits(&wanted) {
+            return Err(format!(
+                "--use-exit-node {wanted} is not pinned: it moves between the exits it names (see `weft status`)"
+            ));
+        }
         if let Some(pinned) = self.cfg.names.exit_pin(&wanted)
             && self.named_exit().any(|r| r.node() == pinned)
         {
@@ -96,7 +124,12 @@ impl Node {
 
     /// Other members that `--use-exit-node` names, whether they offer an exit or not.
     pub(crate) fn named_exit(&self) -> impl Iterator<Item = &Record> + '_ {
-        let wanted = self.cfg.use_exit.as_deref().unwrap_or_default();
+        self.records_named(self.cfg.use_exit.as_deref().unwrap_or_default())
+    }
+
+    /// Other members a name matches: by host name, or by the first (six or more)
+    /// digits of the node id.
+    fn records_named<'a>(&'a self, wanted: &'a str) -> impl Iterator<Item = &'a Record> + 'a {
         let lower = wanted.to_ascii_lowercase();
         self.mesh.topology.records().filter(move |r| {
             !wanted.is_empty()
@@ -121,9 +154,16 @@ impl Node {
         let wanted = self.cfg.use_exit.clone()?;
         let node = self.exit_node().map(|r| (r.node(), r.hostname.clone()));
         let routing = self.published.installed_subnets.contains(&DEFAULT_ROUTE);
-        let known = self.named_exit().next().is_some();
-        let pinned = self.cfg.names.exit_pin(&wanted);
-        let changed_to = self.exit_changed().map(|r| (r.node(), r.hostname.clone()));
-        Some(crate::status::ExitStatus { wanted, node, routing, known, pinned, changed_to })
+        let several = several_exits(&wanted);
+        let candidates = if several { self.exit_candidates() } else { Vec::new() };
+        let known = if several { !candidates.is_empty() } else { self.named_exit().next().is_some() };
+        let pinned = self.cfg.names.exit_pin(&wanted).filter(|_| !several);
+        let changed_to = self.exit_changed().filter(|_| !several).map(|r| (r.node(), r.hostname.clone()));
+        let candidates = candidates
+            .into_iter()
+            .map(|id| (id, self.mesh.topology.get(&id).map(|r| r.hostname.clone()).unwrap_or_default()))
+            .collect();
+        let failovers = self.routers.failovers;
+        Some(crate::status::ExitStatus { wanted, node, routing, known, pinned, changed_to, candidates, failovers })
     }
 }

@@ -387,9 +387,11 @@ impl Node {
             overlay6: hello.ipv6.map(|(a, _)| a),
             endpoints: self.cfg.endpoints.clone(),
             neighbours,
-            proxied: self.cfg.proxied.clone(),
+            // Withdrawn (a failing health check): the exit offer alone stays.
+            proxied: self.cfg.proxied.iter().filter(|(_, p)| self.withdrawn.is_none() || *p == 0).copied().collect(),
             dynamic: self.cfg.dynamic.is_some(),
             cert: hello.cert.clone(),
+            priority: self.cfg.router_priority,
         }
     }
 

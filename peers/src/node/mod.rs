@@ -44,6 +44,7 @@ mod policy;
 mod promote;
 mod queue;
 mod refusal;
+mod routers;
 mod routes;
 mod status;
 mod timers;
@@ -168,6 +169,8 @@ pub const DISCOVERED_EXPIRY: Duration = Duration::from_secs(300);
 enum Wake {
     /// Handshakes waiting for an answer or a proof time out.
     Handshakes,
+    /// The routers and exits in use are looked at again ([`routers::Routers::check_at`]).
+    Routers,
     /// Records, paths and our record's publication.
     Mesh,
     /// Endpoints we dial.
@@ -257,6 +260,10 @@ pub struct Node {
     pub(crate) trust: Trust,
     /// The `now` of the last step (for calls that are not handed one).
     last_now: Option<Instant>,
+    /// The primary router of each subnet with several, the exit among several.
+    pub(crate) routers: routers::Routers,
+    /// Why our proxied subnets are withdrawn from our record (`--proxy-health`).
+    pub(crate) withdrawn: Option<String>,
 }
 
 impl Node {
@@ -306,6 +313,8 @@ impl Node {
             report: Report::default(),
             gate: Gate::new(macs, secret),
             last_now: None,
+            routers: routers::Routers::default(),
+            withdrawn: None,
         };
         if own_name || own_subnets {
             node.actions.push_back(Action::SaveNames(node.cfg.names.clone()));
@@ -362,6 +371,7 @@ impl Node {
         for wake in self.deadlines.pop_due(now) {
             match wake {
                 Wake::Handshakes => self.expire_pending(now),
+                Wake::Routers => self.update_routers(now),
                 Wake::Mesh => self.drive_mesh(now),
                 Wake::Dials => self.drive_dials(now),
                 Wake::Peer(key) => {
@@ -444,6 +454,23 @@ impl Node {
         self.mesh.record_changed(now);
         self.deadlines.at_most(Wake::Mesh, now);
         self.published.routes_dirty = true;
+        self.finish_step(now);
+    }
+
+    /// Withdraws the subnets this node proxies from its record while `why` is set
+    /// (its `--proxy-health` check fails: members move to another router), and
+    /// announces them again once it is `None`. The exit offer stays.
+    pub fn set_withdrawn(&mut self, now: Instant, why: Option<String>) {
+        if why == self.withdrawn {
+            return;
+        }
+        match &why {
+            Some(w) => tracing::warn!("proxied subnets withdrawn: {w}"),
+            None => info!("proxied subnets announced again: the health check passes"),
+        }
+        self.withdrawn = why;
+        self.mesh.record_changed(now);
+        self.deadlines.at_most(Wake::Mesh, now);
         self.finish_step(now);
     }
 
@@ -584,6 +611,11 @@ impl Node {
         }
         self.deadlines.set(Wake::Mesh, self.mesh.deadline());
         self.deadlines.set(Wake::Dials, self.dials_deadline());
+        // Routes changed: the primary routers and the exit may move (and the watch).
+        if self.published.routes_dirty {
+            self.update_routers(now);
+        }
+        self.deadlines.set(Wake::Routers, self.routers.check_at);
         for k in std::mem::take(&mut self.touched) {
             let at = self.peer_deadline(&k, now);
             self.deadlines.set(Wake::Peer(k), at);

@@ -84,6 +84,10 @@ impl Node {
         let mut subnets = Vec::new();
         let mut demand_subnets = Vec::new();
         for (r, a, p) in self.accepted_subnets(&claims) {
+            // Of several routers, only the primary ([`crate::node::routers`]).
+            if !self.routes_subnet_via(a, p, r.node()) {
+                continue;
+            }
             if let Some(route) = by_overlay.get(&IpAddr::V4(r.overlay)) {
                 subnets.push((a, p, route.clone()));
             } else if let Some(d) = by_demand.get(&IpAddr::V4(r.overlay)) {

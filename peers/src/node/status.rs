@@ -53,6 +53,9 @@ impl Node {
             handshake_failures: self.report.handshake_failures.clone(),
             exit_offers: self.exit_offers(),
             exit: self.exit_status(),
+            subnets: self.subnet_status(now),
+            failovers: (self.routers.failovers, self.routers.failbacks),
+            withdrawn: self.withdrawn.clone(),
         }
     }
 }

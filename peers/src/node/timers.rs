@@ -127,7 +127,9 @@ impl Node {
             let nonce = self.rng.next_u64();
             if let Some(p) = self.peers.get_mut(&key) {
                 p.probe.sent(nonce, now);
-                p.probe.next = Some(now + PING_EVERY);
+                // A router or exit in use is watched closely (its loss moves routes).
+                let every = if p.watch_since.is_some() { super::routers::WATCH_EVERY } else { PING_EVERY };
+                p.probe.next = Some(now + every);
             }
             self.send_msg(&key, &crate::mesh::Msg::Ping(nonce), now);
         }
@@ -181,6 +183,10 @@ impl Node {
         // SessionTimers: activity is sampled per wake).
         if p.anchor() == Anchor::None {
             v.extend(plan.rekey);
+            // A watched router's pings.
+            if p.watch_since.is_some() {
+                v.extend(plan.probe);
+            }
         } else {
             v.extend(plan.earliest());
         }

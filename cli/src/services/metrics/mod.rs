@@ -200,6 +200,16 @@ pub fn render(s: &StatusJson) -> prometheus::Result<String> {
         s.handshakes_completed,
     )?;
     f.one_counter(
+        "weft_router_failovers_total",
+        "Moves to another subnet router or exit because the one in use was lost.",
+        s.failovers,
+    )?;
+    f.one_counter(
+        "weft_router_failbacks_total",
+        "Moves back to a preferred subnet router or exit that returned.",
+        s.failbacks,
+    )?;
+    f.one_counter(
         "weft_stale_sessions_renewed_total",
         "Handshakes started because a member sent data on a session this node had dropped.",
         s.stale_renewed,

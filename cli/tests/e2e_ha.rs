@@ -1,0 +1,285 @@
+//! End-to-end: routers people can depend on. Two members whose certificates grant the
+//! same subnet both proxy it; a member pings a host on that subnet (which has no
+//! route back to the overlay) every 200 ms while the primary router is killed,
+//! restarted and the other one killed: the longest time without an answer stays
+//! within 3 s, the member moves once and back once (no flapping). A router whose
+//! `--proxy-health` target stops answering withdraws the subnet, and members move to
+//! the other router. Two exits in order of preference: the member moves to the second
+//! when the first dies, and with neither its internet traffic fails closed.
+#![allow(unsafe_code, unreachable_pub, clippy::unwrap_used)]
+
+mod netns;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use netns::{Lan, Netns, Node, TempDir, ip, link, ping, require_root, wait_until, weft};
+
+const SUBNET: &str = "192.168.77.0/24";
+const HOST: &str = "192.168.77.2";
+
+/// Certificates for `names` from a new authority, each with `--subnet`/`--exit` as
+/// `grants` says; returns the authority and each member's certificate.
+fn certify(dir: &TempDir, names: &[&str], ips: &[&str], grants: &[&[&str]]) -> (String, Vec<String>) {
+    let key = dir.0.join("authority.key").to_str().unwrap().to_owned();
+    let authority = weft(&["authority", "init", "--out", &key]);
+    let certs = names
+        .iter()
+        .zip(ips)
+        .zip(grants)
+        .map(|((n, ip), g)| {
+            let id = weft(&["id", "--state-dir", dir.0.join(format!("{n}-state")).to_str().unwrap()]);
+            let ip = format!("{ip}/24");
+            let mut a = vec!["authority", "sign", "--key", &key, "--node-id", &id, "--name", n, "--ipv4", &ip];
+            a.extend_from_slice(g);
+            weft(&a)
+        })
+        .collect();
+    (authority, certs)
+}
+
+fn net_args(network: &str, authority: &str, cert: &str, extra: &[&str]) -> Vec<String> {
+    let mut a: Vec<String> = ["--network-name", network, "--network-secret", "ha secret", "--threads", "1"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    a.extend(["--authority".into(), authority.into(), "--certificate".into(), cert.into()]);
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a
+}
+
+fn start(ns: &Netns, dir: &TempDir, name: &str, args: &[String]) -> Node {
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    Node::start(ns, &dir.0, name, &a)
+}
+
+/// The router `m` says is primary for `SUBNET`, if any.
+fn primary(m: &Node) -> Option<String> {
+    let st = m.try_status()?;
+    let subnet = st["subnets"].as_array()?.iter().find(|s| s["subnet"] == SUBNET)?.clone();
+    subnet["routers"]
+        .as_array()?
+        .iter()
+        .find(|r| r["state"] == "primary")
+        .map(|r| r["hostname"].as_str().unwrap_or("").to_owned())
+}
+
+/// `ping` every 200 ms with timestamps, until killed.
+fn pinger(ns: &Netns, to: &str) -> Child {
+    ns.cmd("ping")
+        .args(["-D", "-i", "0.2", "-W", "1", to])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// Stops the pinger; returns the longest time between two answers and how many came.
+fn longest_gap(mut p: Child) -> (Duration, usize) {
+    Command::new("kill").args(["-INT", &p.id().to_string()]).status().unwrap();
+    let mut out = String::new();
+    p.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    let _ = p.wait();
+    let stamps: Vec<f64> = out
+        .lines()
+        .filter(|l| l.contains("bytes from"))
+        .filter_map(|l| l.strip_prefix('[')?.split(']').next()?.parse().ok())
+        .collect();
+    let gap = stamps.windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max);
+    (Duration::from_secs_f64(gap), stamps.len())
+}
+
+#[test]
+fn a_subnet_keeps_answering_while_its_routers_come_and_go() {
+    require_root();
+    let lan = Lan::new(3);
+    let dir = TempDir::new();
+    // The site: one LAN (a bridge in the host's namespace) with both routers on it; the
+    // host has no route to the overlay.
+    let site = Netns::new();
+    site.exec_ok(&["ip", "link", "add", "br0", "type", "bridge"]);
+    site.exec_ok(&["ip", "addr", "add", &format!("{HOST}/24"), "dev", "br0"]);
+    site.exec_ok(&["ip", "link", "set", "br0", "up"]);
+    for (i, addr) in ["192.168.77.11/24", "192.168.77.12/24"].iter().enumerate() {
+        let port = format!("r{i}");
+        ip(&[
+            "link",
+            "add",
+            "lan0",
+            "netns",
+            &lan.hosts[i].name,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &port,
+            "netns",
+            &site.name,
+        ]);
+        lan.hosts[i].exec_ok(&["ip", "addr", "add", addr, "dev", "lan0"]);
+        lan.hosts[i].exec_ok(&["ip", "link", "set", "lan0", "up"]);
+        site.exec_ok(&["ip", "link", "set", &port, "master", "br0"]);
+        site.exec_ok(&["ip", "link", "set", &port, "up"]);
+    }
+    let names = ["r1", "r2", "m"];
+    let ips = ["10.126.160.1", "10.126.160.2", "10.126.160.3"];
+    let router: &[&str] = &["--subnet", SUBNET];
+    let (authority, certs) = certify(&dir, &names, &ips, &[router, router, &[]]);
+    let m_addr = format!("udp://{}:11010", lan.addrs[2]);
+    // The member listens; the routers dial it (a restarted router is back at once).
+    let m =
+        start(&lan.hosts[2], &dir, "m", &net_args("ha", &authority, &certs[2], &["--listen", "udp://0.0.0.0:11010"]));
+    let r_args = |i: usize, extra: &[&str]| {
+        let mut e = vec!["--proxy-network", SUBNET, "-p", &m_addr];
+        e.extend_from_slice(extra);
+        net_args("ha", &authority, &certs[i], &e)
+    };
+    // r1 is preferred; it checks the site's host.
+    let r1_args = r_args(0, &["--router-priority", "200", "--proxy-health", HOST]);
+    let mut r1 = start(&lan.hosts[0], &dir, "r1", &r1_args);
+    let mut r2 = start(&lan.hosts[1], &dir, "r2", &r_args(1, &[]));
+    wait_until(Duration::from_secs(20), "the member routes the subnet through r1", || {
+        primary(&m).as_deref() == Some("r1") && m.peer_established(ips[1])
+    });
+    wait_until(Duration::from_secs(10), "the site's host answers through r1", || ping(&lan.hosts[2], HOST));
+    let routes = weft(&["routes", "--control", m.control.to_str().unwrap()]);
+    assert!(routes.contains("SUBNET") && routes.contains("primary") && routes.contains("standby"), "{routes}");
+
+    // The primary dies, comes back, then the other one dies: pings every 200 ms.
+    let p = pinger(&lan.hosts[2], HOST);
+    std::thread::sleep(Duration::from_secs(2));
+    r1.stop();
+    let moved = wait_until(Duration::from_secs(10), "the member moves to r2", || primary(&m).as_deref() == Some("r2"));
+    std::thread::sleep(Duration::from_secs(2));
+    r1 = start(&lan.hosts[0], &dir, "r1", &r1_args);
+    let back =
+        wait_until(Duration::from_secs(30), "the member moves back to r1", || primary(&m).as_deref() == Some("r1"));
+    std::thread::sleep(Duration::from_secs(1));
+    r2.stop();
+    std::thread::sleep(Duration::from_secs(3));
+    let (gap, answers) = longest_gap(p);
+    let st = m.status();
+    eprintln!(
+        "failover: moved after {moved:?}, back after {back:?} (once r1 restarted); longest time without an answer \
+         {gap:?} ({answers} answers); failovers {}, failbacks {}",
+        st["failovers"], st["failbacks"]
+    );
+    assert!(gap <= Duration::from_secs(3), "no answer for {gap:?}");
+    assert!(answers > 20, "only {answers} answers");
+    assert_eq!((st["failovers"].as_u64(), st["failbacks"].as_u64()), (Some(1), Some(1)), "the routes flapped: {st}");
+
+    // Up but broken: r1 loses its LAN; its health check withdraws the subnet and the
+    // member moves to r2 (running again); r1 announces it again once the LAN is back.
+    r2 = start(&lan.hosts[1], &dir, "r2", &r_args(1, &[]));
+    wait_until(Duration::from_secs(20), "r2 stands by again", || {
+        m.try_status().is_some_and(|s| {
+            s["subnets"][0]["routers"]
+                .as_array()
+                .is_some_and(|r| r.iter().any(|r| r["hostname"] == "r2" && r["state"] == "standby"))
+        })
+    });
+    lan.hosts[0].exec_ok(&["ip", "link", "set", "lan0", "down"]);
+    wait_until(Duration::from_secs(10), "r1 withdraws the subnet", || r1.status()["withdrawn"].is_string());
+    wait_until(Duration::from_secs(5), "the member moves to r2", || primary(&m).as_deref() == Some("r2"));
+    assert!(ping(&lan.hosts[2], HOST), "the site's host does not answer through r2");
+    lan.hosts[0].exec_ok(&["ip", "link", "set", "lan0", "up"]);
+    wait_until(Duration::from_secs(15), "r1 is primary again", || {
+        r1.status()["withdrawn"].is_null() && primary(&m).as_deref() == Some("r1")
+    });
+    assert!(ping(&lan.hosts[2], HOST), "the site's host does not answer through r1 again");
+    drop((r1, r2));
+}
+
+/// The public side for the exits: each exit's upstream link into one router, the
+/// public server behind it.
+fn upstream(exits: &[&Netns]) -> (Netns, Netns) {
+    let (router, public) = (Netns::new(), Netns::new());
+    for (i, x) in exits.iter().enumerate() {
+        link(
+            x,
+            "pub0",
+            &format!("198.51.100.{}/30", 4 * i + 2),
+            &router,
+            &format!("x{i}"),
+            &format!("198.51.100.{}/30", 4 * i + 1),
+        );
+        x.exec_ok(&["ip", "route", "add", "default", "via", &format!("198.51.100.{}", 4 * i + 1)]);
+    }
+    link(&router, "srv", "203.0.113.1/24", &public, "eth0", "203.0.113.10/24");
+    public.exec_ok(&["ip", "route", "add", "default", "via", "203.0.113.1"]);
+    router.exec_ok(&["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"]);
+    (router, public)
+}
+
+/// Connects from `ns` to the public server; what it says it saw.
+fn reach(ns: &Netns) -> Result<String, String> {
+    ns.within(|| {
+        let to: SocketAddr = "203.0.113.10:8080".parse().unwrap();
+        let mut c = TcpStream::connect_timeout(&to, Duration::from_secs(1)).map_err(|e| e.to_string())?;
+        c.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+        let mut s = String::new();
+        c.read_to_string(&mut s).map_err(|e| e.to_string())?;
+        Ok(s)
+    })
+}
+
+#[test]
+fn a_member_moves_to_its_next_exit_and_fails_closed_with_none() {
+    require_root();
+    let lan = Lan::new(3);
+    let dir = TempDir::new();
+    let (_router, public) = upstream(&[&lan.hosts[0], &lan.hosts[1]]);
+    let l = public.within(|| TcpListener::bind("203.0.113.10:8080").unwrap());
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { return };
+            let from = c.peer_addr().unwrap();
+            let _ = c.write_all(from.ip().to_string().as_bytes());
+        }
+    });
+    // The member's own default route goes nowhere: a leak would have to use it.
+    lan.hosts[2].exec_ok(&["ip", "route", "add", "default", "via", "192.0.2.254"]);
+    let names = ["x1", "x2", "m"];
+    let ips = ["10.126.161.1", "10.126.161.2", "10.126.161.3"];
+    let exit: &[&str] = &["--exit"];
+    let (authority, certs) = certify(&dir, &names, &ips, &[exit, exit, &[]]);
+    let m_addr = format!("udp://{}:11010", lan.addrs[2]);
+    let m = start(
+        &lan.hosts[2],
+        &dir,
+        "m",
+        &net_args("exits", &authority, &certs[2], &["--listen", "udp://0.0.0.0:11010", "--use-exit-node", "x1,x2"]),
+    );
+    let x_args = |i: usize| net_args("exits", &authority, &certs[i], &["--exit-node", "-p", &m_addr]);
+    let mut x1 = start(&lan.hosts[0], &dir, "x1", &x_args(0));
+    let mut x2 = start(&lan.hosts[1], &dir, "x2", &x_args(1));
+    wait_until(Duration::from_secs(20), "the member goes out through x1", || {
+        reach(&lan.hosts[2]).is_ok_and(|s| s == "198.51.100.2")
+    });
+    wait_until(Duration::from_secs(10), "both exits are candidates", || {
+        m.status()["exit"]["candidates"].as_array().map(Vec::len) == Some(2)
+    });
+
+    // x1 dies: out through x2 within 2 s (plus the time a connection takes to fail).
+    x1.stop();
+    let t = Instant::now();
+    wait_until(Duration::from_secs(10), "the member goes out through x2", || {
+        reach(&lan.hosts[2]).is_ok_and(|s| s == "198.51.100.6")
+    });
+    eprintln!("exit failover: out through x2 {:?} after x1 died", t.elapsed());
+    assert_eq!(m.status()["exit"]["hostname"], "x2");
+    // Neither: fails closed.
+    x2.stop();
+    wait_until(Duration::from_secs(10), "the exit is gone", || m.status()["exit"]["state"] != "routing");
+    for _ in 0..3 {
+        assert!(reach(&lan.hosts[2]).is_err(), "reached the internet with no exit");
+    }
+    // x1 returns: it is used again.
+    x1 = start(&lan.hosts[0], &dir, "x1", &x_args(0));
+    wait_until(Duration::from_secs(30), "the member goes out through x1 again", || {
+        reach(&lan.hosts[2]).is_ok_and(|s| s == "198.51.100.2")
+    });
+    drop((x1, x2));
+}
