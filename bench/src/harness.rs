@@ -204,6 +204,15 @@ impl Host {
                     self.ctl_bytes += bytes.len() as u64;
                     out.push(Wire { from: self.addr, to, bytes, forwarded: false });
                 }
+                // A batch arrives as the datagrams it is (the virtual network has
+                // no offloads to lose).
+                Action::SendBatch { to, datagrams } => {
+                    for bytes in datagrams {
+                        self.ctl_datagrams += 1;
+                        self.ctl_bytes += bytes.len() as u64;
+                        out.push(Wire { from: self.addr, to, bytes, forwarded: false });
+                    }
+                }
             }
         }
     }
@@ -407,6 +416,7 @@ pub fn config(handshake: Params, dial: Vec<Endpoint>, epoch: Instant, timers: Ti
         latency_first: false,
         proxied: Vec::new(),
         router_priority: weft_peers::topology::DEFAULT_PRIORITY,
+        mtu: 1420,
         dynamic: None,
         accept_wide_subnets: false,
         exit_allow_lan: false,

@@ -468,6 +468,14 @@ pub struct PeerJson {
     /// secret rotates (`network-secret-next`); absent before a handshake.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret: Option<SecretUse>,
+    /// The largest inner packet its UDP path carries, as measured by probes (absent
+    /// until measured, and on stream transports, which carry any size).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_mtu: Option<u16>,
+    /// UDP segmentation offload is off for its path: the path lost offloaded batches
+    /// while single datagrams passed.
+    #[serde(default)]
+    pub gso_off: bool,
 }
 
 /// The access policy a node enforces.

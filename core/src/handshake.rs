@@ -271,6 +271,9 @@ pub mod caps {
     /// Takes and passes on access policies signed by the authority (the "policy part"
     /// control message).
     pub const POLICY: u32 = 1 << 5;
+    /// Answers path MTU probes (the "probe" control message, padded to the size
+    /// measured, with a "probe ack").
+    pub const PMTU: u32 = 1 << 6;
 }
 
 impl Protocol {

@@ -4,7 +4,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering::Relaxed};
 
 use parking_lot::Mutex;
 
@@ -77,6 +77,12 @@ pub struct Session {
     peer_gso: AtomicBool,
     /// Whether it takes them over QUIC too.
     peer_gso_quic: AtomicBool,
+    /// The largest inner packet the current path carries, as the control plane
+    /// measured it (packetization-layer PMTU discovery); 0: not known, no limit.
+    path_mtu: AtomicU16,
+    /// UDP segmentation offload loses batches on the current path: send its
+    /// datagrams one by one.
+    gso_off: AtomicBool,
 }
 
 impl Session {
@@ -103,6 +109,8 @@ impl Session {
             expires_ms: AtomicU64::new(u64::MAX),
             peer_gso: AtomicBool::new(false),
             peer_gso_quic: AtomicBool::new(false),
+            path_mtu: AtomicU16::new(0),
+            gso_off: AtomicBool::new(false),
         }
     }
 
@@ -150,6 +158,26 @@ impl Session {
     /// Whether TX may send the peer whole super-packets over a direct QUIC connection.
     pub fn peer_gso_quic(&self) -> bool {
         self.peer_gso_quic.load(Relaxed)
+    }
+
+    /// Sets the largest inner packet the path carries (0: not known).
+    pub fn set_path_mtu(&self, mtu: u16) {
+        self.path_mtu.store(mtu, Relaxed);
+    }
+
+    /// The largest inner packet the path carries (0: not known, no limit).
+    pub fn path_mtu(&self) -> u16 {
+        self.path_mtu.load(Relaxed)
+    }
+
+    /// Turns UDP segmentation offload off (or on again) for this session's path.
+    pub fn set_gso_off(&self, off: bool) {
+        self.gso_off.store(off, Relaxed);
+    }
+
+    /// Whether datagrams of this session go one by one (UDP GSO loses them).
+    pub fn gso_off(&self) -> bool {
+        self.gso_off.load(Relaxed)
     }
 
     /// Bytes `seal` adds in front of and behind the payload.

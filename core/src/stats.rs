@@ -63,11 +63,15 @@ pub enum DropReason {
     /// datagrams waited in the socket): the flow's sender slows down, sparse flows
     /// never wait behind it.
     Queue,
+    /// An inner packet larger than its path carries (the path MTU the control plane
+    /// measured): its sender is told the size with ICMP "fragmentation needed" or
+    /// ICMPv6 "packet too big", and sends smaller.
+    TooBig,
 }
 
 impl DropReason {
     /// All reasons, in counter order.
-    pub const ALL: [Self; 21] = [
+    pub const ALL: [Self; 22] = [
         Self::AuthFailed,
         Self::ControlQueueFull,
         Self::HandshakeMac,
@@ -89,6 +93,7 @@ impl DropReason {
         Self::Policy,
         Self::Queue,
         Self::FlowLimit,
+        Self::TooBig,
     ];
 
     /// The snake_case name used in status output.
@@ -115,6 +120,7 @@ impl DropReason {
             Self::Policy => "policy",
             Self::Queue => "queue",
             Self::FlowLimit => "flow_limit",
+            Self::TooBig => "too_big",
         }
     }
 

@@ -397,9 +397,153 @@ pub fn clamp_mss(pkt: &mut [u8], max_packet: usize) -> bool {
     false
 }
 
+/// The Internet checksum (RFC 1071) of `b`, starting from the partial sum `sum`.
+fn checksum(b: &[u8], mut sum: u32) -> u16 {
+    for c in b.chunks(2) {
+        sum += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// The answer to an inner packet `pkt` that is larger than its path carries (`mtu`
+/// bytes): ICMP "fragmentation needed" (type 3, code 4, RFC 1191) for IPv4 with Don't
+/// Fragment set, ICMPv6 "packet too big" (type 2, RFC 8201; never below 1280) for
+/// IPv6, from the packet's destination to its source, quoting as much of it as the
+/// RFCs allow. `None` for an IPv4 packet without DF (it may be fragmented on the way),
+/// an ICMP error (never answered with one), a packet whose source is unspecified or
+/// multicast, and anything that does not parse.
+pub fn too_big_reply(pkt: &[u8], mtu: u16) -> Option<Vec<u8>> {
+    match pkt.first()? >> 4 {
+        4 => {
+            let ihl = usize::from(pkt[0] & 0x0f) * 4;
+            if pkt.len() < 20 || ihl < 20 || pkt.len() < ihl || pkt[6] & 0x40 == 0 {
+                return None;
+            }
+            let (src, dst) = ipv4_addrs(pkt)?;
+            if src.is_unspecified() || src.is_multicast() || src.is_broadcast() {
+                return None;
+            }
+            // An ICMP error (not an echo or timestamp) is never answered.
+            if pkt[9] == 1 && pkt.get(ihl).is_some_and(|t| matches!(t, 3 | 4 | 5 | 11 | 12)) {
+                return None;
+            }
+            let quote = &pkt[..pkt.len().min(ihl + 8)];
+            let total = 20 + 8 + quote.len();
+            let mut out = vec![0u8; total];
+            out[0] = 0x45;
+            out[2..4].copy_from_slice(&(total as u16).to_be_bytes());
+            out[8] = 64;
+            out[9] = 1;
+            out[12..16].copy_from_slice(&dst.octets());
+            out[16..20].copy_from_slice(&src.octets());
+            let ip = checksum(&out[..20], 0);
+            out[10..12].copy_from_slice(&ip.to_be_bytes());
+            out[20] = 3;
+            out[21] = 4;
+            out[26..28].copy_from_slice(&mtu.to_be_bytes());
+            out[28..].copy_from_slice(quote);
+            let icmp = checksum(&out[20..], 0);
+            out[22..24].copy_from_slice(&icmp.to_be_bytes());
+            Some(out)
+        }
+        6 => {
+            if pkt.len() < 40 {
+                return None;
+            }
+            let src: [u8; 16] = pkt[8..24].try_into().ok()?;
+            let dst: [u8; 16] = pkt[24..40].try_into().ok()?;
+            let s = std::net::Ipv6Addr::from(src);
+            if s.is_unspecified() || s.is_multicast() {
+                return None;
+            }
+            // ICMPv6 errors (types below 128) are never answered.
+            if pkt[6] == 58 && pkt.get(40).is_some_and(|t| *t < 128) {
+                return None;
+            }
+            // The whole reply fits the IPv6 minimum MTU.
+            let quote = &pkt[..pkt.len().min(1280 - 48)];
+            let plen = 8 + quote.len();
+            let mut out = vec![0u8; 40 + plen];
+            out[0] = 0x60;
+            out[4..6].copy_from_slice(&(plen as u16).to_be_bytes());
+            out[6] = 58;
+            out[7] = 64;
+            out[8..24].copy_from_slice(&dst);
+            out[24..40].copy_from_slice(&src);
+            out[40] = 2;
+            out[44..48].copy_from_slice(&u32::from(mtu.max(1280)).to_be_bytes());
+            out[48..].copy_from_slice(quote);
+            // The pseudo-header: source, destination, length, next header.
+            let mut sum = 0u32;
+            for c in out[8..40].chunks(2) {
+                sum += u32::from(u16::from_be_bytes([c[0], c[1]]));
+            }
+            sum += plen as u32 + 58;
+            let c = checksum(&out[40..], sum);
+            out[42..44].copy_from_slice(&c.to_be_bytes());
+            Some(out)
+        }
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn too_big_answers_ipv4_with_df_and_ipv6_and_nothing_else() {
+        // IPv4, DF, 1400 bytes of TCP from 10.0.0.1 to 10.0.0.2.
+        let mut p = vec![0u8; 1400];
+        p[0] = 0x45;
+        p[2..4].copy_from_slice(&1400u16.to_be_bytes());
+        p[6] = 0x40;
+        p[8] = 64;
+        p[9] = 6;
+        p[12..16].copy_from_slice(&[10, 0, 0, 1]);
+        p[16..20].copy_from_slice(&[10, 0, 0, 2]);
+        let r = too_big_reply(&p, 1220).unwrap();
+        assert_eq!(r.len(), 20 + 8 + 28);
+        assert_eq!((&r[12..16], &r[16..20]), (&[10, 0, 0, 2][..], &[10, 0, 0, 1][..]), "from the destination back");
+        assert_eq!((r[20], r[21], u16::from_be_bytes([r[26], r[27]])), (3, 4, 1220));
+        assert_eq!(checksum(&r[..20], 0), 0, "IP header checksum");
+        assert_eq!(checksum(&r[20..], 0), 0, "ICMP checksum");
+        assert_eq!(&r[28..], &p[..28], "quotes the header and 8 bytes");
+        // Without DF: none (it may be fragmented).
+        let mut no_df = p.clone();
+        no_df[6] = 0;
+        assert!(too_big_reply(&no_df, 1220).is_none());
+        // An ICMP error is never answered; an echo is.
+        let mut icmp = p.clone();
+        icmp[9] = 1;
+        icmp[20] = 3;
+        assert!(too_big_reply(&icmp, 1220).is_none());
+        icmp[20] = 8;
+        assert!(too_big_reply(&icmp, 1220).is_some());
+        // IPv6: packet too big, never below 1280, quoted up to the minimum MTU.
+        let mut v6 = vec![0u8; 1500];
+        v6[0] = 0x60;
+        v6[6] = 6;
+        v6[8..24].copy_from_slice(&"fd00::1".parse::<std::net::Ipv6Addr>().unwrap().octets());
+        v6[24..40].copy_from_slice(&"fd00::2".parse::<std::net::Ipv6Addr>().unwrap().octets());
+        let r = too_big_reply(&v6, 1220).unwrap();
+        assert_eq!(r.len(), 1280);
+        assert_eq!((r[40], u32::from_be_bytes([r[44], r[45], r[46], r[47]])), (2, 1280));
+        let mut sum = 0u32;
+        for c in r[8..40].chunks(2) {
+            sum += u32::from(u16::from_be_bytes([c[0], c[1]]));
+        }
+        sum += (r.len() - 40) as u32 + 58;
+        assert_eq!(checksum(&r[40..], sum), 0, "ICMPv6 checksum");
+        // Cut packets: no answer, no panic.
+        for cut in 0..40 {
+            assert!(too_big_reply(&v6[..cut], 1300).is_none());
+            assert_eq!(too_big_reply(&p[..cut], 1300).is_some(), cut >= 20);
+        }
+    }
 
     /// An IPv4 TCP SYN with options NOP, NOP, MSS `mss`, SACK-permitted, and a valid
     /// checksum.

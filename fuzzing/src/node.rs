@@ -77,6 +77,7 @@ fn config(local: StaticKey, ipv4: Ipv4Addr, dial: Vec<Endpoint>, me: Endpoint, e
         latency_first: false,
         proxied: Vec::new(),
         router_priority: weft_peers::topology::DEFAULT_PRIORITY,
+        mtu: 1420,
         dynamic: None,
         accept_wide_subnets: false,
         exit_allow_lan: false,

@@ -23,6 +23,7 @@ mod mesh;
 pub mod names;
 pub mod node;
 mod peer;
+mod pmtu;
 pub mod status;
 mod timing;
 pub mod topology;

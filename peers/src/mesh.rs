@@ -104,7 +104,21 @@ pub(crate) enum Msg {
         /// Its bytes.
         bytes: Vec<u8>,
     },
+    /// A path MTU probe: padded so that the whole message is `len` bytes, the size of
+    /// the inner packet it stands for (sent only to members whose hello says they
+    /// answer, [`weft_core::handshake::caps::PMTU`]).
+    Probe {
+        /// Echoed in the acknowledgement.
+        nonce: u64,
+        /// The message's whole length.
+        len: u16,
+    },
+    /// "Your probe arrived".
+    ProbeAck(u64),
 }
+
+/// The largest probe (a jumbo inner packet).
+pub(crate) const MAX_PROBE: usize = 9000;
 
 /// Bytes of a signed policy per control message (the message fits one datagram).
 pub(crate) const POLICY_PART: usize = 1000;
@@ -123,6 +137,8 @@ mod tag {
     pub(super) const LEAVING: u8 = 7;
     pub(super) const REVOCATION: u8 = 8;
     pub(super) const POLICY_PART: u8 = 9;
+    pub(super) const PROBE: u8 = 10;
+    pub(super) const PROBE_ACK: u8 = 11;
 }
 
 impl Msg {
@@ -177,6 +193,15 @@ impl Msg {
                 out.extend_from_slice(&parts.to_le_bytes());
                 out.extend_from_slice(&bytes[..bytes.len().min(POLICY_PART)]);
             }
+            Self::Probe { nonce, len } => {
+                out.push(tag::PROBE);
+                out.extend_from_slice(&nonce.to_le_bytes());
+                out.resize(usize::from(*len).clamp(9, MAX_PROBE), 0);
+            }
+            Self::ProbeAck(n) => {
+                out.push(tag::PROBE_ACK);
+                out.extend_from_slice(&n.to_le_bytes());
+            }
         }
         out
     }
@@ -226,6 +251,10 @@ impl Msg {
                 }
                 Self::PolicyPart { version: u64_at(rest, 0)?, part, parts, bytes: rest[12..].to_vec() }
             }
+            tag::PROBE if rest.len() >= 8 && rest.len() < MAX_PROBE => {
+                Self::Probe { nonce: u64_at(rest, 0)?, len: u16::try_from(b.len()).ok()? }
+            }
+            tag::PROBE_ACK if rest.len() == 8 => Self::ProbeAck(u64_at(rest, 0)?),
             _ => return None,
         })
     }
@@ -556,5 +585,12 @@ mod tests {
         assert_eq!(Msg::parse(&[]), None);
         assert_eq!(Msg::parse(&[9, 1, 2]), None);
         assert_eq!(Msg::parse(&[2, 1]), None);
+        // A probe is as long as it says; its acknowledgement is small.
+        let p = Msg::Probe { nonce: 5, len: 1420 };
+        assert_eq!(p.emit().len(), 1420);
+        assert_eq!(Msg::parse(&p.emit()), Some(p));
+        assert_eq!(Msg::parse(&Msg::ProbeAck(9).emit()), Some(Msg::ProbeAck(9)));
+        assert_eq!(Msg::parse(&[10, 1, 2]), None, "a cut probe");
+        assert_eq!(Msg::parse(&vec![10; MAX_PROBE + 1]), None, "a probe over the largest size");
     }
 }

@@ -246,6 +246,8 @@ pub(crate) struct Peer {
     pub(crate) revocations_at: Option<Instant>,
     /// Since when it is pinged as a router or exit in use (`crate::node::routers`).
     pub(crate) watch_since: Option<Instant>,
+    /// What its path carries (path MTU, GSO).
+    pub(crate) pmtu: crate::pmtu::PathMtu,
 }
 
 impl Peer {
@@ -256,6 +258,7 @@ impl Peer {
             bad_signatures: (0, None),
             revocations_at: None,
             watch_since: None,
+            pmtu: crate::pmtu::PathMtu::default(),
             revocations_sent: 0,
             id: key.id(),
             hello,
@@ -409,6 +412,9 @@ pub(crate) struct SessionTimers {
     pub(crate) probe: Option<Instant>,
     /// The next summary, on a link.
     pub(crate) summary: Option<Instant>,
+    /// The next round of the path MTU measurement, while the session is kept or
+    /// active and the member answers probes.
+    pub(crate) pmtu: Option<Instant>,
 }
 
 impl SessionTimers {
@@ -433,7 +439,9 @@ impl SessionTimers {
         let active = kept || p.activity.active(now, ACTIVE_WINDOW) || p.watch_since.is_some();
         let probe = active.then(|| p.probe.next.unwrap_or(now));
         let summary = p.is_link(now).then(|| p.summary_next.unwrap_or(now));
-        Self { rekey, keepalive, dead, retire, probe, summary }
+        let answers_probes = p.hello.protocol().caps & weft_core::handshake::caps::PMTU != 0;
+        let pmtu = (active && answers_probes).then(|| p.pmtu.next.unwrap_or(now));
+        Self { rekey, keepalive, dead, retire, probe, summary, pmtu }
     }
 
     /// Whether a timer is armed and due.
@@ -443,7 +451,10 @@ impl SessionTimers {
 
     /// The earliest armed timer.
     pub(crate) fn earliest(&self) -> Option<Instant> {
-        [self.rekey, self.keepalive, self.dead, self.retire, self.probe, self.summary].into_iter().flatten().min()
+        [self.rekey, self.keepalive, self.dead, self.retire, self.probe, self.summary, self.pmtu]
+            .into_iter()
+            .flatten()
+            .min()
     }
 }
 

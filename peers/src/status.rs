@@ -74,6 +74,10 @@ pub struct PeerStatus {
     pub error: Option<String>,
     /// Traffic counters.
     pub stats: Arc<PeerStats>,
+    /// The largest inner packet its UDP path carries, once measured.
+    pub path_mtu: Option<u16>,
+    /// UDP GSO is off for its path (it lost offloaded batches).
+    pub gso_off: bool,
 }
 
 /// How traffic reaches a peer.

@@ -134,7 +134,7 @@ impl End {
                 self.sock.send(&self.slab[..len]).context("send")?;
             }
             Mode::Weft => {
-                let out = [Outgoing { buf: 0, start: 0, len, to: Endpoint::udp(to), lane: Lane::Bulk }];
+                let out = [Outgoing { buf: 0, start: 0, len, to: Endpoint::udp(to), lane: Lane::Bulk, single: false }];
                 if udp::send_batch(&self.sock, &[&self.slab[..]], &out, &self.offload) != 0 {
                     bail!("send to {to} failed");
                 }

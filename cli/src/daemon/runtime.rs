@@ -569,6 +569,22 @@ impl Runtime {
                         self.drops.add(DropReason::ControlSendBlocked, 1);
                     }
                 }
+                Action::SendBatch { to, datagrams } => {
+                    let out: Vec<weft_datapath::transport::Outgoing> = datagrams
+                        .iter()
+                        .enumerate()
+                        .map(|(buf, d)| weft_datapath::transport::Outgoing {
+                            buf,
+                            start: 0,
+                            len: d.len(),
+                            to,
+                            lane: weft_datapath::transport::Lane::Bulk,
+                            single: false,
+                        })
+                        .collect();
+                    let failed = udp::send_batch(&self.sender, &datagrams, &out, &self.shared.offload);
+                    self.drops.add(DropReason::UdpSend, failed as u64);
+                }
                 Action::SaveNames(names) => self.state_writer.save(names),
                 Action::SaveRevocations(list) => self.state_writer.save_revocations(list),
                 Action::SaveIssued(list) => self.state_writer.save_issued(list),

@@ -335,6 +335,7 @@ pub(super) fn engine(
     let capabilities = (if gso { caps::GSO } else { 0 })
         | (if gso_quic { caps::GSO_QUIC } else { 0 })
         | caps::LEAVE
+        | caps::PMTU
         | caps::REVOCATIONS
         | (if cfg.authority_key.is_some() { caps::ISSUER } else { 0 })
         | (if cfg.authorities.is_empty() { 0 } else { caps::POLICY });
@@ -357,6 +358,7 @@ pub(super) fn engine(
         latency_first: cfg.latency_first,
         proxied: engine_proxied(&cfg.proxy_networks, cfg.exit_node, ipv6.is_some()),
         router_priority: cfg.router_priority,
+        mtu: cfg.mtu,
         dynamic: cfg.dhcp.map(|r| (r.addr, r.prefix)),
         accept_wide_subnets: cfg.accept_wide_subnets,
         exit_allow_lan: cfg.exit_allow_lan,

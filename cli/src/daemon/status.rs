@@ -87,6 +87,8 @@ impl Runtime {
                         weft_core::admission::Which::Current => weft_control::SecretUse::Current,
                         weft_core::admission::Which::Next => weft_control::SecretUse::Next,
                     }),
+                    path_mtu: p.path_mtu,
+                    gso_off: p.gso_off,
                 }
             })
             .collect();

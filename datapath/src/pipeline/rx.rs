@@ -263,7 +263,14 @@ impl Rx {
                     egress
                         .send(
                             &[&*data],
-                            &[Outgoing { buf: 0, start: 0, len: data.len(), to, lane: relayed_lane(data) }],
+                            &[Outgoing {
+                                buf: 0,
+                                start: 0,
+                                len: data.len(),
+                                to,
+                                lane: relayed_lane(data),
+                                single: false,
+                            }],
                         )
                         .count(&stats.drops);
                 }
@@ -339,7 +346,7 @@ impl Rx {
                         }
                         Got::Forward(to) => {
                             let lane = relayed_lane(&self.slab[start..start + seg]);
-                            self.fwd.push(Outgoing { buf: 0, start, len: seg, to, lane });
+                            self.fwd.push(Outgoing { buf: 0, start, len: seg, to, lane, single: false });
                             continue;
                         }
                         Got::Nothing => continue,

@@ -45,7 +45,14 @@ pub struct Tx {
     pub(super) answering: bool,
     /// Set when an answering `Tx` sealed such a TCP segment (the caller clears it).
     pub(super) answered_tcp_data: bool,
+    /// ICMP "fragmentation needed" / ICMPv6 "packet too big" for packets of the last
+    /// batch larger than their path carries, to write back to the device.
+    pub(super) too_big: Vec<Vec<u8>>,
 }
+
+/// Most "too big" answers per batch (a super-packet split into many oversized
+/// segments needs one: the sender's kernel lowers the path MTU of that destination).
+const MAX_TOO_BIG: usize = 4;
 
 impl Tx {
     /// Allocates the thread's buffers once.
@@ -64,6 +71,7 @@ impl Tx {
             load: FlowLoad::default(),
             answering: false,
             answered_tcp_data: false,
+            too_big: Vec::new(),
         }
     }
 
@@ -78,13 +86,14 @@ impl Tx {
             Device::Tun(tun) => self.run_tun(tun, egress, shared, stats),
             Device::User(port) => {
                 let Ok(outbound) = port.outbound.lock() else { return };
-                self.run_user(&outbound, egress, shared, stats);
+                self.run_user(dev, &outbound, egress, shared, stats);
             }
         }
     }
 
     pub(super) fn run_user(
         mut self,
+        dev: &Device,
         outbound: &mpsc::Receiver<Vec<u8>>,
         mut egress: Egress,
         shared: &Shared,
@@ -109,6 +118,11 @@ impl Tx {
                 }
             }
             self.send(n, &mut egress, shared, stats);
+            if let Device::User(port) = dev {
+                for p in self.too_big.drain(..) {
+                    (port.deliver)(&p);
+                }
+            }
         }
     }
 
@@ -143,6 +157,20 @@ impl Tx {
                 }
             };
             self.send(n, &mut egress, shared, stats);
+            // The senders of packets too big for their path learn the size it takes.
+            let vnet = self.reads_super_packets();
+            for p in self.too_big.drain(..) {
+                let written = if vnet {
+                    let mut b = vec![0u8; VIRTIO_NET_HDR_LEN + p.len()];
+                    b[VIRTIO_NET_HDR_LEN..].copy_from_slice(&p);
+                    tun.send(&b)
+                } else {
+                    tun.send(&p)
+                };
+                if written.is_err() {
+                    stats.drops.add(DropReason::Tun, 1);
+                }
+            }
         }
     }
 
@@ -237,7 +265,7 @@ impl Tx {
         }
         let start = RELAY_HEADER_LEN - relay_len;
         self.out.clear();
-        self.out.push(Outgoing { buf: 0, start, len: relay_len + sealed, to: route.target, lane });
+        self.out.push(Outgoing { buf: 0, start, len: relay_len + sealed, to: route.target, lane, single: false });
         let (packets, bytes) = (segments as u64, (len - VIRTIO_NET_HDR_LEN) as u64);
         s.stats.add_tx(packets, bytes);
         s.touch_tx(now);
@@ -255,6 +283,7 @@ impl Tx {
     pub fn process(&mut self, routes: &RouteSnapshot, drops: &DropCounters, n: usize, now: u64) {
         self.out.clear();
         self.unrouted.clear();
+        self.too_big.clear();
         self.sent_bytes = 0;
         // Only a node reading super-packets sends records.
         let offload = self.reads_super_packets();
@@ -287,6 +316,23 @@ impl Tx {
             if route.session.is_expired(now) {
                 route.session.stats.drops.add(DropReason::KeyExpired, 1);
                 continue;
+            }
+            // Over UDP, the path MTU the control plane measured: a larger packet is
+            // answered with ICMP and dropped (IPv4 without DF goes as it is), and TCP
+            // connections are told the segment size that fits (MSS).
+            let mtu = if route.target.proto == Proto::Udp { usize::from(route.session.path_mtu()) } else { 0 };
+            if mtu != 0 {
+                if len > mtu
+                    && let Some(answer) =
+                        weft_core::wire::too_big_reply(&buf[TX_HEADROOM..TX_HEADROOM + len], mtu as u16)
+                {
+                    if self.too_big.len() < MAX_TOO_BIG {
+                        self.too_big.push(answer);
+                    }
+                    route.session.stats.drops.add(DropReason::TooBig, 1);
+                    continue;
+                }
+                weft_core::wire::clamp_mss(&mut buf[TX_HEADROOM..TX_HEADROOM + len], mtu);
             }
             let ip = &buf[TX_HEADROOM..TX_HEADROOM + len];
             let mut lane = lane_of(&mut self.load, ip, len, now);
@@ -329,7 +375,15 @@ impl Tx {
             };
             tally.add(&route.session, len, false, now);
             self.sent_bytes += len as u64;
-            self.out.push(Outgoing { buf: i, start, len: RELAY_HEADER_LEN - start + sealed, to: route.target, lane });
+            let single = route.session.gso_off();
+            self.out.push(Outgoing {
+                buf: i,
+                start,
+                len: RELAY_HEADER_LEN - start + sealed,
+                to: route.target,
+                lane,
+                single,
+            });
         }
         tally.flush(false, now);
     }

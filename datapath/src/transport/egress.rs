@@ -134,7 +134,7 @@ mod tests {
         conns.register(tcp, tx);
         let bufs = vec![vec![1u8; 100], vec![2u8; 200], vec![3u8; 50], vec![4u8; 60]];
         let to_udp = Endpoint::udp(peer.local_addr().unwrap());
-        let bulk = |buf, len, to| Outgoing { buf, start: 0, len, to, lane: Lane::Bulk };
+        let bulk = |buf, len, to| Outgoing { buf, start: 0, len, to, lane: Lane::Bulk, single: false };
         let out = [bulk(0, 100, tcp), bulk(1, 200, tcp), bulk(2, 50, to_udp), bulk(3, 60, ws)];
         // The ws connection does not exist: its frame fails; the rest goes out.
         assert_eq!(eg.send(&bufs, &out), Unsent { udp: 0, link: 1 });
@@ -159,7 +159,7 @@ mod tests {
         let (tx, mut q) = ConnQueue::channel(conns.clone());
         conns.register(tcp, tx);
         let bufs: Vec<Vec<u8>> = (0..6u8).map(|i| vec![i; 1400]).collect();
-        let o = |buf, lane| Outgoing { buf, start: 0, len: 1400, to: tcp, lane };
+        let o = |buf, lane| Outgoing { buf, start: 0, len: 1400, to: tcp, lane, single: false };
         // A download queued three batches; then a batch that mixes its packets with a
         // ping's (buffer 4) and a game packet's (buffer 5).
         for _ in 0..3 {

@@ -83,4 +83,7 @@ pub struct Outgoing {
     /// The lane of a connection's send queue it waits in (UDP: none, the batch goes
     /// out in one `sendmmsg`).
     pub lane: Lane,
+    /// Sent as a datagram of its own, never in a UDP GSO run (the path loses
+    /// segmentation-offloaded batches: [`weft_core::session::Session::gso_off`]).
+    pub single: bool,
 }

@@ -459,9 +459,9 @@ fn send_chunk<B: AsRef<[u8]>>(
         // A GSO run: same destination, same size; only the last datagram may be shorter.
         // Same lane too: the receiver steers a run by its first datagram's flags
         // ([`steer_sparse`]), so a sparse packet never rides at the end of a bulk run.
-        while gso && j < out.len() && count < MAX_GSO_SEGMENTS && bytes + out[j].len <= MAX_GSO_BYTES {
+        while gso && !first.single && j < out.len() && count < MAX_GSO_SEGMENTS && bytes + out[j].len <= MAX_GSO_BYTES {
             let o = out[j];
-            if o.to != first.to || o.len > first.len || o.lane != first.lane {
+            if o.to != first.to || o.len > first.len || o.lane != first.lane || o.single {
                 break;
             }
             let Some(d) = bufs.get(o.buf).and_then(|b| b.as_ref().get(o.start..o.start + o.len)) else { break };
@@ -692,7 +692,14 @@ mod tests {
         let to = rx[0].local_addr().unwrap();
         let bufs: Vec<Vec<u8>> = (0..10u8).map(|i| vec![i; 100 + i as usize]).collect();
         let out: Vec<Outgoing> = (0..10)
-            .map(|i| Outgoing { buf: i, start: 0, len: 100 + i, to: to.into(), lane: Default::default() })
+            .map(|i| Outgoing {
+                buf: i,
+                start: 0,
+                len: 100 + i,
+                to: to.into(),
+                lane: Default::default(),
+                single: false,
+            })
             .collect();
         assert_eq!(send_batch(&tx, &bufs, &out, &Offload::new(false, false)), 0);
         let slot = 2048;
@@ -782,7 +789,14 @@ mod gso_tests {
         let mut bufs: Vec<Vec<u8>> = (0..41u8).map(|i| vec![i; 1200]).collect();
         bufs[40].truncate(300);
         let out: Vec<Outgoing> = (0..41)
-            .map(|i| Outgoing { buf: i, start: 0, len: bufs[i].len(), to: to.into(), lane: Default::default() })
+            .map(|i| Outgoing {
+                buf: i,
+                start: 0,
+                len: bufs[i].len(),
+                to: to.into(),
+                lane: Default::default(),
+                single: false,
+            })
             .collect();
         assert_eq!(send_batch(&tx[0], &bufs, &out, &off), 0);
         let slot = 65536;
@@ -830,6 +844,7 @@ mod gso_tests {
                 len: bufs[i].len(),
                 to: to.into(),
                 lane: if i < 3 { Lane::Bulk } else { Lane::Sparse },
+                single: false,
             })
             .collect();
         assert_eq!(send_batch(&tx, &bufs, &out, &off), 0);
@@ -853,7 +868,14 @@ mod gso_tests {
         let bufs: Vec<Vec<u8>> = (0..6u8).map(|i| vec![i; 500 + usize::from(i % 2) * 100]).collect();
         let to = [ta, ta, tb, tb, ta, tb];
         let out: Vec<Outgoing> = (0..6)
-            .map(|i| Outgoing { buf: i, start: 0, len: bufs[i].len(), to: to[i].into(), lane: Default::default() })
+            .map(|i| Outgoing {
+                buf: i,
+                start: 0,
+                len: bufs[i].len(),
+                to: to[i].into(),
+                lane: Default::default(),
+                single: false,
+            })
             .collect();
         assert_eq!(send_batch(&tx, &bufs, &out, &off), 0);
         for (sock, want) in [(&a[0], vec![0u8, 1, 4]), (&b[0], vec![2u8, 3, 5])] {

@@ -35,6 +35,9 @@ pub struct Config {
     pub endpoints: Vec<Endpoint>,
     /// Prefer the path with the lowest latency over the one with fewest hops.
     pub latency_first: bool,
+    /// The TUN's MTU: the largest inner packet, and the largest size a path MTU
+    /// search tries (0: no measurement).
+    pub mtu: u16,
     /// Subnets behind this node that it forwards for the mesh.
     pub proxied: Vec<(IpAddr, u8)>,
     /// `--router-priority`: its preference as a router of those subnets among members
@@ -190,6 +193,15 @@ pub enum Action {
         to: Endpoint,
         /// The datagram.
         bytes: Vec<u8>,
+    },
+    /// Send these datagrams to one UDP endpoint as one segmentation-offloaded batch
+    /// where the socket takes UDP GSO (a path MTU search checking that the offload
+    /// works on a member's path), one by one otherwise.
+    SendBatch {
+        /// Destination (UDP).
+        to: Endpoint,
+        /// The datagrams, all of one size.
+        datagrams: Vec<Vec<u8>>,
     },
     /// Keep these name bindings and exit pin in the state directory (they changed).
     SaveNames(crate::names::Names),

@@ -39,6 +39,7 @@ mod inbound;
 mod issuer;
 mod messages;
 mod outbound;
+mod path_mtu;
 mod paths;
 mod policy;
 mod promote;

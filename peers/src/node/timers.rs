@@ -116,6 +116,7 @@ impl Node {
         let probe = SessionTimers::due(plan.probe, now);
         let punch = !kept && !peer.path.is_direct() && active && peer.punch.next_attempt.is_none_or(|n| now >= n);
         let summary = SessionTimers::due(plan.summary, now);
+        let pmtu = SessionTimers::due(plan.pmtu, now);
         if rekey {
             debug!(peer = %peer.id, "rekeying");
             self.handshake_with(now, key);
@@ -138,6 +139,12 @@ impl Node {
         }
         if punch {
             self.punch(now, key);
+        }
+        if pmtu {
+            self.drive_path_mtu(now, key);
+        } else {
+            // A session made since the last round learns what the path carries.
+            self.apply_path_mtu(&key);
         }
         self.drive_direct(now, key);
     }
@@ -187,6 +194,7 @@ impl Node {
             if p.watch_since.is_some() {
                 v.extend(plan.probe);
             }
+            v.extend(plan.pmtu);
         } else {
             v.extend(plan.earliest());
         }
@@ -285,6 +293,8 @@ impl Peer {
             secret: self.last_handshake.map(|_| self.secret),
             error: self.error.clone(),
             stats: self.stats.clone(),
+            path_mtu: self.pmtu.known().then_some(self.pmtu.mtu),
+            gso_off: self.pmtu.gso_broken,
         }
     }
 }

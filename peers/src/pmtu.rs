@@ -1,0 +1,361 @@
+//! Packetization-layer path MTU discovery (RFC 8899) for one member's path, and the
+//! check of UDP segmentation offload on it. Probes are padded control messages the
+//! member acknowledges: a path that silently drops large packets (a black hole: no
+//! ICMP ever comes back) is measured by what arrives, not by what routers say.
+//!
+//! A search sends one probe of every size of the ladder at once, and again a second
+//! later; the largest acknowledged is the path's MTU. Then the MTU is confirmed every
+//! [`STEADY_EVERY`] and the next size up tried now and then; two confirmations in a
+//! row that go unanswered (a black hole appeared) start a new search. During a search
+//! three probes of a small size also go as one segmentation-offloaded batch: when the
+//! single probe of that size is answered and none of the batch is, the path loses GSO
+//! batches and its datagrams go one by one.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use weft_core::endpoint::Endpoint;
+
+/// Inner packet sizes a search tries (those up to the TUN's MTU, and the MTU itself).
+const LADDER: [u16; 19] =
+    [1500, 1480, 1460, 1440, 1420, 1400, 1380, 1360, 1340, 1320, 1300, 1280, 1260, 1240, 1220, 1200, 1100, 1000, 576];
+/// A search round waits this long for its acknowledgements.
+pub(crate) const ROUND: Duration = Duration::from_millis(1000);
+/// Rounds of a search before it settles on the largest size acknowledged.
+const SEARCH_ROUNDS: u32 = 2;
+/// The MTU is confirmed this often once found.
+pub(crate) const STEADY_EVERY: Duration = Duration::from_secs(2);
+/// Confirmations in a row that go unanswered before a new search.
+const MISSES: u32 = 2;
+/// Every this many confirmations, the next size up is tried too.
+const UP_EVERY: u32 = 8;
+/// A search that got no answer at all is tried again after this.
+const RETRY_AFTER: Duration = Duration::from_secs(20);
+/// Size of the probes sent as one GSO batch, and how many.
+pub(crate) const GSO_PROBE_SIZE: u16 = 1000;
+pub(crate) const GSO_PROBE_COUNT: usize = 3;
+
+/// One probe to send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Probe {
+    pub(crate) nonce: u64,
+    /// Its size as an inner packet would be (the control message's length).
+    pub(crate) size: u16,
+    /// Part of the GSO batch.
+    pub(crate) batch: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Searching, in round `n`.
+    Search(u32),
+    /// Found; `misses` confirmations in a row unanswered, `rounds` confirmations sent.
+    Steady { misses: u32, rounds: u32 },
+}
+
+/// What the path of one member carries.
+#[derive(Debug, Clone)]
+pub(crate) struct PathMtu {
+    /// The path measured (the first hop's endpoint and whether it is relayed): the
+    /// measurement starts again when it changes.
+    path: Option<(Endpoint, bool)>,
+    /// The largest inner packet the path carried (0: not known yet).
+    pub(crate) mtu: u16,
+    state: State,
+    /// Probes of the current round.
+    sent: Vec<Probe>,
+    /// Sizes acknowledged in the current round; whether a batch probe was.
+    acked: BTreeSet<u16>,
+    batch_acked: bool,
+    /// Over the whole search: was the batch sent, was its size acked alone, was any
+    /// of the batch acked.
+    batch_sent: bool,
+    batch_single_ok: bool,
+    batch_ok: bool,
+    /// When the next round starts.
+    pub(crate) next: Option<Instant>,
+    /// The path loses GSO batches (found by the last search).
+    pub(crate) gso_broken: bool,
+    /// Searches finished and MTU drops seen (for status and logs).
+    pub(crate) searches: u32,
+}
+
+impl Default for PathMtu {
+    fn default() -> Self {
+        Self {
+            path: None,
+            mtu: 0,
+            state: State::Search(0),
+            sent: Vec::new(),
+            acked: BTreeSet::new(),
+            batch_acked: false,
+            batch_sent: false,
+            batch_single_ok: false,
+            batch_ok: false,
+            next: None,
+            gso_broken: false,
+            searches: 0,
+        }
+    }
+}
+
+/// What a round's end found out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Found {
+    /// Nothing new.
+    Nothing,
+    /// A search settled on this MTU (it may be the same as before).
+    Mtu(u16),
+    /// The confirmed MTU stopped passing: searching again.
+    Lost(u16),
+    /// The path loses GSO batches.
+    GsoBroken,
+    /// A search got no answer at all: tried again after [`RETRY_AFTER`].
+    NoAnswer,
+}
+
+impl PathMtu {
+    /// The ladder's sizes up to `max` (the TUN's MTU), largest first, `max` included.
+    fn ladder(max: u16) -> impl Iterator<Item = u16> {
+        std::iter::once(max).chain(LADDER.into_iter().filter(move |s| *s < max))
+    }
+
+    /// Starts again when the member's path is no longer the one measured.
+    pub(crate) fn follow(&mut self, path: (Endpoint, bool), now: Instant) {
+        if self.path != Some(path) {
+            *self = Self { path: Some(path), next: Some(now), ..Self::default() };
+        }
+    }
+
+    /// Whether a round is due.
+    pub(crate) fn due(&self, now: Instant) -> bool {
+        self.next.is_some_and(|t| now >= t)
+    }
+
+    /// Ends the current round (what was acknowledged), starts the next: returns what
+    /// the round found and the probes to send now (`nonce` draws their nonces).
+    pub(crate) fn round(&mut self, now: Instant, max: u16, mut nonce: impl FnMut() -> u64) -> (Found, Vec<Probe>) {
+        let found = self.finish_round();
+        self.sent.clear();
+        self.acked.clear();
+        self.batch_acked = false;
+        if found == Found::NoAnswer {
+            self.next = Some(now + RETRY_AFTER);
+            return (found, Vec::new());
+        }
+        let mut probe = |size: u16, batch: bool| Probe { nonce: nonce(), size, batch };
+        let probes: Vec<Probe> = match self.state {
+            State::Search(n) => {
+                let mut v: Vec<Probe> = Self::ladder(max).map(|s| probe(s, false)).collect();
+                if n < SEARCH_ROUNDS && GSO_PROBE_SIZE <= max {
+                    v.extend((0..GSO_PROBE_COUNT).map(|_| probe(GSO_PROBE_SIZE, true)));
+                    self.batch_sent = true;
+                }
+                self.next = Some(now + ROUND);
+                v
+            }
+            State::Steady { rounds, .. } => {
+                let mut v = vec![probe(self.mtu, false)];
+                if rounds % UP_EVERY == UP_EVERY - 1
+                    && let Some(up) = Self::ladder(max).filter(|s| *s > self.mtu).last()
+                {
+                    v.push(probe(up, false));
+                }
+                self.next = Some(now + STEADY_EVERY);
+                v
+            }
+        };
+        self.sent.clone_from(&probes);
+        (found, probes)
+    }
+
+    /// What the round that just ended found, and the state it leaves.
+    fn finish_round(&mut self) -> Found {
+        if self.sent.is_empty() {
+            return Found::Nothing;
+        }
+        match self.state {
+            State::Search(n) => {
+                if self.acked.contains(&GSO_PROBE_SIZE) {
+                    self.batch_single_ok = true;
+                }
+                self.batch_ok |= self.batch_acked;
+                let best = self.acked.iter().next_back().copied();
+                let top = self.sent.iter().map(|p| p.size).max();
+                let settled = best.is_some() && (best == top || n + 1 >= SEARCH_ROUNDS);
+                if let (true, Some(mtu)) = (settled, best) {
+                    self.mtu = mtu;
+                    self.state = State::Steady { misses: 0, rounds: 0 };
+                    self.searches += 1;
+                    let broken = self.batch_sent && self.batch_single_ok && !self.batch_ok;
+                    if broken && !self.gso_broken {
+                        self.gso_broken = true;
+                        return Found::GsoBroken;
+                    }
+                    return Found::Mtu(mtu);
+                }
+                if n + 1 > SEARCH_ROUNDS {
+                    // Nothing answered: try again later, measuring nothing meanwhile.
+                    self.state = State::Search(0);
+                    self.batch_sent = false;
+                    return Found::NoAnswer;
+                }
+                self.state = State::Search(n + 1);
+                Found::Nothing
+            }
+            State::Steady { misses, rounds } => {
+                let confirmed = self.acked.contains(&self.mtu);
+                let up = self.acked.iter().any(|s| *s > self.mtu);
+                if up {
+                    // A larger size passes now: search again, upwards.
+                    self.state = State::Search(0);
+                    return Found::Nothing;
+                }
+                if confirmed {
+                    self.state = State::Steady { misses: 0, rounds: rounds + 1 };
+                    return Found::Nothing;
+                }
+                if misses + 1 >= MISSES {
+                    let lost = self.mtu;
+                    self.state = State::Search(0);
+                    return Found::Lost(lost);
+                }
+                self.state = State::Steady { misses: misses + 1, rounds: rounds + 1 };
+                Found::Nothing
+            }
+        }
+    }
+
+    /// A probe was acknowledged; false when it is none of ours in this round.
+    pub(crate) fn ack(&mut self, nonce: u64) -> bool {
+        let Some(p) = self.sent.iter().find(|p| p.nonce == nonce).copied() else { return false };
+        if p.batch {
+            self.batch_acked = true;
+        } else {
+            self.acked.insert(p.size);
+        }
+        true
+    }
+
+    /// Whether the last search measured the path.
+    pub(crate) fn known(&self) -> bool {
+        self.mtu != 0
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::disallowed_methods)] // tests make their own clock
+mod tests {
+    use super::*;
+
+    fn ep() -> (Endpoint, bool) {
+        ("192.0.2.1:11010".parse::<std::net::SocketAddr>().unwrap().into(), false)
+    }
+
+    /// Runs one round: every probe the `passes` test lets through is acknowledged.
+    fn run(m: &mut PathMtu, now: Instant, passes: impl Fn(&Probe) -> bool, n: &mut u64) -> Found {
+        let (found, probes) = m.round(now, 1420, || {
+            *n += 1;
+            *n
+        });
+        for p in probes.iter().filter(|p| passes(p)) {
+            assert!(m.ack(p.nonce));
+        }
+        found
+    }
+
+    #[test]
+    fn a_search_finds_the_largest_size_that_passes_and_a_black_hole_starts_another() {
+        let t = Instant::now();
+        let mut m = PathMtu::default();
+        m.follow(ep(), t);
+        assert!(m.due(t));
+        let mut n = 0;
+        let limit = std::cell::Cell::new(1220u16);
+        let passes = |p: &Probe| p.size <= limit.get();
+        assert_eq!(run(&mut m, t, passes, &mut n), Found::Nothing);
+        assert_eq!(run(&mut m, t + ROUND, passes, &mut n), Found::Nothing);
+        // The second round ends the search at the next one.
+        assert_eq!(run(&mut m, t + ROUND * 2, passes, &mut n), Found::Mtu(1220));
+        assert_eq!(m.mtu, 1220);
+        // Steady: confirmed while it passes.
+        for i in 3..6 {
+            assert_eq!(run(&mut m, t + ROUND * i, passes, &mut n), Found::Nothing);
+        }
+        // The path shrinks below it: two unanswered confirmations start a search.
+        limit.set(1100);
+        let mut lost = None;
+        for i in 6..12 {
+            if let Found::Lost(x) = run(&mut m, t + ROUND * i, passes, &mut n) {
+                lost = Some((i, x));
+                break;
+            }
+        }
+        assert_eq!(lost.map(|l| l.1), Some(1220));
+        let mut found = None;
+        for i in 12..20 {
+            if let Found::Mtu(x) = run(&mut m, t + ROUND * i, passes, &mut n) {
+                found = Some(x);
+                break;
+            }
+        }
+        assert_eq!(found, Some(1100));
+    }
+
+    #[test]
+    fn the_full_size_passing_settles_at_once_and_larger_sizes_are_tried_again() {
+        let t = Instant::now();
+        let mut m = PathMtu::default();
+        m.follow(ep(), t);
+        let mut n = 0;
+        run(&mut m, t, |_| true, &mut n);
+        assert_eq!(run(&mut m, t + ROUND, |_| true, &mut n), Found::Mtu(1420));
+        // A new path starts over.
+        let other = ("192.0.2.9:11010".parse::<std::net::SocketAddr>().unwrap().into(), false);
+        m.follow(other, t);
+        assert_eq!(m.mtu, 0);
+        // From a small MTU, a larger size is tried now and then and found.
+        let limit = std::cell::Cell::new(1300u16);
+        let passes = |p: &Probe| p.size <= limit.get();
+        run(&mut m, t, passes, &mut n);
+        run(&mut m, t + ROUND, passes, &mut n);
+        assert_eq!(run(&mut m, t + ROUND * 2, passes, &mut n), Found::Mtu(1300));
+        limit.set(1420);
+        let mut grew = false;
+        for i in 3..40 {
+            if run(&mut m, t + ROUND * i, passes, &mut n) == Found::Mtu(1420) {
+                grew = true;
+                break;
+            }
+        }
+        assert!(grew, "never found the larger MTU again: {}", m.mtu);
+    }
+
+    #[test]
+    fn a_path_that_drops_gso_batches_is_found_and_one_that_does_not_is_not() {
+        let t = Instant::now();
+        for (drops_batches, broken) in [(true, true), (false, false)] {
+            let mut m = PathMtu::default();
+            m.follow(ep(), t);
+            let mut n = 0;
+            let passes = |p: &Probe| !(drops_batches && p.batch);
+            run(&mut m, t, passes, &mut n);
+            let found = run(&mut m, t + ROUND, passes, &mut n);
+            assert_eq!(found == Found::GsoBroken, broken);
+            assert_eq!(m.gso_broken, broken);
+            assert_eq!(m.mtu, 1420);
+        }
+        // A path that answers nothing measures nothing, and waits before trying again.
+        let mut m = PathMtu::default();
+        m.follow(ep(), t);
+        let mut n = 0;
+        for i in 0..3 {
+            assert_eq!(run(&mut m, t + ROUND * i, |_| false, &mut n), Found::Nothing);
+        }
+        assert_eq!(run(&mut m, t + ROUND * 3, |_| false, &mut n), Found::NoAnswer);
+        assert!(!m.known());
+        assert_eq!(m.next, Some(t + ROUND * 3 + RETRY_AFTER));
+        // A stray acknowledgement is refused.
+        assert!(!m.ack(u64::MAX));
+    }
+}
