@@ -476,6 +476,9 @@ pub struct PeerJson {
     /// while single datagrams passed.
     #[serde(default)]
     pub gso_off: bool,
+    /// Why its direct path is left for now (it lost data while keepalives passed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub degraded: Option<String>,
 }
 
 /// The access policy a node enforces.

@@ -248,6 +248,28 @@ pub(crate) struct Peer {
     pub(crate) watch_since: Option<Instant>,
     /// What its path carries (path MTU, GSO).
     pub(crate) pmtu: crate::pmtu::PathMtu,
+    /// Its direct path lost data while keepalives passed: left for a while.
+    pub(crate) degraded: Option<Degraded>,
+}
+
+/// A direct path left because it lost too many probes (`crate::node::paths`).
+#[derive(Debug, Clone)]
+pub(crate) struct Degraded {
+    /// The path left.
+    pub(crate) endpoint: Endpoint,
+    /// Not taken again before this.
+    pub(crate) until: Instant,
+    /// How long it was left for (doubles while it keeps degrading).
+    pub(crate) hold: Duration,
+    /// Why, for status.
+    pub(crate) why: String,
+}
+
+impl Degraded {
+    /// Whether the path is still left at `now`.
+    pub(crate) fn holds(&self, now: Instant) -> bool {
+        now < self.until
+    }
 }
 
 impl Peer {
@@ -259,6 +281,7 @@ impl Peer {
             revocations_at: None,
             watch_since: None,
             pmtu: crate::pmtu::PathMtu::default(),
+            degraded: None,
             revocations_sent: 0,
             id: key.id(),
             hello,
@@ -323,7 +346,7 @@ impl Peer {
     }
 }
 
-/// Round-trip probes of one peer: a ping every few seconds, the last ten remembered.
+/// Round-trip probes of one peer: a ping every few seconds, the last sixteen remembered.
 #[derive(Debug, Default)]
 pub(crate) struct Probe {
     /// (nonce, sent at, answered) of recent pings, oldest first.
@@ -334,7 +357,7 @@ pub(crate) struct Probe {
 }
 
 impl Probe {
-    const KEEP: usize = 10;
+    const KEEP: usize = 16;
     /// A ping unanswered for this long counts as lost.
     pub(crate) const LOST_AFTER: Duration = Duration::from_secs(3);
 
@@ -354,6 +377,16 @@ impl Probe {
             None => sample,
         });
         true
+    }
+
+    /// Pings decided (answered, or older than LOST_AFTER) among those sent since
+    /// `since`, and how many of them were lost.
+    pub(crate) fn decided_since(&self, since: Instant, now: Instant) -> (usize, usize) {
+        let decided = self
+            .recent
+            .iter()
+            .filter(|(_, at, ok)| *at >= since && (*ok || now.saturating_duration_since(*at) >= Self::LOST_AFTER));
+        decided.fold((0, 0), |(n, lost), (_, _, ok)| (n + 1, lost + usize::from(!*ok)))
     }
 
     /// Fraction of decided pings (answered, or older than LOST_AFTER) that were lost.

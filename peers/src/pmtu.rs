@@ -4,12 +4,14 @@
 //! ICMP ever comes back) is measured by what arrives, not by what routers say.
 //!
 //! A search sends one probe of every size of the ladder at once, and again a second
-//! later; the largest acknowledged is the path's MTU. Then the MTU is confirmed every
-//! [`STEADY_EVERY`] and the next size up tried now and then; two confirmations in a
-//! row that go unanswered (a black hole appeared) start a new search. During a search
-//! three probes of a small size also go as one segmentation-offloaded batch: when the
-//! single probe of that size is answered and none of the batch is, the path loses GSO
-//! batches and its datagrams go one by one.
+//! later (up to three rounds, fewer when the largest size is answered); the largest
+//! acknowledged in any round is the path's MTU. Then the MTU is confirmed every
+//! [`STEADY_EVERY`], beside a small probe, and the next size up tried now and then;
+//! two rounds in a row where the small probe is answered and the MTU's is not (a black
+//! hole appeared, not mere loss) start a new search. During a search a batch of
+//! probes of a small size also goes as one segmentation-offloaded send: when the
+//! single probe of that size is answered in every round and none of the batch ever
+//! is, the path loses GSO batches and its datagrams go one by one.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -22,7 +24,12 @@ const LADDER: [u16; 19] =
 /// A search round waits this long for its acknowledgements.
 pub(crate) const ROUND: Duration = Duration::from_millis(1000);
 /// Rounds of a search before it settles on the largest size acknowledged.
-const SEARCH_ROUNDS: u32 = 2;
+const SEARCH_ROUNDS: u32 = 3;
+/// Rounds of a search that send the GSO batch.
+const BATCH_ROUNDS: u32 = 2;
+/// The small probe sent beside each confirmation: a path that answers it and not the
+/// MTU's lost large packets, not just packets.
+const SMALL: u16 = 576;
 /// The MTU is confirmed this often once found.
 pub(crate) const STEADY_EVERY: Duration = Duration::from_secs(2);
 /// Confirmations in a row that go unanswered before a new search.
@@ -33,7 +40,7 @@ const UP_EVERY: u32 = 8;
 const RETRY_AFTER: Duration = Duration::from_secs(20);
 /// Size of the probes sent as one GSO batch, and how many.
 pub(crate) const GSO_PROBE_SIZE: u16 = 1000;
-pub(crate) const GSO_PROBE_COUNT: usize = 3;
+pub(crate) const GSO_PROBE_COUNT: usize = 6;
 
 /// One probe to send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,10 +74,11 @@ pub(crate) struct PathMtu {
     /// Sizes acknowledged in the current round; whether a batch probe was.
     acked: BTreeSet<u16>,
     batch_acked: bool,
-    /// Over the whole search: was the batch sent, was its size acked alone, was any
-    /// of the batch acked.
-    batch_sent: bool,
-    batch_single_ok: bool,
+    /// Over the whole search: the largest size acknowledged, the rounds that sent the
+    /// batch and that had its size answered alone, whether any of the batch was.
+    best: Option<u16>,
+    batch_rounds: u32,
+    batch_single_rounds: u32,
     batch_ok: bool,
     /// When the next round starts.
     pub(crate) next: Option<Instant>,
@@ -89,8 +97,9 @@ impl Default for PathMtu {
             sent: Vec::new(),
             acked: BTreeSet::new(),
             batch_acked: false,
-            batch_sent: false,
-            batch_single_ok: false,
+            best: None,
+            batch_rounds: 0,
+            batch_single_rounds: 0,
             batch_ok: false,
             next: None,
             gso_broken: false,
@@ -146,16 +155,21 @@ impl PathMtu {
         let mut probe = |size: u16, batch: bool| Probe { nonce: nonce(), size, batch };
         let probes: Vec<Probe> = match self.state {
             State::Search(n) => {
+                if n == 0 {
+                    self.best = None;
+                    self.batch_rounds = 0;
+                    self.batch_single_rounds = 0;
+                    self.batch_ok = false;
+                }
                 let mut v: Vec<Probe> = Self::ladder(max).map(|s| probe(s, false)).collect();
-                if n < SEARCH_ROUNDS && GSO_PROBE_SIZE <= max {
+                if n < BATCH_ROUNDS && GSO_PROBE_SIZE <= max {
                     v.extend((0..GSO_PROBE_COUNT).map(|_| probe(GSO_PROBE_SIZE, true)));
-                    self.batch_sent = true;
                 }
                 self.next = Some(now + ROUND);
                 v
             }
             State::Steady { rounds, .. } => {
-                let mut v = vec![probe(self.mtu, false)];
+                let mut v = vec![probe(self.mtu, false), probe(SMALL.min(self.mtu), false)];
                 if rounds % UP_EVERY == UP_EVERY - 1
                     && let Some(up) = Self::ladder(max).filter(|s| *s > self.mtu).last()
                 {
@@ -176,28 +190,35 @@ impl PathMtu {
         }
         match self.state {
             State::Search(n) => {
-                if self.acked.contains(&GSO_PROBE_SIZE) {
-                    self.batch_single_ok = true;
+                if self.sent.iter().any(|p| p.batch) {
+                    self.batch_rounds += 1;
+                    if self.acked.contains(&GSO_PROBE_SIZE) {
+                        self.batch_single_rounds += 1;
+                    }
                 }
                 self.batch_ok |= self.batch_acked;
-                let best = self.acked.iter().next_back().copied();
+                let best = self.acked.iter().next_back().copied().max(self.best);
+                self.best = best;
                 let top = self.sent.iter().map(|p| p.size).max();
-                let settled = best.is_some() && (best == top || n + 1 >= SEARCH_ROUNDS);
+                let settled = best.is_some() && ((best == top && n + 1 >= BATCH_ROUNDS) || n + 1 >= SEARCH_ROUNDS);
                 if let (true, Some(mtu)) = (settled, best) {
                     self.mtu = mtu;
                     self.state = State::Steady { misses: 0, rounds: 0 };
                     self.searches += 1;
-                    let broken = self.batch_sent && self.batch_single_ok && !self.batch_ok;
+                    // Every round that sent the batch had its size answered alone,
+                    // and none of the batch ever was: not loss, the offload.
+                    let broken = self.batch_rounds >= BATCH_ROUNDS
+                        && self.batch_single_rounds == self.batch_rounds
+                        && !self.batch_ok;
                     if broken && !self.gso_broken {
                         self.gso_broken = true;
                         return Found::GsoBroken;
                     }
                     return Found::Mtu(mtu);
                 }
-                if n + 1 > SEARCH_ROUNDS {
+                if n + 1 >= SEARCH_ROUNDS {
                     // Nothing answered: try again later, measuring nothing meanwhile.
                     self.state = State::Search(0);
-                    self.batch_sent = false;
                     return Found::NoAnswer;
                 }
                 self.state = State::Search(n + 1);
@@ -205,6 +226,9 @@ impl PathMtu {
             }
             State::Steady { misses, rounds } => {
                 let confirmed = self.acked.contains(&self.mtu);
+                // Only a round where the small probe came back and the MTU's did not
+                // counts against the MTU; with both lost it says nothing.
+                let small_ok = self.acked.contains(&SMALL.min(self.mtu));
                 let up = self.acked.iter().any(|s| *s > self.mtu);
                 if up {
                     // A larger size passes now: search again, upwards.
@@ -213,6 +237,10 @@ impl PathMtu {
                 }
                 if confirmed {
                     self.state = State::Steady { misses: 0, rounds: rounds + 1 };
+                    return Found::Nothing;
+                }
+                if !small_ok {
+                    self.state = State::Steady { misses, rounds: rounds + 1 };
                     return Found::Nothing;
                 }
                 if misses + 1 >= MISSES {
@@ -248,113 +276,109 @@ impl PathMtu {
 mod tests {
     use super::*;
 
-    fn ep() -> (Endpoint, bool) {
-        ("192.0.2.1:11010".parse::<std::net::SocketAddr>().unwrap().into(), false)
+    fn ep(last: u8) -> (Endpoint, bool) {
+        (std::net::SocketAddr::from(([192, 0, 2, last], 11010)).into(), false)
     }
 
-    /// Runs one round: every probe the `passes` test lets through is acknowledged.
-    fn run(m: &mut PathMtu, now: Instant, passes: impl Fn(&Probe) -> bool, n: &mut u64) -> Found {
-        let (found, probes) = m.round(now, 1420, || {
-            *n += 1;
-            *n
-        });
-        for p in probes.iter().filter(|p| passes(p)) {
-            assert!(m.ack(p.nonce));
+    /// Runs rounds one `ROUND` apart from `*t` (every probe `passes` lets through is
+    /// acknowledged) until one finds something other than nothing, at most `limit`.
+    fn until(m: &mut PathMtu, t: &mut Instant, passes: impl Fn(&Probe) -> bool, limit: u32) -> Option<Found> {
+        let mut n = 0u64;
+        for _ in 0..limit {
+            let (found, probes) = m.round(*t, 1420, || {
+                n += 1;
+                n
+            });
+            *t += ROUND;
+            for p in probes.iter().filter(|p| passes(p)) {
+                assert!(m.ack(p.nonce));
+            }
+            if found != Found::Nothing {
+                return Some(found);
+            }
         }
-        found
+        None
     }
 
     #[test]
     fn a_search_finds_the_largest_size_that_passes_and_a_black_hole_starts_another() {
-        let t = Instant::now();
+        let mut t = Instant::now();
         let mut m = PathMtu::default();
-        m.follow(ep(), t);
+        m.follow(ep(1), t);
         assert!(m.due(t));
-        let mut n = 0;
         let limit = std::cell::Cell::new(1220u16);
         let passes = |p: &Probe| p.size <= limit.get();
-        assert_eq!(run(&mut m, t, passes, &mut n), Found::Nothing);
-        assert_eq!(run(&mut m, t + ROUND, passes, &mut n), Found::Nothing);
-        // The second round ends the search at the next one.
-        assert_eq!(run(&mut m, t + ROUND * 2, passes, &mut n), Found::Mtu(1220));
+        assert_eq!(until(&mut m, &mut t, passes, 5), Some(Found::Mtu(1220)));
         assert_eq!(m.mtu, 1220);
         // Steady: confirmed while it passes.
-        for i in 3..6 {
-            assert_eq!(run(&mut m, t + ROUND * i, passes, &mut n), Found::Nothing);
-        }
-        // The path shrinks below it: two unanswered confirmations start a search.
+        assert_eq!(until(&mut m, &mut t, passes, 5), None);
+        // The path shrinks below it: the small probe passes and the MTU's does not.
         limit.set(1100);
-        let mut lost = None;
-        for i in 6..12 {
-            if let Found::Lost(x) = run(&mut m, t + ROUND * i, passes, &mut n) {
-                lost = Some((i, x));
-                break;
-            }
-        }
-        assert_eq!(lost.map(|l| l.1), Some(1220));
-        let mut found = None;
-        for i in 12..20 {
-            if let Found::Mtu(x) = run(&mut m, t + ROUND * i, passes, &mut n) {
-                found = Some(x);
-                break;
-            }
-        }
-        assert_eq!(found, Some(1100));
+        assert_eq!(until(&mut m, &mut t, passes, 5), Some(Found::Lost(1220)));
+        assert_eq!(until(&mut m, &mut t, passes, 5), Some(Found::Mtu(1100)));
     }
 
     #[test]
-    fn the_full_size_passing_settles_at_once_and_larger_sizes_are_tried_again() {
-        let t = Instant::now();
+    fn loss_of_everything_is_not_a_black_hole() {
+        let mut t = Instant::now();
         let mut m = PathMtu::default();
-        m.follow(ep(), t);
-        let mut n = 0;
-        run(&mut m, t, |_| true, &mut n);
-        assert_eq!(run(&mut m, t + ROUND, |_| true, &mut n), Found::Mtu(1420));
+        m.follow(ep(1), t);
+        assert_eq!(until(&mut m, &mut t, |_| true, 5), Some(Found::Mtu(1420)));
+        // Nothing comes back for a while (both probes lost each round): no new search.
+        assert_eq!(until(&mut m, &mut t, |_| false, 10), None);
+        assert_eq!(m.mtu, 1420);
+    }
+
+    #[test]
+    fn the_full_size_passing_settles_soon_and_larger_sizes_are_tried_again() {
+        let mut t = Instant::now();
+        let mut m = PathMtu::default();
+        m.follow(ep(1), t);
+        let t0 = t;
+        assert_eq!(until(&mut m, &mut t, |_| true, 5), Some(Found::Mtu(1420)));
+        assert!(t - t0 <= ROUND * 3, "took {:?}", t - t0);
         // A new path starts over.
-        let other = ("192.0.2.9:11010".parse::<std::net::SocketAddr>().unwrap().into(), false);
-        m.follow(other, t);
+        m.follow(ep(9), t);
         assert_eq!(m.mtu, 0);
-        // From a small MTU, a larger size is tried now and then and found.
+        // From a smaller MTU, a larger size is tried now and then and found.
         let limit = std::cell::Cell::new(1300u16);
         let passes = |p: &Probe| p.size <= limit.get();
-        run(&mut m, t, passes, &mut n);
-        run(&mut m, t + ROUND, passes, &mut n);
-        assert_eq!(run(&mut m, t + ROUND * 2, passes, &mut n), Found::Mtu(1300));
+        assert_eq!(until(&mut m, &mut t, passes, 5), Some(Found::Mtu(1300)));
         limit.set(1420);
-        let mut grew = false;
-        for i in 3..40 {
-            if run(&mut m, t + ROUND * i, passes, &mut n) == Found::Mtu(1420) {
-                grew = true;
-                break;
-            }
-        }
-        assert!(grew, "never found the larger MTU again: {}", m.mtu);
+        assert_eq!(until(&mut m, &mut t, passes, 40), Some(Found::Mtu(1420)));
     }
 
     #[test]
     fn a_path_that_drops_gso_batches_is_found_and_one_that_does_not_is_not() {
-        let t = Instant::now();
         for (drops_batches, broken) in [(true, true), (false, false)] {
+            let mut t = Instant::now();
             let mut m = PathMtu::default();
-            m.follow(ep(), t);
-            let mut n = 0;
+            m.follow(ep(1), t);
             let passes = |p: &Probe| !(drops_batches && p.batch);
-            run(&mut m, t, passes, &mut n);
-            let found = run(&mut m, t + ROUND, passes, &mut n);
-            assert_eq!(found == Found::GsoBroken, broken);
+            let found = until(&mut m, &mut t, passes, 5);
+            assert_eq!(found == Some(Found::GsoBroken), broken);
             assert_eq!(m.gso_broken, broken);
             assert_eq!(m.mtu, 1420);
         }
-        // A path that answers nothing measures nothing, and waits before trying again.
+        // Heavy random loss (every other probe and every batch lost) is not taken for
+        // a broken offload: the single probe must pass in every round.
+        let mut t = Instant::now();
         let mut m = PathMtu::default();
-        m.follow(ep(), t);
-        let mut n = 0;
-        for i in 0..3 {
-            assert_eq!(run(&mut m, t + ROUND * i, |_| false, &mut n), Found::Nothing);
-        }
-        assert_eq!(run(&mut m, t + ROUND * 3, |_| false, &mut n), Found::NoAnswer);
+        m.follow(ep(1), t);
+        let odd = std::cell::Cell::new(0u32);
+        let lossy = |p: &Probe| {
+            odd.set(odd.get() + 1);
+            !p.batch && (p.size != GSO_PROBE_SIZE || odd.get() < 20)
+        };
+        until(&mut m, &mut t, lossy, 5);
+        assert!(!m.gso_broken);
+        // A path that answers nothing measures nothing, and waits before trying again.
+        let mut t = Instant::now();
+        let mut m = PathMtu::default();
+        m.follow(ep(1), t);
+        assert_eq!(until(&mut m, &mut t, |_| false, 5), Some(Found::NoAnswer));
         assert!(!m.known());
-        assert_eq!(m.next, Some(t + ROUND * 3 + RETRY_AFTER));
+        assert_eq!(m.next, Some(t - ROUND + RETRY_AFTER));
         // A stray acknowledgement is refused.
         assert!(!m.ack(u64::MAX));
     }

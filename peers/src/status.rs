@@ -78,6 +78,8 @@ pub struct PeerStatus {
     pub path_mtu: Option<u16>,
     /// UDP GSO is off for its path (it lost offloaded batches).
     pub gso_off: bool,
+    /// Why its direct path is left for now (lossy), while it is.
+    pub degraded: Option<String>,
 }
 
 /// How traffic reaches a peer.

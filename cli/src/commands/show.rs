@@ -182,7 +182,12 @@ pub(crate) fn peers(s: &StatusJson) -> String {
                 p.transport.clone(),
                 p.endpoint.clone().unwrap_or_else(|| "-".into()),
                 p.last_handshake_secs.map_or_else(|| "-".into(), |x| format!("{} ago", human_secs(x))),
-                p.error.clone().unwrap_or_default(),
+                // Why the path is what it is, then the last error.
+                [p.degraded.clone(), p.error.clone(), p.gso_off.then(|| "UDP GSO off for this path".to_owned())]
+                    .into_iter()
+                    .flatten()
+                    .collect::<Vec<_>>()
+                    .join("; "),
             ]
         })
         .collect();

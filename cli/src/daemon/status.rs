@@ -89,6 +89,7 @@ impl Runtime {
                     }),
                     path_mtu: p.path_mtu,
                     gso_off: p.gso_off,
+                    degraded: p.degraded.clone(),
                 }
             })
             .collect();

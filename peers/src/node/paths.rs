@@ -32,6 +32,23 @@ pub(crate) const UPGRADE_FIRST: Duration = Duration::from_secs(5);
 
 pub(crate) const UPGRADE_MAX: Duration = Duration::from_secs(60);
 
+/// A direct UDP path carrying data is probed this often for loss.
+pub(crate) const LOSS_PROBE_EVERY: Duration = Duration::from_millis(500);
+/// Probes decided on a direct path before its loss is judged.
+const LOSS_SAMPLES: usize = 8;
+/// A direct path losing this share of its probes (while keepalives pass) is left.
+const LOSS_LIMIT: f32 = 0.3;
+/// A degraded path is left this long the first time, twice as long each time it
+/// degrades again soon after, at most [`DEGRADED_HOLD_MAX`].
+const DEGRADED_HOLD: Duration = Duration::from_secs(15);
+const DEGRADED_HOLD_MAX: Duration = Duration::from_secs(300);
+
+/// Whether a peer's direct path is checked for loss: UDP, with data flowing.
+pub(crate) fn loss_watched(p: &Peer, now: Instant) -> bool {
+    p.path.direct().is_some_and(|d| d.endpoint.proto == Proto::Udp)
+        && p.activity.active(now, crate::node::ACTIVE_WINDOW)
+}
+
 /// Packets for a member without a session that one snapshot hands the engine, at most.
 pub(crate) const DEMAND_BUDGET: u32 = 8;
 
@@ -69,6 +86,10 @@ impl Node {
             return;
         }
         let Some(p) = self.peers.get_mut(&key) else { return };
+        if p.degraded.as_ref().is_some_and(|g| g.endpoint == from && g.holds(now)) {
+            // Left because it lost data: not taken again before its hold ends.
+            return;
+        }
         let current = p.path.endpoint();
         if current == Some(from) {
             if let PeerPath::Direct(d) = &mut p.path {
@@ -144,6 +165,62 @@ impl Node {
             debug!(peer = %key.id(), failover = stale, candidates = targets.len(), "probing other paths");
             self.punch_to(now, &key, &targets);
         }
+    }
+
+    /// A direct path that passes keepalives but loses data: when it lost more than
+    /// [`LOSS_LIMIT`] of its last probes, traffic moves to a relay (a shortcut
+    /// between members that both reach a relay) or another of the member's transports
+    /// (a link), and the path is left alone for a while ([`DEGRADED_HOLD`], doubling
+    /// while it keeps degrading); then it is tried again, and kept if it is healthy.
+    pub(crate) fn check_degraded(&mut self, now: Instant, key: PeerKey) {
+        let Some(p) = self.peers.get(&key) else { return };
+        let Some(d) = p.path.direct() else { return };
+        if !loss_watched(p, now) {
+            return;
+        }
+        let (decided, lost) = p.probe.decided_since(d.since, now);
+        if decided < LOSS_SAMPLES || (lost as f32) < LOSS_LIMIT * decided as f32 {
+            return;
+        }
+        let endpoint = d.endpoint;
+        let relay = self
+            .mesh
+            .paths
+            .get(&p.id)
+            .filter(|path| path.next_hop != p.id)
+            .and_then(|path| self.peer_by_id(path.next_hop))
+            .filter(|hop| hop.is_up() && hop.path.is_direct())
+            .map(|hop| hop.hello.hostname.clone());
+        let other = self.candidates(&key).into_iter().any(|c| c != endpoint && c.proto != Proto::Udp);
+        if relay.is_none() && !other {
+            // Nowhere else to go: a lossy path beats none.
+            return;
+        }
+        let Some(p) = self.peers.get_mut(&key) else { return };
+        let hold = match &p.degraded {
+            Some(g) if now < g.until + 2 * g.hold => (g.hold * 2).min(DEGRADED_HOLD_MAX),
+            _ => DEGRADED_HOLD,
+        };
+        let pct = lost * 100 / decided;
+        let to = match &relay {
+            Some(h) => format!("relayed through {h}"),
+            None => "another transport".to_owned(),
+        };
+        let why =
+            format!("direct path {endpoint} lost {pct}% of its probes: {to}, tried again in {} s", hold.as_secs());
+        tracing::warn!(peer = %p.id, "{why}");
+        p.degraded = Some(crate::peer::Degraded { endpoint, until: now + hold, hold, why });
+        p.probe.recent.clear();
+        if relay.is_some() {
+            p.path.lose_direct();
+        } else if let PeerPath::Direct(d) = &mut p.path {
+            // Stale: every other candidate is probed, and the first to answer takes over.
+            d.seen = None;
+            d.failover_next = None;
+        }
+        self.mesh.record_changed(now);
+        self.published.routes_dirty = true;
+        self.touch(key);
     }
 
     /// When [`Node::drive_direct`] next has work for a peer.

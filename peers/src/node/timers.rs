@@ -114,7 +114,12 @@ impl Node {
                 && now >= peer.backoff.next_attempt.unwrap_or(now));
         let send_keepalive = SessionTimers::due(plan.keepalive, now);
         let probe = SessionTimers::due(plan.probe, now);
-        let punch = !kept && !peer.path.is_direct() && active && peer.punch.next_attempt.is_none_or(|n| now >= n);
+        // No punching while a degraded direct path is left alone.
+        let punch = !kept
+            && !peer.path.is_direct()
+            && active
+            && peer.punch.next_attempt.is_none_or(|n| now >= n)
+            && !peer.degraded.as_ref().is_some_and(|d| d.holds(now));
         let summary = SessionTimers::due(plan.summary, now);
         let pmtu = SessionTimers::due(plan.pmtu, now);
         if rekey {
@@ -128,11 +133,19 @@ impl Node {
             let nonce = self.rng.next_u64();
             if let Some(p) = self.peers.get_mut(&key) {
                 p.probe.sent(nonce, now);
-                // A router or exit in use is watched closely (its loss moves routes).
-                let every = if p.watch_since.is_some() { super::routers::WATCH_EVERY } else { PING_EVERY };
+                // A router or exit in use is watched closely (its loss moves routes),
+                // and a direct UDP path carrying data is checked for loss.
+                let every = if p.watch_since.is_some() {
+                    super::routers::WATCH_EVERY
+                } else if super::paths::loss_watched(p, now) {
+                    super::paths::LOSS_PROBE_EVERY
+                } else {
+                    PING_EVERY
+                };
                 p.probe.next = Some(now + every);
             }
             self.send_msg(&key, &crate::mesh::Msg::Ping(nonce), now);
+            self.check_degraded(now, key);
         }
         if summary {
             self.send_summary(now, key);
@@ -190,8 +203,8 @@ impl Node {
         // SessionTimers: activity is sampled per wake).
         if p.anchor() == Anchor::None {
             v.extend(plan.rekey);
-            // A watched router's pings.
-            if p.watch_since.is_some() {
+            // A watched router's pings, and a direct path's loss probes.
+            if p.watch_since.is_some() || super::paths::loss_watched(p, now) {
                 v.extend(plan.probe);
             }
             v.extend(plan.pmtu);
@@ -295,6 +308,7 @@ impl Peer {
             stats: self.stats.clone(),
             path_mtu: self.pmtu.known().then_some(self.pmtu.mtu),
             gso_off: self.pmtu.gso_broken,
+            degraded: self.degraded.as_ref().filter(|d| d.holds(now)).map(|d| d.why.clone()),
         }
     }
 }

@@ -5,14 +5,16 @@
 //! the MSS, and a 16 MiB TCP transfer through the tunnel arrives intact. (2) The router
 //! drops every segmentation-offloaded (GSO) batch while single datagrams pass: the
 //! members find it while probing, turn UDP GSO off for that path, and a transfer
-//! arrives intact.
+//! arrives intact. (3) A direct path between two members starts losing half its
+//! packets (keepalives still pass now and then): traffic moves to the relay both
+//! reach, `weft peers` says why, and the direct path is taken again once it heals.
 #![allow(unsafe_code, unreachable_pub, clippy::unwrap_used)]
 
 mod netns;
 
 use std::time::Duration;
 
-use netns::{Netns, Node, TempDir, link, require_root, transfer, wait_until};
+use netns::{Lan, Netns, Node, TempDir, link, ping_times, require_root, transfer, wait_until};
 
 const NET: [&str; 6] = ["--network-name", "pmtu", "--network-secret", "pmtu secret", "--threads", "1"];
 const SIZE: usize = 16 << 20;
@@ -100,4 +102,61 @@ fn a_path_that_loses_offloaded_batches_is_found_and_carries_data_one_by_one() {
     let rules = String::from_utf8_lossy(&r.exec_ok(&["nft", "list", "table", "inet", "gso"]).stdout).into_owned();
     assert!(!rules.contains("packets 0 "), "no batch was ever dropped, so nothing was tested: {rules}");
     assert!(na.log_text().contains("UDP GSO off"), "no log line says so");
+}
+
+#[test]
+fn a_lossy_direct_path_moves_to_a_relay_and_back_once_healed() {
+    require_root();
+    let lan = Lan::new(3);
+    let dir = TempDir::new();
+    let hub = format!("udp://{}:11010", lan.addrs[2]);
+    let start = |i: usize, ip: &str, extra: &[&str]| {
+        let name = ["a", "b", "c"][i];
+        let mut a = NET.to_vec();
+        a.extend(["-i", ip, "--hostname", name]);
+        a.extend(extra);
+        Node::start(&lan.hosts[i], &dir.0, name, &a)
+    };
+    let _c = start(2, "10.126.171.3/24", &["--listen", "udp://0.0.0.0:11010"]);
+    let a = start(0, "10.126.171.1/24", &["-p", &hub]);
+    let b = start(1, "10.126.171.2/24", &["-p", &hub]);
+    // Traffic from A to B: their session goes direct across the LAN.
+    let mut pinger = lan.hosts[0].cmd("ping").args(["-i", "0.2", "10.126.171.2"]).spawn().unwrap();
+    let path_to = |node: &Node, addr: &str| node.peer(addr).map(|p| (p["path"].clone(), p["degraded"].clone()));
+    let b_path = |node: &Node| path_to(node, "10.126.171.2");
+    let a_path = |node: &Node| path_to(node, "10.126.171.1");
+    wait_until(Duration::from_secs(30), "A reaches B directly", || {
+        b_path(&a).is_some_and(|(path, _)| path == "direct")
+    });
+    // Half of what A and B send each other on the LAN is lost.
+    let sw = &lan.switch;
+    sw.exec_ok(&["nft", "add", "table", "bridge", "lossy"]);
+    sw.exec_ok(&["nft", "add", "chain", "bridge", "lossy", "fw", "{ type filter hook forward priority 0; }"]);
+    for (s, d) in [(&lan.addrs[0], &lan.addrs[1]), (&lan.addrs[1], &lan.addrs[0])] {
+        let rule = ["ip", "saddr", s, "ip", "daddr", d, "numgen", "random", "mod", "100", "<", "50", "counter", "drop"];
+        let mut argv = vec!["nft", "add", "rule", "bridge", "lossy", "fw"];
+        argv.extend(rule);
+        sw.exec_ok(&argv);
+    }
+    // Each end judges its own sending: both leave the direct path.
+    let left = |p: Option<(serde_json::Value, serde_json::Value)>| {
+        p.is_some_and(|(path, why)| path == "relay" && why.is_string())
+    };
+    let moved = wait_until(Duration::from_secs(45), "A and B leave the lossy path for the relay", || {
+        left(b_path(&a)) && left(a_path(&b))
+    });
+    let why = b_path(&a).unwrap().1;
+    let table = netns::weft(&["peers", "--control", a.control.to_str().unwrap()]);
+    assert!(table.contains("lost") && table.contains("relayed through c"), "{table}");
+    let answered = ping_times(&lan.hosts[0], "10.126.171.2", 40).len();
+    eprintln!("lossy direct path left after {moved:?} ({why}); through the relay {answered} of 40 pings answered");
+    assert!(answered >= 38, "the relayed path loses too: {answered} of 40");
+    // Healed: the direct path is taken again after its hold.
+    sw.exec_ok(&["nft", "delete", "table", "bridge", "lossy"]);
+    let back = wait_until(Duration::from_secs(60), "A goes direct again", || {
+        b_path(&a).is_some_and(|(path, why)| path == "direct" && why.is_null())
+    });
+    eprintln!("direct again {back:?} after the path healed");
+    netns::run(std::process::Command::new("kill").args(["-INT", &pinger.id().to_string()]));
+    let _ = pinger.wait();
 }
