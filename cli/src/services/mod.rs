@@ -1,8 +1,8 @@
 //! What a node offers beside the tunnel, one module each: the exit node ([`exit`]),
 //! the source translation of subnet routes ([`snat`]),
 //! the WireGuard portal ([`portal`]), Magic DNS ([`dns`]), LAN discovery
-//! ([`discovery`]), the Prometheus endpoint ([`metrics`]) and the access policy
-//! ([`policy`]).
+//! ([`discovery`]), the Prometheus endpoint ([`metrics`]), the access policy
+//! ([`policy`]) and port mapping on the router ([`portmap`]).
 
 pub mod discovery;
 pub mod dns;
@@ -10,4 +10,5 @@ pub mod exit;
 pub mod metrics;
 pub mod policy;
 pub mod portal;
+pub mod portmap;
 pub mod snat;

@@ -256,7 +256,7 @@ impl Response {
         if b.len() < HEADER_LEN {
             return Err(ParseError::Truncated { len: b.len() });
         }
-        if b.len() > MAX_LEN || b.len() % 4 != 0 {
+        if b.len() > MAX_LEN || !b.len().is_multiple_of(4) {
             return Err(ParseError::Length { len: b.len() });
         }
         if b[1] & !RESPONSE_BIT != OP_MAP {
