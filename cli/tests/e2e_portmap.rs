@@ -18,6 +18,7 @@
 //! miniupnpd refuses documentation ranges as its external address, so R1's WAN uses
 //! 100.200.0.0/24: that range exists only inside this test's own namespaces (an
 //! on-link route on each of them), like every address here.
+#![allow(unsafe_code, unreachable_pub, clippy::unwrap_used)]
 
 mod netns;
 

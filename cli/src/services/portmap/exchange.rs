@@ -10,37 +10,8 @@ use tokio::net::UdpSocket;
 use tracing::debug;
 use weft_core::portmap::{EpochVerdict, EpochWatch, Protocol, pcp, pmp};
 
-use super::Settings;
 use super::upnp::Igd;
-
-/// Why a protocol made no mapping.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum Failure {
-    /// Every request went unanswered.
-    #[error("no answer")]
-    NoAnswer,
-    /// The gateway (or the kernel) said nothing listens there (ICMP unreachable).
-    #[error("gateway unreachable: {0}")]
-    Unreachable(#[source] std::io::Error),
-    /// A socket error.
-    #[error("{0}")]
-    Io(#[from] std::io::Error),
-    /// PCP's result code.
-    #[error("refused ({0})")]
-    Pcp(pcp::ResultCode),
-    /// NAT-PMP's result code.
-    #[error("refused ({0})")]
-    Pmp(pmp::ResultCode),
-    /// The gateway granted a mapping that cannot be used (IPv6, port 0, lifetime 0).
-    #[error("unusable answer: {0}")]
-    Unusable(&'static str),
-    /// UPnP-IGD's error, as igd-next words it.
-    #[error("{0}")]
-    Upnp(String),
-    /// Every protocol failed; each one's failure.
-    #[error("{0}")]
-    All(String),
-}
+use super::{Failure, Settings};
 
 /// How a lease was made (and so is renewed and deleted).
 #[derive(Debug, Clone)]

@@ -33,6 +33,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 use weft_control::{PortMapJson, PortMapProtocol};
+use weft_core::portmap::{pcp, pmp};
 
 use exchange::{Lease, Method};
 
@@ -101,6 +102,35 @@ impl Default for Timing {
             retry_max: Duration::from_secs(600),
         }
     }
+}
+
+/// Why a protocol made no mapping.
+#[derive(Debug, thiserror::Error)]
+pub enum Failure {
+    /// Every request went unanswered.
+    #[error("no answer")]
+    NoAnswer,
+    /// The gateway (or the kernel) said nothing listens there (ICMP unreachable).
+    #[error("gateway unreachable: {0}")]
+    Unreachable(#[source] std::io::Error),
+    /// A socket error.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// PCP's result code.
+    #[error("refused ({0})")]
+    Pcp(pcp::ResultCode),
+    /// NAT-PMP's result code.
+    #[error("refused ({0})")]
+    Pmp(pmp::ResultCode),
+    /// The gateway granted a mapping that cannot be used (IPv6, port 0, lifetime 0).
+    #[error("unusable answer: {0}")]
+    Unusable(&'static str),
+    /// UPnP-IGD's error, as igd-next words it.
+    #[error("{0}")]
+    Upnp(String),
+    /// Every protocol failed; each one's failure.
+    #[error("{0}")]
+    All(String),
 }
 
 /// A mapping the router granted.

@@ -8,7 +8,7 @@ use igd_next::aio::tokio::{Tokio, search_gateway};
 use igd_next::{AddPortError, PortMappingProtocol, SearchOptions};
 use tracing::debug;
 
-use super::exchange::Failure;
+use super::Failure;
 
 /// The description the mapping carries in the router's table.
 const DESCRIPTION: &str = "weft";
