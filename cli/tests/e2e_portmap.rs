@@ -183,13 +183,21 @@ fn a_member_behind_a_hard_nat_goes_direct_through_its_routers_port_mapping() {
     // server: nothing to map). Both meet through P.
     let cfg = dir.0.join("m.toml");
     write_config(&cfg, "no-port-mapping = true\n");
-    let _np = Node::start(&p, &dir.0, "p", &args("10.126.126.2/24", &[]));
+    let np = Node::start(&p, &dir.0, "p", &args("10.126.126.2/24", &[]));
     let mut nm = Node::start(&m, &dir.0, "m", &["--config", cfg.to_str().unwrap()]);
     let nq = Node::start(&q, &dir.0, "q", &args("10.126.126.3/24", &["-p", "udp://203.0.113.2:11010"]));
     wait_until(Duration::from_secs(20), "M and Q meet through P", || {
         nm.routes_to("10.126.126.3") && nq.routes_to("10.126.126.1")
     });
     assert!(nm.status()["port_mapping"].is_null(), "port mapping is off");
+    // P has no default route: no router to ask. Q's router runs no mapping server:
+    // PCP and NAT-PMP meet its ICMP port unreachable, the SSDP search finds nothing.
+    assert_eq!(np.status()["port_mapping"]["last_error"], "no IPv4 default gateway");
+    wait_until(Duration::from_secs(15), "Q's router refuses every protocol", || {
+        let e = nq.status()["port_mapping"]["last_error"].as_str().unwrap_or("").to_owned();
+        e.contains("pcp: gateway unreachable") && e.contains("nat-pmp: gateway unreachable") && e.contains("upnp:")
+    });
+    assert!(nq.status()["port_mapping"]["external"].is_null());
     // Traffic for a while: both punch, neither NAT lets the other's punch in.
     for _ in 0..4 {
         assert!(ping(&q, "10.126.126.1"), "Q -> M works, relayed");

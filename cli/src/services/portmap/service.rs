@@ -23,10 +23,11 @@ pub struct Service {
 
 impl Service {
     /// Starts mapping the UDP port of `listen` on the default gateway (at once if
-    /// there is one; otherwise at the next [`Service::refresh`] that finds one).
+    /// there is one; otherwise status says so until a [`Service::refresh`] finds one).
     pub fn start(publisher: Publisher, listen: SocketAddr) -> Self {
         let mut s = Self { publisher, mapper: None, target: None, listen };
-        s.refresh();
+        let target = s.target();
+        s.switch(target);
         s
     }
 
@@ -34,9 +35,20 @@ impl Service {
     /// new mapper (the old one deletes its mapping in the background).
     pub fn refresh(&mut self) {
         let target = self.target();
-        if target == self.target && (self.mapper.is_some() || target.is_none()) {
-            return;
+        if target != self.target {
+            self.switch(target);
         }
+    }
+
+    /// Our UDP listener moved (a reload): the new port is mapped instead.
+    pub fn set_listen(&mut self, listen: SocketAddr) {
+        self.listen = listen;
+        self.refresh();
+    }
+
+    /// Stops the mapper (in the background) and starts one for `target`, or says
+    /// that there is no gateway to ask.
+    fn switch(&mut self, target: Option<Target>) {
         if let Some(old) = self.mapper.take() {
             tokio::spawn(old.shut_down());
         }
@@ -63,12 +75,6 @@ impl Service {
                 };
             }),
         }
-    }
-
-    /// Our UDP listener moved (a reload): the new port is mapped instead.
-    pub fn set_listen(&mut self, listen: SocketAddr) {
-        self.listen = listen;
-        self.refresh();
     }
 
     /// Stops, deleting the mapping held (waits for the router's answer, bounded).
