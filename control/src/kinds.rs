@@ -1,5 +1,5 @@
 //! The closed sets of values status reports: a peer's state and path, the exit's state,
-//! the kind of a failed or refused handshake. Each serializes as the `snake_case`
+//! the kind of a failed or refused handshake, the port-mapping protocol. Each serializes as the `snake_case`
 //! string scripts already match; a value a newer node sends that this build does not
 //! know reads as the catch-all variant instead of failing the whole reply, so an older
 //! GUI or `weft status` keeps working against a newer node.
@@ -192,7 +192,34 @@ impl FailureKind {
     }
 }
 
-display_as_str!(PeerState, PathKind, ExitState, FailureKind);
+/// The port-mapping protocol a node's router answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PortMapProtocol {
+    /// NAT-PMP (RFC 6886).
+    NatPmp,
+    /// PCP (RFC 6887).
+    Pcp,
+    /// UPnP Internet Gateway Device.
+    Upnp,
+    /// A protocol this build does not know (a newer node's).
+    #[serde(other)]
+    Unknown,
+}
+
+impl PortMapProtocol {
+    /// The JSON spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NatPmp => "nat_pmp",
+            Self::Pcp => "pcp",
+            Self::Upnp => "upnp",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
+display_as_str!(PeerState, PathKind, ExitState, FailureKind, PortMapProtocol);
 
 #[cfg(test)]
 mod tests {

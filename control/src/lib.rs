@@ -13,6 +13,6 @@ mod request;
 mod status;
 
 pub use client::{ClientError, request};
-pub use kinds::{ExitState, FailureKind, PathKind, PeerState};
+pub use kinds::{ExitState, FailureKind, PathKind, PeerState, PortMapProtocol};
 pub use request::{Reply, Request};
 pub use status::*;

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::kinds::{ExitState, FailureKind, PathKind, PeerState};
+use crate::kinds::{ExitState, FailureKind, PathKind, PeerState, PortMapProtocol};
 
 /// What this node's certificate grants (`weft status --json`'s `certificate`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -187,6 +187,34 @@ pub struct StatusJson {
     /// The userspace stack and its services, on a node without a TUN (`--no-tun`).
     #[serde(default)]
     pub userspace: Option<UserspaceJson>,
+    /// The mapping of this node's UDP port on its router (null with
+    /// `--no-port-mapping`).
+    #[serde(default)]
+    pub port_mapping: Option<PortMapJson>,
+}
+
+/// The port mapping of a node's UDP port on its router (PCP, NAT-PMP or UPnP-IGD).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PortMapJson {
+    /// The router asked (the default gateway), when there is one.
+    pub gateway: Option<String>,
+    /// The UDP port mapped (the node's).
+    pub internal_port: u16,
+    /// The protocol the router answered, while a mapping is held.
+    pub protocol: Option<PortMapProtocol>,
+    /// The mapped external endpoint (`ADDR:PORT`), while a mapping is held.
+    pub external: Option<String>,
+    /// Whether members are told of `external` as a candidate endpoint of this node
+    /// (not when the router's external address is a private one: another NAT is in
+    /// front of it, and the mapping leads nowhere from outside).
+    pub advertised: bool,
+    /// Seconds until the router drops the mapping unless renewed (renewed before).
+    pub expires_in_s: Option<u64>,
+    /// Why the last attempt failed (every protocol's answer), if it did.
+    pub last_error: Option<String>,
+    /// Times the mapping was made again after the router lost it (its epoch showed
+    /// a restart, or the lease lapsed).
+    pub remaps: u64,
 }
 
 /// Datagrams and bytes of the control plane.

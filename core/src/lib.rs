@@ -8,7 +8,8 @@
 //! [`crypto`] (AEAD in
 //! place), [`replay`] (window), [`handshake`] (Noise via snow), [`session`] (keys +
 //! counters shared with the pipelines), [`route`] (the immutable snapshot pipelines
-//! read), [`endpoint`] (transport + address) and [`stats`]. The I/O half that moves
+//! read), [`endpoint`] (transport + address), [`portmap`] (NAT-PMP and PCP messages
+//! to a router) and [`stats`]. The I/O half that moves
 //! packets (TUN, transports, pipelines) is `weft-datapath`; the control plane that
 //! decides with these values is `weft-peers`.
 //!
@@ -30,6 +31,7 @@ pub mod firewall;
 pub mod handshake;
 pub mod invite;
 pub mod policy;
+pub mod portmap;
 pub mod queue;
 pub mod replay;
 pub mod route;

@@ -15,8 +15,8 @@ pub mod seeds;
 
 pub use node::node;
 pub use parsers::{
-    cert, control, data_header, handshake_header, hello, policy, quic_reassembly, record, reject, relay_header,
-    stream_frames,
+    cert, control, data_header, handshake_header, hello, pcp_response, pmp_response, policy, quic_reassembly, record,
+    reject, relay_header, stream_frames,
 };
 pub use rx::rx;
 
@@ -38,4 +38,6 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("node", node),
     ("cert", cert),
     ("policy", policy),
+    ("pcp_response", pcp_response),
+    ("pmp_response", pmp_response),
 ];

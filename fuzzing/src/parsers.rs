@@ -7,6 +7,7 @@ use bytes::Bytes;
 use weft_core::cert::{AuthorityId, Certificate, Revocation};
 use weft_core::handshake::Hello;
 use weft_core::invite::{Invite, Token};
+use weft_core::portmap::{EpochWatch, pcp, pmp};
 use weft_core::wire::{
     DATA_HEADER_LEN, DataHeader, HANDSHAKE_HEADER_LEN, HandshakeHeader, RELAY_HEADER_LEN, RejectRepr, RelayHeader,
 };
@@ -226,5 +227,25 @@ pub fn policy(data: &[u8]) {
         for (proto, port) in [(6, 22), (17, 53), (1, 0), (47, 0)] {
             assert_eq!(c.allows(ip(s), ip(d), proto, port), again.allows(ip(s), ip(d), proto, port));
         }
+    }
+}
+
+/// `pcp::Response::parse` (what any host on the LAN may send a node asking its router
+/// for a port): an answer that parses encodes back to one that parses the same, and
+/// its epoch goes through the restart check.
+pub fn pcp_response(data: &[u8]) {
+    if let Ok(r) = pcp::Response::parse(data) {
+        assert_eq!(pcp::Response::parse(&r.emit()), Ok(r));
+        let mut w = EpochWatch::default();
+        w.observe(std::time::Duration::ZERO, r.epoch);
+        w.observe(std::time::Duration::from_secs(u64::from(r.lifetime)), r.epoch.wrapping_add(r.lifetime));
+    }
+}
+
+/// `pmp::Response::parse` (NAT-PMP answers, from the LAN): an answer that parses
+/// encodes back to one that parses the same.
+pub fn pmp_response(data: &[u8]) {
+    if let Ok(r) = pmp::Response::parse(data) {
+        assert_eq!(pmp::Response::parse(&r.emit()), Ok(r));
     }
 }

@@ -79,6 +79,7 @@ pub fn seeds() -> Vec<Seed> {
             RejectRepr { reason, receiver_index: 7 }.emit().to_vec(),
         ));
     }
+    seed_port_mapping(&mut s);
     for (i, cipher) in Cipher::ALL.into_iter().enumerate() {
         let mut h = Vec::new();
         Hello::new(cipher, Ipv4Addr::new(10, 9, 0, 1), 16, format!("host-é-{i}")).emit(&mut h);
@@ -216,4 +217,33 @@ pub fn seeds() -> Vec<Seed> {
         "a control seed does not parse"
     );
     s
+}
+
+/// Router answers to port-mapping requests: a PCP mapping and refusal, NAT-PMP's
+/// external address, mapping and refusal.
+fn seed_port_mapping(s: &mut Vec<Seed>) {
+    use weft_core::portmap::{Protocol, pcp, pmp};
+    let mapping = pcp::Mapping {
+        nonce: [7; 12],
+        protocol: Protocol::Udp,
+        internal_port: 11010,
+        external_port: 11010,
+        external_ip: Ipv4Addr::new(100, 200, 0, 2).into(),
+    };
+    let ok = pcp::Response { result: pcp::ResultCode::Success, lifetime: 7200, epoch: 1, mapping: Some(mapping) };
+    s.push(("pcp_response", "seed-pcp-map".into(), ok.emit()));
+    let refused = pcp::Response { result: pcp::ResultCode::NotAuthorized, lifetime: 30, epoch: 9, mapping: None };
+    s.push(("pcp_response", "seed-pcp-refused".into(), refused.emit()));
+    let answers = [
+        ("seed-pmp-external", pmp::ResultCode::Success, pmp::Answer::ExternalAddress(Ipv4Addr::new(100, 200, 0, 2))),
+        (
+            "seed-pmp-map",
+            pmp::ResultCode::Success,
+            pmp::Answer::Mapped { protocol: Protocol::Udp, internal_port: 11010, external_port: 11010, lifetime: 7200 },
+        ),
+        ("seed-pmp-refused", pmp::ResultCode::OutOfResources, pmp::Answer::Refused { op: 1 }),
+    ];
+    for (name, result, answer) in answers {
+        s.push(("pmp_response", name.into(), pmp::Response { result, epoch: 1, answer }.emit()));
+    }
 }

@@ -1665,9 +1665,12 @@ fn punch_requests_only_reach_the_requesters_own_addresses_and_are_rate_limited()
         (params(A, Cipher::Aes128Gcm, SECRET), vec![B], timers),
         (params(B, Cipher::Aes128Gcm, SECRET), vec![], timers),
     ]);
-    // B announces a second UDP endpoint (nobody listens there in this test).
-    let spare = Endpoint::udp(SocketAddr::from(([192, 0, 2, 2], 11099)));
-    sim.tweaks.push((B, Box::new(move |c: &mut Config| c.endpoints.push(spare))));
+    // B announces a UDP endpoint at another address (nobody listens there in this
+    // test), and one at its own address, another port (what its router would map to
+    // it).
+    let spare = Endpoint::udp(SocketAddr::from(([198, 51, 100, 2], 11099)));
+    let mapped = Endpoint::udp(SocketAddr::new(addr(B).addr.ip(), 40000));
+    sim.tweaks.push((B, Box::new(move |c: &mut Config| c.endpoints.extend([spare, mapped]))));
     let p = sim.slots[B].params.clone();
     sim.restart_with(B, p, vec![]);
     let ok = |s: &Sim| {
@@ -1692,15 +1695,19 @@ fn punch_requests_only_reach_the_requesters_own_addresses_and_are_rate_limited()
         |s: &Sim, to: Endpoint, since: usize| s.log[since..].iter().filter(|x| x.from == A && x.to == to).count();
     let mark = sim.log.len();
     for _ in 0..5 {
-        sim.send_control(B, A, &punch(&[victim, other, spare, addr(B)]));
+        sim.send_control(B, A, &punch(&[victim, other, spare, mapped, addr(B)]));
     }
     assert_eq!(sent_to(&sim, victim, mark), 0, "A sent to an address B named");
     assert_eq!(sent_to(&sim, other, mark), 0, "A sent to an address B never announced");
     // Announcing an address in its own record is not enough: it could be anyone's.
     assert_eq!(sent_to(&sim, spare, mark), 0, "A sent to an address B only announced");
     assert_eq!(sent_to(&sim, addr(B), mark), 1, "five requests at once answered once, where A sees B");
+    // Another port of the address where A sees B is B's NAT's to forward: punched.
+    assert_eq!(sent_to(&sim, mapped, mark), 1, "A never tried B's mapped port");
     // On A's own LAN an announced address is B's to name (two members on one LAN).
-    sim.slots[A].host.admin(|n| n.set_local_networks(vec![(Ipv4Addr::new(192, 0, 2, 0).into(), 24)]), &mut Vec::new());
+    sim.slots[A]
+        .host
+        .admin(|n| n.set_local_networks(vec![(Ipv4Addr::new(198, 51, 100, 0).into(), 24)]), &mut Vec::new());
     sim.run(Duration::from_secs(1));
     let mark = sim.log.len();
     sim.send_control(B, A, &punch(&[spare]));

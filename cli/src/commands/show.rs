@@ -108,6 +108,9 @@ pub(crate) fn status(s: &StatusJson) -> String {
             u.dropped_out
         );
     }
+    if let Some(m) = &s.port_mapping {
+        let _ = writeln!(o, "port map  {}", port_mapping(m));
+    }
     if let Some(d) = &s.magic_dns {
         let name = d.name.as_deref().unwrap_or("-");
         let _ = writeln!(o, "dns       {name} on {} ({} names in {})", d.server, d.names, d.domain);
@@ -342,9 +345,50 @@ fn human_bytes(b: u64) -> String {
     if u == 0 { format!("{b} B") } else { format!("{v:.1} {}", UNITS[u]) }
 }
 
+/// The port mapping line of `weft status`: what the router mapped, or why nothing.
+fn port_mapping(m: &weft_control::PortMapJson) -> String {
+    match (&m.protocol, &m.external) {
+        (Some(p), Some(e)) => {
+            let told = if m.advertised { "announced" } else { "not announced: the router's address is private" };
+            let expires = m.expires_in_s.map(|s| format!(", lease {s} s")).unwrap_or_default();
+            let remaps = if m.remaps > 0 { format!(", mapped again {} times", m.remaps) } else { String::new() };
+            format!("{p} {} -> port {} ({told}{expires}{remaps})", printable(e), m.internal_port)
+        }
+        _ => {
+            let gw = m.gateway.as_deref().map(|g| format!(" by {}", printable(g))).unwrap_or_default();
+            match &m.last_error {
+                Some(e) => format!("none{gw}: {}", printable(e)),
+                None => format!("asking{gw} for port {}", m.internal_port),
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_port_mapping_line_says_what_was_mapped_or_why_not() {
+        let mut m = weft_control::PortMapJson {
+            gateway: Some("10.1.0.1".into()),
+            internal_port: 11010,
+            protocol: Some(weft_control::PortMapProtocol::Pcp),
+            external: Some("100.200.0.2:11010".into()),
+            advertised: true,
+            expires_in_s: Some(7190),
+            last_error: None,
+            remaps: 0,
+        };
+        assert_eq!(port_mapping(&m), "pcp 100.200.0.2:11010 -> port 11010 (announced, lease 7190 s)");
+        m.remaps = 2;
+        m.advertised = false;
+        assert!(port_mapping(&m).contains("not announced") && port_mapping(&m).ends_with("mapped again 2 times)"));
+        m.protocol = None;
+        m.external = None;
+        m.last_error = Some("pcp: no answer\x1b[2J".into());
+        assert_eq!(port_mapping(&m), "none by 10.1.0.1: pcp: no answer\\u{1b}[2J");
+    }
 
     #[test]
     fn units() {

@@ -280,6 +280,12 @@ pub struct UpArgs {
     /// the network name); no --peer needed.
     #[arg(long)]
     pub lan_discovery: bool,
+    /// Do not ask the router (PCP, NAT-PMP, UPnP-IGD) to forward a port to this
+    /// node's UDP port; with it on (the default) the mapped address is announced to
+    /// members, so they reach this node directly through NATs hole punching cannot
+    /// cross.
+    #[arg(long)]
+    pub no_port_mapping: bool,
     /// Prefer the path with the lowest latency over the one with the fewest hops.
     #[arg(long)]
     pub latency_first: bool,

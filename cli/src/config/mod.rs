@@ -90,6 +90,7 @@ pub struct FileConfig {
     latency_first: Option<bool>,
     accept_wide_subnets: Option<bool>,
     lan_discovery: Option<bool>,
+    no_port_mapping: Option<bool>,
     dhcp: Option<bool>,
     ipv6: Option<String>,
     no_ipv6: Option<bool>,
@@ -218,6 +219,8 @@ pub struct NodeConfig {
     pub proxy_health: Option<HealthTarget>,
     /// Multicast LAN discovery.
     pub lan_discovery: bool,
+    /// Ask the router to map our UDP port (not with `--no-port-mapping`).
+    pub port_mapping: bool,
     /// `--dhcp`: the range to pick the overlay address from (`ipv4` is then replaced
     /// by the pick at start-up).
     pub dhcp: Option<Ipv4Net>,
@@ -338,6 +341,7 @@ impl NodeConfig {
             latency_first: args.latency_first || file.latency_first.unwrap_or(false),
             accept_wide_subnets: args.accept_wide_subnets || file.accept_wide_subnets.unwrap_or(false),
             lan_discovery: args.lan_discovery || file.lan_discovery.unwrap_or(false),
+            port_mapping: !(args.no_port_mapping || file.no_port_mapping.unwrap_or(false)),
             dhcp,
             proxy_networks,
             snat_subnet_routes: !(args.no_snat_subnet_routes || file.no_snat_subnet_routes.unwrap_or(false)),

@@ -155,6 +155,11 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
         exit_routed: false,
         exit_name_warned: false,
         userspace,
+        portmap: None,
+        portmap_state: crate::services::portmap::Publisher::new(Arc::new(
+            tokio::sync::watch::channel(Default::default()).0,
+        )),
+        mapped: None,
     };
     start::policy(&mut runtime)?;
     runtime.update_portal();

@@ -15,7 +15,6 @@ use crate::config::NodeConfig;
 use crate::config::values::IpNet;
 use crate::config::values::PeerUri;
 use crate::control::server::Requests;
-use crate::host::interfaces::local_endpoints;
 use crate::host::net::enable_forwarding;
 use crate::services::discovery::Discovery;
 use std::net::SocketAddr;
@@ -43,6 +42,7 @@ struct Live {
     proxy_networks: Vec<IpNet>,
     listeners: Vec<Endpoint>,
     lan_discovery: bool,
+    port_mapping: bool,
     metrics: Option<SocketAddr>,
     log_level: Option<String>,
     dns_domain: Option<String>,
@@ -62,6 +62,7 @@ fn split(old: &NodeConfig, new: NodeConfig) -> (Live, Vec<&'static str>) {
         proxy_networks,
         listeners,
         lan_discovery,
+        port_mapping,
         metrics,
         log_level,
         dns_domain,
@@ -150,6 +151,7 @@ fn split(old: &NodeConfig, new: NodeConfig) -> (Live, Vec<&'static str>) {
         proxy_networks,
         listeners,
         lan_discovery,
+        port_mapping,
         metrics,
         log_level,
         dns_domain,
@@ -181,6 +183,7 @@ impl Runtime {
             proxy_networks,
             listeners,
             lan_discovery,
+            port_mapping,
             metrics: metrics_addr,
             log_level,
             dns_domain,
@@ -195,6 +198,7 @@ impl Runtime {
         self.reload_proxied(now, proxy_networks, &mut out);
         let udp_moved = self.reload_listeners(now, listeners, &mut out).await;
         self.reload_discovery(lan_discovery, udp_moved, discovery, &mut out);
+        self.reload_port_mapping(port_mapping, udp_moved, &mut out);
         self.reload_metrics(metrics_addr, metrics, req_tx, &mut out);
         self.reload_log_level(log_level, &mut out);
         self.reload_dns(dns_domain, accept_dns, &mut out).await;
@@ -406,16 +410,43 @@ impl Runtime {
                 .collect();
             l.extend(udp);
             self.cfg.listeners = l;
-            let bound = self.listeners.clone();
-            self.engine.set_endpoints(local_endpoints(
-                &bound,
-                self.cfg.ipv4.addr,
-                &self.cfg.dev_name,
-                self.portal_dev().as_deref(),
-            ));
+            self.announce_endpoints();
         }
 
         udp_moved
+    }
+
+    /// Port mapping: started or stopped (the mapping deleted, its endpoint no longer
+    /// announced); a moved UDP listener has its new port mapped instead.
+    fn reload_port_mapping(&mut self, wanted: bool, udp_moved: bool, out: &mut Outcome) {
+        if wanted != self.cfg.port_mapping {
+            self.cfg.port_mapping = wanted;
+            if wanted {
+                self.start_port_mapping();
+                out.done("port mapping on");
+            } else {
+                if let Some(p) = self.portmap.take() {
+                    tokio::spawn(p.shut_down());
+                }
+                self.mapped = None;
+                self.announce_endpoints();
+                out.done("port mapping off");
+            }
+        } else if udp_moved && let Some(p) = &mut self.portmap {
+            match self.listeners.iter().find(|l| l.proto == Proto::Udp) {
+                Some(l) => p.set_listen(l.addr),
+                None => {
+                    // No UDP listener any more: nothing to map.
+                    if let Some(p) = self.portmap.take() {
+                        tokio::spawn(p.shut_down());
+                    }
+                    self.mapped = None;
+                    self.announce_endpoints();
+                }
+            }
+        } else if udp_moved {
+            self.start_port_mapping();
+        }
     }
 
     /// LAN discovery (its beacons name our UDP port: started again if that moved).

@@ -25,7 +25,7 @@ use crate::config::args::UpArgs;
 use crate::config::values::PeerUri;
 use crate::control::server::{Admins, Requests, accept_loop, bind_control};
 use crate::daemon::state;
-use crate::host::interfaces::{local_ipv4s, local_networks};
+use crate::host::interfaces::{local_endpoints, local_ipv4s, local_networks};
 use crate::host::net::{NetConfig, NetJob};
 use crate::services::discovery::{Beacon, Discovery};
 use crate::services::metrics::server as metrics;
@@ -109,6 +109,12 @@ pub(super) struct Runtime {
     pub(super) exit_name_warned: bool,
     /// The userspace stack and its services (`--no-tun`).
     pub(super) userspace: Option<crate::notun::Userspace>,
+    /// Port mapping on the router (not with `--no-port-mapping`).
+    pub(super) portmap: Option<crate::services::portmap::Service>,
+    /// Where the port mapper publishes its state (the runtime watches it).
+    pub(super) portmap_state: crate::services::portmap::Publisher,
+    /// The mapped endpoint announced in our record.
+    pub(super) mapped: Option<SocketAddr>,
 }
 
 pub(crate) fn no_portal() -> Reply {
@@ -385,6 +391,7 @@ impl Runtime {
             }
             None => None,
         };
+        let mut port_mapping = self.portmap_state.subscribe();
         loop {
             // The engine's next deadline; with none, it waits for an input.
             let deadline = self.engine.poll_timeout().unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
@@ -438,6 +445,7 @@ impl Runtime {
                         health = None;
                     }
                 },
+                _ = port_mapping.changed() => self.port_mapping_changed(),
                 _ = dns_timer.tick() => {
                     self.refresh_policy();
                     self.refresh_userspace();
@@ -478,6 +486,7 @@ impl Runtime {
         self.drain();
         let discovery = if self.cfg.lan_discovery { Some(self.discovery()?) } else { None };
         self.start_dns(true);
+        self.start_port_mapping();
         if let Some(u) = &mut self.userspace {
             u.start()?;
         }
@@ -493,6 +502,48 @@ impl Runtime {
         self.check_certificate_expiry();
         self.engine.expire_members(Instant::now());
         self.shared.firewall.expire(clock_ms(self.shared.epoch));
+        if let Some(p) = &mut self.portmap {
+            p.refresh();
+        }
+    }
+
+    /// The UDP listener's address, if this node has one (port mapping maps its port).
+    pub(super) fn udp_listener(&self) -> Option<SocketAddr> {
+        self.listeners.iter().find(|l| l.proto == Proto::Udp).map(|l| l.addr)
+    }
+
+    /// Starts port mapping, when on and the node listens on UDP.
+    pub(super) fn start_port_mapping(&mut self) {
+        if self.cfg.port_mapping
+            && self.portmap.is_none()
+            && let Some(listen) = self.udp_listener()
+        {
+            self.portmap = Some(crate::services::portmap::Service::start(self.portmap_state.clone(), listen));
+        }
+    }
+
+    /// The port mapper's state changed: a new, moved or lost mapped endpoint is
+    /// announced in our record (renewals that change nothing are not).
+    pub(super) fn port_mapping_changed(&mut self) {
+        let mapped = self.portmap_state.borrow().advertised();
+        if mapped != self.mapped {
+            info!(endpoint = ?mapped, "mapped endpoint announced to members");
+            self.mapped = mapped;
+            self.announce_endpoints();
+        }
+    }
+
+    /// Puts the endpoints members may reach us at in our record: the mapped one
+    /// first (records carry at most 32), then the listeners' addresses.
+    pub(super) fn announce_endpoints(&mut self) {
+        let mut eps: Vec<Endpoint> = self.mapped.map(Endpoint::udp).into_iter().collect();
+        for e in local_endpoints(&self.listeners, self.cfg.ipv4.addr, &self.cfg.dev_name, self.portal_dev().as_deref())
+        {
+            if !eps.contains(&e) {
+                eps.push(e);
+            }
+        }
+        self.engine.set_endpoints(eps);
     }
 
     /// Binds the control socket and serves it on a task of its own.
@@ -508,9 +559,14 @@ impl Runtime {
         Ok(tokio::spawn(accept_loop(listener, req_tx.clone(), admins, Asker { args: self.args.clone() })))
     }
 
-    /// Stops the pipelines, gives back the DNS registration and removes the socket.
+    /// Stops the pipelines, deletes the port mapping, gives back the DNS registration
+    /// and removes the socket.
     async fn shut_down(&mut self) {
         self.shared.stop.store(true, Ordering::Relaxed);
+        // The router forgets our mapping now, not when its lease ends.
+        if let Some(p) = self.portmap.take() {
+            p.shut_down().await;
+        }
         if self.dns.take().is_some() && self.cfg.accept_dns {
             let dev = self.cfg.dev_name.clone();
             let _ = tokio::task::spawn_blocking(move || crate::services::dns::unregister(&dev)).await;

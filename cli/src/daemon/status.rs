@@ -289,6 +289,7 @@ impl Runtime {
             control_traffic: self.control_traffic.clone(),
             connections_by_transport: self.connector.conns().by_transport().into_iter().collect(),
             userspace: self.userspace.as_ref().map(crate::notun::Userspace::json),
+            port_mapping: self.portmap.as_ref().map(|_| self.portmap_state.borrow().json(Instant::now())),
         }
     }
 }

@@ -83,3 +83,44 @@ pub(crate) fn local_networks(dev_name: &str) -> Vec<(IpAddr, u8)> {
     v.dedup();
     v
 }
+
+/// The IPv4 default gateway of the main routing table (`/proc/net/route`), the router
+/// port mapping asks; `None` without a default route.
+pub(crate) fn default_gateway() -> Option<std::net::Ipv4Addr> {
+    let table = std::fs::read_to_string("/proc/net/route").ok()?;
+    parse_default_gateway(&table)
+}
+
+/// The gateway of the first default route (destination and mask 0, flag G) of a
+/// `/proc/net/route` table, whose addresses are hexadecimal in host (little-endian)
+/// byte order.
+fn parse_default_gateway(table: &str) -> Option<std::net::Ipv4Addr> {
+    const RTF_UP: u32 = 0x1;
+    const RTF_GATEWAY: u32 = 0x2;
+    table.lines().skip(1).find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let hex = |i: usize| f.get(i).and_then(|s| u32::from_str_radix(s, 16).ok());
+        let (dest, gw, flags, mask) = (hex(1)?, hex(2)?, hex(3)?, hex(7)?);
+        let default = dest == 0 && mask == 0 && flags & (RTF_UP | RTF_GATEWAY) == RTF_UP | RTF_GATEWAY;
+        (default && gw != 0).then(|| std::net::Ipv4Addr::from(gw.swap_bytes()))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_gateway_is_read_from_the_route_table() {
+        let table = "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n\
+                     eth0\t000200C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n\
+                     eth0\t00000000\t010200C0\t0003\t0\t0\t0\t00000000\t0\t0\t0\n";
+        assert_eq!(parse_default_gateway(table), Some(std::net::Ipv4Addr::new(192, 0, 2, 1)));
+        // A default route without a gateway (a point-to-point link) names no router.
+        let table = "Iface\tDestination\tGateway\tFlags\tRefCnt\tUse\tMetric\tMask\n\
+                     ppp0\t00000000\t00000000\t0001\t0\t0\t0\t00000000\n";
+        assert_eq!(parse_default_gateway(table), None);
+        assert_eq!(parse_default_gateway("garbage\nx y z\n"), None);
+        assert_eq!(parse_default_gateway(""), None);
+    }
+}

@@ -314,8 +314,11 @@ impl Node {
     /// Where node `key` was seen, so that a punch towards it reaches it and nobody
     /// else: the UDP addresses our own links observe it at (in their signed records:
     /// a link is a member we hold a session with, not whoever the requester names as
-    /// its neighbour), and its announced endpoints that lie in a network this node is
-    /// connected to (two members on one LAN).
+    /// its neighbour), its announced endpoints that lie in a network this node is
+    /// connected to (two members on one LAN), and its announced UDP endpoints at an
+    /// address where it is seen: other ports of its own NAT's public address, such as
+    /// the one its router maps to it (port mapping), which the NAT forwards to it
+    /// whatever port the member's own traffic leaves from.
     pub(crate) fn punchable(&self, now: Instant, key: &PeerKey) -> Vec<Endpoint> {
         let id = key.id();
         // Where we see it ourselves, when it is a direct neighbour.
@@ -323,6 +326,14 @@ impl Node {
             self.peers.get(key).and_then(|p| p.path.direct()).map(|d| d.endpoint).into_iter().collect();
         self.push_observed(id, self.links(now).filter(|k| k != key).map(|k| k.id()), &mut out);
         if let Some(own) = self.mesh.topology.get(&id) {
+            let seen: Vec<IpAddr> = out
+                .iter()
+                .filter(|e| e.proto == Proto::Udp)
+                .map(|e| weft_core::endpoint::canonical(e.addr).ip())
+                .collect();
+            let mapped =
+                |e: &&Endpoint| e.proto == Proto::Udp && seen.contains(&weft_core::endpoint::canonical(e.addr).ip());
+            push_new(&mut out, own.endpoints.iter().filter(mapped));
             let on_lan = |e: &&Endpoint| {
                 let ip = weft_core::endpoint::canonical(e.addr).ip();
                 self.cfg.local_networks.iter().any(|(n, p)| weft_core::route::overlaps_ip(*n, *p, ip, 128))
