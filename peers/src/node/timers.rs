@@ -279,6 +279,10 @@ impl Peer {
             secret: self.last_handshake.map(|_| self.secret),
             error: self.error.clone(),
             stats: self.stats.clone(),
+            key: self.key.0,
+            groups: Vec::new(),
+            cert_not_after: None,
+            neighbours: Vec::new(),
         }
     }
 }
