@@ -30,6 +30,8 @@ pub(crate) mod routes;
 pub(crate) mod serve;
 pub(crate) mod session;
 pub(crate) mod snapshot;
+#[cfg(test)]
+mod tests;
 
 /// What the console holds: where the node is, the logins, and the authority's key when
 /// it was given.
