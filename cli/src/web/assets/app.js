@@ -66,7 +66,14 @@ function pathText(p) {
 function memberRows() {
   const s = state.status;
   if (!s) return [];
-  return s.peers.map((p) => ({
+  // This node first, as a row like the others.
+  const self = {
+    node_id: s.node_id, hostname: s.hostname, overlay: s.overlay, overlay6: s.overlay6, endpoint: (s.listeners || []).join(" "),
+    groups: s.certificate ? s.certificate.groups : [], cert_not_after: s.certificate ? s.certificate.not_after : null,
+    state: "established", path: "this node", transport: "", rtt_ms: null, loss: null, self: true,
+    rx_bytes: s.pipelines.reduce((a, x) => a + x.rx_bytes, 0), tx_bytes: s.pipelines.reduce((a, x) => a + x.tx_bytes, 0),
+  };
+  return [self].concat(s.peers).map((p) => ({
     p,
     name: p.hostname,
     node_id: p.node_id,
@@ -91,7 +98,7 @@ function renderMembers() {
   const tb = $("members").tBodies[0];
   tb.replaceChildren(...rows.map((r) => {
     const p = r.p;
-    const link = el("a", { href: "#member/" + p.node_id }, p.hostname || "(no name)");
+    const link = p.self ? el("strong", {}, p.hostname + " (this node)") : el("a", { href: "#member/" + p.node_id }, p.hostname || "(no name)");
     const tr = el("tr", { "data-node": p.node_id, class: online(p) ? "" : "offline" },
       el("td", {}, link), el("td", { class: "mono" }, p.node_id), el("td", {}, r.addr), el("td", {}, r.groups),
       el("td", {}, p.cert_not_after ? date(p.cert_not_after) : "none"),
@@ -211,6 +218,7 @@ function renderPlot() {
 // ---- policy ----
 function renderPolicy() {
   const s = state.status;
+  $("policy-push").hidden = !(state.session && state.session.authority);
   const p = s && s.policy;
   const box = $("policy-in-force");
   if (!p) {
