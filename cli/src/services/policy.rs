@@ -182,6 +182,6 @@ pub struct Checked {
 pub fn check_text(text: &str) -> Result<Checked, String> {
     let policy = weft_core::policy::Policy::parse(text).map_err(|e| e.to_string())?;
     let tests = policy.check_tests(&[], &[]).map_err(|e| e.to_string())?;
-    let unresolved = weft_core::policy::unresolved(&policy, &[]).into_iter().map(|n| n.to_string()).collect();
+    let unresolved = weft_core::policy::unresolved(&policy, &[]);
     Ok(Checked { rules: policy.rules.len(), tests, unresolved, version: crate::config::policy::version(text) })
 }

@@ -2,7 +2,7 @@
 //! control socket (as `weft status` and weft-gui do, with the rights of the user who
 //! runs it) and serves pages and a JSON API over HTTP (axum on hyper), or HTTPS
 //! (rustls) on anything but loopback. Logins follow Jupyter's model: a random token in
-//! the printed address buys a session cookie ([`session`]). With `--authority-key` it
+//! the printed address buys a session cookie (`session.rs`). With `--authority-key` it
 //! also signs (through `commands::authority`, the code of `weft authority`), and the
 //! key never leaves this process.
 //!
