@@ -13,6 +13,8 @@
 //!   Magic DNS, LAN discovery, `/metrics`.
 //! * [`notun`]: `--no-tun`: the userspace TCP/IP stack, SOCKS5, forwards and exposes.
 //! * [`commands`]: the other subcommands, clients of the control socket.
+//! * [`web`]: `weft web`, the web console: a client of the control socket that serves
+//!   pages and a JSON API over HTTP(S).
 //!
 //! ```text
 //!  flags/env/file --config--> NodeConfig --daemon::run--> TUN + UDP + pipelines (weft-datapath)
@@ -29,6 +31,7 @@ pub mod logging;
 mod meta;
 pub mod notun;
 pub mod services;
+pub mod web;
 
 use anyhow::Result;
 
@@ -48,6 +51,10 @@ pub fn run(cli: Cli) -> Result<()> {
             let pinned = log_level.is_some() || std::env::var("RUST_LOG").is_ok_and(|s| !s.is_empty());
             logging::init(log_level, log_format.as_deref(), cfg.log_level.as_deref(), cfg.log_format.as_deref())?;
             daemon::run(cfg, daemon::Reloadable { args, log_level_pinned: pinned })
+        }
+        Command::Web(args) => {
+            logging::init(log_level, log_format.as_deref(), None, None)?;
+            web::run(&args)
         }
         command => {
             logging::init(log_level, log_format.as_deref(), None, None)?;

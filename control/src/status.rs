@@ -507,6 +507,29 @@ pub struct PeerJson {
     /// Why its direct path is left for now (it lost data while keepalives passed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub degraded: Option<String>,
+    /// Its static public key, 64 hex digits (what `weft id` prints, certificates and
+    /// revocations name; absent from nodes before 0.4).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub key: String,
+    /// The groups its certificate grants (absent without an authority).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<String>,
+    /// The end of its certificate's validity, unix seconds (absent without one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert_not_after: Option<u64>,
+    /// Its own links, as its signed record lists them (absent before its record
+    /// arrived): the mesh map.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub neighbours: Vec<NeighbourJson>,
+}
+
+/// A link of a member, from its signed record.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct NeighbourJson {
+    /// The neighbour's node id.
+    pub node_id: String,
+    /// The link's latency as the member measured it, in milliseconds.
+    pub rtt_ms: u32,
 }
 
 /// The access policy a node enforces.
@@ -534,6 +557,9 @@ pub struct PolicyJson {
     pub source_full: u64,
     /// New flows each rule admitted, in rule order.
     pub hits: Vec<u64>,
+    /// Each rule in words, in rule order (absent from nodes before 0.4).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rule_text: Vec<String>,
     /// Why the policy the authority signed for this network cannot be applied here:
     /// the node denies every flow but its own until one that can arrives.
     #[serde(default, skip_serializing_if = "Option::is_none")]

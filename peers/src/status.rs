@@ -80,6 +80,16 @@ pub struct PeerStatus {
     pub gso_off: bool,
     /// Why its direct path is left for now (lossy), while it is.
     pub degraded: Option<String>,
+    /// The groups its certificate grants (empty without an authority).
+    pub groups: Vec<String>,
+    /// The end of its certificate's validity, unix seconds (`None` without one).
+    pub cert_not_after: Option<u64>,
+    /// Its static public key (the 64-hex node id `weft id` prints and certificates
+    /// and revocations name).
+    pub key: [u8; 32],
+    /// Its links as its signed record lists them, with their latency in milliseconds
+    /// (empty before its record arrived).
+    pub neighbours: Vec<(NodeId, u32)>,
 }
 
 /// How traffic reaches a peer.

@@ -142,7 +142,7 @@ pub(crate) fn sign(a: &AuthoritySignArgs) -> Result<()> {
 }
 
 /// Groups given as flags: trimmed, checked, without repeats.
-fn parse_groups(given: &[String]) -> Result<Vec<String>, UsageError> {
+pub(crate) fn parse_groups(given: &[String]) -> Result<Vec<String>, UsageError> {
     let mut groups = Vec::new();
     for g in given.iter().map(|g| g.trim()).filter(|g| !g.is_empty()) {
         if g.len() > 64 || !g.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')) {
@@ -169,29 +169,94 @@ pub(crate) fn revoke(a: &AuthorityRevokeArgs) -> Result<()> {
         (Some(id), None) => parse_node_id(id)?,
         (None, None) => return Err(UsageError("name the NODE-ID to revoke, or --invite".into()).into()),
     };
-    let revocation = Revocation::issue(&key, subject, now_unix());
-    // A node key's revocation frees its names and addresses for `sign --replace`.
-    if a.invite.is_none() {
-        let mut ledger = Ledger::load(&a.key)?;
+    let revocation = revocation(&key, &a.key, subject, a.invite.is_none())?;
+    println!("{}", revocation.to_text());
+    Ok(())
+}
+
+/// Signs the revocation of `subject` (a node key, or an invite's id when `node` is
+/// false) with `key`, whose file is `key_path`; a node key's revocation is written to
+/// the ledger beside it, which frees its names and addresses for `sign --replace`.
+/// `weft authority revoke` and the web console both revoke through here.
+pub(crate) fn revocation(key: &AuthorityKey, key_path: &Path, subject: [u8; 32], node: bool) -> Result<Revocation> {
+    let revocation = Revocation::issue(key, subject, now_unix());
+    if node {
+        let mut ledger = Ledger::load(key_path)?;
         if !ledger.is_revoked(&subject) {
             ledger.append(Entry::Revoked { node: hex(&subject), at: revocation.issued })?;
         }
     }
-    println!("{}", revocation.to_text());
-    Ok(())
+    Ok(revocation)
 }
 
 /// `weft authority invite`: signs an invite and prints the token.
 pub(crate) fn invite(a: &AuthorityInviteArgs) -> Result<()> {
     let key = load_key(&a.key)?;
-    if a.network_name.is_empty() || a.network_name.len() > 64 {
-        return Err(UsageError(format!("invalid --network-name {:?}: 1 to 64 bytes", a.network_name)).into());
+    let spec = InviteSpec {
+        network: &a.network_name,
+        secret: &a.network_secret.0,
+        peers: &a.peers,
+        groups: &a.groups,
+        expires: &a.expires,
+        uses: a.uses,
+        cert_expires: &a.cert_expires,
+    };
+    let made = make_invite(&key, &spec)?;
+    eprintln!(
+        "invite {} for network {:?}: {}, expires {}; it carries the network secret, so hand it over as you would the secret",
+        made.id,
+        a.network_name,
+        uses_text(a.uses),
+        utc(made.expires),
+    );
+    println!("{}", made.token);
+    Ok(())
+}
+
+/// What an invite is made of, as the flags (or the web console's form) give it.
+pub(crate) struct InviteSpec<'a> {
+    /// The network it joins.
+    pub(crate) network: &'a str,
+    /// The network's secret, carried in the token.
+    pub(crate) secret: &'a str,
+    /// Entry points: members' udp:// URIs.
+    pub(crate) peers: &'a [String],
+    /// Groups the issued certificates carry.
+    pub(crate) groups: &'a [String],
+    /// How long it may be used (`24h`).
+    pub(crate) expires: &'a str,
+    /// How many machines may join with it (0: any number).
+    pub(crate) uses: u32,
+    /// How long the certificates issued for it are valid (`365d`).
+    pub(crate) cert_expires: &'a str,
+}
+
+/// A signed invite.
+pub(crate) struct MadeInvite {
+    /// The one-line token (`weft-invite:...`).
+    pub(crate) token: String,
+    /// Its id, 64 hex digits (what `weft authority revoke --invite` takes).
+    pub(crate) id: String,
+    /// Until when it may be used, unix seconds.
+    pub(crate) expires: u64,
+    /// The groups it grants, checked.
+    pub(crate) groups: Vec<String>,
+}
+
+/// Checks `spec` and signs the invite with `key` (`weft authority invite` and the web
+/// console).
+pub(crate) fn make_invite(key: &AuthorityKey, spec: &InviteSpec<'_>) -> Result<MadeInvite> {
+    if spec.network.is_empty() || spec.network.len() > 64 {
+        return Err(UsageError(format!("invalid --network-name {:?}: 1 to 64 bytes", spec.network)).into());
     }
-    if a.network_secret.0.is_empty() {
+    if spec.secret.is_empty() {
         return Err(UsageError("invalid network secret: it is empty".into()).into());
     }
+    if spec.peers.is_empty() {
+        return Err(UsageError("an invite needs at least one entry point (a member's udp:// URI)".into()).into());
+    }
     let mut entry_points = Vec::new();
-    for p in &a.peers {
+    for p in spec.peers {
         let uri: PeerUri = p.parse()?;
         if uri.proto != weft_datapath::transport::Proto::Udp {
             return Err(UsageError(format!(
@@ -201,32 +266,31 @@ pub(crate) fn invite(a: &AuthorityInviteArgs) -> Result<()> {
         }
         entry_points.push(uri.to_string());
     }
-    let lifetime = parse_duration(&a.cert_expires)?;
+    let lifetime = parse_duration(spec.cert_expires)?;
     let lifetime = u32::try_from(lifetime)
-        .map_err(|_| UsageError(format!("--cert-expires {}: at most about 136 years", a.cert_expires)))?;
+        .map_err(|_| UsageError(format!("--cert-expires {}: at most about 136 years", spec.cert_expires)))?;
     let mut id = [0u8; 32];
     rand::rngs::OsRng.fill_bytes(&mut id);
+    let groups = parse_groups(spec.groups)?;
     let body = InviteBody {
         authority: key.id(),
         id,
-        expires: now_unix().saturating_add(parse_duration(&a.expires)?),
-        uses: a.uses,
+        expires: now_unix().saturating_add(parse_duration(spec.expires)?),
+        uses: spec.uses,
         lifetime,
-        network: a.network_name.clone(),
-        groups: parse_groups(&a.groups)?,
+        network: spec.network.to_owned(),
+        groups: groups.clone(),
     };
-    let invite = body.sign(&key).map_err(|e| UsageError(format!("cannot make this invite: {e}")))?;
-    let token = Token { secret: a.network_secret.0.clone(), entry_points, invite };
+    let invite = body.sign(key).map_err(|e| UsageError(format!("cannot make this invite: {e}")))?;
+    let expires = invite.body().expires;
+    let token = Token { secret: spec.secret.to_owned(), entry_points, invite };
     let text = token.to_text().map_err(|e| UsageError(format!("cannot make this invite: {e}")))?;
-    eprintln!(
-        "invite {} for network {:?}: {}, expires {}; it carries the network secret, so hand it over as you would the secret",
-        hex(&id),
-        a.network_name,
-        if a.uses == 0 { "any number of uses".to_owned() } else { format!("{} use(s)", a.uses) },
-        utc(token.invite.body().expires),
-    );
-    println!("{text}");
-    Ok(())
+    Ok(MadeInvite { token: text, id: hex(&id), expires, groups })
+}
+
+/// An invite's uses in words.
+pub(crate) fn uses_text(uses: u32) -> String {
+    if uses == 0 { "any number of uses".to_owned() } else { format!("{uses} use(s)") }
 }
 
 /// `weft authority sign-policy`: checks the policy (its tests, through its `[hosts]`)
@@ -235,16 +299,36 @@ pub(crate) fn sign_policy(a: &crate::config::args::AuthoritySignPolicyArgs) -> R
     let key = load_key(&a.key)?;
     let text = std::fs::read_to_string(&a.file)
         .map_err(|e| UsageError(format!("cannot read policy file {}: {e}", a.file.display())))?;
-    let policy = weft_core::policy::Policy::parse(&text)
-        .map_err(|e| UsageError(format!("policy file {}: {e}", a.file.display())))?;
-    let (passed, skipped) =
-        policy.check_known_tests(&[], &[]).map_err(|e| UsageError(format!("policy file {}: {e}", a.file.display())))?;
-    let version = a.policy_version.unwrap_or_else(now_unix);
-    let signed = weft_core::policy::SignedPolicy::sign(&key, &a.network_name, version, &text)
-        .map_err(|e| UsageError(format!("cannot sign {}: {e}", a.file.display())))?;
-    eprintln!(
-        "policy version {version} for network {:?}: {} rule(s), {passed} test(s) passed{}",
-        a.network_name,
+    let signed = signed_policy(&key, &a.network_name, a.policy_version, &text)
+        .map_err(|e| UsageError(format!("policy file {}: {}", a.file.display(), e.0)))?;
+    eprintln!("{}", signed.summary);
+    println!("{}", signed.policy.to_text());
+    Ok(())
+}
+
+/// A policy checked and signed.
+pub(crate) struct Signed {
+    /// The signed policy.
+    pub(crate) policy: weft_core::policy::SignedPolicy,
+    /// What was signed, in words: version, rules, tests.
+    pub(crate) summary: String,
+}
+
+/// Checks policy `text` (its tests, through its `[hosts]`) and signs it for `network`
+/// as `version` (default: now): `weft authority sign-policy` and the web console.
+pub(crate) fn signed_policy(
+    key: &AuthorityKey,
+    network: &str,
+    version: Option<u64>,
+    text: &str,
+) -> Result<Signed, UsageError> {
+    let policy = weft_core::policy::Policy::parse(text).map_err(|e| UsageError(e.to_string()))?;
+    let (passed, skipped) = policy.check_known_tests(&[], &[]).map_err(|e| UsageError(e.to_string()))?;
+    let version = version.unwrap_or_else(now_unix);
+    let signed = weft_core::policy::SignedPolicy::sign(key, network, version, text)
+        .map_err(|e| UsageError(format!("cannot sign it: {e}")))?;
+    let summary = format!(
+        "policy version {version} for network {network:?}: {} rule(s), {passed} test(s) passed{}",
         policy.rules.len(),
         if skipped > 0 {
             format!(", {skipped} left to the members (they name hosts the file does not)")
@@ -252,8 +336,7 @@ pub(crate) fn sign_policy(a: &crate::config::args::AuthoritySignPolicyArgs) -> R
             String::new()
         }
     );
-    println!("{}", signed.to_text());
-    Ok(())
+    Ok(Signed { policy: signed, summary })
 }
 
 /// `weft id`: the node key's public half, made if missing.
@@ -349,7 +432,7 @@ pub(crate) fn show(a: &CertShowArgs) -> Result<()> {
 
 /// Unix seconds as `YYYY-MM-DD HH:MM UTC` (the proleptic Gregorian calendar, from
 /// the count of days: Howard Hinnant's `civil_from_days`).
-fn utc(secs: u64) -> String {
+pub(crate) fn utc(secs: u64) -> String {
     let days = (secs / 86_400) as i64;
     let (hh, mm) = ((secs % 86_400) / 3600, (secs % 3600) / 60);
     let z = days + 719_468;

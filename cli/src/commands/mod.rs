@@ -68,6 +68,9 @@ pub(crate) fn run(command: Command) -> Result<()> {
             let revocation = authority::read_revocation(&a.revocation)?;
             change(&a.control, &weft_control::Request::AddRevocation { revocation })
         }
+        // The console sits above the commands (`crate::web` uses their signing code):
+        // `crate::run` starts it.
+        Command::Web(_) => anyhow::bail!("`weft web` is started by weft::run, not by commands::run"),
         Command::Version(a) => meta::version(a.json),
         Command::Completions(a) => meta::completions(a.shell),
         Command::Man(a) if a.markdown => meta::markdown(),

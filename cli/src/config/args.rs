@@ -123,6 +123,12 @@ pub enum Command {
     /// rule decides a flow.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Serve the web console of a running node: members, mesh map and live traffic,
+    /// access policy, invites and revocations. Prints the address to open, with a
+    /// login token; it talks to the node over the control socket with the rights of
+    /// the user who runs it. Actions that need the authority's key are offered only
+    /// with --authority-key, which stays in this process.
+    Web(Box<WebArgs>),
     /// Print the release, the commit and the protocol version (what `--version` says;
     /// `--json` for scripts, with the oldest protocol this build talks to).
     Version(VersionArgs),
@@ -503,6 +509,44 @@ pub enum AuthorityCommand {
     /// Sign an access policy file (after checking it): prints the signed policy (one
     /// line) for `weft policy push`, which the mesh carries to every member.
     SignPolicy(AuthoritySignPolicyArgs),
+}
+
+/// Arguments of `weft web`.
+#[derive(Debug, Args)]
+pub struct WebArgs {
+    /// Address and port to serve the console on. Anything but a loopback address needs
+    /// --tls-cert and --tls-key, or --insecure-http.
+    #[arg(long, value_name = "ADDR:PORT", env = "WEFT_WEB_LISTEN", default_value = "127.0.0.1:8787")]
+    pub listen: String,
+    /// Control socket of the node.
+    #[arg(long, value_name = "PATH", env = "WEFT_CONTROL", default_value_os_t = default_control())]
+    pub control: PathBuf,
+    /// Keep the login token in FILE (mode 0600): read when it exists, made and written
+    /// when it does not (for a service). Without it, each start makes a new token.
+    #[arg(long, value_name = "FILE", env = "WEFT_WEB_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Serve HTTPS with this certificate chain (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM, mode 0600).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Serve plain HTTP on a non-loopback address: the login token and the session
+    /// cookie cross the network readable by anyone on the path.
+    #[arg(long, conflicts_with_all = ["tls_cert", "tls_key"])]
+    pub insecure_http: bool,
+    /// The authority's private key file: the console then signs and pushes policies,
+    /// makes invites and revokes members. The key never leaves this process.
+    #[arg(long, value_name = "FILE", env = "WEFT_WEB_AUTHORITY_KEY")]
+    pub authority_key: Option<PathBuf>,
+    /// The network's secret, which invites carry (prefer WEFT_NETWORK_SECRET); invites
+    /// are offered only with it and --authority-key.
+    #[arg(long, value_name = "SECRET", env = "WEFT_NETWORK_SECRET", hide_env_values = true)]
+    pub network_secret: Option<crate::config::values::Secret>,
+    /// How long a login lasts (a number and s, m, h or d); a session unused for an
+    /// hour ends sooner.
+    #[arg(long, value_name = "DURATION", default_value = "12h")]
+    pub session_lifetime: String,
 }
 
 /// Arguments of `weft authority sign-policy`.

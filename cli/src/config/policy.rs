@@ -46,7 +46,7 @@ impl Loaded {
 }
 
 /// The first 12 hex digits of the text's SHA-256.
-fn version(text: &str) -> String {
+pub(crate) fn version(text: &str) -> String {
     let d = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
     d.as_ref()[..6].iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -90,6 +90,14 @@ impl Runtime {
                     path_mtu: p.path_mtu,
                     gso_off: p.gso_off,
                     degraded: p.degraded.clone(),
+                    key: crate::daemon::state::hex(&p.key),
+                    groups: p.groups.clone(),
+                    cert_not_after: p.cert_not_after,
+                    neighbours: p
+                        .neighbours
+                        .iter()
+                        .map(|(n, rtt_ms)| weft_control::NeighbourJson { node_id: n.to_string(), rtt_ms: *rtt_ms })
+                        .collect(),
                 }
             })
             .collect();
@@ -298,9 +306,16 @@ impl Runtime {
     /// The access policy in force, for status.
     fn policy_json(&self) -> Option<weft_control::PolicyJson> {
         let fw = &self.shared.firewall;
-        let (source, version, rules) = match (&self.policy.loaded, &self.policy.refused) {
-            (_, Some(_)) => ("signed by the authority, not applicable here".to_owned(), "refused".to_owned(), 0),
-            (Some(l), None) => (l.source(), l.version.clone(), l.policy.rules.len()),
+        let (source, version, rules, rule_text) = match (&self.policy.loaded, &self.policy.refused) {
+            (_, Some(_)) => {
+                ("signed by the authority, not applicable here".to_owned(), "refused".to_owned(), 0, Vec::new())
+            }
+            (Some(l), None) => (
+                l.source(),
+                l.version.clone(),
+                l.policy.rules.len(),
+                l.policy.rules.iter().map(crate::services::policy::describe).collect(),
+            ),
             (None, None) => return None,
         };
         let hits = fw.active().map(|a| a.hits.iter().map(|h| h.load(Ordering::Relaxed)).collect()).unwrap_or_default();
@@ -316,6 +331,7 @@ impl Runtime {
             table_full: fw.table_full.load(Ordering::Relaxed),
             source_full: fw.source_full.load(Ordering::Relaxed),
             hits,
+            rule_text,
         })
     }
 }

@@ -119,31 +119,11 @@ impl Enforced {
             .ok_or_else(|| format!("{name:?} is no member or address this node knows"))?;
         let c = l.policy.compile(&self.members, overlay);
         Ok(match c.allows(src, dst, p, port) {
-            Some(r) => {
-                let rule = &l.policy.rules[r];
-                let list = |v: &[weft_core::policy::Selector]| {
-                    v.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
-                };
-                format!(
-                    "{from} ({src}) -> {name} ({dst}) {proto_name} {port}: allowed by rule {} (from [{}] to [{}], {}{})",
-                    r + 1,
-                    list(&rule.from),
-                    list(&rule.to),
-                    rule.proto,
-                    if rule.ports.is_empty() {
-                        String::new()
-                    } else {
-                        format!(
-                            " ports {}",
-                            rule.ports
-                                .iter()
-                                .map(|(a, b)| if a == b { a.to_string() } else { format!("{a}-{b}") })
-                                .collect::<Vec<_>>()
-                                .join(",")
-                        )
-                    }
-                )
-            }
+            Some(r) => format!(
+                "{from} ({src}) -> {name} ({dst}) {proto_name} {port}: allowed by rule {} ({})",
+                r + 1,
+                describe(&l.policy.rules[r])
+            ),
             None => format!(
                 "{from} ({src}) -> {name} ({dst}) {proto_name} {port}: denied (no rule allows it; policy {})",
                 l.version
@@ -152,15 +132,56 @@ impl Enforced {
     }
 }
 
+/// A rule in words: `from [a, b] to [c], tcp ports 22,80-81`.
+pub fn describe(rule: &weft_core::policy::Rule) -> String {
+    let list = |v: &[weft_core::policy::Selector]| v.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+    let ports = if rule.ports.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " ports {}",
+            rule.ports
+                .iter()
+                .map(|(a, b)| if a == b { a.to_string() } else { format!("{a}-{b}") })
+                .collect::<Vec<_>>()
+                .join(",")
+        )
+    };
+    format!("from [{}] to [{}], {}{ports}", list(&rule.from), list(&rule.to), rule.proto)
+}
+
 /// `weft policy check FILE`.
 pub fn check(path: &Path) -> anyhow::Result<()> {
-    let l = Loaded::read(path)?;
-    let n = l.policy.check_tests(&[], &[]).map_err(|e| UsageError(format!("policy file {}: {e}", path.display())))?;
-    for name in weft_core::policy::unresolved(&l.policy, &[]) {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| UsageError(format!("cannot read policy file {}: {e}", path.display())))?;
+    let c = check_text(&text).map_err(|e| UsageError(format!("policy file {}: {e}", path.display())))?;
+    for name in &c.unresolved {
         eprintln!(
             "note: {name} names no [hosts] entry: it resolves only on a running node (a member's host name, or a certificate group)"
         );
     }
-    println!("{}: {} rule(s), {n} test(s) passed, version {}", path.display(), l.policy.rules.len(), l.version);
+    println!("{}: {} rule(s), {} test(s) passed, version {}", path.display(), c.rules, c.tests, c.version);
     Ok(())
+}
+
+/// What `weft policy check` found in a policy that passed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checked {
+    /// Its rules.
+    pub rules: usize,
+    /// Its tests, all passed.
+    pub tests: usize,
+    /// Names it uses that no `[hosts]` entry gives: they resolve on a running node.
+    pub unresolved: Vec<String>,
+    /// A short hash of the text.
+    pub version: String,
+}
+
+/// Parses policy `text` and runs its tests, names resolving through its `[hosts]`
+/// (`weft policy check` and the web console's editor): the first problem, or what it holds.
+pub fn check_text(text: &str) -> Result<Checked, String> {
+    let policy = weft_core::policy::Policy::parse(text).map_err(|e| e.to_string())?;
+    let tests = policy.check_tests(&[], &[]).map_err(|e| e.to_string())?;
+    let unresolved = weft_core::policy::unresolved(&policy, &[]);
+    Ok(Checked { rules: policy.rules.len(), tests, unresolved, version: crate::config::policy::version(text) })
 }

@@ -17,7 +17,21 @@ impl Node {
         let mut peers: Vec<PeerStatus> = self
             .peers
             .values()
-            .map(|p| p.status(now, self.path_status(p), self.mesh.paths.contains_key(&p.id)))
+            .map(|p| {
+                let mut st = p.status(now, self.path_status(p), self.mesh.paths.contains_key(&p.id));
+                // What its signed record and certificate say: the web console's member
+                // page and mesh map.
+                let record = self.mesh.topology.get(&p.id);
+                if let Some(r) = record {
+                    st.neighbours = r.neighbours.iter().map(|n| (n.node, n.rtt_ms)).collect();
+                }
+                let cert = p.hello.cert.as_deref().or_else(|| record.and_then(|r| r.cert.as_deref()));
+                if let Some(c) = cert.and_then(|c| weft_core::cert::Certificate::from_bytes(c).ok()) {
+                    st.groups = c.body().groups.clone();
+                    st.cert_not_after = Some(c.body().not_after);
+                }
+                st
+            })
             .collect();
         peers.sort_by_key(|p| p.overlay);
         let dials = self

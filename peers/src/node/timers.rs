@@ -309,6 +309,10 @@ impl Peer {
             path_mtu: self.pmtu.known().then_some(self.pmtu.mtu),
             gso_off: self.pmtu.gso_broken,
             degraded: self.degraded.as_ref().filter(|d| d.holds(now)).map(|d| d.why.clone()),
+            key: self.key.0,
+            groups: Vec::new(),
+            cert_not_after: None,
+            neighbours: Vec::new(),
         }
     }
 }
