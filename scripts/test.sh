@@ -11,8 +11,9 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 need=()
 # wireguard-go and wg: the WireGuard portal's test uses them as the stock client;
-# dig: the Magic DNS test asks with it; miniupnpd: the port-mapping test's router.
-for tool in ip:iproute2 ping:iputils-ping tcpdump:tcpdump setpriv:util-linux unshare:util-linux nft:nftables iperf3:iperf3 sysctl:procps Xvfb:xvfb wireguard-go:wireguard-go wg:wireguard-tools dig:bind9-dnsutils miniupnpd:miniupnpd-nftables; do
+# dig: the Magic DNS test asks with it; miniupnpd: the port-mapping test's router;
+# chromium and its WebDriver: the web console's browser test.
+for tool in ip:iproute2 ping:iputils-ping tcpdump:tcpdump setpriv:util-linux unshare:util-linux nft:nftables iperf3:iperf3 sysctl:procps Xvfb:xvfb wireguard-go:wireguard-go wg:wireguard-tools dig:bind9-dnsutils miniupnpd:miniupnpd-nftables chromium:chromium chromedriver:chromium-driver; do
     command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool##*:}")
 done
 if [ ${#need[@]} -gt 0 ]; then
