@@ -59,6 +59,8 @@ fn a_transfer_crosses_a_path_that_drops_large_packets_and_sends_no_icmp() {
     r.exec_ok(&["nft", "add", "rule", "inet", "bh", "out", "meta", "l4proto", "icmp", "drop"]);
     let dir = TempDir::new();
     let (na, nb) = pair(&a, &b, &dir);
+    // Paths are measured while data flows on them.
+    let mut pinger = a.cmd("ping").args(["-i", "0.2", "-q", "10.126.170.2"]).spawn().unwrap();
     wait_until(Duration::from_secs(10), "the full path MTU is measured", || path(&na, "10.126.170.2").0 == Some(1420));
     for (limit, inner) in [(1400u32, 1340u64), (1280, 1220)] {
         // The black hole appears under a working path, and a transfer starts at once:
@@ -79,6 +81,8 @@ fn a_transfer_crosses_a_path_that_drops_large_packets_and_sends_no_icmp() {
         let drops = &na.status()["drops"];
         assert!(drops["too_big"].as_u64().unwrap_or(0) > 0, "no packet was answered as too big: {drops}");
     }
+    netns::run(std::process::Command::new("kill").args(["-INT", &pinger.id().to_string()]));
+    let _ = pinger.wait();
 }
 
 #[test]
@@ -92,6 +96,8 @@ fn a_path_that_loses_offloaded_batches_is_found_and_carries_data_one_by_one() {
     r.exec_ok(&["nft", "add", "rule", "inet", "gso", "fw", "meta", "length", ">", "1600", "counter", "drop"]);
     let dir = TempDir::new();
     let (na, nb) = pair(&a, &b, &dir);
+    // Paths are measured while data flows on them.
+    let mut pinger = a.cmd("ping").args(["-i", "0.2", "-q", "10.126.170.2"]).spawn().unwrap();
     let found = wait_until(Duration::from_secs(30), "both ends turn GSO off for the path", || {
         path(&na, "10.126.170.2").1 && path(&nb, "10.126.170.1").1
     });
@@ -102,6 +108,8 @@ fn a_path_that_loses_offloaded_batches_is_found_and_carries_data_one_by_one() {
     let rules = String::from_utf8_lossy(&r.exec_ok(&["nft", "list", "table", "inet", "gso"]).stdout).into_owned();
     assert!(!rules.contains("packets 0 "), "no batch was ever dropped, so nothing was tested: {rules}");
     assert!(na.log_text().contains("UDP GSO off"), "no log line says so");
+    netns::run(std::process::Command::new("kill").args(["-INT", &pinger.id().to_string()]));
+    let _ = pinger.wait();
 }
 
 #[test]

@@ -445,8 +445,8 @@ pub(crate) struct SessionTimers {
     pub(crate) probe: Option<Instant>,
     /// The next summary, on a link.
     pub(crate) summary: Option<Instant>,
-    /// The next round of the path MTU measurement, while the session is kept or
-    /// active and the member answers probes.
+    /// The next round of the path MTU measurement, while data flows and the member
+    /// answers probes.
     pub(crate) pmtu: Option<Instant>,
 }
 
@@ -472,8 +472,11 @@ impl SessionTimers {
         let active = kept || p.activity.active(now, ACTIVE_WINDOW) || p.watch_since.is_some();
         let probe = active.then(|| p.probe.next.unwrap_or(now));
         let summary = p.is_link(now).then(|| p.summary_next.unwrap_or(now));
+        // A path is measured while data flows on it (an idle link's control messages
+        // need no MTU, and probing idle links would cost every node at rest).
         let answers_probes = p.hello.protocol().caps & weft_core::handshake::caps::PMTU != 0;
-        let pmtu = (active && answers_probes).then(|| p.pmtu.next.unwrap_or(now));
+        let busy = p.activity.active(now, ACTIVE_WINDOW);
+        let pmtu = (busy && answers_probes).then(|| p.pmtu.next.unwrap_or(now));
         Self { rekey, keepalive, dead, retire, probe, summary, pmtu }
     }
 

@@ -36,6 +36,9 @@ pub(crate) const STEADY_EVERY: Duration = Duration::from_secs(2);
 const MISSES: u32 = 2;
 /// Every this many confirmations, the next size up is tried too.
 const UP_EVERY: u32 = 8;
+/// A relayed path is measured once it has stayed relayed this long (most become
+/// direct within a second, by punching: probes through the relay would be wasted).
+const RELAYED_SETTLE: Duration = Duration::from_secs(10);
 /// A search that got no answer at all is tried again after this.
 const RETRY_AFTER: Duration = Duration::from_secs(20);
 /// Size of the probes sent as one GSO batch, and how many.
@@ -132,7 +135,8 @@ impl PathMtu {
     /// Starts again when the member's path is no longer the one measured.
     pub(crate) fn follow(&mut self, path: (Endpoint, bool), now: Instant) {
         if self.path != Some(path) {
-            *self = Self { path: Some(path), next: Some(now), ..Self::default() };
+            let first = if path.1 { now + RELAYED_SETTLE } else { now };
+            *self = Self { path: Some(path), next: Some(first), ..Self::default() };
         }
     }
 

@@ -203,11 +203,11 @@ impl Node {
         // SessionTimers: activity is sampled per wake).
         if p.anchor() == Anchor::None {
             v.extend(plan.rekey);
-            // A watched router's pings, and a direct path's loss probes.
+            // A watched router's pings, and a direct path's loss probes. (Its path
+            // MTU rounds run at the wakes it has anyway: see SessionTimers.)
             if p.watch_since.is_some() || super::paths::loss_watched(p, now) {
                 v.extend(plan.probe);
             }
-            v.extend(plan.pmtu);
         } else {
             v.extend(plan.earliest());
         }
