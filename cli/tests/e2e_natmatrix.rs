@@ -17,10 +17,16 @@
 //! each other's path as `direct` in `weft status --json` is printed per pair.
 //!
 //! * cone×cone, CGNAT×cone: punching goes direct;
+//! * cone×symmetric: the birthday method (the symmetric side opens 256 mappings
+//!   towards the cone side, which probes random ports of its public address) goes
+//!   direct;
 //! * symmetric×symmetric: stays relayed through P, and the overlay still carries pings;
-//! * symmetric+port mapping×symmetric: direct through the router's mapping (miniupnpd);
-//! * cone×symmetric: printed as measured (direct or relayed), not asserted: see
-//!   docs/nat-traversal.md for what it takes.
+//!   `weft peers` says both sides are endpoint-dependent;
+//! * symmetric+port mapping×symmetric: direct through the router's mapping (miniupnpd).
+//!
+//! Each member's `nat` status (`weft netcheck`) is checked against its router: P sees
+//! a cone member at its own port (endpoint-independent, a guess from one observer),
+//! a symmetric one at another port (endpoint-dependent).
 //!
 //! miniupnpd refuses documentation ranges as its external address, so that one router's
 //! WAN uses 100.200.0.0/24, which exists only inside this test's namespaces (on-link
@@ -234,6 +240,8 @@ struct Outcome {
     pinged: bool,
     /// Each side's view of the other at the end (path, reason).
     seen: String,
+    /// Birthday probes a sent to b, and mappings b opened for them (and the other way).
+    hard_nat: [u64; 4],
 }
 
 /// Pings `a` → `b` over the overlay until both see a direct path (at most `limit`).
@@ -257,7 +265,15 @@ fn run_pair(name: &'static str, a: &Site, b: &Site, limit: Duration) -> Outcome 
         x.node().peer(&y.overlay).map(|p| format!("{} ({})", p["path"], p["no_direct"])).unwrap_or_default()
     };
     let seen = format!("{} / {}", view(a, b), view(b, a));
-    Outcome { name, direct_after, pinged, seen }
+    let count =
+        |x: &Site, y: &Site, field: &str| x.node().peer(&y.overlay).and_then(|p| p[field].as_u64()).unwrap_or(0);
+    let hard_nat = [
+        count(a, b, "hard_nat_probes"),
+        count(b, a, "hard_nat_mappings"),
+        count(b, a, "hard_nat_probes"),
+        count(a, b, "hard_nat_mappings"),
+    ];
+    Outcome { name, direct_after, pinged, seen, hard_nat }
 }
 
 #[test]
@@ -301,16 +317,48 @@ fn nat_matrix_pairs_go_direct_where_the_nats_allow() {
     });
     for o in &outcomes {
         let t = o.direct_after.map_or("relayed".to_owned(), |d| format!("direct after {:.1} s", d.as_secs_f64()));
-        eprintln!("natmatrix: {:<30} {t:<22} pings {} ; {}", o.name, if o.pinged { "ok" } else { "LOST" }, o.seen);
+        let [ab, bm, ba, am] = o.hard_nat;
+        eprintln!(
+            "natmatrix: {:<30} {t:<22} pings {}; probes a->b {ab} (b opened {bm} mappings), b->a {ba} (a opened {am}); {}",
+            o.name,
+            if o.pinged { "ok" } else { "LOST" },
+            o.seen
+        );
     }
     let get = |name: &str| outcomes.iter().find(|o| o.name == name).unwrap();
-    for name in ["cone x cone", "cgnat x cone", "symmetric+mapping x symmetric"] {
+    for name in ["cone x cone", "cgnat x cone", "cone x symmetric", "symmetric+mapping x symmetric"] {
         let o = get(name);
         assert!(o.direct_after.is_some(), "{name} did not go direct within {DIRECT_WITHIN:?}: {}", o.seen);
         assert!(o.pinged, "{name}: pings lost");
     }
+    // cone x symmetric went direct by the birthday method: the cone side probed, the
+    // symmetric side opened mappings, within the bounds; nobody else probed.
+    let [probes, mappings, back, _] = get("cone x symmetric").hard_nat;
+    assert!(probes > 0 && mappings > 0 && back == 0, "{:?}", get("cone x symmetric").hard_nat);
+    assert!(probes <= 8 * 256 && mappings <= 16 * 256, "{probes} probes, {mappings} mappings");
+    for name in ["cone x cone", "cgnat x cone", "symmetric x symmetric", "symmetric+mapping x symmetric"] {
+        assert_eq!(get(name).hard_nat, [0; 4], "{name} took the birthday method");
+    }
     let hard = get("symmetric x symmetric");
     assert!(hard.direct_after.is_none(), "two endpoint-dependent NATs went direct: {}", hard.seen);
     assert!(hard.pinged, "symmetric x symmetric: the relayed overlay lost pings");
+    assert!(hard.seen.contains("both sides endpoint-dependent"), "{}", hard.seen);
+
+    // What each member's netcheck says of its own NAT.
+    for (name, a, b) in &sites {
+        for (site, kind) in [(a, name.split(" x ").next().unwrap()), (b, name.split(" x ").nth(1).unwrap())] {
+            let nat = &site.node().status()["nat"];
+            let want = if kind.starts_with("symmetric") { "endpoint-dependent" } else { "endpoint-independent" };
+            assert_eq!(nat["mapping"], want, "{name}: {kind} member: {nat}");
+            assert_eq!(nat["port_preserving"], !kind.starts_with("symmetric"), "{name}: {kind}: {nat}");
+            assert_eq!(nat["observed"][0]["hostname"].as_str().map(|h| !h.is_empty()), Some(true), "{nat}");
+        }
+    }
+    let (hard_a, hard_b) = sites.iter().find(|s| s.0 == "symmetric x symmetric").map(|s| (&s.1, &s.2)).unwrap();
+    let (ok, text) = netns::weft_out(&["netcheck", "--control", hard_a.node().control.to_str().unwrap()]);
+    assert!(ok, "{text}");
+    eprintln!("{text}");
+    assert!(text.contains("mapping      endpoint-dependent (a guess: seen by one member only)"), "{text}");
+    assert!(text.contains(&format!("({}): both sides endpoint-dependent", hard_b.overlay)), "{text}");
     drop(sites);
 }

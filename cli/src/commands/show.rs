@@ -186,11 +186,16 @@ pub(crate) fn peers(s: &StatusJson) -> String {
                 p.endpoint.clone().unwrap_or_else(|| "-".into()),
                 p.last_handshake_secs.map_or_else(|| "-".into(), |x| format!("{} ago", human_secs(x))),
                 // Why the path is what it is, then the last error.
-                [p.degraded.clone(), p.error.clone(), p.gso_off.then(|| "UDP GSO off for this path".to_owned())]
-                    .into_iter()
-                    .flatten()
-                    .collect::<Vec<_>>()
-                    .join("; "),
+                [
+                    p.degraded.clone(),
+                    p.no_direct.clone(),
+                    p.error.clone(),
+                    p.gso_off.then(|| "UDP GSO off for this path".to_owned()),
+                ]
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>()
+                .join("; "),
             ]
         })
         .collect();
@@ -343,6 +348,41 @@ fn human_bytes(b: u64) -> String {
         u += 1;
     }
     if u == 0 { format!("{b} B") } else { format!("{v:.1} {}", UNITS[u]) }
+}
+
+/// Renders `weft netcheck`: this node's NAT as its links see it, its port mapping,
+/// its candidates, and why each relayed member has no direct path.
+pub(crate) fn netcheck(s: &StatusJson) -> String {
+    let n = &s.nat;
+    let mut o = String::new();
+    let how = if n.certain {
+        format!("seen by {} members", n.observed.len())
+    } else if n.observed.is_empty() {
+        "no member reported where it sees this node yet".to_owned()
+    } else {
+        "a guess: seen by one member only".to_owned()
+    };
+    let _ = writeln!(o, "mapping      {} ({how})", printable(&n.mapping));
+    let preserving = match n.port_preserving {
+        Some(true) => "yes",
+        Some(false) => "no",
+        None => "unknown",
+    };
+    let _ = writeln!(o, "port kept    {preserving}");
+    for seen in &n.observed {
+        let host = if seen.hostname.is_empty() { &seen.by } else { &seen.hostname };
+        let _ = writeln!(o, "seen by      {} at {}", printable(host), printable(&seen.address));
+    }
+    let mapping = s.port_mapping.as_ref().map_or_else(|| "off".to_owned(), port_mapping);
+    let _ = writeln!(o, "port map     {mapping}");
+    let candidates =
+        if n.candidates.is_empty() { "none".to_owned() } else { printable(&n.candidates.join(" ")).into_owned() };
+    let _ = writeln!(o, "candidates   {candidates}");
+    for p in s.peers.iter().filter(|p| p.path == PathKind::Relay) {
+        let why = p.no_direct.as_deref().unwrap_or("-");
+        let _ = writeln!(o, "relayed      {} ({}): {}", printable(&p.hostname), p.overlay, printable(why));
+    }
+    o
 }
 
 /// The port mapping line of `weft status`: what the router mapped, or why nothing.

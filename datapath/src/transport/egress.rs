@@ -58,7 +58,11 @@ impl Egress {
 
     /// Sends every frame in `out`; returns how many could not be sent.
     pub fn send<B: AsRef<[u8]>>(&mut self, bufs: &[B], out: &[Outgoing]) -> Unsent {
-        if out.iter().all(|o| o.to.proto == Proto::Udp) {
+        // A UDP endpoint reached from a socket of its own (the birthday method's hard
+        // side) is a connection here; while there is none, UDP skips the lookup.
+        let pinned = self.conns.has_pinned_udp();
+        let via_socket = |o: &Outgoing| o.to.proto == Proto::Udp && !(pinned && self.conns.contains(&o.to));
+        if out.iter().all(|o| o.to.proto == Proto::Udp) && !pinned {
             return Unsent { udp: udp::send_batch(&self.udp, bufs, out, &self.offload), link: 0 };
         }
         self.udp_out.clear();
@@ -67,7 +71,7 @@ impl Egress {
         // sparse flows' frames of a mixed batch as one of their own, queued first.
         let mut runs: [Option<(Endpoint, Vec<u8>, usize)>; 2] = [None, None];
         for o in out {
-            if o.to.proto == Proto::Udp {
+            if via_socket(o) {
                 self.udp_out.push(*o);
                 continue;
             }

@@ -47,6 +47,7 @@ use super::connections::{ConnCounters, ConnQueue, Connections, Queued};
 use super::{Endpoint, Proto, frame};
 
 mod fragment;
+mod pinned;
 mod quic;
 mod slots;
 mod stream;
