@@ -316,7 +316,8 @@ fn nat_matrix_pairs_go_direct_where_the_nats_allow() {
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     for o in &outcomes {
-        let t = o.direct_after.map_or("relayed".to_owned(), |d| format!("direct after {:.1} s", d.as_secs_f64()));
+        let t =
+            o.direct_after.map_or_else(|| "relayed".to_owned(), |d| format!("direct after {:.1} s", d.as_secs_f64()));
         let [ab, bm, ba, am] = o.hard_nat;
         eprintln!(
             "natmatrix: {:<30} {t:<22} pings {}; probes a->b {ab} (b opened {bm} mappings), b->a {ba} (a opened {am}); {}",

@@ -68,7 +68,7 @@ pub fn classify(observed: &[SocketAddr], local: &[SocketAddr]) -> NatGuess {
     if observed.iter().all(|a| own_ip(a.ip()) && own_port(a)) {
         return NatGuess { mapping: Mapping::NoNat, certain: observers > 1, port_preserving, observers };
     }
-    let mut distinct = observed.clone();
+    let mut distinct = observed;
     distinct.sort();
     distinct.dedup();
     let mapping = if distinct.len() > 1 {
@@ -173,7 +173,7 @@ mod tests {
     fn reasons_name_the_side_that_is_hard() {
         let easy = NatGuess { mapping: Mapping::Independent, certain: true, port_preserving: Some(true), observers: 2 };
         let hard = NatGuess { mapping: Mapping::Dependent, certain: true, port_preserving: Some(false), observers: 2 };
-        let one = NatGuess { certain: false, observers: 1, ..hard.clone() };
+        let one = NatGuess { certain: false, observers: 1, ..hard };
         let s = |nat, mapped| Side { nat, mapped };
         assert!(no_direct_reason(s(&hard, false), s(&hard, false), 3).starts_with("both sides endpoint-dependent,"));
         assert!(
@@ -332,6 +332,7 @@ pub mod birthday {
     }
 
     #[cfg(test)]
+    #[allow(clippy::disallowed_methods)] // tests make their own epoch
     mod tests {
         use super::*;
 
