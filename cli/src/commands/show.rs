@@ -431,6 +431,48 @@ mod tests {
     }
 
     #[test]
+    fn netcheck_says_what_the_nat_does_and_why_members_are_relayed() {
+        let mut s: StatusJson = serde_json::from_value(serde_json::json!({
+            "node_id": "00", "network_name": "n", "hostname": "a", "overlay": "10.0.0.1/24",
+            "cipher": "aes-128-gcm", "listeners": [], "dev_name": "weft0",
+            "offloads": {"tun": false, "tun_gro": false, "udp_gso": false, "udp_gro": false},
+            "pipelines": [], "threads": 1, "uptime_secs": 1, "drops": {}, "peers": [], "routes": [],
+            "address_conflicts": [], "proxy_networks": [], "pending_peers": [], "refused_handshakes": [],
+            "nat": {"mapping": "endpoint-dependent", "certain": true, "port_preserving": false, "mapped": false,
+                    "observed": [{"by": "11", "hostname": "p", "address": "198.51.100.7:40000"},
+                                 {"by": "22", "hostname": "", "address": "198.51.100.7:52113"}],
+                    "candidates": ["udp://198.51.100.7:40000", "udp://10.1.0.2:11010"]},
+        }))
+        .unwrap();
+        for (id, path, why) in [("33", "relay", Some("both sides endpoint-dependent\x1b[2J")), ("44", "direct", None)] {
+            s.peers.push(
+                serde_json::from_value(serde_json::json!({
+                    "node_id": id, "hostname": "b", "overlay": format!("10.0.0.{id}"), "endpoint": null,
+                    "path": path, "via": null, "via_hostname": null, "hops": 2, "transport": "udp",
+                    "rtt_ms": null, "loss": null, "state": "established", "last_handshake_secs": null,
+                    "rx_bytes": 0, "rx_packets": 0, "tx_bytes": 0, "tx_packets": 0, "drops": {}, "error": null,
+                    "no_direct": why,
+                }))
+                .unwrap(),
+            );
+        }
+        let text = netcheck(&s);
+        assert!(text.starts_with("mapping      endpoint-dependent (seen by 2 members)\nport kept    no\n"), "{text}");
+        // An observer without a host name is named by its id.
+        assert!(
+            text.contains("seen by      p at 198.51.100.7:40000\nseen by      22 at 198.51.100.7:52113\n"),
+            "{text}"
+        );
+        assert!(text.contains("port map     off\n"), "{text}");
+        assert!(text.contains("candidates   udp://198.51.100.7:40000 udp://10.1.0.2:11010\n"), "{text}");
+        // Relayed members only, their reason escaped.
+        assert!(text.ends_with("relayed      b (10.0.0.33): both sides endpoint-dependent\\u{1b}[2J\n"), "{text}");
+        assert!(!text.contains("10.0.0.44"), "{text}");
+        // The same reason is the NOTE of `weft peers`.
+        assert!(peers(&s).contains("both sides endpoint-dependent"));
+    }
+
+    #[test]
     fn units() {
         assert_eq!(human_bytes(5), "5 B");
         assert_eq!(human_bytes(2048), "2.0 kB");
