@@ -251,7 +251,7 @@ fn run_pair(name: &'static str, a: &Site, b: &Site, limit: Duration) -> Outcome 
         a.node().routes_to(&b.overlay) && b.node().routes_to(&a.overlay)
     });
     let count = (limit.as_millis() / 200 + 5).to_string();
-    let mut pings = a
+    let pings = a
         .member
         .cmd("ping")
         .args(["-q", "-i", "0.2", "-W", "1", "-c", &count, &b.overlay])

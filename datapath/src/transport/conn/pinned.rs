@@ -18,6 +18,20 @@ use crate::transport::{Endpoint, frame};
 /// The largest datagram read.
 const MAX_DATAGRAM: usize = 65_535;
 
+/// Sets of sockets open at once, whoever asks (each up to 256 sockets for a few
+/// seconds): members asking more often than that cannot run the node out of file
+/// descriptors.
+pub(super) const MAPPING_SETS: usize = 4;
+
+/// Counts an open set of sockets; uncounted on drop.
+struct SetSlot<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for SetSlot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// A fresh unconnected UDP socket on an ephemeral port, marked like the node's others.
 fn fresh_socket(v4: bool) -> std::io::Result<UdpSocket> {
     let bind: SocketAddr = if v4 { (Ipv4Addr::UNSPECIFIED, 0).into() } else { (Ipv6Addr::UNSPECIFIED, 0).into() };
@@ -34,7 +48,16 @@ impl Connector {
     /// path to `to` (what goes to `to` leaves from it; what it receives goes to the
     /// connection RX threads like a connection's frames, the first datagram with it);
     /// the others close. Returns whether one answered.
+    /// At most [`MAPPING_SETS`] sets are open at once; a request beyond that is dropped.
     pub async fn open_mappings(self, to: Endpoint, datagrams: Vec<Vec<u8>>, hold: Duration) -> bool {
+        let sets = &self.inner.mapping_sets;
+        if sets.fetch_add(1, std::sync::atomic::Ordering::Relaxed) >= MAPPING_SETS {
+            sets.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            debug!(%to, "too many mapping sets open; this one is not opened");
+            return false;
+        }
+        let inner = self.inner.clone();
+        let _slot = SetSlot(&inner.mapping_sets);
         let deadline = tokio::time::Instant::now() + hold;
         let mut waiting = tokio::task::JoinSet::new();
         for d in datagrams {
