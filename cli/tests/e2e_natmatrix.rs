@@ -14,7 +14,9 @@
 //! so a packet passes only as the reply of a flow the inside opened towards exactly
 //! that address and port, like Linux conntrack filtering anywhere. The pairs run at
 //! once, each member pinging its partner through the overlay; the time until both see
-//! each other's path as `direct` in `weft status --json` is printed per pair.
+//! each other's path as `direct` in `weft status --json` is printed per pair. Pings go
+//! on for 30 s (20 s for the pair that stays relayed): a direct path must stay direct
+//! under traffic, every status read after it came up.
 //!
 //! * cone×cone, CGNAT×cone: punching goes direct;
 //! * cone×symmetric: the birthday method (the symmetric side opens 256 mappings
@@ -236,6 +238,8 @@ struct Outcome {
     name: &'static str,
     /// Time from both members knowing each other to both seeing a direct path.
     direct_after: Option<Duration>,
+    /// Status reads after `direct_after` that saw another path.
+    left_direct: u32,
     /// Whether pings crossed the overlay throughout.
     pinged: bool,
     /// Each side's view of the other at the end (path, reason).
@@ -244,8 +248,9 @@ struct Outcome {
     hard_nat: [u64; 4],
 }
 
-/// Pings `a` → `b` over the overlay (5 a second) until both see a direct path, at
-/// most `limit`; the time is taken from the first ping, status read every 100 ms.
+/// Pings `a` → `b` over the overlay (5 a second) for `limit`, reading both members'
+/// status every 100 ms: when both first see a direct path (from the first ping), and
+/// how often one of them saw another path after that (a direct path must not flip).
 fn run_pair(name: &'static str, a: &Site, b: &Site, limit: Duration) -> Outcome {
     wait_until(Duration::from_secs(30), &format!("{name}: both members know each other through P"), || {
         a.node().routes_to(&b.overlay) && b.node().routes_to(&a.overlay)
@@ -261,10 +266,13 @@ fn run_pair(name: &'static str, a: &Site, b: &Site, limit: Duration) -> Outcome 
         .unwrap();
     let start = Instant::now();
     let mut direct_after = None;
+    let mut left_direct = 0;
     while start.elapsed() < limit {
-        if path_of(a, b) == "direct" && path_of(b, a) == "direct" {
-            direct_after = Some(start.elapsed());
-            break;
+        let both = path_of(a, b) == "direct" && path_of(b, a) == "direct";
+        match direct_after {
+            None if both => direct_after = Some(start.elapsed()),
+            Some(_) if !both => left_direct += 1,
+            _ => {}
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -297,7 +305,7 @@ fn run_pair(name: &'static str, a: &Site, b: &Site, limit: Duration) -> Outcome 
         count(b, a, "hard_nat_probes"),
         count(a, b, "hard_nat_mappings"),
     ];
-    Outcome { name, direct_after, pinged, seen, hard_nat }
+    Outcome { name, direct_after, left_direct, pinged, seen, hard_nat }
 }
 
 #[test]
@@ -344,8 +352,9 @@ fn nat_matrix_pairs_go_direct_where_the_nats_allow() {
             o.direct_after.map_or_else(|| "relayed".to_owned(), |d| format!("direct after {:.1} s", d.as_secs_f64()));
         let [ab, bm, ba, am] = o.hard_nat;
         eprintln!(
-            "natmatrix: {:<30} {t:<22} pings {}; probes a->b {ab} (b opened {bm} mappings), b->a {ba} (a opened {am}); {}",
+            "natmatrix: {:<30} {t:<22} left direct {}x, pings {}; probes a->b {ab} (b opened {bm} mappings), b->a {ba} (a opened {am}); {}",
             o.name,
+            o.left_direct,
             if o.pinged { "ok" } else { "LOST" },
             o.seen
         );
@@ -355,6 +364,7 @@ fn nat_matrix_pairs_go_direct_where_the_nats_allow() {
         let o = get(name);
         assert!(o.direct_after.is_some(), "{name} did not go direct within {DIRECT_WITHIN:?}: {}", o.seen);
         assert!(o.pinged, "{name}: pings lost");
+        assert_eq!(o.left_direct, 0, "{name}: the direct path flipped back");
     }
     // cone x symmetric went direct by the birthday method: the cone side probed, the
     // symmetric side opened mappings, within the bounds; nobody else probed.
