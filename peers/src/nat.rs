@@ -170,6 +170,25 @@ mod tests {
     }
 
     #[test]
+    fn the_birthday_method_only_between_an_easy_and_a_hard_nat_without_mappings() {
+        let g = |mapping| NatGuess { mapping, certain: false, port_preserving: None, observers: 1 };
+        let (easy, hard, open, unknown) =
+            (g(Mapping::Independent), g(Mapping::Dependent), g(Mapping::NoNat), g(Mapping::Unknown));
+        let s = |nat, mapped| Side { nat, mapped };
+        assert_eq!(birthday_side(s(&easy, false), s(&hard, false)), Some(true));
+        assert_eq!(birthday_side(s(&hard, false), s(&easy, false)), Some(false));
+        // Both hard, both easy, a side not judged yet, or a side without NAT: no.
+        for (a, b) in
+            [(&hard, &hard), (&easy, &easy), (&easy, &unknown), (&unknown, &hard), (&open, &hard), (&hard, &open)]
+        {
+            assert_eq!(birthday_side(s(a, false), s(b, false)), None, "{:?} / {:?}", a.mapping, b.mapping);
+        }
+        // A mapped port on either side: the mapping is the way.
+        assert_eq!(birthday_side(s(&easy, true), s(&hard, false)), None);
+        assert_eq!(birthday_side(s(&easy, false), s(&hard, true)), None);
+    }
+
+    #[test]
     fn reasons_name_the_side_that_is_hard() {
         let easy = NatGuess { mapping: Mapping::Independent, certain: true, port_preserving: Some(true), observers: 2 };
         let hard = NatGuess { mapping: Mapping::Dependent, certain: true, port_preserving: Some(false), observers: 2 };
@@ -189,6 +208,23 @@ mod tests {
             no_direct_reason(s(&easy, false), s(&easy, false), 0),
             "not punched yet: punching starts with traffic"
         );
+    }
+}
+
+/// Which side of the birthday method this node takes towards a peer: `Some(true)`
+/// the easy side (it probes), `Some(false)` the hard side (it opens mappings), `None`
+/// neither. Only when both NATs are judged (known, or guessed from one observer), one
+/// endpoint-independent and the other dependent (a side without NAT takes a plain
+/// punch; two dependent ones cannot meet), and neither announces a mapped port (the
+/// mapping is the way then).
+pub fn birthday_side(ours: Side<'_>, theirs: Side<'_>) -> Option<bool> {
+    if ours.mapped || theirs.mapped {
+        return None;
+    }
+    match (ours.nat.mapping, theirs.nat.mapping) {
+        (Mapping::Independent, Mapping::Dependent) => Some(true),
+        (Mapping::Dependent, Mapping::Independent) => Some(false),
+        _ => None,
     }
 }
 

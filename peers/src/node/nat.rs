@@ -94,24 +94,21 @@ pub(crate) enum Role {
 
 impl Node {
     /// Whether the pair of this node and `key` takes the birthday method, and which
-    /// side this node is. Only when both NATs are judged (known or guessed), one
-    /// endpoint-dependent and the other independent (a side without NAT takes a plain
-    /// punch), and neither side announces a mapped port (the mapping is the way then).
+    /// side this node is ([`crate::nat::birthday_side`]), with the peer's public
+    /// address for the easy side.
     pub(crate) fn birthday_role(&self, now: std::time::Instant, key: &PeerKey) -> Option<Role> {
-        use crate::nat::Mapping::{Dependent, Independent};
         let seen = self.sightings();
         let (ours, our_map) = self.nat_side(self.id, &seen);
         let (theirs, their_map) = self.nat_side(key.id(), &seen);
-        if our_map || their_map {
-            return None;
+        let easy =
+            crate::nat::birthday_side(Side { nat: &ours, mapped: our_map }, Side { nat: &theirs, mapped: their_map })?;
+        if !easy {
+            return Some(Role::Hard);
         }
-        if ours.mapping == Independent && theirs.mapping == Dependent {
-            // Its public address as our own links see it (never an address it names).
-            let mut at = Vec::new();
-            self.push_observed(key.id(), self.links(now).filter(|k| k != key).map(|k| k.id()), &mut at);
-            return at.first().map(|e| Role::Easy(canonical(e.addr).ip()));
-        }
-        (ours.mapping == Dependent && theirs.mapping == Independent).then_some(Role::Hard)
+        // Its public address as our own links see it (never an address it names).
+        let mut at = Vec::new();
+        self.push_observed(key.id(), self.links(now).filter(|k| k != key).map(|k| k.id()), &mut at);
+        at.first().map(|e| Role::Easy(canonical(e.addr).ip()))
     }
 
     /// After a punch (ours, or the peer's request): start or stop the birthday
