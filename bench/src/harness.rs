@@ -195,7 +195,9 @@ impl Host {
                 Action::SetAddress { old, new, prefix } => self.addresses.push((old, new, prefix)),
                 Action::SaveNames(names) => self.names = Some(names),
                 Action::SaveRevocations(list) => self.revocations.extend(list),
-                Action::SaveIssued(_)
+                // The virtual network has no NATs: nobody is endpoint-dependent.
+                Action::OpenMappings { .. }
+                | Action::SaveIssued(_)
                 | Action::SaveCertificates(_)
                 | Action::PolicyChanged(_)
                 | Action::PolicyRefused(_) => {}

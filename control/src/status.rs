@@ -191,6 +191,41 @@ pub struct StatusJson {
     /// `--no-port-mapping`).
     #[serde(default)]
     pub port_mapping: Option<PortMapJson>,
+    /// This node's NAT as the members it links to see it (`weft netcheck`).
+    #[serde(default)]
+    pub nat: NatJson,
+}
+
+/// A node's NAT, judged from the addresses at which the members it links to see it
+/// (in their signed records).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct NatJson {
+    /// `endpoint-independent` (one outside port whatever the destination: punching
+    /// works), `endpoint-dependent` (a new port per destination), `no NAT` (seen at
+    /// its own address) or `unknown` (no link reported it yet).
+    pub mapping: String,
+    /// Two or more members agree or disagree; false: a guess from one member's view
+    /// (its port preserved: independent; changed: dependent).
+    pub certain: bool,
+    /// Whether the outside port is the node's own UDP port (null: nobody saw it).
+    pub port_preserving: Option<bool>,
+    /// It announces a port its router maps (see `port_mapping`).
+    pub mapped: bool,
+    /// Where each member that links to it sees it.
+    pub observed: Vec<NatObservationJson>,
+    /// The endpoints other members try for it, observed first.
+    pub candidates: Vec<String>,
+}
+
+/// One member's view of this node's address.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct NatObservationJson {
+    /// The member's node id.
+    pub by: String,
+    /// Its host name.
+    pub hostname: String,
+    /// The UDP address it sees this node at (`ADDR:PORT`).
+    pub address: String,
 }
 
 /// The port mapping of a node's UDP port on its router (PCP, NAT-PMP or UPnP-IGD).
@@ -507,6 +542,18 @@ pub struct PeerJson {
     /// Why its direct path is left for now (it lost data while keepalives passed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub degraded: Option<String>,
+    /// Why it has no direct path, while it is relayed: both NATs endpoint-dependent,
+    /// one of them (its port towards the other is unknown), punches unanswered, or
+    /// not punched yet (punching starts with traffic).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub no_direct: Option<String>,
+    /// The birthday method with it since start (its NAT or ours endpoint-dependent):
+    /// probes this node sent to its public address's ports, each a keepalive.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub hard_nat_probes: u64,
+    /// Fresh UDP sockets (so NAT mappings) this node opened towards it for its probes.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub hard_nat_mappings: u64,
     /// Its static public key, 64 hex digits (what `weft id` prints, certificates and
     /// revocations name; absent from nodes before 0.4).
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -666,4 +713,10 @@ pub struct UserspaceJson {
     /// Connections and UDP flows refused by an `--expose` at its cap.
     #[serde(default)]
     pub expose_refused: u64,
+}
+
+/// Whether a counter is zero (left out of the JSON then).
+#[allow(clippy::trivially_copy_pass_by_ref)]
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }

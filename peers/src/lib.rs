@@ -21,6 +21,7 @@ pub mod identity;
 mod issuer;
 mod mesh;
 pub mod names;
+pub mod nat;
 pub mod node;
 mod peer;
 mod pmtu;

@@ -213,6 +213,17 @@ pub(crate) struct Peer {
     pub(crate) probe: Probe,
     /// Hole punching towards a relayed peer.
     pub(crate) punch: Backoff,
+    /// Punch rounds sent since its direct path was last up.
+    pub(crate) punch_rounds: u32,
+    /// The birthday method's easy side towards it (it is behind an endpoint-dependent
+    /// NAT, this node is not): probes of its public address, and that address.
+    pub(crate) birthday: Option<(crate::nat::birthday::Birthday, std::net::IpAddr)>,
+    /// The birthday method's hard side towards it: no new mappings before this.
+    pub(crate) mappings_next: Option<Instant>,
+    /// Mappings opened for its probes (the hard side), since start.
+    pub(crate) mappings_opened: u64,
+    /// Probes sent to its ports (the easy side), since start.
+    pub(crate) probes_sent: u64,
     /// The peer's punch requests are not answered again before this (rate limit).
     pub(crate) punch_answer_next: Option<Instant>,
     /// Newest first.
@@ -293,6 +304,11 @@ impl Peer {
             wanted_until: None,
             probe: Probe::default(),
             punch: Backoff::default(),
+            punch_rounds: 0,
+            birthday: None,
+            mappings_next: None,
+            mappings_opened: 0,
+            probes_sent: 0,
             punch_answer_next: None,
             sessions: Vec::new(),
             dropped: None,

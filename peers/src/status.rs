@@ -80,6 +80,12 @@ pub struct PeerStatus {
     pub gso_off: bool,
     /// Why its direct path is left for now (lossy), while it is.
     pub degraded: Option<String>,
+    /// Why it has no direct path, while it is relayed (both NATs endpoint-dependent,
+    /// punches unanswered, ...).
+    pub no_direct: Option<String>,
+    /// The birthday method since start: probes this node sent to its ports, and
+    /// mappings this node opened for its probes.
+    pub hard_nat: (u64, u64),
     /// The groups its certificate grants (empty without an authority).
     pub groups: Vec<String>,
     /// The end of its certificate's validity, unix seconds (`None` without one).
@@ -210,6 +216,21 @@ pub struct NodeStatus {
     /// Why this node withdrew the subnets it proxies (its `--proxy-health` check
     /// fails), if it did.
     pub withdrawn: Option<String>,
+    /// This node's NAT as its links see it.
+    pub nat: NatStatus,
+}
+
+/// This node's NAT, judged from where the members it links to see it.
+#[derive(Debug, Clone)]
+pub struct NatStatus {
+    /// Mapping behaviour, whether it is certain, whether the port is preserved.
+    pub guess: crate::nat::NatGuess,
+    /// It announces a port its router maps.
+    pub mapped: bool,
+    /// Who sees it where: observer, its host name, the address.
+    pub observed: Vec<(NodeId, String, std::net::SocketAddr)>,
+    /// The endpoints other members try for it (observed first, then announced).
+    pub candidates: Vec<Endpoint>,
 }
 
 /// The exit node in use (`--use-exit-node`).

@@ -25,6 +25,7 @@ pub(crate) fn run(command: Command) -> Result<()> {
         Command::Status(q) => query(&q, show::status),
         Command::Peers(q) => query(&q, show::peers),
         Command::Routes(q) => query(&q, show::routes),
+        Command::Netcheck(q) => query(&q, show::netcheck),
         Command::Peer(PeerCommand::Add(a)) => change(&a.control, &weft_control::Request::AddPeer { uri: a.peer }),
         Command::Peer(PeerCommand::Remove(a)) => {
             change(&a.control, &weft_control::Request::RemovePeer { peer: a.peer })

@@ -186,11 +186,16 @@ pub(crate) fn peers(s: &StatusJson) -> String {
                 p.endpoint.clone().unwrap_or_else(|| "-".into()),
                 p.last_handshake_secs.map_or_else(|| "-".into(), |x| format!("{} ago", human_secs(x))),
                 // Why the path is what it is, then the last error.
-                [p.degraded.clone(), p.error.clone(), p.gso_off.then(|| "UDP GSO off for this path".to_owned())]
-                    .into_iter()
-                    .flatten()
-                    .collect::<Vec<_>>()
-                    .join("; "),
+                [
+                    p.degraded.clone(),
+                    p.no_direct.clone(),
+                    p.error.clone(),
+                    p.gso_off.then(|| "UDP GSO off for this path".to_owned()),
+                ]
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>()
+                .join("; "),
             ]
         })
         .collect();
@@ -345,6 +350,41 @@ fn human_bytes(b: u64) -> String {
     if u == 0 { format!("{b} B") } else { format!("{v:.1} {}", UNITS[u]) }
 }
 
+/// Renders `weft netcheck`: this node's NAT as its links see it, its port mapping,
+/// its candidates, and why each relayed member has no direct path.
+pub(crate) fn netcheck(s: &StatusJson) -> String {
+    let n = &s.nat;
+    let mut o = String::new();
+    let how = if n.certain {
+        format!("seen by {} members", n.observed.len())
+    } else if n.observed.is_empty() {
+        "no member reported where it sees this node yet".to_owned()
+    } else {
+        "a guess: seen by one member only".to_owned()
+    };
+    let _ = writeln!(o, "mapping      {} ({how})", printable(&n.mapping));
+    let preserving = match n.port_preserving {
+        Some(true) => "yes",
+        Some(false) => "no",
+        None => "unknown",
+    };
+    let _ = writeln!(o, "port kept    {preserving}");
+    for seen in &n.observed {
+        let host = if seen.hostname.is_empty() { &seen.by } else { &seen.hostname };
+        let _ = writeln!(o, "seen by      {} at {}", printable(host), printable(&seen.address));
+    }
+    let mapping = s.port_mapping.as_ref().map_or_else(|| "off".to_owned(), port_mapping);
+    let _ = writeln!(o, "port map     {mapping}");
+    let candidates =
+        if n.candidates.is_empty() { "none".to_owned() } else { printable(&n.candidates.join(" ")).into_owned() };
+    let _ = writeln!(o, "candidates   {candidates}");
+    for p in s.peers.iter().filter(|p| p.path == PathKind::Relay) {
+        let why = p.no_direct.as_deref().unwrap_or("-");
+        let _ = writeln!(o, "relayed      {} ({}): {}", printable(&p.hostname), p.overlay, printable(why));
+    }
+    o
+}
+
 /// The port mapping line of `weft status`: what the router mapped, or why nothing.
 fn port_mapping(m: &weft_control::PortMapJson) -> String {
     match (&m.protocol, &m.external) {
@@ -388,6 +428,48 @@ mod tests {
         m.external = None;
         m.last_error = Some("pcp: no answer\x1b[2J".into());
         assert_eq!(port_mapping(&m), "none by 10.1.0.1: pcp: no answer\\u{1b}[2J");
+    }
+
+    #[test]
+    fn netcheck_says_what_the_nat_does_and_why_members_are_relayed() {
+        let mut s: StatusJson = serde_json::from_value(serde_json::json!({
+            "node_id": "00", "network_name": "n", "hostname": "a", "overlay": "10.0.0.1/24",
+            "cipher": "aes-128-gcm", "listeners": [], "dev_name": "weft0",
+            "offloads": {"tun": false, "tun_gro": false, "udp_gso": false, "udp_gro": false},
+            "pipelines": [], "threads": 1, "uptime_secs": 1, "drops": {}, "peers": [], "routes": [],
+            "address_conflicts": [], "proxy_networks": [], "pending_peers": [], "refused_handshakes": [],
+            "nat": {"mapping": "endpoint-dependent", "certain": true, "port_preserving": false, "mapped": false,
+                    "observed": [{"by": "11", "hostname": "p", "address": "198.51.100.7:40000"},
+                                 {"by": "22", "hostname": "", "address": "198.51.100.7:52113"}],
+                    "candidates": ["udp://198.51.100.7:40000", "udp://10.1.0.2:11010"]},
+        }))
+        .unwrap();
+        for (id, path, why) in [("33", "relay", Some("both sides endpoint-dependent\x1b[2J")), ("44", "direct", None)] {
+            s.peers.push(
+                serde_json::from_value(serde_json::json!({
+                    "node_id": id, "hostname": "b", "overlay": format!("10.0.0.{id}"), "endpoint": null,
+                    "path": path, "via": null, "via_hostname": null, "hops": 2, "transport": "udp",
+                    "rtt_ms": null, "loss": null, "state": "established", "last_handshake_secs": null,
+                    "rx_bytes": 0, "rx_packets": 0, "tx_bytes": 0, "tx_packets": 0, "drops": {}, "error": null,
+                    "no_direct": why,
+                }))
+                .unwrap(),
+            );
+        }
+        let text = netcheck(&s);
+        assert!(text.starts_with("mapping      endpoint-dependent (seen by 2 members)\nport kept    no\n"), "{text}");
+        // An observer without a host name is named by its id.
+        assert!(
+            text.contains("seen by      p at 198.51.100.7:40000\nseen by      22 at 198.51.100.7:52113\n"),
+            "{text}"
+        );
+        assert!(text.contains("port map     off\n"), "{text}");
+        assert!(text.contains("candidates   udp://198.51.100.7:40000 udp://10.1.0.2:11010\n"), "{text}");
+        // Relayed members only, their reason escaped.
+        assert!(text.ends_with("relayed      b (10.0.0.33): both sides endpoint-dependent\\u{1b}[2J\n"), "{text}");
+        assert!(!text.contains("10.0.0.44"), "{text}");
+        // The same reason is the NOTE of `weft peers`.
+        assert!(peers(&s).contains("both sides endpoint-dependent"));
     }
 
     #[test]

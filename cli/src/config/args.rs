@@ -82,6 +82,11 @@ pub enum Command {
     Peers(QueryArgs),
     /// Show the route to every member of the mesh.
     Routes(QueryArgs),
+    /// Show what this node's NAT does, as the members it links to see it: mapping
+    /// behaviour (endpoint-independent or dependent, port preserving), the router's
+    /// port mapping, the candidate endpoints other members try, and for each relayed
+    /// member why there is no direct path.
+    Netcheck(QueryArgs),
     /// Add or remove a peer of a running node (root or the weft-admin group only;
     /// reading the status needs only the weft group).
     #[command(subcommand)]

@@ -605,7 +605,8 @@ impl Runtime {
                     }
                     info!(%new, "overlay address changed");
                 }
-                Action::Send { to, bytes } if to.proto == Proto::Udp => {
+                // (A UDP endpoint reached from a socket of its own goes below.)
+                Action::Send { to, bytes } if to.proto == Proto::Udp && !self.connector.conns().contains(&to) => {
                     // The pipelines' socket is blocking; this send is not (MSG_DONTWAIT):
                     // the control loop never waits behind the data plane.
                     let sock = socket2::SockRef::from(&*self.sender);
@@ -623,6 +624,17 @@ impl Runtime {
                 Action::Send { to, bytes } => {
                     if !self.connector.send(to, &bytes) {
                         self.drops.add(DropReason::ControlSendBlocked, 1);
+                    }
+                }
+                Action::OpenMappings { to, datagrams, hold } => {
+                    debug!(%to, sockets = datagrams.len(), "opening mappings for a peer's probes");
+                    tokio::spawn(self.connector.clone().open_mappings(to, datagrams, hold));
+                }
+                Action::SendBatch { to, datagrams } if self.connector.conns().contains(&to) => {
+                    for d in datagrams {
+                        if !self.connector.send(to, &d) {
+                            self.drops.add(DropReason::ControlSendBlocked, 1);
+                        }
                     }
                 }
                 Action::SendBatch { to, datagrams } => {

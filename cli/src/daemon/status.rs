@@ -90,6 +90,9 @@ impl Runtime {
                     path_mtu: p.path_mtu,
                     gso_off: p.gso_off,
                     degraded: p.degraded.clone(),
+                    no_direct: p.no_direct.clone(),
+                    hard_nat_probes: p.hard_nat.0,
+                    hard_nat_mappings: p.hard_nat.1,
                     key: crate::daemon::state::hex(&p.key),
                     groups: p.groups.clone(),
                     cert_not_after: p.cert_not_after,
@@ -298,6 +301,7 @@ impl Runtime {
             connections_by_transport: self.connector.conns().by_transport().into_iter().collect(),
             userspace: self.userspace.as_ref().map(crate::notun::Userspace::json),
             port_mapping: self.portmap.as_ref().map(|_| self.portmap_state.borrow().json(Instant::now())),
+            nat: nat_json(&st.nat),
         }
     }
 }
@@ -351,5 +355,25 @@ fn certificate_json(c: &weft_core::cert::Certificate) -> weft_control::Certifica
         portal: b.portal,
         not_after: b.not_after,
         expires_in_s: b.not_after.saturating_sub(now),
+    }
+}
+
+/// Status's `nat`: this node's NAT as its links see it.
+fn nat_json(n: &weft_peers::status::NatStatus) -> weft_control::NatJson {
+    weft_control::NatJson {
+        mapping: n.guess.mapping.as_str().to_owned(),
+        certain: n.guess.certain,
+        port_preserving: n.guess.port_preserving,
+        mapped: n.mapped,
+        observed: n
+            .observed
+            .iter()
+            .map(|(by, host, addr)| weft_control::NatObservationJson {
+                by: by.to_string(),
+                hostname: host.clone(),
+                address: addr.to_string(),
+            })
+            .collect(),
+        candidates: n.candidates.iter().map(ToString::to_string).collect(),
     }
 }

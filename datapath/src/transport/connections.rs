@@ -22,7 +22,7 @@ use rustc_hash::FxHashMap;
 use tokio::sync::mpsc as tmpsc;
 use weft_core::queue::Codel;
 
-use super::{Endpoint, Lane, frame};
+use super::{Endpoint, Lane, Proto, frame};
 
 /// Framed batches queued per connection before the sender drops.
 pub const CONN_QUEUE: usize = 512;
@@ -321,6 +321,10 @@ pub struct Connections {
     forward: std::sync::OnceLock<Box<dyn Forward>>,
     /// Whether an endpoint is a member's current path (it proved the secret), once set.
     members: std::sync::OnceLock<Members>,
+    /// UDP endpoints registered here (sockets of their own: [`Connections::register`]
+    /// of a UDP endpoint), so that the pipelines look up UDP destinations only while
+    /// there are some.
+    pinned_udp: AtomicUsize,
     /// Counters.
     pub counters: ConnCounters,
 }
@@ -350,6 +354,7 @@ impl Connections {
             next_id: AtomicU64::new(1),
             forward: std::sync::OnceLock::new(),
             members: std::sync::OnceLock::new(),
+            pinned_udp: AtomicUsize::new(0),
             counters: ConnCounters::default(),
         };
         (Arc::new(conns), rx)
@@ -360,8 +365,15 @@ impl Connections {
     /// passes to [`Connections::deliver`].
     pub fn register(&self, ep: Endpoint, tx: ConnSender) -> u64 {
         let id = self.next_id.fetch_add(1, Relaxed);
-        self.map.write().insert(ep, Entry { id, tx });
+        if self.map.write().insert(ep, Entry { id, tx }).is_none() && ep.proto == Proto::Udp {
+            self.pinned_udp.fetch_add(1, Relaxed);
+        }
         id
+    }
+
+    /// Whether a UDP endpoint is registered (reached from a socket of its own).
+    pub fn has_pinned_udp(&self) -> bool {
+        self.pinned_udp.load(Relaxed) > 0
     }
 
     /// Removes the registration `id` of `ep` (a newer one stays).
@@ -369,6 +381,9 @@ impl Connections {
         let mut m = self.map.write();
         if m.get(&ep).is_some_and(|e| e.id == id) {
             m.remove(&ep);
+            if ep.proto == Proto::Udp {
+                self.pinned_udp.fetch_sub(1, Relaxed);
+            }
         }
     }
 

@@ -58,7 +58,11 @@ impl Egress {
 
     /// Sends every frame in `out`; returns how many could not be sent.
     pub fn send<B: AsRef<[u8]>>(&mut self, bufs: &[B], out: &[Outgoing]) -> Unsent {
-        if out.iter().all(|o| o.to.proto == Proto::Udp) {
+        // A UDP endpoint reached from a socket of its own (the birthday method's hard
+        // side) is a connection here; while there is none, UDP skips the lookup.
+        let pinned = self.conns.has_pinned_udp();
+        let via_socket = |o: &Outgoing| o.to.proto == Proto::Udp && !(pinned && self.conns.contains(&o.to));
+        if out.iter().all(|o| o.to.proto == Proto::Udp) && !pinned {
             return Unsent { udp: udp::send_batch(&self.udp, bufs, out, &self.offload), link: 0 };
         }
         self.udp_out.clear();
@@ -67,7 +71,7 @@ impl Egress {
         // sparse flows' frames of a mixed batch as one of their own, queued first.
         let mut runs: [Option<(Endpoint, Vec<u8>, usize)>; 2] = [None, None];
         for o in out {
-            if o.to.proto == Proto::Udp {
+            if via_socket(o) {
                 self.udp_out.push(*o);
                 continue;
             }
@@ -148,6 +152,36 @@ mod tests {
             assert_eq!(eg.send(&bufs, &out[..1]), Unsent::default());
         }
         assert_eq!(eg.send(&bufs, &out[..2]), Unsent { udp: 0, link: 2 });
+    }
+
+    #[test]
+    fn a_udp_endpoint_with_a_socket_of_its_own_takes_its_frames_and_the_rest_stays_on_the_socket() {
+        let (conns, _rx) = Connections::new(4);
+        let udp = Arc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
+        let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let mut eg = Egress::new(udp, conns.clone(), Arc::new(Offload::new(false, false)));
+        // The birthday method's hard side: the easy side's endpoint is reached from a
+        // socket of its own, registered under the (UDP) endpoint.
+        let pinned = Endpoint::udp("192.0.2.7:11010".parse().unwrap());
+        let plain = Endpoint::udp(peer.local_addr().unwrap());
+        let bufs = vec![vec![1u8; 100], vec![2u8; 40]];
+        let bulk = |buf, len, to| Outgoing { buf, start: 0, len, to, lane: Lane::Bulk, single: false };
+        assert!(!conns.has_pinned_udp());
+        let (tx, mut rx) = ConnQueue::channel(conns.clone());
+        let id = conns.register(pinned, tx);
+        assert!(conns.has_pinned_udp());
+        assert_eq!(eg.send(&bufs, &[bulk(0, 100, pinned), bulk(1, 40, plain)]), Unsent::default());
+        let batch = rx.try_recv().unwrap();
+        let frames: Vec<&[u8]> = frame::frames(&batch).collect::<Result<_, _>>().unwrap();
+        assert_eq!(frames, [&bufs[0][..]], "the pinned endpoint's frame goes to its socket's queue");
+        let mut got = [0u8; 100];
+        assert_eq!(peer.recv(&mut got).unwrap(), 40, "another UDP endpoint's goes out of the pipeline's socket");
+        // Unregistered: back to the fast path, UDP only through the pipeline's socket.
+        conns.unregister(pinned, id);
+        assert!(!conns.has_pinned_udp());
+        assert_eq!(eg.send(&bufs, &[bulk(1, 40, plain)]), Unsent::default());
+        assert_eq!(peer.recv(&mut got).unwrap(), 40);
+        assert_eq!(rx.try_recv(), None);
     }
 
     #[test]

@@ -194,6 +194,19 @@ pub enum Action {
         /// The datagram.
         bytes: Vec<u8>,
     },
+    /// The birthday method's hard side: open one fresh UDP socket per datagram, send
+    /// it from there to `to` (each makes a new mapping on an endpoint-dependent NAT),
+    /// and keep the sockets `hold` long. The first to receive from `to` becomes this
+    /// node's path to `to` (what goes to `to` leaves from it, and what it receives is
+    /// handled like any other datagram); the others close.
+    OpenMappings {
+        /// The easy side's endpoint (UDP).
+        to: Endpoint,
+        /// One sealed keepalive per socket.
+        datagrams: Vec<Vec<u8>>,
+        /// How long the sockets wait for an answer.
+        hold: Duration,
+    },
     /// Send these datagrams to one UDP endpoint as one segmentation-offloaded batch
     /// where the socket takes UDP GSO (a path MTU search checking that the offload
     /// works on a member's path), one by one otherwise.

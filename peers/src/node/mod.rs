@@ -38,6 +38,7 @@ mod exit;
 mod inbound;
 mod issuer;
 mod messages;
+mod nat;
 mod outbound;
 mod path_mtu;
 mod paths;

@@ -111,11 +111,16 @@ impl Node {
         info!(peer = %p.id, %from, "direct path up");
         p.path.go_direct(from, now);
         p.punch = Backoff::default();
+        p.punch_rounds = 0;
+        p.birthday = None;
         self.mesh.record_changed(now);
         self.published.routes_dirty = true;
         if p.is_link(now) {
             self.send_summary(now, key);
         }
+        // Answered at once from here: the other end learns the path too (after the
+        // birthday method, this is the packet the easy side waits for).
+        self.punch_to(now, &key, &[from]);
         self.touch(key);
     }
 
@@ -269,8 +274,10 @@ impl Node {
         if theirs.is_empty() && ours.is_empty() {
             return;
         }
+        p.punch_rounds = p.punch_rounds.saturating_add(1);
         self.send_msg(&key, &Msg::Punch(ours), now);
         self.punch_to(now, &key, &theirs);
+        self.birthday_after_punch(now, &key, &theirs);
     }
 
     /// A peer asks us to send to it directly at `eps` now. Only addresses where it
@@ -288,6 +295,9 @@ impl Node {
         let targets: Vec<Endpoint> = eps.iter().filter(|e| known.contains(e)).copied().collect();
         debug!(peer = %key.id(), asked = eps.len(), used = targets.len(), "punch request");
         self.punch_to(now, &key, &targets);
+        if !self.peers.get(&key).is_some_and(|p| p.path.is_direct()) {
+            self.birthday_after_punch(now, &key, &targets);
+        }
     }
 
     /// Sends a keepalive of `key`'s session straight to each address, each address at

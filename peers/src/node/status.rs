@@ -14,11 +14,16 @@ impl Node {
 
     /// A summary for status output.
     pub fn status(&self, now: Instant) -> NodeStatus {
+        let seen = self.sightings();
+        let ours = self.nat_side(self.id, &seen);
         let mut peers: Vec<PeerStatus> = self
             .peers
             .values()
             .map(|p| {
                 let mut st = p.status(now, self.path_status(p), self.mesh.paths.contains_key(&p.id));
+                if matches!(st.path, crate::status::PathStatus::Relay { .. }) {
+                    st.no_direct = Some(self.no_direct(&p.key, &seen, &ours));
+                }
                 // What its signed record and certificate say: the web console's member
                 // page and mesh map.
                 let record = self.mesh.topology.get(&p.id);
@@ -70,6 +75,7 @@ impl Node {
             subnets: self.subnet_status(now),
             failovers: (self.routers.failovers, self.routers.failbacks),
             withdrawn: self.withdrawn.clone(),
+            nat: self.nat_status(&seen),
         }
     }
 }

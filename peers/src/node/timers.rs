@@ -153,6 +153,7 @@ impl Node {
         if punch {
             self.punch(now, key);
         }
+        self.drive_birthday(now, key, active);
         if pmtu {
             self.drive_path_mtu(now, key);
         } else {
@@ -223,6 +224,7 @@ impl Node {
             v.push(now + t.keepalive);
         }
         v.extend(self.direct_deadline(p, now));
+        v.extend(p.birthday.as_ref().filter(|_| !p.path.is_direct()).map(|(b, _)| b.deadline()));
         // A member catching up on a long list of revocations gets the next batch a
         // second after the last, whether or not it says anything meanwhile.
         if p.revocations_sent < self.trust.revocations.list().len()
@@ -309,6 +311,8 @@ impl Peer {
             path_mtu: self.pmtu.known().then_some(self.pmtu.mtu),
             gso_off: self.pmtu.gso_broken,
             degraded: self.degraded.as_ref().filter(|d| d.holds(now)).map(|d| d.why.clone()),
+            no_direct: None,
+            hard_nat: (self.probes_sent, self.mappings_opened),
             key: self.key.0,
             groups: Vec::new(),
             cert_not_after: None,

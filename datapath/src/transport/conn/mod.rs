@@ -47,6 +47,7 @@ use super::connections::{ConnCounters, ConnQueue, Connections, Queued};
 use super::{Endpoint, Proto, frame};
 
 mod fragment;
+mod pinned;
 mod quic;
 mod slots;
 mod stream;
@@ -187,6 +188,9 @@ struct Inner {
     /// which drops a TCP socket; a QUIC one stops accepting and stays for the
     /// connections on it).
     listeners: Mutex<HashMap<Endpoint, tokio::task::AbortHandle>>,
+    /// Sets of sockets open for the birthday method now (at most
+    /// [`pinned::MAPPING_SETS`]).
+    mapping_sets: std::sync::atomic::AtomicUsize,
 }
 
 impl Connector {
@@ -243,6 +247,7 @@ impl Connector {
                 mtu,
                 macs,
                 listeners: Mutex::new(HashMap::new()),
+                mapping_sets: std::sync::atomic::AtomicUsize::new(0),
             }),
         })
     }

@@ -1,0 +1,154 @@
+//! UDP sockets of their own towards one endpoint: the hard side of the birthday
+//! method (docs/nat-traversal.md). Behind an endpoint-dependent NAT every fresh socket
+//! sending to the other side gets a mapping of its own; the socket whose mapping the
+//! other side's probes hit carries the path from then on, registered like a
+//! connection under the (UDP) endpoint.
+
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::time::Duration;
+
+use socket2::{Domain, Protocol, Socket, Type};
+use tokio::net::UdpSocket;
+use tracing::debug;
+
+use super::{Connector, IDLE_TIMEOUT};
+use crate::transport::connections::Inbound;
+use crate::transport::{Endpoint, frame};
+
+/// The largest datagram read.
+const MAX_DATAGRAM: usize = 65_535;
+
+/// Sets of sockets open at once, whoever asks (each up to 256 sockets for a few
+/// seconds): members asking more often than that cannot run the node out of file
+/// descriptors.
+pub(super) const MAPPING_SETS: usize = 4;
+
+/// Counts an open set of sockets; uncounted on drop.
+struct SetSlot<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for SetSlot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// A fresh unconnected UDP socket on an ephemeral port, marked like the node's others.
+fn fresh_socket(v4: bool) -> std::io::Result<UdpSocket> {
+    let bind: SocketAddr = if v4 { (Ipv4Addr::UNSPECIFIED, 0).into() } else { (Ipv6Addr::UNSPECIFIED, 0).into() };
+    let s = Socket::new(Domain::for_address(bind), Type::DGRAM, Some(Protocol::UDP))?;
+    crate::transport::mark_socket(&s)?;
+    s.set_nonblocking(true)?;
+    s.bind(&bind.into())?;
+    UdpSocket::from_std(s.into())
+}
+
+impl Connector {
+    /// Sends each of `datagrams` from a fresh socket of its own to `to` and waits up to
+    /// `hold` for the first datagram from `to` on any of them. That socket becomes the
+    /// path to `to` (what goes to `to` leaves from it; what it receives goes to the
+    /// connection RX threads like a connection's frames, the first datagram with it);
+    /// the others close. Returns whether one answered.
+    /// At most [`MAPPING_SETS`] sets are open at once; a request beyond that is dropped.
+    pub async fn open_mappings(self, to: Endpoint, datagrams: Vec<Vec<u8>>, hold: Duration) -> bool {
+        let sets = &self.inner.mapping_sets;
+        if sets.fetch_add(1, std::sync::atomic::Ordering::Relaxed) >= MAPPING_SETS {
+            sets.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            debug!(%to, "too many mapping sets open; this one is not opened");
+            return false;
+        }
+        let inner = self.inner.clone();
+        let _slot = SetSlot(&inner.mapping_sets);
+        let deadline = tokio::time::Instant::now() + hold;
+        let mut waiting = tokio::task::JoinSet::new();
+        for d in datagrams {
+            let sock = match fresh_socket(to.addr.is_ipv4()) {
+                Ok(s) => s,
+                Err(e) => {
+                    debug!(%to, error = %e, "cannot open a socket for a mapping");
+                    break;
+                }
+            };
+            if let Err(e) = sock.send_to(&d, to.addr).await {
+                debug!(%to, error = %e, "mapping send failed");
+                continue;
+            }
+            waiting.spawn(async move {
+                let mut buf = vec![0u8; MAX_DATAGRAM];
+                loop {
+                    match sock.recv_from(&mut buf).await {
+                        // Only the endpoint it sent to (its NAT lets nothing else in
+                        // anyway).
+                        Ok((n, from)) if from == to.addr => {
+                            buf.truncate(n);
+                            return Some((sock, buf));
+                        }
+                        Ok(_) => {}
+                        Err(_) => return None,
+                    }
+                }
+            });
+        }
+        loop {
+            match tokio::time::timeout_at(deadline, waiting.join_next()).await {
+                Ok(Some(Ok(Some((sock, first))))) => {
+                    waiting.abort_all();
+                    debug!(%to, local = ?sock.local_addr().ok(), "a mapping was hit: the path leaves from its socket");
+                    tokio::spawn(self.run_pinned(sock, to, first));
+                    return true;
+                }
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => return false,
+            }
+        }
+    }
+
+    /// Carries the path to `to` over `sock` until it is silent for [`IDLE_TIMEOUT`] or
+    /// another registration for `to` replaces it.
+    async fn run_pinned(self, sock: UdpSocket, to: Endpoint, first: Vec<u8>) {
+        let (mut queue, id) = self.register(to, true);
+        let conns = self.inner.conns.clone();
+        let deliver = |data: &[u8]| {
+            let mut batch = conns.buffer();
+            frame::push(&mut batch, data).then_some(Inbound { from: to, batch })
+        };
+        let writer = async {
+            while let Some(batch) = queue.recv().await {
+                for f in frame::frames(&batch).flatten() {
+                    if let Err(e) = sock.send_to(f, to.addr).await {
+                        debug!(%to, error = %e, "send on a mapping's socket failed");
+                    }
+                }
+                conns.recycle(batch);
+            }
+            Ok(())
+        };
+        let reader = async {
+            if let Some(i) = deliver(&first)
+                && !conns.deliver(id, i).await
+            {
+                return Err("the connection RX thread stopped".to_owned());
+            }
+            let mut buf = vec![0u8; MAX_DATAGRAM];
+            loop {
+                match tokio::time::timeout(IDLE_TIMEOUT, sock.recv_from(&mut buf)).await {
+                    Err(_) => return Err(format!("nothing received for {} s", IDLE_TIMEOUT.as_secs())),
+                    Ok(Err(e)) => return Err(e.to_string()),
+                    Ok(Ok((n, from))) if from == to.addr => {
+                        if let Some(i) = deliver(&buf[..n])
+                            && !conns.deliver(id, i).await
+                        {
+                            return Err("the connection RX thread stopped".to_owned());
+                        }
+                    }
+                    Ok(Ok(_)) => {}
+                }
+            }
+        };
+        let r = tokio::select! {
+            r = writer => r,
+            r = reader => r,
+        };
+        conns.unregister(to, id);
+        self.closed(to, r);
+    }
+}

@@ -1,0 +1,461 @@
+//! What a node's NAT does, judged from where other members see it, and why a pair of
+//! members has no direct path.
+//!
+//! Each member's signed record lists its links and the UDP address it sees each of them
+//! at (`Neighbour::observed`). A node seen at one public port by every observer has an
+//! endpoint-independent mapping (a punch from anyone reaches that port); seen at
+//! different ports by different observers, its NAT gives every destination a new port
+//! (endpoint-dependent, "symmetric"), so the port a punch would have to hit is unknown.
+//! With a single observer, a port equal to the node's own listening port (the NAT
+//! preserved it) suggests an endpoint-independent NAT and any other port a dependent
+//! one: a guess, marked as such.
+
+use std::net::{IpAddr, SocketAddr};
+
+use weft_core::endpoint::canonical;
+
+/// A NAT's mapping behaviour (RFC 4787).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mapping {
+    /// Nobody reported where they see the node.
+    Unknown,
+    /// Seen at one of its own addresses: no NAT in front of it.
+    NoNat,
+    /// One outside port whatever the destination.
+    Independent,
+    /// A new outside port per destination.
+    Dependent,
+}
+
+impl Mapping {
+    /// How status and `weft netcheck` name it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Unknown => "unknown",
+            Self::NoNat => "no NAT",
+            Self::Independent => "endpoint-independent",
+            Self::Dependent => "endpoint-dependent",
+        }
+    }
+}
+
+/// What the observations of one node say about its NAT.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NatGuess {
+    /// The mapping behaviour.
+    pub mapping: Mapping,
+    /// Two or more observers agree or disagree (not a guess from one).
+    pub certain: bool,
+    /// Whether the outside port is the node's own UDP port (None: nobody saw it).
+    pub port_preserving: Option<bool>,
+    /// How many distinct observers reported an address.
+    pub observers: usize,
+}
+
+/// Judges a node's NAT from the UDP addresses `observed` by distinct observers (one
+/// entry each) and the node's own UDP addresses `local` (its announced endpoints; an
+/// unspecified address matches by port only).
+pub fn classify(observed: &[SocketAddr], local: &[SocketAddr]) -> NatGuess {
+    let observed: Vec<SocketAddr> = observed.iter().map(|a| canonical(*a)).collect();
+    let local: Vec<SocketAddr> = local.iter().map(|a| canonical(*a)).collect();
+    let observers = observed.len();
+    if observers == 0 {
+        return NatGuess { mapping: Mapping::Unknown, certain: false, port_preserving: None, observers };
+    }
+    let own_port = |a: &SocketAddr| local.iter().any(|l| l.port() == a.port());
+    let port_preserving = Some(observed.iter().all(own_port));
+    let own_ip = |ip: IpAddr| local.iter().any(|l| l.ip() == ip);
+    if observed.iter().all(|a| own_ip(a.ip()) && own_port(a)) {
+        return NatGuess { mapping: Mapping::NoNat, certain: observers > 1, port_preserving, observers };
+    }
+    let mut distinct = observed;
+    distinct.sort();
+    distinct.dedup();
+    let mapping = if distinct.len() > 1 {
+        Mapping::Dependent
+    } else if observers > 1 || port_preserving == Some(true) {
+        Mapping::Independent
+    } else {
+        Mapping::Dependent
+    };
+    NatGuess { mapping, certain: observers > 1, port_preserving, observers }
+}
+
+/// What is known of one side of a pair, for [`no_direct_reason`].
+#[derive(Debug, Clone, Copy)]
+pub struct Side<'a> {
+    /// Its NAT.
+    pub nat: &'a NatGuess,
+    /// It announces a port its router maps (a UDP endpoint at the public address it
+    /// is seen at, on another port): reachable there whatever its NAT's mapping.
+    pub mapped: bool,
+}
+
+/// Why a relayed peer has no direct path, from this node's side (`ours`) and the
+/// peer's (`theirs`), and how many punch rounds went unanswered.
+pub fn no_direct_reason(ours: Side<'_>, theirs: Side<'_>, punches: u32) -> String {
+    let hard = |s: Side<'_>| s.nat.mapping == Mapping::Dependent && !s.mapped;
+    let guessed = |s: Side<'_>| if s.nat.certain { "" } else { " (guessed from one observer)" };
+    // A side whose router maps a port is reachable there whatever either NAT's
+    // mapping: then only the punch can have failed.
+    let either_mapped = ours.mapped || theirs.mapped;
+    match (hard(ours) && !either_mapped, hard(theirs) && !either_mapped) {
+        (true, true) => format!(
+            "both sides endpoint-dependent{}, no port mapping: stays relayed",
+            if ours.nat.certain && theirs.nat.certain { "" } else { " (guessed)" }
+        ),
+        (true, false) => format!(
+            "this node's NAT is endpoint-dependent{}: the port it uses towards the peer is unknown",
+            guessed(ours)
+        ),
+        (false, true) => {
+            format!("the peer's NAT is endpoint-dependent{}: the port it uses towards us is unknown", guessed(theirs))
+        }
+        (false, false) if punches > 0 => format!("punch unanswered ({punches} rounds)"),
+        (false, false) => "not punched yet: punching starts with traffic".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn a(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    const LOCAL: &str = "10.1.0.2:11010";
+
+    #[test]
+    fn nobody_saw_it() {
+        let g = classify(&[], &[a(LOCAL)]);
+        assert_eq!(g.mapping, Mapping::Unknown);
+        assert_eq!(g.port_preserving, None);
+    }
+
+    #[test]
+    fn seen_at_its_own_address_is_no_nat() {
+        let g = classify(&[a("203.0.113.2:11010"), a("203.0.113.2:11010")], &[a("203.0.113.2:11010")]);
+        assert_eq!(g.mapping, Mapping::NoNat);
+        assert!(g.certain);
+        // A wildcard listener matches by port; the address must still be its own.
+        let g = classify(&[a("203.0.113.2:11010")], &[a("0.0.0.0:11010")]);
+        assert_eq!(g.mapping, Mapping::Independent, "a preserved port behind NAT is not no NAT");
+    }
+
+    #[test]
+    fn one_port_for_every_observer_is_endpoint_independent() {
+        let g = classify(&[a("198.51.100.7:11010"), a("198.51.100.7:11010")], &[a(LOCAL)]);
+        assert_eq!((g.mapping, g.certain, g.port_preserving), (Mapping::Independent, true, Some(true)));
+        // Not port preserving, but the same port for both: still independent.
+        let g = classify(&[a("198.51.100.7:40000"), a("198.51.100.7:40000")], &[a(LOCAL)]);
+        assert_eq!((g.mapping, g.certain, g.port_preserving), (Mapping::Independent, true, Some(false)));
+    }
+
+    #[test]
+    fn different_ports_for_different_observers_is_endpoint_dependent() {
+        let g = classify(&[a("198.51.100.7:40000"), a("198.51.100.7:52113")], &[a(LOCAL)]);
+        assert_eq!((g.mapping, g.certain, g.port_preserving), (Mapping::Dependent, true, Some(false)));
+        // Even when one of them got the preserved port.
+        let g = classify(&[a("198.51.100.7:11010"), a("198.51.100.7:52113")], &[a(LOCAL)]);
+        assert_eq!(g.mapping, Mapping::Dependent);
+    }
+
+    #[test]
+    fn a_single_observer_gives_a_guess_from_the_port() {
+        let g = classify(&[a("198.51.100.7:11010")], &[a(LOCAL)]);
+        assert_eq!((g.mapping, g.certain), (Mapping::Independent, false));
+        let g = classify(&[a("198.51.100.7:61234")], &[a(LOCAL)]);
+        assert_eq!((g.mapping, g.certain, g.port_preserving), (Mapping::Dependent, false, Some(false)));
+    }
+
+    #[test]
+    fn the_birthday_method_only_between_an_easy_and_a_hard_nat_without_mappings() {
+        let g = |mapping| NatGuess { mapping, certain: false, port_preserving: None, observers: 1 };
+        let (easy, hard, open, unknown) =
+            (g(Mapping::Independent), g(Mapping::Dependent), g(Mapping::NoNat), g(Mapping::Unknown));
+        let s = |nat, mapped| Side { nat, mapped };
+        assert_eq!(birthday_side(s(&easy, false), s(&hard, false)), Some(true));
+        assert_eq!(birthday_side(s(&hard, false), s(&easy, false)), Some(false));
+        // Both hard, both easy, a side not judged yet, or a side without NAT: no.
+        for (a, b) in
+            [(&hard, &hard), (&easy, &easy), (&easy, &unknown), (&unknown, &hard), (&open, &hard), (&hard, &open)]
+        {
+            assert_eq!(birthday_side(s(a, false), s(b, false)), None, "{:?} / {:?}", a.mapping, b.mapping);
+        }
+        // A mapped port on either side: the mapping is the way.
+        assert_eq!(birthday_side(s(&easy, true), s(&hard, false)), None);
+        assert_eq!(birthday_side(s(&easy, false), s(&hard, true)), None);
+    }
+
+    #[test]
+    fn reasons_name_the_side_that_is_hard() {
+        let easy = NatGuess { mapping: Mapping::Independent, certain: true, port_preserving: Some(true), observers: 2 };
+        let hard = NatGuess { mapping: Mapping::Dependent, certain: true, port_preserving: Some(false), observers: 2 };
+        let one = NatGuess { certain: false, observers: 1, ..hard };
+        let s = |nat, mapped| Side { nat, mapped };
+        assert!(no_direct_reason(s(&hard, false), s(&hard, false), 3).starts_with("both sides endpoint-dependent,"));
+        assert!(
+            no_direct_reason(s(&hard, false), s(&one, false), 3).starts_with("both sides endpoint-dependent (guessed)")
+        );
+        assert!(no_direct_reason(s(&easy, false), s(&hard, false), 3).starts_with("the peer's NAT"));
+        assert!(no_direct_reason(s(&hard, false), s(&easy, false), 3).starts_with("this node's NAT"));
+        assert!(no_direct_reason(s(&easy, false), s(&one, false), 0).contains("guessed from one observer"));
+        // A mapped port makes a hard side reachable: then it is about the punches.
+        assert_eq!(no_direct_reason(s(&hard, true), s(&hard, false), 1), "punch unanswered (1 rounds)");
+        assert_eq!(no_direct_reason(s(&easy, false), s(&hard, true), 2), "punch unanswered (2 rounds)");
+        assert_eq!(
+            no_direct_reason(s(&easy, false), s(&easy, false), 0),
+            "not punched yet: punching starts with traffic"
+        );
+    }
+}
+
+/// Which side of the birthday method this node takes towards a peer: `Some(true)`
+/// the easy side (it probes), `Some(false)` the hard side (it opens mappings), `None`
+/// neither. Only when both NATs are judged (known, or guessed from one observer), one
+/// endpoint-independent and the other dependent (a side without NAT takes a plain
+/// punch; two dependent ones cannot meet), and neither announces a mapped port (the
+/// mapping is the way then).
+pub fn birthday_side(ours: Side<'_>, theirs: Side<'_>) -> Option<bool> {
+    if ours.mapped || theirs.mapped {
+        return None;
+    }
+    match (ours.nat.mapping, theirs.nat.mapping) {
+        (Mapping::Independent, Mapping::Dependent) => Some(true),
+        (Mapping::Dependent, Mapping::Independent) => Some(false),
+        _ => None,
+    }
+}
+
+/// The birthday method's bounds. The hard side (endpoint-dependent NAT) opens
+/// [`BIRTHDAY_SOCKETS`] fresh sockets and sends one keepalive from each to the easy
+/// side's endpoint: its NAT makes as many mappings, each on an unknown port, each
+/// letting the easy side's endpoint in. The easy side sends keepalives to the hard
+/// side's public address on [`BIRTHDAY_PROBES`] random ports per round: every probe
+/// opens its own (endpoint-independent) NAT for the port it goes to, and one that hits
+/// a mapped port reaches a socket of the hard side, which answers from it. With 256
+/// mappings among ~64,500 ports, a round of 256 probes finds one with probability
+/// 1 − (1 − 256/64512)^256 ≈ 64 %; [`BIRTHDAY_ROUNDS`] rounds miss all with ~0.03 %.
+pub mod birthday {
+    use std::time::{Duration, Instant};
+
+    /// Sockets (so NAT mappings) the hard side opens per round.
+    pub const BIRTHDAY_SOCKETS: usize = 256;
+    /// How long the hard side's sockets wait for a probe before they close.
+    pub const BIRTHDAY_HOLD: Duration = Duration::from_secs(4);
+    /// Probes per round, at most.
+    pub const BIRTHDAY_PROBES: u32 = 256;
+    /// Probes per second, at most (sent in bursts of a tenth every [`BIRTHDAY_TICK`]).
+    pub const BIRTHDAY_RATE: u32 = 100;
+    /// How often a burst of probes goes.
+    pub const BIRTHDAY_TICK: Duration = Duration::from_millis(100);
+    /// The first probe of a round waits this long after asking the hard side to open
+    /// its mappings (the request crosses the relay).
+    pub const BIRTHDAY_LEAD: Duration = Duration::from_millis(200);
+    /// A round starts at most this often.
+    pub const BIRTHDAY_EVERY: Duration = Duration::from_secs(4);
+    /// Rounds in a row before pausing.
+    pub const BIRTHDAY_ROUNDS: u32 = 8;
+    /// The pause after [`BIRTHDAY_ROUNDS`] unanswered rounds.
+    pub const BIRTHDAY_PAUSE: Duration = Duration::from_secs(300);
+    /// The lowest port a NAT hands out (Linux picks from 1024–65535 for a source
+    /// port above 1023).
+    pub const PORT_MIN: u16 = 1024;
+
+    /// The easy side's probing of one peer: rounds, and the probes of the current one.
+    #[derive(Debug, Clone)]
+    pub struct Birthday {
+        /// Rounds started since the last pause.
+        rounds: u32,
+        /// When the current round's first probe may go (None: no round running).
+        round_start: Option<Instant>,
+        /// Probes sent in the current round.
+        sent: u32,
+        /// Ports probed in the current round (never twice in one).
+        ports: Vec<u16>,
+        /// No round starts before this.
+        next_round: Instant,
+        /// Probes sent since probing began, and rounds (for status).
+        pub total_probes: u64,
+        /// Rounds started since probing began.
+        pub total_rounds: u32,
+    }
+
+    impl Birthday {
+        /// Probing that may start a round at once.
+        pub fn new(now: Instant) -> Self {
+            Self {
+                rounds: 0,
+                round_start: None,
+                sent: 0,
+                ports: Vec::new(),
+                next_round: now,
+                total_probes: 0,
+                total_rounds: 0,
+            }
+        }
+
+        /// Starts a round when one is due: the caller then asks the hard side to open
+        /// its mappings. After [`BIRTHDAY_ROUNDS`] rounds probing pauses for
+        /// [`BIRTHDAY_PAUSE`].
+        pub fn start_round(&mut self, now: Instant) -> bool {
+            if now < self.next_round {
+                return false;
+            }
+            if self.rounds >= BIRTHDAY_ROUNDS {
+                self.rounds = 0;
+                self.round_start = None;
+                self.next_round = now + BIRTHDAY_PAUSE;
+                return false;
+            }
+            self.rounds += 1;
+            self.total_rounds += 1;
+            self.round_start = Some(now + BIRTHDAY_LEAD);
+            self.sent = 0;
+            self.ports.clear();
+            self.next_round = now + BIRTHDAY_EVERY;
+            true
+        }
+
+        /// The ports to probe now: as many as the rate allows since the round began,
+        /// at most [`BIRTHDAY_PROBES`] in the round, none twice; `random` gives
+        /// candidate ports (any u16; those below [`PORT_MIN`] are skipped).
+        pub fn due(&mut self, now: Instant, mut random: impl FnMut() -> u16) -> Vec<u16> {
+            let Some(start) = self.round_start else { return Vec::new() };
+            if now < start {
+                return Vec::new();
+            }
+            let burst = BIRTHDAY_RATE / 10;
+            let ticks = (now - start).as_millis() / BIRTHDAY_TICK.as_millis();
+            let allowed = (ticks as u64 + 1).saturating_mul(u64::from(burst)).min(u64::from(BIRTHDAY_PROBES)) as u32;
+            let n = allowed.saturating_sub(self.sent);
+            let mut out = Vec::with_capacity(n as usize);
+            // Bounded: a random source that keeps repeating gives fewer ports, never a
+            // longer loop.
+            let mut tries = 0;
+            while out.len() < n as usize && tries < 16 * n {
+                tries += 1;
+                let p = random();
+                if p >= PORT_MIN && !self.ports.contains(&p) {
+                    self.ports.push(p);
+                    out.push(p);
+                }
+            }
+            self.sent += n;
+            self.total_probes += out.len() as u64;
+            if self.sent >= BIRTHDAY_PROBES {
+                self.round_start = None;
+            }
+            out
+        }
+
+        /// Whether a round is sending probes.
+        pub fn probing(&self) -> bool {
+            self.round_start.is_some()
+        }
+
+        /// When [`Birthday::due`] or [`Birthday::start_round`] next has work.
+        pub fn deadline(&self) -> Instant {
+            match self.round_start {
+                Some(start) => {
+                    let burst = BIRTHDAY_RATE / 10;
+                    start + BIRTHDAY_TICK * (self.sent / burst)
+                }
+                None => self.next_round,
+            }
+        }
+    }
+
+    #[cfg(test)]
+    #[allow(clippy::disallowed_methods)] // tests make their own epoch
+    mod tests {
+        use super::*;
+
+        /// Drives probing every `step` for `span`, counting what went out when.
+        fn drive(b: &mut Birthday, t0: Instant, step: Duration, span: Duration) -> Vec<(Duration, usize, bool)> {
+            let mut out = Vec::new();
+            let mut seed = 12345u32;
+            let mut now = t0;
+            while now < t0 + span {
+                let started = b.start_round(now);
+                let ports = b.due(now, || {
+                    seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12345);
+                    (seed >> 16) as u16
+                });
+                out.push((now - t0, ports.len(), started));
+                now += step;
+            }
+            out
+        }
+
+        #[test]
+        fn a_round_sends_at_most_its_probes_at_the_rate() {
+            let t0 = Instant::now();
+            let mut b = Birthday::new(t0);
+            let log = drive(&mut b, t0, Duration::from_millis(7), BIRTHDAY_EVERY - Duration::from_millis(1));
+            let sent: usize = log.iter().map(|l| l.1).sum();
+            assert_eq!(sent, BIRTHDAY_PROBES as usize, "one round, all its probes");
+            assert_eq!(log.iter().filter(|l| l.2).count(), 1);
+            // Never faster than the rate: in any window of w ms after the lead, at most
+            // rate * w / 1000 + one burst.
+            for (i, (t, _, _)) in log.iter().enumerate() {
+                for w in [100u64, 500, 1000] {
+                    let until = *t + Duration::from_millis(w);
+                    let in_window: usize = log[i..].iter().take_while(|l| l.0 < until).map(|l| l.1).sum();
+                    let cap = (u64::from(BIRTHDAY_RATE) * w / 1000 + u64::from(BIRTHDAY_RATE / 10)) as usize;
+                    assert!(in_window <= cap, "{in_window} probes in {w} ms from {t:?}");
+                }
+            }
+            // Nothing before the lead.
+            assert!(log.iter().take_while(|l| l.0 < BIRTHDAY_LEAD).all(|l| l.1 == 0));
+        }
+
+        #[test]
+        fn rounds_are_spaced_bounded_and_then_pause() {
+            let t0 = Instant::now();
+            let mut b = Birthday::new(t0);
+            let span = BIRTHDAY_EVERY * (BIRTHDAY_ROUNDS + 2);
+            let log = drive(&mut b, t0, Duration::from_millis(50), span);
+            let starts: Vec<Duration> = log.iter().filter(|l| l.2).map(|l| l.0).collect();
+            assert_eq!(starts.len(), BIRTHDAY_ROUNDS as usize);
+            assert!(starts.windows(2).all(|w| w[1] - w[0] >= BIRTHDAY_EVERY));
+            let sent: usize = log.iter().map(|l| l.1).sum();
+            assert_eq!(sent as u64, u64::from(BIRTHDAY_ROUNDS) * u64::from(BIRTHDAY_PROBES));
+            assert_eq!(b.total_probes, sent as u64);
+            // Paused: nothing more until the pause is over, then a new round.
+            let later = t0 + span;
+            assert!(!b.start_round(later) && b.deadline() > later + BIRTHDAY_PAUSE / 2);
+            assert!(b.start_round(b.deadline()));
+        }
+
+        #[test]
+        fn ports_are_above_the_minimum_and_never_repeat_in_a_round() {
+            let t0 = Instant::now();
+            let mut b = Birthday::new(t0);
+            assert!(b.start_round(t0));
+            let mut next = 0u16;
+            let mut all = Vec::new();
+            let mut now = t0;
+            while b.probing() {
+                now += BIRTHDAY_TICK;
+                // A poor source: counts up from 0 and wraps at 2,000 (repeats).
+                all.extend(b.due(now, || {
+                    next = (next + 1) % 2000;
+                    next
+                }));
+            }
+            assert!(all.iter().all(|p| *p >= PORT_MIN));
+            let mut d = all.clone();
+            d.sort_unstable();
+            d.dedup();
+            assert_eq!(d.len(), all.len());
+            // The source repeats: fewer ports than probes, and the loop still ended.
+            assert!(all.len() <= BIRTHDAY_PROBES as usize);
+            // A source that gives nothing usable ends too.
+            let mut b = Birthday::new(t0);
+            b.start_round(t0);
+            assert!(b.due(t0 + Duration::from_secs(1), || 80).len() <= 1);
+        }
+    }
+}
