@@ -229,14 +229,14 @@ pub fn birthday_side(ours: Side<'_>, theirs: Side<'_>) -> Option<bool> {
 }
 
 /// The birthday method's bounds. The hard side (endpoint-dependent NAT) opens
-/// [`BIRTHDAY_SOCKETS`] fresh sockets and sends one keepalive from each to the easy
+/// [`BIRTHDAY_SOCKETS`](birthday::BIRTHDAY_SOCKETS) fresh sockets and sends one keepalive from each to the easy
 /// side's endpoint: its NAT makes as many mappings, each on an unknown port, each
 /// letting the easy side's endpoint in. The easy side sends keepalives to the hard
-/// side's public address on [`BIRTHDAY_PROBES`] random ports per round: every probe
+/// side's public address on [`BIRTHDAY_PROBES`](birthday::BIRTHDAY_PROBES) random ports per round: every probe
 /// opens its own (endpoint-independent) NAT for the port it goes to, and one that hits
 /// a mapped port reaches a socket of the hard side, which answers from it. With 256
 /// mappings among ~64,500 ports, a round of 256 probes finds one with probability
-/// 1 − (1 − 256/64512)^256 ≈ 64 %; [`BIRTHDAY_ROUNDS`] rounds miss all with ~0.03 %.
+/// 1 − (1 − 256/64512)^256 ≈ 64 %; [`BIRTHDAY_ROUNDS`](birthday::BIRTHDAY_ROUNDS) rounds miss all with ~0.03 %.
 pub mod birthday {
     use std::time::{Duration, Instant};
 

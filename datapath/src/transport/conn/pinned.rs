@@ -48,7 +48,7 @@ impl Connector {
     /// path to `to` (what goes to `to` leaves from it; what it receives goes to the
     /// connection RX threads like a connection's frames, the first datagram with it);
     /// the others close. Returns whether one answered.
-    /// At most [`MAPPING_SETS`] sets are open at once; a request beyond that is dropped.
+    /// At most `MAPPING_SETS` (4) sets are open at once; a request beyond that is dropped.
     pub async fn open_mappings(self, to: Endpoint, datagrams: Vec<Vec<u8>>, hold: Duration) -> bool {
         let sets = &self.inner.mapping_sets;
         if sets.fetch_add(1, std::sync::atomic::Ordering::Relaxed) >= MAPPING_SETS {
