@@ -398,7 +398,7 @@ pub fn clamp_mss(pkt: &mut [u8], max_packet: usize) -> bool {
 }
 
 /// The Internet checksum (RFC 1071) of `b`, starting from the partial sum `sum`.
-fn checksum(b: &[u8], mut sum: u32) -> u16 {
+pub fn checksum(b: &[u8], mut sum: u32) -> u16 {
     for c in b.chunks(2) {
         sum += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
     }

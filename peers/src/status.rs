@@ -280,8 +280,6 @@ pub struct RouterStatus {
     pub state: RouterState,
     /// Why.
     pub why: String,
-    /// Whether this node pings it as a router in use.
-    pub watched: bool,
 }
 
 /// A subnet other members proxy, with its routers in order of preference.

@@ -142,20 +142,11 @@ impl Node {
     /// moved. Runs when the routes change and when [`Routers::check_at`] passes.
     pub(crate) fn update_routers(&mut self, now: Instant) {
         // Subnets with several routers, candidates in preference order.
-        let claims = self.claimants();
-        let mut by_subnet: BTreeMap<(IpAddr, u8), Vec<&Record>> = BTreeMap::new();
-        for (r, a, p) in self.accepted_subnets(&claims) {
-            if p != 0 {
-                by_subnet.entry((a, p)).or_default().push(r);
-            }
-        }
-        let subnets: Vec<((IpAddr, u8), Vec<NodeId>)> = by_subnet
+        let subnets: Vec<((IpAddr, u8), Vec<NodeId>)> = self
+            .routers_by_subnet()
             .into_iter()
             .filter(|(_, rs)| rs.len() > 1)
-            .map(|(k, mut rs)| {
-                rs.sort_by_key(|r| preference(r));
-                (k, rs.iter().map(|r| r.node()).collect())
-            })
+            .map(|(k, rs)| (k, rs.iter().map(|r| r.node()).collect()))
             .collect();
         let exits = self.exit_candidates();
         // Who is reachable, and since when.
@@ -239,6 +230,22 @@ impl Node {
         }
     }
 
+    /// Every subnet other members proxy (not an exit's /0) with the routers this node
+    /// accepts for it, in preference order.
+    fn routers_by_subnet(&self) -> BTreeMap<(IpAddr, u8), Vec<&Record>> {
+        let claims = self.claimants();
+        let mut by_subnet: BTreeMap<(IpAddr, u8), Vec<&Record>> = BTreeMap::new();
+        for (r, a, p) in self.accepted_subnets(&claims) {
+            if p != 0 {
+                by_subnet.entry((a, p)).or_default().push(r);
+            }
+        }
+        for rs in by_subnet.values_mut() {
+            rs.sort_by_key(|r| preference(r));
+        }
+        by_subnet
+    }
+
     /// Whether traffic flowed lately with any of a subnet's routers.
     fn in_use(&self, candidates: &[NodeId], now: Instant) -> bool {
         candidates
@@ -256,17 +263,9 @@ impl Node {
     /// Each subnet with its routers, for status: the primary and why, the others
     /// standing by or lost and why.
     pub(crate) fn subnet_status(&self, now: Instant) -> Vec<SubnetStatus> {
-        let claims = self.claimants();
-        let mut by_subnet: BTreeMap<(IpAddr, u8), Vec<&Record>> = BTreeMap::new();
-        for (r, a, p) in self.accepted_subnets(&claims) {
-            if p != 0 {
-                by_subnet.entry((a, p)).or_default().push(r);
-            }
-        }
-        by_subnet
+        self.routers_by_subnet()
             .into_iter()
-            .map(|((a, p), mut rs)| {
-                rs.sort_by_key(|r| preference(r));
+            .map(|((a, p), rs)| {
                 let primary = self.routers.primary.get(&(a, p)).copied();
                 let routers = rs
                     .iter()
@@ -278,14 +277,7 @@ impl Node {
                             (_, Ok(())) => (RouterState::Standby, "reachable".to_owned()),
                             (_, Err(why)) => (RouterState::Down, why.to_owned()),
                         };
-                        RouterStatus {
-                            node: id,
-                            hostname: r.hostname.clone(),
-                            priority: r.priority,
-                            state,
-                            why,
-                            watched: self.routers.watched.contains(&id),
-                        }
+                        RouterStatus { node: id, hostname: r.hostname.clone(), priority: r.priority, state, why }
                     })
                     .collect();
                 SubnetStatus { prefix: (a, p), routers }
