@@ -33,6 +33,13 @@ impl Drop for SetSlot<'_> {
 }
 
 /// A fresh unconnected UDP socket on an ephemeral port, marked like the node's others.
+/// Whether `d` has the shape of a sealed data message (type, header and tag), the
+/// only thing the easy side's probes are.
+fn sealed_shape(d: &[u8]) -> bool {
+    d.len() >= weft_core::wire::DATA_HEADER_LEN + weft_core::crypto::TAG_LEN
+        && d.first() == Some(&(weft_core::wire::MessageType::Data as u8))
+}
+
 fn fresh_socket(v4: bool) -> std::io::Result<UdpSocket> {
     let bind: SocketAddr = if v4 { (Ipv4Addr::UNSPECIFIED, 0).into() } else { (Ipv6Addr::UNSPECIFIED, 0).into() };
     let s = Socket::new(Domain::for_address(bind), Type::DGRAM, Some(Protocol::UDP))?;
@@ -77,8 +84,10 @@ impl Connector {
                 loop {
                     match sock.recv_from(&mut buf).await {
                         // Only the endpoint it sent to (its NAT lets nothing else in
-                        // anyway).
-                        Ok((n, from)) if from == to.addr => {
+                        // anyway), and only a sealed data message's shape: whatever
+                        // else arrives there pins nothing (the RX thread still
+                        // authenticates what the pinned socket delivers).
+                        Ok((n, from)) if from == to.addr && sealed_shape(&buf[..n]) => {
                             buf.truncate(n);
                             return Some((sock, buf));
                         }
