@@ -66,6 +66,7 @@ fn record(i: usize, via: weft_peers::NodeId, rng: &mut ChaCha8Rng) -> Record {
         dynamic: false,
         cert: None,
         priority: weft_peers::topology::DEFAULT_PRIORITY,
+        unknown_ext: Vec::new(),
     };
     r.sign(&key, NET);
     r

@@ -266,6 +266,7 @@ impl World {
             dynamic: p.dynamic,
             cert: None,
             priority: weft_peers::topology::DEFAULT_PRIORITY,
+            unknown_ext: Vec::new(),
             sig: [0; 64],
         };
         // Records of the three real keys are signed by their origin (the fourth key

@@ -46,6 +46,7 @@ fn record() -> Record {
         dynamic: true,
         cert: None,
         priority: weft_peers::topology::DEFAULT_PRIORITY,
+        unknown_ext: Vec::new(),
         signer: [0; 32],
         sig: [0; 64],
     })

@@ -371,6 +371,7 @@ mod tests {
             dynamic: false,
             cert: Some(c.to_bytes()),
             priority: crate::topology::DEFAULT_PRIORITY,
+            unknown_ext: Vec::new(),
             sig: [0; 64],
         };
         assert!(newest.note(&rec_cert(1_200)));
@@ -417,6 +418,7 @@ mod tests {
             dynamic: false,
             cert: Some(cert),
             priority: crate::topology::DEFAULT_PRIORITY,
+            unknown_ext: Vec::new(),
             sig: [0; 64],
         };
         let none = Revocations::default();

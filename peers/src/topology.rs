@@ -41,9 +41,12 @@ const RECORD_VERSION: u8 = 4;
 /// which 0.2.0 reads).
 const RECORD_VERSION_CERT: u8 = 5;
 /// A record with extensions: version 5's layout with the certificate's length always
-/// present (0: none), then a block of tagged extensions (`tag`, `len`, bytes; unknown
-/// tags are skipped). Written only when an extension differs from its default, so
-/// records of nodes that use none stay readable by older releases.
+/// present (0: none), then a block of tagged extensions (`tag`, `len`, bytes) in
+/// strictly ascending tag order. Unknown tags are kept verbatim, so a record from a
+/// later release re-encodes to the bytes its origin signed. Written only when an
+/// extension differs from its default, so records of nodes that use none stay
+/// readable by older releases; the encoding is canonical (no default written out, no
+/// empty block), since the signature covers the re-encoded body.
 const RECORD_VERSION_EXT: u8 = 6;
 /// Extension tag: the router priority ([`Record::priority`], one byte).
 const EXT_PRIORITY: u8 = 1;
@@ -96,6 +99,9 @@ pub struct Record {
     /// among members proxying one subnet the highest is primary, then the lowest node
     /// id. [`DEFAULT_PRIORITY`] unless set.
     pub priority: u8,
+    /// Extensions this release does not know (tag, bytes), in ascending tag order:
+    /// carried so the signature over a later release's record still verifies.
+    pub unknown_ext: Vec<(u8, Vec<u8>)>,
     /// The origin's Ed25519 signature of [`Record::signed_message`].
     pub sig: [u8; 64],
 }
@@ -144,8 +150,22 @@ impl Record {
     fn emit_body(&self, out: &mut Vec<u8>) {
         let cert = self.cert.as_deref().filter(|c| c.len() <= weft_core::handshake::MAX_HELLO_CERT);
         let mut ext = Vec::new();
+        let mut known = Vec::new();
         if self.priority != DEFAULT_PRIORITY {
-            ext.extend_from_slice(&[EXT_PRIORITY, 1, self.priority]);
+            known.push((EXT_PRIORITY, std::slice::from_ref(&self.priority)));
+        }
+        let mut all: Vec<(u8, &[u8])> = known;
+        all.extend(self.unknown_ext.iter().filter(|(t, _)| *t != EXT_PRIORITY).map(|(t, b)| (*t, &b[..])));
+        all.sort_by_key(|(t, _)| *t);
+        all.dedup_by_key(|(t, _)| *t);
+        for (tag, body) in all {
+            let body = &body[..body.len().min(255)];
+            if ext.len() + 2 + body.len() > 255 {
+                break;
+            }
+            ext.push(tag);
+            ext.push(body.len() as u8);
+            ext.extend_from_slice(body);
         }
         let version = match (ext.is_empty(), cert.is_some()) {
             (false, _) => RECORD_VERSION_EXT,
@@ -284,18 +304,29 @@ impl Record {
             None
         };
         let mut priority = DEFAULT_PRIORITY;
+        let mut unknown_ext = Vec::new();
         if version == RECORD_VERSION_EXT {
             let n = usize::from(r.u8()?);
+            if n == 0 {
+                // Non-canonical: a record without extensions is version 4 or 5.
+                return Err(BadRecord);
+            }
             let mut ext = Reader(r.take(n)?);
+            let mut last = None;
             while !ext.0.is_empty() {
                 let tag = ext.u8()?;
+                if last.is_some_and(|l| tag <= l) {
+                    return Err(BadRecord);
+                }
+                last = Some(tag);
                 let n = usize::from(ext.u8()?);
                 let body = ext.take(n)?;
                 match (tag, body) {
-                    (EXT_PRIORITY, [p]) => priority = *p,
+                    // The default is never written out.
+                    (EXT_PRIORITY, [p]) if *p != DEFAULT_PRIORITY => priority = *p,
                     (EXT_PRIORITY, _) => return Err(BadRecord),
-                    // A later release's extension: skipped, still signed.
-                    _ => {}
+                    // A later release's extension: kept, since it is signed.
+                    _ => unknown_ext.push((tag, body.to_vec())),
                 }
             }
         }
@@ -316,6 +347,7 @@ impl Record {
             dynamic,
             cert,
             priority,
+            unknown_ext,
             sig,
         })
     }
@@ -660,6 +692,7 @@ mod tests {
             dynamic: i.is_multiple_of(2),
             cert: (i == 3).then(|| vec![i; 40]),
             priority: DEFAULT_PRIORITY,
+            unknown_ext: Vec::new(),
         };
         r.sign(&static_key(i), "net");
         r
@@ -718,14 +751,38 @@ mod tests {
         r.emit_body(&mut b);
         let ext_at = b.len() - 4;
         assert_eq!(&b[ext_at..], &[3, EXT_PRIORITY, 1, 9]);
-        let mut unknown = b[..ext_at].to_vec();
-        unknown.extend_from_slice(&[7, 77, 2, 1, 2, EXT_PRIORITY, 1, 9]);
-        unknown.extend_from_slice(&[0; 64]);
-        assert_eq!(Record::parse(&unknown).unwrap().priority, 9);
-        let mut wrong = b[..ext_at].to_vec();
-        wrong.extend_from_slice(&[4, EXT_PRIORITY, 2, 9, 9]);
-        wrong.extend_from_slice(&[0; 64]);
-        assert!(Record::parse(&wrong).is_err());
+        let with_ext = |ext: &[u8]| {
+            let mut b = b[..ext_at].to_vec();
+            b.push(ext.len() as u8);
+            b.extend_from_slice(ext);
+            b.extend_from_slice(&[0; 64]);
+            b
+        };
+        // A later release's extension after ours: kept, and the record re-encodes to
+        // the bytes it came as, so its origin's signature still verifies.
+        let later = with_ext(&[EXT_PRIORITY, 1, 9, 77, 2, 1, 2]);
+        let back = Record::parse(&later).unwrap();
+        assert_eq!((back.priority, &back.unknown_ext[..]), (9, &[(77, vec![1, 2])][..]));
+        let mut again = Vec::new();
+        back.emit(&mut again);
+        assert_eq!(again, later);
+        let mut signed = rec(4, 7, &[]);
+        signed.unknown_ext = vec![(77, vec![1, 2])];
+        signed.sign(&static_key(4), "net");
+        let mut b2 = Vec::new();
+        signed.emit(&mut b2);
+        assert!(Record::parse(&b2).unwrap().verify("net"), "without a priority, version 6 for the unknown tag");
+        // Non-canonical or malformed blocks are refused: a priority of the wrong
+        // length, the default written out, tags out of order or repeated, no block.
+        for bad in [
+            &[EXT_PRIORITY, 2, 9, 9][..],
+            &[EXT_PRIORITY, 1, DEFAULT_PRIORITY],
+            &[77, 2, 1, 2, EXT_PRIORITY, 1, 9],
+            &[EXT_PRIORITY, 1, 9, EXT_PRIORITY, 1, 9],
+            &[],
+        ] {
+            assert!(Record::parse(&with_ext(bad)).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

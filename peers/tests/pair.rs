@@ -1915,6 +1915,7 @@ fn minted_record(i: usize, via: NodeId, rng: &mut ChaCha8Rng) -> Record {
         dynamic: false,
         cert: None,
         priority: weft_peers::topology::DEFAULT_PRIORITY,
+        unknown_ext: Vec::new(),
     };
     r.sign(&key, NET);
     r

@@ -394,6 +394,7 @@ impl Node {
             dynamic: self.cfg.dynamic.is_some(),
             cert: hello.cert.clone(),
             priority: self.cfg.router_priority,
+            unknown_ext: Vec::new(),
         }
     }
 
