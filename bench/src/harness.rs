@@ -106,6 +106,9 @@ pub struct Host {
     pub revocations: Vec<weft_core::cert::Revocation>,
     /// Overlay address changes the engine ordered (`Action::SetAddress`).
     pub addresses: Vec<(Ipv4Addr, Ipv4Addr, u8)>,
+    /// Every `TunOffloadOff` the engine gave, with its reason (the virtual TUN has no
+    /// offload to turn off).
+    pub tun_offload_off: Vec<String>,
     /// Datagrams the engine sent (`Action::Send`): control-plane traffic.
     pub ctl_datagrams: u64,
     /// Bytes of those datagrams.
@@ -141,6 +144,7 @@ impl Host {
             names: None,
             revocations: Vec::new(),
             addresses: Vec::new(),
+            tun_offload_off: Vec::new(),
             ctl_datagrams: 0,
             ctl_bytes: 0,
             fwd_datagrams: 0,
@@ -195,6 +199,7 @@ impl Host {
                 Action::SetAddress { old, new, prefix } => self.addresses.push((old, new, prefix)),
                 Action::SaveNames(names) => self.names = Some(names),
                 Action::SaveRevocations(list) => self.revocations.extend(list),
+                Action::TunOffloadOff { why } => self.tun_offload_off.push(why),
                 // The virtual network has no NATs: nobody is endpoint-dependent.
                 Action::OpenMappings { .. }
                 | Action::SaveIssued(_)
@@ -242,6 +247,7 @@ impl Host {
                 ControlEvent::Confirmed { local_index } => node.handle(now, Input::Confirmed { local_index }),
                 ControlEvent::Unrouted { dst, packet } => node.handle(now, Input::Unrouted { dst, packet: &packet }),
                 ControlEvent::StaleSession { local_index } => node.handle(now, Input::StaleSession { local_index }),
+                ControlEvent::BadChecksum { local_index } => node.handle(now, Input::BadChecksum { local_index }),
             }
             self.drain(out);
         }

@@ -8,6 +8,9 @@
 //! arrives intact. (3) A direct path between two members starts losing half its
 //! packets (keepalives still pass now and then): traffic moves to the relay both
 //! reach, `weft peers` says why, and the direct path is taken again once it heals.
+//! (4) A member's kernel hands it packets with bad checksums (as a broken TUN offload
+//! does; made here with a raw socket, which the kernel leaves unchecksummed): the far
+//! side drops and counts them, tells it, and it turns its TUN offload off.
 #![allow(unsafe_code, unreachable_pub, clippy::unwrap_used)]
 
 mod netns;
@@ -167,4 +170,63 @@ fn a_lossy_direct_path_moves_to_a_relay_and_back_once_healed() {
     eprintln!("direct again {back:?} after the path healed");
     netns::run(std::process::Command::new("kill").args(["-INT", &pinger.id().to_string()]));
     let _ = pinger.wait();
+}
+
+/// Sends `count` UDP datagrams from `src` to `dst` (port 9) inside `ns` through a raw
+/// socket, each with a wrong UDP checksum: the kernel hands them to the TUN as they
+/// are, as a TUN offload that corrupts packets would.
+fn send_bad_checksums(ns: &Netns, src: &str, dst: &str, count: u32) {
+    let script = format!(
+        r#"
+import socket, struct
+s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
+for i in range({count}):
+    payload = bytes(range(200))
+    udp = struct.pack('!HHHH', 40000, 9, 8 + len(payload), 0xdead) + payload
+    ip = struct.pack('!BBHHHBBH4s4s', 0x45, 0, 20 + len(udp), i, 0, 64, 17, 0,
+                     socket.inet_aton('{src}'), socket.inet_aton('{dst}'))
+    s.sendto(ip + udp, ('{dst}', 0))
+"#
+    );
+    ns.exec_ok(&["python3", "-c", &script]);
+}
+
+#[test]
+fn packets_with_bad_checksums_turn_their_senders_tun_offload_off() {
+    require_root();
+    let (a, _r, b) = topology();
+    let dir = TempDir::new();
+    let (na, nb) = pair(&a, &b, &dir);
+    let offloads = |n: &Node| n.status()["offloads"].clone();
+    let bad = |n: &Node| n.status()["drops"]["bad_checksum"].as_u64().unwrap_or(0);
+    assert_eq!(offloads(&na)["tun"], true, "the test needs a TUN with offload: {}", offloads(&na));
+    // Real traffic in both directions, offload on: not one false alarm.
+    for (from, to, ip) in [(&a, &b, "10.126.170.2"), (&b, &a, "10.126.170.1")] {
+        let (sent, got, _) = transfer(from, to, ip, 4 << 20);
+        assert_eq!(sent, got, "the transfer arrived corrupt");
+    }
+    assert_eq!((bad(&na), bad(&nb)), (0, 0), "good packets counted as bad");
+    assert!(offloads(&na)["tun_off"].is_null());
+    // A's kernel hands it packets with wrong checksums, in bursts: B checks one in 16
+    // and reports at most once a second; A believes a count of 4 or more.
+    for _ in 0..3 {
+        send_bad_checksums(&a, "10.126.170.1", "10.126.170.2", 128);
+        std::thread::sleep(Duration::from_millis(1100));
+    }
+    wait_until(Duration::from_secs(10), "A turns its TUN offload off", || !offloads(&na)["tun_off"].is_null());
+    let o = offloads(&na);
+    assert_eq!((o["tun"].as_bool(), o["tun_gro"].as_bool()), (Some(false), Some(false)), "{o}");
+    assert!(o["tun_off"].as_str().unwrap_or_default().contains(" found bad checksums in "), "why: {o}");
+    assert!(o["checksum_reports_received"].as_u64() >= Some(1), "{o}");
+    assert!(bad(&nb) >= 1, "B dropped none of them");
+    assert!(offloads(&nb)["checksum_reports_sent"].as_u64() >= Some(1));
+    assert!(offloads(&nb)["tun"] == true, "the receiver keeps its own offload");
+    assert!(na.log_text().contains("TUN offload turned off"), "no log line says so");
+    let text = netns::weft(&["status", "--control", na.control.to_str().unwrap()]);
+    assert!(text.contains("TUN offload turned off: "), "weft status does not say so: {text}");
+    // Without the offload, traffic still flows both ways, intact.
+    for (from, to, ip) in [(&a, &b, "10.126.170.2"), (&b, &a, "10.126.170.1")] {
+        let (sent, got, _) = transfer(from, to, ip, 4 << 20);
+        assert_eq!(sent, got, "the transfer arrived corrupt");
+    }
 }

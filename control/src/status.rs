@@ -437,6 +437,16 @@ pub struct OffloadJson {
     pub udp_gso: bool,
     /// UDP GRO on receive.
     pub udp_gro: bool,
+    /// Why the TUN offload was turned off at run time (a member received this node's
+    /// packets with bad checksums), if it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tun_off: Option<String>,
+    /// Times this node told a member that its packets arrive with bad checksums.
+    #[serde(default)]
+    pub checksum_reports_sent: u64,
+    /// Times a member told this node so.
+    #[serde(default)]
+    pub checksum_reports_received: u64,
 }
 
 /// Counters of one pipeline.

@@ -70,6 +70,8 @@ pub struct Session {
     roam_from: AtomicU64,
     /// When data on this session, after it was declared dead, was last reported.
     stale_reported_ms: AtomicU64,
+    /// When an inner packet with a bad checksum on this session was last reported.
+    checksum_reported_ms: AtomicU64,
     /// Pipeline-clock time (ms) from which the keys are refused; `u64::MAX` until the
     /// control plane sets it.
     expires_ms: AtomicU64,
@@ -105,6 +107,7 @@ impl Session {
             last_direct_rx_ms: AtomicU64::new(0),
             roam_reported_ms: AtomicU64::new(0),
             stale_reported_ms: AtomicU64::new(0),
+            checksum_reported_ms: AtomicU64::new(0),
             roam_from: AtomicU64::new(0),
             expires_ms: AtomicU64::new(u64::MAX),
             peer_gso: AtomicBool::new(false),
@@ -284,6 +287,14 @@ impl Session {
         let last = self.stale_reported_ms.load(Relaxed);
         (last == 0 || now_ms.saturating_sub(last) >= 1000)
             && self.stale_reported_ms.compare_exchange(last, now_ms, Relaxed, Relaxed).is_ok()
+    }
+
+    /// Whether an inner packet with a bad checksum that arrived on this session is to
+    /// be reported to the control plane at `now_ms`: once a second.
+    pub fn should_report_checksum(&self, now_ms: u64) -> bool {
+        let last = self.checksum_reported_ms.load(Relaxed);
+        (last == 0 || now_ms.saturating_sub(last) >= 1000)
+            && self.checksum_reported_ms.compare_exchange(last, now_ms, Relaxed, Relaxed).is_ok()
     }
 
     /// Packets sealed so far (the next counter).

@@ -67,11 +67,15 @@ pub enum DropReason {
     /// measured): its sender is told the size with ICMP "fragmentation needed" or
     /// ICMPv6 "packet too big", and sends smaller.
     TooBig,
+    /// An inner TCP or UDP packet whose checksum does not verify (RX checks a sample):
+    /// whatever handed it to the sender (its TUN's offload, as a kernel bug does, or an
+    /// application) corrupted it. The sender is told and turns its TUN offload off.
+    BadChecksum,
 }
 
 impl DropReason {
     /// All reasons, in counter order.
-    pub const ALL: [Self; 22] = [
+    pub const ALL: [Self; 23] = [
         Self::AuthFailed,
         Self::ControlQueueFull,
         Self::HandshakeMac,
@@ -94,6 +98,7 @@ impl DropReason {
         Self::Queue,
         Self::FlowLimit,
         Self::TooBig,
+        Self::BadChecksum,
     ];
 
     /// The snake_case name used in status output.
@@ -121,6 +126,7 @@ impl DropReason {
             Self::Queue => "queue",
             Self::FlowLimit => "flow_limit",
             Self::TooBig => "too_big",
+            Self::BadChecksum => "bad_checksum",
         }
     }
 

@@ -101,6 +101,20 @@ impl Tun {
     }
 }
 
+/// Turns the device's offloads off (`TUNSETOFFLOAD` with no `TUN_F_*` flag: no
+/// partial checksums, TSO or USO): from then on the kernel checksums and segments
+/// what it hands over itself. The mask is the device's, so one queue is enough; reads
+/// and writes keep their virtio header. For a kernel whose offload corrupts packets
+/// (members receive them with bad checksums).
+#[allow(unsafe_code)]
+pub fn disable_offload(queue: &SyncDevice) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: the queue's descriptor stays open for the whole call, and TUNSETOFFLOAD
+    // takes its argument (the flag mask) by value.
+    let r = unsafe { libc::ioctl(queue.as_raw_fd(), libc::TUNSETOFFLOAD, libc::c_ulong::from(0u8)) };
+    if r == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}
+
 fn build(cfg: &TunConfig, offload: bool) -> io::Result<SyncDevice> {
     DeviceBuilder::new()
         .name(&cfg.name)

@@ -115,6 +115,10 @@ pub(crate) enum Msg {
     },
     /// "Your probe arrived".
     ProbeAck(u64),
+    /// "Inner packets from you arrive with bad TCP/UDP checksums": `count` seen since
+    /// the last report. Whatever hands the sender its packets corrupts them (a TUN
+    /// offload the kernel gets wrong): it turns its TUN offload off.
+    BadChecksums(u32),
 }
 
 /// The largest probe (a jumbo inner packet).
@@ -139,6 +143,7 @@ mod tag {
     pub(super) const POLICY_PART: u8 = 9;
     pub(super) const PROBE: u8 = 10;
     pub(super) const PROBE_ACK: u8 = 11;
+    pub(super) const BAD_CHECKSUMS: u8 = 12;
 }
 
 impl Msg {
@@ -202,6 +207,10 @@ impl Msg {
                 out.push(tag::PROBE_ACK);
                 out.extend_from_slice(&n.to_le_bytes());
             }
+            Self::BadChecksums(n) => {
+                out.push(tag::BAD_CHECKSUMS);
+                out.extend_from_slice(&n.to_le_bytes());
+            }
         }
         out
     }
@@ -255,6 +264,7 @@ impl Msg {
                 Self::Probe { nonce: u64_at(rest, 0)?, len: u16::try_from(b.len()).ok()? }
             }
             tag::PROBE_ACK if rest.len() == 8 => Self::ProbeAck(u64_at(rest, 0)?),
+            tag::BAD_CHECKSUMS if rest.len() == 4 => Self::BadChecksums(u32::from_le_bytes(rest.try_into().ok()?)),
             _ => return None,
         })
     }
@@ -590,6 +600,8 @@ mod tests {
         assert_eq!(p.emit().len(), 1420);
         assert_eq!(Msg::parse(&p.emit()), Some(p));
         assert_eq!(Msg::parse(&Msg::ProbeAck(9).emit()), Some(Msg::ProbeAck(9)));
+        assert_eq!(Msg::parse(&Msg::BadChecksums(3).emit()), Some(Msg::BadChecksums(3)));
+        assert_eq!(Msg::parse(&Msg::BadChecksums(3).emit()[..4]), None);
         assert_eq!(Msg::parse(&[10, 1, 2]), None, "a cut probe");
         assert_eq!(Msg::parse(&vec![10; MAX_PROBE + 1]), None, "a probe over the largest size");
     }

@@ -218,6 +218,12 @@ pub struct NodeStatus {
     pub withdrawn: Option<String>,
     /// This node's NAT as its links see it.
     pub nat: NatStatus,
+    /// Members told that their packets reached us with bad checksums, and times a
+    /// member told us.
+    pub checksum_reports: (u64, u64),
+    /// Why the TUN offload was turned off (a member received our packets with bad
+    /// checksums), if it was.
+    pub tun_offload_off: Option<String>,
 }
 
 /// This node's NAT, judged from where the members it links to see it.

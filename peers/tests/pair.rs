@@ -2030,3 +2030,51 @@ fn a_control_flood_is_rate_limited_and_forged_signatures_cut_the_member_off() {
     assert!(!sim.established(A, B), "A kept its session with a member whose signatures fail");
     assert!(sim.established(A, C));
 }
+
+#[test]
+fn packets_that_arrive_with_bad_checksums_turn_the_senders_tun_offload_off_once() {
+    // A's kernel hands it UDP packets whose checksums are wrong (a TUN offload that
+    // corrupts): B's RX checks one plain packet in 16, drops the bad ones, and tells A
+    // once a second; A, told of enough of them, turns its offload off, once.
+    let mut sim = default_pair_established();
+    let session = sim.route(A, B).expect("A routes B");
+    let src = sim.slots[A].host.addr;
+    let packet = |tag: u64, bad: bool| {
+        let mut p = ip_packet(overlay(A), overlay(B), 40, tag);
+        // UDP length, then a checksum: right (0 means none on IPv4) or wrong.
+        p[24..26].copy_from_slice(&40u16.to_be_bytes());
+        p[26..28].copy_from_slice(if bad { &[0xde, 0xad] } else { &[0, 0] });
+        p
+    };
+    // Good packets: all delivered, nothing reported.
+    for tag in 0..64 {
+        assert_eq!(sim.inject_data(B, src, &seal(&session, &packet(tag, false))), Ok(60));
+    }
+    assert_eq!(sim.node(B).status(sim.now).checksum_reports, (0, 0));
+    // Bad ones, in bursts a second apart: one in 16 is caught. The first report (1
+    // caught) is not enough; the second (5) is.
+    let mut caught = 0;
+    for burst in 0..3u64 {
+        for tag in 0..64 {
+            if sim.inject_data(B, src, &seal(&session, &packet(1000 * burst + tag, true))) == Err("bad_checksum") {
+                caught += 1;
+            }
+        }
+        sim.run(Duration::from_millis(1100));
+    }
+    assert_eq!(caught, 3 * 64 / 16);
+    let (sent, _) = sim.node(B).status(sim.now).checksum_reports;
+    assert_eq!(sent, 3, "one report per burst (at most one a second)");
+    let a = sim.node(A).status(sim.now);
+    assert_eq!(a.checksum_reports, (0, 3));
+    assert_eq!(sim.slots[A].host.tun_offload_off.len(), 1, "told once: {:?}", sim.slots[A].host.tun_offload_off);
+    assert!(
+        sim.slots[A].host.tun_offload_off[0].starts_with("node1 found bad checksums in 5 "),
+        "{:?}",
+        a.tun_offload_off
+    );
+    assert_eq!(a.tun_offload_off.as_deref(), Some(sim.slots[A].host.tun_offload_off[0].as_str()));
+    // B's own offload is not in question.
+    assert!(sim.slots[B].host.tun_offload_off.is_empty());
+    assert!(sim.established(A, B) && sim.established(B, A));
+}

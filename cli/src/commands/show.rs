@@ -33,6 +33,9 @@ pub(crate) fn status(s: &StatusJson) -> String {
         onoff(s.offloads.udp_gso),
         onoff(s.offloads.udp_gro)
     );
+    if let Some(why) = &s.offloads.tun_off {
+        let _ = writeln!(o, "          TUN offload turned off: {}", printable(why));
+    }
     let notable: Vec<String> =
         s.transport_counters.iter().filter(|(_, v)| **v > 0).map(|(k, v)| format!("{k}={v}")).collect();
     let _ = writeln!(o, "links     {} connections {}", s.connections, notable.join(" "));

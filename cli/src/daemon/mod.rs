@@ -93,6 +93,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
         offload: Arc::new(Offload::new(udp.gso, udp.gro)),
         firewall,
     };
+    let tun_queue = devices.queues.first().filter(|_| devices.tun_offload).cloned();
     let data = start::pipelines(&cfg, devices.queues, devices.tun_offload, &udp, &shared)?;
     // The PSK derived above (Argon2id, once): the handshake, its MACs and the LAN
     // beacon key all come from it.
@@ -132,7 +133,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
         udp_socks: udp.socks,
         udp_gro: udp.gro_per_socket,
         started: epoch,
-        tun_offload: devices.tun_offload,
+        tun_offload: runtime::TunOffload { queue: tun_queue, off: None },
         pipelines: data.stats,
         drops: DropCounters::default(),
         netcfg,

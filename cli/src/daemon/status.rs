@@ -130,8 +130,11 @@ impl Runtime {
                 .collect(),
             dev_name: self.cfg.dev_name.clone(),
             offloads: OffloadJson {
-                tun: self.tun_offload,
-                tun_gro: self.tun_offload && self.shared.offload.tun_gro(),
+                tun: self.tun_offload.on(),
+                tun_gro: self.tun_offload.queue.is_some() && self.shared.offload.tun_gro(),
+                tun_off: self.tun_offload.off.clone(),
+                checksum_reports_sent: st.checksum_reports.0,
+                checksum_reports_received: st.checksum_reports.1,
                 udp_gso: self.shared.offload.gso(),
                 udp_gro: self.shared.offload.gro(),
             },

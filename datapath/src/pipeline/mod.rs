@@ -95,6 +95,13 @@ pub enum ControlEvent {
         /// The dropped session's local index.
         local_index: u32,
     },
+    /// Inner packets with bad TCP/UDP checksums arrived on a session (RX checks a
+    /// sample; reported at most once a second per session): its sender's TUN offload
+    /// corrupts them, and the control plane tells it.
+    BadChecksum {
+        /// The session's local index.
+        local_index: u32,
+    },
 }
 
 /// What all pipelines of a node share.

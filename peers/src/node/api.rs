@@ -125,6 +125,12 @@ pub enum Input<'a> {
         /// The dropped session's local index.
         local_index: u32,
     },
+    /// RX dropped inner packets with bad TCP/UDP checksums that arrived on a session:
+    /// the engine tells the member that sent them.
+    BadChecksum {
+        /// The session's local index.
+        local_index: u32,
+    },
 }
 
 /// A peer named by an administrator: a dialled endpoint or a member's node id.
@@ -232,6 +238,13 @@ pub enum Action {
     /// [`weft_core::policy::SignedPolicy`], signature checked): put it in force and
     /// keep it in the state directory.
     PolicyChanged(Vec<u8>),
+    /// A member received packets from this node with bad TCP/UDP checksums: turn the
+    /// TUN's offloads off (checksum and segmentation, and coalesced writes), so the
+    /// kernel hands over whole packets it checksummed. Sent once.
+    TunOffloadOff {
+        /// Why, for the log and status.
+        why: String,
+    },
     /// A signed access policy for this network arrived that cannot be applied here
     /// (its text does not parse on this release, or one of its tests fails): deny
     /// every flow but the node's own until one that can arrives, and say why.

@@ -81,6 +81,7 @@ impl Node {
             }
             Msg::Probe { nonce, .. } => self.answer_probe(now, key, nonce),
             Msg::ProbeAck(nonce) => self.probe_acked(key, nonce),
+            Msg::BadChecksums(count) => self.told_bad_checksums(key, count),
             Msg::PolicyPart { version, part, parts, bytes } => self.policy_part(now, key, version, part, parts, bytes),
             Msg::Summary { count, hash } => self.handle_summary(now, key, (count, hash)),
             Msg::Digest { lo, hi, entries } => {

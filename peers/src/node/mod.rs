@@ -39,6 +39,7 @@ mod inbound;
 mod issuer;
 mod messages;
 mod nat;
+mod offload;
 mod outbound;
 mod path_mtu;
 mod paths;
@@ -219,6 +220,12 @@ pub(crate) struct Report {
     stale_renewed: u64,
     /// Handshakes that failed, by kind.
     handshake_failures: BTreeMap<FailureKind, u64>,
+    /// Members told that their packets reach us with bad checksums, and times a
+    /// member told us ([`offload`]).
+    pub(crate) checksum_reports_sent: u64,
+    pub(crate) checksum_reports_received: u64,
+    /// Why the TUN offload was turned off (told once).
+    pub(crate) tun_offload_off: Option<String>,
 }
 
 /// What the engine last published to the data plane and the host.
@@ -358,6 +365,7 @@ impl Node {
             Input::ConnectionDown { endpoint, error } => self.handle_connection_down(now, endpoint, error),
             Input::Unrouted { dst, packet } => self.handle_unrouted(now, dst, packet),
             Input::StaleSession { local_index } => self.handle_stale_session(now, local_index),
+            Input::BadChecksum { local_index } => self.handle_bad_checksum(now, local_index),
         }
         self.finish_step(now);
     }

@@ -76,6 +76,8 @@ impl Node {
             failovers: (self.routers.failovers, self.routers.failbacks),
             withdrawn: self.withdrawn.clone(),
             nat: self.nat_status(&seen),
+            checksum_reports: (self.report.checksum_reports_sent, self.report.checksum_reports_received),
+            tun_offload_off: self.report.tun_offload_off.clone(),
         }
     }
 }
