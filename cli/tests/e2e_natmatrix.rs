@@ -397,3 +397,91 @@ fn nat_matrix_pairs_go_direct_where_the_nats_allow() {
     assert!(text.contains(&format!("({}): both sides endpoint-dependent", hard_b.overlay)), "{text}");
     drop(sites);
 }
+
+/// Sets a router's conntrack UDP timeouts (both unanswered and answered flows): the
+/// time its NAT keeps an idle mapping.
+fn forget_udp_after(r: &Netns, secs: u32) {
+    for key in ["net.netfilter.nf_conntrack_udp_timeout", "net.netfilter.nf_conntrack_udp_timeout_stream"] {
+        r.exec_ok(&["sysctl", "-qw", &format!("{key}={secs}")]);
+    }
+}
+
+/// A's view of B: its path and the keepalive interval of its idle direct path.
+fn keepalive_of(a: &Site, b: &Site) -> (String, Option<f64>) {
+    let p = a.node().peer(&b.overlay).unwrap_or_default();
+    (p["path"].as_str().unwrap_or("").to_owned(), p["nat_keepalive_secs"].as_f64())
+}
+
+/// Two cone members whose routers forget an idle UDP mapping after 15 s, and a pair
+/// whose routers keep the Linux defaults (30 s unanswered, 120 s answered), each
+/// direct and then quiet for 31 s: the forgetful NAT costs the first pair its direct path
+/// once, the member learns (its keepalive goes from 25 s to 12.5 s on that path), and
+/// after the next pause the path is still direct and answers at once; the other pair's
+/// path survives both pauses with 25 s, which it keeps.
+#[test]
+fn idle_direct_paths_across_a_forgetful_nat_learn_the_keepalive_it_needs() {
+    require_root();
+    let dir = TempDir::new();
+    let sw = Netns::new();
+    sw.exec_ok(&["ip", "link", "add", "br0", "type", "bridge"]);
+    sw.exec_ok(&["ip", "link", "set", "br0", "up"]);
+    let p = Netns::new();
+    plug(&sw, &p, "eth0", &format!("{P_ADDR}/24"), "pp");
+    let mut pargs = NET.to_vec();
+    pargs.extend(["-i", "10.126.126.1/24", "--threads", "1"]);
+    let _np = Node::start(&p, &dir.0, "p", &pargs);
+    let (a, b) = (site(&sw, &dir.0, 1, Nat::Cone), site(&sw, &dir.0, 2, Nat::Cone));
+    let (c, d) = (site(&sw, &dir.0, 3, Nat::Cone), site(&sw, &dir.0, 4, Nat::Cone));
+    for s in [&a, &b] {
+        forget_udp_after(s._routers.last().unwrap(), 15);
+    }
+    let direct = |x: &Site, y: &Site| {
+        wait_until(Duration::from_secs(30), "the pair knows each other", || {
+            x.node().routes_to(&y.overlay) && y.node().routes_to(&x.overlay)
+        });
+        wait_until(Duration::from_secs(30), "the pair goes direct", || {
+            ping(&x.member, &y.overlay);
+            path_of(x, y) == "direct" && path_of(y, x) == "direct"
+        })
+    };
+    // Loss probes run for 10 to 12 s after the last data, so each NAT's mapping of
+    // the path is idle from then: the forgetful one forgets it 15 s later, and the
+    // members' first keepalives (25 s after their last packet) are not due before
+    // the pause ends. (A's and B's alike: B's, once due, would punch the path open
+    // again by itself, since both NATs keep their ports.) The pair A, B goes direct
+    // last, just before the pause.
+    let pause = Duration::from_secs(31);
+    for (x, y) in [(&c, &d), (&a, &b)] {
+        direct(x, y);
+        assert_eq!(keepalive_of(x, y), ("direct".to_owned(), Some(25.0)), "a fresh path across a NAT: 25 s");
+    }
+    // First pause: longer than the forgetful NAT keeps the mapping, and without a
+    // keepalive (the path's first is due 25 s after its last packet).
+    std::thread::sleep(pause);
+    let lost = |x: &Site| x.node().log_text().matches("an idle direct path died across our NAT").count();
+    let (lost_a, lost_c) = (lost(&a), lost(&c));
+    assert!(ping(&c.member, &d.overlay), "the default NATs' pair answers at once");
+    assert_eq!(path_of(&c, &d), "direct");
+    // A's first packets after it are lost: A finds the path silent, punches it open
+    // again (through P), and learns.
+    let back = direct(&a, &b);
+    assert!(
+        lost(&a) > lost_a,
+        "the forgetful NAT did not cost the direct path: {:?}\n{}",
+        a.node().peer(&b.overlay),
+        a.node().log_text()
+    );
+    assert_eq!(keepalive_of(&a, &b), ("direct".to_owned(), Some(12.5)), "A learned the keepalive this NAT needs");
+    eprintln!("natkeepalive: after the first pause A went direct again in {back:?} with a 12.5 s keepalive");
+    // Second pause: A's keepalives hold the mapping open; the path stays direct and the
+    // first ping after it is answered.
+    let (lost_a, took) = (lost(&a), Instant::now());
+    std::thread::sleep(pause);
+    assert!(ping(&a.member, &b.overlay), "the first ping after the second pause was lost");
+    assert_eq!(path_of(&a, &b), "direct", "the path left direct");
+    assert_eq!(lost(&a), lost_a, "the direct path died again");
+    assert_eq!(keepalive_of(&a, &b).1, Some(12.5));
+    assert!(ping(&c.member, &d.overlay) && path_of(&c, &d) == "direct");
+    assert_eq!((keepalive_of(&c, &d).1, lost(&c)), (Some(25.0), lost_c), "the default NATs' pair kept 25 s");
+    eprintln!("natkeepalive: second pause of {:?} crossed on the direct path", took.elapsed());
+}

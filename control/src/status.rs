@@ -552,6 +552,10 @@ pub struct PeerJson {
     /// Why its direct path is left for now (it lost data while keepalives passed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub degraded: Option<String>,
+    /// Seconds between keepalives on its direct path while it is idle, when that path
+    /// crosses this node's NAT (shortened each time the NAT forgot the path in a pause).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nat_keepalive_secs: Option<f64>,
     /// Why it has no direct path, while it is relayed: both NATs endpoint-dependent,
     /// one of them (its port towards the other is unknown), punches unanswered, or
     /// not punched yet (punching starts with traffic).

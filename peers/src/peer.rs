@@ -261,6 +261,13 @@ pub(crate) struct Peer {
     pub(crate) pmtu: crate::pmtu::PathMtu,
     /// Its direct path lost data while keepalives passed: left for a while.
     pub(crate) degraded: Option<Degraded>,
+    /// How often an idle direct path to it that crosses this node's NAT gets a
+    /// keepalive (`crate::node::nat_keepalive`): shortened each time such a path died
+    /// in a pause, down to what that NAT keeps a mapping for.
+    pub(crate) nat_keepalive: Duration,
+    /// The pause (by the last arrival before it) for which `nat_keepalive` was last
+    /// shortened: one pause shortens it once.
+    pub(crate) nat_keepalive_shrunk_for: Option<Instant>,
 }
 
 /// A direct path left because it lost too many probes (`crate::node::paths`).
@@ -293,6 +300,8 @@ impl Peer {
             watch_since: None,
             pmtu: crate::pmtu::PathMtu::default(),
             degraded: None,
+            nat_keepalive: crate::timing::NAT_KEEPALIVE,
+            nat_keepalive_shrunk_for: None,
             revocations_sent: 0,
             id: key.id(),
             hello,

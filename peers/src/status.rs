@@ -80,6 +80,9 @@ pub struct PeerStatus {
     pub gso_off: bool,
     /// Why its direct path is left for now (lossy), while it is.
     pub degraded: Option<String>,
+    /// The keepalive interval of its idle direct path, when that path crosses this
+    /// node's NAT and it is not a link (links keep their paths busy anyway).
+    pub nat_keepalive: Option<Duration>,
     /// Why it has no direct path, while it is relayed (both NATs endpoint-dependent,
     /// punches unanswered, ...).
     pub no_direct: Option<String>,

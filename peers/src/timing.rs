@@ -60,6 +60,12 @@ pub const REKEY_AFTER_PACKETS: u64 = 1 << 25;
 /// A session with a member that is not a link is retired after this long without data
 /// either way (no keepalives keep it in between).
 pub const IDLE_RETIRE: Duration = Duration::from_secs(120);
+/// An idle direct path that crosses this node's NAT gets a keepalive this often at
+/// first (WireGuard's advice for persistent keepalives: it outlasts most NATs' UDP
+/// timers); per path, halved each time such a path died in a pause.
+pub(crate) const NAT_KEEPALIVE: Duration = Duration::from_secs(25);
+/// The shortest NAT keepalive interval a path is shortened to.
+pub(crate) const NAT_KEEPALIVE_MIN: Duration = Duration::from_secs(5);
 /// Data within this window makes a session active: it is probed for latency and loss,
 /// and hole punching is tried while it is relayed.
 pub(crate) const ACTIVE_WINDOW: Duration = Duration::from_secs(10);

@@ -90,6 +90,7 @@ impl Runtime {
                     path_mtu: p.path_mtu,
                     gso_off: p.gso_off,
                     degraded: p.degraded.clone(),
+                    nat_keepalive_secs: p.nat_keepalive.map(|d| d.as_secs_f64()),
                     no_direct: p.no_direct.clone(),
                     hard_nat_probes: p.hard_nat.0,
                     hard_nat_mappings: p.hard_nat.1,

@@ -39,6 +39,7 @@ mod inbound;
 mod issuer;
 mod messages;
 mod nat;
+mod nat_keepalive;
 mod offload;
 mod outbound;
 mod path_mtu;
@@ -226,6 +227,9 @@ pub(crate) struct Report {
     pub(crate) checksum_reports_received: u64,
     /// Why the TUN offload was turned off (told once).
     pub(crate) tun_offload_off: Option<String>,
+    /// This node's NAT mapping as its links see it, and when that was worked out
+    /// ([`Node::own_mapping`]).
+    pub(crate) own_mapping: Option<(Instant, crate::nat::Mapping)>,
 }
 
 /// What the engine last published to the data plane and the host.

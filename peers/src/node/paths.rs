@@ -141,12 +141,24 @@ impl Node {
         let last = p.sessions.iter().map(|s| s.session.last_direct_rx_ms()).max().unwrap_or(0);
         if now_ms.saturating_sub(last.max(ms_since(epoch, d.since))) >= t.dead_after.as_millis() as u64 {
             info!(peer = %p.id, "direct path silent; falling back to relay");
+            if last > 0 {
+                // Silent since a pause: the NAT may have forgotten the path.
+                self.nat_path_died(now, &key, epoch + Duration::from_millis(last - 1));
+            }
+            let Some(p) = self.peers.get_mut(&key) else { return };
             p.path.lose_direct();
             self.mesh.record_changed(now);
             self.published.routes_dirty = true;
             return;
         }
         let stale = p.path_stale(now, &self.cfg.timers);
+        if stale && let Some(seen) = d.seen {
+            // Traffic resumed after a pause and found the path silent: the NAT may
+            // have forgotten it (`nat_keepalive`).
+            self.nat_path_died(now, &key, seen);
+        }
+        let Some(p) = self.peers.get_mut(&key) else { return };
+        let Some(d) = p.path.direct() else { return };
         let due = if stale {
             d.failover_next.is_none_or(|x| now >= x)
         } else {

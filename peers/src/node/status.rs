@@ -24,6 +24,9 @@ impl Node {
                 if matches!(st.path, crate::status::PathStatus::Relay { .. }) {
                     st.no_direct = Some(self.no_direct(&p.key, &seen, &ours));
                 }
+                if p.anchor() == crate::peer::Anchor::None && self.crosses_our_nat(p, ours.0.mapping) {
+                    st.nat_keepalive = Some(p.nat_keepalive);
+                }
                 // What its signed record and certificate say: the web console's member
                 // page and mesh map.
                 let record = self.mesh.topology.get(&p.id);

@@ -128,6 +128,11 @@ impl Node {
         }
         if send_keepalive && let Some(d) = self.dest_for(&key) {
             self.actions.push_back(d.send(keepalive(&tx.session, now, epoch)));
+        } else if self.nat_keepalive_due(now, &key)
+            && let Some(d) = self.dest_for(&key)
+        {
+            // An idle direct path across our NAT (`nat_keepalive`).
+            self.actions.push_back(d.send(keepalive(&tx.session, now, epoch)));
         }
         if probe {
             let nonce = self.rng.next_u64();
@@ -311,6 +316,7 @@ impl Peer {
             path_mtu: self.pmtu.known().then_some(self.pmtu.mtu),
             gso_off: self.pmtu.gso_broken,
             degraded: self.degraded.as_ref().filter(|d| d.holds(now)).map(|d| d.why.clone()),
+            nat_keepalive: None,
             no_direct: None,
             hard_nat: (self.probes_sent, self.mappings_opened),
             key: self.key.0,
