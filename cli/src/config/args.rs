@@ -519,26 +519,31 @@ pub enum AuthorityCommand {
 /// Arguments of `weft web`.
 #[derive(Debug, Args)]
 pub struct WebArgs {
-    /// Address and port to serve the console on. Anything but a loopback address needs
-    /// --tls-cert and --tls-key, or --insecure-http.
-    #[arg(long, value_name = "ADDR:PORT", env = "WEFT_WEB_LISTEN", default_value = "127.0.0.1:8787")]
-    pub listen: String,
-    /// Control socket of the node.
-    #[arg(long, value_name = "PATH", env = "WEFT_CONTROL", default_value_os_t = default_control())]
-    pub control: PathBuf,
+    /// Read settings from this TOML file (keys: the flags' names, e.g. listen,
+    /// tls-cert, tls-key, token-file, authority-key, session-lifetime); flags and
+    /// their environment variables win over it.
+    #[arg(long, value_name = "FILE", env = "WEFT_WEB_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Address and port to serve the console on (default 127.0.0.1:8787). Anything
+    /// but a loopback address needs --tls-cert and --tls-key, or --insecure-http.
+    #[arg(long, value_name = "ADDR:PORT", env = "WEFT_WEB_LISTEN")]
+    pub listen: Option<String>,
+    /// Control socket of the node (default: the node's, as for `weft status`).
+    #[arg(long, value_name = "PATH", env = "WEFT_CONTROL")]
+    pub control: Option<PathBuf>,
     /// Keep the login token in FILE (mode 0600): read when it exists, made and written
     /// when it does not (for a service). Without it, each start makes a new token.
     #[arg(long, value_name = "FILE", env = "WEFT_WEB_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
     /// Serve HTTPS with this certificate chain (PEM).
-    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    #[arg(long, value_name = "FILE")]
     pub tls_cert: Option<PathBuf>,
     /// The private key of --tls-cert (PEM, mode 0600).
-    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    #[arg(long, value_name = "FILE")]
     pub tls_key: Option<PathBuf>,
     /// Serve plain HTTP on a non-loopback address: the login token and the session
     /// cookie cross the network readable by anyone on the path.
-    #[arg(long, conflicts_with_all = ["tls_cert", "tls_key"])]
+    #[arg(long)]
     pub insecure_http: bool,
     /// The authority's private key file: the console then signs and pushes policies,
     /// makes invites and revokes members. The key never leaves this process.
@@ -548,10 +553,10 @@ pub struct WebArgs {
     /// are offered only with it and --authority-key.
     #[arg(long, value_name = "SECRET", env = "WEFT_NETWORK_SECRET", hide_env_values = true)]
     pub network_secret: Option<crate::config::values::Secret>,
-    /// How long a login lasts (a number and s, m, h or d); a session unused for an
-    /// hour ends sooner.
-    #[arg(long, value_name = "DURATION", default_value = "12h")]
-    pub session_lifetime: String,
+    /// How long a login lasts (a number and s, m, h or d; default 12h); a session
+    /// unused for an hour ends sooner.
+    #[arg(long, value_name = "DURATION")]
+    pub session_lifetime: Option<String>,
 }
 
 /// Arguments of `weft authority sign-policy`.

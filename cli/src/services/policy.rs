@@ -96,40 +96,46 @@ impl Enforced {
         let Some(l) = &self.loaded else {
             return Ok("no access policy: every member reaches everything".into());
         };
-        let p = match proto_name {
-            "tcp" => proto::TCP,
-            "udp" => proto::UDP,
-            "icmp" => proto::ICMP,
-            o => return Err(format!("--proto {o}: expected tcp, udp or icmp")),
-        };
-        let (name, port) = match to.rsplit_once(':') {
-            Some((n, port)) if !n.contains(':') || n.starts_with('[') => {
-                (n.trim_matches(['[', ']']), port.parse::<u16>().map_err(|_| format!("bad port in {to:?}"))?)
-            }
-            _ if p == proto::ICMP => (to, 0),
-            _ => return Err(format!("{to:?}: say DST:PORT")),
-        };
-        let src = l
-            .policy
-            .addr_of(from, &self.members)
-            .ok_or_else(|| format!("{from:?} is no member or address this node knows"))?;
-        let dst = l
-            .policy
-            .addr_of(name, &self.members)
-            .ok_or_else(|| format!("{name:?} is no member or address this node knows"))?;
-        let c = l.policy.compile(&self.members, overlay);
-        Ok(match c.allows(src, dst, p, port) {
-            Some(r) => format!(
-                "{from} ({src}) -> {name} ({dst}) {proto_name} {port}: allowed by rule {} ({})",
-                r + 1,
-                describe(&l.policy.rules[r])
-            ),
-            None => format!(
-                "{from} ({src}) -> {name} ({dst}) {proto_name} {port}: denied (no rule allows it; policy {})",
-                l.version
-            ),
-        })
+        explain_flow(&l.policy, &format!("policy {}", l.version), &self.members, overlay, (from, to, proto_name))
     }
+}
+
+/// Which rule of `policy` (named `what` in the answer) decides a flow (`from`, `to` as
+/// `NAME:PORT`, protocol name) between `members`: the answer of `weft policy
+/// explain`, and of the web console for the policy in force or a draft.
+pub fn explain_flow(
+    policy: &weft_core::policy::Policy,
+    what: &str,
+    members: &[Member],
+    overlay: &[(IpAddr, u8)],
+    (from, to, proto_name): (&str, &str, &str),
+) -> Result<String, String> {
+    let p = match proto_name {
+        "tcp" => proto::TCP,
+        "udp" => proto::UDP,
+        "icmp" => proto::ICMP,
+        o => return Err(format!("--proto {o}: expected tcp, udp or icmp")),
+    };
+    let (name, port) = match to.rsplit_once(':') {
+        Some((n, port)) if !n.contains(':') || n.starts_with('[') => {
+            (n.trim_matches(['[', ']']), port.parse::<u16>().map_err(|_| format!("bad port in {to:?}"))?)
+        }
+        _ if p == proto::ICMP => (to, 0),
+        _ => return Err(format!("{to:?}: say DST:PORT")),
+    };
+    let src =
+        policy.addr_of(from, members).ok_or_else(|| format!("{from:?} is no member or address this node knows"))?;
+    let dst =
+        policy.addr_of(name, members).ok_or_else(|| format!("{name:?} is no member or address this node knows"))?;
+    let c = policy.compile(members, overlay);
+    Ok(match c.allows(src, dst, p, port) {
+        Some(r) => format!(
+            "{from} ({src}) -> {name} ({dst}) {proto_name} {port}: allowed by rule {} ({})",
+            r + 1,
+            describe(&policy.rules[r])
+        ),
+        None => format!("{from} ({src}) -> {name} ({dst}) {proto_name} {port}: denied (no rule allows it; {what})"),
+    })
 }
 
 /// A rule in words: `from [a, b] to [c], tcp ports 22,80-81`.

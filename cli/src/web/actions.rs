@@ -57,18 +57,38 @@ pub(crate) async fn policy_check(State(c): State<Arc<Console>>, Json(p): Json<Po
     .into_response()
 }
 
-/// A flow to explain.
+/// A flow to explain, against the policy in force or a draft.
 #[derive(Debug, Deserialize)]
 pub(crate) struct Flow {
     from: String,
     to: String,
     proto: String,
+    /// The editor's text: explain against this draft (the members this node knows)
+    /// instead of the policy in force.
+    #[serde(default)]
+    draft: Option<String>,
 }
 
-/// `POST /api/policy/explain`: which rule of the policy in force decides a flow (the
-/// node answers, as for `weft policy explain`).
+/// `POST /api/policy/explain`: which rule decides a flow. Against the policy in force
+/// the node answers (as for `weft policy explain`); against a draft the console does,
+/// with the members and overlay of the node's status.
 pub(crate) async fn policy_explain(State(c): State<Arc<Console>>, Json(f): Json<Flow>) -> Response {
-    node_change(&c, Request::ExplainPolicy { from: f.from, to: f.to, proto: f.proto }).await
+    let Some(text) = f.draft else {
+        return node_change(&c, Request::ExplainPolicy { from: f.from, to: f.to, proto: f.proto }).await;
+    };
+    let policy = match weft_core::policy::Policy::parse(&text) {
+        Ok(p) => p,
+        Err(e) => return failed(StatusCode::BAD_REQUEST, &format!("the draft does not parse: {e}")),
+    };
+    let status = match c.snapshot.status().await {
+        Ok(s) => s,
+        Err(e) => return failed(StatusCode::BAD_GATEWAY, &e),
+    };
+    let (members, overlay) = members(&status);
+    match crate::services::policy::explain_flow(&policy, "the draft", &members, &overlay, (&f.from, &f.to, &f.proto)) {
+        Ok(done) => Json(json!({ "done": done })).into_response(),
+        Err(e) => failed(StatusCode::BAD_REQUEST, &e),
+    }
 }
 
 /// `POST /api/policy/push`: sign the editor's text with the authority's key (as

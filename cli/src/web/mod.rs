@@ -29,6 +29,7 @@ pub(crate) mod actions;
 pub(crate) mod routes;
 pub(crate) mod serve;
 pub(crate) mod session;
+pub(crate) mod settings;
 pub(crate) mod snapshot;
 #[cfg(test)]
 mod tests;
@@ -82,13 +83,14 @@ impl Console {
 }
 
 /// Runs `weft web` until SIGINT or SIGTERM.
-pub fn run(a: &WebArgs) -> Result<()> {
+pub fn run(args: &WebArgs) -> Result<()> {
+    let a = settings::Settings::of(args)?;
     let listen: SocketAddr = a.listen.parse().map_err(|_| {
-        UsageError(format!("invalid --listen {:?}: expected ADDR:PORT such as 127.0.0.1:8787", a.listen))
+        UsageError(format!("invalid listen address {:?}: expected ADDR:PORT such as 127.0.0.1:8787", a.listen))
     })?;
-    let tls = match (&a.tls_cert, &a.tls_key) {
-        (Some(c), Some(k)) => Some(serve::tls_config(c, k)?),
-        _ => None,
+    let tls = match &a.tls {
+        Some((c, k)) => Some(serve::tls_config(c, k)?),
+        None => None,
     };
     if !listen.ip().is_loopback() && tls.is_none() {
         if !a.insecure_http {

@@ -235,9 +235,22 @@ fn a_session_reads_pages_and_status_and_changes_need_its_csrf_token_from_the_sam
         // (gamma's certificate puts it in group dev).
         let live = serde_json::json!({ "text":
             "[[allow]]\nfrom = [\"group:dev\"]\nto = [\"alpha\"]\nproto = \"tcp\"\nports = [\"22\"]\n[[test]]\nfrom = \"gamma\"\nto = \"alpha:22\"\nallow = false\n" });
-        let r = json(app.clone().oneshot(post("/api/policy/check", &cookie, &csrf, live)).await.unwrap()).await;
+        let r = json(app.clone().oneshot(post("/api/policy/check", &cookie, &csrf, live.clone())).await.unwrap()).await;
         assert_eq!(r["ok"], false, "{r}");
         assert!(r["members"]["error"].as_str().is_some_and(|e| e.contains("test 1")), "{r}");
+        // Explain against that draft: the console answers with the members the node
+        // knows (gamma is in group dev, so the draft lets it reach alpha:22; beta's
+        // port 80 is no rule's).
+        let draft = live["text"].clone();
+        let flow = |from: &str, to: &str| serde_json::json!({ "from": from, "to": to, "proto": "tcp", "draft": draft });
+        let r = json(app.clone().oneshot(post("/api/policy/explain", &cookie, &csrf, flow("gamma", "alpha:22"))).await.unwrap()).await;
+        assert_eq!(r["done"], "gamma (10.126.140.3) -> alpha (10.126.140.1) tcp 22: allowed by rule 1 (from [group:dev] to [alpha], tcp ports 22)", "{r}");
+        let r = json(app.clone().oneshot(post("/api/policy/explain", &cookie, &csrf, flow("beta", "alpha:80"))).await.unwrap()).await;
+        assert!(r["done"].as_str().is_some_and(|d| d.ends_with("denied (no rule allows it; the draft)")), "{r}");
+        let broken = serde_json::json!({ "from": "beta", "to": "alpha:22", "proto": "tcp", "draft": "[[allow]]\nfrom = [" });
+        let r = app.clone().oneshot(post("/api/policy/explain", &cookie, &csrf, broken)).await.unwrap();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+        assert!(json(r).await.to_string().contains("the draft does not parse"));
 
         // Logout ends the session.
         let r = app.clone().oneshot(post("/api/logout", &cookie, &csrf, serde_json::json!({}))).await.unwrap();

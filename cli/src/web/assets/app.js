@@ -285,7 +285,9 @@ async function explain(ev) {
   ev.preventDefault();
   const out = $("explain-result");
   try {
-    const r = await api("/api/policy/explain", { from: $("explain-from").value, to: $("explain-to").value, proto: $("explain-proto").value });
+    const flow = { from: $("explain-from").value, to: $("explain-to").value, proto: $("explain-proto").value };
+    if ($("explain-against").value === "draft") flow.draft = $("policy-text").value;
+    const r = await api("/api/policy/explain", flow);
     out.textContent = r.done;
     out.className = "";
   } catch (e) {
