@@ -100,7 +100,7 @@ impl Client {
         }
         if self.s.upnp {
             let local = SocketAddrV4::new(self.s.local_ip, self.s.internal_port);
-            match super::upnp::map(local, t.lifetime, t.upnp_search).await {
+            match super::upnp::map(local, t.lifetime, t.upnp_search, self.s.upnp_search_to).await {
                 Ok((igd, external, lifetime)) => {
                     return Ok(Lease::new(Method::Upnp(Box::new(igd)), external, lifetime, Instant::now()));
                 }

@@ -43,6 +43,9 @@ pub const LIFETIME: u32 = 7200;
 /// How long a node waits at shutdown for the router to confirm the deletion.
 pub const DELETE_TIMEOUT: Duration = Duration::from_millis(1500);
 
+/// The SSDP multicast group and port a UPnP-IGD search is sent to.
+pub const SSDP_GROUP: SocketAddr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::new(239, 255, 255, 250), 1900));
+
 /// Where and what to map.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -54,6 +57,9 @@ pub struct Settings {
     pub internal_port: u16,
     /// Also try UPnP-IGD when PCP and NAT-PMP fail.
     pub upnp: bool,
+    /// Where the SSDP search for a UPnP-IGD goes: [`SSDP_GROUP`], except in tests
+    /// (a fake device on loopback).
+    pub upnp_search_to: SocketAddr,
     /// Timers and retries.
     pub timing: Timing,
 }

@@ -206,7 +206,14 @@ impl Running {
 
 fn start(gateway: SocketAddr, timing: Timing) -> Running {
     let (tx, state) = watch::channel(State::default());
-    let settings = Settings { gateway, local_ip: Ipv4Addr::LOCALHOST, internal_port: PORT, upnp: false, timing };
+    let settings = Settings {
+        gateway,
+        local_ip: Ipv4Addr::LOCALHOST,
+        internal_port: PORT,
+        upnp: false,
+        upnp_search_to: super::SSDP_GROUP,
+        timing,
+    };
     Running { mapper: PortMapper::spawn(settings, Publisher::new(Arc::new(tx))), state }
 }
 

@@ -16,21 +16,23 @@ const DESCRIPTION: &str = "weft";
 /// An Internet Gateway Device found on the LAN.
 pub(crate) type Igd = igd_next::aio::Gateway<Tokio>;
 
-/// Finds the IGD (searching from `local`'s address for `search`), asks it for its
-/// external address and maps its port `local.port()` (or, when that one is taken, any
-/// port) to `local` for `lifetime` seconds. Returns the device, the external endpoint
-/// and the lifetime granted (0 would be permanent: a router that supports only
-/// permanent leases gets one, renewed and deleted all the same).
+/// Finds the IGD (searching from `local`'s address, sending to `search_to`, the SSDP
+/// group outside tests, and waiting at most `search`), asks it for its external
+/// address and maps its port `local.port()` (or, when that one is taken, any port) to
+/// `local` for `lifetime` seconds. Returns the device, the external endpoint and the
+/// lifetime granted (0 would be permanent: a router that supports only permanent
+/// leases gets one, renewed and deleted all the same).
 pub(crate) async fn map(
     local: SocketAddrV4,
     lifetime: u32,
     search: Duration,
+    search_to: SocketAddr,
 ) -> Result<(Igd, SocketAddrV4, u32), Failure> {
     let options = SearchOptions {
         bind_addr: SocketAddr::new(IpAddr::V4(*local.ip()), 0),
+        broadcast_address: search_to,
         timeout: Some(search),
         single_search_timeout: Some(search),
-        ..SearchOptions::default()
     };
     let igd = search_gateway(options).await.map_err(|e| Failure::Upnp(format!("no gateway found: {e}")))?;
     debug!(gateway = %igd.addr, "UPnP gateway found");
