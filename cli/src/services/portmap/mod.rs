@@ -396,3 +396,5 @@ impl Lease {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_upnp;
