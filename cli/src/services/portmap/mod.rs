@@ -86,8 +86,11 @@ pub struct Timing {
     pub discovery_tries: u32,
     /// How long an SSDP search for an IGD waits.
     pub upnp_search: Duration,
+    /// How long one SOAP request to an IGD waits for its answer.
+    pub upnp_request: Duration,
     /// After every protocol failed, the next round waits this long, doubling up to
-    /// `retry_max`.
+    /// `retry_max`; so does a UPnP renewal that failed, tried again until the lease
+    /// ends.
     pub retry_first: Duration,
     /// Longest wait between rounds.
     pub retry_max: Duration,
@@ -104,6 +107,7 @@ impl Default for Timing {
             pmp_max: Duration::from_secs(64),
             discovery_tries: 2,
             upnp_search: Duration::from_secs(3),
+            upnp_request: Duration::from_secs(5),
             retry_first: Duration::from_secs(30),
             retry_max: Duration::from_secs(600),
         }

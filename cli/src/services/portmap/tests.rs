@@ -189,6 +189,7 @@ pub(super) fn timing() -> Timing {
         pmp_max: Duration::from_millis(200),
         discovery_tries: 2,
         upnp_search: Duration::from_millis(100),
+        upnp_request: Duration::from_millis(300),
         retry_first: Duration::from_millis(200),
         retry_max: Duration::from_millis(400),
     }
