@@ -99,8 +99,7 @@ impl Client {
             Err(e) => failures.push(format!("nat-pmp: {e}")),
         }
         if self.s.upnp {
-            let local = SocketAddrV4::new(self.s.local_ip, self.s.internal_port);
-            match super::upnp::map(local, t.lifetime, t.upnp_search).await {
+            match super::upnp::map(&self.s).await {
                 Ok((igd, external, lifetime)) => {
                     return Ok(Lease::new(Method::Upnp(Box::new(igd)), external, lifetime, Instant::now()));
                 }
@@ -139,10 +138,20 @@ impl Client {
                 }
             }
             Method::Upnp(igd) => {
-                let local = SocketAddrV4::new(self.s.local_ip, self.s.internal_port);
-                let lifetime = super::upnp::renew(igd, local, lease.external.port(), lease.lifetime).await?;
-                let l = Lease::new(lease.method.clone(), lease.external, lifetime, Instant::now());
-                (l, EpochVerdict::Continuous)
+                let r = super::upnp::renew(&self.s, igd, lease.external, lease.expires).await?;
+                // UPnP shows no epoch. A mapping made again by a new search, at
+                // another device address or another endpoint, was lost by the router.
+                let (method, verdict) = match r.found {
+                    None => (lease.method.clone(), EpochVerdict::Continuous),
+                    Some(found) => {
+                        let lost = found != **igd || r.external != lease.external;
+                        (
+                            Method::Upnp(Box::new(found)),
+                            if lost { EpochVerdict::Reset } else { EpochVerdict::Continuous },
+                        )
+                    }
+                };
+                (Lease::new(method, r.external, r.lifetime, Instant::now()), verdict)
             }
         };
         Ok(Renewed { lease: renewed, restarted: verdict == EpochVerdict::Reset })
@@ -162,7 +171,7 @@ impl Client {
                 Ok(_) | Err(Failure::Unusable(_)) => Ok(()),
                 Err(e) => Err(e),
             },
-            Method::Upnp(igd) => super::upnp::delete(igd, lease.external.port()).await,
+            Method::Upnp(igd) => super::upnp::delete(igd, lease.external.port(), t.upnp_request).await,
         }
     }
 

@@ -43,6 +43,9 @@ pub const LIFETIME: u32 = 7200;
 /// How long a node waits at shutdown for the router to confirm the deletion.
 pub const DELETE_TIMEOUT: Duration = Duration::from_millis(1500);
 
+/// The SSDP multicast group and port a UPnP-IGD search is sent to.
+pub const SSDP_GROUP: SocketAddr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::new(239, 255, 255, 250), 1900));
+
 /// Where and what to map.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -54,6 +57,9 @@ pub struct Settings {
     pub internal_port: u16,
     /// Also try UPnP-IGD when PCP and NAT-PMP fail.
     pub upnp: bool,
+    /// Where the SSDP search for a UPnP-IGD goes: [`SSDP_GROUP`], except in tests
+    /// (a fake device on loopback).
+    pub upnp_search_to: SocketAddr,
     /// Timers and retries.
     pub timing: Timing,
 }
@@ -80,8 +86,11 @@ pub struct Timing {
     pub discovery_tries: u32,
     /// How long an SSDP search for an IGD waits.
     pub upnp_search: Duration,
+    /// How long one SOAP request to an IGD waits for its answer.
+    pub upnp_request: Duration,
     /// After every protocol failed, the next round waits this long, doubling up to
-    /// `retry_max`.
+    /// `retry_max`; so does a UPnP renewal that failed, tried again until the lease
+    /// ends.
     pub retry_first: Duration,
     /// Longest wait between rounds.
     pub retry_max: Duration,
@@ -98,6 +107,7 @@ impl Default for Timing {
             pmp_max: Duration::from_secs(64),
             discovery_tries: 2,
             upnp_search: Duration::from_secs(3),
+            upnp_request: Duration::from_secs(5),
             retry_first: Duration::from_secs(30),
             retry_max: Duration::from_secs(600),
         }
@@ -390,3 +400,5 @@ impl Lease {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_upnp;

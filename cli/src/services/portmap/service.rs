@@ -6,7 +6,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use tracing::info;
 
-use super::{PortMapper, Publisher, Settings, State, Timing, local_ip_towards};
+use super::{PortMapper, Publisher, SSDP_GROUP, Settings, State, Timing, local_ip_towards};
 use crate::host::interfaces::default_gateway;
 
 /// What the mapper was started for: the gateway, and our address and port.
@@ -63,6 +63,7 @@ impl Service {
                     local_ip,
                     internal_port,
                     upnp: true,
+                    upnp_search_to: SSDP_GROUP,
                     timing: Timing::default(),
                 };
                 self.mapper = Some(PortMapper::spawn(settings, publisher));

@@ -16,7 +16,8 @@ use weft_core::portmap::{pcp, pmp};
 use super::{PortMapper, Publisher, Settings, State, Timing};
 
 const EXTERNAL: Ipv4Addr = Ipv4Addr::new(100, 200, 0, 2);
-const PORT: u16 = 11010;
+/// The UDP port the mappers of these tests and of `tests_upnp` map.
+pub(super) const PORT: u16 = 11010;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
@@ -177,7 +178,8 @@ async fn router(script: Arc<Mutex<Script>>) -> SocketAddr {
     addr
 }
 
-fn timing() -> Timing {
+/// Short timers: a test takes a few seconds at most.
+pub(super) fn timing() -> Timing {
     Timing {
         lifetime: 3600,
         check_every: Duration::from_secs(3600),
@@ -187,31 +189,46 @@ fn timing() -> Timing {
         pmp_max: Duration::from_millis(200),
         discovery_tries: 2,
         upnp_search: Duration::from_millis(100),
+        upnp_request: Duration::from_millis(300),
         retry_first: Duration::from_millis(200),
         retry_max: Duration::from_millis(400),
     }
 }
 
 /// A mapper and its state.
-struct Running {
+pub(super) struct Running {
     mapper: PortMapper,
-    state: watch::Receiver<State>,
+    /// What it publishes.
+    pub(super) state: watch::Receiver<State>,
 }
 
 impl Running {
-    async fn shut_down(self) {
+    /// Stops it, which deletes its mapping.
+    pub(super) async fn shut_down(self) {
         self.mapper.shut_down().await;
     }
 }
 
+/// A mapper of `PORT` on `gateway`, PCP and NAT-PMP only.
 fn start(gateway: SocketAddr, timing: Timing) -> Running {
+    spawn(Settings {
+        gateway,
+        local_ip: Ipv4Addr::LOCALHOST,
+        internal_port: PORT,
+        upnp: false,
+        upnp_search_to: super::SSDP_GROUP,
+        timing,
+    })
+}
+
+/// A mapper with these settings.
+pub(super) fn spawn(settings: Settings) -> Running {
     let (tx, state) = watch::channel(State::default());
-    let settings = Settings { gateway, local_ip: Ipv4Addr::LOCALHOST, internal_port: PORT, upnp: false, timing };
     Running { mapper: PortMapper::spawn(settings, Publisher::new(Arc::new(tx))), state }
 }
 
 /// Waits (at most 10 s) until the state satisfies `f`; returns it.
-async fn until(rx: &mut watch::Receiver<State>, what: &str, f: impl Fn(&State) -> bool) -> State {
+pub(super) async fn until(rx: &mut watch::Receiver<State>, what: &str, f: impl Fn(&State) -> bool) -> State {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         {
@@ -227,7 +244,8 @@ async fn until(rx: &mut watch::Receiver<State>, what: &str, f: impl Fn(&State) -
     }
 }
 
-fn external(s: &State) -> Option<SocketAddrV4> {
+/// The external endpoint of the mapping held, if any.
+pub(super) fn external(s: &State) -> Option<SocketAddrV4> {
     s.mapping.map(|m| m.external)
 }
 
