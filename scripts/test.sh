@@ -50,7 +50,41 @@ if [ -z "${WEFT_ARM64:-}" ]; then
     WEFT_ARM64=$(scripts/build-arm64.sh)
 fi
 export WEFT_ARM64
-# --include-ignored: the 200-node simulation (about 3 minutes) is part of the suite.
-cargo test --workspace --locked "$@" -- --include-ignored
-# The end-to-end suites once more with every offload off (TUN TSO/GRO, UDP GSO/GRO).
-WEFT_NO_OFFLOAD=1 cargo test --locked -p weft --test e2e_tunnel --test e2e_mesh --test e2e_transports "$@"
+# Everything is built first (one cargo at a time holds the build directory while it
+# compiles); the tests then run in two lanes at once. The end-to-end suites mostly
+# wait (on timers, handshakes and the network in their own namespaces), so two of
+# them side by side keep both cores busy and the suite takes about half as long.
+# --include-ignored: the 200-node simulation is part of the suite.
+cargo test --workspace --locked --no-run "$@"
+e2e=()
+for f in cli/tests/e2e_*.rs; do
+    f=${f##*/}
+    e2e+=("${f%.rs}")
+done
+one=() two=()
+for i in "${!e2e[@]}"; do
+    if ((i % 2 == 0)); then one+=(--test "${e2e[$i]}"); else two+=(--test "${e2e[$i]}"); fi
+done
+# Lane 1: every crate but weft, and half of weft's end-to-end suites. Lane 2: weft's
+# unit and command-line tests, the other half, then the data path's suites once more
+# with every offload off (TUN TSO/GRO, UDP GSO/GRO).
+lane1() {
+    cargo test --workspace --exclude weft --locked "$@" -- --include-ignored &&
+        cargo test -p weft --locked "${one[@]}" "$@" -- --include-ignored
+}
+lane2() {
+    cargo test -p weft --locked --lib --bins --test 'cli_*' "${two[@]}" "$@" -- --include-ignored &&
+        WEFT_NO_OFFLOAD=1 cargo test --locked -p weft --test e2e_tunnel --test e2e_mesh --test e2e_transports "$@"
+}
+# Each line says its lane; a lane's status is its first failure.
+(set -o pipefail; lane1 "$@" 2>&1 | sed -u 's/^/[1] /') &
+pid1=$!
+(set -o pipefail; lane2 "$@" 2>&1 | sed -u 's/^/[2] /') &
+pid2=$!
+rc=0
+wait "$pid1" || rc=$?
+wait "$pid2" || rc=$((rc ? rc : $?))
+if [ "$rc" -ne 0 ]; then
+    echo "test.sh: a test lane failed (exit $rc): look for FAILED and 'panicked' above, lines [1] and [2]" >&2
+fi
+exit "$rc"
