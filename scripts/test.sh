@@ -54,27 +54,34 @@ export WEFT_ARM64
 # compiles); the tests then run in two lanes at once. The end-to-end suites mostly
 # wait (on timers, handshakes and the network in their own namespaces), so two of
 # them side by side keep both cores busy and the suite takes about half as long.
+# Every cargo below selects the whole workspace (and its targets by name), so that
+# features resolve as in this build and no lane rebuilds what the other one reads.
 # --include-ignored: the 200-node simulation is part of the suite.
 cargo test --workspace --locked --no-run "$@"
-e2e=()
-for f in cli/tests/e2e_*.rs; do
-    f=${f##*/}
-    e2e+=("${f%.rs}")
-done
+# Test targets are the crates' tests/*.rs files. Lane 1: the unit tests, every
+# integration test but the end-to-end ones, half of those, then the doc tests. Lane
+# 2: the other half, then the data path's suites once more with every offload off
+# (TUN TSO/GRO, UDP GSO/GRO).
 one=() two=()
-for i in "${!e2e[@]}"; do
-    if ((i % 2 == 0)); then one+=(--test "${e2e[$i]}"); else two+=(--test "${e2e[$i]}"); fi
+i=0
+for f in */tests/*.rs; do
+    t=${f##*/}
+    t=${t%.rs}
+    case $t in
+        e2e_*)
+            if ((i % 2 == 0)); then one+=(--test "$t"); else two+=(--test "$t"); fi
+            i=$((i + 1))
+            ;;
+        *) one+=(--test "$t") ;;
+    esac
 done
-# Lane 1: every crate but weft, and half of weft's end-to-end suites. Lane 2: weft's
-# unit and command-line tests, the other half, then the data path's suites once more
-# with every offload off (TUN TSO/GRO, UDP GSO/GRO).
 lane1() {
-    cargo test --workspace --exclude weft --locked "$@" -- --include-ignored &&
-        cargo test -p weft --locked "${one[@]}" "$@" -- --include-ignored
+    cargo test --workspace --locked --lib --bins "${one[@]}" "$@" -- --include-ignored &&
+        cargo test --workspace --locked --doc "$@"
 }
 lane2() {
-    cargo test -p weft --locked --lib --bins --test 'cli_*' "${two[@]}" "$@" -- --include-ignored &&
-        WEFT_NO_OFFLOAD=1 cargo test --locked -p weft --test e2e_tunnel --test e2e_mesh --test e2e_transports "$@"
+    cargo test --workspace --locked "${two[@]}" "$@" -- --include-ignored &&
+        WEFT_NO_OFFLOAD=1 cargo test --workspace --locked --test e2e_tunnel --test e2e_mesh --test e2e_transports "$@"
 }
 # Each line says its lane; a lane's status is its first failure.
 (set -o pipefail; lane1 "$@" 2>&1 | sed -u 's/^/[1] /') &

@@ -485,3 +485,63 @@ fn idle_direct_paths_across_a_forgetful_nat_learn_the_keepalive_it_needs() {
     assert_eq!((keepalive_of(&c, &d).1, lost(&c)), (Some(25.0), lost_c), "the default NATs' pair kept 25 s");
     eprintln!("natkeepalive: second pause of {:?} crossed on the direct path", took.elapsed());
 }
+
+/// Two members behind one NAT (on one LAN behind a cone router), and the public
+/// member they both dial: they find each other through it and talk over their LAN
+/// addresses, not through the router's public address (which needs the router to
+/// hairpin, as many do not) and not through the relay.
+#[test]
+fn two_members_behind_one_nat_talk_over_their_lan_addresses() {
+    require_root();
+    let dir = TempDir::new();
+    let sw = Netns::new();
+    sw.exec_ok(&["ip", "link", "add", "br0", "type", "bridge"]);
+    sw.exec_ok(&["ip", "link", "set", "br0", "up"]);
+    let p = Netns::new();
+    plug(&sw, &p, "eth0", &format!("{P_ADDR}/24"), "pp");
+    let mut pargs = NET.to_vec();
+    pargs.extend(["-i", "10.126.126.1/24", "--threads", "1"]);
+    let _np = Node::start(&p, &dir.0, "p", &pargs);
+    // The router: its WAN on the switch, its LAN a bridge of its own with both members.
+    let r = Netns::new();
+    plug(&sw, &r, "wan", "203.0.113.21/24", "s21");
+    nat(&r, &dir.0, false);
+    let lan = Netns::new();
+    lan.exec_ok(&["ip", "link", "add", "br0", "type", "bridge"]);
+    lan.exec_ok(&["ip", "link", "set", "br0", "up"]);
+    let attach = |ns: &Netns, ifname: &str, port: &str, addr: &str| {
+        ip(&["link", "add", ifname, "netns", &ns.name, "type", "veth", "peer", "name", port, "netns", &lan.name]);
+        lan.exec_ok(&["ip", "link", "set", port, "master", "br0"]);
+        lan.exec_ok(&["ip", "link", "set", port, "up"]);
+        ns.exec_ok(&["ip", "addr", "add", addr, "dev", ifname]);
+        ns.exec_ok(&["ip", "link", "set", ifname, "up"]);
+    };
+    attach(&r, "lan", "pr", "10.9.0.1/24");
+    let (m1, m2) = (Netns::new(), Netns::new());
+    let mut nodes = Vec::new();
+    for (i, m) in [(2, &m1), (3, &m2)] {
+        attach(m, "eth0", &format!("p{i}"), &format!("10.9.0.{i}/24"));
+        m.exec_ok(&["ip", "route", "add", "default", "via", "10.9.0.1"]);
+        let cidr = format!("10.126.126.{}/24", 30 + i);
+        let mut args = NET.to_vec();
+        args.extend(["-i", &cidr, "--threads", "1", "-p", "udp://203.0.113.2:11010"]);
+        nodes.push(Node::start(m, &dir.0, &format!("h{i}"), &args));
+    }
+    let (n1, n2) = (&nodes[0], &nodes[1]);
+    wait_until(Duration::from_secs(30), "both members know each other through P", || {
+        n1.routes_to("10.126.126.33") && n2.routes_to("10.126.126.32")
+    });
+    let took = wait_until(Duration::from_secs(30), "the two go direct", || {
+        ping(&m1, "10.126.126.33");
+        let seen = |n: &Node, addr: &str| n.peer(addr).map(|p| (p["path"].clone(), p["endpoint"].clone()));
+        seen(n1, "10.126.126.33").is_some_and(|(path, _)| path == "direct")
+            && seen(n2, "10.126.126.32").is_some_and(|(path, _)| path == "direct")
+    });
+    let endpoint = |n: &Node, addr: &str| n.peer(addr).unwrap()["endpoint"].as_str().unwrap_or("").to_owned();
+    assert_eq!(endpoint(n1, "10.126.126.33"), "udp://10.9.0.3:11010", "not over the LAN");
+    assert_eq!(endpoint(n2, "10.126.126.32"), "udp://10.9.0.2:11010", "not over the LAN");
+    assert!(ping(&m2, "10.126.126.32"));
+    // Their path leaves no NAT: no keepalive for it.
+    assert!(n1.peer("10.126.126.33").unwrap()["nat_keepalive_secs"].is_null());
+    eprintln!("natmatrix: two members behind one NAT went direct over their LAN in {took:?}");
+}
