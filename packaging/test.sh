@@ -125,6 +125,11 @@ check "group weft exists" bash -c "getent group weft >/dev/null"
 check "group weft-admin exists" bash -c "getent group weft-admin >/dev/null"
 check "/etc/weft/weft.toml is 0600 root:root" test "$(stat -c '%a %U:%G' /etc/weft/weft.toml)" = "600 root:root"
 check "/etc/weft/weft.toml is a conffile" bash -c "dpkg-query -W -f='\${Conffiles}' weft | grep -q /etc/weft/weft.toml"
+check "/etc/weft/web.toml is a conffile" bash -c "dpkg-query -W -f='\${Conffiles}' weft | grep -q /etc/weft/web.toml"
+# The console's shipped settings parse: with a bad --listen it gets as far as that.
+web_out=$(/usr/bin/weft web --config /etc/weft/web.toml --listen nowhere 2>&1) && web_rc=0 || web_rc=$?
+check "weft web reads the shipped /etc/weft/web.toml (then refuses --listen nowhere, exit 2)" \
+    bash -c '[ "$1" -eq 2 ] && grep -q "invalid listen address" <<<"$2"' _ "$web_rc" "$web_out"
 check "units installed" test -f /lib/systemd/system/weft.service -a -f /lib/systemd/system/weft@.service
 
 # The node refuses to start without a secret: the shipped config, and an empty one.
