@@ -61,6 +61,9 @@ enum Nat {
     Cgnat,
     /// `masquerade random` with miniupnpd answering PCP, NAT-PMP and UPnP-IGD.
     SymmetricMapped,
+    /// `masquerade`, and whatever arrives for the member's port is let in (a
+    /// forwarded port: an endpoint-independent filter, as on a full-cone NAT).
+    FullCone,
 }
 
 fn nft(ns: &Netns, dir: &Path, rules: &str) {
@@ -196,6 +199,18 @@ fn site(sw: &Netns, dir: &Path, n: u8, kind: Nat) -> Site {
         Nat::Symmetric => {
             plug(sw, &r, "wan", &format!("198.51.100.{}/24", 10 + n), &port);
             nat(&r, dir, true);
+        }
+        Nat::FullCone => {
+            plug(sw, &r, "wan", &format!("203.0.113.{}/24", 10 + n), &port);
+            nat(&r, dir, false);
+            nft(
+                &r,
+                dir,
+                &format!(
+                    "table ip fullcone {{\n chain pre {{\n  type nat hook prerouting priority -100;\n  \
+                     iifname \"wan\" udp dport 11010 dnat to 10.{n}.0.2:11010\n }}\n}}\n"
+                ),
+            );
         }
         Nat::SymmetricMapped => {
             let external = format!("100.200.0.{}", 10 + n);
@@ -387,6 +402,10 @@ fn nat_matrix_pairs_go_direct_where_the_nats_allow() {
             assert_eq!(nat["mapping"], want, "{name}: {kind} member: {nat}");
             assert_eq!(nat["port_preserving"], !kind.starts_with("symmetric"), "{name}: {kind}: {nat}");
             assert_eq!(nat["observed"][0]["hostname"].as_str().map(|h| !h.is_empty()), Some(true), "{nat}");
+            // Every router here lets in only answers (conntrack state new is dropped);
+            // the miniupnpd one forwards the mapped port.
+            let filtering = if kind.contains("mapping") { "port mapped" } else { "dependent or untested" };
+            assert_eq!(nat["filtering"], filtering, "{name}: {kind}: {nat}");
         }
     }
     let (hard_a, hard_b) = sites.iter().find(|s| s.0 == "symmetric x symmetric").map(|s| (&s.1, &s.2)).unwrap();
@@ -394,6 +413,10 @@ fn nat_matrix_pairs_go_direct_where_the_nats_allow() {
     assert!(ok, "{text}");
     eprintln!("{text}");
     assert!(text.contains("mapping      endpoint-dependent (a guess: seen by one member only)"), "{text}");
+    assert!(
+        text.contains("filtering    dependent or untested (only answers to this node's own packets got in so far)"),
+        "{text}"
+    );
     assert!(text.contains(&format!("({}): both sides endpoint-dependent", hard_b.overlay)), "{text}");
     drop(sites);
 }
@@ -544,4 +567,44 @@ fn two_members_behind_one_nat_talk_over_their_lan_addresses() {
     // Their path leaves no NAT: no keepalive for it.
     assert!(n1.peer("10.126.126.33").unwrap()["nat_keepalive_secs"].is_null());
     eprintln!("natmatrix: two members behind one NAT went direct over their LAN in {took:?}");
+}
+
+/// A member dials two members at their routers' public addresses, which they never
+/// sent to: behind a router that lets anything in for the member's port (a full-cone
+/// NAT), the handshake gets in and the member's netcheck says its filter is
+/// endpoint-independent, naming the dialler; behind a router that lets in only
+/// answers, nothing gets in and netcheck says "dependent or untested".
+#[test]
+fn netcheck_tells_a_filter_that_lets_strangers_in_from_one_that_does_not() {
+    require_root();
+    let dir = TempDir::new();
+    let sw = Netns::new();
+    sw.exec_ok(&["ip", "link", "add", "br0", "type", "bridge"]);
+    sw.exec_ok(&["ip", "link", "set", "br0", "up"]);
+    let p = Netns::new();
+    plug(&sw, &p, "eth0", &format!("{P_ADDR}/24"), "pp");
+    let mut pargs = NET.to_vec();
+    pargs.extend(["-i", "10.126.126.1/24", "--threads", "1"]);
+    let _np = Node::start(&p, &dir.0, "p", &pargs);
+    let (open, closed) = (site(&sw, &dir.0, 5, Nat::FullCone), site(&sw, &dir.0, 6, Nat::Cone));
+    let d = Netns::new();
+    plug(&sw, &d, "eth0", "203.0.113.40/24", "pd");
+    let mut dargs = NET.to_vec();
+    dargs.extend(["-i", "10.126.126.40/24", "--threads", "1", "--listen", "udp://0.0.0.0:11010"]);
+    dargs.extend(["-p", "udp://203.0.113.15:11010", "-p", "udp://203.0.113.16:11010"]);
+    let nd = Node::start(&d, &dir.0, "d", &dargs);
+    let filtering = |s: &Site| s.node().status()["nat"].clone();
+    wait_until(Duration::from_secs(20), "the full-cone member takes the stranger's handshake", || {
+        filtering(&open)["filtering"] == "endpoint-independent"
+    });
+    assert_eq!(filtering(&open)["unasked_from"], "203.0.113.40:11010", "{}", filtering(&open));
+    let (ok, text) = netns::weft_out(&["netcheck", "--control", open.node().control.to_str().unwrap()]);
+    assert!(
+        ok && text.contains("filtering    endpoint-independent (a packet from 203.0.113.40:11010 got in unasked)"),
+        "{text}"
+    );
+    assert!(open.node().log_text().contains("its NAT's filter lets strangers in"));
+    // The other one's router dropped the same dial: nothing got in unasked.
+    assert_eq!(filtering(&closed)["filtering"], "dependent or untested", "{}", filtering(&closed));
+    assert!(nd.peer(&open.overlay).is_some_and(|p| p["path"] == "direct"), "D reached the full-cone member directly");
 }

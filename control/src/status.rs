@@ -215,6 +215,14 @@ pub struct NatJson {
     pub observed: Vec<NatObservationJson>,
     /// The endpoints other members try for it, observed first.
     pub candidates: Vec<String>,
+    /// What its NAT lets in unasked: `endpoint-independent` (a packet from an address
+    /// it never sent to got in), `dependent or untested` (only answers so far),
+    /// `port mapped` (its router forwards its port) or `no NAT`.
+    #[serde(default)]
+    pub filtering: String,
+    /// The first packet that got in unasked: its source (`ADDR:PORT`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unasked_from: Option<String>,
 }
 
 /// One member's view of this node's address.

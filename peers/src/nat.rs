@@ -116,6 +116,103 @@ pub fn no_direct_reason(ours: Side<'_>, theirs: Side<'_>, punches: u32) -> Strin
     }
 }
 
+/// What this node's NAT lets in unasked, as far as seen: the UDP addresses this node
+/// sent to (kept [`FilterSeen::KEEP`] after the last send, at most
+/// [`FilterSeen::MAX`]), and the first packet that arrived from an address it had not
+/// sent to. Such a packet got through the NAT's filter, so the filter is
+/// endpoint-independent (or a port mapping forwards): netcheck's filtering.
+#[derive(Debug, Default)]
+pub(crate) struct FilterSeen {
+    sent: std::collections::BTreeMap<SocketAddr, std::time::Instant>,
+    /// The first unasked arrival: from where, when.
+    pub(crate) unasked: Option<(SocketAddr, std::time::Instant)>,
+}
+
+impl FilterSeen {
+    /// Addresses remembered at most.
+    pub(crate) const MAX: usize = 4096;
+    /// An address is remembered this long after the last send to it.
+    pub(crate) const KEEP: std::time::Duration = std::time::Duration::from_secs(600);
+
+    /// This node sent to `to` at `now`.
+    pub(crate) fn sent(&mut self, to: SocketAddr, now: std::time::Instant) {
+        self.sent.insert(canonical(to), now);
+        if self.sent.len() > Self::MAX {
+            self.sent.retain(|_, t| now.saturating_duration_since(*t) < Self::KEEP);
+            while self.sent.len() > Self::MAX {
+                let Some(oldest) = self.sent.iter().min_by_key(|(_, t)| **t).map(|(a, _)| *a) else { break };
+                self.sent.remove(&oldest);
+            }
+        }
+    }
+
+    /// A packet arrived straight from `from` (not from this node's own networks):
+    /// whether it is the first from an address never sent to.
+    pub(crate) fn arrived(&mut self, from: SocketAddr, now: std::time::Instant) -> bool {
+        if self.unasked.is_some() || self.sent.contains_key(&canonical(from)) {
+            return false;
+        }
+        self.unasked = Some((canonical(from), now));
+        true
+    }
+}
+
+/// A node's filtering, as netcheck says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Filtering {
+    /// No NAT in front of it (seen at its own address).
+    NoNat,
+    /// Its router forwards its port (port mapping): anyone gets in.
+    Mapped,
+    /// A packet from an address it had not sent to got in.
+    Open,
+    /// Only answers got in so far: address- or port-dependent, or not tried yet.
+    NotSeenOpen,
+}
+
+impl Filtering {
+    /// How status and `weft netcheck` name it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NoNat => "no NAT",
+            Self::Mapped => "port mapped",
+            Self::Open => "endpoint-independent",
+            Self::NotSeenOpen => "dependent or untested",
+        }
+    }
+}
+
+#[cfg(test)]
+mod filter_tests {
+    use std::time::{Duration, Instant};
+
+    use super::FilterSeen;
+
+    #[test]
+    #[allow(clippy::disallowed_methods)] // tests make their own epoch
+    fn only_an_arrival_from_an_address_never_sent_to_counts_and_only_the_first() {
+        let t = Instant::now();
+        let mut f = FilterSeen::default();
+        let p = "203.0.113.2:11010".parse().unwrap();
+        let q = "198.51.100.7:40000".parse().unwrap();
+        f.sent(p, t);
+        assert!(!f.arrived(p, t), "an answer");
+        assert!(!f.arrived("[::ffff:203.0.113.2]:11010".parse().unwrap(), t), "the same address, mapped form");
+        assert!(f.arrived(q, t + Duration::from_secs(1)), "unasked");
+        assert_eq!(f.unasked, Some((q, t + Duration::from_secs(1))));
+        assert!(!f.arrived("192.0.2.9:1".parse().unwrap(), t), "only the first is kept");
+        // Bounded: the oldest sends are forgotten first.
+        let mut f = FilterSeen::default();
+        for i in 0..=FilterSeen::MAX as u32 {
+            f.sent((std::net::Ipv4Addr::from(0x0a00_0000 + i), 1).into(), t + Duration::from_millis(u64::from(i)));
+        }
+        assert!(f.arrived("10.0.0.0:1".parse().unwrap(), t), "the oldest went");
+        let mut g = FilterSeen::default();
+        g.sent("10.0.0.5:1".parse().unwrap(), t);
+        assert!(!g.arrived("10.0.0.5:1".parse().unwrap(), t));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

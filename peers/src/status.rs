@@ -240,6 +240,11 @@ pub struct NatStatus {
     pub observed: Vec<(NodeId, String, std::net::SocketAddr)>,
     /// The endpoints other members try for it (observed first, then announced).
     pub candidates: Vec<Endpoint>,
+    /// What its NAT lets in unasked, as far as seen.
+    pub filtering: crate::nat::Filtering,
+    /// The first packet that got in from an address it never sent to: from where,
+    /// when.
+    pub unasked: Option<(std::net::SocketAddr, Instant)>,
 }
 
 /// The exit node in use (`--use-exit-node`).

@@ -372,6 +372,14 @@ pub(crate) fn netcheck(s: &StatusJson) -> String {
         None => "unknown",
     };
     let _ = writeln!(o, "port kept    {preserving}");
+    if !n.filtering.is_empty() {
+        let why = match (n.filtering.as_str(), &n.unasked_from) {
+            ("endpoint-independent", Some(from)) => format!(" (a packet from {} got in unasked)", printable(from)),
+            ("dependent or untested", _) => " (only answers to this node's own packets got in so far)".to_owned(),
+            _ => String::new(),
+        };
+        let _ = writeln!(o, "filtering    {}{why}", printable(&n.filtering));
+    }
     for seen in &n.observed {
         let host = if seen.hostname.is_empty() { &seen.by } else { &seen.hostname };
         let _ = writeln!(o, "seen by      {} at {}", printable(host), printable(&seen.address));

@@ -379,5 +379,7 @@ fn nat_json(n: &weft_peers::status::NatStatus) -> weft_control::NatJson {
             })
             .collect(),
         candidates: n.candidates.iter().map(ToString::to_string).collect(),
+        filtering: n.filtering.as_str().to_owned(),
+        unasked_from: n.unasked.map(|(a, _)| a.to_string()),
     }
 }

@@ -21,6 +21,9 @@ impl Node {
         // mac1 first: nothing from outside the network reaches snow or any table.
         let counted = matches!(MessageType::of(bytes), Some(t) if t != MessageType::Data && t != MessageType::Relay);
         let Some((body, which)) = self.gate.check_mac1(bytes, counted) else { return };
+        if via.is_none() {
+            self.note_arrival(now, from);
+        }
         match MessageType::of(body) {
             Some(MessageType::Reject) => {
                 if let Ok(r) = RejectRepr::parse(body) {

@@ -230,6 +230,9 @@ pub(crate) struct Report {
     /// This node's NAT mapping as its links see it, and when that was worked out
     /// ([`Node::own_mapping`]).
     pub(crate) own_mapping: Option<(Instant, crate::nat::Mapping)>,
+    /// Where this node sent, and the first packet that got in unasked (netcheck's
+    /// filtering).
+    pub(crate) filtering: crate::nat::FilterSeen,
 }
 
 /// What the engine last published to the data plane and the host.
@@ -399,7 +402,15 @@ impl Node {
 
     /// The next action to carry out, if any.
     pub fn poll_action(&mut self) -> Option<Action> {
-        self.actions.pop_front()
+        let a = self.actions.pop_front()?;
+        // Every UDP address sent to: what arrives from elsewhere came in unasked.
+        if let (Action::Send { to, .. } | Action::SendBatch { to, .. } | Action::OpenMappings { to, .. }, Some(now)) =
+            (&a, self.last_now)
+            && to.proto == weft_core::endpoint::Proto::Udp
+        {
+            self.report.filtering.sent(to.addr, now);
+        }
+        Some(a)
     }
 
     /// When the node next wants [`Node::handle_timeout`] (`None` before the first

@@ -3,12 +3,13 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::time::Instant;
 
 use weft_core::endpoint::{Endpoint, Proto, canonical};
 
 use super::Node;
 use crate::identity::{NodeId, PeerKey};
-use crate::nat::{NatGuess, Side, classify, no_direct_reason};
+use crate::nat::{Filtering, NatGuess, Side, classify, no_direct_reason};
 use crate::status::NatStatus;
 
 /// Where each node is seen: observed UDP address by observer, from every record.
@@ -46,6 +47,21 @@ impl Node {
         (guess, mapped)
     }
 
+    /// A packet arrived straight from `from`: if it is the first from a UDP address
+    /// outside this node's networks that it never sent to, its NAT let it in unasked.
+    pub(crate) fn note_arrival(&mut self, now: Instant, from: Endpoint) {
+        if from.proto != Proto::Udp {
+            return;
+        }
+        let ip = canonical(from.addr).ip();
+        if self.cfg.local_networks.iter().any(|(n, len)| weft_core::route::overlaps_ip(*n, *len, ip, 128)) {
+            return;
+        }
+        if self.report.filtering.arrived(from.addr, now) {
+            tracing::info!(%from, "a packet got in from an address this node never sent to: its NAT's filter lets strangers in");
+        }
+    }
+
     /// What status says of this node's NAT.
     pub(crate) fn nat_status(&self, seen: &Sightings) -> NatStatus {
         let (guess, mapped) = self.nat_side(self.id, seen);
@@ -60,7 +76,20 @@ impl Node {
                     .collect()
             })
             .unwrap_or_default();
-        NatStatus { guess, mapped, observed, candidates: self.candidates(&PeerKey(self.cfg.handshake.local.public)) }
+        let filtering = match (guess.mapping, mapped, self.report.filtering.unasked) {
+            (crate::nat::Mapping::NoNat, ..) => Filtering::NoNat,
+            (_, true, _) => Filtering::Mapped,
+            (_, _, Some(_)) => Filtering::Open,
+            _ => Filtering::NotSeenOpen,
+        };
+        NatStatus {
+            guess,
+            mapped,
+            observed,
+            candidates: self.candidates(&PeerKey(self.cfg.handshake.local.public)),
+            filtering,
+            unasked: self.report.filtering.unasked,
+        }
     }
 
     /// Why relayed peer `key` has no direct path.
@@ -96,7 +125,7 @@ impl Node {
     /// Whether the pair of this node and `key` takes the birthday method, and which
     /// side this node is ([`crate::nat::birthday_side`]), with the peer's public
     /// address for the easy side.
-    pub(crate) fn birthday_role(&self, now: std::time::Instant, key: &PeerKey) -> Option<Role> {
+    pub(crate) fn birthday_role(&self, now: Instant, key: &PeerKey) -> Option<Role> {
         let seen = self.sightings();
         let (ours, our_map) = self.nat_side(self.id, &seen);
         let (theirs, their_map) = self.nat_side(key.id(), &seen);
@@ -114,7 +143,7 @@ impl Node {
     /// After a punch (ours, or the peer's request): start or stop the birthday
     /// method with `key`; the hard side opens its mappings towards `targets` (where
     /// the peer is seen) now.
-    pub(crate) fn birthday_after_punch(&mut self, now: std::time::Instant, key: &PeerKey, targets: &[Endpoint]) {
+    pub(crate) fn birthday_after_punch(&mut self, now: Instant, key: &PeerKey, targets: &[Endpoint]) {
         let role = self.birthday_role(now, key);
         let Some(p) = self.peers.get_mut(key) else { return };
         match role {
@@ -136,7 +165,7 @@ impl Node {
     /// The hard side: asks the runtime for [`BIRTHDAY_SOCKETS`] fresh mappings towards
     /// the peer's first UDP target, each opened by a sealed keepalive, at most once per
     /// half round.
-    fn open_mappings(&mut self, now: std::time::Instant, key: &PeerKey, targets: &[Endpoint]) {
+    fn open_mappings(&mut self, now: Instant, key: &PeerKey, targets: &[Endpoint]) {
         use crate::nat::birthday::{BIRTHDAY_EVERY, BIRTHDAY_HOLD, BIRTHDAY_SOCKETS};
         let epoch = self.cfg.epoch;
         let Some(to) = targets.iter().find(|e| e.proto == Proto::Udp).copied() else { return };
@@ -156,7 +185,7 @@ impl Node {
     /// hard side (a punch request through the relay) to open its mappings, then sends
     /// keepalives to random ports of its public address at the scheduler's pace.
     /// Stops when the path is direct or traffic stops.
-    pub(crate) fn drive_birthday(&mut self, now: std::time::Instant, key: PeerKey, active: bool) {
+    pub(crate) fn drive_birthday(&mut self, now: Instant, key: PeerKey, active: bool) {
         let epoch = self.cfg.epoch;
         let Some(p) = self.peers.get_mut(&key) else { return };
         if p.birthday.is_none() {

@@ -77,6 +77,7 @@ impl Node {
     /// the current path is stale (nothing arrived on it lately): so a node prefers
     /// UDP, then QUIC, TCP, WebSocket, and follows whichever path still works.
     pub(crate) fn handle_direct(&mut self, now: Instant, local_index: u32, from: Endpoint) {
+        self.note_arrival(now, from);
         let Some(key) = self.key_of_session(local_index) else { return };
         if self.tunnelled(&from) {
             // It came through our own tunnel (the peer sent to one of our addresses
