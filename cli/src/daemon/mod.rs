@@ -133,7 +133,7 @@ pub fn run(mut cfg: NodeConfig, reloadable: Reloadable) -> Result<()> {
         udp_socks: udp.socks,
         udp_gro: udp.gro_per_socket,
         started: epoch,
-        tun_offload: runtime::TunOffload { queue: tun_queue, off: None },
+        tun_queue,
         pipelines: data.stats,
         drops: DropCounters::default(),
         netcfg,

@@ -64,9 +64,9 @@ pub(super) struct Runtime {
     /// Whether each pipeline reads with UDP GRO (its receive slots are sized for it).
     pub(super) udp_gro: Vec<bool>,
     pub(super) started: Instant,
-    /// The TUN's offloads: whether it was opened with them, and whether and why they
-    /// were turned off since.
-    pub(super) tun_offload: TunOffload,
+    /// A queue of the TUN when it was opened with offloads (which the engine may
+    /// have turned off since: `NodeStatus::tun_offload_off` says why).
+    pub(super) tun_queue: Option<Arc<weft_datapath::pipeline::Device>>,
     pub(super) pipelines: Vec<Arc<PipelineStats>>,
     /// Drops of the control plane's own sends.
     pub(super) drops: DropCounters,
@@ -117,37 +117,6 @@ pub(super) struct Runtime {
     pub(super) portmap_state: crate::services::portmap::Publisher,
     /// The mapped endpoint announced in our record.
     pub(super) mapped: Option<SocketAddr>,
-}
-
-/// The TUN's offloads at run time.
-pub(super) struct TunOffload {
-    /// A queue of the TUN, when it was opened with offloads (reads and writes carry a
-    /// virtio header for as long as the node runs).
-    pub(super) queue: Option<Arc<weft_datapath::pipeline::Device>>,
-    /// Why they were turned off ([`Action::TunOffloadOff`]), if they were.
-    pub(super) off: Option<String>,
-}
-
-impl TunOffload {
-    /// Whether the kernel may hand over partial checksums and super-packets now.
-    pub(super) fn on(&self) -> bool {
-        self.queue.is_some() && self.off.is_none()
-    }
-
-    /// Turns them off for good (a member received our packets with bad checksums):
-    /// the device's offload mask is cleared and coalesced writes stop.
-    fn turn_off(&mut self, offload: &udp::Offload, why: String) {
-        let Some(weft_datapath::pipeline::Device::Tun(q)) = self.queue.as_deref() else { return };
-        if self.off.is_some() {
-            return;
-        }
-        offload.disable_tun_gro();
-        match weft_datapath::tun::disable_offload(q) {
-            Ok(()) => warn!("TUN offload turned off: {why}"),
-            Err(e) => warn!(error = %e, "TUN offload could not be turned off ({why}); coalesced writes are"),
-        }
-        self.off = Some(why);
-    }
 }
 
 pub(crate) fn no_portal() -> Reply {
@@ -692,7 +661,19 @@ impl Runtime {
                 Action::SaveIssued(list) => self.state_writer.save_issued(list),
                 Action::SaveCertificates(list) => self.state_writer.save_certificates(list),
                 Action::PolicyChanged(bytes) => self.signed_policy(&bytes),
-                Action::TunOffloadOff { why } => self.tun_offload.turn_off(&self.shared.offload, why),
+                // Sent once by the engine: the device's offload mask is cleared and
+                // coalesced writes stop.
+                Action::TunOffloadOff { why } => {
+                    if let Some(weft_datapath::pipeline::Device::Tun(q)) = self.tun_queue.as_deref() {
+                        self.shared.offload.disable_tun_gro();
+                        match weft_datapath::tun::disable_offload(q) {
+                            Ok(()) => warn!("TUN offload turned off: {why}"),
+                            Err(e) => {
+                                warn!(error = %e, "TUN offload could not be turned off ({why}); coalesced writes are")
+                            }
+                        }
+                    }
+                }
                 Action::PolicyRefused(why) => {
                     warn!("{why}: every flow but this node's own is denied");
                     self.policy.fail_closed(&self.shared.firewall, why);

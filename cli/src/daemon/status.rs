@@ -131,9 +131,9 @@ impl Runtime {
                 .collect(),
             dev_name: self.cfg.dev_name.clone(),
             offloads: OffloadJson {
-                tun: self.tun_offload.on(),
-                tun_gro: self.tun_offload.queue.is_some() && self.shared.offload.tun_gro(),
-                tun_off: self.tun_offload.off.clone(),
+                tun: self.tun_queue.is_some() && st.tun_offload_off.is_none(),
+                tun_gro: self.tun_queue.is_some() && self.shared.offload.tun_gro(),
+                tun_off: st.tun_offload_off.clone().filter(|_| self.tun_queue.is_some()),
                 checksum_reports_sent: st.checksum_reports.0,
                 checksum_reports_received: st.checksum_reports.1,
                 udp_gso: self.shared.offload.gso(),
