@@ -103,6 +103,28 @@ fn plug(sw: &Netns, ns: &Netns, ifname: &str, addr: &str, port: &str) {
     }
 }
 
+/// The test's internet: a switch (a bridge in a namespace of its own) and the public
+/// member P on it, which every site dials. Dropped node first, then the namespaces.
+struct Internet {
+    _p: Node,
+    _p_ns: Netns,
+    switch: Netns,
+}
+
+impl Internet {
+    fn new(dir: &Path) -> Self {
+        let switch = Netns::new();
+        switch.exec_ok(&["ip", "link", "add", "br0", "type", "bridge"]);
+        switch.exec_ok(&["ip", "link", "set", "br0", "up"]);
+        let p_ns = Netns::new();
+        plug(&switch, &p_ns, "eth0", &format!("{P_ADDR}/24"), "pp");
+        let mut pargs = NET.to_vec();
+        pargs.extend(["-i", "10.126.126.1/24", "--threads", "1"]);
+        let p = Node::start(&p_ns, dir, "p", &pargs);
+        Self { _p: p, _p_ns: p_ns, switch }
+    }
+}
+
 /// miniupnpd in the foreground in `r` (WAN `wan` at `external`, LAN `lan` = `lan_cidr`),
 /// killed (by its PID) on drop.
 struct Miniupnpd(Child);
@@ -327,14 +349,8 @@ fn run_pair(name: &'static str, a: &Site, b: &Site, limit: Duration) -> Outcome 
 fn nat_matrix_pairs_go_direct_where_the_nats_allow() {
     require_root();
     let dir = TempDir::new();
-    let sw = Netns::new();
-    sw.exec_ok(&["ip", "link", "add", "br0", "type", "bridge"]);
-    sw.exec_ok(&["ip", "link", "set", "br0", "up"]);
-    let p = Netns::new();
-    plug(&sw, &p, "eth0", &format!("{P_ADDR}/24"), "pp");
-    let mut pargs = NET.to_vec();
-    pargs.extend(["-i", "10.126.126.1/24", "--threads", "1"]);
-    let _np = Node::start(&p, &dir.0, "p", &pargs);
+    let net = Internet::new(&dir.0);
+    let sw = &net.switch;
 
     let kinds = [
         ("cone x cone", Nat::Cone, Nat::Cone),
@@ -348,7 +364,7 @@ fn nat_matrix_pairs_go_direct_where_the_nats_allow() {
         .enumerate()
         .map(|(i, (name, ka, kb))| {
             let n = 2 * i as u8 + 1;
-            (*name, site(&sw, &dir.0, n, *ka), site(&sw, &dir.0, n + 1, *kb))
+            (*name, site(sw, &dir.0, n, *ka), site(sw, &dir.0, n + 1, *kb))
         })
         .collect();
 
@@ -445,16 +461,10 @@ fn keepalive_of(a: &Site, b: &Site) -> (String, Option<f64>) {
 fn idle_direct_paths_across_a_forgetful_nat_learn_the_keepalive_it_needs() {
     require_root();
     let dir = TempDir::new();
-    let sw = Netns::new();
-    sw.exec_ok(&["ip", "link", "add", "br0", "type", "bridge"]);
-    sw.exec_ok(&["ip", "link", "set", "br0", "up"]);
-    let p = Netns::new();
-    plug(&sw, &p, "eth0", &format!("{P_ADDR}/24"), "pp");
-    let mut pargs = NET.to_vec();
-    pargs.extend(["-i", "10.126.126.1/24", "--threads", "1"]);
-    let _np = Node::start(&p, &dir.0, "p", &pargs);
-    let (a, b) = (site(&sw, &dir.0, 1, Nat::Cone), site(&sw, &dir.0, 2, Nat::Cone));
-    let (c, d) = (site(&sw, &dir.0, 3, Nat::Cone), site(&sw, &dir.0, 4, Nat::Cone));
+    let net = Internet::new(&dir.0);
+    let sw = &net.switch;
+    let (a, b) = (site(sw, &dir.0, 1, Nat::Cone), site(sw, &dir.0, 2, Nat::Cone));
+    let (c, d) = (site(sw, &dir.0, 3, Nat::Cone), site(sw, &dir.0, 4, Nat::Cone));
     for s in [&a, &b] {
         forget_udp_after(s._routers.last().unwrap(), 15);
     }
@@ -517,17 +527,11 @@ fn idle_direct_paths_across_a_forgetful_nat_learn_the_keepalive_it_needs() {
 fn two_members_behind_one_nat_talk_over_their_lan_addresses() {
     require_root();
     let dir = TempDir::new();
-    let sw = Netns::new();
-    sw.exec_ok(&["ip", "link", "add", "br0", "type", "bridge"]);
-    sw.exec_ok(&["ip", "link", "set", "br0", "up"]);
-    let p = Netns::new();
-    plug(&sw, &p, "eth0", &format!("{P_ADDR}/24"), "pp");
-    let mut pargs = NET.to_vec();
-    pargs.extend(["-i", "10.126.126.1/24", "--threads", "1"]);
-    let _np = Node::start(&p, &dir.0, "p", &pargs);
+    let net = Internet::new(&dir.0);
+    let sw = &net.switch;
     // The router: its WAN on the switch, its LAN a bridge of its own with both members.
     let r = Netns::new();
-    plug(&sw, &r, "wan", "203.0.113.21/24", "s21");
+    plug(sw, &r, "wan", "203.0.113.21/24", "s21");
     nat(&r, &dir.0, false);
     let lan = Netns::new();
     lan.exec_ok(&["ip", "link", "add", "br0", "type", "bridge"]);
@@ -578,17 +582,11 @@ fn two_members_behind_one_nat_talk_over_their_lan_addresses() {
 fn netcheck_tells_a_filter_that_lets_strangers_in_from_one_that_does_not() {
     require_root();
     let dir = TempDir::new();
-    let sw = Netns::new();
-    sw.exec_ok(&["ip", "link", "add", "br0", "type", "bridge"]);
-    sw.exec_ok(&["ip", "link", "set", "br0", "up"]);
-    let p = Netns::new();
-    plug(&sw, &p, "eth0", &format!("{P_ADDR}/24"), "pp");
-    let mut pargs = NET.to_vec();
-    pargs.extend(["-i", "10.126.126.1/24", "--threads", "1"]);
-    let _np = Node::start(&p, &dir.0, "p", &pargs);
-    let (open, closed) = (site(&sw, &dir.0, 5, Nat::FullCone), site(&sw, &dir.0, 6, Nat::Cone));
+    let net = Internet::new(&dir.0);
+    let sw = &net.switch;
+    let (open, closed) = (site(sw, &dir.0, 5, Nat::FullCone), site(sw, &dir.0, 6, Nat::Cone));
     let d = Netns::new();
-    plug(&sw, &d, "eth0", "203.0.113.40/24", "pd");
+    plug(sw, &d, "eth0", "203.0.113.40/24", "pd");
     let mut dargs = NET.to_vec();
     dargs.extend(["-i", "10.126.126.40/24", "--threads", "1", "--listen", "udp://0.0.0.0:11010"]);
     dargs.extend(["-p", "udp://203.0.113.15:11010", "-p", "udp://203.0.113.16:11010"]);
