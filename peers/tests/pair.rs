@@ -2046,11 +2046,19 @@ fn packets_that_arrive_with_bad_checksums_turn_the_senders_tun_offload_off_once(
         p[26..28].copy_from_slice(if bad { &[0xde, 0xad] } else { &[0, 0] });
         p
     };
-    // Good packets: all delivered, nothing reported.
+    // A member that claims more bad packets than it was sent is not believed.
+    sim.send_control(B, A, &[12, 200, 0, 0, 0]);
+    assert!(sim.slots[A].host.tun_offload_off.is_empty(), "believed a count of 200 with nothing sent");
+    // Data from A's TX pipeline (counted as sent to B), then good packets: all
+    // delivered, nothing reported.
+    for _ in 0..8 {
+        assert_eq!(sim.send_data(A, B), Ok(84));
+    }
     for tag in 0..64 {
         assert_eq!(sim.inject_data(B, src, &seal(&session, &packet(tag, false))), Ok(60));
     }
     assert_eq!(sim.node(B).status(sim.now).checksum_reports, (0, 0));
+    assert_eq!(sim.node(A).status(sim.now).checksum_reports, (0, 1), "the lie was counted, not acted on");
     // Bad ones, in bursts a second apart: one in 16 is caught. The first report (1
     // caught) is not enough; the second (5) is.
     let mut caught = 0;
@@ -2066,7 +2074,7 @@ fn packets_that_arrive_with_bad_checksums_turn_the_senders_tun_offload_off_once(
     let (sent, _) = sim.node(B).status(sim.now).checksum_reports;
     assert_eq!(sent, 3, "one report per burst (at most one a second)");
     let a = sim.node(A).status(sim.now);
-    assert_eq!(a.checksum_reports, (0, 3));
+    assert_eq!(a.checksum_reports, (0, 4));
     assert_eq!(sim.slots[A].host.tun_offload_off.len(), 1, "told once: {:?}", sim.slots[A].host.tun_offload_off);
     assert!(
         sim.slots[A].host.tun_offload_off[0].starts_with("node1 found bad checksums in 5 "),

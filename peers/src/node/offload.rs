@@ -44,6 +44,13 @@ impl Node {
         if self.report.tun_offload_off.is_some() || count < OFFLOAD_SUSPECT_AFTER {
             return;
         }
+        // A member's word, checked as far as it can be: it cannot have found more bad
+        // packets than we sent it.
+        let sent = self.peers.get(&key).map_or(0, |p| p.stats.tx_packets.load(std::sync::atomic::Ordering::Relaxed));
+        if u64::from(count) > sent {
+            warn!(peer = %key.id(), count, sent, "a member reports more bad packets than it was sent: ignored");
+            return;
+        }
         let name = self.peers.get(&key).map_or_else(|| key.id().to_string(), |p| p.hello.hostname.clone());
         let why = format!("{name} found bad checksums in {count} of the packets from this node it checked");
         self.report.tun_offload_off = Some(why.clone());
