@@ -123,7 +123,31 @@ impl Netns {
 }
 
 impl Drop for Netns {
+    /// Ends whatever still runs inside (by PID: a ping or server that a failed
+    /// assertion left behind; the namespace is this test's alone, so all of it is the
+    /// test's own), then removes the namespace. Nothing outlives the test holding its
+    /// output open, which would keep the suite's log pipe from ever closing.
     fn drop(&mut self) {
+        for _ in 0..50 {
+            let pids = Command::new("ip").args(["netns", "pids", &self.name]).stderr(Stdio::null()).output();
+            let pids: Vec<i32> = pids
+                .map(|o| String::from_utf8_lossy(&o.stdout).split_whitespace().filter_map(|p| p.parse().ok()).collect())
+                .unwrap_or_default();
+            if pids.is_empty() {
+                break;
+            }
+            // Never the test itself (a thread of it may have entered the namespace).
+            let own = std::process::id() as i32;
+            if pids.iter().all(|&p| p == own) {
+                break;
+            }
+            for pid in pids.into_iter().filter(|&p| p != own) {
+                // SAFETY: kill has no memory preconditions; the PID runs in this
+                // test's own namespace.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
     }
 }
