@@ -281,12 +281,21 @@ pub(crate) struct Degraded {
     pub(crate) hold: Duration,
     /// Why, for status.
     pub(crate) why: String,
+    /// Left for a relay: the loss is the network's between the two hosts, so no
+    /// other transport between them is taken either while it holds.
+    pub(crate) relayed: bool,
 }
 
 impl Degraded {
     /// Whether the path is still left at `now`.
     pub(crate) fn holds(&self, now: Instant) -> bool {
         now < self.until
+    }
+
+    /// Whether a direct path from `from` is refused at `now`: the path left, or (when
+    /// left for a relay) any path between the same two hosts, while the hold lasts.
+    pub(crate) fn refuses(&self, from: &Endpoint, now: Instant) -> bool {
+        self.holds(now) && (self.endpoint == *from || (self.relayed && self.endpoint.addr.ip() == from.addr.ip()))
     }
 }
 
@@ -640,6 +649,29 @@ impl PeerTable {
 #[allow(clippy::disallowed_methods)] // tests make their own epoch
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_path_left_for_a_relay_keeps_every_transport_between_the_two_hosts_off_while_it_holds() {
+        let now = Instant::now();
+        let ep = |s: &str| s.parse::<Endpoint>().unwrap();
+        let left = |relayed| Degraded {
+            endpoint: ep("udp://192.0.2.2:11010"),
+            until: now + Duration::from_secs(15),
+            hold: Duration::from_secs(15),
+            why: String::new(),
+            relayed,
+        };
+        let (relay, transport) = (left(true), left(false));
+        for from in
+            ["udp://192.0.2.2:11010", "tcp://192.0.2.2:11010", "quic://192.0.2.2:11012", "tcp://192.0.2.2:58462"]
+        {
+            assert!(relay.refuses(&ep(from), now), "{from}");
+        }
+        assert!(!relay.refuses(&ep("udp://192.0.2.9:11010"), now), "another host");
+        assert!(transport.refuses(&ep("udp://192.0.2.2:11010"), now));
+        assert!(!transport.refuses(&ep("tcp://192.0.2.2:11010"), now), "no relay: another transport may take over");
+        assert!(!relay.refuses(&ep("udp://192.0.2.2:11010"), now + Duration::from_secs(15)), "the hold ended");
+    }
 
     fn peer(k: u8) -> Peer {
         let hello =

@@ -87,8 +87,9 @@ impl Node {
             return;
         }
         let Some(p) = self.peers.get_mut(&key) else { return };
-        if p.degraded.as_ref().is_some_and(|g| g.endpoint == from && g.holds(now)) {
-            // Left because it lost data: not taken again before its hold ends.
+        if p.degraded.as_ref().is_some_and(|g| g.refuses(&from, now)) {
+            // Left because it lost data: not taken again before its hold ends (nor,
+            // when left for a relay, another transport across the same lossy network).
             return;
         }
         let current = p.path.endpoint();
@@ -227,7 +228,7 @@ impl Node {
         let why =
             format!("direct path {endpoint} lost {pct}% of its probes: {to}, tried again in {} s", hold.as_secs());
         tracing::warn!(peer = %p.id, "{why}");
-        p.degraded = Some(crate::peer::Degraded { endpoint, until: now + hold, hold, why });
+        p.degraded = Some(crate::peer::Degraded { endpoint, until: now + hold, hold, why, relayed: relay.is_some() });
         p.probe.recent.clear();
         if relay.is_some() {
             p.path.lose_direct();
