@@ -489,21 +489,32 @@ fn idle_direct_paths_across_a_forgetful_nat_learn_the_keepalive_it_needs() {
         assert_eq!(keepalive_of(x, y), ("direct".to_owned(), Some(25.0)), "a fresh path across a NAT: 25 s");
     }
     // First pause: longer than the forgetful NAT keeps the mapping, and without a
-    // keepalive (the path's first is due 25 s after its last packet).
-    std::thread::sleep(pause);
+    // keepalive (the path's first is due 25 s after its last packet). The margins are
+    // a few seconds each way: on a loaded machine the NAT may not have forgotten yet
+    // when the pause ends (the ping then crosses, and the pause is taken again).
     let lost = |x: &Site| x.node().log_text().matches("an idle direct path died across our NAT").count();
     let (lost_a, lost_c) = (lost(&a), lost(&c));
-    assert!(ping(&c.member, &d.overlay), "the default NATs' pair answers at once");
-    assert_eq!(path_of(&c, &d), "direct");
-    // A's first packets after it are lost: A finds the path silent, punches it open
-    // again (through P), and learns.
-    let back = direct(&a, &b);
-    assert!(
-        lost(&a) > lost_a,
-        "the forgetful NAT did not cost the direct path: {:?}\n{}",
-        a.node().peer(&b.overlay),
-        a.node().log_text()
-    );
+    let mut back = None;
+    for _ in 0..3 {
+        std::thread::sleep(pause);
+        assert!(ping(&c.member, &d.overlay), "the default NATs' pair answers at once");
+        assert_eq!(path_of(&c, &d), "direct");
+        // A's first packets after it are lost: A finds the path silent, punches it
+        // open again (through P), and learns.
+        let took = direct(&a, &b);
+        if lost(&a) > lost_a {
+            back = Some(took);
+            break;
+        }
+        eprintln!("natkeepalive: the forgetful NAT still held the mapping after the pause; pausing again");
+    }
+    let Some(back) = back else {
+        panic!(
+            "the forgetful NAT did not cost the direct path in three pauses: {:?}\n{}",
+            a.node().peer(&b.overlay),
+            a.node().log_text()
+        )
+    };
     assert_eq!(keepalive_of(&a, &b), ("direct".to_owned(), Some(12.5)), "A learned the keepalive this NAT needs");
     eprintln!("natkeepalive: after the first pause A went direct again in {back:?} with a 12.5 s keepalive");
     // Second pause: A's keepalives hold the mapping open; the path stays direct and the
