@@ -191,6 +191,10 @@ struct Inner {
     /// Sets of sockets open for the birthday method now (at most
     /// [`pinned::MAPPING_SETS`]).
     mapping_sets: std::sync::atomic::AtomicUsize,
+    /// When a set of those sockets last pinned the path to each endpoint: a set opened
+    /// before that finds its own hit too late and closes it, rather than move the path
+    /// off the socket whose mapping the other side already uses.
+    pinned_at: Mutex<HashMap<Endpoint, tokio::time::Instant>>,
 }
 
 impl Connector {
@@ -248,6 +252,7 @@ impl Connector {
                 macs,
                 listeners: Mutex::new(HashMap::new()),
                 mapping_sets: std::sync::atomic::AtomicUsize::new(0),
+                pinned_at: Mutex::new(HashMap::new()),
             }),
         })
     }

@@ -65,7 +65,8 @@ impl Connector {
         }
         let inner = self.inner.clone();
         let _slot = SetSlot(&inner.mapping_sets);
-        let deadline = tokio::time::Instant::now() + hold;
+        let opened = tokio::time::Instant::now();
+        let deadline = opened + hold;
         let mut waiting = tokio::task::JoinSet::new();
         for d in datagrams {
             let sock = match fresh_socket(to.addr.is_ipv4()) {
@@ -101,6 +102,19 @@ impl Connector {
             match tokio::time::timeout_at(deadline, waiting.join_next()).await {
                 Ok(Some(Ok(Some((sock, first))))) => {
                     waiting.abort_all();
+                    {
+                        // Sets overlap (a round asks for a new one before the last
+                        // closed): when both are hit, the first hit keeps the path. The
+                        // other side answers the socket it heard first, so moving the
+                        // path to this one would leave its packets for a closed port.
+                        let mut pinned = inner.pinned_at.lock();
+                        pinned.retain(|_, at| at.elapsed() < IDLE_TIMEOUT);
+                        if pinned.get(&to).is_some_and(|at| *at >= opened) && inner.conns.contains(&to) {
+                            debug!(%to, "a mapping was hit after another set's was: this one closes");
+                            return true;
+                        }
+                        pinned.insert(to, tokio::time::Instant::now());
+                    }
                     debug!(%to, local = ?sock.local_addr().ok(), "a mapping was hit: the path leaves from its socket");
                     tokio::spawn(self.run_pinned(sock, to, first));
                     return true;
@@ -159,5 +173,55 @@ impl Connector {
         };
         conns.unregister(to, id);
         self.closed(to, r);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tokio::sync::mpsc;
+    use weft_core::admission::MacKeys;
+    use weft_core::handshake::Psk;
+
+    use super::*;
+    use crate::transport::Proto;
+    use crate::transport::connections::Connections;
+
+    /// A datagram with a sealed data message's shape (what the easy side's probes are).
+    fn probe() -> Vec<u8> {
+        let mut d = vec![0u8; weft_core::wire::DATA_HEADER_LEN + weft_core::crypto::TAG_LEN];
+        d[0] = weft_core::wire::MessageType::Data as u8;
+        d
+    }
+
+    /// Two overlapping sets towards one endpoint, both hit, the later set first: the
+    /// path stays on the socket hit first, so what the node sends leaves from it.
+    #[tokio::test]
+    async fn when_two_sets_are_hit_the_first_hit_keeps_the_path() {
+        let (conns, _inbound) = Connections::new(8);
+        let (down_tx, _down) = mpsc::channel(8);
+        let macs = Arc::new(MacKeys::new(&Psk::derive("pinned", "secret")));
+        let conn = Connector::new(conns.clone(), down_tx, None, 4, 1500, macs).expect("connector");
+        let peer = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let to = Endpoint::new(Proto::Udp, peer.local_addr().unwrap());
+        let hold = Duration::from_secs(5);
+        let mut buf = vec![0u8; 2048];
+        let open = |n: usize| tokio::spawn(conn.clone().open_mappings(to, vec![vec![1u8; 4]; n], hold));
+        let older = open(2);
+        let (_, first_old) = peer.recv_from(&mut buf).await.unwrap();
+        let (_, _) = peer.recv_from(&mut buf).await.unwrap();
+        let newer = open(2);
+        let (_, first_new) = peer.recv_from(&mut buf).await.unwrap();
+        let (_, _) = peer.recv_from(&mut buf).await.unwrap();
+        // The newer set is hit first, then the older one.
+        peer.send_to(&probe(), first_new).await.unwrap();
+        assert!(newer.await.unwrap(), "the newer set was hit");
+        peer.send_to(&probe(), first_old).await.unwrap();
+        assert!(older.await.unwrap(), "the older set was hit too");
+        assert!(conns.contains(&to));
+        assert!(conn.send(to, &[7u8; 40]), "the path takes a frame");
+        let (n, from) = tokio::time::timeout(Duration::from_secs(5), peer.recv_from(&mut buf)).await.unwrap().unwrap();
+        assert_eq!((n, from), (40, first_new), "the frame left from the socket hit first");
     }
 }
