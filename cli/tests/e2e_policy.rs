@@ -143,6 +143,19 @@ fn a_policy_lets_in_what_it_allows_and_the_answers_to_what_the_node_sends() {
     let p = srv.status()["policy"].clone();
     assert!(p["denied"].as_u64().unwrap() > 0 && p["hits"][0].as_u64().unwrap() >= 1, "{p}");
     assert!(srv.status()["drops"]["policy"].as_u64().unwrap_or(0) > 0, "{}", srv.status()["drops"]);
+    // The admin sees which flows were denied: the admin's try at 5202 and the other
+    // member's at 5201 and its ping, each once however many packets it took.
+    let denials = p["recent_denials"].as_array().cloned().unwrap_or_default();
+    let denied = |src: &str, proto: &str, port: Option<u64>| {
+        denials.iter().any(|d| {
+            d["src"] == src && d["dst"] == IPS[0] && d["proto"] == proto && port.is_none_or(|p| d["port"] == p)
+        })
+    };
+    assert!(denied(IPS[1], "tcp", Some(5202)) && denied(IPS[2], "tcp", Some(5201)), "{p}");
+    assert!(denied(IPS[2], "icmp", None), "{p}");
+    assert!(!denied(IPS[1], "tcp", Some(5201)), "an allowed flow is listed: {p}");
+    let (ok, said) = weft_out(&["policy", "denials", "--control", &control]);
+    assert!(ok && said.contains(&format!("oth ({})", IPS[2])) && said.contains("5202"), "{said}");
 
     // A new version that still allows the admin's stream and now lets the other
     // member ping: the stream lives on, the ping passes.

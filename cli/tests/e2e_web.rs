@@ -312,6 +312,23 @@ fn the_console_shows_the_mesh_and_its_invite_policy_push_and_revocation_take_eff
     });
     assert!(ping(&lan.hosts[0], IPS[2]), "alpha still reaches gamma");
     assert!(!ping(&lan.hosts[1], IPS[2]), "the pushed policy refuses beta's ping at gamma");
+    // Beta's ping at alpha is refused too, and alpha's console lists it by name.
+    assert!(!ping(&lan.hosts[1], IPS[0]), "the pushed policy refuses beta's ping at alpha");
+    sandbox.within(|| {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let c = browser(&profile).await;
+            let base = url.split("/?").next().unwrap().to_owned();
+            c.goto(&url).await.unwrap();
+            c.goto(&format!("{base}/#policy")).await.unwrap();
+            until(Duration::from_secs(10), "beta's ping among the recent denials", || async {
+                let t = text(&c, "#policy-denials tbody").await;
+                t.contains(&format!("beta {}", IPS[1])) && t.contains("icmp")
+            })
+            .await;
+            c.close().await.unwrap();
+        })
+    });
 
     // Gamma revoked in the page, after a confirmation naming it.
     sandbox.within(|| {

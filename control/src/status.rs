@@ -35,7 +35,7 @@ pub struct CertificateJson {
 }
 
 /// `weft status --json`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct StatusJson {
     /// Our node id.
     pub node_id: String,
@@ -435,7 +435,7 @@ pub struct MagicDnsJson {
 }
 
 /// Offloads in use.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct OffloadJson {
     /// TUN virtio-net offload.
     pub tun: bool,
@@ -633,6 +633,29 @@ pub struct PolicyJson {
     /// the node denies every flow but its own until one that can arrives.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refused: Option<String>,
+    /// The last flows denied, newest first (at most 32; absent from nodes before 0.4).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recent_denials: Vec<DenialJson>,
+}
+
+/// A flow the access policy denied (`PolicyJson::recent_denials`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DenialJson {
+    /// Source address.
+    pub src: String,
+    /// Destination address.
+    pub dst: String,
+    /// Protocol: `tcp`, `udp`, `icmp`, `icmpv6`, or its number.
+    pub proto: String,
+    /// Destination port (an ICMP echo: its identifier).
+    pub port: u16,
+    /// Seconds since it was last denied.
+    pub last_secs_ago: u64,
+    /// Seconds since it was first denied (while on the list).
+    pub first_secs_ago: u64,
+    /// How often it was noted (at most once a millisecond for the whole node, so a
+    /// floor of its packets denied; `denied` counts them all).
+    pub count: u64,
 }
 
 /// Which network secret a peer's session uses.

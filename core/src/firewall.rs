@@ -25,6 +25,7 @@
 //! re-checks the flows the old one admitted: those it no longer allows are cut.
 //! No policy: everything passes and nothing is tracked (one atomic load).
 
+mod denials;
 mod packet;
 mod table;
 
@@ -36,6 +37,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Acquire, Ordering::Rela
 
 use parking_lot::{Mutex, RwLock};
 
+pub use self::denials::{Denial, RECENT_DENIALS};
 pub use self::packet::{Fragment, Packet};
 pub use self::table::{CLOSING_MS, MAX_FLOWS, OTHER_MS, OWN_EXTRA, PER_SOURCE, TCP_MS, UDP_MS, UNESTABLISHED_MS};
 use self::table::{Entry, Flow, Full, Table};
@@ -173,6 +175,8 @@ pub struct Firewall {
     pub table_full: AtomicU64,
     /// New flows dropped because their source had started [`PER_SOURCE`] flows.
     pub source_full: AtomicU64,
+    /// The last flows denied ([`Firewall::recent_denials`]).
+    denials: denials::Denials,
 }
 
 impl Default for Firewall {
@@ -187,6 +191,7 @@ impl Default for Firewall {
             denied: AtomicU64::new(0),
             table_full: AtomicU64::new(0),
             source_full: AtomicU64::new(0),
+            denials: denials::Denials::default(),
         }
     }
 }
@@ -265,14 +270,14 @@ impl Firewall {
         if self.trusted(generation, key, now) {
             return Ok(());
         }
-        let Some(p) = Packet::parse(packet) else { return Err(self.deny()) };
+        let Some(p) = Packet::parse(packet) else { return Err(self.deny(None, now)) };
         match p.fragment {
             Fragment::Later { id, offset } => {
                 // RFC 1858: a TCP fragment at offset 8 would rewrite the flags the first one showed.
                 return if (p.proto != proto::TCP || offset > 1) && self.fragments.known((p.src, p.dst, id), now) {
                     Ok(())
                 } else {
-                    Err(self.deny())
+                    Err(self.deny(Some(&p), now))
                 };
             }
             Fragment::First(id) => {
@@ -323,7 +328,7 @@ impl Firewall {
         }
         let Some(active) = self.active() else { return Ok(()) };
         let Some(rule) = active.compiled.allows(p.src, p.dst, p.proto, p.dport) else {
-            return Err(self.deny());
+            return Err(self.deny(Some(p), now));
         };
         let e = Entry::new(p, Some(rule as u32), sent, now);
         match self.table.insert(this, e, now) {
@@ -347,9 +352,18 @@ impl Firewall {
         }
     }
 
-    fn deny(&self) -> DropReason {
+    /// Counts a denied packet, and notes its flow (`p`, when it could be read).
+    fn deny(&self, p: Option<&Packet>, now: u64) -> DropReason {
         self.denied.fetch_add(1, Relaxed);
+        if let Some(p) = p {
+            self.denials.note(p, now);
+        }
         DropReason::Policy
+    }
+
+    /// The last flows denied, newest first (at most [`RECENT_DENIALS`]).
+    pub fn recent_denials(&self) -> Vec<Denial> {
+        self.denials.recent()
     }
 
     /// Notes a packet this node sends (an IP packet): its answers may come back. The
@@ -455,6 +469,21 @@ mod tests {
     }
 
     const SSH_FROM_ADMIN: &str = "[[allow]]\nfrom=[\"10.0.0.2\"]\nto=[\"10.0.0.1\"]\nproto=\"tcp\"\nports=[\"22\"]\n";
+
+    #[test]
+    fn denied_flows_are_listed_for_the_admin_and_allowed_ones_are_not() {
+        let fw = firewall(SSH_FROM_ADMIN);
+        assert!(fw.inbound(&tcp(ADMIN, ME, 40000, 22, 0x02), 0).is_ok());
+        assert!(fw.inbound(&tcp(OTHER, ME, 40000, 22, 0x02), 5).is_err());
+        assert!(fw.inbound(&tcp(ADMIN, ME, 40001, 23, 0x02), 7).is_err());
+        assert!(fw.inbound(&tcp(OTHER, ME, 40002, 22, 0x02), 9).is_err());
+        assert!(fw.inbound(&[0x45, 0, 0], 11).is_err(), "unreadable: counted, not listed");
+        let r = fw.recent_denials();
+        let flows: Vec<_> = r.iter().map(|d| (d.src, d.dport, d.count, d.first_ms, d.last_ms)).collect();
+        let ip = |a: [u8; 4]| IpAddr::from(a);
+        assert_eq!(flows, [(ip(OTHER), 22, 2, 5, 9), (ip(ADMIN), 23, 1, 7, 7)]);
+        assert_eq!(fw.denied.load(Relaxed), 4);
+    }
 
     #[test]
     fn allowed_flows_pass_their_replies_and_nothing_else() {

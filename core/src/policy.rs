@@ -41,6 +41,18 @@ pub mod proto {
     pub const UDP: u8 = 17;
     /// ICMPv6.
     pub const ICMPV6: u8 = 58;
+
+    /// The protocol's name as the policy writes it (`tcp`, `udp`, `icmp`, `icmpv6`),
+    /// or its number.
+    pub fn name(p: u8) -> std::borrow::Cow<'static, str> {
+        match p {
+            ICMP => "icmp".into(),
+            TCP => "tcp".into(),
+            UDP => "udp".into(),
+            ICMPV6 => "icmpv6".into(),
+            n => n.to_string().into(),
+        }
+    }
 }
 
 /// Most rules a policy holds.

@@ -65,6 +65,13 @@ pub(crate) fn run(command: Command) -> Result<()> {
         Command::Policy(PolicyCommand::Explain(a)) => {
             change(&a.control, &weft_control::Request::ExplainPolicy { from: a.from, to: a.to, proto: a.proto })
         }
+        Command::Policy(PolicyCommand::Denials(q)) if q.json => {
+            let s = status(&q.control)?;
+            let list = s.policy.map(|p| p.recent_denials).unwrap_or_default();
+            println!("{}", serde_json::to_string_pretty(&list)?);
+            Ok(())
+        }
+        Command::Policy(PolicyCommand::Denials(q)) => query(&q, show::denials),
         Command::Revoke(RevokeCommand::Add(a)) => {
             let revocation = authority::read_revocation(&a.revocation)?;
             change(&a.control, &weft_control::Request::AddRevocation { revocation })
@@ -81,9 +88,19 @@ pub(crate) fn run(command: Command) -> Result<()> {
 
 /// Asks the node for its status and prints it as JSON or with `table`.
 fn query(q: &args::QueryArgs, table: fn(&weft_control::StatusJson) -> String) -> Result<()> {
-    match weft_control::request(&q.control, &weft_control::Request::Status)? {
-        weft_control::Reply::Status(s) if q.json => println!("{}", serde_json::to_string_pretty(&s)?),
-        weft_control::Reply::Status(s) => print!("{}", table(&s)),
+    let s = status(&q.control)?;
+    if q.json {
+        println!("{}", serde_json::to_string_pretty(&s)?);
+    } else {
+        print!("{}", table(&s));
+    }
+    Ok(())
+}
+
+/// The node's status, from its control socket.
+fn status(control: &std::path::Path) -> Result<weft_control::StatusJson> {
+    match weft_control::request(control, &weft_control::Request::Status)? {
+        weft_control::Reply::Status(s) => Ok(*s),
         weft_control::Reply::Error { message } => {
             anyhow::bail!("node refused the request: {}", show::printable(&message))
         }
@@ -91,7 +108,6 @@ fn query(q: &args::QueryArgs, table: fn(&weft_control::StatusJson) -> String) ->
             anyhow::bail!("unexpected reply from the node")
         }
     }
-    Ok(())
 }
 
 /// `weft wg add`: prints the new client's config (and a QR code of it with `--qr`).

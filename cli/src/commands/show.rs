@@ -355,6 +355,38 @@ fn human_bytes(b: u64) -> String {
 
 /// Renders `weft netcheck`: this node's NAT as its links see it, its port mapping,
 /// its candidates, and why each relayed member has no direct path.
+/// `weft policy denials`: the last flows the policy denied, with member names.
+pub(crate) fn denials(s: &StatusJson) -> String {
+    let Some(p) = &s.policy else { return "no access policy: nothing is denied\n".to_owned() };
+    if p.recent_denials.is_empty() {
+        return format!("no flow denied since the node started ({} packets denied in all)\n", p.denied);
+    }
+    let own = s.overlay.split('/').next().unwrap_or_default();
+    let who = |a: &str| {
+        let name = s.peers.iter().find(|m| m.overlay == a).map(|m| m.hostname.as_str());
+        let name = if a == own { Some(s.hostname.as_str()) } else { name };
+        match name {
+            Some(n) if !n.is_empty() => format!("{} ({a})", printable(n)),
+            _ => a.to_owned(),
+        }
+    };
+    let mut o = format!("{:<36} {:<36} {:<7} {:>5} {:>9} {:>8}\n", "FROM", "TO", "PROTO", "PORT", "LAST", "TIMES");
+    for d in &p.recent_denials {
+        let _ = writeln!(
+            o,
+            "{:<36} {:<36} {:<7} {:>5} {:>9} {:>8}",
+            who(&d.src),
+            who(&d.dst),
+            printable(&d.proto),
+            d.port,
+            format!("{} s ago", d.last_secs_ago),
+            d.count
+        );
+    }
+    let _ = writeln!(o, "{} packets denied in all", p.denied);
+    o
+}
+
 pub(crate) fn netcheck(s: &StatusJson) -> String {
     let n = &s.nat;
     let mut o = String::new();

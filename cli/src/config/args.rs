@@ -714,6 +714,9 @@ pub enum PolicyCommand {
     Check(PolicyCheckArgs),
     /// Which rule of the running node's policy decides a flow from SRC to DST:PORT.
     Explain(PolicyExplainArgs),
+    /// The last flows the running node's policy denied, newest first (one line per
+    /// flow, with how often and when last).
+    Denials(QueryArgs),
     /// Hand a policy the authority signed (`weft authority sign-policy`) to a running
     /// node, which puts it in force and passes it to every member (root or the
     /// weft-admin group only).

@@ -224,6 +224,7 @@ function renderPolicy() {
   if (!p) {
     box.replaceChildren(el("p", {}, "No access policy: every member reaches everything."));
     $("policy-rules").tBodies[0].replaceChildren();
+    $("policy-denials").tBodies[0].replaceChildren();
     return;
   }
   box.replaceChildren(el("dl", {},
@@ -236,6 +237,15 @@ function renderPolicy() {
   const texts = p.rule_text || [];
   $("policy-rules").tBodies[0].replaceChildren(...p.hits.map((h, i) => el("tr", {},
     el("td", {}, i + 1), el("td", {}, texts[i] || "rule " + (i + 1)), el("td", { class: "num" }, h))));
+  // Addresses with the member's name where the node knows it.
+  const names = new Map((s.peers || []).map((m) => [m.overlay, m.hostname]));
+  names.set(String(s.overlay || "").split("/")[0], s.hostname + " (this node)");
+  const who = (a) => names.has(a) ? names.get(a) + " " + a : a;
+  const denials = p.recent_denials || [];
+  $("policy-denials").tBodies[0].replaceChildren(...(denials.length ? denials.map((d) => el("tr", {},
+    el("td", {}, who(d.src)), el("td", {}, who(d.dst)), el("td", {}, d.proto), el("td", { class: "num" }, d.port),
+    el("td", {}, d.last_secs_ago + " s ago"), el("td", { class: "num" }, d.count)))
+    : [el("tr", {}, el("td", { colspan: 6, class: "dim" }, "none since the node started"))]));
 }
 
 function checkPolicySoon() {
