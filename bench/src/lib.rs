@@ -2,7 +2,8 @@
 //! throughput comparison in `netns/compare.sh`, and recorded results in `RESULTS.md`.
 //! This library holds the synthetic traffic the benches share, the virtual-clock
 //! [`harness`] that drives real engines and the real data plane in memory, and the
-//! mesh simulator [`sim`] behind the `meshsim` binary and `tests/sim.rs`.
+//! mesh simulator [`sim`] behind the `meshsim` binary and `tests/sim.rs`, whose node
+//! can answer `weft status` on a control socket ([`control`]).
 //!
 //! ```text
 //!  sim::Net (event queue, links, loss, partitions)
@@ -14,6 +15,7 @@
 //! It is not part of any shipped binary: nothing here runs in `weft up`.
 #![warn(missing_docs)]
 
+pub mod control;
 pub mod harness;
 pub mod sim;
 

@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! cargo run --release -p weft-bench --bin meshsim -- --nodes N --seed S [--loss PCT] [--json]
+//!     [--control PATH [--serve-s SECS]]
 //! ```
 //!
 //! That interface is stable (issue 12): `--json` prints one object with at least
@@ -46,6 +47,14 @@ struct Args {
     /// Extra reachable (never dialled) pairs, as a fraction of the node count.
     #[arg(long, default_value_t = 0.3)]
     extra_links: f64,
+    /// After the report, node 0 answers `weft status` on this Unix socket (for `weft
+    /// web --control PATH`, `weft peers --control PATH`) while the mesh runs on in
+    /// step with the wall clock.
+    #[arg(long, value_name = "PATH")]
+    control: Option<std::path::PathBuf>,
+    /// How long `--control` serves, in wall seconds.
+    #[arg(long, default_value_t = 60, value_name = "SECS")]
+    serve_s: u64,
 }
 
 fn percent(s: &str) -> Result<f64, String> {
@@ -65,7 +74,7 @@ fn main() -> ExitCode {
         loss: args.loss / 100.0,
         ..Plan::new(args.nodes, args.seed)
     };
-    let (_, r) = match run(plan, Duration::from_secs(args.limit_s), Duration::from_secs(args.steady_s)) {
+    let (mut net, r) = match run(plan, Duration::from_secs(args.limit_s), Duration::from_secs(args.steady_s)) {
         Ok(x) => x,
         Err(e) => {
             eprintln!("meshsim: {e}");
@@ -126,6 +135,21 @@ fn main() -> ExitCode {
             r.full_checks.0,
             r.full_checks.1.as_secs_f64()
         );
+    }
+    if let Some(path) = &args.control {
+        eprintln!("meshsim: node 0 answers `weft status` at {} for {} s", path.display(), args.serve_s);
+        match weft_bench::control::serve(&mut net, path, Duration::from_secs(args.serve_s)) {
+            Ok(s) => eprintln!(
+                "meshsim: answered {} status requests (refused {} others); the mesh ran {:.1} s more",
+                s.status,
+                s.refused,
+                s.ran.as_secs_f64()
+            ),
+            Err(e) => {
+                eprintln!("meshsim: control socket {}: {e}", path.display());
+                return ExitCode::FAILURE;
+            }
+        }
     }
     ExitCode::SUCCESS
 }

@@ -34,7 +34,7 @@ mod runtime;
 mod settings;
 mod start;
 pub mod state;
-mod status;
+pub mod status;
 
 /// Depth of the data plane -> control plane queue of authenticated events
 /// (confirmations, control messages, path reports).

@@ -18,6 +18,196 @@ pub(crate) fn counters(d: &DropCounters) -> BTreeMap<String, u64> {
     d.nonzero().into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
 }
 
+/// The engine's part of `weft status` at `now`: the members, routes, records, exits,
+/// subnets and NAT it knows, whatever carries its packets (drops: those counted per
+/// member). The runtime adds its own parts (configuration, pipelines, transports,
+/// services); the simulator serves this part alone (`meshsim --control`).
+pub fn engine_json(st: &NodeStatus, now: Instant) -> StatusJson {
+    let mut drops = BTreeMap::new();
+    let peers = st
+        .peers
+        .iter()
+        .map(|p| {
+            let pd = counters(&p.stats.drops);
+            for (k, v) in &pd {
+                *drops.entry(k.clone()).or_default() += v;
+            }
+            let (path, via, hops) = match p.path {
+                PathStatus::Direct => (PathKind::Direct, None, 1),
+                PathStatus::Relay { via, hops } => (PathKind::Relay, Some(via), hops),
+                PathStatus::None => (PathKind::None, None, 0),
+            };
+            // The transport of the first link: to the peer, or to the relay.
+            let first_link = match via {
+                Some(v) => st.peers.iter().find(|q| q.node_id == v).and_then(|q| q.endpoint),
+                None if path == PathKind::Direct => p.endpoint,
+                None => None,
+            };
+            PeerJson {
+                node_id: p.node_id.to_string(),
+                hostname: p.hostname.clone(),
+                overlay: p.overlay.to_string(),
+                overlay6: p.overlay6.map(|a| a.to_string()),
+                endpoint: p.endpoint.map(|e| e.to_string()),
+                path,
+                via: via.map(|v| v.to_string()),
+                via_hostname: via.and_then(|v| st.peers.iter().find(|q| q.node_id == v)).map(|q| q.hostname.clone()),
+                hops,
+                transport: first_link.map_or_else(|| "none".into(), |e| e.proto.to_string()),
+                rtt_ms: p.rtt.map(|r| r.as_secs_f64() * 1000.0),
+                loss: p.loss,
+                state: match p.state {
+                    weft_peers::status::PeerState::Connecting => PeerState::Connecting,
+                    weft_peers::status::PeerState::Down => PeerState::Down,
+                    weft_peers::status::PeerState::Established => PeerState::Established,
+                    weft_peers::status::PeerState::Idle => PeerState::Idle,
+                },
+                link: p.link,
+                last_handshake_secs: p.last_handshake.map(|d| d.as_secs()),
+                rx_bytes: p.stats.rx_bytes.load(Ordering::Relaxed),
+                rx_packets: p.stats.rx_packets.load(Ordering::Relaxed),
+                tx_bytes: p.stats.tx_bytes.load(Ordering::Relaxed),
+                tx_packets: p.stats.tx_packets.load(Ordering::Relaxed),
+                drops: pd,
+                error: p.error.clone(),
+                protocol: p.protocol,
+                secret: p.secret.map(|w| match w {
+                    weft_core::admission::Which::Current => weft_control::SecretUse::Current,
+                    weft_core::admission::Which::Next => weft_control::SecretUse::Next,
+                }),
+                path_mtu: p.path_mtu,
+                gso_off: p.gso_off,
+                degraded: p.degraded.clone(),
+                nat_keepalive_secs: p.nat_keepalive.map(|d| d.as_secs_f64()),
+                no_direct: p.no_direct.clone(),
+                hard_nat_probes: p.hard_nat.0,
+                hard_nat_mappings: p.hard_nat.1,
+                key: crate::daemon::state::hex(&p.key),
+                groups: p.groups.clone(),
+                cert_not_after: p.cert_not_after,
+                neighbours: p
+                    .neighbours
+                    .iter()
+                    .map(|(n, rtt_ms)| weft_control::NeighbourJson { node_id: n.to_string(), rtt_ms: *rtt_ms })
+                    .collect(),
+            }
+        })
+        .collect();
+    StatusJson {
+        node_id: st.node_id.to_string(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        protocol: weft_core::handshake::Protocol::VERSION,
+        min_protocol: weft_core::handshake::Protocol::MIN,
+        drops,
+        peers,
+        routes: st
+            .routes
+            .iter()
+            .map(|r| RouteJson {
+                node_id: r.node.to_string(),
+                hostname: r.hostname.clone(),
+                overlay: r.overlay.to_string(),
+                overlay6: r.overlay6.map(|a| a.to_string()),
+                next_hop: r.next_hop.to_string(),
+                next_hop_hostname: st.peers.iter().find(|q| q.node_id == r.next_hop).map(|q| q.hostname.clone()),
+                hops: r.hops,
+                latency_ms: r.latency_ms,
+                session: r.session,
+                proxied: r.proxied.iter().map(|(a, p)| format!("{a}/{p}")).collect(),
+            })
+            .collect(),
+        rejected_records: st.rejected_records,
+        control_limited: st.control_limited,
+        signature_cutoffs: st.signature_cutoffs,
+        records_dropped: [
+            ("over_budget", st.records_dropped.over_budget),
+            ("table_full", st.records_dropped.table_full),
+            ("evicted", st.records_dropped.evicted),
+            ("uncertified", st.records_dropped.uncertified),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect(),
+        queued_dropped: st.queued_dropped,
+        refused: st.refused.clone(),
+        pending_peers: st
+            .dials
+            .iter()
+            .map(|d| PendingJson { endpoint: d.endpoint.to_string(), attempts: d.attempts, error: d.error.clone() })
+            .collect(),
+        refused_handshakes: st
+            .inbound_failures
+            .iter()
+            .map(|f| RefusedJson {
+                from: f.from.to_string(),
+                reason: f.reason.clone(),
+                kind: f.kind,
+                count: f.count,
+                last_secs: now.saturating_duration_since(f.last).as_secs(),
+            })
+            .collect(),
+        exit: st.exit.as_ref().map(|e| weft_control::ExitJson {
+            wanted: e.wanted.clone(),
+            node_id: e.node.as_ref().map(|(id, _)| id.to_string()),
+            hostname: e.node.as_ref().map(|(_, h)| h.clone()),
+            state: match (&e.node, e.routing) {
+                (_, true) => ExitState::Routing,
+                (Some(_), false) => ExitState::Unreachable,
+                (None, false) if e.changed_to.is_some() => ExitState::Changed,
+                (None, false) if e.known => ExitState::NotOffered,
+                (None, false) => ExitState::UnknownMember,
+            },
+            fallback: false,
+            pinned: e.pinned.map(|id| id.to_string()),
+            changed_to: e
+                .changed_to
+                .as_ref()
+                .map(|(id, h)| weft_control::ExitOfferJson { node_id: id.to_string(), hostname: h.clone() }),
+            candidates: e
+                .candidates
+                .iter()
+                .map(|(id, h)| weft_control::ExitOfferJson { node_id: id.to_string(), hostname: h.clone() })
+                .collect(),
+        }),
+        subnets: st
+            .subnets
+            .iter()
+            .map(|s| weft_control::SubnetJson {
+                subnet: format!("{}/{}", s.prefix.0, s.prefix.1),
+                routers: s
+                    .routers
+                    .iter()
+                    .map(|r| weft_control::RouterJson {
+                        node_id: r.node.to_string(),
+                        hostname: r.hostname.clone(),
+                        priority: r.priority,
+                        state: match r.state {
+                            weft_peers::status::RouterState::Primary => "primary",
+                            weft_peers::status::RouterState::Standby => "standby",
+                            weft_peers::status::RouterState::Down => "down",
+                        }
+                        .to_owned(),
+                        why: r.why.clone(),
+                    })
+                    .collect(),
+            })
+            .collect(),
+        failovers: st.failovers.0,
+        failbacks: st.failovers.1,
+        withdrawn: st.withdrawn.clone(),
+        exit_offers: st
+            .exit_offers
+            .iter()
+            .map(|(id, h)| weft_control::ExitOfferJson { node_id: id.to_string(), hostname: h.clone() })
+            .collect(),
+        handshakes_completed: st.handshakes_completed,
+        stale_renewed: st.stale_renewed,
+        handshake_failures: st.handshake_failures.clone(),
+        nat: nat_json(&st.nat),
+        ..StatusJson::default()
+    }
+}
+
 impl Runtime {
     pub(super) fn status(&self) -> StatusJson {
         let now = Instant::now();
@@ -34,82 +224,11 @@ impl Runtime {
                 *drops.entry(k).or_default() += v;
             }
         }
-        let peers = st
-            .peers
-            .iter()
-            .map(|p| {
-                let pd = counters(&p.stats.drops);
-                for (k, v) in &pd {
-                    *drops.entry(k.clone()).or_default() += v;
-                }
-                let (path, via, hops) = match p.path {
-                    PathStatus::Direct => (PathKind::Direct, None, 1),
-                    PathStatus::Relay { via, hops } => (PathKind::Relay, Some(via), hops),
-                    PathStatus::None => (PathKind::None, None, 0),
-                };
-                // The transport of the first link: to the peer, or to the relay.
-                let first_link = match via {
-                    Some(v) => st.peers.iter().find(|q| q.node_id == v).and_then(|q| q.endpoint),
-                    None if path == PathKind::Direct => p.endpoint,
-                    None => None,
-                };
-                PeerJson {
-                    node_id: p.node_id.to_string(),
-                    hostname: p.hostname.clone(),
-                    overlay: p.overlay.to_string(),
-                    overlay6: p.overlay6.map(|a| a.to_string()),
-                    endpoint: p.endpoint.map(|e| e.to_string()),
-                    path,
-                    via: via.map(|v| v.to_string()),
-                    via_hostname: via
-                        .and_then(|v| st.peers.iter().find(|q| q.node_id == v))
-                        .map(|q| q.hostname.clone()),
-                    hops,
-                    transport: first_link.map_or_else(|| "none".into(), |e| e.proto.to_string()),
-                    rtt_ms: p.rtt.map(|r| r.as_secs_f64() * 1000.0),
-                    loss: p.loss,
-                    state: match p.state {
-                        weft_peers::status::PeerState::Connecting => PeerState::Connecting,
-                        weft_peers::status::PeerState::Down => PeerState::Down,
-                        weft_peers::status::PeerState::Established => PeerState::Established,
-                        weft_peers::status::PeerState::Idle => PeerState::Idle,
-                    },
-                    link: p.link,
-                    last_handshake_secs: p.last_handshake.map(|d| d.as_secs()),
-                    rx_bytes: p.stats.rx_bytes.load(Ordering::Relaxed),
-                    rx_packets: p.stats.rx_packets.load(Ordering::Relaxed),
-                    tx_bytes: p.stats.tx_bytes.load(Ordering::Relaxed),
-                    tx_packets: p.stats.tx_packets.load(Ordering::Relaxed),
-                    drops: pd,
-                    error: p.error.clone(),
-                    protocol: p.protocol,
-                    secret: p.secret.map(|w| match w {
-                        weft_core::admission::Which::Current => weft_control::SecretUse::Current,
-                        weft_core::admission::Which::Next => weft_control::SecretUse::Next,
-                    }),
-                    path_mtu: p.path_mtu,
-                    gso_off: p.gso_off,
-                    degraded: p.degraded.clone(),
-                    nat_keepalive_secs: p.nat_keepalive.map(|d| d.as_secs_f64()),
-                    no_direct: p.no_direct.clone(),
-                    hard_nat_probes: p.hard_nat.0,
-                    hard_nat_mappings: p.hard_nat.1,
-                    key: crate::daemon::state::hex(&p.key),
-                    groups: p.groups.clone(),
-                    cert_not_after: p.cert_not_after,
-                    neighbours: p
-                        .neighbours
-                        .iter()
-                        .map(|(n, rtt_ms)| weft_control::NeighbourJson { node_id: n.to_string(), rtt_ms: *rtt_ms })
-                        .collect(),
-                }
-            })
-            .collect();
+        let engine = engine_json(&st, now);
+        for (k, v) in &engine.drops {
+            *drops.entry(k.clone()).or_default() += v;
+        }
         StatusJson {
-            node_id: st.node_id.to_string(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            protocol: weft_core::handshake::Protocol::VERSION,
-            min_protocol: weft_core::handshake::Protocol::MIN,
             network_name: self.cfg.network_name.clone(),
             authority: self.cfg.authorities.first().map(ToString::to_string),
             authorities: self.cfg.authorities.iter().map(ToString::to_string).collect(),
@@ -164,60 +283,12 @@ impl Runtime {
                 .collect(),
             threads: self.cfg.threads,
             uptime_secs: now.duration_since(self.started).as_secs(),
-            drops,
-            peers,
-            routes: st
-                .routes
-                .iter()
-                .map(|r| RouteJson {
-                    node_id: r.node.to_string(),
-                    hostname: r.hostname.clone(),
-                    overlay: r.overlay.to_string(),
-                    overlay6: r.overlay6.map(|a| a.to_string()),
-                    next_hop: r.next_hop.to_string(),
-                    next_hop_hostname: st.peers.iter().find(|q| q.node_id == r.next_hop).map(|q| q.hostname.clone()),
-                    hops: r.hops,
-                    latency_ms: r.latency_ms,
-                    session: r.session,
-                    proxied: r.proxied.iter().map(|(a, p)| format!("{a}/{p}")).collect(),
-                })
-                .collect(),
-            rejected_records: st.rejected_records,
-            control_limited: st.control_limited,
-            signature_cutoffs: st.signature_cutoffs,
-            records_dropped: [
-                ("over_budget", st.records_dropped.over_budget),
-                ("table_full", st.records_dropped.table_full),
-                ("evicted", st.records_dropped.evicted),
-                ("uncertified", st.records_dropped.uncertified),
-            ]
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v))
-            .collect(),
-            queued_dropped: st.queued_dropped,
-            refused: st.refused.clone(),
             address_conflicts: st
                 .conflicts
                 .iter()
                 .map(|(id, host)| format!("{id} ({host}) also claims {}", self.cfg.ipv4.addr))
                 .collect(),
             proxy_networks: self.cfg.proxy_networks.iter().map(ToString::to_string).collect(),
-            pending_peers: st
-                .dials
-                .iter()
-                .map(|d| PendingJson { endpoint: d.endpoint.to_string(), attempts: d.attempts, error: d.error.clone() })
-                .collect(),
-            refused_handshakes: st
-                .inbound_failures
-                .iter()
-                .map(|f| RefusedJson {
-                    from: f.from.to_string(),
-                    reason: f.reason.clone(),
-                    kind: f.kind,
-                    count: f.count,
-                    last_secs: now.saturating_duration_since(f.last).as_secs(),
-                })
-                .collect(),
             admission: {
                 let a = self.engine.admission(now);
                 AdmissionJson {
@@ -233,60 +304,6 @@ impl Runtime {
             },
             wg_portal: self.portal.as_ref().map(crate::services::portal::Portal::status),
             exit_node: self.cfg.exit_node,
-            exit: st.exit.as_ref().map(|e| weft_control::ExitJson {
-                wanted: e.wanted.clone(),
-                node_id: e.node.as_ref().map(|(id, _)| id.to_string()),
-                hostname: e.node.as_ref().map(|(_, h)| h.clone()),
-                state: match (&e.node, e.routing) {
-                    (_, true) => ExitState::Routing,
-                    (Some(_), false) => ExitState::Unreachable,
-                    (None, false) if e.changed_to.is_some() => ExitState::Changed,
-                    (None, false) if e.known => ExitState::NotOffered,
-                    (None, false) => ExitState::UnknownMember,
-                },
-                fallback: self.cfg.exit_fallback,
-                pinned: e.pinned.map(|id| id.to_string()),
-                changed_to: e
-                    .changed_to
-                    .as_ref()
-                    .map(|(id, h)| weft_control::ExitOfferJson { node_id: id.to_string(), hostname: h.clone() }),
-                candidates: e
-                    .candidates
-                    .iter()
-                    .map(|(id, h)| weft_control::ExitOfferJson { node_id: id.to_string(), hostname: h.clone() })
-                    .collect(),
-            }),
-            subnets: st
-                .subnets
-                .iter()
-                .map(|s| weft_control::SubnetJson {
-                    subnet: format!("{}/{}", s.prefix.0, s.prefix.1),
-                    routers: s
-                        .routers
-                        .iter()
-                        .map(|r| weft_control::RouterJson {
-                            node_id: r.node.to_string(),
-                            hostname: r.hostname.clone(),
-                            priority: r.priority,
-                            state: match r.state {
-                                weft_peers::status::RouterState::Primary => "primary",
-                                weft_peers::status::RouterState::Standby => "standby",
-                                weft_peers::status::RouterState::Down => "down",
-                            }
-                            .to_owned(),
-                            why: r.why.clone(),
-                        })
-                        .collect(),
-                })
-                .collect(),
-            failovers: st.failovers.0,
-            failbacks: st.failovers.1,
-            withdrawn: st.withdrawn.clone(),
-            exit_offers: st
-                .exit_offers
-                .iter()
-                .map(|(id, h)| weft_control::ExitOfferJson { node_id: id.to_string(), hostname: h.clone() })
-                .collect(),
             magic_dns: self.dns.as_ref().map(|d| {
                 let zone = d.zone.load();
                 weft_control::MagicDnsJson {
@@ -298,14 +315,13 @@ impl Runtime {
                     dropped: d.stats.dropped.load(Ordering::Relaxed),
                 }
             }),
-            handshakes_completed: st.handshakes_completed,
-            stale_renewed: st.stale_renewed,
-            handshake_failures: st.handshake_failures.clone(),
             control_traffic: self.control_traffic.clone(),
             connections_by_transport: self.connector.conns().by_transport().into_iter().collect(),
             userspace: self.userspace.as_ref().map(crate::notun::Userspace::json),
             port_mapping: self.portmap.as_ref().map(|_| self.portmap_state.borrow().json(Instant::now())),
-            nat: nat_json(&st.nat),
+            drops,
+            exit: engine.exit.clone().map(|e| weft_control::ExitJson { fallback: self.cfg.exit_fallback, ..e }),
+            ..engine
         }
     }
 }
@@ -340,8 +356,25 @@ impl Runtime {
             source_full: fw.source_full.load(Ordering::Relaxed),
             hits,
             rule_text,
+            recent_denials: denials_json(&fw.recent_denials(), super::runtime::clock_ms(self.shared.epoch)),
         })
     }
+}
+
+/// The firewall's recent denials at `now` (the pipelines' clock), for status.
+fn denials_json(list: &[weft_core::firewall::Denial], now: u64) -> Vec<weft_control::DenialJson> {
+    let ago = |ms: u64| now.saturating_sub(ms) / 1000;
+    list.iter()
+        .map(|d| weft_control::DenialJson {
+            src: d.src.to_string(),
+            dst: d.dst.to_string(),
+            proto: weft_core::policy::proto::name(d.proto).into_owned(),
+            port: d.dport,
+            last_secs_ago: ago(d.last_ms),
+            first_secs_ago: ago(d.first_ms),
+            count: d.count,
+        })
+        .collect()
 }
 
 /// What this node's certificate grants, for status.
