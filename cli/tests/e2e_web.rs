@@ -119,6 +119,26 @@ async fn browser(profile: &Path) -> Client {
     ClientBuilder::new(connector).capabilities(caps).connect("http://127.0.0.1:9515").await.unwrap()
 }
 
+/// Opens the console logged in (the token's address), goes to `view` (`#policy`,
+/// `#membership`), runs `f` on the page from inside the sandbox, and closes the browser.
+fn on_page<T>(sandbox: &Netns, profile: &Path, url: &str, view: &str, f: impl AsyncFnOnce(&Client) -> T + Send) -> T
+where
+    T: Send,
+{
+    sandbox.within(|| {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let c = browser(profile).await;
+            let base = url.split("/?").next().unwrap().to_owned();
+            c.goto(url).await.unwrap();
+            c.goto(&format!("{base}/{view}")).await.unwrap();
+            let out = f(&c).await;
+            c.close().await.unwrap();
+            out
+        })
+    })
+}
+
 /// Polls `cond` (an async check of the page) every 200 ms until it holds.
 async fn until<F, Fut>(limit: Duration, what: &str, mut cond: F)
 where
@@ -268,43 +288,35 @@ fn the_console_shows_the_mesh_and_its_invite_policy_push_and_revocation_take_eff
     // A policy typed in the page and pushed: alpha reaches everyone, nobody else.
     let policy =
         "[[allow]]\nfrom = [\"alpha\"]\nto = [\"*\"]\n\n[[test]]\nfrom = \"beta\"\nto = \"gamma:22\"\nallow = false\n";
-    sandbox.within(|| {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        rt.block_on(async {
-            let c = browser(&profile).await;
-            let base = url.split("/?").next().unwrap().to_owned();
-            c.goto(&url).await.unwrap();
-            c.goto(&format!("{base}/#policy")).await.unwrap();
-            let editor = c.find(Locator::Css("#policy-text")).await.unwrap();
-            // A broken policy first: the check says why as it is typed.
-            editor.send_keys("[[allow]]\nfrom = [\"alpha\"]\n").await.unwrap();
-            until(Duration::from_secs(5), "the check refuses a rule without `to`", || async {
-                text(&c, "#policy-check").await.starts_with("✗")
-            })
-            .await;
-            editor.clear().await.unwrap();
-            editor.send_keys(policy).await.unwrap();
-            until(Duration::from_secs(5), "the check passes", || async {
-                text(&c, "#policy-check").await.starts_with("✓")
-            })
-            .await;
-            c.find(Locator::Css("#policy-push")).await.unwrap().click().await.unwrap();
-            until(Duration::from_secs(10), "the push", || async {
-                text(&c, "#policy-push-result").await.starts_with("pushed")
-            })
-            .await;
-            until(Duration::from_secs(10), "the rules in force", || async {
-                text(&c, "#policy-rules tbody").await.contains("from [alpha] to [*]")
-            })
-            .await;
-            c.find(Locator::Css("#explain-from")).await.unwrap().send_keys("beta").await.unwrap();
-            c.find(Locator::Css("#explain-to")).await.unwrap().send_keys("gamma:22").await.unwrap();
-            c.find(Locator::Css("#explain button")).await.unwrap().click().await.unwrap();
-            until(Duration::from_secs(5), "explain", || async { text(&c, "#explain-result").await.contains("denied") })
-                .await;
-            shot(&c, &dir, "policy").await;
-            c.close().await.unwrap();
+    on_page(&sandbox, &profile, &url, "#policy", async |c: &Client| {
+        let editor = c.find(Locator::Css("#policy-text")).await.unwrap();
+        // A broken policy first: the check says why as it is typed.
+        editor.send_keys("[[allow]]\nfrom = [\"alpha\"]\n").await.unwrap();
+        until(Duration::from_secs(5), "the check refuses a rule without `to`", || async {
+            text(c, "#policy-check").await.starts_with("✗")
         })
+        .await;
+        editor.clear().await.unwrap();
+        editor.send_keys(policy).await.unwrap();
+        until(Duration::from_secs(5), "the check passes", || async {
+            text(c, "#policy-check").await.starts_with("✓")
+        })
+        .await;
+        c.find(Locator::Css("#policy-push")).await.unwrap().click().await.unwrap();
+        until(Duration::from_secs(10), "the push", || async {
+            text(c, "#policy-push-result").await.starts_with("pushed")
+        })
+        .await;
+        until(Duration::from_secs(10), "the rules in force", || async {
+            text(c, "#policy-rules tbody").await.contains("from [alpha] to [*]")
+        })
+        .await;
+        c.find(Locator::Css("#explain-from")).await.unwrap().send_keys("beta").await.unwrap();
+        c.find(Locator::Css("#explain-to")).await.unwrap().send_keys("gamma:22").await.unwrap();
+        c.find(Locator::Css("#explain button")).await.unwrap().click().await.unwrap();
+        until(Duration::from_secs(5), "explain", || async { text(c, "#explain-result").await.contains("denied") })
+            .await;
+        shot(c, &dir, "policy").await;
     });
     let version = nodes[0].status()["policy"]["version"].clone();
     wait_until(Duration::from_secs(20), "gamma puts the pushed policy in force", || {
@@ -314,54 +326,38 @@ fn the_console_shows_the_mesh_and_its_invite_policy_push_and_revocation_take_eff
     assert!(!ping(&lan.hosts[1], IPS[2]), "the pushed policy refuses beta's ping at gamma");
     // Beta's ping at alpha is refused too, and alpha's console lists it by name.
     assert!(!ping(&lan.hosts[1], IPS[0]), "the pushed policy refuses beta's ping at alpha");
-    sandbox.within(|| {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        rt.block_on(async {
-            let c = browser(&profile).await;
-            let base = url.split("/?").next().unwrap().to_owned();
-            c.goto(&url).await.unwrap();
-            c.goto(&format!("{base}/#policy")).await.unwrap();
-            until(Duration::from_secs(10), "beta's ping among the recent denials", || async {
-                let t = text(&c, "#policy-denials tbody").await;
-                t.contains(&format!("beta {}", IPS[1])) && t.contains("icmp")
-            })
-            .await;
-            c.close().await.unwrap();
+    on_page(&sandbox, &profile, &url, "#policy", async |c: &Client| {
+        until(Duration::from_secs(10), "beta's ping among the recent denials", || async {
+            let t = text(c, "#policy-denials tbody").await;
+            t.contains(&format!("beta {}", IPS[1])) && t.contains("icmp")
         })
+        .await;
     });
 
     // Gamma revoked in the page, after a confirmation naming it.
-    sandbox.within(|| {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        rt.block_on(async {
-            let c = browser(&profile).await;
-            let base = url.split("/?").next().unwrap().to_owned();
-            c.goto(&url).await.unwrap();
-            c.goto(&format!("{base}/#membership")).await.unwrap();
-            let gamma_short = nodes[0].peer(IPS[2]).unwrap()["node_id"].as_str().unwrap().to_owned();
-            let button = format!("button[data-revoke='{gamma_short}']");
-            until(Duration::from_secs(5), "gamma's revoke button", || async {
-                c.find(Locator::Css(&button)).await.is_ok()
-            })
-            .await;
-            c.find(Locator::Css(&button)).await.unwrap().click().await.unwrap();
-            assert!(text(&c, "#revoke-name").await.starts_with("gamma"));
-            // The wrong name is refused.
-            c.find(Locator::Css("#revoke-confirm")).await.unwrap().send_keys("beta").await.unwrap();
-            c.find(Locator::Css("#revoke-ok")).await.unwrap().click().await.unwrap();
-            until(Duration::from_secs(5), "the refusal", || async {
-                text(&c, "#revoke-result").await.starts_with("not revoked")
-            })
-            .await;
-            c.find(Locator::Css(&button)).await.unwrap().click().await.unwrap();
-            c.find(Locator::Css("#revoke-confirm")).await.unwrap().send_keys("gamma").await.unwrap();
-            c.find(Locator::Css("#revoke-ok")).await.unwrap().click().await.unwrap();
-            until(Duration::from_secs(10), "the revocation", || async {
-                text(&c, "#revoke-result").await.starts_with("revoked gamma")
-            })
-            .await;
-            c.close().await.unwrap();
+    on_page(&sandbox, &profile, &url, "#membership", async |c: &Client| {
+        let gamma_short = nodes[0].peer(IPS[2]).unwrap()["node_id"].as_str().unwrap().to_owned();
+        let button = format!("button[data-revoke='{gamma_short}']");
+        until(Duration::from_secs(5), "gamma's revoke button", || async {
+            c.find(Locator::Css(&button)).await.is_ok()
         })
+        .await;
+        c.find(Locator::Css(&button)).await.unwrap().click().await.unwrap();
+        assert!(text(c, "#revoke-name").await.starts_with("gamma"));
+        // The wrong name is refused.
+        c.find(Locator::Css("#revoke-confirm")).await.unwrap().send_keys("beta").await.unwrap();
+        c.find(Locator::Css("#revoke-ok")).await.unwrap().click().await.unwrap();
+        until(Duration::from_secs(5), "the refusal", || async {
+            text(c, "#revoke-result").await.starts_with("not revoked")
+        })
+        .await;
+        c.find(Locator::Css(&button)).await.unwrap().click().await.unwrap();
+        c.find(Locator::Css("#revoke-confirm")).await.unwrap().send_keys("gamma").await.unwrap();
+        c.find(Locator::Css("#revoke-ok")).await.unwrap().click().await.unwrap();
+        until(Duration::from_secs(10), "the revocation", || async {
+            text(c, "#revoke-result").await.starts_with("revoked gamma")
+        })
+        .await;
     });
     let took = wait_until(Duration::from_secs(20), "every member cuts gamma off", || {
         [&nodes[0], &nodes[1], &d].iter().all(|n| {
