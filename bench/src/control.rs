@@ -50,9 +50,19 @@ pub fn status(net: &Net) -> StatusJson {
 }
 
 /// Serves node 0's status at `path` for `limit` (wall time), then removes the socket.
+/// A socket left at `path` (by an earlier run) is replaced; anything else there is
+/// refused, not removed.
 pub fn serve(net: &mut Net, path: &Path, limit: Duration) -> std::io::Result<Served> {
-    if path.exists() {
-        std::fs::remove_file(path)?;
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path)?,
+        Ok(_) => {
+            return Err(std::io::Error::new(
+                ErrorKind::AlreadyExists,
+                format!("{} exists and is not a socket", path.display()),
+            ));
+        }
+        Err(_) => {}
     }
     let listener = UnixListener::bind(path)?;
     listener.set_nonblocking(true)?;
@@ -134,6 +144,11 @@ mod tests {
         assert_eq!((served.status, served.refused), (1, 1));
         assert!(served.ran >= Duration::from_secs(1), "the clock kept pace: {:?}", served.ran);
         assert!(!path.exists(), "the socket is removed");
+        // A file that is not a socket is left alone, with an error naming it.
+        std::fs::write(&path, "keep me").unwrap();
+        let e = serve(&mut net, &path, Duration::from_millis(10)).unwrap_err();
+        assert!(e.to_string().contains("is not a socket"), "{e}");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "keep me");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
