@@ -353,8 +353,6 @@ fn human_bytes(b: u64) -> String {
     if u == 0 { format!("{b} B") } else { format!("{v:.1} {}", UNITS[u]) }
 }
 
-/// Renders `weft netcheck`: this node's NAT as its links see it, its port mapping,
-/// its candidates, and why each relayed member has no direct path.
 /// `weft policy denials`: the last flows the policy denied, with member names.
 pub(crate) fn denials(s: &StatusJson) -> String {
     let Some(p) = &s.policy else { return "no access policy: nothing is denied\n".to_owned() };
@@ -387,6 +385,8 @@ pub(crate) fn denials(s: &StatusJson) -> String {
     o
 }
 
+/// Renders `weft netcheck`: this node's NAT as its links see it, its port mapping,
+/// its candidates, and why each relayed member has no direct path.
 pub(crate) fn netcheck(s: &StatusJson) -> String {
     let n = &s.nat;
     let mut o = String::new();
