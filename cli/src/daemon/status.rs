@@ -18,81 +18,80 @@ pub(crate) fn counters(d: &DropCounters) -> BTreeMap<String, u64> {
     d.nonzero().into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
 }
 
+/// One member in `weft status`; its drop counters are added to `drops` too.
+fn peer_json(p: &weft_peers::status::PeerStatus, st: &NodeStatus, drops: &mut BTreeMap<String, u64>) -> PeerJson {
+    let pd = counters(&p.stats.drops);
+    for (k, v) in &pd {
+        *drops.entry(k.clone()).or_default() += v;
+    }
+    let (path, via, hops) = match p.path {
+        PathStatus::Direct => (PathKind::Direct, None, 1),
+        PathStatus::Relay { via, hops } => (PathKind::Relay, Some(via), hops),
+        PathStatus::None => (PathKind::None, None, 0),
+    };
+    // The transport of the first link: to the peer, or to the relay.
+    let first_link = match via {
+        Some(v) => st.peers.iter().find(|q| q.node_id == v).and_then(|q| q.endpoint),
+        None if path == PathKind::Direct => p.endpoint,
+        None => None,
+    };
+    PeerJson {
+        node_id: p.node_id.to_string(),
+        hostname: p.hostname.clone(),
+        overlay: p.overlay.to_string(),
+        overlay6: p.overlay6.map(|a| a.to_string()),
+        endpoint: p.endpoint.map(|e| e.to_string()),
+        path,
+        via: via.map(|v| v.to_string()),
+        via_hostname: via.and_then(|v| st.peers.iter().find(|q| q.node_id == v)).map(|q| q.hostname.clone()),
+        hops,
+        transport: first_link.map_or_else(|| "none".into(), |e| e.proto.to_string()),
+        rtt_ms: p.rtt.map(|r| r.as_secs_f64() * 1000.0),
+        loss: p.loss,
+        state: match p.state {
+            weft_peers::status::PeerState::Connecting => PeerState::Connecting,
+            weft_peers::status::PeerState::Down => PeerState::Down,
+            weft_peers::status::PeerState::Established => PeerState::Established,
+            weft_peers::status::PeerState::Idle => PeerState::Idle,
+        },
+        link: p.link,
+        last_handshake_secs: p.last_handshake.map(|d| d.as_secs()),
+        rx_bytes: p.stats.rx_bytes.load(Ordering::Relaxed),
+        rx_packets: p.stats.rx_packets.load(Ordering::Relaxed),
+        tx_bytes: p.stats.tx_bytes.load(Ordering::Relaxed),
+        tx_packets: p.stats.tx_packets.load(Ordering::Relaxed),
+        drops: pd,
+        error: p.error.clone(),
+        protocol: p.protocol,
+        secret: p.secret.map(|w| match w {
+            weft_core::admission::Which::Current => weft_control::SecretUse::Current,
+            weft_core::admission::Which::Next => weft_control::SecretUse::Next,
+        }),
+        path_mtu: p.path_mtu,
+        gso_off: p.gso_off,
+        degraded: p.degraded.clone(),
+        nat_keepalive_secs: p.nat_keepalive.map(|d| d.as_secs_f64()),
+        no_direct: p.no_direct.clone(),
+        hard_nat_probes: p.hard_nat.0,
+        hard_nat_mappings: p.hard_nat.1,
+        key: crate::daemon::state::hex(&p.key),
+        groups: p.groups.clone(),
+        cert_not_after: p.cert_not_after,
+        neighbours: p
+            .neighbours
+            .iter()
+            .map(|(n, rtt_ms)| weft_control::NeighbourJson { node_id: n.to_string(), rtt_ms: *rtt_ms })
+            .collect(),
+    }
+}
+
 /// The engine's part of `weft status` at `now`: the members, routes, records, exits,
 /// subnets and NAT it knows, whatever carries its packets (drops: those counted per
 /// member). The runtime adds its own parts (configuration, pipelines, transports,
 /// services); the simulator serves this part alone (`meshsim --control`).
 pub fn engine_json(st: &NodeStatus, now: Instant) -> StatusJson {
     let mut drops = BTreeMap::new();
-    let peers = st
-        .peers
-        .iter()
-        .map(|p| {
-            let pd = counters(&p.stats.drops);
-            for (k, v) in &pd {
-                *drops.entry(k.clone()).or_default() += v;
-            }
-            let (path, via, hops) = match p.path {
-                PathStatus::Direct => (PathKind::Direct, None, 1),
-                PathStatus::Relay { via, hops } => (PathKind::Relay, Some(via), hops),
-                PathStatus::None => (PathKind::None, None, 0),
-            };
-            // The transport of the first link: to the peer, or to the relay.
-            let first_link = match via {
-                Some(v) => st.peers.iter().find(|q| q.node_id == v).and_then(|q| q.endpoint),
-                None if path == PathKind::Direct => p.endpoint,
-                None => None,
-            };
-            PeerJson {
-                node_id: p.node_id.to_string(),
-                hostname: p.hostname.clone(),
-                overlay: p.overlay.to_string(),
-                overlay6: p.overlay6.map(|a| a.to_string()),
-                endpoint: p.endpoint.map(|e| e.to_string()),
-                path,
-                via: via.map(|v| v.to_string()),
-                via_hostname: via.and_then(|v| st.peers.iter().find(|q| q.node_id == v)).map(|q| q.hostname.clone()),
-                hops,
-                transport: first_link.map_or_else(|| "none".into(), |e| e.proto.to_string()),
-                rtt_ms: p.rtt.map(|r| r.as_secs_f64() * 1000.0),
-                loss: p.loss,
-                state: match p.state {
-                    weft_peers::status::PeerState::Connecting => PeerState::Connecting,
-                    weft_peers::status::PeerState::Down => PeerState::Down,
-                    weft_peers::status::PeerState::Established => PeerState::Established,
-                    weft_peers::status::PeerState::Idle => PeerState::Idle,
-                },
-                link: p.link,
-                last_handshake_secs: p.last_handshake.map(|d| d.as_secs()),
-                rx_bytes: p.stats.rx_bytes.load(Ordering::Relaxed),
-                rx_packets: p.stats.rx_packets.load(Ordering::Relaxed),
-                tx_bytes: p.stats.tx_bytes.load(Ordering::Relaxed),
-                tx_packets: p.stats.tx_packets.load(Ordering::Relaxed),
-                drops: pd,
-                error: p.error.clone(),
-                protocol: p.protocol,
-                secret: p.secret.map(|w| match w {
-                    weft_core::admission::Which::Current => weft_control::SecretUse::Current,
-                    weft_core::admission::Which::Next => weft_control::SecretUse::Next,
-                }),
-                path_mtu: p.path_mtu,
-                gso_off: p.gso_off,
-                degraded: p.degraded.clone(),
-                nat_keepalive_secs: p.nat_keepalive.map(|d| d.as_secs_f64()),
-                no_direct: p.no_direct.clone(),
-                hard_nat_probes: p.hard_nat.0,
-                hard_nat_mappings: p.hard_nat.1,
-                key: crate::daemon::state::hex(&p.key),
-                groups: p.groups.clone(),
-                cert_not_after: p.cert_not_after,
-                neighbours: p
-                    .neighbours
-                    .iter()
-                    .map(|(n, rtt_ms)| weft_control::NeighbourJson { node_id: n.to_string(), rtt_ms: *rtt_ms })
-                    .collect(),
-            }
-        })
-        .collect();
+    let peers = st.peers.iter().map(|p| peer_json(p, st, &mut drops)).collect();
     StatusJson {
         node_id: st.node_id.to_string(),
         version: env!("CARGO_PKG_VERSION").into(),

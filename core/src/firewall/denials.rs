@@ -61,23 +61,15 @@ impl Denials {
             return;
         }
         let Some(mut list) = self.list.try_lock() else { return };
-        if let Some(i) = list.iter().position(|d| d.same_flow(p)) {
-            let mut d = list.remove(i).unwrap_or_else(|| unreachable!("position found it"));
-            d.last_ms = now;
-            d.count += 1;
-            list.push_front(d);
-        } else {
-            list.push_front(Denial {
-                src: p.src,
-                dst: p.dst,
-                proto: p.proto,
-                dport: p.dport,
-                first_ms: now,
-                last_ms: now,
-                count: 1,
-            });
-            list.truncate(RECENT_DENIALS);
-        }
+        let seen = list.iter().position(|d| d.same_flow(p)).and_then(|i| list.remove(i));
+        let noted = match seen {
+            Some(d) => Denial { last_ms: now, count: d.count + 1, ..d },
+            None => {
+                Denial { src: p.src, dst: p.dst, proto: p.proto, dport: p.dport, first_ms: now, last_ms: now, count: 1 }
+            }
+        };
+        list.push_front(noted);
+        list.truncate(RECENT_DENIALS);
     }
 
     /// The list, newest first.
