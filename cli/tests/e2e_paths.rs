@@ -3,9 +3,9 @@
 //! bytes and it never sends ICMP (a black hole that appears under a working path): the members measure the path MTU
 //! with padded probes, answer their own kernels with "fragmentation needed", clamp
 //! the MSS, and a 16 MiB TCP transfer through the tunnel arrives intact. (2) The router
-//! drops every segmentation-offloaded (GSO) batch while single datagrams pass: the
-//! members find it while probing, turn UDP GSO off for that path, and a transfer
-//! arrives intact. (3) A direct path between two members starts losing half its
+//! drops every segmentation-offloaded (GSO) batch while single datagrams pass, from
+//! the start or once the path was measured: the members find it while probing, turn
+//! UDP GSO off for that path, and a transfer arrives intact. (3) A direct path between two members starts losing half its
 //! packets (keepalives still pass now and then): traffic moves to the relay both
 //! reach, `weft peers` says why, and the direct path is taken again once it heals.
 //! (4) A member's kernel hands it packets with bad checksums (as a broken TUN offload
@@ -36,10 +36,10 @@ fn topology() -> (Netns, Netns, Netns) {
 /// A listens, B dials it; both up and linked.
 fn pair(a: &Netns, b: &Netns, dir: &TempDir) -> (Node, Node) {
     let mut a_args = NET.to_vec();
-    a_args.extend(["-i", "10.126.170.1/24", "--listen", "udp://0.0.0.0:11010"]);
+    a_args.extend(["-i", "10.126.170.1/24", "--hostname", "a", "--listen", "udp://0.0.0.0:11010"]);
     let na = Node::start(a, &dir.0, "a", &a_args);
     let mut b_args = NET.to_vec();
-    b_args.extend(["-i", "10.126.170.2/24", "-p", "udp://192.0.2.1:11010"]);
+    b_args.extend(["-i", "10.126.170.2/24", "--hostname", "b", "-p", "udp://192.0.2.1:11010"]);
     let nb = Node::start(b, &dir.0, "b", &b_args);
     wait_until(Duration::from_secs(20), "the pair is up", || na.peer_established("10.126.170.2"));
     (na, nb)
@@ -90,27 +90,57 @@ fn a_transfer_crosses_a_path_that_drops_large_packets_and_sends_no_icmp() {
 
 #[test]
 fn a_path_that_loses_offloaded_batches_is_found_and_carries_data_one_by_one() {
+    gso_batches_dropped(false);
+}
+
+#[test]
+fn an_offload_that_breaks_under_a_measured_path_is_found_too() {
+    gso_batches_dropped(true);
+}
+
+/// The router drops every GSO batch, from the start or (`later`) once the path was
+/// measured with working batches: both ends turn GSO off for the path, say so, and a
+/// transfer then arrives intact.
+fn gso_batches_dropped(later: bool) {
     require_root();
     let (a, r, b) = topology();
     // Single datagrams are at most 1500 bytes long; a GSO batch crosses the router as
     // one larger packet, dropped here.
-    r.exec_ok(&["nft", "add", "table", "inet", "gso"]);
-    r.exec_ok(&["nft", "add", "chain", "inet", "gso", "fw", "{ type filter hook forward priority 0; }"]);
-    r.exec_ok(&["nft", "add", "rule", "inet", "gso", "fw", "meta", "length", ">", "1600", "counter", "drop"]);
+    let drop_batches = || {
+        r.exec_ok(&["nft", "add", "table", "inet", "gso"]);
+        r.exec_ok(&["nft", "add", "chain", "inet", "gso", "fw", "{ type filter hook forward priority 0; }"]);
+        r.exec_ok(&["nft", "add", "rule", "inet", "gso", "fw", "meta", "length", ">", "1600", "counter", "drop"]);
+    };
+    if !later {
+        drop_batches();
+    }
     let dir = TempDir::new();
     let (na, nb) = pair(&a, &b, &dir);
     // Paths are measured while data flows on them.
     let mut pinger = a.cmd("ping").args(["-i", "0.2", "-q", "10.126.170.2"]).spawn().unwrap();
-    let found = wait_until(Duration::from_secs(30), "both ends turn GSO off for the path", || {
+    if later {
+        wait_until(Duration::from_secs(20), "both ends measure the path", || {
+            path(&na, "10.126.170.2").0 == Some(1420) && path(&nb, "10.126.170.1").0 == Some(1420)
+        });
+        // A measured path with working batches: the confirmations that carry a batch
+        // get it answered, and nothing is turned off.
+        std::thread::sleep(Duration::from_secs(10));
+        assert!(!path(&na, "10.126.170.2").1 && !path(&nb, "10.126.170.1").1, "GSO off on a working path");
+        drop_batches();
+    }
+    let found = wait_until(Duration::from_secs(40), "both ends turn GSO off for the path", || {
         path(&na, "10.126.170.2").1 && path(&nb, "10.126.170.1").1
     });
     assert_eq!(path(&na, "10.126.170.2").0, Some(1420), "single datagrams of full size pass");
     let (sent, got, took) = transfer(&a, &b, "10.126.170.2", SIZE);
     assert_eq!(sent, got, "the transfer arrived corrupt");
-    eprintln!("GSO batches dropped: found within {found:?}; 16 MiB then took {took:?}");
+    let when = if later { "after the path was measured" } else { "from the start" };
+    eprintln!("GSO batches dropped {when}: found within {found:?}; 16 MiB then took {took:?}");
     let rules = String::from_utf8_lossy(&r.exec_ok(&["nft", "list", "table", "inet", "gso"]).stdout).into_owned();
     assert!(!rules.contains("packets 0 "), "no batch was ever dropped, so nothing was tested: {rules}");
     assert!(na.log_text().contains("UDP GSO off"), "no log line says so");
+    let text = netns::weft(&["status", "--control", na.control.to_str().unwrap()]);
+    assert!(text.contains("UDP GSO off on the paths to b"), "{text}");
     netns::run(std::process::Command::new("kill").args(["-INT", &pinger.id().to_string()]));
     let _ = pinger.wait();
 }

@@ -11,7 +11,10 @@
 //! hole appeared, not mere loss) start a new search. During a search a batch of
 //! probes of a small size also goes as one segmentation-offloaded send: when the
 //! single probe of that size is answered in every round and none of the batch ever
-//! is, the path loses GSO batches and its datagrams go one by one.
+//! is, the path loses GSO batches and its datagrams go one by one. The batch goes
+//! again beside every [`BATCH_EVERY`]th confirmation, with a single probe of its
+//! size: an offload that breaks on a path already measured (a kernel or NIC change
+//! under a running tunnel) is found the same way, two such rounds in a row.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -25,8 +28,11 @@ const LADDER: [u16; 19] =
 pub(crate) const ROUND: Duration = Duration::from_millis(1000);
 /// Rounds of a search before it settles on the largest size acknowledged.
 const SEARCH_ROUNDS: u32 = 3;
-/// Rounds of a search that send the GSO batch.
+/// Rounds of a search that send the GSO batch; also the confirmations in a row whose
+/// batch is lost while its size passes alone that find a broken offload.
 const BATCH_ROUNDS: u32 = 2;
+/// Once the MTU is found, every this many confirmations carry the GSO batch.
+const BATCH_EVERY: u32 = 4;
 /// The small probe sent beside each confirmation: a path that answers it and not the
 /// MTU's lost large packets, not just packets.
 const SMALL: u16 = 576;
@@ -59,8 +65,10 @@ pub(crate) struct Probe {
 enum State {
     /// Searching, in round `n`.
     Search(u32),
-    /// Found; `misses` confirmations in a row unanswered, `rounds` confirmations sent.
-    Steady { misses: u32, rounds: u32 },
+    /// Found; `misses` confirmations in a row unanswered, `rounds` confirmations sent,
+    /// `batch_misses` confirmations in a row whose batch was lost while its size
+    /// passed alone.
+    Steady { misses: u32, rounds: u32, batch_misses: u32 },
 }
 
 /// What the path of one member carries.
@@ -179,6 +187,10 @@ impl PathMtu {
                 {
                     v.push(probe(up, false));
                 }
+                if rounds % BATCH_EVERY == 1 && !self.gso_broken && GSO_PROBE_SIZE <= self.mtu {
+                    v.push(probe(GSO_PROBE_SIZE, false));
+                    v.extend((0..GSO_PROBE_COUNT).map(|_| probe(GSO_PROBE_SIZE, true)));
+                }
                 self.next = Some(now + STEADY_EVERY);
                 v
             }
@@ -207,7 +219,7 @@ impl PathMtu {
                 let settled = best.is_some() && ((best == top && n + 1 >= BATCH_ROUNDS) || n + 1 >= SEARCH_ROUNDS);
                 if let (true, Some(mtu)) = (settled, best) {
                     self.mtu = mtu;
-                    self.state = State::Steady { misses: 0, rounds: 0 };
+                    self.state = State::Steady { misses: 0, rounds: 0, batch_misses: 0 };
                     self.searches += 1;
                     // Every round that sent the batch had its size answered alone,
                     // and none of the batch ever was: not loss, the offload.
@@ -228,7 +240,22 @@ impl PathMtu {
                 self.state = State::Search(n + 1);
                 Found::Nothing
             }
-            State::Steady { misses, rounds } => {
+            State::Steady { misses, rounds, batch_misses } => {
+                // A round that sent the batch: lost while its size passed alone
+                // counts towards a broken offload; any of it answered clears that.
+                let batch_sent = self.sent.iter().any(|p| p.batch);
+                let batch_misses = if self.batch_acked {
+                    0
+                } else if batch_sent && self.acked.contains(&GSO_PROBE_SIZE) {
+                    batch_misses + 1
+                } else {
+                    batch_misses
+                };
+                if batch_misses >= BATCH_ROUNDS && !self.gso_broken {
+                    self.gso_broken = true;
+                    self.state = State::Steady { misses, rounds: rounds + 1, batch_misses: 0 };
+                    return Found::GsoBroken;
+                }
                 let confirmed = self.acked.contains(&self.mtu);
                 // Only a round where the small probe came back and the MTU's did not
                 // counts against the MTU; with both lost it says nothing.
@@ -240,11 +267,11 @@ impl PathMtu {
                     return Found::Nothing;
                 }
                 if confirmed {
-                    self.state = State::Steady { misses: 0, rounds: rounds + 1 };
+                    self.state = State::Steady { misses: 0, rounds: rounds + 1, batch_misses };
                     return Found::Nothing;
                 }
                 if !small_ok {
-                    self.state = State::Steady { misses, rounds: rounds + 1 };
+                    self.state = State::Steady { misses, rounds: rounds + 1, batch_misses };
                     return Found::Nothing;
                 }
                 if misses + 1 >= MISSES {
@@ -252,7 +279,7 @@ impl PathMtu {
                     self.state = State::Search(0);
                     return Found::Lost(lost);
                 }
-                self.state = State::Steady { misses: misses + 1, rounds: rounds + 1 };
+                self.state = State::Steady { misses: misses + 1, rounds: rounds + 1, batch_misses };
                 Found::Nothing
             }
         }
@@ -385,5 +412,53 @@ mod tests {
         assert_eq!(m.next, Some(t - ROUND + RETRY_AFTER));
         // A stray acknowledgement is refused.
         assert!(!m.ack(u64::MAX));
+    }
+
+    #[test]
+    fn an_offload_that_breaks_on_a_measured_path_is_found_by_the_confirmations() {
+        let mut t = Instant::now();
+        let mut m = PathMtu::default();
+        m.follow(ep(1), t);
+        let broken = std::cell::Cell::new(false);
+        let passes = |p: &Probe| !(broken.get() && p.batch);
+        assert_eq!(until(&mut m, &mut t, passes, 5), Some(Found::Mtu(1420)));
+        // Working batches: nothing found over many confirmations, and some carried one.
+        let mut sent_batches = 0;
+        for _ in 0..(BATCH_EVERY * 4) {
+            let (found, probes) = m.round(t, 1420, || 7);
+            t += STEADY_EVERY;
+            sent_batches += probes.iter().filter(|p| p.batch).count();
+            for p in &probes {
+                m.ack(p.nonce);
+            }
+            assert_eq!(found, Found::Nothing);
+        }
+        assert!(sent_batches > 0, "no confirmation carried the batch");
+        // The offload breaks: found within two batch rounds, and not searched again.
+        broken.set(true);
+        let t0 = t;
+        assert_eq!(until(&mut m, &mut t, passes, BATCH_EVERY * 3), Some(Found::GsoBroken));
+        assert!(m.gso_broken);
+        assert_eq!(m.mtu, 1420);
+        assert!(t - t0 <= ROUND * BATCH_EVERY * 3);
+        // Once off, confirmations carry no batch.
+        for _ in 0..(BATCH_EVERY * 2) {
+            let (_, probes) = m.round(t, 1420, || 9);
+            t += STEADY_EVERY;
+            assert!(probes.iter().all(|p| !p.batch));
+        }
+    }
+
+    #[test]
+    fn a_lost_batch_beside_a_lost_single_probe_of_its_size_is_loss_not_the_offload() {
+        let mut t = Instant::now();
+        let mut m = PathMtu::default();
+        m.follow(ep(1), t);
+        assert_eq!(until(&mut m, &mut t, |_| true, 5), Some(Found::Mtu(1420)));
+        // Every probe of the batch's size is lost, alone or batched (a burst of loss
+        // at that size): no verdict on the offload.
+        let passes = |p: &Probe| p.size != GSO_PROBE_SIZE;
+        assert_eq!(until(&mut m, &mut t, passes, BATCH_EVERY * 6), None);
+        assert!(!m.gso_broken);
     }
 }

@@ -36,6 +36,15 @@ pub(crate) fn status(s: &StatusJson) -> String {
     if let Some(why) = &s.offloads.tun_off {
         let _ = writeln!(o, "          TUN offload turned off: {}", printable(why));
     }
+    let gso_off: Vec<String> =
+        s.peers.iter().filter(|p| p.gso_off).map(|p| printable(&p.hostname).into_owned()).collect();
+    if !gso_off.is_empty() {
+        let _ = writeln!(
+            o,
+            "          UDP GSO off on the paths to {} (they lose offloaded batches; datagrams go one by one)",
+            gso_off.join(", ")
+        );
+    }
     let notable: Vec<String> =
         s.transport_counters.iter().filter(|(_, v)| **v > 0).map(|(k, v)| format!("{k}={v}")).collect();
     let _ = writeln!(o, "links     {} connections {}", s.connections, notable.join(" "));
@@ -568,6 +577,9 @@ mod tests {
             }))
             .unwrap(),
         );
+        assert!(!status(&s).contains("GSO off"));
+        s.peers[0].gso_off = true;
+        assert!(status(&s).contains("UDP GSO off on the paths to h\\u{1b}[31mred"), "{}", status(&s));
         for out in [status(&s), peers(&s), routes(&s), portal(&s)] {
             assert!(!out.contains('\x1b'), "{out}");
             assert!(out.contains("h\\u{1b}[31mred"), "{out}");
