@@ -685,6 +685,52 @@ fn tcp_segment(data: &[u8]) -> Vec<u8> {
 }
 
 #[test]
+fn a_measured_path_mtu_answers_packets_too_big_and_clamps_the_mss_of_syns() {
+    let mut e = ends(Cipher::Aes128Gcm);
+    e.a_to_b.set_path_mtu(1220);
+    // A SYN offering an MSS of 1460.
+    let mut tcp = vec![0u8; 24];
+    tcp[12] = 6 << 4;
+    tcp[13] = 0x02;
+    tcp[20..24].copy_from_slice(&[2, 4, 0x05, 0xb4]);
+    let mut syn = ipv4_packet(A, B, &tcp);
+    syn[9] = 6;
+    complete_tcp_checksum(&mut syn);
+    // 1400 bytes with "don't fragment", and 1000 bytes with it.
+    let mut big = ipv4_packet(A, B, &[7u8; 1380]);
+    big[6] = 0x40;
+    let mut fits = ipv4_packet(A, B, &[8u8; 980]);
+    fits[6] = 0x40;
+    let drops = DropCounters::default();
+    let dgrams = seal(&mut e, &[syn, big.clone(), fits.clone()], &drops);
+    assert_eq!(dgrams.len(), 2, "the packet too big for the path was sent");
+    assert_eq!(e.a_to_b.stats.drops.get(DropReason::TooBig), 1);
+    // Its sender is told the size that passes: ICMP "fragmentation needed", MTU 1220,
+    // quoting the packet's header.
+    let answers = e.tx.too_big_answers().to_vec();
+    assert_eq!(answers.len(), 1);
+    let icmp = &answers[0];
+    assert_eq!((icmp[9], icmp[20], icmp[21]), (1, 3, 4));
+    assert_eq!(&icmp[16..20], &A.octets(), "not addressed to the sender");
+    assert_eq!(u16::from_be_bytes([icmp[26], icmp[27]]), 1220);
+    assert_eq!(&icmp[28..48], &big[..20]);
+    // The SYN arrives with the MSS that fits the path (1220 less 40 bytes of headers),
+    // its checksum right; the packet that fits arrives as it was.
+    let got = deliver(&mut e, &dgrams);
+    assert_eq!(got.len(), 2);
+    assert_eq!(&got[0][40..44], &[2, 4, (1180u16 >> 8) as u8, 1180u16 as u8]);
+    let mut again = got[0].clone();
+    complete_tcp_checksum(&mut again);
+    assert_eq!(again, got[0], "the clamped SYN's checksum is wrong");
+    assert_eq!(got[1], fits);
+    // Without a measured MTU (0: the path carries the TUN's) nothing is clamped.
+    e.a_to_b.set_path_mtu(0);
+    let dgrams = seal(&mut e, &[big.clone()], &drops);
+    assert_eq!(dgrams.len(), 1);
+    assert!(e.tx.too_big_answers().is_empty());
+}
+
+#[test]
 fn tcp_data_keeps_behind_the_records_on_a_quic_stream() {
     let quic = Endpoint::new(Proto::Quic, "192.0.2.2:11010".parse().unwrap());
     let udp = Endpoint::udp("192.0.2.2:11010".parse().unwrap());

@@ -399,6 +399,12 @@ impl Tx {
         std::mem::take(&mut self.unrouted)
     }
 
+    /// The ICMP answers the last [`Tx::process`] made to packets too big for their
+    /// path (the pipeline writes them back to the TUN after the batch).
+    pub fn too_big_answers(&self) -> &[Vec<u8>] {
+        &self.too_big
+    }
+
     /// The datagrams of the last [`Tx::process`].
     pub fn outgoing(&self) -> (&[Vec<u8>], &[Outgoing]) {
         (&self.bufs, &self.out)
