@@ -3,8 +3,8 @@
 //! route back to the overlay) every 200 ms while the primary router is killed,
 //! restarted and the other one killed: the longest time without an answer stays
 //! within 3 s, the member moves once and back once (no flapping). A router whose
-//! `--proxy-health` target stops answering withdraws the subnet, and members move to
-//! the other router. Two exits in order of preference: the member moves to the second
+//! `--proxy-health` target stops answering (a ping, then a TCP port) withdraws the
+//! subnet, and members move to the other router. Two exits in order of preference: the member moves to the second
 //! when the first dies, and with neither its internet traffic fails closed.
 #![allow(unsafe_code, unreachable_pub, clippy::unwrap_used)]
 
@@ -13,12 +13,14 @@ mod netns;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use netns::{Lan, Netns, Node, TempDir, ip, link, ping, require_root, wait_until, weft};
 
 const SUBNET: &str = "192.168.77.0/24";
 const HOST: &str = "192.168.77.2";
+/// A TCP port on the site's host that r2's health check connects to.
+const HEALTH_PORT: u16 = 8443;
 
 /// Certificates for `names` from a new authority, each with `--subnet`/`--exit` as
 /// `grants` says; returns the authority and each member's certificate.
@@ -76,8 +78,10 @@ fn pinger(ns: &Netns, to: &str) -> Child {
         .unwrap()
 }
 
-/// Stops the pinger; returns the longest time between two answers and how many came.
+/// Stops the pinger; returns the longest time without an answer (between two answers,
+/// or from the last one to the end) and how many came.
 fn longest_gap(mut p: Child) -> (Duration, usize) {
+    let end = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
     Command::new("kill").args(["-INT", &p.id().to_string()]).status().unwrap();
     let mut out = String::new();
     p.stdout.take().unwrap().read_to_string(&mut out).unwrap();
@@ -88,7 +92,9 @@ fn longest_gap(mut p: Child) -> (Duration, usize) {
         .filter_map(|l| l.strip_prefix('[')?.split(']').next()?.parse().ok())
         .collect();
     let gap = stamps.windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max);
-    (Duration::from_secs_f64(gap), stamps.len())
+    // An outage at the end counts too (a ping's answer is stamped when it arrives).
+    let tail = stamps.last().map_or(0.0, |last| end - last);
+    (Duration::from_secs_f64(gap.max(tail).max(0.0)), stamps.len())
 }
 
 #[test]
@@ -136,10 +142,14 @@ fn a_subnet_keeps_answering_while_its_routers_come_and_go() {
         e.extend_from_slice(extra);
         net_args("ha", &authority, &certs[i], &e)
     };
-    // r1 is preferred; it checks the site's host.
+    // r1 is preferred; it pings the site's host. r2 connects to a TCP port there.
+    let health_tcp = format!("tcp://{HOST}:{HEALTH_PORT}");
+    let service = site.within(|| TcpListener::bind((HOST, HEALTH_PORT)).unwrap());
+    std::thread::spawn(move || service.incoming().for_each(drop));
     let r1_args = r_args(0, &["--router-priority", "200", "--proxy-health", HOST]);
+    let r2_args = r_args(1, &["--proxy-health", &health_tcp]);
     let mut r1 = start(&lan.hosts[0], &dir, "r1", &r1_args);
-    let mut r2 = start(&lan.hosts[1], &dir, "r2", &r_args(1, &[]));
+    let mut r2 = start(&lan.hosts[1], &dir, "r2", &r2_args);
     wait_until(Duration::from_secs(20), "the member routes the subnet through r1", || {
         primary(&m).as_deref() == Some("r1") && m.peer_established(ips[1])
     });
@@ -194,7 +204,7 @@ fn a_subnet_keeps_answering_while_its_routers_come_and_go() {
 
     // Up but broken: r1 loses its LAN; its health check withdraws the subnet and the
     // member moves to r2 (running again); r1 announces it again once the LAN is back.
-    r2 = start(&lan.hosts[1], &dir, "r2", &r_args(1, &[]));
+    r2 = start(&lan.hosts[1], &dir, "r2", &r2_args);
     wait_until(Duration::from_secs(20), "r2 stands by again", || {
         m.try_status().is_some_and(|s| {
             s["subnets"][0]["routers"]
@@ -211,6 +221,31 @@ fn a_subnet_keeps_answering_while_its_routers_come_and_go() {
         r1.status()["withdrawn"].is_null() && primary(&m).as_deref() == Some("r1")
     });
     assert!(ping(&lan.hosts[2], HOST), "the site's host does not answer through r1 again");
+
+    // r2's TCP check fails (the site's host refuses the port): r2 withdraws the subnet
+    // and the member lists r1 alone; once the port answers again, r2 stands by again.
+    site.exec_ok(&["nft", "add", "table", "inet", "svc"]);
+    site.exec_ok(&["nft", "add", "chain", "inet", "svc", "in", "{ type filter hook input priority 0; }"]);
+    let port = HEALTH_PORT.to_string();
+    site.exec_ok(&["nft", "add", "rule", "inet", "svc", "in", "tcp", "dport", &port, "reject", "with", "tcp", "reset"]);
+    wait_until(Duration::from_secs(10), "r2 withdraws the subnet", || {
+        r2.status()["withdrawn"].as_str().is_some_and(|w| w.contains(&port))
+    });
+    wait_until(Duration::from_secs(10), "the member no longer lists r2", || {
+        m.try_status().is_some_and(|s| {
+            s["subnets"][0]["routers"].as_array().is_some_and(|r| r.iter().all(|r| r["hostname"] != "r2"))
+        })
+    });
+    site.exec_ok(&["nft", "delete", "table", "inet", "svc"]);
+    wait_until(Duration::from_secs(10), "r2 stands by again", || {
+        r2.status()["withdrawn"].is_null()
+            && m.try_status().is_some_and(|s| {
+                s["subnets"][0]["routers"]
+                    .as_array()
+                    .is_some_and(|r| r.iter().any(|r| r["hostname"] == "r2" && r["state"] == "standby"))
+            })
+    });
+    assert_eq!(primary(&m).as_deref(), Some("r1"), "r2's return moved the primary");
     drop((r1, r2));
 }
 
@@ -247,12 +282,8 @@ fn reach(ns: &Netns) -> Result<String, String> {
     })
 }
 
-#[test]
-fn a_member_moves_to_its_next_exit_and_fails_closed_with_none() {
-    require_root();
-    let lan = Lan::new(3);
-    let dir = TempDir::new();
-    let (_router, public) = upstream(&[&lan.hosts[0], &lan.hosts[1]]);
+/// The public server: tells each TCP client the address it came from.
+fn serve(public: &Netns) {
     let l = public.within(|| TcpListener::bind("203.0.113.10:8080").unwrap());
     std::thread::spawn(move || {
         for c in l.incoming() {
@@ -261,6 +292,20 @@ fn a_member_moves_to_its_next_exit_and_fails_closed_with_none() {
             let _ = c.write_all(from.ip().to_string().as_bytes());
         }
     });
+}
+
+/// The exit `m` uses now, by host name.
+fn exit_in_use(m: &Node) -> Option<String> {
+    Some(m.try_status()?["exit"]["hostname"].as_str()?.to_owned())
+}
+
+#[test]
+fn a_member_moves_to_its_next_exit_and_fails_closed_with_none() {
+    require_root();
+    let lan = Lan::new(3);
+    let dir = TempDir::new();
+    let (_router, public) = upstream(&[&lan.hosts[0], &lan.hosts[1]]);
+    serve(&public);
     // The member's own default route goes nowhere: a leak would have to use it.
     lan.hosts[2].exec_ok(&["ip", "route", "add", "default", "via", "192.0.2.254"]);
     let names = ["x1", "x2", "m"];
@@ -284,14 +329,21 @@ fn a_member_moves_to_its_next_exit_and_fails_closed_with_none() {
         m.status()["exit"]["candidates"].as_array().map(Vec::len) == Some(2)
     });
 
-    // x1 dies: out through x2 within 2 s (plus the time a connection takes to fail).
+    // x1 dies (killed, no goodbye) while the member pings the internet every 200 ms:
+    // out through x2 within 2 s.
+    let p = pinger(&lan.hosts[2], "203.0.113.10");
+    std::thread::sleep(Duration::from_secs(2));
     x1.stop();
-    let t = Instant::now();
+    let moved =
+        wait_until(Duration::from_secs(10), "the member moves to x2", || exit_in_use(&m).as_deref() == Some("x2"));
     wait_until(Duration::from_secs(10), "the member goes out through x2", || {
         reach(&lan.hosts[2]).is_ok_and(|s| s == "198.51.100.6")
     });
-    eprintln!("exit failover: out through x2 {:?} after x1 died", t.elapsed());
-    assert_eq!(m.status()["exit"]["hostname"], "x2");
+    std::thread::sleep(Duration::from_secs(1));
+    let (gap, answers) = longest_gap(p);
+    eprintln!("exit failover: moved to x2 {moved:?} after x1 died; longest time without an answer {gap:?}");
+    assert!(gap <= Duration::from_secs(3), "no answer from the internet for {gap:?}");
+    assert!(answers > 10, "only {answers} answers");
     // Neither: fails closed.
     x2.stop();
     wait_until(Duration::from_secs(10), "the exit is gone", || m.status()["exit"]["state"] != "routing");
@@ -304,4 +356,61 @@ fn a_member_moves_to_its_next_exit_and_fails_closed_with_none() {
         reach(&lan.hosts[2]).is_ok_and(|s| s == "198.51.100.2")
     });
     drop((x1, x2));
+}
+
+#[test]
+fn an_automatic_exit_moves_on_and_falls_back_to_the_hosts_own_route() {
+    require_root();
+    let lan = Lan::new(3);
+    let dir = TempDir::new();
+    // The member has an internet link of its own too (198.51.100.10), for the fallback.
+    let (_router, public) = upstream(&[&lan.hosts[0], &lan.hosts[1], &lan.hosts[2]]);
+    serve(&public);
+    let names = ["x1", "x2", "m"];
+    let ips = ["10.126.162.1", "10.126.162.2", "10.126.162.3"];
+    let exit: &[&str] = &["--exit"];
+    let (authority, certs) = certify(&dir, &names, &ips, &[exit, exit, &[]]);
+    let m_addr = format!("udp://{}:11010", lan.addrs[2]);
+    let m_args = ["--listen", "udp://0.0.0.0:11010", "--use-exit-node", "auto", "--exit-fallback"];
+    let m = start(&lan.hosts[2], &dir, "m", &net_args("auto", &authority, &certs[2], &m_args));
+    // Before any exit is up, the fallback: out by the member's own route.
+    wait_until(Duration::from_secs(10), "the member goes out by its own route", || {
+        reach(&lan.hosts[2]).is_ok_and(|s| s == "198.51.100.10")
+    });
+    let x_args = |i: usize| net_args("auto", &authority, &certs[i], &["--exit-node", "-p", &m_addr]);
+    let mut xs = vec![start(&lan.hosts[0], &dir, "x1", &x_args(0)), start(&lan.hosts[1], &dir, "x2", &x_args(1))];
+    let seen_at = |name: &str| if name == "x1" { "198.51.100.2" } else { "198.51.100.6" };
+    // `auto` takes the nearest exit this member may use, and lists both.
+    wait_until(Duration::from_secs(20), "the member goes out through an exit", || {
+        m.try_status().is_some_and(|s| s["exit"]["candidates"].as_array().map(Vec::len) == Some(2))
+            && exit_in_use(&m).is_some_and(|x| reach(&lan.hosts[2]).is_ok_and(|s| s == seen_at(&x)))
+    });
+    let first = exit_in_use(&m).unwrap();
+    let nearest = m.status()["exit"]["candidates"][0]["hostname"].as_str().unwrap().to_owned();
+    assert_eq!(first, nearest, "auto did not take the first of its candidates");
+    let (gone, other) = if first == "x1" { (0, "x2") } else { (1, "x1") };
+    // The exit in use dies under traffic: the member moves to the other one.
+    let p = pinger(&lan.hosts[2], "203.0.113.10");
+    std::thread::sleep(Duration::from_secs(2));
+    xs[gone].stop();
+    let moved = wait_until(Duration::from_secs(10), "the member moves to the other exit", || {
+        exit_in_use(&m).as_deref() == Some(other)
+    });
+    wait_until(Duration::from_secs(10), "the member goes out through the other exit", || {
+        reach(&lan.hosts[2]).is_ok_and(|s| s == seen_at(other))
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let (gap, _) = longest_gap(p);
+    eprintln!(
+        "auto exit: {first} first, moved to {other} {moved:?} after it died; longest time without an answer {gap:?}"
+    );
+    assert!(gap <= Duration::from_secs(3), "no answer from the internet for {gap:?}");
+    // No exit left: out by the member's own route again (--exit-fallback).
+    xs[1 - gone].stop();
+    wait_until(Duration::from_secs(10), "the member falls back to its own route", || {
+        reach(&lan.hosts[2]).is_ok_and(|s| s == "198.51.100.10")
+    });
+    let text = weft(&["status", "--control", m.control.to_str().unwrap()]);
+    assert!(text.contains("own route while unreachable"), "{text}");
+    drop(xs);
 }

@@ -58,6 +58,23 @@ fn preference(r: &Record) -> (std::cmp::Reverse<u8>, NodeId) {
     (std::cmp::Reverse(r.priority), r.node())
 }
 
+/// An exit `auto` uses keeps its place ahead of others unless they are nearer by
+/// more than this many milliseconds or a quarter of its latency, whichever is more:
+/// two exits at about the same distance do not take turns as their latencies jitter.
+const AUTO_MARGIN_MS: u32 = 10;
+
+/// `auto`'s order of preference among `(exit, latency ms, hops)`: nearest first, then
+/// fewest hops, then lowest id, with the exit in use (`current`) favoured by
+/// [`AUTO_MARGIN_MS`].
+fn nearest_first(mut offers: Vec<(NodeId, u32, u32)>, current: Option<NodeId>) -> Vec<NodeId> {
+    offers.sort_by_key(|&(id, latency, hops)| {
+        let latency =
+            if Some(id) == current { latency.saturating_sub(AUTO_MARGIN_MS.max(latency / 4)) } else { latency };
+        (latency, hops, id)
+    });
+    offers.into_iter().map(|(id, _, _)| id).collect()
+}
+
 impl Node {
     /// Whether member `id` can carry traffic now, and if not why: its session is up
     /// and (when watched) it answered lately, or it has no session but is reachable
@@ -298,18 +315,17 @@ impl Node {
             })
         };
         if wanted.eq_ignore_ascii_case("auto") {
-            let mut v: Vec<(u32, u32, NodeId)> = self
+            let offers: Vec<(NodeId, u32, u32)> = self
                 .exit_offers()
                 .into_iter()
                 .map(|(id, _)| id)
                 .filter(|id| offering(*id))
                 .map(|id| {
                     let path = self.mesh.paths.get(&id);
-                    (path.map_or(u32::MAX, |p| p.latency_ms), path.map_or(u32::MAX, |p| p.hops), id)
+                    (id, path.map_or(u32::MAX, |p| p.latency_ms), path.map_or(u32::MAX, |p| p.hops))
                 })
                 .collect();
-            v.sort();
-            return v.into_iter().map(|(_, _, id)| id).collect();
+            return nearest_first(offers, self.routers.exit);
         }
         let names = crate::node::exit::exit_list(wanted);
         if names.len() < 2 {
@@ -324,5 +340,65 @@ impl Node {
             }
         }
         v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(b: u8) -> NodeId {
+        NodeId::from_bytes([b; 8])
+    }
+
+    #[test]
+    fn auto_takes_the_nearest_exit_and_keeps_it_against_jitter() {
+        let (a, b, c) = (id(1), id(2), id(3));
+        // Nearest first, then fewest hops, then the lowest id; no path last.
+        assert_eq!(nearest_first(vec![(a, 40, 1), (b, 12, 2), (c, 12, 1)], None), vec![c, b, a]);
+        assert_eq!(nearest_first(vec![(b, u32::MAX, u32::MAX), (a, 90, 3)], None), vec![a, b]);
+        // The exit in use stays first while another is only a little nearer ...
+        assert_eq!(nearest_first(vec![(a, 20, 1), (b, 14, 1)], Some(a)), vec![a, b]);
+        assert_eq!(nearest_first(vec![(a, 200, 1), (b, 160, 1)], Some(a)), vec![a, b]);
+        // ... and gives way to one clearly nearer.
+        assert_eq!(nearest_first(vec![(a, 20, 1), (b, 5, 1)], Some(a)), vec![b, a]);
+        assert_eq!(nearest_first(vec![(a, 200, 1), (b, 140, 1)], Some(a)), vec![b, a]);
+        // Without a choice yet, the same jitter decides plainly.
+        assert_eq!(nearest_first(vec![(a, 20, 1), (b, 14, 1)], None), vec![b, a]);
+    }
+
+    fn router(seed: u8, priority: u8) -> Record {
+        Record {
+            key: weft_core::handshake::StaticKey::from_seed([seed; 32]).public,
+            signer: [0; 32],
+            seq: 1,
+            hostname: format!("r{seed}"),
+            overlay: std::net::Ipv4Addr::new(10, 0, 0, seed),
+            overlay6: None,
+            endpoints: Vec::new(),
+            neighbours: Vec::new(),
+            proxied: vec![(std::net::Ipv4Addr::new(192, 168, 1, 0).into(), 24)],
+            dynamic: false,
+            cert: None,
+            priority,
+            unknown_ext: Vec::new(),
+            sig: [0; 64],
+        }
+    }
+
+    #[test]
+    fn routers_are_preferred_by_priority_then_by_the_lowest_node_id() {
+        // Every node sorts a subnet's routers the same way, whatever order their
+        // records arrived in: the same primary everywhere.
+        let rs = [router(9, 100), router(7, 200), router(3, 100), router(5, 0)];
+        let order = |mut v: Vec<&Record>| {
+            v.sort_by_key(|r| preference(r));
+            v.into_iter().map(Record::node).collect::<Vec<_>>()
+        };
+        let forward = order(rs.iter().collect());
+        assert_eq!(forward, order(rs.iter().rev().collect()));
+        // The highest priority first; equal priorities by the lowest node id.
+        let (n9, n3) = (rs[0].node(), rs[2].node());
+        assert_eq!(forward, vec![rs[1].node(), n9.min(n3), n9.max(n3), rs[3].node()]);
     }
 }
