@@ -7,7 +7,8 @@
 //! the start or once the path was measured: the members find it while probing, turn
 //! UDP GSO off for that path, and a transfer arrives intact. (3) A direct path between two members starts losing half its
 //! packets (keepalives still pass now and then): traffic moves to the relay both
-//! reach, `weft peers` says why, and the direct path is taken again once it heals.
+//! reach, `weft peers` says why, and the direct path is taken again once it heals;
+//! without a relay, a lossy UDP path moves to the members' TCP listeners and back.
 //! (4) A member's kernel hands it packets with bad checksums (as a broken TUN offload
 //! does; made here with a raw socket, which the kernel leaves unchecksummed): the far
 //! side drops and counts them, tells it, and it turns its TUN offload off.
@@ -230,6 +231,58 @@ fn a_lossy_direct_path_moves_to_a_relay_and_back_once_healed() {
     eprintln!("direct again {back:?} after the path healed");
     netns::run(std::process::Command::new("kill").args(["-INT", &pinger.id().to_string()]));
     let _ = pinger.wait();
+}
+
+#[test]
+fn a_lossy_udp_path_without_a_relay_moves_to_another_transport_and_back() {
+    require_root();
+    let lan = Lan::new(2);
+    let dir = TempDir::new();
+    // Both members listen on UDP and TCP; there is no third member to relay.
+    let listen = ["--listen", "udp://0.0.0.0:11010", "--listen", "tcp://0.0.0.0:11010"];
+    let start = |i: usize, ip: &str, extra: &[&str]| {
+        let name = ["a", "b"][i];
+        let mut a = NET.to_vec();
+        a.extend(["-i", ip, "--hostname", name]);
+        a.extend(listen);
+        a.extend(extra);
+        Node::start(&lan.hosts[i], &dir.0, name, &a)
+    };
+    let a_udp = format!("udp://{}:11010", lan.addrs[0]);
+    let a = start(0, "10.126.172.1/24", &[]);
+    let b = start(1, "10.126.172.2/24", &["-p", &a_udp]);
+    let mut pinger = lan.hosts[0].cmd("ping").args(["-i", "0.2", "-q", "10.126.172.2"]).spawn().unwrap();
+    let to_b = || a.peer("10.126.172.2").map(|p| (p["path"].clone(), p["transport"].clone(), p["degraded"].clone()));
+    wait_until(Duration::from_secs(30), "A reaches B directly over UDP", || {
+        to_b().is_some_and(|(path, t, _)| path == "direct" && t == "udp")
+    });
+    // Half of the UDP between them is lost; TCP passes.
+    let sw = &lan.switch;
+    sw.exec_ok(&["nft", "add", "table", "bridge", "lossy"]);
+    sw.exec_ok(&["nft", "add", "chain", "bridge", "lossy", "fw", "{ type filter hook forward priority 0; }"]);
+    sw.exec_ok(&[
+        "nft", "add", "rule", "bridge", "lossy", "fw", "meta", "l4proto", "udp", "numgen", "random", "mod", "100", "<",
+        "50", "counter", "drop",
+    ]);
+    let moved = wait_until(Duration::from_secs(45), "A leaves the lossy UDP path for TCP", || {
+        to_b().is_some_and(|(path, t, why)| {
+            path == "direct" && t == "tcp" && why.as_str().is_some_and(|w| w.contains("another transport"))
+        })
+    });
+    let table = netns::weft(&["peers", "--control", a.control.to_str().unwrap()]);
+    assert!(table.contains("lost") && table.contains("another transport"), "{table}");
+    let answered = ping_times(&lan.hosts[0], "10.126.172.2", 40).len();
+    eprintln!("lossy UDP path left for TCP after {moved:?}; over TCP {answered} of 40 pings answered");
+    assert!(answered >= 38, "the TCP path loses too: {answered} of 40\n{table}");
+    // Healed: UDP is taken again once the hold ends.
+    sw.exec_ok(&["nft", "delete", "table", "bridge", "lossy"]);
+    let back = wait_until(Duration::from_secs(60), "A goes back to UDP", || {
+        to_b().is_some_and(|(path, t, why)| path == "direct" && t == "udp" && why.is_null())
+    });
+    eprintln!("UDP again {back:?} after the path healed");
+    netns::run(std::process::Command::new("kill").args(["-INT", &pinger.id().to_string()]));
+    let _ = pinger.wait();
+    drop(b);
 }
 
 /// Sends `count` UDP datagrams from `src` to `dst` (port 9) inside `ns` through a raw
