@@ -283,6 +283,8 @@ struct Outcome {
     seen: String,
     /// Birthday probes a sent to b, and mappings b opened for them (and the other way).
     hard_nat: [u64; 4],
+    /// Punch packets a sent to b's addresses, and b to a's.
+    punches: [u64; 2],
 }
 
 /// Pings `a` → `b` over the overlay (5 a second) for `limit`, reading both members'
@@ -342,7 +344,8 @@ fn run_pair(name: &'static str, a: &Site, b: &Site, limit: Duration) -> Outcome 
         count(b, a, "hard_nat_probes"),
         count(a, b, "hard_nat_mappings"),
     ];
-    Outcome { name, direct_after, left_direct, pinged, seen, hard_nat }
+    let punches = [count(a, b, "punch_packets"), count(b, a, "punch_packets")];
+    Outcome { name, direct_after, left_direct, pinged, seen, hard_nat, punches }
 }
 
 #[test]
@@ -382,8 +385,9 @@ fn nat_matrix_pairs_go_direct_where_the_nats_allow() {
         let t =
             o.direct_after.map_or_else(|| "relayed".to_owned(), |d| format!("direct after {:.1} s", d.as_secs_f64()));
         let [ab, bm, ba, am] = o.hard_nat;
+        let [pa, pb] = o.punches;
         eprintln!(
-            "natmatrix: {:<30} {t:<22} left direct {}x, pings {}; probes a->b {ab} (b opened {bm} mappings), b->a {ba} (a opened {am}); {}",
+            "natmatrix: {:<30} {t:<22} left direct {}x, pings {}; punches a->b {pa}, b->a {pb}; probes a->b {ab} (b opened {bm} mappings), b->a {ba} (a opened {am}); {}",
             o.name,
             o.left_direct,
             if o.pinged { "ok" } else { "LOST" },
@@ -402,6 +406,11 @@ fn nat_matrix_pairs_go_direct_where_the_nats_allow() {
     let [probes, mappings, back, _] = get("cone x symmetric").hard_nat;
     assert!(probes > 0 && mappings > 0 && back == 0, "{:?}", get("cone x symmetric").hard_nat);
     assert!(probes <= 8 * 256 && mappings <= 16 * 256, "{probes} probes, {mappings} mappings");
+    // Every pair that went direct punched, a bounded number of packets.
+    for o in outcomes.iter().filter(|o| o.direct_after.is_some()) {
+        let [pa, pb] = o.punches;
+        assert!(pa + pb > 0 && pa <= 200 && pb <= 200, "{}: punches {:?}", o.name, o.punches);
+    }
     for name in ["cone x cone", "cgnat x cone", "symmetric x symmetric", "symmetric+mapping x symmetric"] {
         assert_eq!(get(name).hard_nat, [0; 4], "{name} took the birthday method");
     }

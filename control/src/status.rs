@@ -576,6 +576,10 @@ pub struct PeerJson {
     /// Fresh UDP sockets (so NAT mappings) this node opened towards it for its probes.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub hard_nat_mappings: u64,
+    /// Punch packets this node sent straight to its addresses since start (the
+    /// ordinary method: both sides send at once while relayed).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub punch_packets: u64,
     /// Its static public key, 64 hex digits (what `weft id` prints, certificates and
     /// revocations name; absent from nodes before 0.4).
     #[serde(default, skip_serializing_if = "String::is_empty")]

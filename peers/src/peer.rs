@@ -218,10 +218,11 @@ pub(crate) struct Peer {
     /// The birthday method's easy side towards it (it is behind an endpoint-dependent
     /// NAT, this node is not): probes of its public address, and that address.
     pub(crate) birthday: Option<(crate::nat::birthday::Birthday, std::net::IpAddr)>,
-    /// The birthday method's hard side towards it: no new mappings before this.
-    pub(crate) mappings_next: Option<Instant>,
-    /// Mappings opened for its probes (the hard side), since start.
-    pub(crate) mappings_opened: u64,
+    /// The birthday method's hard side towards it: sets of mappings opened for its
+    /// probes, bounded and paced.
+    pub(crate) opener: crate::nat::birthday::Opener,
+    /// Punch packets sent straight to its addresses, since start.
+    pub(crate) punches_sent: u64,
     /// Probes sent to its ports (the easy side), since start.
     pub(crate) probes_sent: u64,
     /// The peer's punch requests are not answered again before this (rate limit).
@@ -324,8 +325,8 @@ impl Peer {
             punch: Backoff::default(),
             punch_rounds: 0,
             birthday: None,
-            mappings_next: None,
-            mappings_opened: 0,
+            opener: crate::nat::birthday::Opener::default(),
+            punches_sent: 0,
             probes_sent: 0,
             punch_answer_next: None,
             sessions: Vec::new(),

@@ -89,6 +89,9 @@ pub struct PeerStatus {
     /// The birthday method since start: probes this node sent to its ports, and
     /// mappings this node opened for its probes.
     pub hard_nat: (u64, u64),
+    /// Punch packets this node sent straight to its addresses since start (the
+    /// ordinary method, both NATs opening at once).
+    pub punches: u64,
     /// The groups its certificate grants (empty without an authority).
     pub groups: Vec<String>,
     /// The end of its certificate's validity, unix seconds (`None` without one).

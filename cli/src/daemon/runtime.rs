@@ -629,9 +629,10 @@ impl Runtime {
                         self.drops.add(DropReason::ControlSendBlocked, 1);
                     }
                 }
-                Action::OpenMappings { to, datagrams, hold } => {
+                Action::OpenMappings { to, datagrams, hold, burst, every } => {
                     debug!(%to, sockets = datagrams.len(), "opening mappings for a peer's probes");
-                    tokio::spawn(self.connector.clone().open_mappings(to, datagrams, hold));
+                    let pace = weft_datapath::transport::Pace { burst, every };
+                    tokio::spawn(self.connector.clone().open_mappings(to, datagrams, pace, hold));
                 }
                 Action::SendBatch { to, datagrams } if self.connector.conns().contains(&to) => {
                     for d in datagrams {

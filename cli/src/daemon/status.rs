@@ -74,6 +74,7 @@ fn peer_json(p: &weft_peers::status::PeerStatus, st: &NodeStatus, drops: &mut BT
         no_direct: p.no_direct.clone(),
         hard_nat_probes: p.hard_nat.0,
         hard_nat_mappings: p.hard_nat.1,
+        punch_packets: p.punches,
         key: crate::daemon::state::hex(&p.key),
         groups: p.groups.clone(),
         cert_not_after: p.cert_not_after,

@@ -45,6 +45,7 @@ pub fn limit_malloc_arenas() {
     }
 }
 
+pub use conn::Pace;
 pub use connections::{Connections, Forward, Inbound};
 pub use egress::{Egress, Unsent};
 pub use weft_core::endpoint::{Endpoint, Proto, canonical};

@@ -212,6 +212,10 @@ pub enum Action {
         datagrams: Vec<Vec<u8>>,
         /// How long the sockets wait for an answer.
         hold: Duration,
+        /// Sockets whose keepalives go at once, one burst every `every`.
+        burst: usize,
+        /// The time between bursts.
+        every: Duration,
     },
     /// Send these datagrams to one UDP endpoint as one segmentation-offloaded batch
     /// where the socket takes UDP GSO (a path MTU search checking that the offload

@@ -103,8 +103,8 @@ impl Node {
         );
         if let Some((b, ip)) = &p.birthday {
             format!("{why}; hard NAT probing: {} probes to {ip} in {} rounds", b.total_probes, b.total_rounds)
-        } else if p.mappings_opened > 0 && ours.0.mapping == crate::nat::Mapping::Dependent {
-            format!("{why}; hard NAT probing: opened {} mappings for its probes", p.mappings_opened)
+        } else if p.opener.total > 0 && ours.0.mapping == crate::nat::Mapping::Dependent {
+            format!("{why}; hard NAT probing: opened {} mappings for its probes", p.opener.total)
         } else {
             why
         }
@@ -163,22 +163,28 @@ impl Node {
     }
 
     /// The hard side: asks the runtime for [`BIRTHDAY_SOCKETS`] fresh mappings towards
-    /// the peer's first UDP target, each opened by a sealed keepalive, at most once per
-    /// half round.
+    /// the peer's first UDP target, each opened by a sealed keepalive, sent in bursts
+    /// of [`OPEN_BURST`], as often as the peer's [`Opener`] allows.
+    ///
+    /// [`Opener`]: crate::nat::birthday::Opener
     fn open_mappings(&mut self, now: Instant, key: &PeerKey, targets: &[Endpoint]) {
-        use crate::nat::birthday::{BIRTHDAY_EVERY, BIRTHDAY_HOLD, BIRTHDAY_SOCKETS};
+        use crate::nat::birthday::{BIRTHDAY_HOLD, BIRTHDAY_SOCKETS, BIRTHDAY_TICK, OPEN_BURST};
         let epoch = self.cfg.epoch;
         let Some(to) = targets.iter().find(|e| e.proto == Proto::Udp).copied() else { return };
         let Some(p) = self.peers.get_mut(key) else { return };
-        if p.mappings_next.is_some_and(|t| now < t) {
+        let Some(session) = p.tx().map(|s| s.session.clone()) else { return };
+        if !p.opener.open(now) {
             return;
         }
-        let Some(session) = p.tx().map(|s| s.session.clone()) else { return };
-        p.mappings_next = Some(now + BIRTHDAY_EVERY / 2);
-        p.mappings_opened += BIRTHDAY_SOCKETS as u64;
         tracing::debug!(peer = %p.id, %to, sockets = BIRTHDAY_SOCKETS, "opening mappings for the peer's probes");
         let datagrams = (0..BIRTHDAY_SOCKETS).map(|_| super::keepalive(&session, now, epoch)).collect();
-        self.actions.push_back(crate::node::Action::OpenMappings { to, datagrams, hold: BIRTHDAY_HOLD });
+        self.actions.push_back(crate::node::Action::OpenMappings {
+            to,
+            datagrams,
+            hold: BIRTHDAY_HOLD,
+            burst: OPEN_BURST,
+            every: BIRTHDAY_TICK,
+        });
     }
 
     /// The easy side's rounds and probes towards a relayed peer: each round asks the

@@ -332,6 +332,9 @@ impl Node {
             self.dials.punched.insert(ep.addr, now + PUNCH_ANSWER_EVERY);
             let ka = crate::node::keepalive(&session, now, self.cfg.epoch);
             self.actions.push_back(Dest::direct(*ep).send(ka));
+            if let Some(p) = self.peers.get_mut(key) {
+                p.punches_sent += 1;
+            }
         }
     }
 

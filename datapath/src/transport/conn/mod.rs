@@ -54,6 +54,7 @@ mod stream;
 mod tls;
 
 pub use fragment::{MalformedDatagram, Reassembly, fragment};
+pub use pinned::Pace;
 pub use quic::on_quic_stream;
 use quic::{quic_endpoint, quic_transport};
 use slots::Proof;

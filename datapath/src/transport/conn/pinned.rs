@@ -23,6 +23,16 @@ const MAX_DATAGRAM: usize = 65_535;
 /// descriptors.
 pub(super) const MAPPING_SETS: usize = 4;
 
+/// How a set's keepalives go out: `burst` at once, one burst every `every` (so a
+/// set of 256 never leaves as one burst through the NAT).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pace {
+    /// Keepalives sent back to back.
+    pub burst: usize,
+    /// The time between bursts.
+    pub every: Duration,
+}
+
 /// Counts an open set of sockets; uncounted on drop.
 struct SetSlot<'a>(&'a std::sync::atomic::AtomicUsize);
 
@@ -54,9 +64,10 @@ impl Connector {
     /// `hold` for the first datagram from `to` on any of them. That socket becomes the
     /// path to `to` (what goes to `to` leaves from it; what it receives goes to the
     /// connection RX threads like a connection's frames, the first datagram with it);
-    /// the others close. Returns whether one answered.
+    /// the others close. Returns whether one answered. The datagrams go at `pace`;
+    /// `hold` counts from the last.
     /// At most `MAPPING_SETS` (4) sets are open at once; a request beyond that is dropped.
-    pub async fn open_mappings(self, to: Endpoint, datagrams: Vec<Vec<u8>>, hold: Duration) -> bool {
+    pub async fn open_mappings(self, to: Endpoint, datagrams: Vec<Vec<u8>>, pace: Pace, hold: Duration) -> bool {
         let sets = &self.inner.mapping_sets;
         if sets.fetch_add(1, std::sync::atomic::Ordering::Relaxed) >= MAPPING_SETS {
             sets.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
@@ -66,9 +77,11 @@ impl Connector {
         let inner = self.inner.clone();
         let _slot = SetSlot(&inner.mapping_sets);
         let opened = tokio::time::Instant::now();
-        let deadline = opened + hold;
         let mut waiting = tokio::task::JoinSet::new();
-        for d in datagrams {
+        for (i, d) in datagrams.into_iter().enumerate() {
+            if i > 0 && i % pace.burst.max(1) == 0 {
+                tokio::time::sleep(pace.every).await;
+            }
             let sock = match fresh_socket(to.addr.is_ipv4()) {
                 Ok(s) => s,
                 Err(e) => {
@@ -98,6 +111,7 @@ impl Connector {
                 }
             });
         }
+        let deadline = tokio::time::Instant::now() + hold;
         loop {
             match tokio::time::timeout_at(deadline, waiting.join_next()).await {
                 Ok(Some(Ok(Some((sock, first))))) => {
@@ -207,7 +221,8 @@ mod tests {
         let to = Endpoint::new(Proto::Udp, peer.local_addr().unwrap());
         let hold = Duration::from_secs(5);
         let mut buf = vec![0u8; 2048];
-        let open = |n: usize| tokio::spawn(conn.clone().open_mappings(to, vec![vec![1u8; 4]; n], hold));
+        let pace = Pace { burst: 32, every: Duration::from_millis(100) };
+        let open = |n: usize| tokio::spawn(conn.clone().open_mappings(to, vec![vec![1u8; 4]; n], pace, hold));
         let older = open(2);
         let (_, first_old) = peer.recv_from(&mut buf).await.unwrap();
         let (_, _) = peer.recv_from(&mut buf).await.unwrap();
@@ -223,5 +238,35 @@ mod tests {
         assert!(conn.send(to, &[7u8; 40]), "the path takes a frame");
         let (n, from) = tokio::time::timeout(Duration::from_secs(5), peer.recv_from(&mut buf)).await.unwrap().unwrap();
         assert_eq!((n, from), (40, first_new), "the frame left from the socket hit first");
+    }
+
+    /// A set goes out in bursts: never more than `burst` datagrams before a pause of
+    /// `every`, each from a socket (a source port) of its own.
+    #[tokio::test]
+    async fn a_set_goes_out_in_paced_bursts_from_sockets_of_their_own() {
+        let (conns, _inbound) = Connections::new(8);
+        let (down_tx, _down) = mpsc::channel(8);
+        let macs = Arc::new(MacKeys::new(&Psk::derive("pinned", "secret")));
+        let conn = Connector::new(conns, down_tx, None, 4, 1500, macs).expect("connector");
+        let peer = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let to = Endpoint::new(Proto::Udp, peer.local_addr().unwrap());
+        let pace = Pace { burst: 3, every: Duration::from_millis(150) };
+        let set = tokio::spawn(conn.open_mappings(to, vec![vec![1u8; 4]; 7], pace, Duration::from_millis(100)));
+        let mut buf = vec![0u8; 64];
+        let mut got = Vec::new();
+        for _ in 0..7 {
+            let (_, from) = peer.recv_from(&mut buf).await.unwrap();
+            got.push((tokio::time::Instant::now(), from.port()));
+        }
+        assert!(!set.await.unwrap(), "nobody answered");
+        let mut ports: Vec<u16> = got.iter().map(|g| g.1).collect();
+        ports.sort_unstable();
+        ports.dedup();
+        assert_eq!(ports.len(), 7, "a socket per datagram");
+        // Bursts of 3, 3 and 1: the 4th and 7th come a pause after the 3rd and 6th.
+        for i in [3, 6] {
+            let gap = got[i].0 - got[i - 1].0;
+            assert!(gap >= Duration::from_millis(140), "datagram {i} came {gap:?} after the one before");
+        }
     }
 }
