@@ -12,6 +12,7 @@ mod node;
 mod parsers;
 mod rx;
 pub mod seeds;
+mod upnp;
 
 pub use node::node;
 pub use parsers::{
@@ -19,6 +20,7 @@ pub use parsers::{
     reject, relay_header, stream_frames,
 };
 pub use rx::rx;
+pub use upnp::upnp_gateway;
 
 /// A target's body.
 pub type Body = fn(&[u8]);
@@ -40,4 +42,5 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("policy", policy),
     ("pcp_response", pcp_response),
     ("pmp_response", pmp_response),
+    ("upnp_gateway", upnp_gateway),
 ];

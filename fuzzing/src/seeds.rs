@@ -221,7 +221,7 @@ pub fn seeds() -> Vec<Seed> {
 }
 
 /// Router answers to port-mapping requests: a PCP mapping and refusal, NAT-PMP's
-/// external address, mapping and refusal.
+/// external address, mapping and refusal, miniupnpd's recorded UPnP answers.
 fn seed_port_mapping(s: &mut Vec<Seed>) {
     use weft_core::portmap::{Protocol, pcp, pmp};
     let mapping = pcp::Mapping {
@@ -246,5 +246,8 @@ fn seed_port_mapping(s: &mut Vec<Seed>) {
     ];
     for (name, result, answer) in answers {
         s.push(("pmp_response", name.into(), pmp::Response { result, epoch: 1, answer }.emit()));
+    }
+    for (name, bytes) in crate::upnp::seeds() {
+        s.push(("upnp_gateway", name, bytes));
     }
 }
