@@ -203,6 +203,20 @@ fn no_tun_settings_come_from_flags_and_file() {
 }
 
 #[test]
+fn port_mapping_is_on_unless_a_flag_or_the_file_turns_it_off() {
+    assert!(NodeConfig::resolve(&args()).unwrap().port_mapping);
+    assert!(!NodeConfig::resolve(&UpArgs { no_port_mapping: true, ..args() }).unwrap().port_mapping);
+    let dir = std::env::temp_dir().join(format!("weft-cfg-portmap-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("weft.toml");
+    std::fs::write(&path, "no-port-mapping = true\n").unwrap();
+    assert!(!NodeConfig::resolve(&UpArgs { config: Some(path.clone()), ..args() }).unwrap().port_mapping);
+    std::fs::write(&path, "no-port-mapping = false\n").unwrap();
+    assert!(NodeConfig::resolve(&UpArgs { config: Some(path), ..args() }).unwrap().port_mapping);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn secret_is_redacted() {
     let c = NodeConfig::resolve(&args()).unwrap();
     assert!(!format!("{c:?}").contains("s3cret"));

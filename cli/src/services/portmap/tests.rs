@@ -324,29 +324,47 @@ async fn a_router_without_a_server_fails_at_once() {
     m.shut_down().await;
 }
 
-#[tokio::test]
-async fn a_lease_that_lapses_is_withdrawn_then_made_again() {
-    let script = Arc::new(Mutex::new(Script::new(Mode::Answer, Mode::Answer)));
+/// The router grants 2 s leases, then falls silent: the renewals (retransmitted)
+/// go unanswered, the mapping is withdrawn when its lease ends (not before), and made
+/// again once the router answers, counted as a re-map. `pcp` is how the router
+/// answers PCP (NatPmpOnly: a NAT-PMP gateway).
+async fn a_lease_lapses(pcp: Mode, protocol: PortMapProtocol) {
+    let script = Arc::new(Mutex::new(Script::new(pcp, Mode::Answer)));
     script.lock().unwrap().max_lifetime = 2;
     let gw = router(script.clone()).await;
     let mut m = start(gw, timing());
     let s = until(&mut m.state, "mapped", |s| s.mapping.is_some()).await;
     let first = s.mapping.unwrap();
+    assert_eq!(first.protocol, protocol);
     assert!(first.expires <= Instant::now() + Duration::from_secs(2));
     // The router stops answering: renewals at 1 s go unanswered until the lease ends.
+    let asked = |s: &Script| if protocol == PortMapProtocol::Pcp { s.pcp_requests } else { s.pmp_requests };
+    let before = asked(&script.lock().unwrap());
     script.lock().unwrap().pcp = Mode::Silent;
     script.lock().unwrap().pmp = Mode::Silent;
     let s = until(&mut m.state, "lapsed", |s| s.mapping.is_none()).await;
     assert!(Instant::now() >= first.expires, "withdrawn before the router dropped it");
     assert!(s.last_error.as_deref().is_some_and(|e| e.starts_with("lease lapsed: no answer")), "{s:?}");
-    let renewals = script.lock().unwrap().pcp_requests;
-    assert!(renewals >= 3, "the renewal was retransmitted ({renewals} PCP requests)");
+    let renewals = asked(&script.lock().unwrap()) - before;
+    assert!(renewals >= 2, "the renewal was retransmitted ({renewals} requests in {protocol:?})");
     // It answers again: mapped anew, counted as a re-map.
-    script.lock().unwrap().pcp = Mode::Answer;
+    script.lock().unwrap().pcp = pcp;
+    script.lock().unwrap().pmp = Mode::Answer;
     let s = until(&mut m.state, "mapped again", |s| s.mapping.is_some()).await;
+    assert_eq!(s.mapping.unwrap().protocol, protocol);
     assert_eq!(s.remaps, 1);
     assert_eq!(s.last_error, None);
     m.shut_down().await;
+}
+
+#[tokio::test]
+async fn a_pcp_lease_that_lapses_is_withdrawn_then_made_again() {
+    a_lease_lapses(Mode::Answer, PortMapProtocol::Pcp).await;
+}
+
+#[tokio::test]
+async fn a_nat_pmp_lease_that_lapses_is_withdrawn_then_made_again() {
+    a_lease_lapses(Mode::NatPmpOnly, PortMapProtocol::NatPmp).await;
 }
 
 /// The router restarts and forgets its mappings, and another client took our old
