@@ -213,8 +213,10 @@ fn a_subnet_keeps_answering_while_its_routers_come_and_go() {
         })
     });
     lan.hosts[0].exec_ok(&["ip", "link", "set", "lan0", "down"]);
-    wait_until(Duration::from_secs(10), "r1 withdraws the subnet", || r1.status()["withdrawn"].is_string());
-    wait_until(Duration::from_secs(5), "the member moves to r2", || primary(&m).as_deref() == Some("r2"));
+    let withdrawn =
+        wait_until(Duration::from_secs(10), "r1 withdraws the subnet", || r1.status()["withdrawn"].is_string());
+    let moved = wait_until(Duration::from_secs(5), "the member moves to r2", || primary(&m).as_deref() == Some("r2"));
+    eprintln!("health: r1 withdrew {withdrawn:?} after its LAN went down; the member moved {moved:?} after that");
     assert!(ping(&lan.hosts[2], HOST), "the site's host does not answer through r2");
     lan.hosts[0].exec_ok(&["ip", "link", "set", "lan0", "up"]);
     wait_until(Duration::from_secs(15), "r1 is primary again", || {
