@@ -359,20 +359,9 @@ mod tests {
             b.sign(&auth).unwrap()
         };
         let rec = |c: &Certificate| crate::topology::Record {
-            key: origin.public,
             signer: origin.signing_public,
-            seq: 1,
-            hostname: "build-01".into(),
-            overlay: Ipv4Addr::new(10, 1, 0, 5),
-            overlay6: None,
-            endpoints: vec![],
-            neighbours: vec![],
-            proxied: vec![],
-            dynamic: false,
             cert: Some(c.to_bytes()),
-            priority: crate::topology::DEFAULT_PRIORITY,
-            unknown_ext: Vec::new(),
-            sig: [0; 64],
+            ..crate::topology::Record::blank(origin.public, "build-01", Ipv4Addr::new(10, 1, 0, 5))
         };
         assert!(newest.note(&rec_cert(1_200)));
         assert_eq!(record_refusal(&trusted, &none, &newest, "office", &rec(&rec_cert(1_200)), 1_500), None);
@@ -406,20 +395,9 @@ mod tests {
         .unwrap()
         .to_bytes();
         let mut rec = Record {
-            key: origin.public,
             signer: origin.signing_public,
-            seq: 1,
-            hostname: "router".into(),
-            overlay: Ipv4Addr::new(10, 1, 0, 7),
-            overlay6: None,
-            endpoints: vec![],
-            neighbours: vec![],
-            proxied: vec![],
-            dynamic: false,
             cert: Some(cert),
-            priority: crate::topology::DEFAULT_PRIORITY,
-            unknown_ext: Vec::new(),
-            sig: [0; 64],
+            ..Record::blank(origin.public, "router", Ipv4Addr::new(10, 1, 0, 7))
         };
         let none = Revocations::default();
         let fresh = Newest::default();

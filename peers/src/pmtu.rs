@@ -313,6 +313,14 @@ mod tests {
 
     /// Runs rounds one `ROUND` apart from `*t` (every probe `passes` lets through is
     /// acknowledged) until one finds something other than nothing, at most `limit`.
+    /// A measurement that follows a fresh path from now.
+    fn following() -> (PathMtu, Instant) {
+        let t = Instant::now();
+        let mut m = PathMtu::default();
+        m.follow(ep(1), t);
+        (m, t)
+    }
+
     fn until(m: &mut PathMtu, t: &mut Instant, passes: impl Fn(&Probe) -> bool, limit: u32) -> Option<Found> {
         let mut n = 0u64;
         for _ in 0..limit {
@@ -333,9 +341,7 @@ mod tests {
 
     #[test]
     fn a_search_finds_the_largest_size_that_passes_and_a_black_hole_starts_another() {
-        let mut t = Instant::now();
-        let mut m = PathMtu::default();
-        m.follow(ep(1), t);
+        let (mut m, mut t) = following();
         assert!(m.due(t));
         let limit = std::cell::Cell::new(1220u16);
         let passes = |p: &Probe| p.size <= limit.get();
@@ -351,9 +357,7 @@ mod tests {
 
     #[test]
     fn loss_of_everything_is_not_a_black_hole() {
-        let mut t = Instant::now();
-        let mut m = PathMtu::default();
-        m.follow(ep(1), t);
+        let (mut m, mut t) = following();
         assert_eq!(until(&mut m, &mut t, |_| true, 5), Some(Found::Mtu(1420)));
         // Nothing comes back for a while (both probes lost each round): no new search.
         assert_eq!(until(&mut m, &mut t, |_| false, 10), None);
@@ -362,9 +366,7 @@ mod tests {
 
     #[test]
     fn the_full_size_passing_settles_soon_and_larger_sizes_are_tried_again() {
-        let mut t = Instant::now();
-        let mut m = PathMtu::default();
-        m.follow(ep(1), t);
+        let (mut m, mut t) = following();
         let t0 = t;
         assert_eq!(until(&mut m, &mut t, |_| true, 5), Some(Found::Mtu(1420)));
         assert!(t - t0 <= ROUND * 3, "took {:?}", t - t0);
@@ -382,9 +384,7 @@ mod tests {
     #[test]
     fn a_path_that_drops_gso_batches_is_found_and_one_that_does_not_is_not() {
         for (drops_batches, broken) in [(true, true), (false, false)] {
-            let mut t = Instant::now();
-            let mut m = PathMtu::default();
-            m.follow(ep(1), t);
+            let (mut m, mut t) = following();
             let passes = |p: &Probe| !(drops_batches && p.batch);
             let found = until(&mut m, &mut t, passes, 5);
             assert_eq!(found == Some(Found::GsoBroken), broken);
@@ -393,9 +393,7 @@ mod tests {
         }
         // Heavy random loss (every other probe and every batch lost) is not taken for
         // a broken offload: the single probe must pass in every round.
-        let mut t = Instant::now();
-        let mut m = PathMtu::default();
-        m.follow(ep(1), t);
+        let (mut m, mut t) = following();
         let odd = std::cell::Cell::new(0u32);
         let lossy = |p: &Probe| {
             odd.set(odd.get() + 1);
@@ -404,9 +402,7 @@ mod tests {
         until(&mut m, &mut t, lossy, 5);
         assert!(!m.gso_broken);
         // A path that answers nothing measures nothing, and waits before trying again.
-        let mut t = Instant::now();
-        let mut m = PathMtu::default();
-        m.follow(ep(1), t);
+        let (mut m, mut t) = following();
         assert_eq!(until(&mut m, &mut t, |_| false, 5), Some(Found::NoAnswer));
         assert!(!m.known());
         assert_eq!(m.next, Some(t - ROUND + RETRY_AFTER));
@@ -416,9 +412,7 @@ mod tests {
 
     #[test]
     fn an_offload_that_breaks_on_a_measured_path_is_found_by_the_confirmations() {
-        let mut t = Instant::now();
-        let mut m = PathMtu::default();
-        m.follow(ep(1), t);
+        let (mut m, mut t) = following();
         let broken = std::cell::Cell::new(false);
         let passes = |p: &Probe| !(broken.get() && p.batch);
         assert_eq!(until(&mut m, &mut t, passes, 5), Some(Found::Mtu(1420)));
@@ -451,9 +445,7 @@ mod tests {
 
     #[test]
     fn a_lost_batch_beside_a_lost_single_probe_of_its_size_is_loss_not_the_offload() {
-        let mut t = Instant::now();
-        let mut m = PathMtu::default();
-        m.follow(ep(1), t);
+        let (mut m, mut t) = following();
         assert_eq!(until(&mut m, &mut t, |_| true, 5), Some(Found::Mtu(1420)));
         // Every probe of the batch's size is lost, alone or batched (a burst of loss
         // at that size): no verdict on the offload.

@@ -112,6 +112,28 @@ pub struct Record {
 pub struct BadRecord;
 
 impl Record {
+    /// An unsigned record of `key` at `overlay` with nothing else in it (sequence 1,
+    /// no endpoints, links or subnets, the default priority): tests build theirs on it.
+    #[cfg(test)]
+    pub(crate) fn blank(key: [u8; 32], hostname: &str, overlay: Ipv4Addr) -> Self {
+        Self {
+            key,
+            signer: [0; 32],
+            seq: 1,
+            hostname: hostname.into(),
+            overlay,
+            overlay6: None,
+            endpoints: Vec::new(),
+            neighbours: Vec::new(),
+            proxied: Vec::new(),
+            dynamic: false,
+            cert: None,
+            priority: DEFAULT_PRIORITY,
+            unknown_ext: Vec::new(),
+            sig: [0; 64],
+        }
+    }
+
     /// The node's id.
     pub fn node(&self) -> NodeId {
         NodeId::from_public(&self.key)

@@ -12,6 +12,40 @@ fn args() -> UpArgs {
     }
 }
 
+/// A config file in a directory of its own (`tag` keeps tests running at once
+/// apart), private (0600) as one holding a secret must be; removed on drop.
+struct ConfigFile {
+    dir: PathBuf,
+    path: PathBuf,
+}
+
+impl ConfigFile {
+    fn new(tag: &str, text: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("weft-cfg-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = Self { path: dir.join("weft.toml"), dir };
+        f.write(text);
+        std::fs::set_permissions(&f.path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+        f
+    }
+
+    /// Replaces its text (its mode stays).
+    fn write(&self, text: &str) {
+        std::fs::write(&self.path, text).unwrap();
+    }
+
+    /// [`args`] with this file.
+    fn args(&self) -> UpArgs {
+        UpArgs { config: Some(self.path.clone()), ..args() }
+    }
+}
+
+impl Drop for ConfigFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 #[test]
 fn defaults() {
     let c = NodeConfig::resolve(&args()).unwrap();
@@ -61,36 +95,28 @@ fn wide_subnets_are_refused_unless_opted_in() {
     assert!(!NodeConfig::resolve(&args()).unwrap().accept_wide_subnets);
     let a = UpArgs { accept_wide_subnets: true, ..args() };
     assert!(NodeConfig::resolve(&a).unwrap().accept_wide_subnets);
-    let dir = std::env::temp_dir().join(format!("weft-cfg-wide-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("weft.toml");
-    std::fs::write(
-        &path,
+    let f = ConfigFile::new(
+        "wide",
         "network-name = \"lab\"\nnetwork-secret = \"x\"\nipv4 = \"10.1.1.1/16\"\naccept-wide-subnets = true\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-    let a = UpArgs { config: Some(path), ..UpArgs::default() };
+    );
+    let a = UpArgs { config: Some(f.path.clone()), ..UpArgs::default() };
     assert!(NodeConfig::resolve(&a).unwrap().accept_wide_subnets);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn file_values_apply_and_flags_win() {
-    let dir = std::env::temp_dir().join(format!("weft-cfg-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("weft.toml");
-    std::fs::write(&path, "network-name = \"lab\"\nnetwork-secret = \"x\"\nipv4 = \"10.1.1.1/16\"\nmtu = 1380\npeer = [\"udp://127.0.0.1:5\"]\n").unwrap();
-    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-    let a = UpArgs { config: Some(path.clone()), mtu: Some(1400), ..UpArgs::default() };
+    let f = ConfigFile::new(
+        "file",
+        "network-name = \"lab\"\nnetwork-secret = \"x\"\nipv4 = \"10.1.1.1/16\"\nmtu = 1380\npeer = [\"udp://127.0.0.1:5\"]\n",
+    );
+    let a = UpArgs { config: Some(f.path.clone()), mtu: Some(1400), ..UpArgs::default() };
     let c = NodeConfig::resolve(&a).unwrap();
     assert_eq!(c.network_name, "lab");
     assert_eq!(c.mtu, 1400);
     assert_eq!(c.peers.len(), 1);
-    std::fs::write(&path, "network-name = \"lab\"\nbogus-key = 1\n").unwrap();
+    f.write("network-name = \"lab\"\nbogus-key = 1\n");
     let e = NodeConfig::resolve(&a).unwrap_err().to_string();
     assert!(e.contains("bogus-key"), "{e}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
@@ -127,13 +153,9 @@ fn log_settings_parse_or_name_the_value() {
     assert!(log_filter("weft=debug,warn").is_ok());
     let e = log_filter("weft=loud").unwrap_err().to_string();
     assert!(e.contains("weft=loud"), "{e}");
-    let dir = std::env::temp_dir().join(format!("weft-cfg-log-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("weft.toml");
-    std::fs::write(&path, "log-level = \"debug\"\nlog-format = \"json\"\n").unwrap();
-    let c = NodeConfig::resolve(&UpArgs { config: Some(path), ..args() }).unwrap();
+    let f = ConfigFile::new("log", "log-level = \"debug\"\nlog-format = \"json\"\n");
+    let c = NodeConfig::resolve(&f.args()).unwrap();
     assert_eq!((c.log_level.as_deref(), c.log_format.as_deref()), (Some("debug"), Some("json")));
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
@@ -151,35 +173,27 @@ fn magic_dns_settings_come_from_flags_and_file() {
     }
     let e = NodeConfig::resolve(&UpArgs { dns_domain: Some("a..b".into()), ..args() }).unwrap_err().to_string();
     assert!(e.contains("--dns-domain") && e.contains("a..b"), "{e}");
-    let dir = std::env::temp_dir().join(format!("weft-cfg-dns-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("weft.toml");
-    std::fs::write(&path, "dns-domain = \"Mesh.Example\"\naccept-dns = true\n").unwrap();
-    let c = NodeConfig::resolve(&UpArgs { config: Some(path.clone()), ..args() }).unwrap();
+    let f = ConfigFile::new("dns", "dns-domain = \"Mesh.Example\"\naccept-dns = true\n");
+    let c = NodeConfig::resolve(&f.args()).unwrap();
     assert_eq!((c.dns_domain.as_deref(), c.accept_dns), (Some("mesh.example"), true));
-    std::fs::write(&path, "magic-dns = false\n").unwrap();
-    let c = NodeConfig::resolve(&UpArgs { config: Some(path.clone()), ..args() }).unwrap();
+    f.write("magic-dns = false\n");
+    let c = NodeConfig::resolve(&f.args()).unwrap();
     assert_eq!(c.dns_domain, None);
     // --exit-fallback on the command line, the exit it falls back from in the file.
-    std::fs::write(&path, "use-exit-node = \"gw\"\n").unwrap();
-    let c = NodeConfig::resolve(&UpArgs { config: Some(path), exit_fallback: true, ..args() }).unwrap();
+    f.write("use-exit-node = \"gw\"\n");
+    let c = NodeConfig::resolve(&UpArgs { exit_fallback: true, ..f.args() }).unwrap();
     assert_eq!((c.use_exit.as_deref(), c.exit_fallback), (Some("gw"), true));
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn no_tun_settings_come_from_flags_and_file() {
-    let dir = std::env::temp_dir().join(format!("weft-cfg-notun-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("weft.toml");
-    std::fs::write(
-        &path,
+    let f = ConfigFile::new(
+        "notun",
         "no-tun = true\nsocks5 = \"127.0.0.1:1080\"\nsocks5-auth = \"u:p\"\nthreads = 4\n\
          forward = [\"tcp://6000=alpha.office.internal:80\", \"udp://[::1]:5353=[fd00::1]:53\"]\n\
          expose = [\"udp://53=127.0.0.1:5353\"]\n",
-    )
-    .unwrap();
-    let c = NodeConfig::resolve(&UpArgs { config: Some(path), ..args() }).unwrap();
+    );
+    let c = NodeConfig::resolve(&f.args()).unwrap();
     assert!(c.no_tun);
     assert_eq!(c.threads, 1, "one pipeline feeds the userspace stack");
     assert_eq!(c.socks5, Some("127.0.0.1:1080".parse().unwrap()));
@@ -199,21 +213,16 @@ fn no_tun_settings_come_from_flags_and_file() {
     assert_eq!(c.forwards[1].to_string(), "udp://[::1]:5353=[fd00::1]:53");
     assert_eq!(c.exposes, [Expose { proto: L4::Udp, port: 53, local: "127.0.0.1:5353".parse().unwrap() }]);
     assert_eq!(c.exposes[0].to_string(), "udp://53=127.0.0.1:5353");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn port_mapping_is_on_unless_a_flag_or_the_file_turns_it_off() {
     assert!(NodeConfig::resolve(&args()).unwrap().port_mapping);
     assert!(!NodeConfig::resolve(&UpArgs { no_port_mapping: true, ..args() }).unwrap().port_mapping);
-    let dir = std::env::temp_dir().join(format!("weft-cfg-portmap-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("weft.toml");
-    std::fs::write(&path, "no-port-mapping = true\n").unwrap();
-    assert!(!NodeConfig::resolve(&UpArgs { config: Some(path.clone()), ..args() }).unwrap().port_mapping);
-    std::fs::write(&path, "no-port-mapping = false\n").unwrap();
-    assert!(NodeConfig::resolve(&UpArgs { config: Some(path), ..args() }).unwrap().port_mapping);
-    std::fs::remove_dir_all(&dir).unwrap();
+    let f = ConfigFile::new("portmap", "no-port-mapping = true\n");
+    assert!(!NodeConfig::resolve(&f.args()).unwrap().port_mapping);
+    f.write("no-port-mapping = false\n");
+    assert!(NodeConfig::resolve(&f.args()).unwrap().port_mapping);
 }
 
 #[test]
@@ -226,38 +235,30 @@ fn secret_is_redacted() {
     let cli = args::Cli::try_parse_from(["weft", "up", "--network-secret", "s3cret-flag"]).unwrap();
     assert!(!format!("{cli:?}").contains("s3cret-flag"), "{cli:?}");
     // The parsed file.
-    let dir = std::env::temp_dir().join(format!("weft-cfg-dbg-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("weft.toml");
-    std::fs::write(&path, "network-secret = \"s3cret-file\"\n").unwrap();
-    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-    let f = FileConfig::load(&path).unwrap();
+    let file = ConfigFile::new("dbg", "network-secret = \"s3cret-file\"\n");
+    let f = FileConfig::load(&file.path).unwrap();
     assert!(!format!("{f:?}").contains("s3cret-file"), "{f:?}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn config_with_secret_must_be_private() {
     use std::os::unix::fs::PermissionsExt;
-    let dir = std::env::temp_dir().join(format!("weft-cfg-mode-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("weft.toml");
-    std::fs::write(&path, "network-name = \"lab\"\nnetwork-secret = \"x\"\nipv4 = \"10.1.1.1/16\"\n").unwrap();
+    let f = ConfigFile::new("mode", "network-name = \"lab\"\nnetwork-secret = \"x\"\nipv4 = \"10.1.1.1/16\"\n");
+    let path = &f.path;
     let a = UpArgs { config: Some(path.clone()), ..UpArgs::default() };
     for mode in [0o644, 0o640, 0o604, 0o620, 0o602] {
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
         let e = NodeConfig::resolve(&a).unwrap_err().to_string();
         assert!(e.contains(&format!("chmod 600 {}", path.display())), "{mode:o}: {e}");
         assert!(e.contains(&format!("{mode:03o}")), "{mode:o}: {e}");
     }
     for mode in [0o600, 0o400] {
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
         assert!(NodeConfig::resolve(&a).is_ok(), "{mode:o}");
     }
     // Without a secret in it the file may be public.
-    std::fs::write(&path, "network-name = \"lab\"\nipv4 = \"10.1.1.1/16\"\n").unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    f.write("network-name = \"lab\"\nipv4 = \"10.1.1.1/16\"\n");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).unwrap();
     let a = UpArgs { network_secret: Some("y".into()), ..a };
     assert!(NodeConfig::resolve(&a).is_ok());
-    std::fs::remove_dir_all(&dir).unwrap();
 }

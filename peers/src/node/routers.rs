@@ -368,21 +368,11 @@ mod tests {
     }
 
     fn router(seed: u8, priority: u8) -> Record {
+        let key = weft_core::handshake::StaticKey::from_seed([seed; 32]).public;
         Record {
-            key: weft_core::handshake::StaticKey::from_seed([seed; 32]).public,
-            signer: [0; 32],
-            seq: 1,
-            hostname: format!("r{seed}"),
-            overlay: std::net::Ipv4Addr::new(10, 0, 0, seed),
-            overlay6: None,
-            endpoints: Vec::new(),
-            neighbours: Vec::new(),
             proxied: vec![(std::net::Ipv4Addr::new(192, 168, 1, 0).into(), 24)],
-            dynamic: false,
-            cert: None,
             priority,
-            unknown_ext: Vec::new(),
-            sig: [0; 64],
+            ..Record::blank(key, &format!("r{seed}"), std::net::Ipv4Addr::new(10, 0, 0, seed))
         }
     }
 
