@@ -53,12 +53,17 @@ const LIMIT: Duration = Duration::from_secs(2);
 
 /// The body of the `upnp_gateway` target.
 pub fn upnp_gateway(data: &[u8]) {
+    exchange(data);
+}
+
+/// Plays the router with `data`'s four answers and drives the client; how far it got.
+fn exchange(data: &[u8]) -> Option<Reached> {
     own_network();
-    let mut parts = data.splitn(4, |b| *b == 0);
-    let mut next = || parts.next().unwrap_or_default().to_vec();
+    let mut parts = data.splitn(4, |b| *b == 0).map(<[u8]>::to_vec);
+    let mut next = || parts.next().unwrap_or_default();
     let (ssdp, desc, scpd, soap) = (next(), next(), next(), next());
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    rt.block_on(drive(ssdp, desc, scpd, soap));
+    rt.block_on(drive(ssdp, desc, scpd, soap))
 }
 
 /// How far the client got: the gateway it found (the input's or the good one), and
@@ -199,29 +204,16 @@ fn replace(data: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
 mod tests {
     use super::*;
 
-    /// Runs the body's exchange on `input` in this thread's own namespace.
-    fn reach(input: &[u8]) -> Option<Reached> {
-        own_network();
-        let mut parts = input.splitn(4, |b| *b == 0).map(<[u8]>::to_vec);
-        let mut next = || parts.next().unwrap_or_default();
-        let (ssdp, desc, scpd, soap) = (next(), next(), next(), next());
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(drive(ssdp, desc, scpd, soap))
-    }
-
     #[test]
     fn the_recorded_answers_reach_the_soap_actions_on_the_inputs_router() {
         let (_, seed) = seeds().into_iter().find(|s| s.0.ends_with("external-ip")).unwrap();
-        let got = reach(&seed);
+        let got = exchange(&seed);
         assert_eq!(got, Some(Reached { fuzzed_gateway: true, external: Some([100, 200, 0, 1].into()) }));
     }
 
     #[test]
     fn answers_that_do_not_parse_end_on_the_good_router_at_once() {
-        let got = reach(b"HTTP/1.1 200 OK\r\nLOCATION: nowhere\r\n\0<root/>\0\0garbage");
+        let got = exchange(b"HTTP/1.1 200 OK\r\nLOCATION: nowhere\r\n\0<root/>\0\0garbage");
         // The good router was found (the search did not time out on the input's).
         assert_eq!(got, Some(Reached { fuzzed_gateway: false, external: None }));
     }

@@ -29,9 +29,10 @@ fn peer_json(p: &weft_peers::status::PeerStatus, st: &NodeStatus, drops: &mut BT
         PathStatus::Relay { via, hops } => (PathKind::Relay, Some(via), hops),
         PathStatus::None => (PathKind::None, None, 0),
     };
+    let relay = via.and_then(|v| st.peers.iter().find(|q| q.node_id == v));
     // The transport of the first link: to the peer, or to the relay.
-    let first_link = match via {
-        Some(v) => st.peers.iter().find(|q| q.node_id == v).and_then(|q| q.endpoint),
+    let first_link = match relay {
+        Some(r) => r.endpoint,
         None if path == PathKind::Direct => p.endpoint,
         None => None,
     };
@@ -43,7 +44,7 @@ fn peer_json(p: &weft_peers::status::PeerStatus, st: &NodeStatus, drops: &mut BT
         endpoint: p.endpoint.map(|e| e.to_string()),
         path,
         via: via.map(|v| v.to_string()),
-        via_hostname: via.and_then(|v| st.peers.iter().find(|q| q.node_id == v)).map(|q| q.hostname.clone()),
+        via_hostname: relay.map(|q| q.hostname.clone()),
         hops,
         transport: first_link.map_or_else(|| "none".into(), |e| e.proto.to_string()),
         rtt_ms: p.rtt.map(|r| r.as_secs_f64() * 1000.0),

@@ -319,6 +319,7 @@ impl Node {
     /// datagram a second out of this node).
     pub(crate) fn punch_to(&mut self, now: Instant, key: &PeerKey, eps: &[Endpoint]) {
         let Some(session) = self.peers.get(key).and_then(Peer::tx).map(|s| s.session.clone()) else { return };
+        let mut sent = 0;
         for ep in eps.iter().take(MAX_CANDIDATES) {
             if self.dials.punched.get(&ep.addr).is_some_and(|t| now < *t) {
                 continue;
@@ -332,9 +333,10 @@ impl Node {
             self.dials.punched.insert(ep.addr, now + PUNCH_ANSWER_EVERY);
             let ka = crate::node::keepalive(&session, now, self.cfg.epoch);
             self.actions.push_back(Dest::direct(*ep).send(ka));
-            if let Some(p) = self.peers.get_mut(key) {
-                p.punches_sent += 1;
-            }
+            sent += 1;
+        }
+        if let Some(p) = self.peers.get_mut(key) {
+            p.punches_sent += sent;
         }
     }
 
