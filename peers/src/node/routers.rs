@@ -31,6 +31,10 @@ pub(crate) const WATCH_DEAD: Duration = Duration::from_millis(1100);
 pub(crate) const RETURN_HOLD: Duration = Duration::from_secs(3);
 /// Most routers of one subnet (or exits) watched at once.
 const MAX_WATCHED: usize = 4;
+/// A subnet none of whose routers could carry traffic (or an exit list with none
+/// usable) is looked at again this often: a router can become usable again (its
+/// session back) without the routes changing.
+const UNSETTLED_CHECK: Duration = Duration::from_secs(1);
 
 /// What the engine chose among several routers and exits, and since when each
 /// candidate has been reachable.
@@ -239,6 +243,12 @@ impl Node {
             if end > now && watch.contains(id) {
                 check_at = Some(check_at.map_or(end, |c| c.min(end)));
             }
+        }
+        let unsettled = subnets.iter().any(|(prefix, _)| !self.routers.primary.contains_key(prefix))
+            || (!exits.is_empty() && self.routers.exit.is_none());
+        if unsettled {
+            let at = now + UNSETTLED_CHECK;
+            check_at = Some(check_at.map_or(at, |c| c.min(at)));
         }
         self.routers.watched = watch;
         self.routers.check_at = check_at;
