@@ -239,20 +239,28 @@ fn a_subnet_keeps_answering_while_its_routers_come_and_go() {
         })
     });
     site.exec_ok(&["nft", "delete", "table", "inet", "svc"]);
-    // One status read decides both: r2 listed on standby, and r1 still primary in it.
-    let back = std::cell::RefCell::new(serde_json::Value::Null);
+    // One status read decides both: r2 listed on standby beside a primary, and that
+    // primary still r1.
+    let mut routers = serde_json::Value::Null;
     wait_until(Duration::from_secs(10), "r2 stands by again", || {
         r2.status()["withdrawn"].is_null()
             && m.try_status().is_some_and(|s| {
-                let routers = s["subnets"][0]["routers"].clone();
-                *back.borrow_mut() = routers.clone();
-                routers.as_array().is_some_and(|r| r.iter().any(|r| r["hostname"] == "r2" && r["state"] == "standby"))
+                routers = s["subnets"][0]["routers"].clone();
+                routers.as_array().is_some_and(|r| {
+                    r.iter().any(|r| r["hostname"] == "r2" && r["state"] == "standby")
+                        && r.iter().any(|r| r["state"] == "primary")
+                })
             })
     });
-    let routers = back.into_inner();
     let primary_now =
         routers.as_array().and_then(|r| r.iter().find(|r| r["state"] == "primary")).map(|r| &r["hostname"]);
-    assert_eq!(primary_now, Some(&serde_json::json!("r1")), "r2's return moved the primary: {routers}");
+    let log: Vec<String> = m.log_text().lines().filter(|l| l.contains("router")).map(str::to_owned).collect();
+    assert_eq!(
+        primary_now,
+        Some(&serde_json::json!("r1")),
+        "r2's return moved the primary: {routers}\n{}",
+        log.join("\n")
+    );
     drop((r1, r2));
 }
 
