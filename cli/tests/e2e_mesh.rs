@@ -223,7 +223,11 @@ fn nodes_behind_nat_punch_through_to_a_direct_path() {
     let before = b_packets();
     a.exec_ok(&["ping", "-c", "200", "-i", "0.01", "-q", "10.126.126.3"]);
     let crossed = b_packets() - before;
-    assert!(crossed < 60, "{crossed} packets crossed B during 200 pings (keepalives and probes only)");
+    // Relayed, each of A's 200 echo requests would cross B's link from A. What stays is
+    // the A-B link's own traffic, busy for a while after it relayed: keepalives, loss
+    // probes every 500 ms, path MTU confirmations (with a GSO batch every fourth);
+    // 30-70 packets, more when CI's load stretches the 2 s of pings.
+    assert!(crossed < 100, "{crossed} packets crossed B during 200 pings (keepalives and probes only)");
 
     // The direct path dies (A's router starts dropping everything for C's router):
     // traffic falls back to the relay through B.
